@@ -1,0 +1,362 @@
+//! The one place that spawns a child: its own process group, stdout and stderr streamed line
+//! by line without deadlock, a bounded tail for error messages, secrets redacted, and SIGINT
+//! forwarded once on cancellation so the tool can stop cleanly (terraform releases its lock).
+
+use std::collections::VecDeque;
+use std::ffi::OsString;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::{AdapterError, Stream};
+
+/// How many lines of each stream are kept for error messages.
+const TAIL_LINES: usize = 20;
+/// After a timeout the group gets SIGTERM, then SIGKILL after this grace period.
+const KILL_GRACE: Duration = Duration::from_secs(10);
+/// After the child exits, how long to wait for grandchildren still holding its pipes.
+const DRAIN_GRACE: Duration = Duration::from_secs(3);
+
+/// A command to run, built like `std::process::Command` but with what rdeploy needs.
+#[derive(Clone, Debug)]
+pub struct Command {
+    program: PathBuf,
+    args: Vec<OsString>,
+    cwd: Option<PathBuf>,
+    env: Vec<(OsString, OsString)>,
+    redact: Vec<String>,
+}
+
+impl Command {
+    pub fn new(program: impl Into<PathBuf>) -> Command {
+        Command { program: program.into(), args: Vec::new(), cwd: None, env: Vec::new(), redact: Vec::new() }
+    }
+
+    /// `sh -c script`, the way stack files mean their `run:` lines.
+    pub fn shell(script: &str) -> Command {
+        Command::new("/bin/sh").arg("-c").arg(script)
+    }
+
+    pub fn arg(mut self, arg: impl Into<OsString>) -> Command {
+        self.args.push(arg.into());
+        self
+    }
+
+    pub fn args<I, S>(mut self, args: I) -> Command
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<OsString>,
+    {
+        self.args.extend(args.into_iter().map(Into::into));
+        self
+    }
+
+    pub fn cwd(mut self, dir: impl AsRef<Path>) -> Command {
+        self.cwd = Some(dir.as_ref().to_path_buf());
+        self
+    }
+
+    pub fn env(mut self, key: impl Into<OsString>, value: impl Into<OsString>) -> Command {
+        self.env.push((key.into(), value.into()));
+        self
+    }
+
+    pub fn envs<I, K, V>(mut self, vars: I) -> Command
+    where
+        I: IntoIterator<Item = (K, V)>,
+        K: Into<OsString>,
+        V: Into<OsString>,
+    {
+        self.env.extend(vars.into_iter().map(|(k, v)| (k.into(), v.into())));
+        self
+    }
+
+    /// Values replaced by `***` in every line handed out and kept.
+    pub fn redact<I, S>(mut self, secrets: I) -> Command
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.redact.extend(secrets.into_iter().map(Into::into).filter(|s| !s.is_empty()));
+        self
+    }
+
+    /// The command line as an operator would type it (redacted).
+    pub fn display(&self) -> String {
+        let mut words = vec![self.program.to_string_lossy().into_owned()];
+        words.extend(self.args.iter().map(|a| a.to_string_lossy().into_owned()));
+        redact_line(&crate::display_command(&words), &self.redact)
+    }
+
+    /// Runs to completion, handing each output line to `on_line` as it arrives.
+    ///
+    /// Cancellation sends SIGINT to the child's process group once and keeps waiting: the tool
+    /// decides how to stop. A timeout sends SIGTERM, then SIGKILL after a grace period.
+    pub async fn run(
+        &self,
+        cancel: &CancellationToken,
+        timeout: Option<Duration>,
+        on_line: &mut (dyn FnMut(Stream, &str) + Send),
+    ) -> Result<Outcome, AdapterError> {
+        let mut cmd = tokio::process::Command::new(&self.program);
+        cmd.args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true);
+        if let Some(dir) = &self.cwd {
+            cmd.current_dir(dir);
+        }
+        let mut child = cmd
+            .spawn()
+            .map_err(|source| AdapterError::Spawn { command: self.display(), source })?;
+        let pgid = child.id().map(|id| Pid::from_raw(id as i32));
+
+        let (tx, mut rx) = mpsc::channel::<(Stream, String)>(256);
+        let readers = [
+            child.stdout.take().map(|out| tokio::spawn(forward_lines(out, Stream::Stdout, tx.clone()))),
+            child.stderr.take().map(|err| tokio::spawn(forward_lines(err, Stream::Stderr, tx.clone()))),
+        ];
+        drop(tx);
+
+        let mut outcome = Outcome::default();
+        let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
+        let mut kill_at: Option<tokio::time::Instant> = None;
+        let mut streams_open = true;
+        let status = loop {
+            tokio::select! {
+                line = rx.recv(), if streams_open => match line {
+                    Some((stream, line)) => self.deliver(&mut outcome, stream, line, on_line),
+                    None => streams_open = false,
+                },
+                status = child.wait() => break status.map_err(|source| AdapterError::Spawn { command: self.display(), source })?,
+                _ = cancel.cancelled(), if !outcome.interrupted => {
+                    outcome.interrupted = true;
+                    signal_group(pgid, Signal::SIGINT);
+                }
+                _ = sleep_until(deadline), if deadline.is_some() && !outcome.timed_out => {
+                    outcome.timed_out = true;
+                    signal_group(pgid, Signal::SIGTERM);
+                    kill_at = Some(tokio::time::Instant::now() + KILL_GRACE);
+                }
+                _ = sleep_until(kill_at), if kill_at.is_some() => {
+                    signal_group(pgid, Signal::SIGKILL);
+                    kill_at = None;
+                }
+            }
+        };
+        // The child is gone; collect what it wrote, but do not wait forever on a grandchild
+        // that inherited the pipes.
+        let drain = async {
+            while let Some((stream, line)) = rx.recv().await {
+                self.deliver(&mut outcome, stream, line, on_line);
+            }
+        };
+        if tokio::time::timeout(DRAIN_GRACE, drain).await.is_err() {
+            for reader in readers.into_iter().flatten() {
+                reader.abort();
+            }
+        }
+        outcome.code = status.code();
+        outcome.signal = status.signal();
+        Ok(outcome)
+    }
+
+    fn deliver(
+        &self,
+        outcome: &mut Outcome,
+        stream: Stream,
+        line: String,
+        on_line: &mut (dyn FnMut(Stream, &str) + Send),
+    ) {
+        let line = redact_line(&line, &self.redact);
+        on_line(stream, &line);
+        let tail = match stream {
+            Stream::Stdout => &mut outcome.stdout_tail,
+            Stream::Stderr => &mut outcome.stderr_tail,
+        };
+        if tail.len() == TAIL_LINES {
+            tail.pop_front();
+        }
+        tail.push_back(line);
+    }
+}
+
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn signal_group(pgid: Option<Pid>, signal: Signal) {
+    if let Some(pgid) = pgid {
+        // ESRCH means the group already exited, which is what we wanted.
+        let _ = killpg(pgid, signal);
+    }
+}
+
+async fn forward_lines<R: AsyncRead + Unpin>(reader: R, stream: Stream, tx: mpsc::Sender<(Stream, String)>) {
+    let mut reader = BufReader::new(reader);
+    let mut buf = Vec::with_capacity(256);
+    loop {
+        buf.clear();
+        match reader.read_until(b'\n', &mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {
+                while matches!(buf.last(), Some(b'\n' | b'\r')) {
+                    buf.pop();
+                }
+                let line = String::from_utf8_lossy(&buf).into_owned();
+                if tx.send((stream, line)).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Replaces every secret in `line` by `***`.
+pub fn redact_line(line: &str, secrets: &[String]) -> String {
+    let mut out = line.to_string();
+    for secret in secrets {
+        if out.contains(secret.as_str()) {
+            out = out.replace(secret.as_str(), "***");
+        }
+    }
+    out
+}
+
+/// How a child ended.
+#[derive(Clone, Debug, Default)]
+pub struct Outcome {
+    /// The exit code, if it exited.
+    pub code: Option<i32>,
+    /// The signal that ended it, if any.
+    pub signal: Option<i32>,
+    pub stdout_tail: VecDeque<String>,
+    pub stderr_tail: VecDeque<String>,
+    /// Cancellation forwarded SIGINT to it.
+    pub interrupted: bool,
+    pub timed_out: bool,
+}
+
+impl Outcome {
+    pub fn success(&self) -> bool {
+        self.code == Some(0) && !self.interrupted && !self.timed_out
+    }
+
+    /// "exited with status 3" or "was killed by signal 9".
+    pub fn describe_status(&self) -> String {
+        match (self.code, self.signal) {
+            (Some(code), _) => format!("exited with status {code}"),
+            (None, Some(sig)) => {
+                let name = Signal::try_from(sig).map(|s| s.as_str()).unwrap_or("unknown");
+                format!("was killed by signal {sig} ({name})")
+            }
+            (None, None) => "ended without a status".to_string(),
+        }
+    }
+
+    /// The most telling line of the error output: the last non-empty stderr line, else stdout.
+    pub fn last_error_line(&self) -> Option<String> {
+        let pick = |tail: &VecDeque<String>| tail.iter().rev().find(|l| !l.trim().is_empty()).map(|l| l.trim().to_string());
+        pick(&self.stderr_tail).or_else(|| pick(&self.stdout_tail))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn run(cmd: Command) -> (Outcome, Vec<(Stream, String)>) {
+        let mut lines = Vec::new();
+        let outcome = cmd
+            .run(&CancellationToken::new(), None, &mut |s, l| lines.push((s, l.to_string())))
+            .await
+            .unwrap();
+        (outcome, lines)
+    }
+
+    #[tokio::test]
+    async fn streams_both_outputs_and_keeps_the_status() {
+        let (outcome, lines) = run(Command::shell("echo out; echo err >&2; exit 3")).await;
+        assert_eq!(outcome.code, Some(3));
+        assert!(!outcome.success());
+        assert!(lines.contains(&(Stream::Stdout, "out".into())));
+        assert!(lines.contains(&(Stream::Stderr, "err".into())));
+        assert_eq!(outcome.last_error_line().as_deref(), Some("err"));
+        assert_eq!(outcome.describe_status(), "exited with status 3");
+    }
+
+    #[tokio::test]
+    async fn large_output_on_both_streams_does_not_deadlock() {
+        let script = "i=0; while [ $i -lt 20000 ]; do echo out$i; echo err$i >&2; i=$((i+1)); done";
+        let (outcome, lines) = run(Command::shell(script)).await;
+        assert!(outcome.success());
+        assert_eq!(lines.len(), 40000);
+        assert_eq!(outcome.stderr_tail.len(), TAIL_LINES);
+        assert_eq!(outcome.stderr_tail.back().map(String::as_str), Some("err19999"));
+    }
+
+    #[tokio::test]
+    async fn secrets_are_redacted_everywhere() {
+        let cmd = Command::shell("echo token=hunter2 >&2; exit 1").redact(["hunter2"]);
+        assert!(!cmd.display().contains("hunter2") || cmd.display().contains("***"));
+        let (outcome, lines) = run(cmd).await;
+        assert_eq!(lines, vec![(Stream::Stderr, "token=***".to_string())]);
+        assert_eq!(outcome.last_error_line().as_deref(), Some("token=***"));
+    }
+
+    #[tokio::test]
+    async fn cancellation_forwards_sigint_once_and_waits() {
+        let cancel = CancellationToken::new();
+        let trigger = cancel.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            trigger.cancel();
+        });
+        // The child traps SIGINT, cleans up and exits on its own, as terraform does.
+        let cmd = Command::shell("trap 'echo cleaning; exit 7' INT; echo ready; while :; do sleep 0.05; done");
+        let mut lines = Vec::new();
+        let outcome = cmd.run(&cancel, None, &mut |_, l| lines.push(l.to_string())).await.unwrap();
+        assert!(outcome.interrupted);
+        assert_eq!(outcome.code, Some(7));
+        assert!(lines.contains(&"cleaning".to_string()));
+    }
+
+    #[tokio::test]
+    async fn timeout_terminates_the_group() {
+        let cmd = Command::shell("sleep 30");
+        let started = std::time::Instant::now();
+        let outcome = cmd
+            .run(&CancellationToken::new(), Some(Duration::from_millis(200)), &mut |_, _| {})
+            .await
+            .unwrap();
+        assert!(outcome.timed_out);
+        assert_eq!(outcome.signal, Some(libc_sigterm()));
+        assert!(started.elapsed() < Duration::from_secs(5));
+    }
+
+    fn libc_sigterm() -> i32 {
+        Signal::SIGTERM as i32
+    }
+
+    #[tokio::test]
+    async fn a_missing_program_is_a_spawn_error() {
+        let err = Command::new("/nonexistent/tool")
+            .run(&CancellationToken::new(), None, &mut |_, _| {})
+            .await
+            .unwrap_err();
+        assert!(matches!(err, AdapterError::Spawn { .. }));
+    }
+}

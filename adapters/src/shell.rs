@@ -1,0 +1,347 @@
+//! The shell adapter: declared `sub_changes` (each checkpointed, resumable, with an optional
+//! `check` that settles a sub-change a crash left uncertain) or a bare `run` (not resumable, so
+//! it completes or reverts).
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+use crate::process::Command;
+use crate::{
+    forward_output, shell_quote, AdapterError, DescribeContext, Event, EventSink, Failure, FieldPath, Inspection,
+    PathSegment, PriorStep, RecoveryDoc, SpecProblem, StepContext, SubStatus, ToolInfo,
+};
+
+/// The sub-change id of a bare `run` step.
+pub const RUN_ID: &str = "run";
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShellSpec {
+    /// One command, not resumable: it completes or its `revert` runs.
+    pub run: Option<String>,
+    /// Declared sub-changes, each checkpointed.
+    pub sub_changes: Option<Vec<ShellSubChange>>,
+    /// Working directory, relative to the stack file (default: the stack's directory).
+    pub dir: Option<PathBuf>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShellSubChange {
+    pub name: String,
+    pub run: String,
+    /// Exits 0 when the sub-change is already in place; consulted after a crash.
+    pub check: Option<String>,
+}
+
+impl ShellSpec {
+    pub const KEYS: &'static [&'static str] = &["run", "sub_changes", "dir"];
+
+    pub fn problems(&self) -> Vec<SpecProblem> {
+        let mut problems = Vec::new();
+        match (&self.run, &self.sub_changes) {
+            (Some(_), Some(_)) => problems.push(SpecProblem {
+                at: vec![PathSegment::Key("sub_changes")],
+                message: "a shell step has either `run` or `sub_changes`, not both".into(),
+                hint: Some("put the single command in a sub-change of its own".into()),
+            }),
+            (None, None) => problems.push(SpecProblem {
+                at: vec![],
+                message: "a shell step needs `run` or `sub_changes`".into(),
+                hint: Some("add `run: ./script.sh`, or `sub_changes:` with `name` and `run` each".into()),
+            }),
+            (None, Some(subs)) if subs.is_empty() => problems.push(SpecProblem {
+                at: vec![PathSegment::Key("sub_changes")],
+                message: "`sub_changes` is empty".into(),
+                hint: Some("list at least one `{ name: ..., run: ... }`".into()),
+            }),
+            _ => {}
+        }
+        if let Some(subs) = &self.sub_changes {
+            for (i, sub) in subs.iter().enumerate() {
+                if let Some(first) = subs[..i].iter().position(|s| s.name == sub.name) {
+                    problems.push(SpecProblem {
+                        at: vec![PathSegment::Key("sub_changes"), PathSegment::Index(i), PathSegment::Key("name")],
+                        message: format!("sub-change `{}` is declared twice (first as item {})", sub.name, first + 1),
+                        hint: Some("give every sub-change a unique name: it is its checkpoint key".into()),
+                    });
+                }
+                if sub.name.trim().is_empty() {
+                    problems.push(SpecProblem {
+                        at: vec![PathSegment::Key("sub_changes"), PathSegment::Index(i), PathSegment::Key("name")],
+                        message: "a sub-change name is empty".into(),
+                        hint: None,
+                    });
+                }
+            }
+        }
+        problems
+    }
+
+    pub fn referenced_paths(&self) -> Vec<(FieldPath, PathBuf)> {
+        self.dir.iter().map(|d| (vec![PathSegment::Key("dir")], d.clone())).collect()
+    }
+
+    pub async fn preflight(&self, _ctx: &StepContext) -> Result<ToolInfo, AdapterError> {
+        let binary = PathBuf::from("/bin/sh");
+        if !binary.exists() {
+            return Err(AdapterError::ToolMissing { tool: "sh".into(), hint: "install a POSIX shell at /bin/sh".into() });
+        }
+        Ok(ToolInfo { binary, version: "posix sh".into() })
+    }
+
+    /// The sub-changes in declaration order: `(id, command, check)`.
+    fn planned(&self) -> Vec<(&str, &str, Option<&str>)> {
+        match (&self.sub_changes, &self.run) {
+            (Some(subs), _) => subs.iter().map(|s| (s.name.as_str(), s.run.as_str(), s.check.as_deref())).collect(),
+            (None, Some(run)) => vec![(RUN_ID, run.as_str(), None)],
+            (None, None) => Vec::new(),
+        }
+    }
+
+    pub async fn apply(&self, ctx: &StepContext, sink: &dyn EventSink) -> Result<(), Failure> {
+        let planned = self.planned();
+        sink.emit(Event::Planned { ids: planned.iter().map(|(id, ..)| id.to_string()).collect() });
+        for (id, run, _) in planned {
+            self.run_sub_change(ctx, sink, id, run).await?;
+        }
+        Ok(())
+    }
+
+    pub async fn recover(&self, ctx: &StepContext, prior: &PriorStep, sink: &dyn EventSink) -> Result<(), Failure> {
+        let planned = self.planned();
+        sink.emit(Event::Planned { ids: planned.iter().map(|(id, ..)| id.to_string()).collect() });
+        for (id, run, check) in planned {
+            match prior.status_of(id) {
+                Some(SubStatus::Done) => continue,
+                Some(SubStatus::Started) => {
+                    if let Some(check) = check {
+                        if self.check_in_place(ctx, sink, id, check).await? {
+                            continue;
+                        }
+                    }
+                }
+                _ => {}
+            }
+            self.run_sub_change(ctx, sink, id, run).await?;
+        }
+        Ok(())
+    }
+
+    pub fn inspect(&self, prior: &PriorStep) -> Inspection {
+        let mut inspection = Inspection::default();
+        for (id, run, check) in self.planned() {
+            match (prior.status_of(id), check) {
+                (Some(SubStatus::Done), _) => inspection.actions.push(format!("keep {id}: done")),
+                (Some(SubStatus::Started), Some(check)) => {
+                    inspection.actions.push(format!("check {id} (uncertain after a crash): `{check}`, then run `{run}` if it is not in place"));
+                    inspection.remaining.push(id.to_string());
+                }
+                (Some(SubStatus::Started), None) => {
+                    inspection.actions.push(format!("run {id} again (uncertain after a crash, no `check` declared): `{run}`"));
+                    inspection.remaining.push(id.to_string());
+                }
+                _ => {
+                    inspection.actions.push(format!("run {id}: `{run}`"));
+                    inspection.remaining.push(id.to_string());
+                }
+            }
+        }
+        inspection
+    }
+
+    pub fn describe_recovery(&self, ctx: &DescribeContext<'_>, prior: Option<&PriorStep>) -> RecoveryDoc {
+        let cd = match &self.dir {
+            Some(dir) => format!("cd {}", shell_quote(&PathBuf::from(ctx.stack_dir).join(dir).to_string_lossy())),
+            None => format!("cd {}", shell_quote(ctx.stack_dir)),
+        };
+        let mut doc = RecoveryDoc::default();
+        let planned = self.planned();
+        let left: Vec<_> = planned
+            .iter()
+            .filter(|(id, ..)| prior.is_none_or(|p| p.status_of(id) != Some(SubStatus::Done)))
+            .collect();
+        for (id, _, check) in &planned {
+            if let Some(check) = check {
+                doc.inspect.push(format!("{check}    # exits 0 when `{id}` is in place"));
+            }
+        }
+        doc.recover.push(format!("rdeploy recover {}", shell_quote(ctx.stack_file)));
+        if !left.is_empty() {
+            doc.notes.push(format!(
+                "by hand, run what is not done yet, in order, from `{cd}`: {}",
+                left.iter().map(|(id, run, _)| format!("`{run}` ({id})")).collect::<Vec<_>>().join(", ")
+            ));
+        }
+        if planned.iter().all(|(_, _, check)| check.is_none()) {
+            doc.verify.push("no `check` commands are declared: verify by the scripts' own effects".into());
+        } else {
+            doc.verify.extend(planned.iter().filter_map(|(_, _, c)| c.map(str::to_string)));
+        }
+        if !ctx.resumable {
+            doc.notes.push("a bare `run` is not resumable: it completes or its `revert` runs".into());
+        }
+        doc
+    }
+
+    async fn run_sub_change(&self, ctx: &StepContext, sink: &dyn EventSink, id: &str, run: &str) -> Result<(), Failure> {
+        if ctx.cancel.is_cancelled() {
+            return Err(Failure { interrupted: true, ..Failure::new(format!("stopped before `{id}`")) });
+        }
+        sink.emit(Event::Started { id: id.to_string() });
+        let outcome = self
+            .command(ctx, id, run)
+            .run(&ctx.cancel, ctx.timeout, &mut forward_output(sink))
+            .await
+            .map_err(|e| Failure::new(e.to_string()))?;
+        if outcome.success() {
+            sink.emit(Event::Done { id: id.to_string(), note: None });
+            Ok(())
+        } else {
+            let failure = Failure::from_process(run, &outcome);
+            sink.emit(Event::Failed { id: id.to_string(), error: failure.summary.clone() });
+            Err(failure)
+        }
+    }
+
+    /// Runs a sub-change's `check`; `Ok(true)` when it says the sub-change is in place.
+    async fn check_in_place(&self, ctx: &StepContext, sink: &dyn EventSink, id: &str, check: &str) -> Result<bool, Failure> {
+        let outcome = self
+            .command(ctx, id, check)
+            .run(&ctx.cancel, ctx.timeout, &mut forward_output(sink))
+            .await
+            .map_err(|e| Failure::new(e.to_string()))?;
+        if outcome.interrupted {
+            return Err(Failure::from_process(check, &outcome));
+        }
+        if outcome.success() {
+            sink.emit(Event::Done { id: id.to_string(), note: Some(format!("already in place: `{check}` exited 0")) });
+        }
+        Ok(outcome.success())
+    }
+
+    fn command(&self, ctx: &StepContext, id: &str, script: &str) -> Command {
+        let dir = match &self.dir {
+            Some(dir) => ctx.resolve(dir),
+            None => ctx.stack_dir.clone(),
+        };
+        Command::shell(script)
+            .cwd(dir)
+            .envs(ctx.env.iter().map(|(k, v)| (k.clone(), v.clone())))
+            .env("RDEPLOY_STACK", &ctx.stack)
+            .env("RDEPLOY_STEP", &ctx.step)
+            .env("RDEPLOY_SUB_CHANGE", id)
+    }
+}
+
+/// Runs a step's `revert` command (any tool may declare one) in the stack's directory.
+pub async fn run_revert(ctx: &StepContext, script: &str, sink: &dyn EventSink) -> Result<(), Failure> {
+    let outcome = Command::shell(script)
+        .cwd(&ctx.stack_dir)
+        .envs(ctx.env.iter().map(|(k, v)| (k.clone(), v.clone())))
+        .env("RDEPLOY_STACK", &ctx.stack)
+        .env("RDEPLOY_STEP", &ctx.step)
+        .run(&ctx.cancel, ctx.timeout, &mut forward_output(sink))
+        .await
+        .map_err(|e| Failure::new(e.to_string()))?;
+    if outcome.success() {
+        Ok(())
+    } else {
+        Err(Failure::from_process(script, &outcome))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::{CancellationToken, PriorSubChange};
+
+    #[derive(Default)]
+    struct Recorder(Mutex<Vec<Event>>);
+
+    impl EventSink for Recorder {
+        fn emit(&self, event: Event) {
+            if !matches!(event, Event::Output { .. }) {
+                self.0.lock().unwrap().push(event);
+            }
+        }
+    }
+
+    fn ctx(dir: &std::path::Path) -> StepContext {
+        StepContext {
+            step: "seed".into(),
+            stack: "test".into(),
+            stack_dir: dir.to_path_buf(),
+            work_dir: dir.join("work"),
+            env: Default::default(),
+            timeout: None,
+            cancel: CancellationToken::new(),
+        }
+    }
+
+    fn spec(subs: &[(&str, &str, Option<&str>)]) -> ShellSpec {
+        ShellSpec {
+            run: None,
+            dir: None,
+            sub_changes: Some(
+                subs.iter()
+                    .map(|(n, r, c)| ShellSubChange { name: n.to_string(), run: r.to_string(), check: c.map(str::to_string) })
+                    .collect(),
+            ),
+        }
+    }
+
+    #[tokio::test]
+    async fn stops_at_the_first_failing_sub_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = spec(&[("a", "echo a >> log", None), ("b", "echo boom >&2; exit 4", None), ("c", "echo c >> log", None)]);
+        let sink = Recorder::default();
+        let failure = spec.apply(&ctx(dir.path()), &sink).await.unwrap_err();
+        assert_eq!(failure.exit_code, Some(4));
+        assert_eq!(failure.summary, "`echo boom >&2; exit 4` exited with status 4: boom");
+        let events = sink.0.into_inner().unwrap();
+        assert_eq!(events[0], Event::Planned { ids: vec!["a".into(), "b".into(), "c".into()] });
+        assert!(events.contains(&Event::Done { id: "a".into(), note: None }));
+        assert!(events.iter().any(|e| matches!(e, Event::Failed { id, .. } if id == "b")));
+        assert!(!events.iter().any(|e| matches!(e, Event::Started { id } if id == "c")));
+        assert_eq!(std::fs::read_to_string(dir.path().join("log")).unwrap(), "a\n");
+    }
+
+    #[tokio::test]
+    async fn recover_skips_done_and_checks_uncertain() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = spec(&[
+            ("a", "echo a >> log", None),
+            ("b", "echo b >> log", Some("test -f b-in-place")),
+            ("c", "echo c >> log", None),
+        ]);
+        std::fs::write(dir.path().join("b-in-place"), "").unwrap();
+        let prior = PriorStep {
+            sub_changes: vec![
+                PriorSubChange { id: "a".into(), status: SubStatus::Done, error: None },
+                PriorSubChange { id: "b".into(), status: SubStatus::Started, error: None },
+                PriorSubChange { id: "c".into(), status: SubStatus::Pending, error: None },
+            ],
+            facts: Default::default(),
+        };
+        let sink = Recorder::default();
+        spec.recover(&ctx(dir.path()), &prior, &sink).await.unwrap();
+        assert_eq!(std::fs::read_to_string(dir.path().join("log")).unwrap(), "c\n");
+        let inspection = spec.inspect(&prior);
+        assert_eq!(inspection.remaining, vec!["b".to_string(), "c".to_string()]);
+    }
+
+    #[test]
+    fn run_and_sub_changes_are_exclusive() {
+        let mut both = spec(&[("a", "true", None)]);
+        both.run = Some("true".into());
+        assert_eq!(both.problems().len(), 1);
+        let dup = spec(&[("a", "true", None), ("a", "true", None)]);
+        let problems = dup.problems();
+        assert_eq!(problems.len(), 1);
+        assert_eq!(problems[0].at, vec![PathSegment::Key("sub_changes"), PathSegment::Index(1), PathSegment::Key("name")]);
+    }
+}
