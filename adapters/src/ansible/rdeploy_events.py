@@ -1,0 +1,166 @@
+# rdeploy_events: an aggregate ansible callback shipped by rdeploy's ansible adapter. It writes
+# one JSON line per task result per host, plus playbook/play starts and the final per-host stats,
+# to the file named by RDEPLOY_ANSIBLE_EVENTS, flushing every line so rdeploy can checkpoint each
+# host while the run goes on. It never prints: the user's stdout callback stays in charge.
+from __future__ import annotations
+
+DOCUMENTATION = """
+    name: rdeploy_events
+    type: aggregate
+    short_description: per-host JSON lines for rdeploy checkpoints
+    description:
+      - Writes one JSON line per task result per host and the final stats to the file named by
+        the RDEPLOY_ANSIBLE_EVENTS environment variable.
+    requirements:
+      - enabled through ANSIBLE_CALLBACKS_ENABLED (rdeploy sets it)
+"""
+
+import json
+import os
+import sys
+
+from ansible.plugins.callback import CallbackBase
+
+# Bump when a record's shape changes; the Rust parser checks it.
+FORMAT = 1
+# One line stays readable in a report; the full text is in the human output.
+MSG_LIMIT = 2000
+
+
+def _one_line(text):
+    text = " ".join(str(text).split())
+    return text if len(text) <= MSG_LIMIT else text[: MSG_LIMIT - 3] + "..."
+
+
+def _message(result):
+    """The tool's own words for a result: msg, then the last stderr line (command modules)."""
+    msg = result.get("msg") or ""
+    if not isinstance(msg, str):
+        msg = json.dumps(msg, default=str)
+    stderr = result.get("stderr") or ""
+    if isinstance(stderr, str) and stderr.strip():
+        last = stderr.strip().splitlines()[-1]
+        msg = f"{msg}: {last}" if msg else last
+    if not msg and result.get("rc") not in (None, 0):
+        msg = f"rc={result.get('rc')}"
+    if not msg and result.get("exception"):
+        msg = str(result.get("exception")).strip().splitlines()[-1]
+    return _one_line(msg)
+
+
+def _rescuable(task):
+    """Whether a failure of this task will be handled by an enclosing block's `rescue`: the
+    strategy then counts it as rescued, not failed, so it must not be reported as failed yet."""
+    child, parent = task, getattr(task, "_parent", None)
+    while parent is not None:
+        if getattr(parent, "rescue", None):
+            ids = {getattr(t, "_uuid", None) for t in (getattr(parent, "block", None) or [])}
+            if getattr(child, "_uuid", None) in ids:
+                return True
+        child, parent = parent, getattr(parent, "_parent", None)
+    return False
+
+
+def _name(host):
+    return host.get_name() if hasattr(host, "get_name") else str(host)
+
+
+def _executor_frame():
+    """The PlaybookExecutor.run frame that sends the stats: ansible says which hosts it marked
+    failed (any_errors_fatal, max_fail_percentage mark hosts failed without counting a failure)
+    and whether it broke out of the play loop only there, never in a callback argument."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        if frame.f_code.co_name == "run" and type(owner).__name__ == "PlaybookExecutor":
+            return frame
+        frame = frame.f_back
+    return None
+
+
+class CallbackModule(CallbackBase):
+    CALLBACK_VERSION = 2.0
+    CALLBACK_TYPE = "aggregate"
+    CALLBACK_NAME = "rdeploy_events"
+    CALLBACK_NEEDS_ENABLED = True
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        path = os.environ.get("RDEPLOY_ANSIBLE_EVENTS")
+        # Line buffering plus an explicit flush: each record reaches the file whole, at once.
+        self._out = open(path, "a", encoding="utf-8", buffering=1) if path else None
+        self._play = None
+
+    def _write(self, record):
+        if self._out is None:
+            return
+        record["v"] = FORMAT
+        self._out.write(json.dumps(record, default=str, separators=(",", ":")) + "\n")
+        self._out.flush()
+
+    def _result(self, status, result, **extra):
+        task = result.task
+        record = {
+            "event": "result",
+            "status": status,
+            "host": result.host.get_name(),
+            "task": task.get_name(),
+            "task_uuid": getattr(task, "_uuid", None),
+            "play": self._play,
+            "msg": _message(result.result),
+        }
+        record.update(extra)
+        self._write(record)
+
+    def v2_playbook_on_start(self, playbook):
+        self._write({"event": "playbook_start", "playbook": getattr(playbook, "_file_name", None)})
+
+    def v2_playbook_on_play_start(self, play):
+        self._play = play.get_name()
+        self._write({"event": "play_start", "play": self._play, "play_uuid": getattr(play, "_uuid", None)})
+
+    def v2_playbook_on_no_hosts_remaining(self):
+        self._write({"event": "no_hosts_remaining", "play": self._play})
+
+    def v2_runner_on_ok(self, result):
+        self._result("changed" if result.result.get("changed") else "ok", result)
+
+    def v2_runner_on_failed(self, result, ignore_errors=False):
+        if ignore_errors:
+            self._result("ignored", result)
+        else:
+            self._result("failed", result, rescuable=_rescuable(result.task))
+
+    def v2_runner_on_unreachable(self, result):
+        self._result("unreachable", result)
+
+    def v2_runner_on_skipped(self, result):
+        self._result("skipped", result)
+
+    def v2_playbook_on_stats(self, stats):
+        record = {
+            "event": "stats",
+            "hosts": {host: stats.summarize(host) for host in sorted(stats.processed)},
+        }
+        frame = _executor_frame()
+        if frame is not None:
+            tqm = getattr(frame.f_locals.get("self"), "_tqm", None)
+            local = frame.f_locals
+            record["failed_hosts"] = sorted(getattr(tqm, "_failed_hosts", {}) or {})
+            record["unreachable_hosts"] = sorted(getattr(tqm, "_unreachable_hosts", {}) or {})
+            plays = local.get("plays") or []
+            record["aborted"] = bool(local.get("break_play"))
+            if record["aborted"]:
+                batches = local.get("batches") or []
+                batch = local.get("batch") or []
+                record["abort"] = {
+                    "play": getattr(local.get("play"), "name", None),
+                    # Later plays never start after a break: hosts they target are not done.
+                    "last_play": bool(plays) and plays[-1] is local.get("play"),
+                    "batch": [_name(h) for h in batch],
+                    "play_hosts": [_name(h) for b in batches for h in b],
+                }
+        self._write(record)
+        if self._out is not None:
+            self._out.close()
+            self._out = None
