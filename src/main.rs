@@ -1,1 +1,244 @@
-fn main(){}
+//! rdeploy: resumable multi-tool deploys. This file owns the command line and the mapping of
+//! errors to exit codes; the work happens in `driver`.
+
+mod checkpoint;
+mod driver;
+mod exit;
+mod gate;
+mod lock;
+mod report;
+mod stack;
+mod ui;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+
+use clap::{Args, Parser, Subcommand};
+use rdeploy_adapters::CancellationToken;
+
+use crate::checkpoint::StateDir;
+use crate::exit::{Code, Refusal};
+use crate::stack::StackError;
+use crate::ui::{ColorChoice, Ui};
+
+#[derive(Parser)]
+#[command(name = "rdeploy", version, about = "Resumable multi-tool deploys: checkpoint every sub-change, recover through each tool's own path")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+    #[command(flatten)]
+    global: Global,
+}
+
+#[derive(Args)]
+struct Global {
+    /// Where the checkpoint lives (default: `.rdeploy/` beside the stack file).
+    #[arg(long, global = true, env = "RDEPLOY_STATE_DIR", value_name = "DIR")]
+    state_dir: Option<PathBuf>,
+    /// More output: the tools' own lines (-v), debug logs (-vv).
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
+    /// Only errors and the report.
+    #[arg(short, long, global = true)]
+    quiet: bool,
+    /// Plain timestamped lines instead of progress bars.
+    #[arg(long, global = true)]
+    no_progress: bool,
+    /// Color output (honours NO_COLOR in `auto`).
+    #[arg(long, global = true, value_enum, default_value_t = ColorChoice::Auto)]
+    color: ColorChoice,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the stack: a new deploy of every step.
+    Up {
+        #[arg(default_value = "stack.yaml")]
+        stack: PathBuf,
+        /// Run up to N independent steps at once.
+        #[arg(long, default_value_t = 1, value_name = "N")]
+        parallel: usize,
+    },
+    /// Resume a stopped deploy from its checkpoint.
+    Recover {
+        #[arg(default_value = "stack.yaml")]
+        stack: PathBuf,
+        /// Print what recovery would do, from each tool's live state; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        #[arg(long, default_value_t = 1, value_name = "N")]
+        parallel: usize,
+    },
+    /// Partial-state report of the recorded deploy.
+    Status {
+        #[arg(default_value = "stack.yaml")]
+        stack: PathBuf,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Undo the completed steps that declare `revert`, newest first.
+    Revert {
+        #[arg(default_value = "stack.yaml")]
+        stack: PathBuf,
+    },
+    /// Forget the checkpoint after manual reconciliation.
+    Reset {
+        #[arg(default_value = "stack.yaml")]
+        stack: PathBuf,
+        /// Confirm: the record of what is in place is archived and no longer used.
+        #[arg(long)]
+        yes: bool,
+    },
+    /// Check the stack file and that each tool is installed.
+    Validate {
+        #[arg(default_value = "stack.yaml")]
+        stack: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing(cli.global.verbose);
+    let ui = Arc::new(Ui::new(cli.global.no_progress, cli.global.verbose, cli.global.quiet, cli.global.color));
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: could not start the async runtime: {e}");
+            return Code::Partial.into();
+        }
+    };
+    match runtime.block_on(run(cli, ui.clone())) {
+        Ok(code) => code.into(),
+        Err(err) => report_error(&err, &ui).into(),
+    }
+}
+
+fn init_tracing(verbose: u8) {
+    let level = match verbose {
+        0 | 1 => "warn",
+        2 => "debug",
+        _ => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("RDEPLOY_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).without_time().try_init();
+}
+
+/// Prints an error in the house style and picks its exit code.
+fn report_error(err: &anyhow::Error, ui: &Ui) -> Code {
+    let paint = ui.paint;
+    if let Some(stack) = err.downcast_ref::<StackError>() {
+        eprint!("{}: {stack}", paint.bad("error"));
+        return Code::BadInput;
+    }
+    if let Some(refusal) = err.downcast_ref::<Refusal>() {
+        eprintln!("{}: {}", paint.bad("error"), refusal.message);
+        if let Some(hint) = &refusal.hint {
+            eprintln!("  {}: {hint}", paint.strong("hint"));
+        }
+        return refusal.code;
+    }
+    eprintln!("{}: {err:#}", paint.bad("error"));
+    if err.downcast_ref::<std::io::Error>().is_some() {
+        Code::BadInput
+    } else {
+        Code::Partial
+    }
+}
+
+/// Loads the stack file, mapping "not found" to a clear bad-input error.
+fn load_stack(path: &Path) -> anyhow::Result<stack::Stack> {
+    if !path.exists() {
+        return Err(Refusal::new(Code::BadInput, format!("no stack file at {}", path.display()))
+            .with_hint("pass the stack file: `rdeploy up path/to/stack.yaml`")
+            .into());
+    }
+    stack::load(path)
+}
+
+fn session(stack_path: &Path, global: &Global, ui: Arc<Ui>, parallel: usize) -> anyhow::Result<driver::Session> {
+    let stack = load_stack(stack_path)?;
+    let state = StateDir::new(global.state_dir.clone().unwrap_or_else(|| stack.dir.join(".rdeploy")));
+    let cancel = CancellationToken::new();
+    let signal = Arc::new(Mutex::new(None));
+    watch_signals(cancel.clone(), signal.clone(), ui.clone());
+    Ok(driver::Session {
+        stack: Arc::new(stack),
+        state,
+        ui,
+        stack_arg: stack_path.display().to_string(),
+        cancel,
+        signal,
+        parallel,
+    })
+}
+
+/// The first SIGINT/SIGTERM cancels the run: running tools get SIGINT once and are waited for.
+/// A third signal exits at once; the journal is still consistent (records are whole lines).
+fn watch_signals(cancel: CancellationToken, signal: Arc<Mutex<Option<String>>>, ui: Arc<Ui>) {
+    use tokio::signal::unix::{signal as unix_signal, SignalKind};
+    let (Ok(mut int), Ok(mut term)) = (unix_signal(SignalKind::interrupt()), unix_signal(SignalKind::terminate())) else {
+        ui.warn("could not install signal handlers; Ctrl-C will stop rdeploy without waiting for the tools");
+        return;
+    };
+    tokio::spawn(async move {
+        let mut count = 0;
+        loop {
+            let name = tokio::select! {
+                _ = int.recv() => "SIGINT",
+                _ = term.recv() => "SIGTERM",
+            };
+            count += 1;
+            match count {
+                1 => {
+                    *signal.lock().unwrap_or_else(|e| e.into_inner()) = Some(name.to_string());
+                    ui.warn(format!("{name} received: stopping the running tools (forwarded once) and waiting for them to finish cleanly"));
+                    cancel.cancel();
+                }
+                2 => ui.warn("still waiting for the tools to stop; one more signal exits now (the checkpoint stays consistent)"),
+                _ => std::process::exit(Code::Interrupted as i32),
+            }
+        }
+    });
+}
+
+async fn run(cli: Cli, ui: Arc<Ui>) -> anyhow::Result<Code> {
+    let global = &cli.global;
+    match &cli.command {
+        Command::Up { stack, parallel } => session(stack, global, ui, *parallel)?.up().await,
+        Command::Recover { stack, dry_run, parallel } => session(stack, global, ui, *parallel)?.recover(*dry_run).await,
+        Command::Revert { stack } => session(stack, global, ui, 1)?.revert().await,
+        Command::Reset { stack, yes } => {
+            if !yes {
+                return Err(Refusal::new(Code::BadInput, "`reset` forgets the checkpoint: what is in place will no longer be known to rdeploy")
+                    .with_hint(format!("reconcile by hand first (`rdeploy status {}`), then pass `--yes`", stack.display()))
+                    .into());
+            }
+            session(stack, global, ui, 1)?.reset()
+        }
+        Command::Status { stack, json } => {
+            let s = session(stack, global, ui.clone(), 1)?;
+            let status = report::build(&s.stack, &s.state, &s.stack_arg)?;
+            if *json {
+                println!("{}", serde_json::to_string_pretty(&status)?);
+            } else {
+                let color = global.color.enabled(std::io::IsTerminal::is_terminal(&std::io::stdout()));
+                print!("{}", report::render_text(&status, ui::Paint { enabled: color }));
+            }
+            Ok(Code::Ok)
+        }
+        Command::Validate { stack } => {
+            let s = session(stack, global, ui, 1)?;
+            let steps: Vec<&stack::Step> = s.stack.ordered().collect();
+            let tools = s.preflight(&steps).await?;
+            println!("{}: ok, {} steps in this order:", stack.display(), steps.len());
+            for step in steps {
+                let version = tools.get(&step.name).map(|t| t.version.as_str()).unwrap_or("");
+                let resumable = if step.resumable { "resumable" } else { "not resumable" };
+                println!("  {} ({} {version}, {resumable})", step.name, step.tool);
+            }
+            Ok(Code::Ok)
+        }
+    }
+}

@@ -117,7 +117,7 @@ impl ToolSpec {
 
     /// Whether the tool's adapter exists in this build.
     pub fn is_supported(tool: Tool) -> bool {
-        matches!(tool, Tool::Shell)
+        matches!(tool, Tool::Shell | Tool::Terraform)
     }
 
     /// Whether this step can resume from a checkpoint when the stack does not say.
@@ -345,17 +345,18 @@ impl Failure {
         Failure { summary: summary.into(), ..Failure::default() }
     }
 
-    /// A failure built from a finished child process.
-    pub fn from_process(command: &str, outcome: &process::Outcome) -> Failure {
+    /// A failure built from a finished child process. `what` names it in the summary (a
+    /// sub-change, or the command itself in backticks); the full command goes to `command`.
+    pub fn from_process(what: &str, command: &str, outcome: &process::Outcome) -> Failure {
         let last = outcome.last_error_line();
         let summary = if outcome.interrupted {
-            format!("`{command}` was interrupted")
+            format!("{what} was interrupted")
         } else if outcome.timed_out {
-            format!("`{command}` timed out")
+            format!("{what} timed out")
         } else {
             match (outcome.describe_status(), last) {
-                (status, Some(line)) => format!("`{command}` {status}: {line}"),
-                (status, None) => format!("`{command}` {status}"),
+                (status, Some(line)) => format!("{what} {status}: {line}"),
+                (status, None) => format!("{what} {status}"),
             }
         };
         Failure {

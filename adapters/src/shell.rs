@@ -199,7 +199,7 @@ impl ShellSpec {
             sink.emit(Event::Done { id: id.to_string(), note: None });
             Ok(())
         } else {
-            let failure = Failure::from_process(run, &outcome);
+            let failure = Failure::from_process(&format!("`{id}`"), run, &outcome);
             sink.emit(Event::Failed { id: id.to_string(), error: failure.summary.clone() });
             Err(failure)
         }
@@ -213,7 +213,7 @@ impl ShellSpec {
             .await
             .map_err(|e| Failure::new(e.to_string()))?;
         if outcome.interrupted {
-            return Err(Failure::from_process(check, &outcome));
+            return Err(Failure::from_process(&format!("the check of `{id}`"), check, &outcome));
         }
         if outcome.success() {
             sink.emit(Event::Done { id: id.to_string(), note: Some(format!("already in place: `{check}` exited 0")) });
@@ -248,7 +248,7 @@ pub async fn run_revert(ctx: &StepContext, script: &str, sink: &dyn EventSink) -
     if outcome.success() {
         Ok(())
     } else {
-        Err(Failure::from_process(script, &outcome))
+        Err(Failure::from_process("the revert", script, &outcome))
     }
 }
 
@@ -301,7 +301,8 @@ mod tests {
         let sink = Recorder::default();
         let failure = spec.apply(&ctx(dir.path()), &sink).await.unwrap_err();
         assert_eq!(failure.exit_code, Some(4));
-        assert_eq!(failure.summary, "`echo boom >&2; exit 4` exited with status 4: boom");
+        assert_eq!(failure.summary, "`b` exited with status 4: boom");
+        assert_eq!(failure.command.as_deref(), Some("echo boom >&2; exit 4"));
         let events = sink.0.into_inner().unwrap();
         assert_eq!(events[0], Event::Planned { ids: vec!["a".into(), "b".into(), "c".into()] });
         assert!(events.contains(&Event::Done { id: "a".into(), note: None }));

@@ -1,0 +1,615 @@
+//! The driver: runs a stack's steps in DAG order through their adapters, journals every event
+//! before acting on it, and turns failures into the outcomes of SPEC.md (stop and keep the
+//! checkpoint, complete-or-revert, gates, interrupts).
+
+use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+
+use anyhow::Context as _;
+use rdeploy_adapters::{
+    shell, CancellationToken, Event, EventSink, Failure, PriorStep, StepContext, ToolInfo, ToolSpec,
+};
+use tokio::task::JoinSet;
+
+use crate::checkpoint::{Checkpoint, Deploy, DeployState, Record, StateDir, StepMode, StepStatus};
+use crate::exit::{Code, Refusal};
+use crate::lock::Lock;
+use crate::report;
+use crate::stack::{OnFailure, Stack, Step};
+use crate::ui::Ui;
+
+/// What every command of the driver shares.
+pub struct Session {
+    pub stack: Arc<Stack>,
+    pub state: StateDir,
+    pub ui: Arc<Ui>,
+    /// The stack file as the operator typed it, for commands we print.
+    pub stack_arg: String,
+    /// Cancelled on the first SIGINT/SIGTERM.
+    pub cancel: CancellationToken,
+    /// The signal that cancelled, if any.
+    pub signal: Arc<Mutex<Option<String>>>,
+    pub parallel: usize,
+}
+
+/// How a run ended, in the terms of SPEC.md's exit codes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Outcome {
+    Complete,
+    Partial,
+    StepReverted,
+    Refused,
+    RevertFailed,
+    Interrupted,
+}
+
+impl Outcome {
+    fn code(self) -> Code {
+        match self {
+            Outcome::Complete => Code::Ok,
+            Outcome::Partial => Code::Partial,
+            Outcome::StepReverted => Code::Reverted,
+            Outcome::Refused => Code::Refused,
+            Outcome::RevertFailed => Code::RevertFailed,
+            Outcome::Interrupted => Code::Interrupted,
+        }
+    }
+
+    /// Keeps the most serious outcome when several steps end differently.
+    fn worst(self, other: Outcome) -> Outcome {
+        let rank = |o: Outcome| match o {
+            Outcome::Complete => 0,
+            Outcome::Partial => 1,
+            Outcome::StepReverted => 2,
+            Outcome::Refused => 3,
+            Outcome::Interrupted => 4,
+            Outcome::RevertFailed => 5,
+        };
+        if rank(other) > rank(self) { other } else { self }
+    }
+}
+
+/// What to do with a step in this run.
+#[derive(Clone, Debug)]
+enum Action {
+    Apply,
+    Recover(PriorStep),
+}
+
+impl Session {
+    fn context(&self, step: &Step, cancel: CancellationToken) -> StepContext {
+        StepContext {
+            step: step.name.clone(),
+            stack: self.stack.name.clone(),
+            stack_dir: self.stack.dir.clone(),
+            work_dir: self.state.step_dir(&step.name),
+            env: step.env.clone(),
+            timeout: step.timeout,
+            cancel,
+        }
+    }
+
+    /// Checks every step's tool before anything changes (exit 2 when one is missing).
+    pub async fn preflight(&self, steps: &[&Step]) -> anyhow::Result<HashMap<String, ToolInfo>> {
+        let mut found = HashMap::new();
+        let mut problems = Vec::new();
+        for step in steps {
+            if !ToolSpec::is_supported(step.tool) {
+                problems.push(format!("step `{}`: the {} adapter is not part of this build yet", step.name, step.tool));
+                continue;
+            }
+            match step.spec.preflight(&self.context(step, self.cancel.clone())).await {
+                Ok(info) => {
+                    found.insert(step.name.clone(), info);
+                }
+                Err(e) => {
+                    let hint = e.hint().map(|h| format!("\n  hint: {h}")).unwrap_or_default();
+                    problems.push(format!("step `{}`: {e}{hint}", step.name));
+                }
+            }
+        }
+        if problems.is_empty() {
+            Ok(found)
+        } else {
+            Err(Refusal::new(Code::BadInput, problems.join("\n")).into())
+        }
+    }
+
+    fn lock(&self, command: &str) -> anyhow::Result<Lock> {
+        match Lock::acquire(&self.state.path, command) {
+            Ok(lock) => {
+                if let Some(dead) = &lock.took_over_from {
+                    self.ui.warn(format!(
+                        "took over the lock of a run that died without releasing it: {dead}; its checkpoint is used as it was left"
+                    ));
+                }
+                Ok(lock)
+            }
+            Err(crate::lock::LockError::Held { dir, holder }) => Err(Refusal::new(
+                Code::Locked,
+                format!("another run holds the lock on {dir}: {holder}"),
+            )
+            .with_hint("wait for it to finish; `rdeploy status` shows its progress")
+            .into()),
+            Err(crate::lock::LockError::Io(e)) => Err(e),
+        }
+    }
+
+    /// `rdeploy up`: a new deploy of every step.
+    pub async fn up(&self) -> anyhow::Result<Code> {
+        let _lock = self.lock("up")?;
+        if let Some(deploy) = self.state.load_unfinished()? {
+            let failed: Vec<&str> = deploy.steps.iter().filter(|s| s.status != StepStatus::Done).map(|s| s.name.as_str()).collect();
+            return Err(Refusal::new(
+                Code::BadInput,
+                format!(
+                    "an unfinished deploy is recorded in {} (deploy {}, steps not done: {}); `up` would re-run completed work",
+                    self.state.path.display(),
+                    deploy.deploy_id,
+                    failed.join(", ")
+                ),
+            )
+            .with_hint(format!(
+                "`rdeploy recover {0}` resumes it; `rdeploy status {0}` shows what is in place; `rdeploy reset {0} --yes` forgets it after manual reconciliation",
+                self.stack_arg
+            ))
+            .into());
+        }
+        let steps: Vec<&Step> = self.stack.ordered().collect();
+        let tools = self.preflight(&steps).await?;
+        let mut cp = Checkpoint::create(&self.state)?;
+        let run_id = ulid::Ulid::new().to_string();
+        cp.record(Checkpoint::run_record(&self.stack, "up", &run_id))?;
+        self.ui.info(format!("deploy {run_id} of stack {} ({} steps)", self.stack.name, steps.len()));
+        let actions = self.stack.ordered().map(|s| (s.name.clone(), Action::Apply)).collect();
+        self.run(cp, actions, tools).await
+    }
+
+    /// `rdeploy recover`: resume the unfinished deploy through each tool's recovery path.
+    pub async fn recover(&self, dry_run: bool) -> anyhow::Result<Code> {
+        let lock = self.lock(if dry_run { "recover --dry-run" } else { "recover" })?;
+        let holder_alive = false; // we hold the lock, so nobody else is running
+        let Some(deploy) = self.state.load_settled(holder_alive)? else {
+            let last = self.state.last_finished()?;
+            let said = match last.map(|d| d.state) {
+                Some(DeployState::Complete) => "the last deploy completed",
+                Some(DeployState::Reverted) => "the last deploy was reverted",
+                _ => "no deploy is recorded",
+            };
+            println!("nothing to recover: {said} ({})", self.state.path.display());
+            return Ok(Code::Ok);
+        };
+        self.check_mapping(&deploy)?;
+        let actions = self.recovery_actions(&deploy);
+        let pending: Vec<&Step> = self.stack.ordered().filter(|s| actions.iter().any(|(n, _)| *n == s.name)).collect();
+        let tools = self.preflight(&pending).await?;
+        if dry_run {
+            return self.dry_run(&deploy, &actions).await;
+        }
+        let _ = &lock;
+        let mut cp = Checkpoint::open(&self.state, holder_alive)?;
+        let run_id = ulid::Ulid::new().to_string();
+        cp.record(Checkpoint::run_record(&self.stack, "recover", &run_id))?;
+        for (name, _) in &actions {
+            if let (Some(step), Some(old)) = (self.stack.step(name), deploy.step(name)) {
+                if step.digest != old.digest {
+                    let message = format!("step `{name}` changed since the checkpoint; recovering with the new settings");
+                    self.ui.warn(&message);
+                    cp.record(Record::Warning { step: Some(name.clone()), message })?;
+                }
+            }
+        }
+        let done: Vec<&str> = deploy.steps.iter().filter(|s| s.status == StepStatus::Done).map(|s| s.name.as_str()).collect();
+        self.ui.info(format!(
+            "recovering deploy {} of stack {}: {} step(s) already done{}",
+            deploy.deploy_id,
+            self.stack.name,
+            done.len(),
+            if done.is_empty() { String::new() } else { format!(" ({})", done.join(", ")) }
+        ));
+        self.run(cp, actions, tools).await
+    }
+
+    /// Refuses (exit 2) when the stack no longer matches the checkpoint's steps.
+    pub fn check_mapping(&self, deploy: &Deploy) -> anyhow::Result<()> {
+        let mut problems = Vec::new();
+        for old in &deploy.steps {
+            match self.stack.step(&old.name) {
+                None if old.status != StepStatus::Pending => problems.push(format!(
+                    "step `{}` ({}, {}) is recorded in the checkpoint but is no longer in the stack (removed or renamed)",
+                    old.name,
+                    old.tool,
+                    old.status.as_str()
+                )),
+                Some(new) if new.tool != old.tool => problems.push(format!(
+                    "step `{}` was a {} step in the checkpoint and is now a {} step",
+                    old.name, old.tool, new.tool
+                )),
+                _ => {}
+            }
+        }
+        if problems.is_empty() {
+            return Ok(());
+        }
+        Err(Refusal::new(Code::BadInput, format!("the checkpoint cannot be mapped onto the stack:\n  {}", problems.join("\n  ")))
+            .with_hint(format!(
+                "restore the step in the stack file, or reconcile by hand and `rdeploy reset {} --yes`",
+                self.stack_arg
+            ))
+            .into())
+    }
+
+    fn recovery_actions(&self, deploy: &Deploy) -> Vec<(String, Action)> {
+        self.stack
+            .ordered()
+            .filter_map(|step| {
+                let recorded = deploy.step(&step.name);
+                let action = match recorded {
+                    Some(s) if s.status == StepStatus::Done => return None,
+                    Some(s) if step.resumable && !s.sub_changes.is_empty() => Action::Recover(s.prior()),
+                    _ => Action::Apply,
+                };
+                Some((step.name.clone(), action))
+            })
+            .collect()
+    }
+
+    async fn dry_run(&self, deploy: &Deploy, actions: &[(String, Action)]) -> anyhow::Result<Code> {
+        println!("recover --dry-run: deploy {} of stack {} (nothing will be changed)", deploy.deploy_id, self.stack.name);
+        for step in self.stack.ordered() {
+            let Some((_, action)) = actions.iter().find(|(n, _)| *n == step.name) else {
+                println!("\n{} ({}): done, skipped", step.name, step.tool);
+                continue;
+            };
+            let changed = deploy.step(&step.name).is_some_and(|s| s.digest != step.digest);
+            println!(
+                "\n{} ({}){}:",
+                step.name,
+                step.tool,
+                if changed { ", changed since the checkpoint" } else { "" }
+            );
+            let ctx = self.context(step, self.cancel.child_token());
+            match action {
+                Action::Apply => {
+                    let prior = PriorStep::default();
+                    let why = if step.resumable { "not started yet" } else { "not resumable: runs again from the start" };
+                    println!("  {why}");
+                    if let Ok(inspection) = step.spec.inspect(&ctx, &prior).await {
+                        for a in inspection.actions {
+                            println!("  - {a}");
+                        }
+                    }
+                }
+                Action::Recover(prior) => match step.spec.inspect(&ctx, prior).await {
+                    Ok(inspection) => {
+                        for a in inspection.actions {
+                            println!("  - {a}");
+                        }
+                    }
+                    Err(f) => println!("  could not inspect the live state: {}", f.summary),
+                },
+            }
+        }
+        Ok(Code::Ok)
+    }
+
+    /// Runs the given steps in DAG order, at most `parallel` at once, and settles the outcome.
+    async fn run(&self, cp: Checkpoint, actions: Vec<(String, Action)>, tools: HashMap<String, ToolInfo>) -> anyhow::Result<Code> {
+        let cp = Arc::new(Mutex::new(cp));
+        let mut todo: Vec<(String, Action)> = actions;
+        let mut done: HashSet<String> = {
+            let guard = cp.lock().unwrap_or_else(|e| e.into_inner());
+            guard.deploy().steps.iter().filter(|s| s.status == StepStatus::Done).map(|s| s.name.clone()).collect()
+        };
+        let mut running: JoinSet<(String, Result<(), Failure>)> = JoinSet::new();
+        let mut outcome = Outcome::Complete;
+        let mut stopping = false;
+
+        loop {
+            while !stopping && running.len() < self.parallel.max(1) {
+                if self.cancel.is_cancelled() {
+                    stopping = true;
+                    break;
+                }
+                let Some(pos) = todo.iter().position(|(name, _)| {
+                    self.stack.step(name).is_some_and(|s| s.needs.iter().all(|n| done.contains(n)))
+                }) else {
+                    break;
+                };
+                let (name, action) = todo.remove(pos);
+                let step = self.stack.step(&name).expect("actions name stack steps").clone();
+                if let Some(gate) = &step.gate {
+                    if let Err(reason) = crate::gate::evaluate(gate, &self.stack.dir).await {
+                        self.ui.step_finished(&name, &format!("refused by its gate: {reason}"));
+                        record(&cp, Record::StepRefused { step: name.clone(), reason })?;
+                        outcome = outcome.worst(Outcome::Refused);
+                        stopping = true;
+                        break;
+                    }
+                }
+                let mode = match action {
+                    Action::Apply => StepMode::Apply,
+                    Action::Recover(_) => StepMode::Recover,
+                };
+                let tool_version = tools.get(&name).map(|t| t.version.clone());
+                record(&cp, Record::StepStarted { step: name.clone(), mode, tool_version })?;
+                let what = match (&action, step.resumable) {
+                    (Action::Apply, _) => format!("{} apply", step.tool),
+                    (Action::Recover(_), _) => format!("{} recover", step.tool),
+                };
+                self.ui.step_started(&name, &what);
+                let sink = JournalSink::new(name.clone(), cp.clone(), self.ui.clone(), &self.state)?;
+                let ctx = self.context(&step, self.cancel.child_token());
+                fs_err::create_dir_all(&ctx.work_dir)?;
+                running.spawn(async move {
+                    let result = match &action {
+                        Action::Apply => step.spec.apply(&ctx, &sink).await,
+                        Action::Recover(prior) => step.spec.recover(&ctx, prior, &sink).await,
+                    };
+                    let result = match (result, sink.journal_error()) {
+                        (_, Some(e)) => Err(Failure::new(format!("the checkpoint could not be written: {e}"))
+                            .with_hint("free disk space or fix permissions on the state directory, then `rdeploy recover`")),
+                        (r, None) => r,
+                    };
+                    (step.name.clone(), result)
+                });
+            }
+            let Some(joined) = running.join_next().await else { break };
+            let (name, result) = joined.context("a step task panicked")?;
+            let step = self.stack.step(&name).expect("running steps are stack steps").clone();
+            match result {
+                Ok(()) => {
+                    record(&cp, Record::StepDone { step: name.clone() })?;
+                    snapshot(&cp);
+                    self.ui.step_finished(&name, &self.ui.paint.good("done"));
+                    done.insert(name);
+                }
+                Err(failure) => {
+                    stopping = true;
+                    let interrupted = failure.interrupted || self.cancel.is_cancelled();
+                    self.ui.step_finished(&name, &format!("{}: {}", self.ui.paint.bad("failed"), failure.summary));
+                    record(&cp, Record::StepFailed { step: name.clone(), failure: Failure { interrupted, ..failure } })?;
+                    if interrupted {
+                        outcome = outcome.worst(Outcome::Interrupted);
+                    } else if !step.resumable && step.revert.is_some() {
+                        // Complete or revert: a step that cannot resume goes back to where it started.
+                        outcome = outcome.worst(self.revert_step(&cp, &step).await?);
+                    } else {
+                        outcome = outcome.worst(Outcome::Partial);
+                    }
+                }
+            }
+        }
+
+        if let Some(signal) = self.signal.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+            record(&cp, Record::Interrupted { signal })?;
+            outcome = outcome.worst(Outcome::Interrupted);
+        }
+
+        let all_done = self.stack.steps.iter().all(|s| done.contains(&s.name));
+        if outcome == Outcome::Complete && all_done {
+            let cp = take(cp);
+            let deploy = cp.finish(DeployState::Complete)?;
+            let summary: Vec<String> = deploy.steps.iter().map(report::summarize_step).collect();
+            println!("stack {}: deploy complete\n  {}", deploy.stack, summary.join("\n  "));
+            return Ok(Code::Ok);
+        }
+
+        if self.stack.on_failure == OnFailure::Revert
+            && matches!(outcome, Outcome::Partial | Outcome::StepReverted | Outcome::Refused)
+        {
+            self.ui.warn("on_failure: revert: reverting every completed step that declares `revert`, newest first");
+            let reverted = self.revert_all(&cp).await?;
+            if reverted == Outcome::StepReverted {
+                let cp = take(cp);
+                let deploy = cp.finish(DeployState::Reverted)?;
+                self.print_report_for(&deploy)?;
+                return Ok(Code::Reverted);
+            }
+            outcome = outcome.worst(reverted);
+        }
+
+        snapshot(&cp);
+        let deploy = cp.lock().unwrap_or_else(|e| e.into_inner()).deploy().clone();
+        self.print_report_for(&deploy)?;
+        Ok(outcome.code())
+    }
+
+    fn print_report_for(&self, deploy: &Deploy) -> anyhow::Result<()> {
+        let status = report::from_deploy(&self.stack, &self.state, deploy, &self.stack_arg, None);
+        print!("{}", report::render_text(&status, crate::ui::Paint { enabled: false }));
+        if deploy.state == DeployState::Partial {
+            crate::checkpoint::write_atomic(&self.state.report_path(), report::render_markdown(&status).as_bytes())?;
+        }
+        Ok(())
+    }
+
+    /// Runs one step's `revert`, recording the result.
+    async fn revert_step(&self, cp: &Arc<Mutex<Checkpoint>>, step: &Step) -> anyhow::Result<Outcome> {
+        let Some(script) = &step.revert else { return Ok(Outcome::StepReverted) };
+        self.ui.step_started(&step.name, "revert");
+        record(cp, Record::StepStarted { step: step.name.clone(), mode: StepMode::Revert, tool_version: None })?;
+        let sink = JournalSink::new(step.name.clone(), cp.clone(), self.ui.clone(), &self.state)?;
+        // A revert must finish even after Ctrl-C: a half-reverted step is the third outcome.
+        let ctx = self.context(step, CancellationToken::new());
+        match shell::run_revert(&ctx, script, &sink).await {
+            Ok(()) => {
+                record(cp, Record::StepReverted { step: step.name.clone() })?;
+                self.ui.step_finished(&step.name, &self.ui.paint.warn("reverted"));
+                Ok(Outcome::StepReverted)
+            }
+            Err(failure) => {
+                self.ui.step_finished(&step.name, &format!("{}: {}", self.ui.paint.bad("revert failed"), failure.summary));
+                record(cp, Record::StepRevertFailed { step: step.name.clone(), failure })?;
+                Ok(Outcome::RevertFailed)
+            }
+        }
+    }
+
+    /// Reverts every step that changed something and declares `revert`, newest first.
+    async fn revert_all(&self, cp: &Arc<Mutex<Checkpoint>>) -> anyhow::Result<Outcome> {
+        let mut candidates: Vec<(u64, String)> = {
+            let guard = cp.lock().unwrap_or_else(|e| e.into_inner());
+            guard
+                .deploy()
+                .steps
+                .iter()
+                .filter(|s| s.has_revert && matches!(s.status, StepStatus::Done | StepStatus::Failed))
+                .map(|s| (s.done_seq.unwrap_or(u64::MAX), s.name.clone()))
+                .collect()
+        };
+        // Newest first; a failed step (never done) changed things last.
+        candidates.sort_by(|a, b| b.0.cmp(&a.0));
+        let mut outcome = Outcome::StepReverted;
+        for (_, name) in candidates {
+            let Some(step) = self.stack.step(&name) else { continue };
+            if self.revert_step(cp, step).await? == Outcome::RevertFailed {
+                outcome = Outcome::RevertFailed;
+                break;
+            }
+        }
+        Ok(outcome)
+    }
+
+    /// `rdeploy revert`: undo the completed steps that declare `revert`, newest first.
+    pub async fn revert(&self) -> anyhow::Result<Code> {
+        let _lock = self.lock("revert")?;
+        let cp = if self.state.has_unfinished() {
+            let deploy = self.state.load_settled(false)?.expect("journal exists");
+            self.check_mapping(&deploy)?;
+            let mut cp = Checkpoint::open(&self.state, false)?;
+            cp.record(Checkpoint::run_record(&self.stack, "revert", &ulid::Ulid::new().to_string()))?;
+            cp
+        } else {
+            let Some(last) = self.state.last_finished()?.filter(|d| d.state == DeployState::Complete) else {
+                println!("nothing to revert: no completed or unfinished deploy is recorded in {}", self.state.path.display());
+                return Ok(Code::Ok);
+            };
+            // Re-open the finished deploy as a new journal so the revert itself is checkpointed.
+            let mut cp = Checkpoint::create(&self.state)?;
+            cp.record(Checkpoint::run_record(&self.stack, "revert", &ulid::Ulid::new().to_string()))?;
+            let mut done: Vec<_> = last.steps.iter().filter(|s| s.status == StepStatus::Done).collect();
+            done.sort_by_key(|s| s.done_seq);
+            for s in done {
+                cp.record(Record::StepDone { step: s.name.clone() })?;
+            }
+            cp
+        };
+        let cp = Arc::new(Mutex::new(cp));
+        let outcome = self.revert_all(&cp).await?;
+        if outcome == Outcome::StepReverted {
+            let deploy = take(cp).finish(DeployState::Reverted)?;
+            self.print_report_for(&deploy)?;
+            Ok(Code::Ok)
+        } else {
+            snapshot(&cp);
+            let deploy = cp.lock().unwrap_or_else(|e| e.into_inner()).deploy().clone();
+            self.print_report_for(&deploy)?;
+            Ok(Code::RevertFailed)
+        }
+    }
+
+    /// `rdeploy reset --yes`: forget the unfinished deploy (kept in history).
+    pub fn reset(&self) -> anyhow::Result<Code> {
+        let _lock = self.lock("reset")?;
+        if !self.state.has_unfinished() {
+            println!("nothing to reset: no unfinished deploy in {}", self.state.path.display());
+            return Ok(Code::Ok);
+        }
+        let mut cp = Checkpoint::open(&self.state, false)?;
+        cp.record(Record::Warning { step: None, message: "reset by the operator after manual reconciliation".into() })?;
+        let deploy = cp.finish(DeployState::Partial)?;
+        println!(
+            "forgot deploy {} of stack {}; its record is kept in {}; the next `rdeploy up` starts from the top",
+            deploy.deploy_id,
+            deploy.stack,
+            self.state.history_dir().display()
+        );
+        Ok(Code::Ok)
+    }
+}
+
+fn record(cp: &Arc<Mutex<Checkpoint>>, record: Record) -> anyhow::Result<()> {
+    cp.lock().unwrap_or_else(|e| e.into_inner()).record(record)
+}
+
+fn snapshot(cp: &Arc<Mutex<Checkpoint>>) {
+    // The snapshot is a cache of the journal; failing to write it loses nothing.
+    let _ = cp.lock().unwrap_or_else(|e| e.into_inner()).snapshot();
+}
+
+fn take(cp: Arc<Mutex<Checkpoint>>) -> Checkpoint {
+    match Arc::try_unwrap(cp) {
+        Ok(m) => m.into_inner().unwrap_or_else(|e| e.into_inner()),
+        Err(_) => unreachable!("every step task has finished"),
+    }
+}
+
+/// The driver's event sink: journals sub-change events durably before returning, draws
+/// progress, and writes the tool's output to the step's log.
+struct JournalSink {
+    step: String,
+    cp: Arc<Mutex<Checkpoint>>,
+    ui: Arc<Ui>,
+    log: Mutex<Option<File>>,
+    error: Mutex<Option<String>>,
+}
+
+impl JournalSink {
+    fn new(step: String, cp: Arc<Mutex<Checkpoint>>, ui: Arc<Ui>, state: &StateDir) -> anyhow::Result<JournalSink> {
+        let path = state.log_path(&step);
+        if let Some(dir) = path.parent() {
+            fs_err::create_dir_all(dir)?;
+        }
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&path).ok();
+        Ok(JournalSink { step, cp, ui, log: Mutex::new(log), error: Mutex::new(None) })
+    }
+
+    fn journal_error(&self) -> Option<String> {
+        self.error.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn journal(&self, record: Record) {
+        if let Err(e) = self.cp.lock().unwrap_or_else(|e| e.into_inner()).record(record) {
+            self.error.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(|| format!("{e:#}"));
+        }
+    }
+}
+
+impl EventSink for JournalSink {
+    fn emit(&self, event: Event) {
+        let step = self.step.clone();
+        match event {
+            Event::Planned { ids } => {
+                self.ui.planned(&step, ids.len());
+                self.journal(Record::Planned { step, ids });
+            }
+            Event::Started { id } => {
+                self.ui.sub_change(&self.step, &id, "started", false);
+                self.journal(Record::SubStarted { step, id });
+            }
+            Event::Done { id, note } => {
+                self.journal(Record::SubDone { step, id: id.clone(), note });
+                self.ui.sub_change(&self.step, &id, "done", true);
+            }
+            Event::Failed { id, error } => {
+                self.journal(Record::SubFailed { step, id: id.clone(), error: error.clone() });
+                self.ui.sub_change(&self.step, &id, &format!("failed: {error}"), true);
+            }
+            Event::Pending { id, reason } => self.journal(Record::SubPending { step, id, reason }),
+            Event::Fact { key, value } => self.journal(Record::Fact { step, key, value }),
+            Event::Warning { message } => {
+                self.ui.warn(format!("{}: {message}", self.step));
+                self.journal(Record::Warning { step: Some(step), message });
+            }
+            Event::Output { stream, line } => {
+                if let Some(log) = self.log.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+                    let _ = writeln!(log, "{line}");
+                }
+                self.ui.output(&self.step, stream, &line);
+            }
+        }
+    }
+}

@@ -1,0 +1,704 @@
+//! The stack file: parsing `stack.yaml` into a validated plan, with every error located at
+//! file:line:column and a suggestion. This is the only module that knows YAML.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use marked_yaml::{Marker, Node, Span, Spanned};
+use rdeploy_adapters::{FieldPath, PathSegment, Tool, ToolSpec};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// Keys every step accepts, whatever its tool.
+pub const COMMON_KEYS: &[&str] = &["name", "tool", "needs", "resumable", "revert", "gate", "timeout", "env", "phase"];
+/// Keys of the stack file's top level.
+pub const TOP_KEYS: &[&str] = &["name", "steps", "on_failure"];
+
+/// A validated stack, ready to run.
+#[derive(Clone, Debug)]
+pub struct Stack {
+    pub name: String,
+    /// The stack file as the user named it (used in commands we print).
+    pub file: PathBuf,
+    /// The directory relative paths resolve against.
+    pub dir: PathBuf,
+    pub on_failure: OnFailure,
+    /// Steps in file order.
+    pub steps: Vec<Step>,
+    /// Indexes into `steps` in the order they run (DAG order, file order between equals).
+    pub order: Vec<usize>,
+    /// Digest of the whole file, to tell a changed stack.
+    pub digest: String,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnFailure {
+    #[default]
+    Stop,
+    Revert,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Phase {
+    Expand,
+    Migrate,
+    Contract,
+}
+
+#[derive(Clone, Debug)]
+pub struct Step {
+    pub name: String,
+    pub tool: Tool,
+    pub needs: Vec<String>,
+    pub resumable: bool,
+    pub revert: Option<String>,
+    pub gate: Option<Gate>,
+    pub timeout: Option<Duration>,
+    pub env: BTreeMap<String, String>,
+    pub phase: Option<Phase>,
+    pub spec: ToolSpec,
+    /// Line of the step in the stack file, for messages.
+    pub line: usize,
+    /// Digest of the step's settings, to say which steps changed since a checkpoint.
+    pub digest: String,
+}
+
+/// A precondition evaluated right before a step runs.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Gate {
+    pub inventory: InventoryGate,
+}
+
+/// Refuse the step unless every cluster in scope runs the wanted version.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct InventoryGate {
+    pub contexts: Vec<String>,
+    pub namespace: Option<String>,
+    pub selector: Option<String>,
+    pub image: String,
+    pub version: String,
+    pub kubeconfig: Option<PathBuf>,
+    #[serde(default)]
+    pub exceptions: Vec<GateException>,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct GateException {
+    pub cluster: String,
+    pub reason: String,
+    /// The exception stops applying after this date (YYYY-MM-DD).
+    pub expires: String,
+}
+
+/// The common keys of a step, deserialized with their positions.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CommonKeys {
+    name: Spanned<String>,
+    #[allow(dead_code)]
+    tool: Spanned<String>,
+    #[serde(default)]
+    needs: Vec<Spanned<String>>,
+    resumable: Option<bool>,
+    revert: Option<String>,
+    gate: Option<Gate>,
+    timeout: Option<Spanned<String>>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    phase: Option<Spanned<String>>,
+}
+
+/// One problem found in a stack file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Problem {
+    pub file: PathBuf,
+    pub line: usize,
+    pub column: usize,
+    pub message: String,
+    pub hint: Option<String>,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}:{}: {}", self.file.display(), self.line, self.column, self.message)?;
+        if let Some(hint) = &self.hint {
+            write!(f, "\n  hint: {hint}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Every problem found in a stack file; nothing runs while there is one.
+#[derive(Debug, thiserror::Error)]
+pub struct StackError {
+    pub problems: Vec<Problem>,
+}
+
+impl fmt::Display for StackError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = self.problems.len();
+        writeln!(f, "the stack file has {n} problem{}:", if n == 1 { "" } else { "s" })?;
+        for problem in &self.problems {
+            writeln!(f, "{problem}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Collects problems with their positions while the stack is checked.
+struct Checker<'a> {
+    file: &'a Path,
+    problems: Vec<Problem>,
+}
+
+impl Checker<'_> {
+    fn at(&mut self, span: &Span, message: impl Into<String>, hint: Option<String>) {
+        let (line, column) = span.start().map(|m| (m.line(), m.column())).unwrap_or((1, 1));
+        self.problems.push(Problem { file: self.file.to_path_buf(), line, column, message: message.into(), hint });
+    }
+
+    fn at_marker(&mut self, marker: Option<Marker>, message: impl Into<String>, hint: Option<String>) {
+        let span = marker.map(Span::new_start).unwrap_or_else(Span::new_blank);
+        self.at(&span, message, hint);
+    }
+}
+
+/// Reads and validates a stack file. Errors name file, line and column.
+pub fn load(file: &Path) -> anyhow::Result<Stack> {
+    let text = fs_err::read_to_string(file)?;
+    Ok(parse(file, &text)?)
+}
+
+/// Parses stack text; `file` is used in messages and to resolve relative paths.
+pub fn parse(file: &Path, text: &str) -> Result<Stack, StackError> {
+    let mut checker = Checker { file, problems: Vec::new() };
+    let dir = match file.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let digest = hex::encode(Sha256::digest(text.as_bytes()));
+
+    let root = match marked_yaml::parse_yaml(0, text) {
+        Ok(node) => node,
+        Err(e) => {
+            let (marker, message) = describe_load_error(&e);
+            checker.at_marker(marker, message, Some("the stack file must be a YAML mapping with `name` and `steps`".into()));
+            return Err(StackError { problems: checker.problems });
+        }
+    };
+    let Some(top) = root.as_mapping() else {
+        checker.at(root.span(), "the stack file must be a mapping", Some("start with `name:` and `steps:`".into()));
+        return Err(StackError { problems: checker.problems });
+    };
+
+    for key in top.keys() {
+        if !TOP_KEYS.contains(&key.as_str()) {
+            let hint = suggest(key.as_str(), TOP_KEYS).map(|s| format!("did you mean `{s}`?"));
+            checker.at(key.span(), format!("unknown top-level key `{}`", key.as_str()), hint);
+        }
+    }
+    let name = match top.get_scalar("name") {
+        Some(n) => n.as_str().to_string(),
+        None => file.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "stack".into()),
+    };
+    let on_failure = match top.get_scalar("on_failure") {
+        None => OnFailure::Stop,
+        Some(v) => match v.as_str() {
+            "stop" => OnFailure::Stop,
+            "revert" => OnFailure::Revert,
+            other => {
+                let hint = suggest(other, &["stop", "revert"]).map(|s| format!("did you mean `{s}`?"));
+                checker.at(v.span(), format!("`on_failure` is `stop` or `revert`, not `{other}`"), hint);
+                OnFailure::Stop
+            }
+        },
+    };
+    let Some(step_nodes) = top.get_sequence("steps") else {
+        let span = top.get_node("steps").map(|n| *n.span()).unwrap_or(*top.span());
+        checker.at(&span, "the stack needs a `steps:` list", Some("add `steps:` with at least one step".into()));
+        return Err(StackError { problems: checker.problems });
+    };
+
+    let mut steps = Vec::new();
+    let mut name_spans: Vec<(String, Span)> = Vec::new();
+    let mut needs_spans: Vec<Vec<Spanned<String>>> = Vec::new();
+    let mut phase_spans: Vec<Option<Span>> = Vec::new();
+    for node in step_nodes.iter() {
+        if let Some((step, name_span, needs, phase_span)) = parse_step(&mut checker, &dir, node) {
+            if let Some((_, first)) = name_spans.iter().find(|(n, _)| *n == step.name) {
+                let first_line = first.start().map(|m| m.line()).unwrap_or(0);
+                checker.at(
+                    &name_span,
+                    format!("step name `{}` is used twice (first on line {first_line})", step.name),
+                    Some("step names are checkpoint keys: give each step a unique name".into()),
+                );
+            }
+            name_spans.push((step.name.clone(), name_span));
+            needs_spans.push(needs);
+            phase_spans.push(phase_span);
+            steps.push(step);
+        }
+    }
+    if step_nodes.is_empty() {
+        checker.at(step_nodes.span(), "`steps` is empty", Some("add at least one step".into()));
+    }
+
+    // `needs` must name existing steps.
+    let names: Vec<&str> = steps.iter().map(|s| s.name.as_str()).collect();
+    for (i, needs) in needs_spans.iter().enumerate() {
+        for need in needs {
+            if need.as_str() == steps[i].name {
+                checker.at(need.span(), format!("step `{}` needs itself", steps[i].name), Some("remove it from `needs`".into()));
+            } else if !names.contains(&need.as_str()) {
+                let hint = suggest(need.as_str(), &names).map(|s| format!("did you mean `{s}`?"));
+                checker.at(need.span(), format!("step `{}` needs `{}`, which is not a step of this stack", steps[i].name, need.as_str()), hint);
+            }
+        }
+    }
+    if !checker.problems.is_empty() {
+        return Err(StackError { problems: checker.problems });
+    }
+
+    let order = match run_order(&steps) {
+        Ok(order) => order,
+        Err(cycle) => {
+            let first = cycle[0];
+            let path: Vec<&str> = cycle.iter().chain(std::iter::once(&first)).map(|&i| steps[i].name.as_str()).collect();
+            checker.at(
+                &name_spans[first].1,
+                format!("the steps' `needs` form a cycle: {}", path.join(" -> ")),
+                Some("remove one of these `needs` so the steps can run in order".into()),
+            );
+            return Err(StackError { problems: checker.problems });
+        }
+    };
+
+    check_phases(&mut checker, &steps, &order, &phase_spans);
+    if !checker.problems.is_empty() {
+        return Err(StackError { problems: checker.problems });
+    }
+    Ok(Stack { name, file: file.to_path_buf(), dir, on_failure, steps, order, digest })
+}
+
+type ParsedStep = (Step, Span, Vec<Spanned<String>>, Option<Span>);
+
+fn parse_step(checker: &mut Checker<'_>, dir: &Path, node: &Node) -> Option<ParsedStep> {
+    let Some(map) = node.as_mapping() else {
+        checker.at(node.span(), "a step must be a mapping", Some("write `- name: ...` then `tool: ...` on the next lines".into()));
+        return None;
+    };
+    let Some(tool_node) = map.get_scalar("tool") else {
+        let span = map.get_node("tool").map(|n| *n.span()).unwrap_or(*map.span());
+        checker.at(&span, "this step has no `tool`", Some(format!("add `tool:` with one of {}", tool_list())));
+        return None;
+    };
+    let Some(tool) = Tool::parse(tool_node.as_str()) else {
+        let names: Vec<&str> = Tool::ALL.iter().map(|t| t.as_str()).collect();
+        let hint = suggest(tool_node.as_str(), &names)
+            .map(|s| format!("did you mean `{s}`?"))
+            .unwrap_or_else(|| format!("use one of {}", tool_list()));
+        checker.at(tool_node.span(), format!("unknown tool `{}`", tool_node.as_str()), Some(hint));
+        return None;
+    };
+
+    // Split the step's keys into the common ones and the tool's own, so each half is
+    // deserialized strictly and unknown keys are reported at the key with a suggestion.
+    let tool_keys = ToolSpec::keys(tool);
+    let mut common = map.clone();
+    let mut own = map.clone();
+    let mut unknown = false;
+    for key in map.keys() {
+        let k = key.as_str();
+        if COMMON_KEYS.contains(&k) {
+            own.remove(key);
+        } else if tool_keys.contains(&k) {
+            common.remove(key);
+        } else {
+            unknown = true;
+            let valid: Vec<&str> = COMMON_KEYS.iter().chain(tool_keys).copied().collect();
+            let other_tool = Tool::ALL.into_iter().find(|t| *t != tool && ToolSpec::keys(*t).contains(&k));
+            let hint = match (suggest(k, &valid), other_tool) {
+                (Some(s), _) => Some(format!("did you mean `{s}`?")),
+                (None, Some(t)) => Some(format!("`{k}` is a key of {t} steps; a {tool} step takes {}", quoted(tool_keys))),
+                (None, None) => Some(format!("a {tool} step takes {} and the common keys {}", quoted(tool_keys), quoted(COMMON_KEYS))),
+            };
+            checker.at(key.span(), format!("unknown key `{k}` in a {tool} step"), hint);
+        }
+    }
+    if unknown {
+        return None;
+    }
+    let common_node = Node::Mapping(common);
+    let own_node = Node::Mapping(own);
+    let keys = match marked_yaml::from_node::<CommonKeys>(&common_node) {
+        Ok(keys) => keys,
+        Err(e) => {
+            report_serde_error(checker, map.span(), e, COMMON_KEYS);
+            return None;
+        }
+    };
+    let spec = match tool {
+        Tool::Terraform => marked_yaml::from_node(&own_node).map(ToolSpec::Terraform),
+        Tool::Ansible => marked_yaml::from_node(&own_node).map(ToolSpec::Ansible),
+        Tool::Helm => marked_yaml::from_node(&own_node).map(ToolSpec::Helm),
+        Tool::Kubectl => marked_yaml::from_node(&own_node).map(ToolSpec::Kubectl),
+        Tool::Shell => marked_yaml::from_node(&own_node).map(ToolSpec::Shell),
+    };
+    let spec = match spec {
+        Ok(spec) => spec,
+        Err(e) => {
+            report_serde_error(checker, map.span(), e, tool_keys);
+            return None;
+        }
+    };
+
+    let name = keys.name.as_str().to_string();
+    if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+        checker.at(
+            keys.name.span(),
+            format!("step name `{name}` may only use letters, digits, `-` and `_`"),
+            Some("the name is used in file names and commands".into()),
+        );
+    }
+    for problem in spec.problems() {
+        let span = locate(&own_node, &problem.at).unwrap_or(*map.span());
+        checker.at(&span, format!("step `{name}`: {}", problem.message), problem.hint);
+    }
+    for (at, path) in spec.referenced_paths() {
+        let full = dir.join(&path);
+        if !full.exists() {
+            let span = locate(&own_node, &at).unwrap_or(*map.span());
+            checker.at(
+                &span,
+                format!("step `{name}`: `{}` does not exist (looked for {})", path.display(), full.display()),
+                Some("paths are relative to the stack file's directory".into()),
+            );
+        }
+    }
+    let timeout = keys.timeout.as_ref().and_then(|t| match humantime::parse_duration(t.as_str()) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            checker.at(t.span(), format!("`timeout: {}` is not a duration: {e}", t.as_str()), Some("write it like `90s`, `10m` or `1h30m`".into()));
+            None
+        }
+    });
+    let phase = keys.phase.as_ref().and_then(|p| match p.as_str() {
+        "expand" => Some(Phase::Expand),
+        "migrate" => Some(Phase::Migrate),
+        "contract" => Some(Phase::Contract),
+        other => {
+            let hint = suggest(other, &["expand", "migrate", "contract"]).map(|s| format!("did you mean `{s}`?"));
+            checker.at(p.span(), format!("`phase` is `expand`, `migrate` or `contract`, not `{other}`"), hint);
+            None
+        }
+    });
+    let resumable = keys.resumable.unwrap_or_else(|| spec.default_resumable());
+    let digest = hex::encode(Sha256::digest(node_to_json(node).to_string().as_bytes()));
+    let line = map.span().start().map(|m| m.line()).unwrap_or(0);
+    let step = Step {
+        name,
+        tool,
+        needs: keys.needs.iter().map(|n| n.as_str().to_string()).collect(),
+        resumable,
+        revert: keys.revert,
+        gate: keys.gate,
+        timeout,
+        env: keys.env,
+        phase,
+        spec,
+        line,
+        digest,
+    };
+    Some((step, *keys.name.span(), keys.needs, keys.phase.map(|p| *p.span())))
+}
+
+/// Turns a serde error from `marked_yaml` into a located problem.
+fn report_serde_error(checker: &mut Checker<'_>, fallback: &Span, e: marked_yaml::FromNodeError, keys: &[&str]) {
+    let marker = e.start_mark();
+    let path = e.path().map(str::to_string);
+    let hint = match &*e {
+        marked_yaml::Error::UnknownFieldError(field, _, _) => suggest(field, keys).map(|s| format!("did you mean `{s}`?")),
+        _ => None,
+    };
+    let mut message = lowercase_first(&e.into_inner().to_string());
+    if let Some(path) = path.filter(|p| !p.is_empty() && p != ".") {
+        message = format!("{message} (at `{path}`)");
+    }
+    match marker {
+        Some(m) => checker.at_marker(Some(m), message, hint),
+        None => checker.at(fallback, message, hint),
+    }
+}
+
+/// Finds the span of a value inside a step's node by its field path.
+fn locate(node: &Node, at: &FieldPath) -> Option<Span> {
+    let mut current = node;
+    for segment in at {
+        current = match segment {
+            PathSegment::Key(k) => current.as_mapping()?.get_node(k)?,
+            PathSegment::Index(i) => current.as_sequence()?.get_node(*i)?,
+        };
+    }
+    Some(*current.span())
+}
+
+/// The order steps run in: `needs` first, file order otherwise. `Err` holds a cycle.
+fn run_order(steps: &[Step]) -> Result<Vec<usize>, Vec<usize>> {
+    let index: HashMap<&str, usize> = steps.iter().enumerate().map(|(i, s)| (s.name.as_str(), i)).collect();
+    let mut indegree = vec![0usize; steps.len()];
+    let mut dependents = vec![Vec::new(); steps.len()];
+    for (i, step) in steps.iter().enumerate() {
+        for need in &step.needs {
+            let j = index[need.as_str()];
+            indegree[i] += 1;
+            dependents[j].push(i);
+        }
+    }
+    let mut ready: std::collections::BTreeSet<usize> = (0..steps.len()).filter(|&i| indegree[i] == 0).collect();
+    let mut order = Vec::with_capacity(steps.len());
+    while let Some(i) = ready.pop_first() {
+        order.push(i);
+        for &d in &dependents[i] {
+            indegree[d] -= 1;
+            if indegree[d] == 0 {
+                ready.insert(d);
+            }
+        }
+    }
+    if order.len() == steps.len() {
+        return Ok(order);
+    }
+    // Walk `needs` from a step left over until a step repeats: that is the cycle.
+    let start = (0..steps.len()).find(|&i| indegree[i] > 0).expect("a step is left over");
+    let mut path = vec![start];
+    let mut current = start;
+    loop {
+        let next = steps[current]
+            .needs
+            .iter()
+            .map(|n| index[n.as_str()])
+            .find(|&j| indegree[j] > 0)
+            .expect("a left-over step needs another left-over step");
+        if let Some(pos) = path.iter().position(|&p| p == next) {
+            let mut cycle = path.split_off(pos);
+            cycle.reverse();
+            return Err(cycle);
+        }
+        path.push(next);
+        current = next;
+    }
+}
+
+/// Expand/migrate/contract: a contract step needs a gate and must run after every expand step.
+fn check_phases(checker: &mut Checker<'_>, steps: &[Step], order: &[usize], phase_spans: &[Option<Span>]) {
+    let position: Vec<usize> = {
+        let mut pos = vec![0; steps.len()];
+        for (p, &i) in order.iter().enumerate() {
+            pos[i] = p;
+        }
+        pos
+    };
+    for (i, step) in steps.iter().enumerate() {
+        if step.phase != Some(Phase::Contract) {
+            continue;
+        }
+        let span = phase_spans[i].unwrap_or_else(Span::new_blank);
+        if step.gate.is_none() {
+            checker.at(
+                &span,
+                format!("contract step `{}` has no `gate`", step.name),
+                Some("a contract step assumes every cluster upgraded: add `gate: { inventory: ... }` so rdeploy can check".into()),
+            );
+        }
+        for (j, other) in steps.iter().enumerate() {
+            if other.phase == Some(Phase::Expand) && position[j] > position[i] {
+                checker.at(
+                    &span,
+                    format!("contract step `{}` runs before expand step `{}`", step.name, other.name),
+                    Some(format!("add `needs: [{}]` to `{}`", other.name, step.name)),
+                );
+            }
+        }
+    }
+}
+
+/// A YAML node as JSON, for digests (scalars stay strings: digests only need stability).
+fn node_to_json(node: &Node) -> serde_json::Value {
+    match node {
+        Node::Scalar(s) => serde_json::Value::String(s.as_str().to_string()),
+        Node::Sequence(seq) => serde_json::Value::Array(seq.iter().map(node_to_json).collect()),
+        Node::Mapping(map) => {
+            let sorted: BTreeMap<String, serde_json::Value> = map.iter().map(|(k, v)| (k.as_str().to_string(), node_to_json(v))).collect();
+            serde_json::to_value(sorted).unwrap_or_default()
+        }
+    }
+}
+
+fn describe_load_error(e: &marked_yaml::LoadError) -> (Option<Marker>, String) {
+    use marked_yaml::LoadError::*;
+    match e {
+        TopLevelMustBeMapping(m) => (Some(*m), "the stack file must be a mapping".into()),
+        TopLevelMustBeSequence(m) => (Some(*m), "unexpected top-level sequence".into()),
+        UnexpectedAnchor(m) => (Some(*m), "YAML anchors and aliases are not supported in stack files".into()),
+        MappingKeyMustBeScalar(m) => (Some(*m), "mapping keys must be plain strings".into()),
+        UnexpectedTag(m) => (Some(*m), "YAML tags are not supported in stack files".into()),
+        ScanError(m, err) => (Some(*m), format!("invalid YAML: {}", err.info())),
+        DuplicateKey(inner) => (
+            inner.key.span().start().copied(),
+            format!(
+                "key `{}` appears twice in the same mapping (first on line {})",
+                inner.key.as_str(),
+                inner.prev_key.span().start().map(|m| m.line()).unwrap_or(0)
+            ),
+        ),
+        #[allow(unreachable_patterns)]
+        _ => (None, "invalid YAML".into()),
+    }
+}
+
+/// The nearest valid word, if one is close enough to be a likely typo.
+pub fn suggest<'a>(word: &str, candidates: &[&'a str]) -> Option<&'a str> {
+    candidates
+        .iter()
+        .map(|c| (strsim::jaro_winkler(word, c), *c))
+        .filter(|(score, _)| *score > 0.8)
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .map(|(_, c)| c)
+}
+
+fn quoted(keys: &[&str]) -> String {
+    keys.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", ")
+}
+
+fn tool_list() -> String {
+    quoted(&Tool::ALL.map(|t| t.as_str()))
+}
+
+fn lowercase_first(s: &str) -> String {
+    let mut chars = s.chars();
+    match chars.next() {
+        Some(c) => c.to_lowercase().chain(chars).collect(),
+        None => String::new(),
+    }
+}
+
+impl Stack {
+    pub fn step(&self, name: &str) -> Option<&Step> {
+        self.steps.iter().find(|s| s.name == name)
+    }
+
+    /// Steps in the order they run.
+    pub fn ordered(&self) -> impl Iterator<Item = &Step> {
+        self.order.iter().map(|&i| &self.steps[i])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn problems(text: &str) -> Vec<Problem> {
+        parse(Path::new("stack.yaml"), text).unwrap_err().problems
+    }
+
+    #[test]
+    fn a_valid_stack_runs_in_needs_order() {
+        let text = "name: shop\nsteps:\n  - name: b\n    tool: shell\n    needs: [a]\n    run: echo b\n  - name: a\n    tool: shell\n    sub_changes:\n      - { name: one, run: echo 1 }\n";
+        let stack = parse(Path::new("stack.yaml"), text).unwrap();
+        let order: Vec<&str> = stack.ordered().map(|s| s.name.as_str()).collect();
+        assert_eq!(order, ["a", "b"]);
+        assert!(stack.step("a").unwrap().resumable);
+        assert!(!stack.step("b").unwrap().resumable);
+        assert_eq!(stack.step("a").unwrap().line, 7);
+    }
+
+    #[test]
+    fn unknown_step_key_is_located_with_a_suggestion() {
+        let p = problems("name: s\nsteps:\n  - name: a\n    tool: shell\n    rnu: echo\n");
+        assert_eq!(p.len(), 1);
+        assert_eq!((p[0].line, p[0].column), (5, 5));
+        assert_eq!(p[0].message, "unknown key `rnu` in a shell step");
+        assert_eq!(p[0].hint.as_deref(), Some("did you mean `run`?"));
+    }
+
+    #[test]
+    fn a_key_of_another_tool_is_named_as_such() {
+        let p = problems("name: s\nsteps:\n  - name: a\n    tool: shell\n    run: x\n    playbook: site.yml\n");
+        assert!(p[0].hint.as_deref().unwrap().starts_with("`playbook` is a key of ansible steps"));
+    }
+
+    #[test]
+    fn unknown_tool_and_top_key() {
+        let p = problems("name: s\nstpes: []\nsteps:\n  - name: a\n    tool: terraform2\n");
+        assert_eq!(p.len(), 2);
+        assert_eq!((p[0].line, p[0].column), (2, 1));
+        assert_eq!(p[0].hint.as_deref(), Some("did you mean `steps`?"));
+        assert_eq!(p[1].line, 5);
+        assert_eq!(p[1].hint.as_deref(), Some("did you mean `terraform`?"));
+    }
+
+    #[test]
+    fn duplicate_names_bad_needs_and_cycles() {
+        let p = problems("name: s\nsteps:\n  - name: a\n    tool: shell\n    run: x\n  - name: a\n    tool: shell\n    run: y\n");
+        assert_eq!(p[0].line, 6);
+        assert!(p[0].message.contains("used twice (first on line 3)"));
+
+        let p = problems("name: s\nsteps:\n  - name: net\n    tool: shell\n    run: x\n  - name: b\n    tool: shell\n    needs: [nett]\n    run: y\n");
+        assert_eq!((p[0].line, p[0].column), (8, 13));
+        assert_eq!(p[0].hint.as_deref(), Some("did you mean `net`?"));
+
+        let p = problems("name: s\nsteps:\n  - name: a\n    tool: shell\n    needs: [b]\n    run: x\n  - name: b\n    tool: shell\n    needs: [a]\n    run: y\n");
+        assert_eq!(p.len(), 1);
+        assert!(p[0].message.contains("cycle"), "{}", p[0].message);
+        assert!(p[0].message.contains("a -> b -> a") || p[0].message.contains("b -> a -> b"));
+    }
+
+    #[test]
+    fn wrong_value_types_are_located() {
+        let p = problems("name: s\nsteps:\n  - name: a\n    tool: shell\n    resumable: maybe\n    run: x\n");
+        assert_eq!(p[0].line, 5);
+        let p = problems("name: s\nsteps:\n  - name: a\n    tool: shell\n    timeout: soon\n    run: x\n");
+        assert_eq!((p[0].line, p[0].column), (5, 14));
+    }
+
+    #[test]
+    fn invalid_yaml_is_located() {
+        let p = problems("name: s\nsteps:\n  - name: a\n   tool: shell\n");
+        assert_eq!(p.len(), 1);
+        assert!(p[0].message.starts_with("invalid YAML"), "{}", p[0].message);
+    }
+
+    #[test]
+    fn missing_dir_and_exclusive_keys() {
+        let p = problems("name: s\nsteps:\n  - name: a\n    tool: shell\n    dir: nowhere\n    run: x\n  - name: b\n    tool: shell\n");
+        assert_eq!(p.len(), 2);
+        assert_eq!((p[0].line, p[0].column), (5, 10));
+        assert!(p[0].message.contains("`nowhere` does not exist"));
+        assert_eq!(p[1].line, 7);
+        assert!(p[1].message.contains("needs `run` or `sub_changes`"));
+    }
+
+    #[test]
+    fn contract_steps_need_a_gate_and_come_after_expand() {
+        let p = problems("name: s\nsteps:\n  - name: drop\n    tool: shell\n    phase: contract\n    run: x\n  - name: add\n    tool: shell\n    phase: expand\n    run: y\n");
+        assert_eq!(p.len(), 2);
+        assert!(p[0].message.contains("has no `gate`"));
+        assert!(p[1].message.contains("runs before expand step `add`"));
+    }
+
+    #[test]
+    fn step_digests_change_with_settings_only() {
+        let a = parse(Path::new("s.yaml"), "name: s\nsteps:\n  - name: a\n    tool: shell\n    run: x\n").unwrap();
+        let b = parse(Path::new("s.yaml"), "# comment\nname: s\nsteps:\n  - name: a\n    tool: shell\n    run: x\n").unwrap();
+        let c = parse(Path::new("s.yaml"), "name: s\nsteps:\n  - name: a\n    tool: shell\n    run: y\n").unwrap();
+        assert_eq!(a.steps[0].digest, b.steps[0].digest);
+        assert_ne!(a.steps[0].digest, c.steps[0].digest);
+    }
+}

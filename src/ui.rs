@@ -1,0 +1,149 @@
+//! What the operator sees while a deploy runs, on stderr: progress bars on a terminal, plain
+//! timestamped lines otherwise (CI, `--no-progress`). Reports and JSON go to stdout elsewhere.
+
+use std::collections::HashMap;
+use std::io::{IsTerminal, Write};
+use std::sync::Mutex;
+
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
+use owo_colors::OwoColorize;
+use rdeploy_adapters::Stream;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ColorChoice {
+    Auto,
+    Always,
+    Never,
+}
+
+impl ColorChoice {
+    /// Whether to color a stream, honouring `NO_COLOR` in `auto`.
+    pub fn enabled(self, is_terminal: bool) -> bool {
+        match self {
+            ColorChoice::Always => true,
+            ColorChoice::Never => false,
+            ColorChoice::Auto => is_terminal && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
+        }
+    }
+}
+
+/// Colors for report text, off unless asked for.
+#[derive(Clone, Copy, Debug)]
+pub struct Paint {
+    pub enabled: bool,
+}
+
+impl Paint {
+    pub fn good(&self, s: &str) -> String {
+        if self.enabled { s.green().to_string() } else { s.to_string() }
+    }
+    pub fn bad(&self, s: &str) -> String {
+        if self.enabled { s.red().bold().to_string() } else { s.to_string() }
+    }
+    pub fn warn(&self, s: &str) -> String {
+        if self.enabled { s.yellow().to_string() } else { s.to_string() }
+    }
+    pub fn strong(&self, s: &str) -> String {
+        if self.enabled { s.bold().to_string() } else { s.to_string() }
+    }
+    pub fn dim(&self, s: &str) -> String {
+        if self.enabled { s.dimmed().to_string() } else { s.to_string() }
+    }
+}
+
+pub struct Ui {
+    progress: Option<MultiProgress>,
+    bars: Mutex<HashMap<String, ProgressBar>>,
+    verbose: u8,
+    quiet: bool,
+    /// Colors on stderr.
+    pub paint: Paint,
+}
+
+impl Ui {
+    pub fn new(no_progress: bool, verbose: u8, quiet: bool, color: ColorChoice) -> Ui {
+        let tty = std::io::stderr().is_terminal();
+        let progress = (tty && !no_progress && !quiet && std::env::var_os("CI").is_none())
+            .then(|| MultiProgress::with_draw_target(ProgressDrawTarget::stderr()));
+        Ui { progress, bars: Mutex::new(HashMap::new()), verbose, quiet, paint: Paint { enabled: color.enabled(tty) } }
+    }
+
+    /// A plain line: timestamped when not drawing bars.
+    fn line(&self, text: String) {
+        match &self.progress {
+            Some(mp) => {
+                let _ = mp.println(text);
+            }
+            None => {
+                let ts = crate::checkpoint::now();
+                let _ = writeln!(std::io::stderr().lock(), "{} {text}", self.paint.dim(&ts));
+            }
+        }
+    }
+
+    pub fn info(&self, text: impl AsRef<str>) {
+        if !self.quiet {
+            self.line(text.as_ref().to_string());
+        }
+    }
+
+    pub fn warn(&self, text: impl AsRef<str>) {
+        self.line(format!("{}: {}", self.paint.warn("warning"), text.as_ref()));
+    }
+
+    pub fn step_started(&self, step: &str, what: &str) {
+        if let Some(mp) = &self.progress {
+            let bar = mp.add(ProgressBar::new(0));
+            bar.set_style(
+                ProgressStyle::with_template("{spinner} {prefix:.bold} [{bar:25}] {pos}/{len} {wide_msg}")
+                    .unwrap_or_else(|_| ProgressStyle::default_bar())
+                    .progress_chars("=> "),
+            );
+            bar.set_prefix(step.to_string());
+            bar.set_message(what.to_string());
+            bar.enable_steady_tick(std::time::Duration::from_millis(120));
+            self.bars.lock().unwrap_or_else(|e| e.into_inner()).insert(step.to_string(), bar);
+        }
+        self.info(format!("{step}: {what}"));
+    }
+
+    pub fn planned(&self, step: &str, total: usize) {
+        if let Some(bar) = self.bars.lock().unwrap_or_else(|e| e.into_inner()).get(step) {
+            bar.set_length(total as u64);
+        }
+    }
+
+    pub fn sub_change(&self, step: &str, id: &str, what: &str, finished: bool) {
+        match self.bars.lock().unwrap_or_else(|e| e.into_inner()).get(step) {
+            Some(bar) => {
+                if finished {
+                    bar.inc(1);
+                }
+                bar.set_message(format!("{id} {what}"));
+            }
+            None if self.verbose > 0 || finished => self.info(format!("{step}: {id} {what}")),
+            None => {}
+        }
+    }
+
+    pub fn output(&self, step: &str, stream: Stream, text: &str) {
+        if self.verbose == 0 {
+            return;
+        }
+        let marker = match stream {
+            Stream::Stdout => "|",
+            Stream::Stderr => "!",
+        };
+        self.line(format!("{} {text}", self.paint.dim(&format!("{step} {marker}"))));
+    }
+
+    pub fn step_finished(&self, step: &str, text: &str) {
+        if let Some(bar) = self.bars.lock().unwrap_or_else(|e| e.into_inner()).remove(step) {
+            bar.finish_and_clear();
+            if let Some(mp) = &self.progress {
+                mp.remove(&bar);
+            }
+        }
+        self.info(format!("{step}: {text}"));
+    }
+}
