@@ -1,0 +1,837 @@
+//! The terraform adapter: `plan -out` then `apply` of that saved plan, both with `-json`, turning
+//! each resource instance address into a checkpointed sub-change as terraform reports it, and
+//! recovering through terraform's own path (a read-only plan on the current state, then apply).
+//!
+//! Sensitive values: every string value of `vars` (4 characters or more) and of `TF_VAR_*` in
+//! the step's `env` is redacted from everything terraform prints, and when var files are used,
+//! the values of variables declared `sensitive` are read from the saved plan and redacted too.
+//! Terraform itself prints a sensitive value in a failed `local-exec` diagnostic (see
+//! `fixtures/terraform/captured/sensitive-apply-fail.jsonl`), so its own masking is not enough.
+
+pub mod config;
+pub mod events;
+pub mod lock;
+pub mod state;
+
+use std::collections::BTreeMap;
+use std::path::{Component, Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+
+use self::events::{parse_line, ApplyTracker, Diagnostic, PlanReport, PlannedChange, Progress, UiLine, UiMessage};
+use self::lock::{parse_lock_diagnostic, LockInfo};
+use self::state::InState;
+use crate::process::{redact_line, Command, Outcome};
+use crate::{
+    display_command, resolve_binary, shell_quote, AdapterError, CancellationToken, DescribeContext, Event, EventSink,
+    Failure, FieldPath, Inspection, PathSegment, PriorStep, RecoveryDoc, SpecProblem, StepContext, Stream, SubStatus,
+    ToolInfo,
+};
+
+/// Facts kept in the checkpoint when another process holds the state lock.
+pub const FACT_LOCK_ID: &str = "lock_id";
+pub const FACT_LOCK: &str = "lock";
+
+/// The saved plan `apply` and `recover` apply, inside the step's work dir.
+const PLAN_FILE: &str = "tfplan";
+/// `recover --dry-run` plans into its own file so it never replaces a plan being applied.
+const INSPECT_PLAN_FILE: &str = "inspect.tfplan";
+/// Shorter values are too likely to appear in unrelated text to be redacted everywhere.
+const MIN_REDACTED_LEN: usize = 4;
+const INSTALL_HINT: &str =
+    "install terraform 1.x (https://developer.hashicorp.com/terraform/install), or set `binary: tofu` for OpenTofu";
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TerraformSpec {
+    /// Directory of the terraform configuration, relative to the stack file.
+    pub dir: std::path::PathBuf,
+    #[serde(default)]
+    pub vars: std::collections::BTreeMap<String, serde_json::Value>,
+    #[serde(default)]
+    pub var_files: Vec<std::path::PathBuf>,
+    pub workspace: Option<String>,
+    /// `terraform` (default) or `tofu`.
+    pub binary: Option<String>,
+    /// Passed as `-lock-timeout`, e.g. `30s`.
+    pub lock_timeout: Option<String>,
+}
+
+impl TerraformSpec {
+    pub const KEYS: &'static [&'static str] = &["dir", "vars", "var_files", "workspace", "binary", "lock_timeout"];
+
+    pub fn problems(&self) -> Vec<SpecProblem> {
+        let mut problems = Vec::new();
+        if let Some(binary) = &self.binary {
+            if !binary.contains('/') && !matches!(binary.as_str(), "terraform" | "tofu") {
+                problems.push(SpecProblem {
+                    at: vec![PathSegment::Key("binary")],
+                    message: format!("`binary` is `{binary}`; it must be `terraform`, `tofu` or a path to one of them"),
+                    hint: Some("remove `binary` to use `terraform` from PATH".into()),
+                });
+            }
+        }
+        if let Some(timeout) = &self.lock_timeout {
+            if !is_duration(timeout) {
+                problems.push(SpecProblem {
+                    at: vec![PathSegment::Key("lock_timeout")],
+                    message: format!("`lock_timeout` is `{timeout}`, not a duration terraform accepts"),
+                    hint: Some("write a number with a unit, like `30s` or `5m`".into()),
+                });
+            }
+        }
+        if self.workspace.as_deref().is_some_and(|w| w.trim().is_empty()) {
+            problems.push(SpecProblem {
+                at: vec![PathSegment::Key("workspace")],
+                message: "`workspace` is empty".into(),
+                hint: Some("remove it to use the `default` workspace".into()),
+            });
+        }
+        for name in self.vars.keys() {
+            let valid = name.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+            if !valid {
+                problems.push(SpecProblem {
+                    at: vec![PathSegment::Key("vars")],
+                    message: format!("`{name}` is not a valid terraform variable name"),
+                    hint: Some("use letters, digits, `_` and `-`, starting with a letter".into()),
+                });
+            }
+        }
+        problems
+    }
+
+    pub fn referenced_paths(&self) -> Vec<(FieldPath, PathBuf)> {
+        let mut paths = vec![(vec![PathSegment::Key("dir")], self.dir.clone())];
+        for (i, file) in self.var_files.iter().enumerate() {
+            paths.push((vec![PathSegment::Key("var_files"), PathSegment::Index(i)], file.clone()));
+        }
+        paths
+    }
+
+    /// `terraform` or `tofu`, as an operator types it.
+    fn tool_word(&self) -> String {
+        let binary = self.binary.as_deref().unwrap_or("terraform");
+        Path::new(binary).file_name().map_or_else(|| binary.to_string(), |n| n.to_string_lossy().into_owned())
+    }
+
+    fn resolve_binary(&self, ctx: &StepContext) -> Result<PathBuf, AdapterError> {
+        match self.binary.as_deref() {
+            Some(path) if path.contains('/') => {
+                let path = ctx.resolve(Path::new(path));
+                if path.is_file() {
+                    Ok(path)
+                } else {
+                    Err(AdapterError::ToolMissing { tool: path.display().to_string(), hint: INSTALL_HINT.into() })
+                }
+            }
+            other => resolve_binary(other.unwrap_or("terraform"), INSTALL_HINT),
+        }
+    }
+
+    pub async fn preflight(&self, ctx: &StepContext) -> Result<ToolInfo, AdapterError> {
+        let binary = self.resolve_binary(ctx)?;
+        let command = format!("{} version -json", self.tool_word());
+        let mut stdout = String::new();
+        let outcome = Command::new(&binary)
+            .args(["version", "-json"])
+            .envs(ctx.env.iter().map(|(k, v)| (k.clone(), v.clone())))
+            .run(&ctx.cancel, Some(Duration::from_secs(60)), &mut |stream, line| {
+                if stream == Stream::Stdout {
+                    stdout.push_str(line);
+                    stdout.push('\n');
+                }
+            })
+            .await?;
+        if !outcome.success() {
+            let detail = outcome.last_error_line().unwrap_or_else(|| outcome.describe_status());
+            return Err(AdapterError::ToolUnusable { command, detail });
+        }
+        let version = parse_version(&stdout)
+            .ok_or_else(|| AdapterError::ToolUnusable { command: command.clone(), detail: "no `terraform_version` in its output".into() })?;
+        let major: u64 = version.split('.').next().and_then(|m| m.parse().ok()).unwrap_or(0);
+        if major < 1 {
+            return Err(AdapterError::ToolUnusable {
+                command,
+                detail: format!("version {version} is too old; rdeploy needs 1.0 or later for `apply -json` of a saved plan"),
+            });
+        }
+        Ok(ToolInfo { binary, version })
+    }
+
+    pub async fn apply(&self, ctx: &StepContext, sink: &dyn EventSink) -> Result<(), Failure> {
+        let mut run = Run::new(self, ctx, sink)?;
+        let plan_file = ctx.work_dir.join(PLAN_FILE);
+        let plan = run.plan(&plan_file, Workspace::Create).await?;
+        run.apply_saved(&plan, &plan_file).await
+    }
+
+    pub async fn recover(&self, ctx: &StepContext, prior: &PriorStep, sink: &dyn EventSink) -> Result<(), Failure> {
+        let mut run = Run::new(self, ctx, sink)?;
+        let plan_file = ctx.work_dir.join(PLAN_FILE);
+        let plan = run.plan(&plan_file, Workspace::Create).await?;
+        // The plan went through, so whatever held the lock has let go of it.
+        for key in [FACT_LOCK_ID, FACT_LOCK] {
+            if prior.facts.get(key).is_some_and(|v| !v.is_null()) {
+                sink.emit(Event::Fact { key: key.into(), value: serde_json::Value::Null });
+            }
+        }
+        if let Some(message) = changed_since_failure(&plan, prior) {
+            sink.emit(Event::Warning { message });
+        }
+        // Recorded as not done, yet terraform has nothing to do for them: they are in place
+        // (applied after all, or dropped from the configuration by the fix).
+        for sub in &prior.sub_changes {
+            if sub.status != SubStatus::Done && !plan.changes.iter().any(|c| c.addr == sub.id) {
+                sink.emit(Event::Done { id: sub.id.clone(), note: Some("terraform plans no change for it now".into()) });
+            }
+        }
+        run.apply_saved(&plan, &plan_file).await
+    }
+
+    pub async fn inspect(&self, ctx: &StepContext, prior: &PriorStep) -> Result<Inspection, Failure> {
+        let sink = Collect::default();
+        let mut run = Run::new(self, ctx, &sink)?;
+        let plan = run.plan(&ctx.work_dir.join(INSPECT_PLAN_FILE), Workspace::Existing).await?;
+        let mut inspection = Inspection::default();
+        if plan.changes.is_empty() {
+            inspection.actions.push(format!("`{} plan`: no changes; nothing left to apply", self.tool_word()));
+        } else {
+            inspection.actions.push(format!("`{} plan`: {}", self.tool_word(), plan.describe()));
+            inspection.actions.extend(plan.changes.iter().map(PlannedChange::describe));
+        }
+        if let Some(message) = changed_since_failure(&plan, prior) {
+            inspection.actions.push(message);
+        }
+        inspection.actions.extend(sink.warnings.into_inner().unwrap_or_default());
+        inspection.remaining = plan.ids();
+        Ok(inspection)
+    }
+
+    pub fn describe_recovery(&self, ctx: &DescribeContext<'_>, prior: Option<&PriorStep>) -> RecoveryDoc {
+        let tf = self.tool_word();
+        let dir = Path::new(ctx.stack_dir).join(&self.dir);
+        let cd = format!("cd {}", shell_quote(&dir.to_string_lossy()));
+        let sensitive = config::declared_sensitive(&dir);
+        let mut plan_words = vec![tf.clone(), "plan".into(), "-input=false".into(), "-out=tfplan".into()];
+        let mut doc = RecoveryDoc::default();
+        for (name, value) in &self.vars {
+            if sensitive.contains(name) {
+                doc.notes.push(format!(
+                    "`{name}` is a sensitive variable: `export TF_VAR_{name}=...` with its value before `{tf} plan`; it is not written here"
+                ));
+            } else {
+                plan_words.push("-var".into());
+                plan_words.push(format!("{name}={}", var_value(value)));
+            }
+        }
+        for file in &self.var_files {
+            plan_words.push(format!("-var-file={}", relative_to(&self.dir, file).to_string_lossy()));
+        }
+        if let Some(timeout) = &self.lock_timeout {
+            plan_words.push(format!("-lock-timeout={timeout}"));
+        }
+        let workspace = self.workspace.as_ref().map(|w| format!("{tf} workspace select {}", shell_quote(w)));
+        let in_dir = |words: &str| match &workspace {
+            Some(ws) if !words.starts_with(&format!("{tf} init")) => format!("{cd} && {ws} && {words}"),
+            _ => format!("{cd} && {words}"),
+        };
+        doc.inspect.push(in_dir(&format!("{tf} state list")));
+        doc.inspect.push(in_dir(&format!("{tf} show -json | grep -c '\"tainted\":true'    # resources terraform marked tainted")));
+        doc.recover.push(in_dir(&format!("{tf} init -input=false")));
+        doc.recover.push(in_dir(&display_command(&plan_words)));
+        doc.recover.push(in_dir(&format!("{tf} apply -input=false tfplan")));
+        let mut verify_words = plan_words.clone();
+        verify_words.retain(|w| w != "-out=tfplan");
+        verify_words.push("-detailed-exitcode".into());
+        doc.verify.push(format!("{}    # exit 0: nothing left to apply", in_dir(&display_command(&verify_words))));
+        doc.notes.push(format!(
+            "`rdeploy recover {}` runs the same plan and apply and records each resource address; review the plan before applying by hand",
+            shell_quote(ctx.stack_file)
+        ));
+        if let Some(prior) = prior {
+            let failed: Vec<_> = prior.ids_with(SubStatus::Failed).chain(prior.ids_with(SubStatus::Started)).collect();
+            if !failed.is_empty() {
+                doc.notes.push(format!(
+                    "failed or uncertain: {}; terraform replaces tainted ones on the next apply",
+                    failed.iter().map(|id| format!("`{id}`")).collect::<Vec<_>>().join(", ")
+                ));
+            }
+            if let Some(lock) = prior_lock(prior) {
+                doc.notes.push(format!(
+                    "the state was locked by another process ({}); if that process is dead, unlock it by hand: `{cd} && {tf} force-unlock {}` (rdeploy never does)",
+                    lock.describe(),
+                    shell_quote(&lock.id)
+                ));
+            }
+        }
+        doc
+    }
+}
+
+/// The lock recorded by an earlier run, if it is still recorded.
+fn prior_lock(prior: &PriorStep) -> Option<LockInfo> {
+    if let Some(lock) = prior.facts.get(FACT_LOCK).and_then(|v| serde_json::from_value::<LockInfo>(v.clone()).ok()) {
+        return Some(lock);
+    }
+    prior.facts.get(FACT_LOCK_ID).and_then(|v| v.as_str()).map(|id| LockInfo { id: id.into(), ..LockInfo::default() })
+}
+
+/// Says so when the plan touches resources the checkpoint recorded as done: the configuration
+/// (usually the fix) or the real infrastructure changed since the failure.
+fn changed_since_failure(plan: &PlanReport, prior: &PriorStep) -> Option<String> {
+    let changed: Vec<_> =
+        plan.changes.iter().filter(|c| prior.status_of(&c.addr) == Some(SubStatus::Done)).map(PlannedChange::describe).collect();
+    if changed.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "the configuration or the real infrastructure changed since the failure: the plan will {} though {} recorded done; recover applies the plan as terraform made it",
+        changed.join(", "),
+        if changed.len() == 1 { "it was" } else { "they were" }
+    ))
+}
+
+/// A value as `-var name=value` wants it: strings as they are, anything else as JSON, which is
+/// valid HCL for numbers, bools, lists and maps.
+fn var_value(value: &serde_json::Value) -> String {
+    match value {
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// `file` (relative to the stack file) as seen from `dir` (also relative to the stack file), for
+/// runbook commands that `cd` into the configuration first.
+fn relative_to(dir: &Path, file: &Path) -> PathBuf {
+    if file.is_absolute() {
+        return file.to_path_buf();
+    }
+    let depth = dir.components().filter(|c| matches!(c, Component::Normal(_))).count();
+    if dir.components().all(|c| matches!(c, Component::Normal(_) | Component::CurDir)) {
+        let mut path: PathBuf = std::iter::repeat_n("..", depth).collect();
+        path.push(file);
+        path
+    } else {
+        std::env::current_dir().map(|cwd| cwd.join(file)).unwrap_or_else(|_| file.to_path_buf())
+    }
+}
+
+fn is_duration(text: &str) -> bool {
+    let digits = text.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let unit = &text[digits.len()..];
+    !digits.is_empty() && digits.chars().all(|c| c.is_ascii_digit()) && matches!(unit, "ms" | "s" | "m" | "h")
+}
+
+/// `terraform_version` from `terraform version -json` (OpenTofu uses the same key).
+pub fn parse_version(json: &str) -> Option<String> {
+    let doc: serde_json::Value = serde_json::from_str(json.trim()).ok()?;
+    doc["terraform_version"].as_str().map(str::to_string)
+}
+
+/// Whether `workspace select` may create the workspace: never for a read-only inspection.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Workspace {
+    Create,
+    Existing,
+}
+
+/// One step's terraform runs: the binary, directory, secrets and the step's deadline.
+struct Run<'a> {
+    spec: &'a TerraformSpec,
+    ctx: &'a StepContext,
+    sink: &'a dyn EventSink,
+    binary: PathBuf,
+    dir: PathBuf,
+    secrets: Vec<String>,
+    deadline: Option<Instant>,
+}
+
+impl<'a> Run<'a> {
+    fn new(spec: &'a TerraformSpec, ctx: &'a StepContext, sink: &'a dyn EventSink) -> Result<Run<'a>, Failure> {
+        let binary = spec.resolve_binary(ctx).map_err(|e| {
+            let hint = e.hint().map(str::to_string);
+            let failure = Failure::new(e.to_string());
+            match hint {
+                Some(hint) => failure.with_hint(hint),
+                None => failure,
+            }
+        })?;
+        let mut secrets: Vec<String> = spec.vars.values().filter_map(|v| v.as_str()).map(str::to_string).collect();
+        secrets.extend(ctx.env.iter().filter(|(k, _)| k.starts_with("TF_VAR_")).map(|(_, v)| v.clone()));
+        secrets.retain(|s| s.len() >= MIN_REDACTED_LEN);
+        // Longest first, so a secret containing another is replaced whole.
+        secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+        Ok(Run {
+            spec,
+            ctx,
+            sink,
+            binary,
+            dir: ctx.resolve(&spec.dir),
+            secrets,
+            deadline: ctx.timeout.map(|t| Instant::now() + t),
+        })
+    }
+
+    /// The command line as an operator would type it, secrets redacted.
+    fn display(&self, args: &[String]) -> String {
+        let mut words = vec![self.spec.tool_word()];
+        words.extend(args.iter().cloned());
+        redact_line(&display_command(&words), &self.secrets)
+    }
+
+    fn remaining(&self) -> Option<Duration> {
+        self.deadline.map(|d| d.saturating_duration_since(Instant::now()))
+    }
+
+    async fn exec(
+        &self,
+        args: &[String],
+        cancel: &CancellationToken,
+        on_line: &mut (dyn FnMut(Stream, &str) + Send),
+    ) -> Result<Outcome, Failure> {
+        Command::new(&self.binary)
+            .args(args)
+            .cwd(&self.dir)
+            .envs(self.ctx.env.iter().map(|(k, v)| (k.clone(), v.clone())))
+            .env("TF_IN_AUTOMATION", "1")
+            .env("TF_INPUT", "0")
+            .redact(self.secrets.iter().cloned())
+            .run(cancel, self.remaining(), on_line)
+            .await
+            .map_err(|e| Failure::new(e.to_string()))
+    }
+
+    /// Runs a `-json` command: every line goes to the sink as output (terraform's human text for
+    /// JSON lines) and each parsed message to `on_message`.
+    async fn exec_json(&self, args: &[String], on_message: &mut (dyn FnMut(&UiLine) + Send)) -> Result<Outcome, Failure> {
+        let sink = self.sink;
+        self.exec(args, &self.ctx.cancel, &mut |stream, line| match (stream, parse_line(line)) {
+            (Stream::Stdout, Some(ui)) => {
+                for text in ui.message.lines().filter(|l| !l.trim().is_empty()) {
+                    sink.emit(Event::Output { stream, line: text.to_string() });
+                }
+                if let UiMessage::Diagnostic(d) = &ui.body {
+                    for text in d.detail.lines().filter(|l| !l.trim().is_empty()) {
+                        sink.emit(Event::Output { stream, line: format!("  {text}") });
+                    }
+                }
+                on_message(&ui);
+            }
+            _ => sink.emit(Event::Output { stream, line: line.to_string() }),
+        })
+        .await
+    }
+
+    /// Runs a command for its effect, with its output forwarded; fails with its stderr.
+    async fn exec_plain(&self, args: &[String]) -> Result<(), Failure> {
+        let sink = self.sink;
+        let outcome = self
+            .exec(args, &self.ctx.cancel, &mut |stream, line| sink.emit(Event::Output { stream, line: line.to_string() }))
+            .await?;
+        if outcome.success() {
+            Ok(())
+        } else {
+            {
+            let command = self.display(args);
+            Err(Failure::from_process(&command, &outcome))
+        }
+        }
+    }
+
+    /// `show -json [plan]`'s document. Runs on its own token: it is read-only and quick, and it
+    /// must still run after an interrupt, to find out what the interrupted apply left.
+    async fn show_json(&self, plan_file: Option<&Path>) -> Result<String, String> {
+        let mut args = vec!["show".to_string(), "-json".to_string()];
+        args.extend(plan_file.map(|p| p.to_string_lossy().into_owned()));
+        let mut doc = String::new();
+        let outcome = self
+            .exec(&args, &CancellationToken::new(), &mut |stream, line| {
+                if stream == Stream::Stdout {
+                    doc.push_str(line);
+                }
+            })
+            .await
+            .map_err(|f| f.summary)?;
+        if outcome.success() {
+            Ok(doc)
+        } else {
+            {
+            let command = self.display(&args);
+            Err(Failure::from_process(&command, &outcome).summary)
+        }
+        }
+    }
+
+    async fn state(&self) -> Result<BTreeMap<String, InState>, String> {
+        let doc = self.show_json(None).await?;
+        state::parse_state(&doc).map_err(|e| format!("`{} show -json` printed what rdeploy cannot read: {e}", self.spec.tool_word()))
+    }
+
+    async fn init(&self) -> Result<(), Failure> {
+        self.exec_plain(&["init".into(), "-input=false".into(), "-no-color".into()]).await
+    }
+
+    /// Runs `init` when the working directory plainly needs it (providers locked but never
+    /// installed), and selects the workspace. Other needs for `init` (modules, backend, lock
+    /// mismatch) show up as plan diagnostics and are handled there: a configuration that needs
+    /// neither providers nor modules has no `.terraform` at all, and running `init` on every
+    /// deploy would cost a terraform start each time.
+    async fn prepare(&self, workspace: Workspace) -> Result<(), Failure> {
+        if self.dir.join(".terraform.lock.hcl").exists() && !self.dir.join(".terraform").exists() {
+            self.init().await?;
+        }
+        if let Some(wanted) = &self.spec.workspace {
+            let current = std::fs::read_to_string(self.dir.join(".terraform/environment"))
+                .map(|s| s.trim().to_string())
+                .unwrap_or_else(|_| "default".into());
+            if &current != wanted {
+                let mut args = vec!["workspace".to_string(), "select".to_string()];
+                if workspace == Workspace::Create {
+                    args.push("-or-create=true".into());
+                }
+                args.push(wanted.clone());
+                self.exec_plain(&args).await?;
+            }
+        }
+        Ok(())
+    }
+
+    fn plan_args(&self, plan_file: &Path) -> Vec<String> {
+        let mut args = vec!["plan".into(), "-input=false".into(), format!("-out={}", plan_file.display()), "-json".into()];
+        if let Some(timeout) = &self.spec.lock_timeout {
+            args.push(format!("-lock-timeout={timeout}"));
+        }
+        for (name, value) in &self.spec.vars {
+            args.push("-var".into());
+            args.push(format!("{name}={}", var_value(value)));
+        }
+        for file in &self.spec.var_files {
+            args.push(format!("-var-file={}", self.ctx.resolve(file).display()));
+        }
+        args
+    }
+
+    /// `plan -out` against the current state: read-only, and what `apply` will do exactly.
+    async fn plan(&mut self, plan_file: &Path, workspace: Workspace) -> Result<PlanReport, Failure> {
+        if let Some(parent) = plan_file.parent() {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| Failure::new(format!("cannot create the work directory {}: {e}", parent.display())))?;
+        }
+        self.prepare(workspace).await?;
+        let args = self.plan_args(plan_file);
+        let mut initialized = false;
+        let plan = loop {
+            let mut plan = PlanReport::default();
+            let outcome = self.exec_json(&args, &mut |ui| plan.observe(&ui.body)).await?;
+            let errors: Vec<Diagnostic> = plan.diagnostics.iter().filter(|d| d.is_error()).cloned().collect();
+            if outcome.success() {
+                break plan;
+            }
+            if !initialized && !outcome.interrupted && errors.iter().any(Diagnostic::wants_init) {
+                initialized = true;
+                self.init().await?;
+                continue;
+            }
+            if let Some(lock) = errors.iter().find_map(parse_lock_diagnostic) {
+                return Err(self.lock_failure(&lock, &args, &outcome));
+            }
+            return Err(self.diagnostics_failure(&args, &outcome, &errors));
+        };
+        for warning in plan.diagnostics.iter().filter(|d| !d.is_error()) {
+            self.sink.emit(Event::Warning { message: format!("terraform: {}", warning.one_line()) });
+        }
+        if !self.spec.var_files.is_empty() {
+            // Values from var files are unknown until terraform reads them: take the sensitive
+            // ones from the saved plan before anything prints during apply.
+            match self.show_json(Some(plan_file)).await.map(|doc| state::sensitive_values(&doc)) {
+                Ok(Ok(values)) => {
+                    self.secrets.extend(values.into_iter().filter(|v| v.len() >= MIN_REDACTED_LEN));
+                    self.secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+                }
+                Ok(Err(e)) => self.sink.emit(Event::Warning {
+                    message: format!("could not read sensitive variables from the saved plan: {e}"),
+                }),
+                Err(e) => self.sink.emit(Event::Warning {
+                    message: format!("could not read sensitive variables from the saved plan: {e}"),
+                }),
+            }
+        }
+        Ok(plan)
+    }
+
+    /// Applies the saved plan, reporting each resource as terraform reports it, and after a
+    /// failure settles every planned resource against state.
+    async fn apply_saved(&self, plan: &PlanReport, plan_file: &Path) -> Result<(), Failure> {
+        let sink = self.sink;
+        sink.emit(Event::Planned { ids: plan.ids() });
+        let mut args = vec!["apply".to_string(), "-input=false".into(), "-json".into()];
+        if let Some(timeout) = &self.spec.lock_timeout {
+            args.push(format!("-lock-timeout={timeout}"));
+        }
+        args.push(plan_file.to_string_lossy().into_owned());
+        if self.ctx.cancel.is_cancelled() {
+            for change in &plan.changes {
+                sink.emit(Event::Pending { id: change.addr.clone(), reason: "interrupted before the apply".into() });
+            }
+            return Err(Failure { interrupted: true, ..Failure::new(format!("interrupted before `{}`", self.display(&args))) });
+        }
+        let mut tracker = ApplyTracker::new(&plan.changes);
+        let outcome = self
+            .exec_json(&args, &mut |ui| tracker.observe(&ui.body, &ui.message, &mut |event| sink.emit(event)))
+            .await?;
+        tracker.finish(&mut |event| sink.emit(event));
+        for warning in &tracker.warnings {
+            sink.emit(Event::Warning { message: format!("terraform: {}", warning.one_line()) });
+        }
+
+        if outcome.success() {
+            // A move or a forget has no apply hook; terraform finished, so it is in place.
+            for change in tracker.planned() {
+                if *tracker.progress_of(&change.addr) != Progress::Done {
+                    sink.emit(Event::Done {
+                        id: change.addr.clone(),
+                        note: Some(format!("`{}` applied without a per-resource event", change.describe())),
+                    });
+                }
+            }
+            return Ok(());
+        }
+
+        if let Some(lock) = tracker.errors.iter().find_map(parse_lock_diagnostic) {
+            for change in tracker.planned() {
+                sink.emit(Event::Pending { id: change.addr.clone(), reason: "the state is locked by another process".into() });
+            }
+            return Err(self.lock_failure(&lock, &args, &outcome));
+        }
+
+        // Settle what the stream left open against state: a resource that started and never
+        // finished may be in place, tainted or absent.
+        let state = self.state().await;
+        if let Err(e) = &state {
+            sink.emit(Event::Warning { message: format!("could not confirm the apply against state: {e}") });
+        }
+        let mut uncertain = Vec::new();
+        for change in tracker.planned() {
+            let addr = &change.addr;
+            match tracker.progress_of(addr) {
+                Progress::Done | Progress::Failed | Progress::Errored { .. } => {}
+                Progress::NotStarted => sink.emit(Event::Pending {
+                    id: addr.clone(),
+                    reason: "terraform stopped before it started this resource".into(),
+                }),
+                Progress::Started { .. } => {
+                    let found = state.as_ref().ok().map(|s| s.get(addr).copied());
+                    let event = match (found, change.action.as_str()) {
+                        (Some(Some(InState { tainted: true })), _) => {
+                            Event::Failed { id: addr.clone(), error: "tainted in state after the apply stopped".into() }
+                        }
+                        (Some(Some(_)), "create") => {
+                            Event::Done { id: addr.clone(), note: Some("in state after the apply stopped".into()) }
+                        }
+                        (Some(None), "delete") => {
+                            Event::Done { id: addr.clone(), note: Some("gone from state after the apply stopped".into()) }
+                        }
+                        _ => Event::Failed { id: addr.clone(), error: "started, and not confirmed complete when the apply stopped".into() },
+                    };
+                    if matches!(event, Event::Failed { .. }) {
+                        uncertain.push(addr.clone());
+                    }
+                    sink.emit(event);
+                }
+            }
+        }
+        Err(self.apply_failure(&args, &outcome, &tracker, &uncertain))
+    }
+
+    fn apply_failure(&self, args: &[String], outcome: &Outcome, tracker: &ApplyTracker, uncertain: &[String]) -> Failure {
+        let command = self.display(args);
+        let failed = tracker.failed();
+        let done = tracker.planned().iter().filter(|c| *tracker.progress_of(&c.addr) == Progress::Done).count();
+        let total = tracker.planned().len();
+        let failed_count = failed.len() + uncertain.len();
+        let first = failed.first().map(|(addr, diag)| match diag {
+            Some(d) => format!("{addr}: {}", d.one_line()),
+            None => addr.clone(),
+        });
+        let summary = if outcome.interrupted {
+            format!("`{command}` was interrupted: {done} of {total} resources done, {failed_count} failed or uncertain")
+        } else if outcome.timed_out {
+            format!("`{command}` timed out: {done} of {total} resources done, {failed_count} failed or uncertain")
+        } else if let Some(first) = first {
+            let more = if failed_count > 1 { format!(" (and {} more)", failed_count - 1) } else { String::new() };
+            format!("`{command}` failed at {first}{more}")
+        } else if let Some(d) = tracker.errors.first() {
+            format!("`{command}` failed: {}", d.one_line())
+        } else {
+            Failure::from_process(&command, outcome).summary
+        };
+        let mut tail: Vec<String> = tracker
+            .errors
+            .iter()
+            .map(|d| match &d.address {
+                Some(addr) => format!("Error: {addr}: {}", d.one_line()),
+                None => format!("Error: {}", d.one_line()),
+            })
+            .collect();
+        if tail.is_empty() {
+            tail = outcome.stderr_tail.iter().cloned().collect();
+        }
+        let hint = if outcome.interrupted {
+            "terraform saved its state; `rdeploy recover` plans against it and applies what is left".to_string()
+        } else {
+            "fix what terraform reports above, then `rdeploy recover`: it plans against the current state and applies only what is left".to_string()
+        };
+        Failure {
+            summary,
+            command: Some(command),
+            exit_code: outcome.code,
+            stderr_tail: tail,
+            hint: Some(hint),
+            interrupted: outcome.interrupted,
+        }
+    }
+
+    fn diagnostics_failure(&self, args: &[String], outcome: &Outcome, errors: &[Diagnostic]) -> Failure {
+        let command = self.display(args);
+        let mut failure = Failure::from_process(&command, outcome);
+        if let (Some(first), false, false) = (errors.first(), outcome.interrupted, outcome.timed_out) {
+            failure.summary = format!("`{command}` failed: {}", first.one_line());
+        }
+        if !errors.is_empty() {
+            failure.stderr_tail = errors.iter().map(|d| format!("Error: {}", d.one_line())).collect();
+        }
+        failure
+    }
+
+    fn lock_failure(&self, lock: &LockInfo, args: &[String], outcome: &Outcome) -> Failure {
+        self.sink.emit(Event::Fact { key: FACT_LOCK_ID.into(), value: serde_json::Value::String(lock.id.clone()) });
+        self.sink.emit(Event::Fact {
+            key: FACT_LOCK.into(),
+            value: serde_json::to_value(lock).unwrap_or(serde_json::Value::Null),
+        });
+        let tf = self.spec.tool_word();
+        Failure {
+            summary: format!("the terraform state is locked by another process: {}", lock.describe()),
+            command: Some(self.display(args)),
+            exit_code: outcome.code,
+            stderr_tail: vec![format!("Error: {}: {}", lock::LOCK_SUMMARY, lock.describe())],
+            hint: Some(format!(
+                "wait for that run to finish, then `rdeploy recover`; only if it is dead, `cd {} && {tf} force-unlock {}` first",
+                shell_quote(&self.dir.to_string_lossy()),
+                shell_quote(&lock.id)
+            )),
+            interrupted: false,
+        }
+    }
+}
+
+/// The sink `inspect` uses: it has no driver to report to, only warnings worth showing.
+#[derive(Default)]
+struct Collect {
+    warnings: std::sync::Mutex<Vec<String>>,
+}
+
+impl EventSink for Collect {
+    fn emit(&self, event: Event) {
+        if let Event::Warning { message } = event {
+            if let Ok(mut warnings) = self.warnings.lock() {
+                warnings.push(message);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::PriorSubChange;
+
+    fn spec() -> TerraformSpec {
+        TerraformSpec {
+            dir: "infra/network".into(),
+            vars: [("region".to_string(), serde_json::json!("eu-west-1")), ("ports".to_string(), serde_json::json!([80, 443]))]
+                .into_iter()
+                .collect(),
+            var_files: vec!["prod.tfvars".into()],
+            workspace: None,
+            binary: None,
+            lock_timeout: Some("30s".into()),
+        }
+    }
+
+    #[test]
+    fn validates_binary_lock_timeout_and_var_names() {
+        assert!(spec().problems().is_empty());
+        let mut bad = spec();
+        bad.binary = Some("pulumi".into());
+        bad.lock_timeout = Some("soon".into());
+        bad.vars.insert("9lives".into(), serde_json::json!(1));
+        let problems = bad.problems();
+        assert_eq!(problems.len(), 3, "{problems:?}");
+        assert_eq!(problems[0].at, vec![PathSegment::Key("binary")]);
+        assert!(is_duration("500ms") && is_duration("5m") && !is_duration("5") && !is_duration("s"));
+    }
+
+    #[test]
+    fn reads_the_version_of_terraform_and_tofu() {
+        let captured = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/terraform/captured/version.json")).unwrap();
+        assert_eq!(parse_version(&captured).as_deref(), Some("1.11.4"));
+        assert_eq!(parse_version(r#"{"terraform_version":"1.9.0","platform":"linux_amd64"}"#).as_deref(), Some("1.9.0"));
+        assert_eq!(parse_version("Terraform v1.11.4"), None);
+    }
+
+    #[test]
+    fn the_runbook_has_the_commands_an_operator_types() {
+        let ctx = DescribeContext { step: "network", stack_file: "stack.yaml", stack_dir: ".", resumable: true };
+        let prior = PriorStep {
+            sub_changes: vec![PriorSubChange { id: "terraform_data.a5".into(), status: SubStatus::Failed, error: None }],
+            facts: [(FACT_LOCK_ID.to_string(), serde_json::json!("abc-123"))].into_iter().collect(),
+        };
+        let doc = spec().describe_recovery(&ctx, Some(&prior));
+        assert_eq!(doc.inspect[0], "cd ./infra/network && terraform state list");
+        assert_eq!(
+            doc.recover[1],
+            "cd ./infra/network && terraform plan -input=false -out=tfplan -var 'ports=[80,443]' -var region=eu-west-1 -var-file=../../prod.tfvars -lock-timeout=30s"
+        );
+        assert_eq!(doc.recover[2], "cd ./infra/network && terraform apply -input=false tfplan");
+        assert!(doc.verify[0].contains("-detailed-exitcode"));
+        assert!(doc.notes.iter().any(|n| n.contains("`terraform_data.a5`")));
+        assert!(doc.notes.iter().any(|n| n.contains("terraform force-unlock abc-123")), "{:?}", doc.notes);
+    }
+
+    #[test]
+    fn the_runbook_never_writes_a_sensitive_value() {
+        let fixtures = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/terraform");
+        let spec = TerraformSpec {
+            dir: "sensitive".into(),
+            vars: [("token".to_string(), serde_json::json!("s3cr3t-value"))].into_iter().collect(),
+            var_files: vec![],
+            workspace: Some("prod".into()),
+            binary: Some("tofu".into()),
+            lock_timeout: None,
+        };
+        let ctx = DescribeContext { step: "s", stack_file: "stack.yaml", stack_dir: fixtures, resumable: true };
+        let doc = spec.describe_recovery(&ctx, None);
+        let all = format!("{doc:?}");
+        assert!(!all.contains("s3cr3t"), "{all}");
+        assert!(all.contains("TF_VAR_token"));
+        assert!(doc.recover[1].contains("tofu workspace select prod && tofu plan"), "{}", doc.recover[1]);
+    }
+
+    #[test]
+    fn a_change_to_a_done_resource_is_reported() {
+        let plan = PlanReport {
+            changes: vec![PlannedChange { addr: "terraform_data.a2".into(), action: "replace".into(), reason: Some("tainted".into()) }],
+            ..PlanReport::default()
+        };
+        let prior = PriorStep {
+            sub_changes: vec![PriorSubChange { id: "terraform_data.a2".into(), status: SubStatus::Done, error: None }],
+            facts: Default::default(),
+        };
+        let message = changed_since_failure(&plan, &prior).unwrap();
+        assert!(message.contains("replace terraform_data.a2 (tainted)"), "{message}");
+        assert_eq!(changed_since_failure(&plan, &PriorStep::default()), None);
+    }
+}
