@@ -345,9 +345,13 @@ impl Failure {
         Failure { summary: summary.into(), ..Failure::default() }
     }
 
-    /// A failure built from a finished child process. `what` names it in the summary (a
-    /// sub-change, or the command in backticks); the full command goes to `command`.
-    pub fn from_process(what: &str, command: &str, outcome: &process::Outcome) -> Failure {
+    /// A failure built from a finished child process; the summary names the command.
+    pub fn from_process(command: &str, outcome: &process::Outcome) -> Failure {
+        Failure::from_process_named(&format!("`{command}`"), command, outcome)
+    }
+
+    /// Like [`Failure::from_process`], naming the failed thing `what` (a sub-change) in the summary.
+    pub fn from_process_named(what: &str, command: &str, outcome: &process::Outcome) -> Failure {
         let last = outcome.last_error_line();
         let summary = if outcome.interrupted {
             format!("{what} was interrupted")

@@ -199,7 +199,7 @@ impl ShellSpec {
             sink.emit(Event::Done { id: id.to_string(), note: None });
             Ok(())
         } else {
-            let failure = Failure::from_process(&format!("`{id}`"), run, &outcome);
+            let failure = Failure::from_process_named(&format!("`{id}`"), run, &outcome);
             sink.emit(Event::Failed { id: id.to_string(), error: failure.summary.clone() });
             Err(failure)
         }
@@ -213,7 +213,7 @@ impl ShellSpec {
             .await
             .map_err(|e| Failure::new(e.to_string()))?;
         if outcome.interrupted {
-            return Err(Failure::from_process(&format!("the check of `{id}`"), check, &outcome));
+            return Err(Failure::from_process_named(&format!("the check of `{id}`"), check, &outcome));
         }
         if outcome.success() {
             sink.emit(Event::Done { id: id.to_string(), note: Some(format!("already in place: `{check}` exited 0")) });
@@ -248,7 +248,7 @@ pub async fn run_revert(ctx: &StepContext, script: &str, sink: &dyn EventSink) -
     if outcome.success() {
         Ok(())
     } else {
-        Err(Failure::from_process("the revert", script, &outcome))
+        Err(Failure::from_process_named("the revert", script, &outcome))
     }
 }
 
