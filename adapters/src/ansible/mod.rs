@@ -1,21 +1,50 @@
-//! The ansible adapter. Not built yet: the spec is parsed and validated so stacks that use
-//! ansible are checked, but `ToolSpec::is_supported` reports it missing until its issue lands.
+//! The ansible adapter: runs `ansible-playbook` with rdeploy's callback plugin enabled through
+//! environment variables, checkpoints every inventory host (the sub-change) as the plugin's
+//! records arrive, and recovers by re-running the playbook with `--limit` set to exactly the
+//! hosts that are not done.
+
+pub mod callback;
+pub mod exit_codes;
+pub mod recap;
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use serde::Deserialize;
 
+use self::callback::{parse_line, HostOutcome, HostTracker, Tail};
+use crate::process::{Command, Outcome};
 use crate::{
-    AdapterError, DescribeContext, EventSink, Failure, FieldPath, Inspection, PriorStep, RecoveryDoc, SpecProblem,
-    StepContext, ToolInfo,
+    display_command, shell_quote, AdapterError, DescribeContext, Event, EventSink, Failure, FieldPath, Inspection,
+    PathSegment, PriorStep, RecoveryDoc, SpecProblem, StepContext, Stream, SubStatus, ToolInfo,
 };
+
+/// The plugin's name, as `ANSIBLE_CALLBACKS_ENABLED` lists it.
+pub const PLUGIN_NAME: &str = "rdeploy_events";
+/// The plugin's source, written into the step's work dir before each run.
+pub const PLUGIN_SOURCE: &str = include_str!("rdeploy_events.py");
+/// The environment variable naming the file the plugin writes its records to.
+pub const EVENTS_ENV: &str = "RDEPLOY_ANSIBLE_EVENTS";
+
+const DEFAULT_BINARY: &str = "ansible-playbook";
+const INSTALL_HINT: &str =
+    "install ansible-core (`python3 -m pip install ansible-core`), or point the step's `binary:` at `ansible-playbook`";
+/// How often the callback file is read while ansible runs.
+const TAIL_EVERY: Duration = Duration::from_millis(100);
+/// Above this many hosts `--limit` goes through a file (`--limit @file`) to keep argv short.
+const LIMIT_FILE_ABOVE: usize = 200;
+/// How many hosts a one-line message names before it says "and N more".
+const NAMED_HOSTS: usize = 10;
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AnsibleSpec {
-    pub playbook: std::path::PathBuf,
-    pub inventory: std::path::PathBuf,
+    pub playbook: PathBuf,
+    pub inventory: PathBuf,
     pub limit: Option<String>,
     #[serde(default)]
-    pub extra_vars: std::collections::BTreeMap<String, serde_json::Value>,
+    pub extra_vars: BTreeMap<String, serde_json::Value>,
     #[serde(default)]
     pub tags: Vec<String>,
     pub binary: Option<String>,
@@ -23,34 +52,677 @@ pub struct AnsibleSpec {
     pub recover: Option<String>,
 }
 
+/// How `recover` resumes an ansible step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecoverMode {
+    /// Re-run the playbook on the hosts that are not done.
+    Limit,
+    /// Re-run the whole playbook: for playbooks idempotent by design.
+    Rerun,
+}
+
 impl AnsibleSpec {
     pub const KEYS: &'static [&'static str] = &["playbook", "inventory", "limit", "extra_vars", "tags", "binary", "recover"];
 
     pub fn problems(&self) -> Vec<SpecProblem> {
-        Vec::new()
+        let mut problems = Vec::new();
+        if let Some(mode) = &self.recover {
+            if !matches!(mode.as_str(), "limit" | "rerun") {
+                problems.push(SpecProblem {
+                    at: vec![PathSegment::Key("recover")],
+                    message: format!("`recover: {mode}` is not a recovery mode of ansible steps"),
+                    hint: Some("use `limit` (re-run only the hosts not done) or `rerun` (the whole playbook)".into()),
+                });
+            }
+        }
+        if self.limit.as_deref().is_some_and(|l| l.trim().is_empty()) {
+            problems.push(SpecProblem {
+                at: vec![PathSegment::Key("limit")],
+                message: "`limit` is empty".into(),
+                hint: Some("remove it to target every host the playbook names".into()),
+            });
+        }
+        for (i, tag) in self.tags.iter().enumerate() {
+            if tag.trim().is_empty() || tag.contains(',') {
+                problems.push(SpecProblem {
+                    at: vec![PathSegment::Key("tags"), PathSegment::Index(i)],
+                    message: format!("tag `{tag}` is empty or contains a comma"),
+                    hint: Some("list one tag per item".into()),
+                });
+            }
+        }
+        problems
     }
 
-    pub fn referenced_paths(&self) -> Vec<(FieldPath, std::path::PathBuf)> {
-        Vec::new()
+    pub fn referenced_paths(&self) -> Vec<(FieldPath, PathBuf)> {
+        let mut paths = vec![(vec![PathSegment::Key("playbook")], self.playbook.clone())];
+        // `host1,host2,` is an inline inventory, not a file.
+        if !self.inventory.to_string_lossy().contains(',') {
+            paths.push((vec![PathSegment::Key("inventory")], self.inventory.clone()));
+        }
+        paths
     }
 
-    pub async fn preflight(&self, _ctx: &StepContext) -> Result<ToolInfo, AdapterError> {
-        Err(AdapterError::ToolUnusable { command: "ansible".into(), detail: "the ansible adapter is not built yet".into() })
+    pub fn recover_mode(&self) -> RecoverMode {
+        match self.recover.as_deref() {
+            Some("rerun") => RecoverMode::Rerun,
+            _ => RecoverMode::Limit,
+        }
     }
 
-    pub async fn apply(&self, _ctx: &StepContext, _sink: &dyn EventSink) -> Result<(), Failure> {
-        Err(Failure::new("the ansible adapter is not built yet"))
+    fn binary_name(&self) -> &str {
+        self.binary.as_deref().unwrap_or(DEFAULT_BINARY)
     }
 
-    pub async fn recover(&self, _ctx: &StepContext, _prior: &PriorStep, _sink: &dyn EventSink) -> Result<(), Failure> {
-        Err(Failure::new("the ansible adapter is not built yet"))
+    /// A `binary` with a slash is a path relative to the stack file; a bare name is looked up on
+    /// the step's PATH (its `env:` may prepend a virtualenv), then rdeploy's own.
+    fn resolve_binary(&self, ctx: &StepContext) -> Result<PathBuf, AdapterError> {
+        let name = self.binary_name();
+        if name.contains('/') {
+            let path = ctx.resolve(Path::new(name));
+            return if path.is_file() {
+                Ok(path)
+            } else {
+                Err(AdapterError::ToolMissing { tool: name.to_string(), hint: INSTALL_HINT.into() })
+            };
+        }
+        let path = ctx.env.get("PATH").cloned().or_else(|| std::env::var("PATH").ok()).unwrap_or_default();
+        which::which_in(name, Some(path), &ctx.stack_dir)
+            .map_err(|_| AdapterError::ToolMissing { tool: name.to_string(), hint: INSTALL_HINT.into() })
     }
 
-    pub async fn inspect(&self, _ctx: &StepContext, _prior: &PriorStep) -> Result<Inspection, Failure> {
-        Err(Failure::new("the ansible adapter is not built yet"))
+    pub async fn preflight(&self, ctx: &StepContext) -> Result<ToolInfo, AdapterError> {
+        let binary = self.resolve_binary(ctx)?;
+        let cmd = self.command(ctx, &binary).arg("--version");
+        let mut first = None;
+        let outcome = cmd
+            .run(&ctx.cancel, Some(Duration::from_secs(60)), &mut |stream, line| {
+                if stream == Stream::Stdout && first.is_none() {
+                    first = Some(line.to_string());
+                }
+            })
+            .await?;
+        let version = first.as_deref().and_then(parse_version);
+        match version {
+            Some(version) if outcome.success() => Ok(ToolInfo { binary, version }),
+            _ => Err(AdapterError::ToolUnusable {
+                command: cmd.display(),
+                detail: outcome.last_error_line().unwrap_or_else(|| outcome.describe_status()),
+            }),
+        }
     }
 
-    pub fn describe_recovery(&self, _ctx: &DescribeContext<'_>, _prior: Option<&PriorStep>) -> RecoveryDoc {
-        RecoveryDoc::default()
+    /// `-i INV PLAYBOOK [-e JSON] [--tags T]`, as the operator would type them in the stack dir.
+    fn base_args(&self) -> Vec<String> {
+        let mut args = vec!["-i".to_string(), self.inventory.to_string_lossy().into_owned(), self.playbook.to_string_lossy().into_owned()];
+        if !self.extra_vars.is_empty() {
+            // One JSON object keeps numbers, booleans and nesting as the stack file wrote them.
+            args.push("-e".into());
+            args.push(serde_json::to_string(&self.extra_vars).expect("json values serialize"));
+        }
+        if !self.tags.is_empty() {
+            args.push("--tags".into());
+            args.push(self.tags.join(","));
+        }
+        args
+    }
+
+    fn command(&self, ctx: &StepContext, binary: &Path) -> Command {
+        Command::new(binary).cwd(&ctx.stack_dir).envs(ctx.env.iter().map(|(k, v)| (k.clone(), v.clone())))
+    }
+
+    /// The hosts the playbook targets under `limit`, from `ansible-playbook --list-hosts`.
+    async fn list_hosts(&self, ctx: &StepContext, binary: &Path, limit: Option<&str>) -> Result<Vec<String>, Failure> {
+        let mut cmd = self.command(ctx, binary).args(self.base_args()).arg("--list-hosts");
+        if let Some(limit) = limit {
+            cmd = cmd.arg("--limit").arg(limit);
+        }
+        let mut stdout = String::new();
+        let outcome = cmd
+            .run(&ctx.cancel, ctx.timeout, &mut |stream, line| {
+                if stream == Stream::Stdout {
+                    stdout.push_str(line);
+                    stdout.push('\n');
+                }
+            })
+            .await
+            .map_err(|e| Failure::new(e.to_string()))?;
+        if !outcome.success() {
+            let display = cmd.display();
+            let mut failure = Failure::from_process(&display, &outcome);
+            if let Some(code) = outcome.code.filter(|_| !outcome.interrupted) {
+                let what = exit_codes::describe(code, false, false);
+                failure.summary = match outcome.last_error_line() {
+                    Some(line) => format!("`{display}` exited with status {code} ({what}): {line}"),
+                    None => format!("`{display}` exited with status {code} ({what})"),
+                };
+            }
+            return Err(failure.with_hint("fix the playbook or inventory, then run the step again"));
+        }
+        Ok(recap::parse_list_hosts(&stdout))
+    }
+
+    /// The environment that enables the plugin without disturbing the user's own callbacks:
+    /// `ANSIBLE_CALLBACK_PLUGINS` and `ANSIBLE_CALLBACKS_ENABLED` override ansible.cfg, so the
+    /// values in effect (from `ansible-config dump`, which sees cfg and env alike) are kept and
+    /// ours appended.
+    async fn callback_env(&self, ctx: &StepContext, binary: &Path, plugin_dir: &Path) -> (Vec<(String, String)>, Option<String>) {
+        let (mut paths, mut enabled, warning) = match self.effective_callback_config(ctx, binary).await {
+            Ok(found) => (found.0, found.1, None),
+            Err(why) => {
+                let from_env = |key: &str| ctx.env.get(key).cloned().or_else(|| std::env::var(key).ok()).unwrap_or_default();
+                let paths = from_env("ANSIBLE_CALLBACK_PLUGINS").split(':').filter(|s| !s.is_empty()).map(str::to_string).collect();
+                let enabled = from_env("ANSIBLE_CALLBACKS_ENABLED").split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_string).collect();
+                (paths, enabled, Some(format!("could not read ansible's callback settings ({why}); callbacks enabled only in ansible.cfg may be off for this run")))
+            }
+        };
+        paths.push(plugin_dir.to_string_lossy().into_owned());
+        if !enabled.iter().any(|e| e == PLUGIN_NAME) {
+            enabled.push(PLUGIN_NAME.to_string());
+        }
+        (
+            vec![
+                ("ANSIBLE_CALLBACK_PLUGINS".to_string(), paths.join(":")),
+                ("ANSIBLE_CALLBACKS_ENABLED".to_string(), enabled.join(",")),
+            ],
+            warning,
+        )
+    }
+
+    async fn effective_callback_config(&self, ctx: &StepContext, binary: &Path) -> Result<(Vec<String>, Vec<String>), String> {
+        let sibling = binary.with_file_name("ansible-config");
+        let config = if sibling.is_file() { sibling } else { PathBuf::from("ansible-config") };
+        let cmd = self.command(ctx, &config).args(["dump", "--format", "json"]);
+        let mut stdout = String::new();
+        let outcome = cmd
+            .run(&ctx.cancel, Some(Duration::from_secs(60)), &mut |stream, line| {
+                if stream == Stream::Stdout {
+                    stdout.push_str(line);
+                }
+            })
+            .await
+            .map_err(|e| e.to_string())?;
+        if !outcome.success() {
+            return Err(format!("`{}` {}", cmd.display(), outcome.describe_status()));
+        }
+        parse_callback_config(&stdout).ok_or_else(|| format!("`{}` printed no callback settings", cmd.display()))
+    }
+
+    pub async fn apply(&self, ctx: &StepContext, sink: &dyn EventSink) -> Result<(), Failure> {
+        let binary = self.resolve_binary(ctx).map_err(adapter_failure)?;
+        let planned = self.list_hosts(ctx, &binary, self.limit.as_deref()).await?;
+        sink.emit(Event::Planned { ids: planned.clone() });
+        self.run_playbook(ctx, sink, &binary, self.limit.as_deref(), planned, "apply").await
+    }
+
+    pub async fn recover(&self, ctx: &StepContext, prior: &PriorStep, sink: &dyn EventSink) -> Result<(), Failure> {
+        if self.recover_mode() == RecoverMode::Rerun {
+            return self.apply(ctx, sink).await;
+        }
+        let binary = self.resolve_binary(ctx).map_err(adapter_failure)?;
+        let planned = self.list_hosts(ctx, &binary, self.limit.as_deref()).await?;
+        sink.emit(Event::Planned { ids: planned.clone() });
+        let selection = select_targets(&planned, prior);
+        if !selection.gone.is_empty() {
+            sink.emit(Event::Warning {
+                message: format!(
+                    "{} not done but no longer targeted by the playbook and `limit`; left alone",
+                    name_hosts(&selection.gone)
+                ),
+            });
+        }
+        if selection.targets.is_empty() {
+            return Ok(());
+        }
+        // `targets` is a subset of what the step's own `limit` selects (list-hosts applied it),
+        // so a plain host list is already the intersection.
+        let limit = self.limit_arg(ctx, &selection.targets)?;
+        self.run_playbook(ctx, sink, &binary, Some(&limit), selection.targets, "recover").await
+    }
+
+    /// `h1,h2` or, for long lists, `@file` with one host per line in the work dir.
+    fn limit_arg(&self, ctx: &StepContext, hosts: &[String]) -> Result<String, Failure> {
+        if hosts.len() <= LIMIT_FILE_ABOVE {
+            return Ok(hosts.join(","));
+        }
+        let path = ctx.work_dir.join("recover.limit");
+        std::fs::create_dir_all(&ctx.work_dir)
+            .and_then(|()| std::fs::write(&path, hosts.join("\n") + "\n"))
+            .map_err(|e| Failure::new(format!("could not write {}: {e}", path.display())))?;
+        Ok(format!("@{}", path.display()))
+    }
+
+    pub async fn inspect(&self, ctx: &StepContext, prior: &PriorStep) -> Result<Inspection, Failure> {
+        let binary = self.resolve_binary(ctx).map_err(adapter_failure)?;
+        let planned = self.list_hosts(ctx, &binary, self.limit.as_deref()).await?;
+        let mut inspection = Inspection::default();
+        if self.recover_mode() == RecoverMode::Rerun {
+            inspection.actions.push(format!(
+                "re-run the whole playbook (`recover: rerun`): `{}`",
+                display_command(&self.runbook_words(None))
+            ));
+            inspection.remaining = planned;
+            return Ok(inspection);
+        }
+        let selection = select_targets(&planned, prior);
+        for host in &planned {
+            match prior.sub_changes.iter().find(|s| &s.id == host) {
+                Some(s) if s.status == SubStatus::Done => inspection.actions.push(format!("keep {host}: done")),
+                Some(s) => inspection.actions.push(match &s.error {
+                    Some(error) => format!("re-run on {host} ({}): {error}", s.status.as_str()),
+                    None => format!("re-run on {host} ({})", s.status.as_str()),
+                }),
+                None => inspection.actions.push(format!("run on {host} (not recorded yet)")),
+            }
+        }
+        if !selection.gone.is_empty() {
+            inspection.actions.push(format!("leave {} alone: no longer targeted", name_hosts(&selection.gone)));
+        }
+        if !selection.targets.is_empty() {
+            inspection
+                .actions
+                .push(format!("command: `{}`", display_command(&self.runbook_words(Some(&selection.targets.join(","))))));
+        }
+        inspection.remaining = selection.targets;
+        Ok(inspection)
+    }
+
+    /// `ansible-playbook -i INV PB [-e JSON] [--tags T] [--limit L]` with the paths of the stack file.
+    fn runbook_words(&self, limit: Option<&str>) -> Vec<String> {
+        let mut words = vec![self.binary_name().to_string()];
+        words.extend(self.base_args());
+        if let Some(limit) = limit.or(self.limit.as_deref()) {
+            words.push("--limit".into());
+            words.push(limit.to_string());
+        }
+        words
+    }
+
+    pub fn describe_recovery(&self, ctx: &DescribeContext<'_>, prior: Option<&PriorStep>) -> RecoveryDoc {
+        let mut doc = RecoveryDoc::default();
+        let cd = format!("cd {}", shell_quote(ctx.stack_dir));
+        doc.inspect.push(format!("{cd} && {} --list-hosts", display_command(&self.runbook_words(None))));
+        doc.recover.push(format!("rdeploy recover {}", shell_quote(ctx.stack_file)));
+        let remaining: Vec<String> = prior
+            .map(|p| p.sub_changes.iter().filter(|s| s.status != SubStatus::Done).map(|s| s.id.clone()).collect())
+            .unwrap_or_default();
+        match (self.recover_mode(), prior) {
+            (RecoverMode::Rerun, _) => doc.notes.push(format!(
+                "`recover: rerun`: recovery re-runs the whole playbook; by hand: `{cd} && {}`",
+                display_command(&self.runbook_words(None))
+            )),
+            (RecoverMode::Limit, Some(_)) if !remaining.is_empty() => {
+                // The one command an operator can paste: the same run, only where it is not done.
+                doc.notes.push(format!(
+                    "by hand, re-run only the hosts not done ({}): `{cd} && {}`",
+                    remaining.len(),
+                    display_command(&self.runbook_words(Some(&remaining.join(","))))
+                ));
+                let failed: Vec<String> = prior
+                    .into_iter()
+                    .flat_map(|p| p.sub_changes.iter())
+                    .filter(|s| s.status == SubStatus::Failed)
+                    .map(|s| format!("{}: {}", s.id, s.error.as_deref().unwrap_or("failed")))
+                    .collect();
+                doc.notes.extend(failed);
+            }
+            (RecoverMode::Limit, Some(_)) => doc.notes.push("every host is done".into()),
+            (RecoverMode::Limit, None) => doc.notes.push(format!(
+                "recovery re-runs the playbook with `--limit` set to the failed, unreachable and pending hosts (`rdeploy status {}` names them): `{cd} && {} --limit HOST1,HOST2`",
+                shell_quote(ctx.stack_file),
+                display_command(&self.runbook_words(None).into_iter().filter(|w| w != "--limit" && Some(w) != self.limit.as_ref()).collect::<Vec<_>>())
+            )),
+        }
+        doc.verify.push(format!("{cd} && {} --check --diff", display_command(&self.runbook_words(None))));
+        doc
+    }
+
+    /// Runs the playbook once with the plugin enabled, checkpointing each host as it settles.
+    async fn run_playbook(
+        &self,
+        ctx: &StepContext,
+        sink: &dyn EventSink,
+        binary: &Path,
+        limit: Option<&str>,
+        planned: Vec<String>,
+        phase: &str,
+    ) -> Result<(), Failure> {
+        if ctx.cancel.is_cancelled() {
+            return Err(Failure { interrupted: true, ..Failure::new("stopped before `ansible-playbook` started") });
+        }
+        let plugin_dir = ctx.work_dir.join("callback_plugins");
+        let events_path = ctx.work_dir.join(format!("{phase}-events.jsonl"));
+        prepare_work_dir(&plugin_dir, &events_path)?;
+        let (callback_env, warning) = self.callback_env(ctx, binary, &plugin_dir).await;
+        if let Some(message) = warning {
+            sink.emit(Event::Warning { message });
+        }
+        sink.emit(Event::Fact { key: "ansible_events".into(), value: events_path.to_string_lossy().into_owned().into() });
+
+        let mut cmd = self.command(ctx, binary).args(self.base_args());
+        if let Some(limit) = limit {
+            cmd = cmd.arg("--limit").arg(limit);
+        }
+        let cmd = cmd.envs(callback_env).env(EVENTS_ENV, &events_path).env("PYTHONUNBUFFERED", "1");
+
+        let mut tracker = HostTracker::new(planned);
+        let mut tail = Tail::new(&events_path);
+        let mut recap_lines = Vec::new();
+        let mut no_more_hosts = false;
+        let outcome = {
+            let mut on_line = |stream: Stream, line: &str| {
+                if stream == Stream::Stdout {
+                    if let Some(recap) = recap::parse_recap_line(line) {
+                        recap_lines.push(recap);
+                    } else if line.contains("NO MORE HOSTS LEFT") {
+                        no_more_hosts = true;
+                    }
+                }
+                sink.emit(Event::Output { stream, line: line.to_string() });
+            };
+            let run = cmd.run(&ctx.cancel, ctx.timeout, &mut on_line);
+            tokio::pin!(run);
+            let mut ticker = tokio::time::interval(TAIL_EVERY);
+            loop {
+                tokio::select! {
+                    outcome = &mut run => break outcome.map_err(|e| Failure::new(e.to_string()))?,
+                    _ = ticker.tick() => drain(&mut tail, &mut tracker, sink),
+                }
+            }
+        };
+        drain(&mut tail, &mut tracker, sink);
+        if let Some(rest) = tail.remainder() {
+            sink.emit(Event::Warning { message: format!("the callback's last record was cut off: {rest}") });
+        }
+        if !tracker.has_stats() && !recap_lines.is_empty() {
+            if tracker.records() == 0 {
+                sink.emit(Event::Warning {
+                    message: format!("the `{PLUGIN_NAME}` callback wrote nothing; per-host results come from the play recap"),
+                });
+            }
+            tracker.use_recap(&recap_lines, no_more_hosts);
+        }
+        let mut events = Vec::new();
+        let outcomes = tracker.finish(outcome.code, &mut events);
+        for event in events {
+            sink.emit(event);
+        }
+        self.judge(&cmd, &outcome, &tracker, &outcomes)
+    }
+
+    /// Ok when ansible succeeded and every host is done; otherwise one line that names what
+    /// happened and the first host's error, and a hint with the recovery `--limit`.
+    fn judge(&self, cmd: &Command, outcome: &Outcome, tracker: &HostTracker, outcomes: &[(String, HostOutcome)]) -> Result<(), Failure> {
+        let mut counts = [0usize; 4];
+        let mut not_done = Vec::new();
+        let mut first_error = None;
+        for (host, o) in outcomes {
+            let slot = match o {
+                HostOutcome::Done => 0,
+                HostOutcome::Failed(_) => 1,
+                HostOutcome::Unreachable(_) => 2,
+                HostOutcome::Pending(_) => 3,
+            };
+            counts[slot] += 1;
+            if slot != 0 {
+                not_done.push(host.clone());
+            }
+            if let (None, HostOutcome::Failed(e) | HostOutcome::Unreachable(e)) = (&first_error, o) {
+                first_error = Some(format!("{host}: {e}"));
+            }
+        }
+        if outcome.success() && not_done.is_empty() {
+            return Ok(());
+        }
+        let display = cmd.display();
+        let mut failure = Failure::from_process(&display, outcome);
+        let tally: Vec<String> = [(counts[1], "failed"), (counts[2], "unreachable"), (counts[3], "pending"), (counts[0], "done")]
+            .iter()
+            .filter(|(n, _)| *n > 0)
+            .map(|(n, what)| format!("{n} {what}"))
+            .collect();
+        let status = match outcome.code {
+            _ if outcome.interrupted => "was interrupted".to_string(),
+            _ if outcome.timed_out => "timed out".to_string(),
+            Some(code) => format!(
+                "exited with status {code} ({})",
+                exit_codes::describe(code, tracker.saw_unreachable(), tracker.records() > 0)
+            ),
+            None => outcome.describe_status(),
+        };
+        let detail = first_error.or_else(|| {
+            // No host to blame (a parse error, a bad option): ansible's own last words.
+            (counts[1] + counts[2] == 0).then(|| outcome.last_error_line()).flatten()
+        });
+        failure.summary = match (tally.is_empty(), detail) {
+            (false, Some(detail)) => format!("`ansible-playbook` {status}: {}; {detail}", tally.join(", ")),
+            (false, None) => format!("`ansible-playbook` {status}: {}", tally.join(", ")),
+            (true, Some(detail)) => format!("`ansible-playbook` {status}: {detail}"),
+            (true, None) => format!("`ansible-playbook` {status}"),
+        };
+        failure.hint = Some(if not_done.is_empty() {
+            "fix the problem above, then `rdeploy recover` runs the step again".to_string()
+        } else if self.recover_mode() == RecoverMode::Rerun {
+            "`rdeploy recover` re-runs the whole playbook (`recover: rerun`)".to_string()
+        } else {
+            format!("`rdeploy recover` re-runs the playbook with `--limit` {}", name_hosts(&not_done))
+        });
+        Err(failure)
+    }
+}
+
+/// Feeds new callback records to the tracker and the events they settle to the sink.
+fn drain(tail: &mut Tail, tracker: &mut HostTracker, sink: &dyn EventSink) {
+    let lines = match tail.read_lines() {
+        Ok(lines) => lines,
+        Err(e) => {
+            sink.emit(Event::Warning { message: format!("could not read the callback's records: {e}") });
+            return;
+        }
+    };
+    let mut events = Vec::new();
+    for line in lines {
+        match parse_line(&line) {
+            Ok(Some(record)) => tracker.observe(record, &mut events),
+            Ok(None) => {}
+            Err(e) => events.push(Event::Warning { message: e.to_string() }),
+        }
+    }
+    for event in events {
+        sink.emit(event);
+    }
+}
+
+fn prepare_work_dir(plugin_dir: &Path, events_path: &Path) -> Result<(), Failure> {
+    let io = |what: &str, path: &Path, e: std::io::Error| Failure::new(format!("could not {what} {}: {e}", path.display()));
+    std::fs::create_dir_all(plugin_dir).map_err(|e| io("create", plugin_dir, e))?;
+    let plugin = plugin_dir.join(format!("{PLUGIN_NAME}.py"));
+    std::fs::write(&plugin, PLUGIN_SOURCE).map_err(|e| io("write", &plugin, e))?;
+    // Records of an earlier run must not be read as this run's.
+    match std::fs::remove_file(events_path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io("remove", events_path, e)),
+        _ => Ok(()),
+    }
+}
+
+fn adapter_failure(e: AdapterError) -> Failure {
+    let hint = e.hint().map(str::to_string);
+    let failure = Failure::new(e.to_string());
+    match hint {
+        Some(hint) => failure.with_hint(hint),
+        None => failure,
+    }
+}
+
+/// "web3" / "web3, web4" / "web1, ..., web10 and 5 more".
+fn name_hosts(hosts: &[String]) -> String {
+    let shown = hosts.iter().take(NAMED_HOSTS).map(String::as_str).collect::<Vec<_>>().join(",");
+    match hosts.len().saturating_sub(NAMED_HOSTS) {
+        0 => shown,
+        more => format!("{shown} and {more} more"),
+    }
+}
+
+/// `ansible-playbook [core 2.19.14]` -> `core 2.19.14`.
+fn parse_version(line: &str) -> Option<String> {
+    let inner = line.split_once('[')?.1.split_once(']')?.0.trim();
+    (!inner.is_empty()).then(|| inner.to_string())
+}
+
+/// `CALLBACK_PLUGINS` paths and `CALLBACKS_ENABLED` names from `ansible-config dump --format json`.
+fn parse_callback_config(json: &str) -> Option<(Vec<String>, Vec<String>)> {
+    #[derive(Deserialize)]
+    struct Setting {
+        name: Option<String>,
+        value: Option<serde_json::Value>,
+    }
+    let settings: Vec<Setting> = serde_json::from_str(json).ok()?;
+    let list = |name: &str| -> Option<Vec<String>> {
+        let value = settings.iter().find(|s| s.name.as_deref() == Some(name))?.value.as_ref()?;
+        Some(match value {
+            serde_json::Value::Array(items) => items.iter().filter_map(|v| v.as_str().map(str::to_string)).collect(),
+            serde_json::Value::Null => Vec::new(),
+            other => other.as_str().map(|s| vec![s.to_string()]).unwrap_or_default(),
+        })
+    };
+    Some((list("DEFAULT_CALLBACK_PLUGIN_PATH")?, list("CALLBACKS_ENABLED").unwrap_or_default()))
+}
+
+/// Which hosts `recover` re-runs.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Selection {
+    /// Targeted hosts not recorded as done, in the playbook's order.
+    pub targets: Vec<String>,
+    /// Hosts recorded as not done that the playbook and `limit` no longer target.
+    pub gone: Vec<String>,
+}
+
+/// Linear in the number of hosts: one set of done hosts, one of planned hosts.
+pub fn select_targets(planned: &[String], prior: &PriorStep) -> Selection {
+    let done: HashSet<&str> = prior.ids_with(SubStatus::Done).collect();
+    let planned_set: HashSet<&str> = planned.iter().map(String::as_str).collect();
+    Selection {
+        targets: planned.iter().filter(|h| !done.contains(h.as_str())).cloned().collect(),
+        gone: prior
+            .sub_changes
+            .iter()
+            .filter(|s| s.status != SubStatus::Done && !planned_set.contains(s.id.as_str()))
+            .map(|s| s.id.clone())
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::PriorSubChange;
+
+    fn spec() -> AnsibleSpec {
+        AnsibleSpec {
+            playbook: "site.yml".into(),
+            inventory: "inventory.ini".into(),
+            limit: None,
+            extra_vars: BTreeMap::from([("release".to_string(), serde_json::json!("1.4.2")), ("n".to_string(), serde_json::json!(3))]),
+            tags: vec!["deploy".into()],
+            binary: None,
+            recover: None,
+        }
+    }
+
+    fn prior(subs: &[(&str, SubStatus, Option<&str>)]) -> PriorStep {
+        PriorStep {
+            sub_changes: subs
+                .iter()
+                .map(|(id, status, error)| PriorSubChange { id: id.to_string(), status: *status, error: error.map(str::to_string) })
+                .collect(),
+            facts: Default::default(),
+        }
+    }
+
+    #[test]
+    fn selects_the_hosts_not_done_and_notes_the_ones_gone() {
+        let planned: Vec<String> = ["web1", "web2", "web3", "web4"].iter().map(|s| s.to_string()).collect();
+        let prior = prior(&[
+            ("web1", SubStatus::Done, None),
+            ("web2", SubStatus::Failed, Some("task `x` failed: boom")),
+            ("web3", SubStatus::Pending, None),
+            ("old9", SubStatus::Failed, None),
+        ]);
+        let selection = select_targets(&planned, &prior);
+        assert_eq!(selection.targets, vec!["web2", "web3", "web4"]);
+        assert_eq!(selection.gone, vec!["old9"]);
+    }
+
+    #[test]
+    fn selection_stays_linear_for_large_fleets() {
+        let planned: Vec<String> = (0..50_000).map(|i| format!("h{i}")).collect();
+        let prior = PriorStep {
+            sub_changes: planned
+                .iter()
+                .enumerate()
+                .map(|(i, h)| PriorSubChange {
+                    id: h.clone(),
+                    status: if i % 7 == 0 { SubStatus::Failed } else { SubStatus::Done },
+                    error: None,
+                })
+                .collect(),
+            facts: Default::default(),
+        };
+        let started = std::time::Instant::now();
+        let selection = select_targets(&planned, &prior);
+        assert_eq!(selection.targets.len(), 50_000 / 7 + 1);
+        assert!(started.elapsed() < Duration::from_secs(1), "{:?}", started.elapsed());
+    }
+
+    #[test]
+    fn runbook_gives_the_exact_limited_command() {
+        let ctx = DescribeContext { step: "hosts", stack_file: "stack.yaml", stack_dir: "deploy", resumable: true };
+        let prior = prior(&[
+            ("web1", SubStatus::Done, None),
+            ("web3", SubStatus::Failed, Some("task `check` failed: boom")),
+            ("db1", SubStatus::Failed, Some("unreachable: task `ping`: refused")),
+        ]);
+        let doc = spec().describe_recovery(&ctx, Some(&prior));
+        assert_eq!(doc.recover, vec!["rdeploy recover stack.yaml"]);
+        assert_eq!(
+            doc.notes[0],
+            r#"by hand, re-run only the hosts not done (2): `cd deploy && ansible-playbook -i inventory.ini site.yml -e '{"n":3,"release":"1.4.2"}' --tags deploy --limit web3,db1`"#
+        );
+        assert!(doc.notes.contains(&"db1: unreachable: task `ping`: refused".to_string()));
+        let static_doc = spec().describe_recovery(&ctx, None);
+        assert!(static_doc.notes[0].contains("--limit HOST1,HOST2"), "{}", static_doc.notes[0]);
+    }
+
+    #[test]
+    fn spec_problems_name_the_key() {
+        let mut bad = spec();
+        bad.recover = Some("retry".into());
+        bad.tags = vec!["a,b".into()];
+        let problems = bad.problems();
+        assert_eq!(problems.len(), 2);
+        assert_eq!(problems[0].at, vec![PathSegment::Key("recover")]);
+        assert!(spec().problems().is_empty());
+        let mut inline = spec();
+        inline.inventory = "web1,web2,".into();
+        assert_eq!(inline.referenced_paths().len(), 1);
+    }
+
+    #[test]
+    fn reads_the_version_and_the_callback_config() {
+        assert_eq!(parse_version("ansible-playbook [core 2.19.14]").as_deref(), Some("core 2.19.14"));
+        assert_eq!(parse_version("nonsense"), None);
+        let json = r#"[{"name":"CALLBACKS_ENABLED","origin":"env","value":["profile_tasks"]},
+            {"name":"DEFAULT_CALLBACK_PLUGIN_PATH","origin":"default","value":["/a","/b"]},{"GALAXY_SERVERS":{}}]"#;
+        assert_eq!(
+            parse_callback_config(json),
+            Some((vec!["/a".to_string(), "/b".to_string()], vec!["profile_tasks".to_string()]))
+        );
+    }
+
+    #[test]
+    fn names_long_host_lists_briefly() {
+        let hosts: Vec<String> = (1..=12).map(|i| format!("h{i}")).collect();
+        assert_eq!(name_hosts(&hosts[..2]), "h1,h2");
+        assert!(name_hosts(&hosts).ends_with("h10 and 2 more"));
     }
 }
