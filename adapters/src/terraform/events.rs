@@ -1,7 +1,7 @@
 //! Terraform's `-json` UI stream, one line at a time: [`parse_line`] reads a line, and
 //! [`ApplyTracker`] turns the apply hooks into sub-change events keyed by resource address.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use serde::Deserialize;
 
@@ -224,16 +224,15 @@ pub struct PlanReport {
     pub summary: Option<ChangeSummary>,
     pub diagnostics: Vec<Diagnostic>,
     pub version: Option<String>,
+    seen: HashSet<String>,
 }
 
 impl PlanReport {
     pub fn observe(&mut self, body: &UiMessage) {
         match body {
-            UiMessage::PlannedChange(change) if change.changes_something() => {
-                // Terraform prints one planned_change per instance; a repeat would double-count.
-                if !self.changes.iter().any(|c| c.addr == change.addr) {
-                    self.changes.push(change.clone());
-                }
+            // Terraform prints one planned_change per instance; a repeat would double-count.
+            UiMessage::PlannedChange(change) if change.changes_something() && self.seen.insert(change.addr.clone()) => {
+                self.changes.push(change.clone());
             }
             UiMessage::ChangeSummary(summary) if summary.operation == Operation::Plan => self.summary = Some(*summary),
             UiMessage::Diagnostic(d) => self.diagnostics.push(d.clone()),

@@ -822,10 +822,8 @@ mod tests {
 
     #[test]
     fn a_change_to_a_done_resource_is_reported() {
-        let plan = PlanReport {
-            changes: vec![PlannedChange { addr: "terraform_data.a2".into(), action: "replace".into(), reason: Some("tainted".into()) }],
-            ..PlanReport::default()
-        };
+        let mut plan = PlanReport::default();
+        plan.changes.push(PlannedChange { addr: "terraform_data.a2".into(), action: "replace".into(), reason: Some("tainted".into()) });
         let prior = PriorStep {
             sub_changes: vec![PriorSubChange { id: "terraform_data.a2".into(), status: SubStatus::Done, error: None }],
             facts: Default::default(),
