@@ -268,7 +268,10 @@ pub fn parse(file: &Path, text: &str) -> Result<Stack, StackError> {
 
     let order = match run_order(&steps) {
         Ok(order) => order,
-        Err(cycle) => {
+        Err(mut cycle) => {
+            // Name the cycle from the step that comes first in the file.
+            let min = (0..cycle.len()).min_by_key(|&i| cycle[i]).unwrap_or(0);
+            cycle.rotate_left(min);
             let first = cycle[0];
             let path: Vec<&str> = cycle.iter().chain(std::iter::once(&first)).map(|&i| steps[i].name.as_str()).collect();
             checker.at(
@@ -565,11 +568,16 @@ fn describe_load_error(e: &marked_yaml::LoadError) -> (Option<Marker>, String) {
 
 /// The nearest valid word, if one is close enough to be a likely typo.
 pub fn suggest<'a>(word: &str, candidates: &[&'a str]) -> Option<&'a str> {
+    // Edit distance catches transpositions in short keys (`rnu`), Jaro-Winkler catches
+    // longer prefixes (`var_file`); a candidate must pass one of them to be offered.
     candidates
         .iter()
-        .map(|c| (strsim::jaro_winkler(word, c), *c))
-        .filter(|(score, _)| *score > 0.8)
-        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .filter_map(|c| {
+            let edits = strsim::damerau_levenshtein(word, c);
+            let close = edits <= (c.len() / 3).max(1) || strsim::jaro_winkler(word, c) > 0.85;
+            close.then_some((edits, *c))
+        })
+        .min_by_key(|(edits, _)| *edits)
         .map(|(_, c)| c)
 }
 

@@ -116,6 +116,14 @@ impl Command {
         if let Some(dir) = &self.cwd {
             cmd.current_dir(dir);
         }
+        // If rdeploy itself dies (kill -9), the tool gets SIGTERM rather than running on
+        // unobserved: terraform treats it like Ctrl-C and writes its state.
+        // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+        unsafe {
+            cmd.pre_exec(|| {
+                nix::sys::prctl::set_pdeathsig(Signal::SIGTERM).map_err(std::io::Error::from)
+            });
+        }
         let mut child = cmd
             .spawn()
             .map_err(|source| AdapterError::Spawn { command: self.display(), source })?;

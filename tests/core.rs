@@ -1,0 +1,402 @@
+//! End-to-end tests of the core with the shell adapter: the real binary in temp directories.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{step, sub_statuses, Project};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+/// Five sub-changes, each appending its name to `out`; the fifth fails while `fail-five` exists.
+const FIVE: &str = r#"
+name: demo
+steps:
+  - name: seed
+    tool: shell
+    sub_changes:
+      - { name: one, run: echo one >> out }
+      - { name: two, run: echo two >> out }
+      - { name: three, run: echo three >> out }
+      - { name: four, run: echo four >> out }
+      - { name: five, run: "if [ -f fail-five ]; then echo 'five: connection refused' >&2; exit 3; fi; echo five >> out" }
+  - name: after
+    tool: shell
+    needs: [seed]
+    run: echo after >> out
+"#;
+
+fn lines(p: &Project, file: &str) -> Vec<String> {
+    p.read(file).lines().map(str::to_string).collect()
+}
+
+#[test]
+fn four_of_five_then_recover_runs_only_the_fifth() {
+    let p = Project::new();
+    p.stack(FIVE).file("fail-five", "");
+
+    let run = p.rdeploy(&["up"]);
+    run.code(1).stdout_has("five: connection refused").stdout_has("next: rdeploy recover stack.yaml");
+    assert_eq!(lines(&p, "out"), ["one", "two", "three", "four"]);
+
+    let status = p.status();
+    assert_eq!(status["state"], "partial");
+    assert_eq!(status["next"], "rdeploy recover stack.yaml");
+    assert_eq!(
+        sub_statuses(&status, "seed"),
+        [("one", "done"), ("two", "done"), ("three", "done"), ("four", "done"), ("five", "failed")]
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+    );
+    assert_eq!(step(&status, "seed")["status"], "failed");
+    assert_eq!(step(&status, "seed")["resumable"], true);
+    assert_eq!(step(&status, "seed")["exit_code"], 3);
+    assert!(step(&status, "seed")["error"].as_str().unwrap().contains("five: connection refused"));
+    assert_eq!(step(&status, "after")["status"], "pending");
+    assert!(p.exists(".rdeploy/report.md"), "the report is kept as markdown");
+
+    // `up` refuses to run completed work again and names the way forward.
+    p.rdeploy(&["up"]).code(2).stderr_has("rdeploy recover stack.yaml").stderr_has("rdeploy reset stack.yaml --yes");
+    assert_eq!(lines(&p, "out").len(), 4);
+
+    // A dry run changes nothing and says what would run.
+    p.remove("fail-five");
+    p.rdeploy(&["recover", "--dry-run"]).code(0).stdout_has("run five").stdout_has("keep one: done");
+    assert_eq!(lines(&p, "out").len(), 4);
+
+    p.rdeploy(&["recover"]).code(0).stdout_has("deploy complete");
+    assert_eq!(lines(&p, "out"), ["one", "two", "three", "four", "five", "after"]);
+    let status = p.status();
+    assert_eq!(status["state"], "complete");
+    assert!(status["next"].is_null());
+    assert!(!p.exists(".rdeploy/journal.jsonl"), "a finished deploy leaves no unfinished checkpoint");
+
+    // A finished deploy is history: `up` starts a new deploy and nothing is refused.
+    p.rdeploy(&["up"]).code(0);
+    assert_eq!(lines(&p, "out").len(), 12);
+    p.rdeploy(&["recover"]).code(0).stdout_has("nothing to recover");
+}
+
+#[test]
+fn a_non_resumable_step_completes_or_reverts() {
+    let p = Project::new();
+    p.stack(
+        r#"
+name: migrate
+steps:
+  - name: prepare
+    tool: shell
+    run: echo prepare >> out
+  - name: migrate
+    tool: shell
+    needs: [prepare]
+    run: "echo half-applied > schema; if [ -f fail ]; then echo 'ERROR: column exists' >&2; exit 1; fi; echo migrated > schema"
+    revert: rm -f schema
+"#,
+    )
+    .file("fail", "");
+    p.rdeploy(&["up"]).code(3).stdout_has("reverted");
+    assert!(!p.exists("schema"), "the revert ran: no partial state is left");
+    let status = p.status();
+    assert_eq!(status["state"], "partial");
+    assert_eq!(step(&status, "migrate")["status"], "reverted");
+    assert_eq!(step(&status, "migrate")["resumable"], false);
+    assert_eq!(step(&status, "prepare")["status"], "done");
+
+    p.remove("fail");
+    p.rdeploy(&["recover"]).code(0);
+    assert_eq!(p.read("schema"), "migrated\n");
+    assert_eq!(lines(&p, "out"), ["prepare"], "completed steps stay done");
+}
+
+#[test]
+fn a_failed_revert_is_exit_6_and_says_so() {
+    let p = Project::new();
+    p.stack(
+        r#"
+name: migrate
+steps:
+  - name: migrate
+    tool: shell
+    run: exit 1
+    revert: "echo 'cannot reach the database' >&2; exit 2"
+"#,
+    );
+    let run = p.rdeploy(&["up"]);
+    run.code(6).stdout_has("revert failed").stdout_has("cannot reach the database");
+    let status = p.status();
+    assert_eq!(status["state"], "partial");
+    assert!(step(&status, "migrate")["revert_error"].as_str().unwrap().contains("cannot reach the database"));
+    assert!(status["next"].as_str().unwrap().starts_with("rdeploy reset stack.yaml --yes"));
+}
+
+#[test]
+fn on_failure_revert_undoes_completed_steps_newest_first() {
+    let p = Project::new();
+    p.stack(
+        r#"
+name: shop
+on_failure: revert
+steps:
+  - name: a
+    tool: shell
+    run: touch a
+    revert: "rm a && echo a >> reverted"
+  - name: b
+    tool: shell
+    needs: [a]
+    sub_changes:
+      - { name: b1, run: touch b }
+    revert: "rm b && echo b >> reverted"
+  - name: c
+    tool: shell
+    needs: [b]
+    run: exit 1
+"#,
+    );
+    p.rdeploy(&["up"]).code(3);
+    assert_eq!(lines(&p, "reverted"), ["b", "a"]);
+    assert!(!p.exists("a") && !p.exists("b"));
+    assert!(!p.exists(".rdeploy/journal.jsonl"), "the checkpoint is removed after a revert");
+    assert_eq!(p.status()["state"], "reverted");
+    // The next `up` starts from scratch.
+    p.rdeploy(&["up"]).code(3);
+    assert_eq!(lines(&p, "reverted"), ["b", "a", "b", "a"]);
+}
+
+#[test]
+fn revert_command_undoes_a_completed_deploy() {
+    let p = Project::new();
+    p.stack(
+        r#"
+name: shop
+steps:
+  - name: a
+    tool: shell
+    run: touch a
+    revert: "rm a && echo a >> reverted"
+  - name: b
+    tool: shell
+    needs: [a]
+    run: touch b
+    revert: "rm b && echo b >> reverted"
+"#,
+    );
+    p.rdeploy(&["up"]).code(0);
+    p.rdeploy(&["revert"]).code(0).stdout_has("deploy reverted");
+    assert_eq!(lines(&p, "reverted"), ["b", "a"]);
+    assert_eq!(p.status()["state"], "reverted");
+}
+
+fn assert_bad_input(stack: &str, location: &str, message: &str) {
+    let p = Project::new();
+    p.stack(stack);
+    let run = p.rdeploy(&["validate"]);
+    run.code(2).stderr_has(&format!("stack.yaml:{location}: ")).stderr_has(message);
+    // Nothing was changed: no state directory.
+    let up = p.rdeploy(&["up"]);
+    up.code(2);
+    assert!(!p.exists(".rdeploy/journal.jsonl"));
+}
+
+#[test]
+fn bad_input_names_file_line_and_column() {
+    assert_bad_input("name: s\nsteps:\n  - name: a\n    tool: shell\n    rnu: echo\n", "5:5", "did you mean `run`?");
+    assert_bad_input("name: s\nsteps:\n  - name: a\n    tool: terraforn\n", "4:11", "did you mean `terraform`?");
+    assert_bad_input(
+        "name: s\nsteps:\n  - name: a\n    tool: shell\n    run: x\n  - name: a\n    tool: shell\n    run: y\n",
+        "6:11",
+        "step name `a` is used twice (first on line 3)",
+    );
+    assert_bad_input(
+        "name: s\nsteps:\n  - name: net\n    tool: shell\n    run: x\n  - name: b\n    tool: shell\n    needs: [nte]\n    run: y\n",
+        "8:13",
+        "did you mean `net`?",
+    );
+    assert_bad_input(
+        "name: s\nsteps:\n  - name: a\n    tool: shell\n    needs: [b]\n    run: x\n  - name: b\n    tool: shell\n    needs: [a]\n    run: y\n",
+        "3:11",
+        "cycle",
+    );
+    assert_bad_input("name: s\nsteps:\n  - name: a\n    tool: shell\n    dir: missing/dir\n    run: x\n", "5:10", "does not exist");
+    assert_bad_input("name: s\nsteps:\n  - name: a\n    tool: shell\n    run: x\n    revrt: y\n", "6:5", "did you mean `revert`?");
+}
+
+#[test]
+fn a_missing_stack_file_is_bad_input() {
+    let p = Project::new();
+    p.rdeploy(&["up", "nope.yaml"]).code(2).stderr_has("no stack file at nope.yaml");
+}
+
+#[test]
+fn a_second_run_is_refused_with_exit_5() {
+    let p = Project::new();
+    p.stack("name: s\nsteps:\n  - name: slow\n    tool: shell\n    sub_changes:\n      - { name: wait, run: 'touch started; while [ ! -f go ]; do sleep 0.05; done' }\n");
+    let mut first = p.spawn(&["up"]);
+    p.wait_for("started", Duration::from_secs(20));
+    p.rdeploy(&["up"]).code(5).stderr_has("another run holds the lock").stderr_has("rdeploy up");
+    p.rdeploy(&["recover"]).code(5);
+    // status still works while the run holds the lock and names it.
+    assert_eq!(p.status()["lock"]["command"], "up");
+    p.file("go", "");
+    assert_eq!(first.wait().unwrap().code(), Some(0));
+}
+
+/// A stack whose second sub-change waits until `go` exists, so a test can stop rdeploy there.
+const WAITS: &str = r#"
+name: s
+steps:
+  - name: seed
+    tool: shell
+    sub_changes:
+      - { name: a, run: echo a >> out }
+      - name: b
+        run: "touch b-started; while [ -f hold ]; do sleep 0.05; done; echo b >> out; touch b-done"
+        check: test -f b-done
+      - { name: c, run: echo c >> out }
+  - name: after
+    tool: shell
+    needs: [seed]
+    sub_changes:
+      - { name: d, run: echo d >> out }
+"#;
+
+#[test]
+fn kill_9_mid_deploy_then_recover_converges() {
+    let p = Project::new();
+    p.stack(WAITS).file("hold", "");
+    let mut child = p.spawn(&["up"]);
+    p.wait_for("b-started", Duration::from_secs(20));
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL).unwrap();
+    child.wait().unwrap();
+
+    let status = p.status();
+    assert_eq!(status["state"], "partial");
+    let seed = step(&status, "seed");
+    assert_eq!(seed["status"], "failed", "a step the dead run left running is failed");
+    let b = seed["sub_changes"].as_array().unwrap().iter().find(|s| s["id"] == "b").unwrap();
+    assert_eq!(b["uncertain"], true, "the sub-change in flight is uncertain: {status}");
+    assert_eq!(lines(&p, "out"), ["a"]);
+
+    p.remove("hold");
+    let run = p.rdeploy(&["recover"]);
+    run.code(0).stderr_has("took over the lock");
+    assert_eq!(lines(&p, "out"), ["a", "b", "c", "d"], "no completed sub-change ran again");
+}
+
+#[test]
+fn kill_9_after_the_in_flight_change_landed_lets_its_check_decide() {
+    let p = Project::new();
+    // b lands (b-done) and then hangs before rdeploy hears back: its check says it is in place.
+    p.stack(&WAITS.replace(
+        "touch b-started; while [ -f hold ]; do sleep 0.05; done; echo b >> out; touch b-done",
+        "echo b >> out; touch b-done; touch b-started; while [ -f hold ]; do sleep 0.05; done",
+    ))
+    .file("hold", "");
+    let mut child = p.spawn(&["up"]);
+    p.wait_for("b-started", Duration::from_secs(20));
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL).unwrap();
+    child.wait().unwrap();
+    p.remove("hold");
+    p.rdeploy(&["recover"]).code(0);
+    assert_eq!(lines(&p, "out"), ["a", "b", "c", "d"], "the check kept b from running twice");
+}
+
+#[test]
+fn sigint_is_forwarded_and_the_checkpoint_is_consistent() {
+    let p = Project::new();
+    p.stack(WAITS).file("hold", "");
+    let mut child = p.spawn(&["up"]);
+    p.wait_for("b-started", Duration::from_secs(20));
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGINT).unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert_eq!(output.status.code(), Some(130), "stderr: {}", String::from_utf8_lossy(&output.stderr));
+    let status = p.status();
+    assert_eq!(status["interrupted"], "SIGINT");
+    assert_eq!(step(&status, "seed")["interrupted"], true);
+    assert_eq!(lines(&p, "out"), ["a"]);
+
+    p.remove("hold");
+    p.rdeploy(&["recover"]).code(0);
+    assert_eq!(lines(&p, "out"), ["a", "b", "c", "d"]);
+}
+
+#[test]
+fn independent_steps_run_in_parallel() {
+    let p = Project::new();
+    // Each step waits for the other's marker: they can only finish if they run at once.
+    p.stack(
+        r#"
+name: s
+steps:
+  - name: left
+    tool: shell
+    run: "touch left; i=0; while [ ! -f right ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done; test -f right"
+  - name: right
+    tool: shell
+    run: "touch right; i=0; while [ ! -f left ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done; test -f left"
+  - name: join
+    tool: shell
+    needs: [left, right]
+    run: touch joined
+"#,
+    );
+    p.rdeploy(&["up", "--parallel", "2"]).code(0);
+    assert!(p.exists("joined"));
+}
+
+#[test]
+fn a_changed_stack_is_reported_and_recover_uses_the_fix() {
+    let p = Project::new();
+    p.stack(&FIVE.replace("exit 3; fi", "exit 3; fi; true")).file("fail-five", "");
+    p.rdeploy(&["up"]).code(1);
+    // The fix: the fifth sub-change no longer fails.
+    p.stack(&FIVE.replace("if [ -f fail-five ]", "if [ -f never ]"));
+    let status = p.status();
+    assert_eq!(status["stack_changed"], true);
+    assert_eq!(step(&status, "seed")["changed_since_checkpoint"], true);
+    p.rdeploy(&["recover"]).code(0).stderr_has("step `seed` changed since the checkpoint");
+    assert_eq!(lines(&p, "out"), ["one", "two", "three", "four", "five", "after"]);
+}
+
+#[test]
+fn recover_refuses_a_checkpoint_it_cannot_map() {
+    let p = Project::new();
+    p.stack(FIVE).file("fail-five", "");
+    p.rdeploy(&["up"]).code(1);
+    p.stack(&FIVE.replace("name: seed", "name: seed-data").replace("needs: [seed]", "needs: [seed-data]"));
+    p.rdeploy(&["recover"]).code(2).stderr_has("step `seed`").stderr_has("no longer in the stack");
+    // reset needs --yes, then forgets the deploy.
+    p.rdeploy(&["reset"]).code(2).stderr_has("--yes");
+    p.rdeploy(&["reset", "--yes"]).code(0);
+    assert_eq!(p.status()["state"], "none");
+}
+
+#[test]
+fn a_gate_that_cannot_be_evaluated_refuses_the_step() {
+    let p = Project::new();
+    p.stack(
+        r#"
+name: s
+steps:
+  - name: add-column
+    tool: shell
+    phase: expand
+    run: touch expanded
+  - name: drop-old-column
+    tool: shell
+    phase: contract
+    needs: [add-column]
+    run: touch contracted
+    gate:
+      inventory:
+        contexts: [edge-1, edge-2]
+        image: registry.example/node-agent
+        version: "2.0"
+"#,
+    );
+    p.rdeploy(&["up"]).code(4);
+    assert!(p.exists("expanded"));
+    assert!(!p.exists("contracted"), "the gated step did not run");
+    let status = p.status();
+    assert!(step(&status, "drop-old-column")["refused"].as_str().unwrap().contains("edge-1"));
+}
