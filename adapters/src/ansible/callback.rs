@@ -194,11 +194,6 @@ impl HostTracker {
         self.stats.is_some()
     }
 
-    pub fn saw_unreachable(&self) -> bool {
-        self.hosts.values().any(|h| matches!(h.reported, Some(HostOutcome::Unreachable(_))))
-            || self.stats.as_ref().is_some_and(|s| s.hosts.values().any(|h| h.unreachable > 0))
-    }
-
     /// Takes one record; returns the events it settles right away.
     pub fn observe(&mut self, record: Record, events: &mut Vec<Event>) {
         self.records += 1;

@@ -192,7 +192,7 @@ impl AnsibleSpec {
             let mut failure = Failure::from_process(&display, &outcome);
             if let Some(code) = outcome.code.filter(|_| !outcome.interrupted) {
                 let what = exit_codes::describe(code, false, false);
-                failure.summary = match outcome.last_error_line() {
+                failure.summary = match ansible_error_line(&outcome) {
                     Some(line) => format!("`{display}` exited with status {code} ({what}): {line}"),
                     None => format!("`{display}` exited with status {code} ({what})"),
                 };
@@ -486,13 +486,13 @@ impl AnsibleSpec {
             _ if outcome.timed_out => "timed out".to_string(),
             Some(code) => format!(
                 "exited with status {code} ({})",
-                exit_codes::describe(code, tracker.saw_unreachable(), tracker.records() > 0)
+                exit_codes::describe(code, counts[2] > 0, tracker.records() > 0)
             ),
             None => outcome.describe_status(),
         };
         let detail = first_error.or_else(|| {
             // No host to blame (a parse error, a bad option): ansible's own last words.
-            (counts[1] + counts[2] == 0).then(|| outcome.last_error_line()).flatten()
+            (counts[1] + counts[2] == 0).then(|| ansible_error_line(outcome)).flatten()
         });
         failure.summary = match (tally.is_empty(), detail) {
             (false, Some(detail)) => format!("`ansible-playbook` {status}: {}; {detail}", tally.join(", ")),
@@ -543,6 +543,18 @@ fn prepare_work_dir(plugin_dir: &Path, events_path: &Path) -> Result<(), Failure
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io("remove", events_path, e)),
         _ => Ok(()),
     }
+}
+
+/// Ansible's own `[ERROR]: ...` line (it is followed by an excerpt of the playbook, so the
+/// last line of output is a caret, not the message); else the last line of output.
+fn ansible_error_line(outcome: &Outcome) -> Option<String> {
+    outcome
+        .stderr_tail
+        .iter()
+        .chain(outcome.stdout_tail.iter())
+        .rev()
+        .find_map(|line| line.trim().strip_prefix("[ERROR]:").map(|rest| rest.trim().to_string()))
+        .or_else(|| outcome.last_error_line())
 }
 
 fn adapter_failure(e: AdapterError) -> Failure {

@@ -1,0 +1,356 @@
+//! End-to-end tests of the ansible adapter against real ansible-core (from `.venv`, made by
+//! `scripts/setup-ansible.sh`): per-host checkpoints, unreachable versus failed, aborted plays,
+//! serial batches and recovery with `--limit`, proven by per-host side-effect files.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use rdeploy_adapters::ansible::AnsibleSpec;
+use rdeploy_adapters::{
+    CancellationToken, Event, EventSink, Failure, PriorStep, PriorSubChange, StepContext, SubStatus, ToolSpec,
+};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+/// The venv's bin dir; a missing ansible is a loud failure, never a skip.
+fn venv_bin() -> PathBuf {
+    let bin = repo().join(".venv/bin");
+    assert!(
+        bin.join("ansible-playbook").is_file(),
+        "ansible-playbook is missing from {}: run scripts/setup-ansible.sh",
+        bin.display()
+    );
+    bin
+}
+
+#[derive(Default)]
+struct Recorder(Mutex<Vec<Event>>);
+
+impl EventSink for Recorder {
+    fn emit(&self, event: Event) {
+        if !matches!(event, Event::Output { .. }) {
+            self.0.lock().unwrap().push(event);
+        }
+    }
+}
+
+impl Recorder {
+    fn events(&self) -> Vec<Event> {
+        self.0.lock().unwrap().clone()
+    }
+
+    fn started(&self) -> Vec<String> {
+        let mut ids: Vec<String> =
+            self.events().into_iter().filter_map(|e| if let Event::Started { id } = e { Some(id) } else { None }).collect();
+        ids.sort();
+        ids
+    }
+
+    fn error_of(&self, host: &str) -> Option<String> {
+        self.events().into_iter().find_map(|e| match e {
+            Event::Failed { id, error } if id == host => Some(error),
+            _ => None,
+        })
+    }
+
+    /// What the driver's journal would hold: the last word on each host.
+    fn prior(&self) -> PriorStep {
+        let mut subs: BTreeMap<String, (SubStatus, Option<String>)> = BTreeMap::new();
+        for event in self.events() {
+            match event {
+                Event::Planned { ids } => {
+                    for id in ids {
+                        subs.entry(id).or_insert((SubStatus::Pending, None));
+                    }
+                }
+                Event::Started { id } => {
+                    subs.insert(id, (SubStatus::Started, None));
+                }
+                Event::Done { id, .. } => {
+                    subs.insert(id, (SubStatus::Done, None));
+                }
+                Event::Failed { id, error } => {
+                    subs.insert(id, (SubStatus::Failed, Some(error)));
+                }
+                Event::Pending { id, reason } => {
+                    subs.insert(id, (SubStatus::Pending, Some(reason)));
+                }
+                _ => {}
+            }
+        }
+        PriorStep {
+            sub_changes: subs.into_iter().map(|(id, (status, error))| PriorSubChange { id, status, error }).collect(),
+            facts: Default::default(),
+        }
+    }
+}
+
+/// A temp stack dir holding copies of the fixtures, plus `out/` and `markers/`.
+struct Stack {
+    dir: tempfile::TempDir,
+}
+
+impl Stack {
+    fn new() -> Stack {
+        let dir = tempfile::tempdir().unwrap();
+        for entry in std::fs::read_dir(repo().join("fixtures/ansible")).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_file() {
+                std::fs::copy(&path, dir.path().join(path.file_name().unwrap())).unwrap();
+            }
+        }
+        std::fs::create_dir_all(dir.path().join("out")).unwrap();
+        std::fs::create_dir_all(dir.path().join("markers")).unwrap();
+        Stack { dir }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn fail(&self, host: &str) {
+        std::fs::write(self.path().join("markers").join(format!("fail-{host}")), "").unwrap();
+    }
+
+    fn heal(&self, host: &str) {
+        std::fs::remove_file(self.path().join("markers").join(format!("fail-{host}"))).unwrap();
+    }
+
+    /// The lines `host` appended to its side-effect file.
+    fn log(&self, host: &str) -> Vec<String> {
+        std::fs::read_to_string(self.path().join("out").join(format!("{host}.log")))
+            .map(|s| s.lines().map(str::to_string).collect())
+            .unwrap_or_default()
+    }
+
+    fn spec(&self, playbook: &str, inventory: &str) -> AnsibleSpec {
+        AnsibleSpec {
+            playbook: playbook.into(),
+            inventory: inventory.into(),
+            limit: None,
+            extra_vars: BTreeMap::from([
+                ("out".to_string(), serde_json::json!(self.path().join("out"))),
+                ("markers".to_string(), serde_json::json!(self.path().join("markers"))),
+            ]),
+            tags: Vec::new(),
+            binary: None,
+            recover: None,
+        }
+    }
+
+    fn ctx(&self) -> StepContext {
+        let path = format!("{}:{}", venv_bin().display(), std::env::var("PATH").unwrap_or_default());
+        StepContext {
+            step: "hosts".into(),
+            stack: "test".into(),
+            stack_dir: self.path().to_path_buf(),
+            work_dir: self.path().join(".rdeploy/work/hosts"),
+            env: BTreeMap::from([("PATH".to_string(), path), ("ANSIBLE_NOCOLOR".to_string(), "1".to_string())]),
+            timeout: Some(std::time::Duration::from_secs(300)),
+            cancel: CancellationToken::new(),
+        }
+    }
+}
+
+async fn apply(stack: &Stack, spec: &AnsibleSpec) -> (Recorder, Result<(), Failure>) {
+    let sink = Recorder::default();
+    let result = ToolSpec::Ansible(spec.clone()).apply(&stack.ctx(), &sink).await;
+    (sink, result)
+}
+
+async fn recover(stack: &Stack, spec: &AnsibleSpec, prior: &PriorStep) -> (Recorder, Result<(), Failure>) {
+    let sink = Recorder::default();
+    let result = ToolSpec::Ansible(spec.clone()).recover(&stack.ctx(), prior, &sink).await;
+    (sink, result)
+}
+
+fn status_of(prior: &PriorStep, host: &str) -> SubStatus {
+    prior.status_of(host).unwrap_or_else(|| panic!("{host} was not recorded: {prior:?}"))
+}
+
+const WEB: [&str; 5] = ["web1", "web2", "web3", "web4", "web5"];
+
+#[tokio::test]
+async fn one_failing_host_of_five_is_failed_and_recover_touches_only_it() {
+    let stack = Stack::new();
+    let spec = stack.spec("site.yml", "inventory.ini");
+    stack.fail("web3");
+
+    let (sink, result) = apply(&stack, &spec).await;
+    let failure = result.unwrap_err();
+    assert_eq!(failure.exit_code, Some(2));
+    assert!(failure.summary.contains("1 failed, 4 done"), "{}", failure.summary);
+    assert!(failure.summary.contains("web3: task `check for injected failure` failed: injected failure on web3"), "{}", failure.summary);
+    assert!(failure.hint.as_deref().unwrap().contains("--limit` web3"), "{:?}", failure.hint);
+    assert_eq!(sink.events()[0], Event::Planned { ids: WEB.iter().map(|h| h.to_string()).collect() });
+    assert_eq!(sink.error_of("web3").unwrap(), "task `check for injected failure` failed: injected failure on web3");
+    let prior = sink.prior();
+    for host in ["web1", "web2", "web4", "web5"] {
+        assert_eq!(status_of(&prior, host), SubStatus::Done, "{host}");
+        assert_eq!(stack.log(host), vec!["start site", "finish site"]);
+    }
+    assert_eq!(status_of(&prior, "web3"), SubStatus::Failed);
+    assert_eq!(stack.log("web3"), vec!["start site"]);
+
+    let inspection = ToolSpec::Ansible(spec.clone()).inspect(&stack.ctx(), &prior).await.unwrap();
+    assert_eq!(inspection.remaining, vec!["web3"]);
+
+    stack.heal("web3");
+    let (sink, result) = recover(&stack, &spec, &prior).await;
+    result.unwrap();
+    assert_eq!(sink.started(), vec!["web3"], "only web3 ran");
+    assert!(sink.events().iter().any(|e| matches!(e, Event::Done { id, .. } if id == "web3")));
+    assert_eq!(stack.log("web3"), vec!["start site", "start site", "finish site"]);
+    for host in ["web1", "web2", "web4", "web5"] {
+        assert_eq!(stack.log(host), vec!["start site", "finish site"], "{host} was not touched");
+    }
+}
+
+#[tokio::test]
+async fn unreachable_and_failed_hosts_are_told_apart_and_both_recovered() {
+    let stack = Stack::new();
+    let spec = stack.spec("site.yml", "inventory-unreachable.ini");
+    stack.fail("web2");
+
+    let (sink, result) = apply(&stack, &spec).await;
+    let failure = result.unwrap_err();
+    assert_eq!(failure.exit_code, Some(4));
+    assert!(failure.summary.contains("(one or more hosts were unreachable)"), "{}", failure.summary);
+    assert!(failure.summary.contains("1 failed, 1 unreachable, 3 done"), "{}", failure.summary);
+    let db1 = sink.error_of("db1").unwrap();
+    assert!(db1.starts_with("unreachable: task `record start`: "), "{db1}");
+    let web2 = sink.error_of("web2").unwrap();
+    assert!(!web2.starts_with("unreachable:") && web2.contains("injected failure on web2"), "{web2}");
+    let prior = sink.prior();
+    assert_eq!(status_of(&prior, "web1"), SubStatus::Done);
+
+    // web2 is healed, db1 is still down: recover re-runs exactly those two.
+    stack.heal("web2");
+    let (sink, result) = recover(&stack, &spec, &prior).await;
+    let failure = result.unwrap_err();
+    assert_eq!(sink.started(), vec!["db1", "web2"]);
+    assert!(sink.events().iter().any(|e| matches!(e, Event::Done { id, .. } if id == "web2")));
+    assert!(sink.error_of("db1").unwrap().starts_with("unreachable:"));
+    assert!(failure.hint.as_deref().unwrap().ends_with("`--limit` db1"), "{:?}", failure.hint);
+    assert_eq!(stack.log("web1"), vec!["start site", "finish site"]);
+    assert_eq!(stack.log("web2"), vec!["start site", "start site", "finish site"]);
+}
+
+#[tokio::test]
+async fn an_any_errors_fatal_abort_leaves_the_unreached_hosts_pending() {
+    let stack = Stack::new();
+    let spec = stack.spec("fatal.yml", "inventory.ini");
+    stack.fail("web3");
+
+    let (sink, result) = apply(&stack, &spec).await;
+    let failure = result.unwrap_err();
+    assert!(failure.summary.contains("1 failed, 4 pending"), "{}", failure.summary);
+    let prior = sink.prior();
+    assert_eq!(status_of(&prior, "web3"), SubStatus::Failed);
+    for host in ["web1", "web2", "web4", "web5"] {
+        assert_eq!(status_of(&prior, host), SubStatus::Pending, "{host}");
+        assert_eq!(stack.log(host), vec!["start fatal"], "{host} never reached the later tasks");
+    }
+    assert!(!sink.events().iter().any(|e| matches!(e, Event::Done { .. })));
+
+    stack.heal("web3");
+    let (sink, result) = recover(&stack, &spec, &prior).await;
+    result.unwrap();
+    assert_eq!(sink.started(), WEB.to_vec());
+    for host in WEB {
+        assert_eq!(stack.log(host).last().map(String::as_str), Some("second fatal"), "{host}");
+    }
+}
+
+#[tokio::test]
+async fn a_failed_serial_batch_leaves_the_later_batches_pending() {
+    let stack = Stack::new();
+    let spec = stack.spec("serial.yml", "inventory.ini");
+    stack.fail("web1");
+    stack.fail("web2");
+
+    let (sink, result) = apply(&stack, &spec).await;
+    result.unwrap_err();
+    let prior = sink.prior();
+    assert_eq!(status_of(&prior, "web1"), SubStatus::Failed);
+    assert_eq!(status_of(&prior, "web2"), SubStatus::Failed);
+    for host in ["web3", "web4", "web5"] {
+        assert_eq!(status_of(&prior, host), SubStatus::Pending, "{host}");
+        assert!(stack.log(host).is_empty(), "{host} never ran");
+    }
+
+    stack.heal("web1");
+    stack.heal("web2");
+    let (sink, result) = recover(&stack, &spec, &prior).await;
+    result.unwrap();
+    assert_eq!(sink.prior().sub_changes.iter().filter(|s| s.status == SubStatus::Done).count(), 5);
+    for host in ["web3", "web4", "web5"] {
+        assert_eq!(stack.log(host), vec!["start serial", "finish serial"]);
+    }
+}
+
+#[tokio::test]
+async fn recover_stays_inside_the_steps_own_limit_and_rerun_runs_everything() {
+    let stack = Stack::new();
+    let mut spec = stack.spec("site.yml", "inventory.ini");
+    spec.limit = Some("web1,web2,web3".into());
+    stack.fail("web2");
+
+    let (sink, result) = apply(&stack, &spec).await;
+    result.unwrap_err();
+    assert_eq!(sink.events()[0], Event::Planned { ids: vec!["web1".into(), "web2".into(), "web3".into()] });
+    let prior = sink.prior();
+
+    stack.heal("web2");
+    let (sink, result) = recover(&stack, &spec, &prior).await;
+    result.unwrap();
+    assert_eq!(sink.started(), vec!["web2"]);
+    assert!(stack.log("web4").is_empty() && stack.log("web5").is_empty(), "outside the step's limit");
+
+    spec.recover = Some("rerun".into());
+    let (sink, result) = recover(&stack, &spec, &sink.prior()).await;
+    result.unwrap();
+    assert_eq!(sink.started(), vec!["web1", "web2", "web3"]);
+    assert_eq!(stack.log("web1").len(), 4);
+}
+
+#[tokio::test]
+async fn a_playbook_that_does_not_parse_is_named_as_such() {
+    let stack = Stack::new();
+    let spec = stack.spec("broken.yml", "inventory.ini");
+    let (sink, result) = apply(&stack, &spec).await;
+    let failure = result.unwrap_err();
+    assert_eq!(failure.exit_code, Some(4));
+    assert!(failure.summary.contains("could not be parsed"), "{}", failure.summary);
+    assert!(failure.summary.contains("not_a_keyword"), "{}", failure.summary);
+    assert!(sink.started().is_empty());
+}
+
+#[tokio::test]
+async fn a_missing_ansible_playbook_says_how_to_install_it() {
+    let stack = Stack::new();
+    let mut spec = stack.spec("site.yml", "inventory.ini");
+    spec.binary = Some("./no/such/ansible-playbook".into());
+    let (_, result) = apply(&stack, &spec).await;
+    let failure = result.unwrap_err();
+    assert!(failure.summary.contains("was not found"), "{}", failure.summary);
+    assert!(failure.hint.as_deref().unwrap().contains("pip install ansible-core"));
+    let info = ToolSpec::Ansible(stack.spec("site.yml", "inventory.ini")).preflight(&stack.ctx()).await.unwrap();
+    assert_eq!(info.version, "core 2.19.14");
+}
+
+#[tokio::test]
+async fn the_users_own_callbacks_stay_enabled() {
+    let stack = Stack::new();
+    std::fs::write(stack.path().join("ansible.cfg"), "[defaults]\ncallbacks_enabled = ansible.builtin.junit\n").unwrap();
+    let spec = stack.spec("site.yml", "inventory.ini");
+    let mut ctx = stack.ctx();
+    ctx.env.insert("JUNIT_OUTPUT_DIR".into(), stack.path().join("junit").to_string_lossy().into_owned());
+    let sink = Recorder::default();
+    ToolSpec::Ansible(spec).apply(&ctx, &sink).await.unwrap();
+    assert_eq!(sink.prior().sub_changes.iter().filter(|s| s.status == SubStatus::Done).count(), 5);
+    assert!(std::fs::read_dir(stack.path().join("junit")).map(|d| d.count()).unwrap_or(0) > 0, "junit callback ran too");
+}
