@@ -318,6 +318,16 @@ fn relative_to(dir: &Path, file: &Path) -> PathBuf {
     }
 }
 
+/// Terraform runs in the configuration's directory, so every other path it gets (the plan file
+/// in the state directory, var files beside the stack) must not be relative to ours.
+fn absolute(path: &Path) -> PathBuf {
+    if path.is_absolute() {
+        return path.to_path_buf();
+    }
+    let path = path.strip_prefix(".").unwrap_or(path);
+    std::env::current_dir().map_or_else(|_| path.to_path_buf(), |cwd| cwd.join(path))
+}
+
 fn is_duration(text: &str) -> bool {
     let digits = text.trim_end_matches(|c: char| c.is_ascii_alphabetic());
     let unit = &text[digits.len()..];
@@ -508,13 +518,14 @@ impl<'a> Run<'a> {
             args.push(format!("{name}={}", var_value(value)));
         }
         for file in &self.spec.var_files {
-            args.push(format!("-var-file={}", self.ctx.resolve(file).display()));
+            args.push(format!("-var-file={}", absolute(&self.ctx.resolve(file)).display()));
         }
         args
     }
 
     /// `plan -out` against the current state: read-only, and what `apply` will do exactly.
     async fn plan(&mut self, plan_file: &Path, workspace: Workspace) -> Result<PlanReport, Failure> {
+        let plan_file = &absolute(plan_file);
         if let Some(parent) = plan_file.parent() {
             std::fs::create_dir_all(parent)
                 .map_err(|e| Failure::new(format!("cannot create the work directory {}: {e}", parent.display())))?;
@@ -564,6 +575,7 @@ impl<'a> Run<'a> {
     /// Applies the saved plan, reporting each resource as terraform reports it, and after a
     /// failure settles every planned resource against state.
     async fn apply_saved(&self, plan: &PlanReport, plan_file: &Path) -> Result<(), Failure> {
+        let plan_file = &absolute(plan_file);
         let sink = self.sink;
         sink.emit(Event::Planned { ids: plan.ids() });
         let mut args = vec!["apply".to_string(), "-input=false".into(), "-json".into()];
