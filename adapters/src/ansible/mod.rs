@@ -505,7 +505,7 @@ impl AnsibleSpec {
         } else if self.recover_mode() == RecoverMode::Rerun {
             "`rdeploy recover` re-runs the whole playbook (`recover: rerun`)".to_string()
         } else {
-            format!("`rdeploy recover` re-runs the playbook with `--limit` {}", name_hosts(&not_done))
+            format!("`rdeploy recover` re-runs the playbook with {}", limit_words(&not_done))
         });
         Err(failure)
     }
@@ -572,6 +572,15 @@ fn name_hosts(hosts: &[String]) -> String {
     match hosts.len().saturating_sub(NAMED_HOSTS) {
         0 => shown,
         more => format!("{shown} and {more} more"),
+    }
+}
+
+/// "`--limit web3,db1`", or for long lists "`--limit` on 23 hosts (web1,... and 13 more)".
+fn limit_words(hosts: &[String]) -> String {
+    if hosts.len() <= NAMED_HOSTS {
+        format!("`--limit {}`", hosts.join(","))
+    } else {
+        format!("`--limit` on {} hosts ({})", hosts.len(), name_hosts(hosts))
     }
 }
 

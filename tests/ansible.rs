@@ -1,0 +1,93 @@
+//! End-to-end tests of ansible steps through the real `rdeploy` binary and real ansible-core
+//! (from `.venv`, made by `scripts/setup-ansible.sh`): a failed host stops the deploy, status
+//! names it, and recover re-runs the playbook on that host only.
+
+mod common;
+
+use common::{repo_root, step, sub_statuses, Project};
+
+/// `.venv/bin/ansible-playbook`; a missing ansible fails loudly, never skips.
+fn ansible_playbook() -> String {
+    let bin = repo_root().join(".venv/bin/ansible-playbook");
+    assert!(bin.is_file(), "{} is missing: run scripts/setup-ansible.sh", bin.display());
+    bin.to_string_lossy().into_owned()
+}
+
+fn project(playbook: &str, inventory: &str) -> Project {
+    let p = Project::new();
+    p.copy_fixture("ansible", "ansible");
+    let _ = std::fs::remove_dir_all(p.path("ansible/captured"));
+    std::fs::create_dir_all(p.path("ansible/out")).unwrap();
+    std::fs::create_dir_all(p.path("ansible/markers")).unwrap();
+    p.stack(&format!(
+        r#"
+name: fleet
+steps:
+  - name: hosts
+    tool: ansible
+    playbook: ansible/{playbook}
+    inventory: ansible/{inventory}
+    binary: {binary}
+    env: {{ ANSIBLE_NOCOLOR: "1" }}
+  - name: after
+    tool: shell
+    needs: [hosts]
+    run: echo after >> after.log
+"#,
+        binary = ansible_playbook()
+    ));
+    p
+}
+
+fn log(p: &Project, host: &str) -> Vec<String> {
+    p.read(&format!("ansible/out/{host}.log")).lines().map(str::to_string).collect()
+}
+
+fn pairs(items: &[(&str, &str)]) -> Vec<(String, String)> {
+    items.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect()
+}
+
+#[test]
+fn a_failed_host_stops_the_deploy_and_recover_reruns_only_it() {
+    let p = project("site.yml", "inventory.ini");
+    p.file("ansible/markers/fail-web3", "");
+
+    let up = p.rdeploy(&["up"]);
+    up.code(1).stdout_has("web3").stdout_has("injected failure on web3");
+    let status = p.status();
+    assert_eq!(status["state"], "partial");
+    assert_eq!(
+        sub_statuses(&status, "hosts"),
+        pairs(&[("web1", "done"), ("web2", "done"), ("web3", "failed"), ("web4", "done"), ("web5", "done")])
+    );
+    let hosts = step(&status, "hosts");
+    assert_eq!(hosts["status"], "failed");
+    assert!(hosts["error"].as_str().unwrap().contains("web3"), "{hosts}");
+    assert_eq!(step(&status, "after")["status"], "pending");
+    assert!(!p.exists("after.log"));
+
+    p.remove("ansible/markers/fail-web3");
+    p.rdeploy(&["recover"]).code(0);
+    assert_eq!(log(&p, "web3"), ["start site", "start site", "finish site"]);
+    for host in ["web1", "web2", "web4", "web5"] {
+        assert_eq!(log(&p, host), ["start site", "finish site"], "{host} was not touched by recover");
+    }
+    assert_eq!(p.read("after.log"), "after\n");
+    let status = p.status();
+    assert!(sub_statuses(&status, "hosts").iter().all(|(_, s)| s == "done"), "{status}");
+}
+
+#[test]
+fn an_aborted_play_leaves_unreached_hosts_pending_and_unreachable_is_named() {
+    let p = project("fatal.yml", "inventory-unreachable.ini");
+
+    // db1 is unreachable; with any_errors_fatal the play aborts for everyone else.
+    p.rdeploy(&["up"]).code(1).stdout_has("unreachable");
+    let status = p.status();
+    let subs = sub_statuses(&status, "hosts");
+    assert!(subs.contains(&("db1".to_string(), "failed".to_string())), "{subs:?}");
+    for host in ["web1", "web2", "web3", "web4"] {
+        assert!(subs.contains(&(host.to_string(), "pending".to_string())), "{host}: {subs:?}");
+        assert!(!log(&p, host).contains(&"second fatal".to_string()));
+    }
+}
