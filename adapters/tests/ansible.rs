@@ -354,3 +354,30 @@ async fn the_users_own_callbacks_stay_enabled() {
     assert_eq!(sink.prior().sub_changes.iter().filter(|s| s.status == SubStatus::Done).count(), 5);
     assert!(std::fs::read_dir(stack.path().join("junit")).map(|d| d.count()).unwrap_or(0) > 0, "junit callback ran too");
 }
+
+#[tokio::test]
+async fn an_interrupted_run_stops_promptly_and_leaves_no_host_done() {
+    let stack = Stack::new();
+    let spec = stack.spec("slow.yml", "inventory.ini");
+    let ctx = stack.ctx();
+    let cancel = ctx.cancel.clone();
+    let started_file = stack.path().join("out/web1.log");
+    tokio::spawn(async move {
+        while !started_file.exists() {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        cancel.cancel();
+    });
+    let sink = Recorder::default();
+    let began = std::time::Instant::now();
+    let failure = ToolSpec::Ansible(spec).apply(&ctx, &sink).await.unwrap_err();
+    assert!(began.elapsed() < std::time::Duration::from_secs(25), "the sleep was not cut short");
+    assert!(failure.interrupted, "{failure:?}");
+    assert!(failure.summary.contains("was interrupted"), "{}", failure.summary);
+    let prior = sink.prior();
+    assert!(prior.sub_changes.iter().all(|s| s.status == SubStatus::Pending), "{prior:?}");
+    for host in WEB {
+        assert!(!stack.log(host).contains(&"finish slow".to_string()));
+    }
+}
