@@ -146,38 +146,39 @@ impl Recorder {
         self.events().into_iter().filter(|e| !matches!(e, Event::Output { .. })).collect()
     }
 
-    fn ids(&self, pick: fn(&Event) -> Option<&String>) -> Vec<String> {
-        let mut ids: Vec<String> = self.events().iter().filter_map(pick).cloned().collect();
+    /// Addresses of the sub-change events of one kind, sorted.
+    fn ids_with(&self, wanted: SubStatus) -> Vec<String> {
+        let mut ids: Vec<String> = self
+            .events()
+            .into_iter()
+            .filter_map(|e| match e {
+                Event::Started { id } => Some((id, SubStatus::Started)),
+                Event::Done { id, .. } => Some((id, SubStatus::Done)),
+                Event::Failed { id, .. } => Some((id, SubStatus::Failed)),
+                Event::Pending { id, .. } => Some((id, SubStatus::Pending)),
+                _ => None,
+            })
+            .filter(|(_, status)| *status == wanted)
+            .map(|(id, _)| id)
+            .collect();
         ids.sort();
         ids
     }
 
     fn done(&self) -> Vec<String> {
-        self.ids(|e| match e {
-            Event::Done { id, .. } => Some(id),
-            _ => None,
-        })
+        self.ids_with(SubStatus::Done)
     }
 
     fn failed(&self) -> Vec<String> {
-        self.ids(|e| match e {
-            Event::Failed { id, .. } => Some(id),
-            _ => None,
-        })
+        self.ids_with(SubStatus::Failed)
     }
 
     fn pending(&self) -> Vec<String> {
-        self.ids(|e| match e {
-            Event::Pending { id, .. } => Some(id),
-            _ => None,
-        })
+        self.ids_with(SubStatus::Pending)
     }
 
     fn started(&self) -> Vec<String> {
-        self.ids(|e| match e {
-            Event::Started { id } => Some(id),
-            _ => None,
-        })
+        self.ids_with(SubStatus::Started)
     }
 
     fn planned(&self) -> Vec<Vec<String>> {
