@@ -431,5 +431,5 @@ pub fn render_markdown(status: &Status) -> String {
 pub fn summarize_step(s: &StepState) -> String {
     let total = s.sub_changes.len();
     let done = s.count(SubStatus::Done);
-    format!("{}: {} ({done}/{total} {})", s.name, s.status.as_str(), s.tool.sub_change_noun())
+    format!("{}: {} ({done}/{total} {})", s.name, s.status.as_str(), s.tool.sub_change_plural())
 }

@@ -62,6 +62,19 @@ impl Tool {
     }
 }
 
+impl Tool {
+    /// The plural of [`Tool::sub_change_noun`], for counts.
+    pub fn sub_change_plural(self) -> &'static str {
+        match self {
+            Tool::Terraform => "resource addresses",
+            Tool::Ansible => "hosts",
+            Tool::Helm => "release revisions",
+            Tool::Kubectl => "objects",
+            Tool::Shell => "declared sub-changes",
+        }
+    }
+}
+
 impl std::fmt::Display for Tool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())

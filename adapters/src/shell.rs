@@ -142,6 +142,10 @@ impl ShellSpec {
                     inspection.actions.push(format!("run {id} again (uncertain after a crash, no `check` declared): `{run}`"));
                     inspection.remaining.push(id.to_string());
                 }
+                _ if id == RUN_ID => {
+                    inspection.actions.push(format!("run `{run}`"));
+                    inspection.remaining.push(id.to_string());
+                }
                 _ => {
                     inspection.actions.push(format!("run {id}: `{run}`"));
                     inspection.remaining.push(id.to_string());
