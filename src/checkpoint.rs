@@ -1,32 +1,18 @@
-//! The checkpoint: an append-only, fsynced journal of what each step and sub-change did, a
-//! snapshot rewritten atomically at step boundaries, and the history of finished deploys.
-//!
-//! Layout of the state directory:
-//! - `journal.jsonl`: one JSON record per line, the first a header with the format version.
-//!   A record is durable (fdatasync) before `record` returns, so a sub-change is known as
-//!   started before it runs and as done before the next one starts.
-//! - `snapshot.json`: the [`Deploy`] state up to a sequence number, so loading does not replay
-//!   a long journal; records after it are replayed on top.
-//! - `history/<run-id>.json`: the final state of each finished deploy (complete or reverted).
-//! - `steps/<step>/`: adapters' scratch files; `logs/<step>.log`: the tools' output.
+//! The checkpoint: the records a deploy's journal holds, the [`Deploy`] state they fold into,
+//! and [`Checkpoint`], which appends records through a [`Store`](crate::store::Store) (a local
+//! directory or PostgreSQL) and decides which must be durable before the caller goes on.
 
 use std::collections::BTreeMap;
-use std::fs::{File, OpenOptions};
-use std::io::{BufRead, BufReader, Seek, SeekFrom, Write};
-use std::path::{Path, PathBuf};
 
-use anyhow::Context as _;
 use rdeploy_adapters::{Failure, PriorStep, PriorSubChange, SubStatus, Tool};
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
 use crate::stack::Stack;
+use crate::store::{JournalWriter, Store};
 
 pub const FORMAT: &str = "rdeploy-checkpoint";
 pub const VERSION: u32 = 1;
-const JOURNAL: &str = "journal.jsonl";
-const SNAPSHOT: &str = "snapshot.json";
-const HISTORY: &str = "history";
 
 /// Now, as an RFC 3339 UTC timestamp.
 pub fn now() -> String {
@@ -87,19 +73,13 @@ pub enum StepMode {
     Revert,
 }
 
+/// One journal record with its sequence number and time.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-struct Entry {
-    seq: u64,
-    ts: String,
+pub struct Entry {
+    pub seq: u64,
+    pub ts: String,
     #[serde(flatten)]
-    record: Record,
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-struct Header {
-    format: String,
-    version: u32,
-    created: String,
+    pub record: Record,
 }
 
 /// The state of a deploy as a whole, as `status --json` names it.
@@ -264,7 +244,7 @@ pub struct Deploy {
 }
 
 impl Deploy {
-    fn empty() -> Deploy {
+    pub(crate) fn empty() -> Deploy {
         Deploy {
             format: FORMAT.into(),
             version: VERSION,
@@ -306,7 +286,7 @@ impl Deploy {
     }
 
     /// Folds one record into the state. Pure, so replay equals live.
-    fn apply(&mut self, seq: u64, ts: &str, record: &Record) {
+    pub(crate) fn apply(&mut self, seq: u64, ts: &str, record: &Record) {
         self.seq = seq;
         self.updated = ts.to_string();
         match record {
@@ -430,7 +410,7 @@ impl Deploy {
     }
 
     /// A step that was running when the process died is failed-by-crash, not running.
-    fn settle_after_load(&mut self, holder_alive: bool) {
+    pub(crate) fn settle_after_load(&mut self, holder_alive: bool) {
         if holder_alive {
             return;
         }
@@ -445,183 +425,16 @@ impl Deploy {
         }
     }
 }
-
-/// Where the checkpoint of a stack lives and how to read it.
-#[derive(Clone, Debug)]
-pub struct StateDir {
-    pub path: PathBuf,
-}
-
-impl StateDir {
-    pub fn new(path: impl Into<PathBuf>) -> StateDir {
-        StateDir { path: path.into() }
-    }
-
-    pub fn journal_path(&self) -> PathBuf {
-        self.path.join(JOURNAL)
-    }
-
-    pub fn snapshot_path(&self) -> PathBuf {
-        self.path.join(SNAPSHOT)
-    }
-
-    pub fn report_path(&self) -> PathBuf {
-        self.path.join("report.md")
-    }
-
-    pub fn step_dir(&self, step: &str) -> PathBuf {
-        self.path.join("steps").join(step)
-    }
-
-    pub fn log_path(&self, step: &str) -> PathBuf {
-        self.path.join("logs").join(format!("{step}.log"))
-    }
-
-    pub fn history_dir(&self) -> PathBuf {
-        self.path.join(HISTORY)
-    }
-
-    /// Whether an unfinished deploy is recorded.
-    pub fn has_unfinished(&self) -> bool {
-        self.journal_path().exists()
-    }
-
-    /// Reads the unfinished deploy, if there is one (read-only: never truncates or locks).
-    pub fn load_unfinished(&self) -> anyhow::Result<Option<Deploy>> {
-        if !self.has_unfinished() {
-            return Ok(None);
-        }
-        let (deploy, _) = read_journal(&self.journal_path(), self.read_snapshot()?)?;
-        Ok(Some(deploy))
-    }
-
-    /// Like `load_unfinished`, then marks steps a dead process left running as failed.
-    pub fn load_settled(&self, holder_alive: bool) -> anyhow::Result<Option<Deploy>> {
-        Ok(self.load_unfinished()?.map(|mut d| {
-            d.settle_after_load(holder_alive);
-            d
-        }))
-    }
-
-    /// The most recent finished deploy, from history.
-    pub fn last_finished(&self) -> anyhow::Result<Option<Deploy>> {
-        let dir = self.history_dir();
-        if !dir.exists() {
-            return Ok(None);
-        }
-        let mut newest: Option<(String, PathBuf)> = None;
-        for entry in fs_err::read_dir(&dir)? {
-            let path = entry?.path();
-            if path.extension().is_some_and(|e| e == "json") {
-                let name = path.file_name().unwrap_or_default().to_string_lossy().into_owned();
-                if newest.as_ref().is_none_or(|(n, _)| name > *n) {
-                    newest = Some((name, path));
-                }
-            }
-        }
-        match newest {
-            Some((_, path)) => {
-                let text = fs_err::read_to_string(&path)?;
-                Ok(Some(serde_json::from_str(&text).with_context(|| format!("reading {}", path.display()))?))
-            }
-            None => Ok(None),
-        }
-    }
-
-    fn read_snapshot(&self) -> anyhow::Result<Option<Deploy>> {
-        let path = self.snapshot_path();
-        if !path.exists() {
-            return Ok(None);
-        }
-        let text = fs_err::read_to_string(&path)?;
-        match serde_json::from_str::<Deploy>(&text) {
-            Ok(d) if d.version == VERSION => Ok(Some(d)),
-            // A snapshot is only a cache of the journal: when it is unreadable, replay all.
-            _ => Ok(None),
-        }
-    }
-
-    /// Forgets the unfinished deploy, keeping its final state in history.
-    pub fn archive(&self, deploy: &Deploy) -> anyhow::Result<()> {
-        let history = self.history_dir();
-        fs_err::create_dir_all(&history)?;
-        let stamp = deploy.updated.replace([':', '-'], "");
-        let name = format!("{stamp}-{}.json", deploy.deploy_id);
-        write_atomic(&history.join(name), serde_json::to_string_pretty(deploy)?.as_bytes())?;
-        for path in [self.journal_path(), self.snapshot_path()] {
-            if path.exists() {
-                fs_err::remove_file(&path)?;
-            }
-        }
-        let steps = self.path.join("steps");
-        if steps.exists() {
-            fs_err::remove_dir_all(&steps)?;
-        }
-        sync_dir(&self.path)?;
-        Ok(())
-    }
-}
-
-/// Replays the journal on top of a snapshot. Returns the state and the byte length of the
-/// complete records (a torn last line from a crash mid-write is ignored).
-fn read_journal(path: &Path, snapshot: Option<Deploy>) -> anyhow::Result<(Deploy, u64)> {
-    let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let mut reader = BufReader::new(file);
-    let mut line = String::new();
-    let mut good_len = 0u64;
-    let mut deploy = snapshot.unwrap_or_else(Deploy::empty);
-    let from_seq = deploy.seq;
-    let mut first = true;
-    let mut line_no = 0;
-    loop {
-        line.clear();
-        let n = reader.read_line(&mut line).with_context(|| format!("reading {}", path.display()))?;
-        if n == 0 {
-            break;
-        }
-        line_no += 1;
-        if !line.ends_with('\n') {
-            // Torn write: the process died mid-append. The record was never acknowledged.
-            break;
-        }
-        if first {
-            first = false;
-            let header: Header = serde_json::from_str(&line)
-                .with_context(|| format!("{}:1: not an rdeploy journal header", path.display()))?;
-            if header.format != FORMAT || header.version != VERSION {
-                anyhow::bail!(
-                    "{}: journal format {} version {} is not supported by this rdeploy (wants {FORMAT} {VERSION})",
-                    path.display(),
-                    header.format,
-                    header.version
-                );
-            }
-            good_len += n as u64;
-            continue;
-        }
-        let entry: Entry = match serde_json::from_str(&line) {
-            Ok(entry) => entry,
-            Err(e) => anyhow::bail!("{}:{line_no}: unreadable journal record: {e}", path.display()),
-        };
-        good_len += n as u64;
-        if entry.seq > from_seq {
-            deploy.apply(entry.seq, &entry.ts, &entry.record);
-        }
-    }
-    Ok((deploy, good_len))
-}
-
 /// An open checkpoint that records one deploy. Owned by the process holding the lock.
 pub struct Checkpoint {
-    dir: StateDir,
-    journal: File,
+    journal: Box<dyn JournalWriter>,
     deploy: Deploy,
-    /// Records written but not yet fsynced (see [`Record::needs_sync`]).
+    /// Records written but not yet durable (see [`Record::needs_sync`]).
     unsynced: bool,
 }
 
 impl Record {
-    /// Whether the record must be on disk before the caller goes on.
+    /// Whether the record must be durable before the caller goes on.
     ///
     /// A sub-change's start must be durable before it runs: after a crash it is "uncertain"
     /// and its `check` (or the tool's state) decides. Its end only has to be durable before the
@@ -643,55 +456,28 @@ impl Record {
 }
 
 impl Checkpoint {
-    /// Starts a new deploy's journal (the caller checked there is no unfinished one).
-    pub fn create(dir: &StateDir) -> anyhow::Result<Checkpoint> {
-        fs_err::create_dir_all(&dir.path)?;
-        let path = dir.journal_path();
-        let mut journal = OpenOptions::new()
-            .create_new(true)
-            .append(true)
-            .open(&path)
-            .with_context(|| format!("creating {}", path.display()))?;
-        let header = Header { format: FORMAT.into(), version: VERSION, created: now() };
-        writeln!(journal, "{}", serde_json::to_string(&header)?)?;
-        journal.sync_all()?;
-        sync_dir(&dir.path)?;
-        // A stale snapshot of an archived deploy must not be read with the new journal.
-        let _ = fs_err::remove_file(dir.snapshot_path());
-        Ok(Checkpoint { dir: dir.clone(), journal, deploy: Deploy::empty(), unsynced: false })
+    /// Starts a new deploy's journal (the caller holds the lock and checked there is none).
+    pub fn create(store: &dyn Store) -> anyhow::Result<Checkpoint> {
+        Ok(Checkpoint { journal: store.create_journal()?, deploy: Deploy::empty(), unsynced: false })
     }
 
-    /// Opens the unfinished deploy for more records; drops a torn last line.
-    pub fn open(dir: &StateDir, holder_alive: bool) -> anyhow::Result<Checkpoint> {
-        let path = dir.journal_path();
-        let (mut deploy, good_len) = read_journal(&path, dir.read_snapshot()?)?;
+    /// Opens the unfinished deploy for more records. `holder_alive` is false when the caller
+    /// holds the lock: steps left running were left by a dead run.
+    pub fn open(store: &dyn Store, holder_alive: bool) -> anyhow::Result<Checkpoint> {
+        let (journal, mut deploy) = store.open_journal()?;
         deploy.settle_after_load(holder_alive);
-        let mut journal = OpenOptions::new().append(true).open(&path).with_context(|| format!("opening {}", path.display()))?;
-        if journal.metadata()?.len() != good_len {
-            journal.set_len(good_len)?;
-            journal.seek(SeekFrom::End(0))?;
-            journal.sync_all()?;
-        }
-        Ok(Checkpoint { dir: dir.clone(), journal, deploy, unsynced: false })
+        Ok(Checkpoint { journal, deploy, unsynced: false })
     }
 
     pub fn deploy(&self) -> &Deploy {
         &self.deploy
     }
 
-    pub fn dir(&self) -> &StateDir {
-        &self.dir
-    }
-
-    /// Appends a record and makes it durable before returning; then folds it into the state.
+    /// Appends a record (durable before returning when [`Record::needs_sync`]), then folds it
+    /// into the state.
     pub fn record(&mut self, record: Record) -> anyhow::Result<()> {
-        let seq = self.deploy.seq + 1;
-        let ts = now();
-        let entry = Entry { seq, ts, record };
-        let mut line = serde_json::to_vec(&entry)?;
-        line.push(b'\n');
-        // One write call per record: a crash leaves a whole line or a torn last line.
-        self.journal.write_all(&line).context("writing the checkpoint journal")?;
+        let entry = Entry { seq: self.deploy.seq + 1, ts: now(), record };
+        self.journal.append(&entry)?;
         if entry.record.needs_sync() {
             self.sync()?;
         } else {
@@ -703,17 +489,17 @@ impl Checkpoint {
 
     /// Makes every record written so far durable.
     pub fn sync(&mut self) -> anyhow::Result<()> {
-        self.journal.sync_data().context("syncing the checkpoint journal")?;
+        self.journal.sync()?;
         self.unsynced = false;
         Ok(())
     }
 
-    /// Rewrites the snapshot atomically (temp file, fsync, rename, fsync the directory).
+    /// Saves a compact snapshot so loading does not replay the whole journal.
     pub fn snapshot(&mut self) -> anyhow::Result<()> {
         if self.unsynced {
             self.sync()?;
         }
-        write_atomic(&self.dir.snapshot_path(), serde_json::to_string(&self.deploy)?.as_bytes())
+        self.journal.snapshot(&self.deploy)
     }
 
     /// The run header for a command on this stack.
@@ -741,10 +527,11 @@ impl Checkpoint {
         }
     }
 
-    /// Ends the deploy: its state goes to history and the journal is removed.
+    /// Ends the deploy: its final state goes to history and the journal is removed.
     pub fn finish(mut self, state: DeployState) -> anyhow::Result<Deploy> {
         self.record(Record::Finished { state })?;
-        self.dir.archive(&self.deploy)?;
+        self.journal.archive(&self.deploy)?;
+        self.unsynced = false;
         Ok(self.deploy.clone())
     }
 }
@@ -752,26 +539,9 @@ impl Checkpoint {
 impl Drop for Checkpoint {
     fn drop(&mut self) {
         if self.unsynced {
-            let _ = self.journal.sync_data();
+            let _ = self.journal.sync();
         }
     }
-}
-
-/// Writes a file so that readers see the old or the new content, never a mix.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let tmp = dir.join(format!(".{}.tmp", path.file_name().unwrap_or_default().to_string_lossy()));
-    {
-        let mut f = File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-    }
-    fs_err::rename(&tmp, path)?;
-    sync_dir(dir)
-}
-
-fn sync_dir(dir: &Path) -> anyhow::Result<()> {
-    File::open(dir).and_then(|d| d.sync_all()).with_context(|| format!("syncing directory {}", dir.display()))
 }
 
 #[cfg(test)]
@@ -795,6 +565,11 @@ mod tests {
             rdeploy_version: "0".into(),
         }
     }
+
+    use std::fs::OpenOptions;
+    use std::io::Write;
+
+    use crate::store::local::StateDir;
 
     #[test]
     fn journal_replays_to_the_live_state_and_survives_a_torn_line() {
@@ -839,7 +614,7 @@ mod tests {
         cp.record(run(&["a"])).unwrap();
         cp.record(Record::StepDone { step: "a".into() }).unwrap();
         let deploy = cp.finish(DeployState::Complete).unwrap();
-        assert!(!dir.has_unfinished());
+        assert!(!dir.has_unfinished().unwrap());
         assert_eq!(dir.last_finished().unwrap().unwrap(), deploy);
         assert_eq!(deploy.state, DeployState::Complete);
     }

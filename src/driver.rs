@@ -13,9 +13,10 @@ use rdeploy_adapters::{
 };
 use tokio::task::JoinSet;
 
-use crate::checkpoint::{Checkpoint, Deploy, DeployState, Record, StateDir, StepMode, StepStatus};
+use crate::checkpoint::{Checkpoint, Deploy, DeployState, Record, StepMode, StepStatus};
+use crate::store::local::StateDir;
+use crate::store::{LockGuard, Store};
 use crate::exit::{Code, Refusal};
-use crate::lock::Lock;
 use crate::report;
 use crate::stack::{OnFailure, Stack, Step};
 use crate::ui::Ui;
@@ -23,6 +24,9 @@ use crate::ui::Ui;
 /// What every command of the driver shares.
 pub struct Session {
     pub stack: Arc<Stack>,
+    /// Where the checkpoint and the lock live.
+    pub store: Arc<dyn Store>,
+    /// Local scratch: logs, adapters' work dirs, the report (the store may be remote).
     pub state: StateDir,
     pub ui: Arc<Ui>,
     /// The stack file as the operator typed it, for commands we print.
@@ -117,10 +121,10 @@ impl Session {
         }
     }
 
-    fn lock(&self, command: &str) -> anyhow::Result<Lock> {
-        match Lock::acquire(&self.state.path, command) {
+    fn lock(&self, command: &str) -> anyhow::Result<Box<dyn LockGuard>> {
+        match self.store.lock(command) {
             Ok(lock) => {
-                if let Some(dead) = &lock.took_over_from {
+                if let Some(dead) = lock.took_over_from() {
                     self.ui.warn(format!(
                         "took over the lock of a run that died without releasing it: {dead}; its checkpoint is used as it was left"
                     ));
@@ -140,13 +144,13 @@ impl Session {
     /// `rdeploy up`: a new deploy of every step.
     pub async fn up(&self) -> anyhow::Result<Code> {
         let _lock = self.lock("up")?;
-        if let Some(deploy) = self.state.load_unfinished()? {
+        if let Some(deploy) = self.store.load_unfinished()? {
             let failed: Vec<&str> = deploy.steps.iter().filter(|s| s.status != StepStatus::Done).map(|s| s.name.as_str()).collect();
             return Err(Refusal::new(
                 Code::BadInput,
                 format!(
                     "an unfinished deploy is recorded in {} (deploy {}, steps not done: {}); `up` would re-run completed work",
-                    self.state.path.display(),
+                    self.store.location(),
                     deploy.deploy_id,
                     failed.join(", ")
                 ),
@@ -159,7 +163,7 @@ impl Session {
         }
         let steps: Vec<&Step> = self.stack.ordered().collect();
         let tools = self.preflight(&steps).await?;
-        let mut cp = Checkpoint::create(&self.state)?;
+        let mut cp = Checkpoint::create(self.store.as_ref())?;
         let run_id = ulid::Ulid::new().to_string();
         cp.record(Checkpoint::run_record(&self.stack, "up", &run_id))?;
         self.ui.info(format!("deploy {run_id} of stack {} ({} steps)", self.stack.name, steps.len()));
@@ -171,14 +175,14 @@ impl Session {
     pub async fn recover(&self, dry_run: bool) -> anyhow::Result<Code> {
         let lock = self.lock(if dry_run { "recover --dry-run" } else { "recover" })?;
         let holder_alive = false; // we hold the lock, so nobody else is running
-        let Some(deploy) = self.state.load_settled(holder_alive)? else {
-            let last = self.state.last_finished()?;
+        let Some(deploy) = self.store.load_settled(holder_alive)? else {
+            let last = self.store.last_finished()?;
             let said = match last.map(|d| d.state) {
                 Some(DeployState::Complete) => "the last deploy completed",
                 Some(DeployState::Reverted) => "the last deploy was reverted",
                 _ => "no deploy is recorded",
             };
-            println!("nothing to recover: {said} ({})", self.state.path.display());
+            println!("nothing to recover: {said} ({})", self.store.location());
             return Ok(Code::Ok);
         };
         self.check_mapping(&deploy)?;
@@ -189,7 +193,7 @@ impl Session {
             return self.dry_run(&deploy, &actions).await;
         }
         let _ = &lock;
-        let mut cp = Checkpoint::open(&self.state, holder_alive)?;
+        let mut cp = Checkpoint::open(self.store.as_ref(), holder_alive)?;
         let run_id = ulid::Ulid::new().to_string();
         cp.record(Checkpoint::run_record(&self.stack, "recover", &run_id))?;
         for (name, _) in &actions {
@@ -421,7 +425,7 @@ impl Session {
         let status = report::from_deploy(&self.stack, &self.state, deploy, &self.stack_arg, None);
         print!("{}", report::render_text(&status, crate::ui::Paint { enabled: false }));
         if deploy.state == DeployState::Partial {
-            crate::checkpoint::write_atomic(&self.state.report_path(), report::render_markdown(&status).as_bytes())?;
+            crate::store::local::write_atomic(&self.state.report_path(), report::render_markdown(&status).as_bytes())?;
         }
         Ok(())
     }
@@ -476,19 +480,19 @@ impl Session {
     /// `rdeploy revert`: undo the completed steps that declare `revert`, newest first.
     pub async fn revert(&self) -> anyhow::Result<Code> {
         let _lock = self.lock("revert")?;
-        let cp = if self.state.has_unfinished() {
-            let deploy = self.state.load_settled(false)?.expect("journal exists");
+        let cp = if self.store.has_unfinished()? {
+            let deploy = self.store.load_settled(false)?.expect("journal exists");
             self.check_mapping(&deploy)?;
-            let mut cp = Checkpoint::open(&self.state, false)?;
+            let mut cp = Checkpoint::open(self.store.as_ref(), false)?;
             cp.record(Checkpoint::run_record(&self.stack, "revert", &ulid::Ulid::new().to_string()))?;
             cp
         } else {
-            let Some(last) = self.state.last_finished()?.filter(|d| d.state == DeployState::Complete) else {
-                println!("nothing to revert: no completed or unfinished deploy is recorded in {}", self.state.path.display());
+            let Some(last) = self.store.last_finished()?.filter(|d| d.state == DeployState::Complete) else {
+                println!("nothing to revert: no completed or unfinished deploy is recorded in {}", self.store.location());
                 return Ok(Code::Ok);
             };
             // Re-open the finished deploy as a new journal so the revert itself is checkpointed.
-            let mut cp = Checkpoint::create(&self.state)?;
+            let mut cp = Checkpoint::create(self.store.as_ref())?;
             cp.record(Checkpoint::run_record(&self.stack, "revert", &ulid::Ulid::new().to_string()))?;
             let mut done: Vec<_> = last.steps.iter().filter(|s| s.status == StepStatus::Done).collect();
             done.sort_by_key(|s| s.done_seq);
@@ -514,18 +518,18 @@ impl Session {
     /// `rdeploy reset --yes`: forget the unfinished deploy (kept in history).
     pub fn reset(&self) -> anyhow::Result<Code> {
         let _lock = self.lock("reset")?;
-        if !self.state.has_unfinished() {
-            println!("nothing to reset: no unfinished deploy in {}", self.state.path.display());
+        if !self.store.has_unfinished()? {
+            println!("nothing to reset: no unfinished deploy in {}", self.store.location());
             return Ok(Code::Ok);
         }
-        let mut cp = Checkpoint::open(&self.state, false)?;
+        let mut cp = Checkpoint::open(self.store.as_ref(), false)?;
         cp.record(Record::Warning { step: None, message: "reset by the operator after manual reconciliation".into() })?;
         let deploy = cp.finish(DeployState::Partial)?;
         println!(
-            "forgot deploy {} of stack {}; its record is kept in {}; the next `rdeploy up` starts from the top",
+            "forgot deploy {} of stack {}; its record is kept in the history of {}; the next `rdeploy up` starts from the top",
             deploy.deploy_id,
             deploy.stack,
-            self.state.history_dir().display()
+            self.store.location()
         );
         Ok(Code::Ok)
     }

@@ -8,6 +8,7 @@ mod gate;
 mod lock;
 mod report;
 mod stack;
+mod store;
 mod ui;
 
 use std::path::{Path, PathBuf};
@@ -17,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use clap::{Args, Parser, Subcommand};
 use rdeploy_adapters::CancellationToken;
 
-use crate::checkpoint::StateDir;
+use crate::store::local::StateDir;
 use crate::exit::{Code, Refusal};
 use crate::stack::StackError;
 use crate::ui::{ColorChoice, Ui};
@@ -165,6 +166,7 @@ fn session(stack_path: &Path, global: &Global, ui: Arc<Ui>, parallel: usize) -> 
     watch_signals(cancel.clone(), signal.clone(), ui.clone());
     Ok(driver::Session {
         stack: Arc::new(stack),
+        store: Arc::new(state.clone()),
         state,
         ui,
         stack_arg: stack_path.display().to_string(),
@@ -219,7 +221,7 @@ async fn run(cli: Cli, ui: Arc<Ui>) -> anyhow::Result<Code> {
         }
         Command::Status { stack, json } => {
             let s = session(stack, global, ui.clone(), 1)?;
-            let status = report::build(&s.stack, &s.state, &s.stack_arg)?;
+            let status = report::build(&s.stack, s.store.as_ref(), &s.state, &s.stack_arg)?;
             if *json {
                 println!("{}", serde_json::to_string_pretty(&status)?);
             } else {

@@ -6,7 +6,9 @@ use std::fmt::Write as _;
 use rdeploy_adapters::SubStatus;
 use serde::Serialize;
 
-use crate::checkpoint::{Deploy, DeployState, StateDir, StepState, StepStatus};
+use crate::checkpoint::{Deploy, DeployState, StepState, StepStatus};
+use crate::store::local::StateDir;
+use crate::store::Store;
 use crate::lock::Holder;
 use crate::stack::Stack;
 use crate::ui::Paint;
@@ -118,13 +120,13 @@ pub fn next_command(state: DeployState, deploy: Option<&Deploy>, stack_file: &st
 }
 
 /// Builds the status of a stack from its checkpoint.
-pub fn build(stack: &Stack, state_dir: &StateDir, stack_file: &str) -> anyhow::Result<Status> {
-    let holder = crate::lock::Lock::current_holder(&state_dir.path);
+pub fn build(stack: &Stack, store: &dyn Store, state_dir: &StateDir, stack_file: &str) -> anyhow::Result<Status> {
+    let holder = store.holder();
     let alive = holder.is_some();
-    if let Some(deploy) = state_dir.load_settled(alive)? {
+    if let Some(deploy) = store.load_settled(alive)? {
         return Ok(from_deploy(stack, state_dir, &deploy, stack_file, holder));
     }
-    let last = state_dir.last_finished()?;
+    let last = store.last_finished()?;
     let state = match last.as_ref().map(|d| d.state) {
         Some(DeployState::Complete) => DeployState::Complete,
         Some(DeployState::Reverted) => DeployState::Reverted,
