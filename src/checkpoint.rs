@@ -477,6 +477,7 @@ impl Checkpoint {
     /// into the state.
     pub fn record(&mut self, record: Record) -> anyhow::Result<()> {
         let entry = Entry { seq: self.deploy.seq + 1, ts: now(), record };
+        tracing::trace!(seq = entry.seq, record = ?entry.record, "journal");
         self.journal.append(&entry)?;
         if entry.record.needs_sync() {
             self.sync()?;

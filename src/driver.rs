@@ -125,9 +125,16 @@ impl Session {
         match self.store.lock(command) {
             Ok(lock) => {
                 if let Some(dead) = lock.took_over_from() {
-                    self.ui.warn(format!(
-                        "took over the lock of a run that died without releasing it: {dead}; its checkpoint is used as it was left"
-                    ));
+                    if dead.host == crate::lock::hostname() && !dead.is_alive_here() {
+                        self.ui.warn(format!(
+                            "took over the lock of a run that died without releasing it: {dead}; its checkpoint is used as it was left"
+                        ));
+                    } else {
+                        self.ui.warn(format!(
+                            "took over a lock left by {dead}; if that run is still alive on {}, stop this one now: two runs would interleave",
+                            dead.host
+                        ));
+                    }
                 }
                 Ok(lock)
             }
@@ -323,6 +330,7 @@ impl Session {
                     break;
                 };
                 let (name, action) = todo.remove(pos);
+                tracing::debug!(step = %name, ?action, running = running.len(), "starting step");
                 let step = self.stack.step(&name).expect("actions name stack steps").clone();
                 if let Some(gate) = &step.gate {
                     if let Err(reason) = crate::gate::evaluate(gate, &self.stack.dir).await {

@@ -128,6 +128,7 @@ impl Command {
             .spawn()
             .map_err(|source| AdapterError::Spawn { command: self.display(), source })?;
         let pgid = child.id().map(|id| Pid::from_raw(id as i32));
+        tracing::debug!(command = %self.display(), pid = ?child.id(), cwd = ?self.cwd, "spawned");
 
         let (tx, mut rx) = mpsc::channel::<(Stream, String)>(256);
         let readers = [
@@ -148,6 +149,7 @@ impl Command {
                 },
                 status = child.wait() => break status.map_err(|source| AdapterError::Spawn { command: self.display(), source })?,
                 _ = cancel.cancelled(), if !outcome.interrupted => {
+                    tracing::debug!(command = %self.display(), "forwarding SIGINT to the process group");
                     outcome.interrupted = true;
                     signal_group(pgid, Signal::SIGINT);
                 }
@@ -176,6 +178,7 @@ impl Command {
         }
         outcome.code = status.code();
         outcome.signal = status.signal();
+        tracing::debug!(command = %self.display(), code = ?outcome.code, signal = ?outcome.signal, interrupted = outcome.interrupted, "exited");
         Ok(outcome)
     }
 
