@@ -2,11 +2,13 @@
 //! errors to exit codes; the work happens in `driver`.
 
 mod checkpoint;
+mod ci;
 mod driver;
 mod exit;
 mod gate;
 mod lock;
 mod report;
+mod runbook;
 mod stack;
 mod store;
 mod ui;
@@ -97,12 +99,34 @@ enum Command {
         #[arg(default_value = "stack.yaml")]
         stack: PathBuf,
     },
+    /// Write the runbook markdown: per step how to inspect, recover, revert and verify, plus the
+    /// live state of a recorded deploy.
+    Runbook {
+        #[arg(default_value = "stack.yaml")]
+        stack: PathBuf,
+        /// Write to FILE instead of stdout.
+        #[arg(short, long, value_name = "FILE")]
+        output: Option<PathBuf>,
+    },
+    /// CI wrapper: `up` when no unfinished deploy is recorded, `recover` when one is; plain
+    /// lines, GitHub annotations and step summary, JUnit.
+    Ci {
+        #[arg(default_value = "stack.yaml")]
+        stack: PathBuf,
+        /// Write a JUnit XML report (one test case per step) to FILE.
+        #[arg(long, value_name = "FILE")]
+        junit: Option<PathBuf>,
+        #[arg(long, default_value_t = 1, value_name = "N")]
+        parallel: usize,
+    },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing(cli.global.verbose);
-    let ui = Arc::new(Ui::new(cli.global.no_progress, cli.global.verbose, cli.global.quiet, cli.global.color));
+    // `ci` is for pipelines: plain timestamped lines even on a terminal.
+    let no_progress = cli.global.no_progress || matches!(cli.command, Command::Ci { .. });
+    let ui = Arc::new(Ui::new(no_progress, cli.global.verbose, cli.global.quiet, cli.global.color));
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -229,6 +253,29 @@ async fn run(cli: Cli, ui: Arc<Ui>) -> anyhow::Result<Code> {
                 print!("{}", report::render_text(&status, ui::Paint { enabled: color }));
             }
             Ok(Code::Ok)
+        }
+        Command::Runbook { stack, output } => {
+            let s = session(stack, global, ui.clone(), 1)?;
+            let text = runbook::render(&s.stack, &s.stack_arg, s.store.as_ref(), &s.state)?;
+            match output {
+                Some(path) => {
+                    fs_err::write(path, text)?;
+                    ui.info(format!("wrote the runbook of stack {} to {}", s.stack.name, path.display()));
+                }
+                None => print!("{text}"),
+            }
+            Ok(Code::Ok)
+        }
+        Command::Ci { stack, junit, parallel } => {
+            let outputs = ci::Outputs::from_env(junit.clone());
+            let s = match session(stack, global, ui.clone(), *parallel) {
+                Ok(s) => s,
+                Err(e) => {
+                    let arg = stack.display().to_string();
+                    return Err(ci::report_error(&outputs, &ui, &arg, &arg, e));
+                }
+            };
+            ci::run(&s, &outputs).await
         }
         Command::Validate { stack } => {
             let s = session(stack, global, ui, 1)?;

@@ -1,0 +1,488 @@
+//! `rdeploy ci`: one command for pipelines. It runs `up` when no unfinished deploy is recorded
+//! and `recover` when one is (never a re-run from the top), says what changed in the stack since
+//! the failure, and reports in the CI's own terms: GitHub annotations and step summary, JUnit XML.
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+use crate::checkpoint::{Deploy, DeployState, StepStatus};
+use crate::driver::Session;
+use crate::exit::{Code, Refusal};
+use crate::report::{self, Status, StepReport};
+use crate::stack::StackError;
+use crate::ui::Ui;
+
+/// Where the CI wants its reports, read from the environment GitHub Actions sets.
+pub struct Outputs {
+    /// `GITHUB_ACTIONS=true`: print workflow commands (`::error::`) on stdout.
+    pub annotations: bool,
+    /// `$GITHUB_STEP_SUMMARY`: markdown appended for the job's summary page.
+    pub step_summary: Option<PathBuf>,
+    /// `--junit FILE`: one test case per step, for GitLab and Jenkins.
+    pub junit: Option<PathBuf>,
+}
+
+impl Outputs {
+    pub fn from_env(junit: Option<PathBuf>) -> Outputs {
+        Outputs {
+            annotations: std::env::var("GITHUB_ACTIONS").is_ok_and(|v| v == "true"),
+            step_summary: std::env::var_os("GITHUB_STEP_SUMMARY").filter(|v| !v.is_empty()).map(PathBuf::from),
+            junit,
+        }
+    }
+}
+
+/// How a step of the stack differs from what the unfinished checkpoint recorded.
+#[derive(Debug, PartialEq, Eq)]
+enum Change {
+    /// Settings changed; `done` steps are not run again by recover.
+    Changed { done: bool },
+    Added,
+    /// Removed from the stack before it ran (a removed step that ran is refused by recover).
+    RemovedPending,
+}
+
+/// What `ci` decided to run.
+enum Mode {
+    Up,
+    Recover { deploy_id: String, done: Vec<String> },
+}
+
+/// Runs the CI wrapper and returns the exit code of SPEC.md.
+pub async fn run(session: &Session, outputs: &Outputs) -> anyhow::Result<Code> {
+    let unfinished = session.store.load_unfinished()?;
+    let mut changes = Vec::new();
+    let mode = match &unfinished {
+        None => {
+            session.ui.info(format!(
+                "ci: no unfinished deploy recorded in {}: running `rdeploy up {}`",
+                session.store.location(),
+                session.stack_arg
+            ));
+            Mode::Up
+        }
+        Some(deploy) => {
+            if !deploy.stack.is_empty() && deploy.stack != session.stack.name {
+                let err = anyhow::Error::from(
+                    Refusal::new(
+                        Code::BadInput,
+                        format!(
+                            "the unfinished deploy in {} belongs to stack `{}`, not `{}`",
+                            session.store.location(),
+                            deploy.stack,
+                            session.stack.name
+                        ),
+                    )
+                    .with_hint("give each stack its own `--state-dir`, or `rdeploy reset --yes` the other stack's checkpoint after reconciling it"),
+                );
+                return Err(refused(session, outputs, err));
+            }
+            changes = stack_changes(session, deploy);
+            report_changes(session, outputs, &changes);
+            let done: Vec<String> =
+                deploy.steps.iter().filter(|s| s.status == StepStatus::Done).map(|s| s.name.clone()).collect();
+            session.ui.info(format!(
+                "ci: unfinished deploy {} recorded ({} of {} steps done): running `rdeploy recover {}`, never a re-run from the top",
+                deploy.deploy_id,
+                done.len(),
+                deploy.steps.len(),
+                session.stack_arg
+            ));
+            Mode::Recover { deploy_id: deploy.deploy_id.clone(), done }
+        }
+    };
+    let result = match mode {
+        Mode::Up => session.up().await,
+        Mode::Recover { .. } => session.recover(false).await,
+    };
+    let code = match result {
+        Ok(code) => code,
+        Err(err) => return Err(refused(session, outputs, err)),
+    };
+    let deploy = match session.store.load_settled(false)? {
+        Some(deploy) => Some(deploy),
+        None => session.store.last_finished()?,
+    };
+    let Some(deploy) = deploy else { return Ok(code) };
+    let status = report::from_deploy(&session.stack, &session.state, &deploy, &session.stack_arg, None);
+    if outputs.annotations {
+        annotate_outcome(session, &status);
+    }
+    if let Some(path) = &outputs.step_summary {
+        let text = summary(session, &status, code, &mode, &changes);
+        if let Err(e) = append(path, &text) {
+            session.ui.warn(format!("could not append to $GITHUB_STEP_SUMMARY ({}): {e:#}", path.display()));
+        }
+    }
+    if let Some(path) = &outputs.junit {
+        let xml = junit(session, &deploy, &status);
+        if let Err(e) = write_file(path, &xml) {
+            session.ui.warn(format!("could not write the JUnit report {}: {e:#}", path.display()));
+        }
+    }
+    Ok(code)
+}
+
+/// Compares the stack with the checkpoint's steps: the fix committed between the failed job
+/// and the retry is the normal case, so this is reported, not refused.
+fn stack_changes(session: &Session, deploy: &Deploy) -> Vec<(String, Change)> {
+    let mut out = Vec::new();
+    for step in session.stack.ordered() {
+        match deploy.step(&step.name) {
+            None => out.push((step.name.clone(), Change::Added)),
+            Some(old) if old.tool == step.tool && old.digest != step.digest => {
+                out.push((step.name.clone(), Change::Changed { done: old.status == StepStatus::Done }))
+            }
+            Some(_) => {}
+        }
+    }
+    for old in &deploy.steps {
+        if session.stack.step(&old.name).is_none() && old.status == StepStatus::Pending {
+            out.push((old.name.clone(), Change::RemovedPending));
+        }
+    }
+    out
+}
+
+fn change_text(name: &str, change: &Change) -> String {
+    match change {
+        Change::Changed { done: false } => format!("step `{name}` changed since the failure; recover uses the new settings"),
+        Change::Changed { done: true } => format!(
+            "step `{name}` changed after it completed; recover does not run done steps again: run `rdeploy up` once this deploy completes to apply the change"
+        ),
+        Change::Added => format!("step `{name}` was added since the failure; recover runs it in its place in the order"),
+        Change::RemovedPending => format!("step `{name}` was removed from the stack before it ran; it will not run"),
+    }
+}
+
+fn report_changes(session: &Session, outputs: &Outputs, changes: &[(String, Change)]) {
+    if changes.is_empty() {
+        session.ui.info("ci: no step changed since the checkpoint");
+        return;
+    }
+    for (name, change) in changes {
+        let text = change_text(name, change);
+        session.ui.warn(format!("ci: {text}"));
+        if outputs.annotations {
+            let line = session.stack.step(name).map(|s| s.line);
+            println!("{}", workflow_command("warning", &session.stack_arg, line, &format!("rdeploy: step {name} changed"), &text));
+        }
+    }
+}
+
+/// Reports an error that ended `ci` before or instead of a run (bad input, lock, refusal) to the
+/// CI, then hands it back so `main` prints it and picks the exit code.
+fn refused(session: &Session, outputs: &Outputs, err: anyhow::Error) -> anyhow::Error {
+    report_error(outputs, &session.ui, &session.stack.name, &session.stack_arg, err)
+}
+
+/// Like `refused`, for errors before a session exists (the stack file does not load): each
+/// problem becomes an annotation at its line.
+pub fn report_error(outputs: &Outputs, ui: &Ui, suite: &str, stack_arg: &str, err: anyhow::Error) -> anyhow::Error {
+    let (message, hint, code) = if let Some(r) = err.downcast_ref::<Refusal>() {
+        (r.message.clone(), r.hint.clone(), r.code)
+    } else if let Some(e) = err.downcast_ref::<StackError>() {
+        (e.to_string().trim_end().to_string(), None, Code::BadInput)
+    } else {
+        (format!("{err:#}"), None, Code::Partial)
+    };
+    let full = match &hint {
+        Some(h) => format!("{message}\nhint: {h}"),
+        None => message.clone(),
+    };
+    let title = format!("rdeploy ci: exit {} ({})", code as i32, code_meaning(code));
+    if outputs.annotations {
+        match err.downcast_ref::<StackError>() {
+            Some(e) => {
+                for p in &e.problems {
+                    let text = match &p.hint {
+                        Some(h) => format!("{}\nhint: {h}", p.message),
+                        None => p.message.clone(),
+                    };
+                    println!("{}", workflow_command("error", &p.file.display().to_string(), Some(p.line), "rdeploy: stack file", &text));
+                }
+            }
+            None => println!("{}", workflow_command("error", stack_arg, None, &title, &full)),
+        }
+    }
+    if let Some(path) = &outputs.step_summary {
+        let mut text = format!("# rdeploy ci: {suite}\n\n**Exit {}**: {}.\n\n", code as i32, code_meaning(code));
+        let _ = writeln!(text, "```text\n{full}\n```\n");
+        if let Err(e) = append(path, &text) {
+            ui.warn(format!("could not append to $GITHUB_STEP_SUMMARY ({}): {e:#}", path.display()));
+        }
+    }
+    if let Some(path) = &outputs.junit {
+        let mut xml = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
+        let name = xml_escape(suite);
+        let _ = writeln!(xml, "<testsuites name=\"rdeploy ci\" tests=\"1\" failures=\"0\" errors=\"1\" skipped=\"0\">");
+        let _ = writeln!(xml, "  <testsuite name=\"{name}\" tests=\"1\" failures=\"0\" errors=\"1\" skipped=\"0\">");
+        let _ = writeln!(xml, "    <testcase name=\"rdeploy ci\" classname=\"{name}\">");
+        let _ = writeln!(
+            xml,
+            "      <error message=\"{}\" type=\"exit {}\">{}</error>",
+            xml_escape(message.lines().next().unwrap_or_default()),
+            code as i32,
+            xml_text(&full)
+        );
+        let _ = writeln!(xml, "    </testcase>\n  </testsuite>\n</testsuites>");
+        if let Err(e) = write_file(path, &xml) {
+            ui.warn(format!("could not write the JUnit report {}: {e:#}", path.display()));
+        }
+    }
+    err
+}
+
+fn annotate_outcome(session: &Session, status: &Status) {
+    let next = status.next.as_deref().map(|n| format!("\nnext: {n}")).unwrap_or_default();
+    for s in &status.steps {
+        let line = session.stack.step(&s.name).map(|st| st.line);
+        let (title, body) = if let Some(reason) = &s.refused {
+            (format!("rdeploy: step {} refused by its gate", s.name), reason.clone())
+        } else if let Some(revert) = &s.revert_error {
+            (format!("rdeploy: step {} revert failed", s.name), format!("{revert}\nmanual action needed: undo what the revert left, then reconcile"))
+        } else if s.status == "failed" {
+            (format!("rdeploy: step {} ({}) failed", s.name, s.tool), failure_text(s))
+        } else if s.status == "reverted" && s.error.is_some() {
+            (format!("rdeploy: step {} failed and was reverted", s.name), failure_text(s))
+        } else {
+            continue;
+        };
+        println!("{}", workflow_command("error", &session.stack_arg, line, &title, &format!("{body}{next}")));
+    }
+    if status.state == DeployState::Complete {
+        let n = status.steps.len();
+        println!(
+            "{}",
+            workflow_command("notice", &session.stack_arg, None, &format!("rdeploy: stack {} deployed", status.stack), &format!("{n} step(s) done"))
+        );
+    }
+}
+
+/// The tool's message for a failed step: the summary, the failed sub-changes, the command.
+fn failure_text(s: &StepReport) -> String {
+    let mut text = s.error.clone().unwrap_or_else(|| "failed".into());
+    for c in s.sub_changes.iter().filter(|c| c.status == "failed") {
+        if c.error.is_some() && c.error != s.error {
+            let _ = write!(text, "\n{}: {}", c.id, c.error.as_deref().unwrap_or("failed"));
+        }
+    }
+    if let (Some(cmd), Some(code)) = (&s.command, s.exit_code) {
+        let _ = write!(text, "\ncommand: `{cmd}` (exit {code})");
+    }
+    if let Some(h) = &s.hint {
+        let _ = write!(text, "\nhint: {h}");
+    }
+    text
+}
+
+/// A GitHub workflow command (`::error file=..,line=..,title=..::message`), escaped as the
+/// runner expects so multi-line messages and colons survive.
+fn workflow_command(kind: &str, file: &str, line: Option<usize>, title: &str, message: &str) -> String {
+    let escape_data = |s: &str| s.replace('%', "%25").replace('\r', "%0D").replace('\n', "%0A");
+    let escape_prop = |s: &str| escape_data(s).replace(':', "%3A").replace(',', "%2C");
+    let mut props = Vec::new();
+    // A file annotation only makes sense for a path inside the checkout.
+    if let Some(line) = line.filter(|_| !Path::new(file).is_absolute()) {
+        props.push(format!("file={}", escape_prop(file)));
+        props.push(format!("line={line}"));
+    }
+    props.push(format!("title={}", escape_prop(title)));
+    format!("::{kind} {}::{}", props.join(","), escape_data(message))
+}
+
+fn code_meaning(code: Code) -> &'static str {
+    match code {
+        Code::Ok => "everything done",
+        Code::Partial => "stopped part-way; the checkpoint is kept and the next `rdeploy ci` resumes it",
+        Code::BadInput => "bad input; nothing was changed",
+        Code::Reverted => "a step that cannot be resumed failed and its `revert` ran",
+        Code::Refused => "a gate refused a step; nothing was changed by that step",
+        Code::Locked => "another run holds the lock",
+        Code::RevertFailed => "a revert failed; manual action needed",
+        Code::Interrupted => "interrupted by a signal; the checkpoint is consistent",
+    }
+}
+
+/// The markdown for `$GITHUB_STEP_SUMMARY`: the partial-state report or the success summary,
+/// then what this CI run did.
+fn summary(session: &Session, status: &Status, code: Code, mode: &Mode, changes: &[(String, Change)]) -> String {
+    let mut text = report::render_markdown(status);
+    let _ = writeln!(text, "\n## CI run\n");
+    let _ = writeln!(text, "- exit code: **{}** ({})", code as i32, code_meaning(code));
+    match mode {
+        Mode::Up => {
+            let _ = writeln!(text, "- ran: `rdeploy up {}` (no unfinished deploy was recorded)", session.stack_arg);
+        }
+        Mode::Recover { deploy_id, done } => {
+            let before = if done.is_empty() { "none".to_string() } else { done.iter().map(|d| format!("`{d}`")).collect::<Vec<_>>().join(", ") };
+            let _ = writeln!(
+                text,
+                "- ran: `rdeploy recover {}`, resuming deploy `{deploy_id}` (steps already done, not run again: {before})",
+                session.stack_arg
+            );
+        }
+    }
+    if !changes.is_empty() {
+        let _ = writeln!(text, "- changed since the failure:");
+        for (name, change) in changes {
+            let _ = writeln!(text, "  - {}", change_text(name, change));
+        }
+    }
+    let _ = writeln!(text, "- checkpoint: `{}` (carry it to the retry job as a cache or artifact)\n", session.store.location());
+    text
+}
+
+fn append(path: &Path, text: &str) -> anyhow::Result<()> {
+    let mut f = fs_err::OpenOptions::new().create(true).append(true).open(path)?;
+    f.write_all(text.as_bytes())?;
+    Ok(())
+}
+
+fn write_file(path: &Path, text: &str) -> anyhow::Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        fs_err::create_dir_all(dir)?;
+    }
+    fs_err::write(path, text)?;
+    Ok(())
+}
+
+/// Escapes text for XML attributes and content, dropping characters XML 1.0 forbids (a
+/// tool's stderr may carry ANSI escapes).
+fn xml_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&apos;"),
+            '\n' => out.push_str("&#10;"),
+            '\t' | '\r' => out.push(c),
+            c if (c as u32) < 0x20 || c == '\u{FFFE}' || c == '\u{FFFF}' => {}
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Like [`xml_escape`], keeping newlines literal (element content reads better in CI views).
+fn xml_text(s: &str) -> String {
+    xml_escape(s).replace("&#10;", "\n")
+}
+
+/// Seconds between two checkpoint timestamps.
+fn seconds(started: Option<&str>, finished: Option<&str>) -> Option<f64> {
+    let parse = |t: &str| time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok();
+    let (a, b) = (parse(started?)?, parse(finished?)?);
+    Some(((b - a).as_seconds_f64()).max(0.0))
+}
+
+/// The JUnit XML report: a test case per step in run order; failures carry the tool's message
+/// and the tail of its stderr, steps that did not run are skipped.
+fn junit(session: &Session, deploy: &Deploy, status: &Status) -> String {
+    let mut ordered: Vec<&StepReport> = session.stack.ordered().filter_map(|st| status.steps.iter().find(|s| s.name == st.name)).collect();
+    for s in &status.steps {
+        if !ordered.iter().any(|o| o.name == s.name) {
+            ordered.push(s);
+        }
+    }
+    let suite = xml_escape(&status.stack);
+    let mut cases = String::new();
+    let (mut failures, mut skipped, mut total_time) = (0, 0, 0.0);
+    for s in &ordered {
+        let state = deploy.step(&s.name);
+        let time = seconds(state.and_then(|d| d.started.as_deref()), state.and_then(|d| d.finished.as_deref()));
+        total_time += time.unwrap_or(0.0);
+        let time_attr = time.map(|t| format!(" time=\"{t:.3}\"")).unwrap_or_default();
+        let _ = writeln!(cases, "    <testcase name=\"{}\" classname=\"{suite}.{}\"{time_attr}>", xml_escape(&s.name), xml_escape(&s.tool));
+        let done: Vec<&str> = s.sub_changes.iter().filter(|c| c.status == "done").map(|c| c.id.as_str()).collect();
+        let failed_like = s.status == "failed" || s.refused.is_some() || s.revert_error.is_some() || (s.status == "reverted" && s.error.is_some());
+        if failed_like {
+            failures += 1;
+            let kind = if s.refused.is_some() {
+                "refused"
+            } else if s.revert_error.is_some() {
+                "revert-failed"
+            } else if s.status == "reverted" {
+                "reverted"
+            } else if s.interrupted {
+                "interrupted"
+            } else {
+                "failed"
+            };
+            let message = s.error.clone().or_else(|| s.revert_error.clone()).unwrap_or_else(|| kind.to_string());
+            let mut body = failure_text(s);
+            if let Some(r) = &s.revert_error {
+                let _ = write!(body, "\nrevert failed: {r}");
+            }
+            if !done.is_empty() {
+                let _ = write!(body, "\nin place: {}", done.join(", "));
+            }
+            if !s.stderr_tail.is_empty() {
+                let _ = write!(body, "\n\nstderr (last lines):\n{}", s.stderr_tail.join("\n"));
+            }
+            if let Some(next) = &status.next {
+                let _ = write!(body, "\n\nnext: {next}");
+            }
+            let _ = writeln!(cases, "      <failure message=\"{}\" type=\"{kind}\">{}</failure>", xml_escape(&message), xml_text(&body));
+        } else if s.status != "done" {
+            skipped += 1;
+            let why = match s.status {
+                "reverted" => "reverted with the rest of the deploy (on_failure: revert)".to_string(),
+                _ if !s.blocked_by.is_empty() => format!("not run: waits for {}", s.blocked_by.join(", ")),
+                _ => "not run".to_string(),
+            };
+            let _ = writeln!(cases, "      <skipped message=\"{}\"/>", xml_escape(&why));
+        }
+        if !s.sub_changes.is_empty() {
+            let lines: Vec<String> = s.sub_changes.iter().map(|c| format!("{}: {}", c.id, if c.uncertain { "uncertain" } else { c.status })).collect();
+            let _ = writeln!(cases, "      <system-out>{}</system-out>", xml_text(&lines.join("\n")));
+        }
+        let _ = writeln!(cases, "    </testcase>");
+    }
+    let tests = ordered.len();
+    let mut xml = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
+    let _ = writeln!(
+        xml,
+        "<testsuites name=\"rdeploy ci\" tests=\"{tests}\" failures=\"{failures}\" errors=\"0\" skipped=\"{skipped}\" time=\"{total_time:.3}\">"
+    );
+    let _ = writeln!(
+        xml,
+        "  <testsuite name=\"{suite}\" tests=\"{tests}\" failures=\"{failures}\" errors=\"0\" skipped=\"{skipped}\" time=\"{total_time:.3}\" timestamp=\"{}\">",
+        xml_escape(&deploy.started)
+    );
+    let state = serde_json::to_value(status.state).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
+    let _ = writeln!(xml, "    <properties>");
+    let _ = writeln!(xml, "      <property name=\"deploy_id\" value=\"{}\"/>", xml_escape(&deploy.deploy_id));
+    let _ = writeln!(xml, "      <property name=\"state\" value=\"{}\"/>", xml_escape(&state));
+    if let Some(next) = &status.next {
+        let _ = writeln!(xml, "      <property name=\"next\" value=\"{}\"/>", xml_escape(next));
+    }
+    let _ = writeln!(xml, "    </properties>");
+    xml.push_str(&cases);
+    let _ = writeln!(xml, "  </testsuite>\n</testsuites>");
+    xml
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workflow_commands_escape_data_and_properties() {
+        assert_eq!(
+            workflow_command("error", "stack.yaml", Some(4), "step a: failed, 50%", "line 1\nline 2: 100%"),
+            "::error file=stack.yaml,line=4,title=step a%3A failed%2C 50%25::line 1%0Aline 2: 100%25"
+        );
+        assert_eq!(workflow_command("warning", "/abs/stack.yaml", Some(4), "t", "m"), "::warning title=t::m");
+    }
+
+    #[test]
+    fn xml_escape_drops_forbidden_characters() {
+        assert_eq!(xml_escape("a<b & \"c\" \u{1b}[31mred"), "a&lt;b &amp; &quot;c&quot; [31mred");
+        assert_eq!(xml_text("one\ntwo"), "one\ntwo");
+    }
+}
