@@ -1,52 +1,773 @@
-//! The kubectl adapter. Not built yet: the spec is parsed and validated so stacks that use
-//! kubectl are checked, but `ToolSpec::is_supported` reports it missing until its issue lands.
+//! The kubectl adapter: expands the step's manifests into objects (the sub-change is one object,
+//! `Kind/namespace/name`), applies them with kubectl and checkpoints each from kubectl's own
+//! per-object result lines and errors, waits for workload rollouts when asked, and recovers with
+//! `kubectl diff` (read-only) followed by an apply of only the objects that are missing, differ
+//! or were never recorded done.
+
+pub mod manifest;
+pub mod output;
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
+use self::manifest::{CrdScopes, KubeObject};
+use self::output::{attribute_errors, is_error_line, match_results, parse_apply_line, parse_diff, rollout_progress};
+use crate::process::{Command, Outcome};
 use crate::{
-    AdapterError, DescribeContext, EventSink, Failure, FieldPath, Inspection, PriorStep, RecoveryDoc, SpecProblem,
-    StepContext, ToolInfo,
+    display_command, shell_quote, AdapterError, DescribeContext, Event, EventSink, Failure, FieldPath, Inspection,
+    PathSegment, PriorStep, RecoveryDoc, SpecProblem, StepContext, Stream, SubStatus, ToolInfo,
 };
+
+const DEFAULT_BINARY: &str = "kubectl";
+const INSTALL_HINT: &str = "install kubectl (https://kubernetes.io/docs/tasks/tools/), or point the step's `binary:` at it";
+/// How long a rollout may take when the step sets no `timeout`.
+const DEFAULT_ROLLOUT_TIMEOUT: Duration = Duration::from_secs(300);
+/// Read-only calls (version, config, kustomize) get this long.
+const QUICK: Duration = Duration::from_secs(120);
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KubectlSpec {
-    pub manifests: Vec<std::path::PathBuf>,
+    /// Files (multi-document YAML or JSON) and directories (plain, or kustomize when they hold a
+    /// `kustomization.yaml`), relative to the stack file.
+    pub manifests: Vec<PathBuf>,
+    /// The namespace of namespaced objects that name none (default: the context's).
     pub namespace: Option<String>,
     pub context: Option<String>,
+    /// A kubeconfig file, relative to the stack file (default: `KUBECONFIG` or `~/.kube/config`).
+    pub kubeconfig: Option<PathBuf>,
     pub server_side: Option<bool>,
+    /// Wait for every Deployment, StatefulSet and DaemonSet to roll out (`kubectl rollout status`).
     pub wait: Option<bool>,
     pub binary: Option<String>,
 }
 
+/// What one `kubectl apply` over a batch of objects settled.
+struct BatchOutcome {
+    failed: Vec<(String, String)>,
+    /// Applied workloads still to wait for.
+    to_wait: Vec<usize>,
+    outcome: Outcome,
+    command: String,
+}
+
+/// Why recover applies an object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Reason {
+    Missing,
+    Differs,
+    NotDone,
+}
+
+impl Reason {
+    fn words(self) -> &'static str {
+        match self {
+            Reason::Missing => "missing from the cluster",
+            Reason::Differs => "differs from the live object",
+            Reason::NotDone => "not recorded done",
+        }
+    }
+}
+
+/// What recover would do with every object, from `kubectl diff` and the checkpoint.
+#[derive(Debug, Default)]
+struct RecoveryPlan {
+    apply: Vec<(usize, Reason)>,
+    /// Not recorded done, but `kubectl diff` shows the live object already matches.
+    in_place: Vec<usize>,
+    keep: Vec<usize>,
+    /// The diff failed (exit > 1): kubectl's message; the checkpoint decides alone.
+    diff_error: Option<String>,
+}
+
 impl KubectlSpec {
-    pub const KEYS: &'static [&'static str] = &["manifests", "namespace", "context", "server_side", "wait", "binary"];
+    pub const KEYS: &'static [&'static str] =
+        &["manifests", "namespace", "context", "kubeconfig", "server_side", "wait", "binary"];
 
     pub fn problems(&self) -> Vec<SpecProblem> {
-        Vec::new()
+        let mut problems = Vec::new();
+        if self.manifests.is_empty() {
+            problems.push(SpecProblem {
+                at: vec![PathSegment::Key("manifests")],
+                message: "`manifests` is empty".into(),
+                hint: Some("list at least one manifest file or directory".into()),
+            });
+        }
+        for (key, value) in [("namespace", &self.namespace), ("context", &self.context)] {
+            if value.as_deref().is_some_and(|v| v.trim().is_empty()) {
+                problems.push(SpecProblem {
+                    at: vec![PathSegment::Key(key)],
+                    message: format!("`{key}` is empty"),
+                    hint: Some("remove it to use the kubeconfig's default".into()),
+                });
+            }
+        }
+        problems
     }
 
-    pub fn referenced_paths(&self) -> Vec<(FieldPath, std::path::PathBuf)> {
-        Vec::new()
+    pub fn referenced_paths(&self) -> Vec<(FieldPath, PathBuf)> {
+        let mut paths: Vec<(FieldPath, PathBuf)> = self
+            .manifests
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (vec![PathSegment::Key("manifests"), PathSegment::Index(i)], p.clone()))
+            .collect();
+        if let Some(k) = &self.kubeconfig {
+            paths.push((vec![PathSegment::Key("kubeconfig")], k.clone()));
+        }
+        paths
     }
 
-    pub async fn preflight(&self, _ctx: &StepContext) -> Result<ToolInfo, AdapterError> {
-        Err(AdapterError::ToolUnusable { command: "kubectl".into(), detail: "the kubectl adapter is not built yet".into() })
+    fn server_side(&self) -> bool {
+        self.server_side.unwrap_or(false)
     }
 
-    pub async fn apply(&self, _ctx: &StepContext, _sink: &dyn EventSink) -> Result<(), Failure> {
-        Err(Failure::new("the kubectl adapter is not built yet"))
+    fn binary_name(&self) -> &str {
+        self.binary.as_deref().unwrap_or(DEFAULT_BINARY)
     }
 
-    pub async fn recover(&self, _ctx: &StepContext, _prior: &PriorStep, _sink: &dyn EventSink) -> Result<(), Failure> {
-        Err(Failure::new("the kubectl adapter is not built yet"))
+    fn resolve_binary(&self, ctx: &StepContext) -> Result<PathBuf, AdapterError> {
+        resolve_tool(ctx, self.binary_name(), INSTALL_HINT)
     }
 
-    pub async fn inspect(&self, _ctx: &StepContext, _prior: &PriorStep) -> Result<Inspection, Failure> {
-        Err(Failure::new("the kubectl adapter is not built yet"))
+    /// `--kubeconfig K --context C`, as every kubectl call gets them.
+    fn cluster_args(&self, ctx: Option<&StepContext>) -> Vec<String> {
+        let mut args = Vec::new();
+        if let Some(k) = &self.kubeconfig {
+            args.push("--kubeconfig".into());
+            let path = ctx.map(|c| c.resolve(k)).unwrap_or_else(|| k.clone());
+            args.push(path.to_string_lossy().into_owned());
+        }
+        if let Some(c) = &self.context {
+            args.push("--context".into());
+            args.push(c.clone());
+        }
+        args
     }
 
-    pub fn describe_recovery(&self, _ctx: &DescribeContext<'_>, _prior: Option<&PriorStep>) -> RecoveryDoc {
-        RecoveryDoc::default()
+    fn command(&self, ctx: &StepContext, binary: &Path) -> Command {
+        Command::new(binary)
+            .cwd(&ctx.stack_dir)
+            .envs(ctx.env.iter().map(|(k, v)| (k.clone(), v.clone())))
+            .args(self.cluster_args(Some(ctx)))
+    }
+
+    pub async fn preflight(&self, ctx: &StepContext) -> Result<ToolInfo, AdapterError> {
+        let binary = self.resolve_binary(ctx)?;
+        let cmd = Command::new(&binary)
+            .envs(ctx.env.iter().map(|(k, v)| (k.clone(), v.clone())))
+            .args(["version", "--client", "-o", "json"]);
+        let (outcome, stdout, _) = capture(&cmd, ctx, Some(QUICK), None).await?;
+        let version = serde_json::from_str::<serde_json::Value>(&stdout.join("\n"))
+            .ok()
+            .and_then(|v| v.pointer("/clientVersion/gitVersion").and_then(|g| g.as_str()).map(str::to_string));
+        match version {
+            Some(version) if outcome.success() => Ok(ToolInfo { binary, version }),
+            _ => Err(AdapterError::ToolUnusable {
+                command: cmd.display(),
+                detail: outcome.last_error_line().unwrap_or_else(|| outcome.describe_status()),
+            }),
+        }
+    }
+
+    /// The namespace given to namespaced objects that name none: the step's, else the context's.
+    async fn default_namespace(&self, ctx: &StepContext, binary: &Path) -> String {
+        if let Some(ns) = &self.namespace {
+            return ns.clone();
+        }
+        let cmd = self.command(ctx, binary).args(["config", "view", "--minify", "-o", "jsonpath={..namespace}"]);
+        match capture(&cmd, ctx, Some(QUICK), None).await {
+            Ok((outcome, stdout, _)) if outcome.success() => {
+                stdout.join("").split_whitespace().next().unwrap_or("default").to_string()
+            }
+            _ => "default".to_string(),
+        }
+    }
+
+    /// Every object of the step's manifests, in apply order.
+    async fn objects(&self, ctx: &StepContext, binary: &Path) -> Result<Vec<KubeObject>, Failure> {
+        let mut sources: Vec<(PathBuf, Vec<serde_json::Value>)> = Vec::new();
+        for manifest in &self.manifests {
+            let path = ctx.resolve(manifest);
+            if path.is_dir() && manifest::is_kustomization(&path) {
+                let cmd = self.command(ctx, binary).arg("kustomize").arg(&path);
+                let (outcome, stdout, _) = capture(&cmd, ctx, Some(QUICK), None).await.map_err(adapter_failure)?;
+                if !outcome.success() {
+                    return Err(Failure::from_process(&cmd.display(), &outcome)
+                        .with_hint(format!("fix the kustomization in {}", manifest.display())));
+                }
+                let docs = manifest::parse_documents(&stdout.join("\n"))
+                    .map_err(|e| Failure::new(format!("`{}` printed YAML that does not parse: {e}", cmd.display())))?;
+                sources.push((manifest.clone(), docs));
+            } else if path.is_dir() {
+                let files = manifest::files_in(&path)
+                    .map_err(|e| Failure::new(format!("could not read the directory {}: {e}", path.display())))?;
+                for file in files {
+                    let rel = manifest.join(file.file_name().unwrap_or_default());
+                    sources.push((rel, read_documents(&file)?));
+                }
+            } else {
+                sources.push((manifest.clone(), read_documents(&path)?));
+            }
+        }
+        let all: Vec<serde_json::Value> = sources.iter().flat_map(|(_, d)| d.iter().cloned()).collect();
+        let scopes = CrdScopes::from_documents(&all);
+        let default_ns = self.default_namespace(ctx, binary).await;
+        let mut objects = Vec::new();
+        for (source, docs) in sources {
+            objects.extend(
+                manifest::objects_from_documents(docs, &source, &default_ns, &scopes)
+                    .map_err(|e| Failure::new(e).with_hint("fix the manifest; every object needs `apiVersion`, `kind` and `metadata.name`"))?,
+            );
+        }
+        manifest::order(&mut objects);
+        if let Some((id, first, second)) = manifest::first_duplicate(&objects) {
+            return Err(Failure::new(format!(
+                "object `{id}` is declared twice ({} and {})",
+                first.display(),
+                second.display()
+            ))
+            .with_hint("keep one definition: the object is its checkpoint key"));
+        }
+        if objects.is_empty() {
+            return Err(Failure::new("the step's manifests hold no objects").with_hint("check `manifests:` in the stack file"));
+        }
+        Ok(objects)
+    }
+
+    pub async fn apply(&self, ctx: &StepContext, sink: &dyn EventSink) -> Result<(), Failure> {
+        let binary = self.resolve_binary(ctx).map_err(adapter_failure)?;
+        let objects = self.objects(ctx, &binary).await?;
+        sink.emit(Event::Planned { ids: objects.iter().map(KubeObject::id).collect() });
+        let all: Vec<usize> = (0..objects.len()).collect();
+        self.apply_objects(ctx, sink, &binary, &objects, &all, "apply").await
+    }
+
+    pub async fn recover(&self, ctx: &StepContext, prior: &PriorStep, sink: &dyn EventSink) -> Result<(), Failure> {
+        let binary = self.resolve_binary(ctx).map_err(adapter_failure)?;
+        let objects = self.objects(ctx, &binary).await?;
+        sink.emit(Event::Planned { ids: objects.iter().map(KubeObject::id).collect() });
+        self.warn_gone(&objects, prior, sink);
+        let plan = self.plan_recovery(ctx, &binary, &objects, prior, Some(sink)).await?;
+        if let Some(error) = &plan.diff_error {
+            sink.emit(Event::Warning {
+                message: format!("`kubectl diff` failed ({error}); applying every object not recorded done"),
+            });
+        }
+        let mut waits = Vec::new();
+        for &i in &plan.in_place {
+            if self.wait.unwrap_or(false) && objects[i].is_workload() {
+                waits.push(i);
+            } else {
+                sink.emit(Event::Done {
+                    id: objects[i].id(),
+                    note: Some("already in place: `kubectl diff` shows no difference".into()),
+                });
+            }
+        }
+        let to_apply: Vec<usize> = plan.apply.iter().map(|(i, _)| *i).collect();
+        let result = if to_apply.is_empty() {
+            Ok(())
+        } else {
+            self.apply_objects(ctx, sink, &binary, &objects, &to_apply, "recover").await
+        };
+        // Workloads already in place that a failed rollout left not done: wait for them again.
+        let waited = if waits.is_empty() {
+            Ok(())
+        } else {
+            for &i in &waits {
+                sink.emit(Event::Started { id: objects[i].id() });
+            }
+            let deadline = Instant::now() + ctx.timeout.unwrap_or(DEFAULT_ROLLOUT_TIMEOUT);
+            let failed = self.wait_rollouts(ctx, sink, &binary, &objects, &waits, deadline).await?;
+            if failed.is_empty() {
+                Ok(())
+            } else {
+                Err(summarize(&failed, objects.len(), None))
+            }
+        };
+        result.and(waited)
+    }
+
+    pub async fn inspect(&self, ctx: &StepContext, prior: &PriorStep) -> Result<Inspection, Failure> {
+        let binary = self.resolve_binary(ctx).map_err(adapter_failure)?;
+        let objects = self.objects(ctx, &binary).await?;
+        let plan = self.plan_recovery(ctx, &binary, &objects, prior, None).await?;
+        let mut inspection = Inspection::default();
+        if let Some(error) = &plan.diff_error {
+            inspection.actions.push(format!("`kubectl diff` failed ({error}): the checkpoint decides alone"));
+        }
+        for (i, reason) in &plan.apply {
+            inspection.actions.push(format!("apply {} ({})", objects[*i].id(), reason.words()));
+            inspection.remaining.push(objects[*i].id());
+        }
+        for &i in &plan.in_place {
+            if self.wait.unwrap_or(false) && objects[i].is_workload() {
+                inspection.actions.push(format!("wait for the rollout of {} (in place, not recorded done)", objects[i].id()));
+                inspection.remaining.push(objects[i].id());
+            } else {
+                inspection.actions.push(format!("mark {} done: in place, `kubectl diff` shows no difference", objects[i].id()));
+            }
+        }
+        for &i in &plan.keep {
+            inspection.actions.push(format!("keep {}: done and unchanged", objects[i].id()));
+        }
+        let ids: HashSet<String> = objects.iter().map(KubeObject::id).collect();
+        for gone in prior.sub_changes.iter().filter(|s| !ids.contains(&s.id)) {
+            inspection.actions.push(format!("leave {} alone: no longer in the manifests", gone.id));
+        }
+        Ok(inspection)
+    }
+
+    fn warn_gone(&self, objects: &[KubeObject], prior: &PriorStep, sink: &dyn EventSink) {
+        let ids: HashSet<String> = objects.iter().map(KubeObject::id).collect();
+        let gone: Vec<&str> = prior.sub_changes.iter().filter(|s| !ids.contains(&s.id)).map(|s| s.id.as_str()).collect();
+        if !gone.is_empty() {
+            sink.emit(Event::Warning {
+                message: format!("{} recorded but no longer in the manifests; left alone (rdeploy does not prune)", gone.join(", ")),
+            });
+        }
+    }
+
+    /// Runs `kubectl diff` over every object and decides, object by object, what recover does.
+    async fn plan_recovery(
+        &self,
+        ctx: &StepContext,
+        binary: &Path,
+        objects: &[KubeObject],
+        prior: &PriorStep,
+        sink: Option<&dyn EventSink>,
+    ) -> Result<RecoveryPlan, Failure> {
+        let all: Vec<usize> = (0..objects.len()).collect();
+        let dir = stage(ctx, "diff", objects, &all)?;
+        let mut cmd = self.command(ctx, binary).arg("diff");
+        if self.server_side() {
+            cmd = cmd.arg("--server-side");
+        }
+        let cmd = cmd.arg("-f").arg(&dir);
+        let (outcome, stdout, stderr) = capture(&cmd, ctx, Some(ctx.timeout.unwrap_or(QUICK)), sink).await.map_err(adapter_failure)?;
+        if outcome.interrupted {
+            return Err(Failure::from_process(&cmd.display(), &outcome));
+        }
+        let mut plan = RecoveryPlan::default();
+        // kubectl diff: 0 no differences, 1 differences, anything else an error.
+        let entries = match outcome.code {
+            Some(0) if !outcome.timed_out => Some(Vec::new()),
+            Some(1) if !outcome.timed_out => Some(parse_diff(&stdout)),
+            _ => {
+                plan.diff_error = Some(
+                    stderr
+                        .iter()
+                        .rev()
+                        .find(|l| is_error_line(l))
+                        .map(|l| output::clean_error(l))
+                        .unwrap_or_else(|| format!("`kubectl diff` {}", outcome.describe_status())),
+                );
+                None
+            }
+        };
+        let by_name: HashMap<String, bool> = entries.iter().flatten().map(|e| (e.name.clone(), e.missing)).collect();
+        for (i, object) in objects.iter().enumerate() {
+            let done = prior.status_of(&object.id()) == Some(SubStatus::Done);
+            match (&entries, by_name.get(&object.diff_name())) {
+                (None, _) if done => plan.keep.push(i),
+                (None, _) => plan.apply.push((i, Reason::NotDone)),
+                (Some(_), Some(true)) => plan.apply.push((i, Reason::Missing)),
+                (Some(_), Some(false)) => plan.apply.push((i, Reason::Differs)),
+                (Some(_), None) if done => plan.keep.push(i),
+                (Some(_), None) => plan.in_place.push(i),
+            }
+        }
+        Ok(plan)
+    }
+
+    /// Applies the given objects (indexes into `objects`), CRDs in a batch of their own when
+    /// custom resources of theirs follow, then waits for rollouts when the step asks.
+    async fn apply_objects(
+        &self,
+        ctx: &StepContext,
+        sink: &dyn EventSink,
+        binary: &Path,
+        objects: &[KubeObject],
+        selected: &[usize],
+        label: &str,
+    ) -> Result<(), Failure> {
+        let deadline = Instant::now() + ctx.timeout.unwrap_or(DEFAULT_ROLLOUT_TIMEOUT);
+        let mut failed = Vec::new();
+        let mut to_wait = Vec::new();
+        let mut last: Option<(Outcome, String)> = None;
+        for (n, batch) in batches(objects, selected).into_iter().enumerate() {
+            let result = self.apply_batch(ctx, sink, binary, objects, &batch, &format!("{label}-{}", n + 1)).await?;
+            let interrupted = result.outcome.interrupted || result.outcome.timed_out;
+            failed.extend(result.failed);
+            to_wait.extend(result.to_wait);
+            last = Some((result.outcome, result.command));
+            if interrupted {
+                break;
+            }
+            if n == 0 {
+                self.wait_for_crds(ctx, binary, objects, &batch, sink).await;
+            }
+        }
+        let Some((outcome, command)) = last else { return Ok(()) };
+        if outcome.interrupted || outcome.timed_out {
+            let mut failure = Failure::from_process(&command, &outcome);
+            failure.hint = Some("objects kubectl did not report are uncertain; `rdeploy recover` diffs them first".into());
+            return Err(failure);
+        }
+        if self.wait.unwrap_or(false) && !to_wait.is_empty() {
+            failed.extend(self.wait_rollouts(ctx, sink, binary, objects, &to_wait, deadline).await?);
+        }
+        if failed.is_empty() {
+            return Ok(());
+        }
+        Err(summarize(&failed, selected.len(), Some((&command, &outcome))))
+    }
+
+    /// One `kubectl apply -f DIR` over one file per object, each result line and error settled
+    /// as the object's Done or Failed.
+    async fn apply_batch(
+        &self,
+        ctx: &StepContext,
+        sink: &dyn EventSink,
+        binary: &Path,
+        objects: &[KubeObject],
+        batch: &[usize],
+        label: &str,
+    ) -> Result<BatchOutcome, Failure> {
+        if ctx.cancel.is_cancelled() {
+            return Err(Failure { interrupted: true, ..Failure::new("stopped before `kubectl apply` started") });
+        }
+        let dir = stage(ctx, label, objects, batch)?;
+        let mut cmd = self.command(ctx, binary).arg("apply");
+        if self.server_side() {
+            cmd = cmd.arg("--server-side");
+        }
+        let cmd = cmd.arg("-f").arg(&dir);
+        for &i in batch {
+            sink.emit(Event::Started { id: objects[i].id() });
+        }
+        let (outcome, stdout, stderr) = capture(&cmd, ctx, ctx.timeout, Some(sink)).await.map_err(adapter_failure)?;
+        let results: Vec<_> = stdout.iter().filter_map(|l| parse_apply_line(l)).collect();
+        let refs: Vec<&KubeObject> = batch.iter().map(|&i| &objects[i]).collect();
+        let matched = match_results(&refs, &results);
+        let mut to_wait = Vec::new();
+        let mut not_applied = Vec::new();
+        for (k, &i) in batch.iter().enumerate() {
+            match matched.get(&k) {
+                Some(_) if self.wait.unwrap_or(false) && objects[i].is_workload() => to_wait.push(i),
+                Some(verb) => sink.emit(Event::Done { id: objects[i].id(), note: Some(verb.clone()) }),
+                None => not_applied.push((&objects[i], file_name(i))),
+            }
+        }
+        let mut failed = Vec::new();
+        // Interrupted or timed out: what kubectl did not report stays uncertain (started).
+        if !(outcome.interrupted || outcome.timed_out) && !not_applied.is_empty() {
+            let errors: Vec<String> = stderr.iter().filter(|l| is_error_line(l)).cloned().collect();
+            let attributed = attribute_errors(&not_applied, &errors);
+            for (object, _) in &not_applied {
+                let error = attributed.get(&object.id()).cloned().unwrap_or_else(|| "not applied".into());
+                sink.emit(Event::Failed { id: object.id(), error: error.clone() });
+                failed.push((object.id(), error));
+            }
+        }
+        Ok(BatchOutcome { failed, to_wait, outcome, command: cmd.display() })
+    }
+
+    /// After a batch that created CRDs, waits until they are established so the custom
+    /// resources of the next batch map (best effort: the apply reports what still fails).
+    async fn wait_for_crds(&self, ctx: &StepContext, binary: &Path, objects: &[KubeObject], batch: &[usize], sink: &dyn EventSink) {
+        let crds: Vec<String> =
+            batch.iter().filter(|&&i| objects[i].kind == "CustomResourceDefinition").map(|&i| format!("crd/{}", objects[i].name)).collect();
+        if crds.is_empty() {
+            return;
+        }
+        let cmd = self.command(ctx, binary).args(["wait", "--for=condition=Established", "--timeout=60s"]).args(crds);
+        let _ = capture(&cmd, ctx, Some(QUICK), Some(sink)).await;
+    }
+
+    /// `kubectl rollout status` for each workload, within the step's deadline.
+    async fn wait_rollouts(
+        &self,
+        ctx: &StepContext,
+        sink: &dyn EventSink,
+        binary: &Path,
+        objects: &[KubeObject],
+        workloads: &[usize],
+        deadline: Instant,
+    ) -> Result<Vec<(String, String)>, Failure> {
+        let mut failed = Vec::new();
+        for &i in workloads {
+            let object = &objects[i];
+            if ctx.cancel.is_cancelled() {
+                return Err(Failure { interrupted: true, ..Failure::new(format!("stopped before the rollout of `{}`", object.id())) });
+            }
+            let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_secs(1));
+            let mut cmd = self.command(ctx, binary).arg("rollout").arg("status").arg(object.resource_arg());
+            if let Some(ns) = &object.namespace {
+                cmd = cmd.arg("-n").arg(ns);
+            }
+            let cmd = cmd.arg(format!("--timeout={}s", left.as_secs()));
+            // kubectl enforces its own --timeout; ours is a backstop a little later.
+            let (outcome, stdout, _) = capture(&cmd, ctx, Some(left + Duration::from_secs(30)), Some(sink)).await.map_err(adapter_failure)?;
+            if outcome.interrupted {
+                return Err(Failure::from_process(&cmd.display(), &outcome));
+            }
+            if outcome.success() {
+                sink.emit(Event::Done { id: object.id(), note: Some("rolled out".into()) });
+                continue;
+            }
+            let why = outcome.last_error_line().unwrap_or_else(|| outcome.describe_status());
+            let error = match rollout_progress(&stdout) {
+                Some(progress) if progress != why => format!("rollout did not finish: {why} ({progress})"),
+                _ => format!("rollout did not finish: {why}"),
+            };
+            sink.emit(Event::Failed { id: object.id(), error: error.clone() });
+            failed.push((object.id(), error));
+        }
+        Ok(failed)
+    }
+
+    /// `kubectl -f m1 -f m2 [-k dir] [-n NS] [--context C] VERB` as an operator types it in the
+    /// stack directory.
+    fn runbook_words(&self, verb: &[&str]) -> Vec<String> {
+        let mut words = vec![self.binary_name().to_string()];
+        words.extend(verb.iter().map(|s| s.to_string()));
+        if self.server_side() && verb != ["rollout", "status"] {
+            words.push("--server-side".into());
+        }
+        for m in &self.manifests {
+            // The runbook cannot look at the disk; a kustomize dir is told by the note below.
+            words.push("-f".into());
+            words.push(m.to_string_lossy().into_owned());
+        }
+        if let Some(ns) = &self.namespace {
+            words.push("-n".into());
+            words.push(ns.clone());
+        }
+        words.extend(self.cluster_args(None));
+        words
+    }
+
+    pub fn describe_recovery(&self, ctx: &DescribeContext<'_>, prior: Option<&PriorStep>) -> RecoveryDoc {
+        let cd = format!("cd {}", shell_quote(ctx.stack_dir));
+        let mut doc = RecoveryDoc::default();
+        doc.inspect.push(format!(
+            "{cd} && {}    # read-only; exit 0: no difference, 1: differences, >1: error",
+            display_command(&self.runbook_words(&["diff"]))
+        ));
+        doc.recover.push(format!("rdeploy recover {}", shell_quote(ctx.stack_file)));
+        doc.notes.push(format!(
+            "by hand: `{cd} && {}` (apply is idempotent: objects already in place come back `unchanged`)",
+            display_command(&self.runbook_words(&["apply"]))
+        ));
+        doc.notes.push("a directory holding a `kustomization.yaml` is applied with `-k DIR` rather than `-f DIR`".into());
+        if let Some(prior) = prior {
+            let not_done: Vec<String> = prior
+                .sub_changes
+                .iter()
+                .filter(|s| s.status != SubStatus::Done)
+                .map(|s| match &s.error {
+                    Some(e) => format!("{} ({}: {e})", s.id, s.status.as_str()),
+                    None => format!("{} ({})", s.id, s.status.as_str()),
+                })
+                .collect();
+            if not_done.is_empty() {
+                doc.notes.push("every object is recorded done".into());
+            } else {
+                doc.notes.push(format!("objects not done: {}", not_done.join("; ")));
+            }
+            for s in &prior.sub_changes {
+                if let Some(words) = self.rollout_words(&s.id) {
+                    doc.verify.push(display_command(&words));
+                }
+            }
+        }
+        if doc.verify.is_empty() {
+            doc.verify.push(format!("{cd} && {}    # exits 0 when everything is in place", display_command(&self.runbook_words(&["diff"]))));
+        }
+        doc
+    }
+
+    /// `kubectl rollout status deployment/web -n shop` for a workload id.
+    fn rollout_words(&self, id: &str) -> Option<Vec<String>> {
+        let mut parts = id.split('/');
+        let (kind, ns, name) = (parts.next()?, parts.next()?, parts.next()?);
+        if !manifest::WORKLOADS.contains(&kind) {
+            return None;
+        }
+        let mut words = vec![self.binary_name().to_string(), "rollout".into(), "status".into()];
+        words.push(format!("{}/{name}", kind.to_lowercase()));
+        words.extend(["-n".to_string(), ns.to_string()]);
+        words.extend(self.cluster_args(None));
+        Some(words)
+    }
+}
+
+/// Splits the selected objects into apply batches: CRDs (with the Namespaces before them) go
+/// first on their own when custom resources of theirs follow, because kubectl maps every
+/// object's kind before it applies any.
+fn batches(objects: &[KubeObject], selected: &[usize]) -> Vec<Vec<usize>> {
+    let defined: HashSet<&str> = selected
+        .iter()
+        .filter(|&&i| objects[i].kind == "CustomResourceDefinition")
+        .filter_map(|&i| objects[i].body.pointer("/spec/names/kind").and_then(|k| k.as_str()))
+        .collect();
+    let needs_split = selected.iter().any(|&i| defined.contains(objects[i].kind.as_str()));
+    if !needs_split {
+        return vec![selected.to_vec()];
+    }
+    let (first, rest): (Vec<usize>, Vec<usize>) =
+        selected.iter().partition(|&&i| matches!(objects[i].kind.as_str(), "Namespace" | "CustomResourceDefinition"));
+    vec![first, rest]
+}
+
+/// `0003.json`: the file an object is staged in (its position in the apply order), which
+/// kubectl's client-side error lines quote.
+fn file_name(index: usize) -> String {
+    format!("{:04}.json", index + 1)
+}
+
+/// Writes one JSON file per selected object into a fresh `work_dir/LABEL/`.
+fn stage(ctx: &StepContext, label: &str, objects: &[KubeObject], selected: &[usize]) -> Result<PathBuf, Failure> {
+    let dir = ctx.work_dir.join("objects").join(label);
+    let io = |what: &str, path: &Path, e: std::io::Error| Failure::new(format!("could not {what} {}: {e}", path.display()));
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir).map_err(|e| io("clear", &dir, e))?;
+    }
+    std::fs::create_dir_all(&dir).map_err(|e| io("create", &dir, e))?;
+    for &i in selected {
+        let path = dir.join(file_name(i));
+        let text = serde_json::to_string_pretty(&objects[i].body).expect("json values serialize");
+        std::fs::write(&path, text).map_err(|e| io("write", &path, e))?;
+    }
+    Ok(dir)
+}
+
+fn read_documents(path: &Path) -> Result<Vec<serde_json::Value>, Failure> {
+    let text = std::fs::read_to_string(path).map_err(|e| Failure::new(format!("could not read {}: {e}", path.display())))?;
+    manifest::parse_documents(&text).map_err(|e| Failure::new(format!("{} does not parse: {e}", path.display())))
+}
+
+/// One line for the step: how many objects failed and the first one's error.
+fn summarize(failed: &[(String, String)], total: usize, process: Option<(&str, &Outcome)>) -> Failure {
+    let (id, error) = &failed[0];
+    let summary = format!("{} of {total} objects failed; {id}: {error}", failed.len());
+    let mut failure = match process {
+        Some((command, outcome)) => Failure { summary, ..Failure::from_process(command, outcome) },
+        None => Failure::new(summary),
+    };
+    failure.hint = Some(
+        "fix the cause, then `rdeploy recover` runs `kubectl diff` and applies only the objects missing, different or not done"
+            .into(),
+    );
+    failure
+}
+
+/// Runs a command, forwarding its lines to the sink (when given) and keeping them all.
+async fn capture(
+    cmd: &Command,
+    ctx: &StepContext,
+    timeout: Option<Duration>,
+    sink: Option<&dyn EventSink>,
+) -> Result<(Outcome, Vec<String>, Vec<String>), AdapterError> {
+    let mut stdout = Vec::new();
+    let mut stderr = Vec::new();
+    let outcome = cmd
+        .run(&ctx.cancel, timeout, &mut |stream, line| {
+            if let Some(sink) = sink {
+                sink.emit(Event::Output { stream, line: line.to_string() });
+            }
+            match stream {
+                Stream::Stdout => stdout.push(line.to_string()),
+                Stream::Stderr => stderr.push(line.to_string()),
+            }
+        })
+        .await?;
+    Ok((outcome, stdout, stderr))
+}
+
+/// A `binary` with a slash is a path relative to the stack file; a bare name is looked up on
+/// the step's PATH (its `env:` may prepend a directory), then rdeploy's own.
+pub(crate) fn resolve_tool(ctx: &StepContext, name: &str, hint: &str) -> Result<PathBuf, AdapterError> {
+    if name.contains('/') {
+        let path = ctx.resolve(Path::new(name));
+        return if path.is_file() {
+            Ok(path)
+        } else {
+            Err(AdapterError::ToolMissing { tool: name.to_string(), hint: hint.into() })
+        };
+    }
+    let path = ctx.env.get("PATH").cloned().or_else(|| std::env::var("PATH").ok()).unwrap_or_default();
+    which::which_in(name, Some(path), &ctx.stack_dir)
+        .map_err(|_| AdapterError::ToolMissing { tool: name.to_string(), hint: hint.into() })
+}
+
+pub(crate) fn adapter_failure(e: AdapterError) -> Failure {
+    let hint = e.hint().map(str::to_string);
+    let failure = Failure::new(e.to_string());
+    match hint {
+        Some(hint) => failure.with_hint(hint),
+        None => failure,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::PriorSubChange;
+
+    fn spec() -> KubectlSpec {
+        KubectlSpec {
+            manifests: vec!["k8s/app.yaml".into()],
+            namespace: None,
+            context: Some("c1".into()),
+            kubeconfig: None,
+            server_side: None,
+            wait: Some(true),
+            binary: None,
+        }
+    }
+
+    #[test]
+    fn runbook_has_the_exact_commands() {
+        let ctx = DescribeContext { step: "extras", stack_file: "stack.yaml", stack_dir: "deploy", resumable: true };
+        let prior = PriorStep {
+            sub_changes: vec![
+                PriorSubChange { id: "Namespace/shop".into(), status: SubStatus::Done, error: None },
+                PriorSubChange { id: "Deployment/shop/web".into(), status: SubStatus::Failed, error: Some("rollout did not finish".into()) },
+            ],
+            facts: Default::default(),
+        };
+        let doc = spec().describe_recovery(&ctx, Some(&prior));
+        assert!(doc.inspect[0].starts_with("cd deploy && kubectl diff -f k8s/app.yaml --context c1"), "{:?}", doc.inspect);
+        assert_eq!(doc.recover, ["rdeploy recover stack.yaml"]);
+        assert!(doc.notes[0].contains("`cd deploy && kubectl apply -f k8s/app.yaml --context c1`"), "{:?}", doc.notes);
+        assert!(doc.notes.iter().any(|n| n == "objects not done: Deployment/shop/web (failed: rollout did not finish)"), "{:?}", doc.notes);
+        assert_eq!(doc.verify, ["kubectl rollout status deployment/web -n shop --context c1"]);
+    }
+
+    #[test]
+    fn crds_get_a_batch_of_their_own_only_when_needed() {
+        let text = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\n---\napiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata: {name: widgets.example.com}\nspec: {group: example.com, scope: Namespaced, names: {kind: Widget, plural: widgets}}\n---\napiVersion: example.com/v1\nkind: Widget\nmetadata: {name: w}\n";
+        let docs = manifest::parse_documents(text).unwrap();
+        let scopes = CrdScopes::from_documents(&docs);
+        let mut objs = manifest::objects_from_documents(docs, Path::new("x.yaml"), "default", &scopes).unwrap();
+        manifest::order(&mut objs);
+        assert_eq!(batches(&objs, &[0, 1, 2]), vec![vec![0], vec![1, 2]]);
+        assert_eq!(batches(&objs, &[1]), vec![vec![1]]);
+    }
+
+    #[test]
+    fn empty_manifests_are_a_problem() {
+        let mut s = spec();
+        s.manifests.clear();
+        s.namespace = Some(" ".into());
+        let problems = s.problems();
+        assert_eq!(problems.len(), 2);
+        assert_eq!(problems[0].at, vec![PathSegment::Key("manifests")]);
     }
 }
