@@ -1,59 +1,805 @@
-//! The helm adapter. Not built yet: the spec is parsed and validated so stacks that use
-//! helm are checked, but `ToolSpec::is_supported` reports it missing until its issue lands.
+//! The helm adapter: `helm upgrade --install` with the stack's values, checkpointed as the
+//! release revision it creates (sub-change id `release@revision`, e.g. `web@3`), with helm's
+//! status and history read before and after. Recovery decides from helm's own state: deployed at
+//! the wanted chart and values, failed (upgrade again, or roll back to the last deployed revision,
+//! always named), or stuck in `pending-*` (rolled back only when no helm process for the release
+//! is alive, or when the operator forces it with `RDEPLOY_FORCE=1`).
+
+pub mod state;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use serde::Deserialize;
+use serde_json::Value;
 
+use self::state::{last_deployed, ReleaseStatus, Revision};
+use crate::kubectl::{adapter_failure, resolve_tool};
+use crate::process::{Command, Outcome};
 use crate::{
-    AdapterError, DescribeContext, EventSink, Failure, FieldPath, Inspection, PriorStep, RecoveryDoc, SpecProblem,
-    StepContext, ToolInfo,
+    display_command, shell_quote, AdapterError, DescribeContext, Event, EventSink, Failure, FieldPath, Inspection,
+    PathSegment, PriorStep, RecoveryDoc, SpecProblem, StepContext, Stream, ToolInfo,
 };
+
+const DEFAULT_BINARY: &str = "helm";
+const INSTALL_HINT: &str = "install helm 3 or 4 (https://helm.sh/docs/intro/install/), or point the step's `binary:` at it";
+/// Read-only calls (version, status, history) get this long.
+const QUICK: Duration = Duration::from_secs(120);
+/// Beyond helm's own `--timeout`, how long before rdeploy stops a helm that hangs.
+const BACKSTOP: Duration = Duration::from_secs(60);
+/// The environment variable an operator sets to let recover roll back a stuck release even
+/// though a helm process for it looks alive.
+pub const FORCE_ENV: &str = "RDEPLOY_FORCE";
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HelmSpec {
     pub release: String,
+    /// A chart directory (relative to the stack file), `repo/name` or an `oci://` reference.
     pub chart: String,
     pub namespace: Option<String>,
     #[serde(default)]
-    pub values: Vec<std::path::PathBuf>,
+    pub values: Vec<PathBuf>,
+    /// Values by dotted path, passed as `--set-json` so their types are the stack file's.
     #[serde(default)]
-    pub set: std::collections::BTreeMap<String, serde_json::Value>,
+    pub set: BTreeMap<String, Value>,
     pub version: Option<String>,
     pub context: Option<String>,
+    /// A kubeconfig file, relative to the stack file (default: `KUBECONFIG` or `~/.kube/config`).
+    pub kubeconfig: Option<PathBuf>,
+    /// Wait until the release's resources are ready (`--wait`; `--wait=watcher` on helm 4).
     pub wait: Option<bool>,
+    /// Roll a failed upgrade back at once (`--atomic`; `--rollback-on-failure` on helm 4).
+    pub atomic: Option<bool>,
+    /// Replace resources that cannot be patched (`--force`; `--force-replace` on helm 4).
+    pub force: Option<bool>,
     pub binary: Option<String>,
     /// `upgrade` (default) or `rollback`.
     pub recover: Option<String>,
 }
 
+/// How `recover` resumes a failed release.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecoverMode {
+    Upgrade,
+    Rollback,
+}
+
+/// helm's live state of the release.
+#[derive(Clone, Debug, Default)]
+struct Live {
+    history: Vec<Revision>,
+    status: Option<ReleaseStatus>,
+}
+
+impl Live {
+    fn latest(&self) -> Option<&Revision> {
+        self.history.last()
+    }
+
+    fn next_revision(&self) -> u64 {
+        self.latest().map_or(1, |r| r.revision + 1)
+    }
+}
+
+/// What recover does, decided from helm's state.
+#[derive(Clone, Debug, PartialEq)]
+enum Decision {
+    /// Deployed at the wanted chart and values.
+    InPlace { revision: u64 },
+    /// Not installed, superseded, failed with `recover: upgrade`, or deployed with other values.
+    Upgrade { why: String },
+    /// Roll back to `to`, then (with `recover: upgrade` after a stuck release) upgrade.
+    Rollback { to: u64, why: String, then_upgrade: bool },
+    /// Cannot proceed without the operator.
+    Refuse { failure: Failure },
+}
+
 impl HelmSpec {
-    pub const KEYS: &'static [&'static str] = &["release", "chart", "namespace", "values", "set", "version", "context", "wait", "binary", "recover"];
+    pub const KEYS: &'static [&'static str] = &[
+        "release", "chart", "namespace", "values", "set", "version", "context", "kubeconfig", "wait", "atomic", "force", "binary",
+        "recover",
+    ];
 
     pub fn problems(&self) -> Vec<SpecProblem> {
-        Vec::new()
+        let mut problems = Vec::new();
+        if let Some(mode) = &self.recover {
+            if !matches!(mode.as_str(), "upgrade" | "rollback") {
+                problems.push(SpecProblem {
+                    at: vec![PathSegment::Key("recover")],
+                    message: format!("`recover: {mode}` is not a recovery mode of helm steps"),
+                    hint: Some("use `upgrade` (upgrade again once the cause is fixed) or `rollback` (to the last deployed revision)".into()),
+                });
+            }
+        }
+        let valid = |s: &str| !s.is_empty() && s.len() <= 53 && s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+        if !valid(&self.release) {
+            problems.push(SpecProblem {
+                at: vec![PathSegment::Key("release")],
+                message: format!("`{}` is not a valid helm release name", self.release),
+                hint: Some("use at most 53 lower-case letters, digits and `-`".into()),
+            });
+        }
+        for (i, key) in self.set.keys().enumerate() {
+            if key.trim().is_empty() || key.contains('=') {
+                problems.push(SpecProblem {
+                    at: vec![PathSegment::Key("set"), PathSegment::Index(i)],
+                    message: format!("`{key}` is not a value path"),
+                    hint: Some("write dotted paths such as `image.tag`".into()),
+                });
+            }
+        }
+        problems
     }
 
-    pub fn referenced_paths(&self) -> Vec<(FieldPath, std::path::PathBuf)> {
-        Vec::new()
+    pub fn referenced_paths(&self) -> Vec<(FieldPath, PathBuf)> {
+        let mut paths: Vec<(FieldPath, PathBuf)> = self
+            .values
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (vec![PathSegment::Key("values"), PathSegment::Index(i)], p.clone()))
+            .collect();
+        if self.is_local_chart() {
+            paths.push((vec![PathSegment::Key("chart")], PathBuf::from(&self.chart)));
+        }
+        if let Some(k) = &self.kubeconfig {
+            paths.push((vec![PathSegment::Key("kubeconfig")], k.clone()));
+        }
+        paths
     }
 
-    pub async fn preflight(&self, _ctx: &StepContext) -> Result<ToolInfo, AdapterError> {
-        Err(AdapterError::ToolUnusable { command: "helm".into(), detail: "the helm adapter is not built yet".into() })
+    /// Whether the stack file plainly names a chart directory (`./x`, `/x`, `a/b/c`): helm
+    /// tries a local path before a `repo/name`, so `a/b` is only known from the disk.
+    fn is_local_chart(&self) -> bool {
+        !self.chart.contains("://") && (self.chart.starts_with('.') || self.chart.starts_with('/') || self.chart.matches('/').count() > 1)
     }
 
-    pub async fn apply(&self, _ctx: &StepContext, _sink: &dyn EventSink) -> Result<(), Failure> {
-        Err(Failure::new("the helm adapter is not built yet"))
+    pub fn recover_mode(&self) -> RecoverMode {
+        match self.recover.as_deref() {
+            Some("rollback") => RecoverMode::Rollback,
+            _ => RecoverMode::Upgrade,
+        }
     }
 
-    pub async fn recover(&self, _ctx: &StepContext, _prior: &PriorStep, _sink: &dyn EventSink) -> Result<(), Failure> {
-        Err(Failure::new("the helm adapter is not built yet"))
+    fn binary_name(&self) -> &str {
+        self.binary.as_deref().unwrap_or(DEFAULT_BINARY)
     }
 
-    pub async fn inspect(&self, _ctx: &StepContext, _prior: &PriorStep) -> Result<Inspection, Failure> {
-        Err(Failure::new("the helm adapter is not built yet"))
+    fn id(&self, revision: u64) -> String {
+        format!("{}@{revision}", self.release)
     }
 
-    pub fn describe_recovery(&self, _ctx: &DescribeContext<'_>, _prior: Option<&PriorStep>) -> RecoveryDoc {
-        RecoveryDoc::default()
+    /// `-n NS --kube-context C --kubeconfig K`, as every helm call gets them.
+    fn cluster_args(&self, ctx: Option<&StepContext>) -> Vec<String> {
+        let mut args = Vec::new();
+        if let Some(ns) = &self.namespace {
+            args.extend(["-n".to_string(), ns.clone()]);
+        }
+        if let Some(c) = &self.context {
+            args.extend(["--kube-context".to_string(), c.clone()]);
+        }
+        if let Some(k) = &self.kubeconfig {
+            let path = ctx.map(|c| c.resolve(k)).unwrap_or_else(|| k.clone());
+            args.extend(["--kubeconfig".to_string(), path.to_string_lossy().into_owned()]);
+        }
+        args
+    }
+
+    fn command(&self, ctx: &StepContext, binary: &Path) -> Command {
+        Command::new(binary).cwd(&ctx.stack_dir).envs(ctx.env.iter().map(|(k, v)| (k.clone(), v.clone())))
+    }
+
+    pub async fn preflight(&self, ctx: &StepContext) -> Result<ToolInfo, AdapterError> {
+        let binary = resolve_tool(ctx, self.binary_name(), INSTALL_HINT)?;
+        let (version, _) = self.version(ctx, &binary).await?;
+        Ok(ToolInfo { binary, version })
+    }
+
+    /// `helm version --short` and its major version (3 or 4: their flags differ).
+    async fn version(&self, ctx: &StepContext, binary: &Path) -> Result<(String, u32), AdapterError> {
+        let cmd = self.command(ctx, binary).args(["version", "--short"]);
+        let (outcome, stdout, _) = capture(&cmd, ctx, Some(QUICK), None).await?;
+        let version = stdout.first().map(|s| s.trim().to_string()).unwrap_or_default();
+        match state::parse_major(&version) {
+            Some(major @ (3 | 4)) if outcome.success() => Ok((version, major)),
+            Some(major) if outcome.success() => Err(AdapterError::ToolUnusable {
+                command: cmd.display(),
+                detail: format!("helm {major} is not supported (helm 3 or 4 is)"),
+            }),
+            _ => Err(AdapterError::ToolUnusable {
+                command: cmd.display(),
+                detail: outcome.last_error_line().unwrap_or_else(|| outcome.describe_status()),
+            }),
+        }
+    }
+
+    /// `helm history` and `helm status`; a release that does not exist is an empty state.
+    async fn live(&self, ctx: &StepContext, binary: &Path, sink: Option<&dyn EventSink>) -> Result<Live, Failure> {
+        let history_cmd =
+            self.command(ctx, binary).args(["history", &self.release, "-o", "json", "--max", "256"]).args(self.cluster_args(Some(ctx)));
+        let (outcome, stdout, stderr) = capture(&history_cmd, ctx, Some(QUICK), sink).await.map_err(adapter_failure)?;
+        if !outcome.success() {
+            if state::is_not_found(&stderr) {
+                return Ok(Live::default());
+            }
+            return Err(helm_failure(&history_cmd.display(), &outcome, &stderr).with_hint("check that the cluster is reachable"));
+        }
+        let history = state::parse_history(&stdout.join("\n")).map_err(Failure::new)?;
+        let status_cmd = self.command(ctx, binary).args(["status", &self.release, "-o", "json"]).args(self.cluster_args(Some(ctx)));
+        let (outcome, stdout, stderr) = capture(&status_cmd, ctx, Some(QUICK), None).await.map_err(adapter_failure)?;
+        let status = if outcome.success() {
+            Some(state::parse_status(&stdout.join("\n")).map_err(Failure::new)?)
+        } else if state::is_not_found(&stderr) {
+            None
+        } else {
+            return Err(helm_failure(&status_cmd.display(), &outcome, &stderr));
+        };
+        Ok(Live { history, status })
+    }
+
+    /// `upgrade --install R CHART ...` with the flags of helm `major`.
+    fn upgrade_words(&self, major: u32, ctx: Option<&StepContext>) -> Vec<String> {
+        let mut words = vec!["upgrade".to_string(), "--install".into(), self.release.clone(), self.chart.clone()];
+        words.extend(self.cluster_args(ctx));
+        if self.namespace.is_some() {
+            words.push("--create-namespace".into());
+        }
+        if let Some(v) = &self.version {
+            words.extend(["--version".to_string(), v.clone()]);
+        }
+        for file in &self.values {
+            words.extend(["-f".to_string(), file.to_string_lossy().into_owned()]);
+        }
+        for (key, value) in &self.set {
+            words.extend(["--set-json".to_string(), format!("{key}={value}")]);
+        }
+        // The stack declares the whole config: never reuse values from an earlier revision.
+        words.push("--reset-values".into());
+        if self.atomic.unwrap_or(false) {
+            words.push(if major >= 4 { "--rollback-on-failure" } else { "--atomic" }.into());
+        }
+        if self.force.unwrap_or(false) {
+            words.push(if major >= 4 { "--force-replace" } else { "--force" }.into());
+        }
+        words.extend(self.wait_words(major, ctx));
+        words
+    }
+
+    fn rollback_words(&self, major: u32, to: u64, ctx: Option<&StepContext>) -> Vec<String> {
+        let mut words = vec!["rollback".to_string(), self.release.clone(), to.to_string()];
+        words.extend(self.cluster_args(ctx));
+        words.extend(self.wait_words(major, ctx));
+        words
+    }
+
+    fn wait_words(&self, major: u32, ctx: Option<&StepContext>) -> Vec<String> {
+        let mut words = Vec::new();
+        if self.wait.unwrap_or(false) {
+            words.push(if major >= 4 { "--wait=watcher" } else { "--wait" }.into());
+        }
+        if let Some(t) = ctx.and_then(|c| c.timeout) {
+            words.push(format!("--timeout={}s", t.as_secs().max(1)));
+        }
+        words
+    }
+
+    /// The chart's `name-version` as helm history shows it, when it can be known offline.
+    fn wanted_chart(&self, ctx: &StepContext) -> Option<String> {
+        let local = ctx.resolve(Path::new(&self.chart)).join("Chart.yaml");
+        if !self.chart.contains("://") && local.is_file() {
+            let text = std::fs::read_to_string(local).ok()?;
+            let meta = crate::kubectl::manifest::parse_yaml(&text).ok()?;
+            return Some(format!("{}-{}", meta.get("name")?.as_str()?, meta.get("version")?.as_str()?));
+        }
+        let name = self.chart.rsplit('/').next()?;
+        self.version.as_ref().map(|v| format!("{name}-{}", v.trim_start_matches('v')))
+    }
+
+    /// The user values helm should have recorded, or `None` when they cannot be computed.
+    fn wanted_values(&self, ctx: &StepContext) -> Option<Value> {
+        let mut files = Vec::new();
+        for file in &self.values {
+            let text = std::fs::read_to_string(ctx.resolve(file)).ok()?;
+            files.push(crate::kubectl::manifest::parse_yaml(&text).ok()?);
+        }
+        state::wanted_values(&files, &self.set)
+    }
+
+    fn decide(&self, ctx: &StepContext, live: &Live) -> Decision {
+        let Some(latest) = live.latest() else {
+            return Decision::Upgrade { why: format!("release {} is not installed", self.release) };
+        };
+        let good = last_deployed(&live.history).map(|r| r.revision);
+        if latest.is_pending() {
+            let age = state::parse_rfc3339(&latest.updated)
+                .map(|t| state::human_age(now_secs() - t))
+                .map(|a| format!(" for {a}"))
+                .unwrap_or_default();
+            let stuck = format!("release {} is stuck in {} at revision {}{age}", self.release, latest.status, latest.revision);
+            let forced = std::env::var(FORCE_ENV).is_ok_and(|v| v == "1") || ctx.env.get(FORCE_ENV).is_some_and(|v| v == "1");
+            if let Some((pid, cmdline)) = state::live_helm_for(&self.release, Path::new("/proc")).filter(|_| !forced) {
+                let mut failure = Failure::new(format!("{stuck}, and a helm process for it is still running (pid {pid}: `{cmdline}`)"));
+                failure.hint = Some(match good {
+                    Some(good) => format!(
+                        "let it finish, or stop it, then `rdeploy recover`; to roll back now anyway: `{FORCE_ENV}=1 rdeploy recover` (runs `{}`)",
+                        display_command(&self.helm_words(self.rollback_words(4, good, None)))
+                    ),
+                    None => "let it finish, or stop it, then `rdeploy recover`".into(),
+                });
+                return Decision::Refuse { failure };
+            }
+            return match good {
+                Some(to) => Decision::Rollback {
+                    to,
+                    why: format!("{stuck}; no helm process for it is alive{}", if forced { " (or forced)" } else { "" }),
+                    then_upgrade: self.recover_mode() == RecoverMode::Upgrade,
+                },
+                None => Decision::Refuse {
+                    failure: Failure::new(format!("{stuck}, and it has no deployed revision to roll back to")).with_hint(format!(
+                        "uninstall the half-installed release, then `rdeploy recover` installs it again: `{}`",
+                        display_command(&self.helm_words(self.uninstall_words()))
+                    )),
+                },
+            };
+        }
+        match latest.status.as_str() {
+            "failed" if self.recover_mode() == RecoverMode::Rollback => match good {
+                Some(to) => Decision::Rollback {
+                    to,
+                    why: format!("revision {} failed; `recover: rollback`", latest.revision),
+                    then_upgrade: false,
+                },
+                None => Decision::Refuse {
+                    failure: Failure::new(format!(
+                        "revision {} of {} failed and no revision was ever deployed: there is nothing to roll back to",
+                        latest.revision, self.release
+                    ))
+                    .with_hint(format!(
+                        "fix the cause and set `recover: upgrade`, or uninstall: `{}`",
+                        display_command(&self.helm_words(self.uninstall_words()))
+                    )),
+                },
+            },
+            "failed" => Decision::Upgrade { why: format!("revision {} failed: upgrade again", latest.revision) },
+            "deployed" => {
+                let chart_ok = match self.wanted_chart(ctx) {
+                    Some(chart) => chart == latest.chart,
+                    None => true,
+                };
+                let values_ok = match (self.wanted_values(ctx), &live.status) {
+                    (Some(wanted), Some(status)) => state::same_values(&status.config, &wanted),
+                    _ => false,
+                };
+                if chart_ok && values_ok {
+                    Decision::InPlace { revision: latest.revision }
+                } else {
+                    Decision::Upgrade {
+                        why: format!(
+                            "revision {} is deployed with {}",
+                            latest.revision,
+                            if chart_ok { "other values" } else { "another chart version" }
+                        ),
+                    }
+                }
+            }
+            other => Decision::Upgrade { why: format!("revision {} is {other}", latest.revision) },
+        }
+    }
+
+    fn uninstall_words(&self) -> Vec<String> {
+        let mut words = vec!["uninstall".to_string(), self.release.clone()];
+        words.extend(self.cluster_args(None));
+        words
+    }
+
+    fn helm_words(&self, rest: Vec<String>) -> Vec<String> {
+        let mut words = vec![self.binary_name().to_string()];
+        words.extend(rest);
+        words
+    }
+
+    pub async fn apply(&self, ctx: &StepContext, sink: &dyn EventSink) -> Result<(), Failure> {
+        let binary = resolve_tool(ctx, self.binary_name(), INSTALL_HINT).map_err(adapter_failure)?;
+        let (_, major) = self.version(ctx, &binary).await.map_err(adapter_failure)?;
+        let before = self.live(ctx, &binary, Some(sink)).await?;
+        if let Some(latest) = before.latest().filter(|r| r.is_pending()) {
+            // helm itself would refuse ("another operation is in progress"); say why plainly.
+            let id = self.id(before.next_revision());
+            sink.emit(Event::Planned { ids: vec![id.clone()] });
+            let error = format!("release {} is stuck in {} at revision {}", self.release, latest.status, latest.revision);
+            sink.emit(Event::Failed { id, error: error.clone() });
+            return Err(Failure::new(error).with_hint("`rdeploy recover` rolls it back to the last deployed revision once no helm process for it is alive"));
+        }
+        sink.emit(Event::Planned { ids: vec![self.id(before.next_revision())] });
+        self.upgrade(ctx, sink, &binary, major, &before).await
+    }
+
+    pub async fn recover(&self, ctx: &StepContext, _prior: &PriorStep, sink: &dyn EventSink) -> Result<(), Failure> {
+        let binary = resolve_tool(ctx, self.binary_name(), INSTALL_HINT).map_err(adapter_failure)?;
+        let (_, major) = self.version(ctx, &binary).await.map_err(adapter_failure)?;
+        let live = self.live(ctx, &binary, Some(sink)).await?;
+        self.record_facts(&live, sink);
+        match self.decide(ctx, &live) {
+            Decision::InPlace { revision } => {
+                let id = self.id(revision);
+                sink.emit(Event::Planned { ids: vec![id.clone()] });
+                sink.emit(Event::Done { id, note: Some("already deployed at the wanted chart and values".into()) });
+                Ok(())
+            }
+            Decision::Upgrade { why } => {
+                sink.emit(Event::Planned { ids: vec![self.id(live.next_revision())] });
+                sink.emit(Event::Warning { message: format!("{why}; running `helm upgrade --install`") });
+                self.upgrade(ctx, sink, &binary, major, &live).await
+            }
+            Decision::Rollback { to, why, then_upgrade } => {
+                let mut ids = vec![self.id(live.next_revision())];
+                if then_upgrade {
+                    ids.push(self.id(live.next_revision() + 1));
+                }
+                sink.emit(Event::Planned { ids });
+                sink.emit(Event::Warning { message: format!("{why}; rolling back to revision {to}") });
+                let after = self.rollback(ctx, sink, &binary, major, &live, to).await?;
+                if then_upgrade {
+                    self.upgrade(ctx, sink, &binary, major, &after).await
+                } else {
+                    sink.emit(Event::Warning {
+                        message: format!(
+                            "`recover: rollback`: {} runs revision {to}'s chart and values again, not the stack's; `rdeploy up` deploys them once the cause is fixed",
+                            self.release
+                        ),
+                    });
+                    Ok(())
+                }
+            }
+            Decision::Refuse { failure } => {
+                if let Some(latest) = live.latest() {
+                    sink.emit(Event::Planned { ids: vec![self.id(latest.revision)] });
+                    sink.emit(Event::Failed { id: self.id(latest.revision), error: failure.summary.clone() });
+                }
+                Err(failure)
+            }
+        }
+    }
+
+    pub async fn inspect(&self, ctx: &StepContext, _prior: &PriorStep) -> Result<Inspection, Failure> {
+        let binary = resolve_tool(ctx, self.binary_name(), INSTALL_HINT).map_err(adapter_failure)?;
+        let (_, major) = self.version(ctx, &binary).await.map_err(adapter_failure)?;
+        let live = self.live(ctx, &binary, None).await?;
+        let mut inspection = Inspection::default();
+        if let Some(latest) = live.latest() {
+            inspection.actions.push(format!(
+                "helm: {} is at revision {} ({}: {}){}",
+                self.release,
+                latest.revision,
+                latest.status,
+                latest.description,
+                last_deployed(&live.history).map(|r| format!("; last deployed revision {}", r.revision)).unwrap_or_default()
+            ));
+        }
+        let upgrade = display_command(&self.helm_words(self.upgrade_words(major, Some(ctx))));
+        match self.decide(ctx, &live) {
+            Decision::InPlace { revision } => inspection.actions.push(format!("keep {}: deployed at the wanted chart and values", self.id(revision))),
+            Decision::Upgrade { why } => {
+                inspection.actions.push(format!("{why}: `{upgrade}`"));
+                inspection.remaining.push(self.id(live.next_revision()));
+            }
+            Decision::Rollback { to, why, then_upgrade } => {
+                inspection.actions.push(format!("{why}: `{}`", display_command(&self.helm_words(self.rollback_words(major, to, Some(ctx))))));
+                inspection.remaining.push(self.id(live.next_revision()));
+                if then_upgrade {
+                    inspection.actions.push(format!("then upgrade to the stack's values: `{upgrade}`"));
+                    inspection.remaining.push(self.id(live.next_revision() + 1));
+                }
+            }
+            Decision::Refuse { failure } => {
+                inspection.actions.push(format!("cannot recover now: {}", failure.summary));
+                if let Some(hint) = failure.hint {
+                    inspection.actions.push(format!("hint: {hint}"));
+                }
+            }
+        }
+        Ok(inspection)
+    }
+
+    fn record_facts(&self, live: &Live, sink: &dyn EventSink) {
+        if let Some(latest) = live.latest() {
+            sink.emit(Event::Fact { key: "revision".into(), value: latest.revision.into() });
+            sink.emit(Event::Fact { key: "status".into(), value: latest.status.clone().into() });
+        }
+        if let Some(good) = last_deployed(&live.history) {
+            sink.emit(Event::Fact { key: "last_deployed_revision".into(), value: good.revision.into() });
+        }
+    }
+
+    /// One `helm upgrade --install`, settled from history: the first new revision is ours.
+    async fn upgrade(&self, ctx: &StepContext, sink: &dyn EventSink, binary: &Path, major: u32, before: &Live) -> Result<(), Failure> {
+        let words = self.upgrade_words(major, Some(ctx));
+        let what = format!("`helm upgrade --install {}`", self.release);
+        self.run_revision(ctx, sink, binary, before, words, &what, None).await.map(|_| ())
+    }
+
+    async fn rollback(&self, ctx: &StepContext, sink: &dyn EventSink, binary: &Path, major: u32, before: &Live, to: u64) -> Result<Live, Failure> {
+        let words = self.rollback_words(major, to, Some(ctx));
+        let what = format!("`helm rollback {} {to}`", self.release);
+        self.run_revision(ctx, sink, binary, before, words, &what, Some(to)).await
+    }
+
+    /// Runs a helm command that writes one revision, then reads history and status again and
+    /// settles the revision it wrote as Done (deployed) or Failed.
+    #[allow(clippy::too_many_arguments)]
+    async fn run_revision(
+        &self,
+        ctx: &StepContext,
+        sink: &dyn EventSink,
+        binary: &Path,
+        before: &Live,
+        words: Vec<String>,
+        what: &str,
+        rollback_to: Option<u64>,
+    ) -> Result<Live, Failure> {
+        if ctx.cancel.is_cancelled() {
+            return Err(Failure { interrupted: true, ..Failure::new(format!("stopped before {what}")) });
+        }
+        let expected = before.next_revision();
+        sink.emit(Event::Started { id: self.id(expected) });
+        let cmd = self.command(ctx, binary).args(&words);
+        let backstop = ctx.timeout.map(|t| t + BACKSTOP);
+        let (outcome, _, stderr) = capture(&cmd, ctx, backstop, Some(sink)).await.map_err(adapter_failure)?;
+        // Read helm's state even after an interrupt: the revision may be written already.
+        let after = match self.live(ctx, &binary.to_path_buf(), Some(sink)).await {
+            Ok(after) => after,
+            Err(e) if outcome.interrupted => return Err(Failure { interrupted: true, ..e }),
+            Err(e) => return Err(e),
+        };
+        self.record_facts(&after, sink);
+        let last_before = before.latest().map_or(0, |r| r.revision);
+        let created: Vec<&Revision> = after.history.iter().filter(|r| r.revision > last_before).collect();
+        let Some(ours) = created.first() else {
+            // helm stopped before it wrote a revision (chart not found, cluster unreachable).
+            let failure = helm_failure(&cmd.display(), &outcome, &stderr);
+            if !outcome.interrupted {
+                sink.emit(Event::Failed { id: self.id(expected), error: failure.summary.clone() });
+            }
+            return Err(failure.with_hint(self.failure_hint(&after)));
+        };
+        if ours.revision != expected {
+            sink.emit(Event::Warning { message: format!("helm wrote revision {} (expected {expected}): another client changed the release", ours.revision) });
+            sink.emit(Event::Pending { id: self.id(expected), reason: format!("helm wrote revision {} instead", ours.revision) });
+            sink.emit(Event::Started { id: self.id(ours.revision) });
+        }
+        let id = self.id(ours.revision);
+        let newest = created.last().expect("non-empty");
+        if ours.status == "deployed" && outcome.success() {
+            let note = match rollback_to {
+                Some(to) => format!("rollback to revision {to} deployed"),
+                None => format!("revision {} deployed ({})", ours.revision, ours.chart),
+            };
+            sink.emit(Event::Done { id, note: Some(note) });
+            return Ok(after);
+        }
+        if ours.is_pending() && outcome.interrupted {
+            // helm was stopped mid-way: the revision stays uncertain, recover reads helm's state.
+            return Err(Failure::from_process(&cmd.display(), &outcome).with_hint("`rdeploy recover` reads helm's state and resumes"));
+        }
+        let reason = if ours.description.is_empty() { ours.status.clone() } else { ours.description.clone() };
+        let mut error = format!("revision {} {}: {reason}", ours.revision, ours.status);
+        if newest.revision != ours.revision {
+            // --atomic / --rollback-on-failure rolled it back at once.
+            error.push_str(&format!(" (then revision {}: {})", newest.revision, newest.description));
+        }
+        sink.emit(Event::Failed { id, error: error.clone() });
+        let mut failure = helm_failure(&cmd.display(), &outcome, &stderr);
+        failure.summary = format!("{what} failed: {error}");
+        Err(failure.with_hint(self.failure_hint(&after)))
+    }
+
+    fn failure_hint(&self, after: &Live) -> String {
+        match (self.recover_mode(), last_deployed(&after.history)) {
+            (RecoverMode::Rollback, Some(good)) => format!(
+                "`rdeploy recover` rolls {} back to revision {} (`recover: rollback`)",
+                self.release, good.revision
+            ),
+            (_, Some(good)) => format!(
+                "fix the cause, then `rdeploy recover` upgrades again; revision {} is the last deployed one (`{}`)",
+                good.revision,
+                display_command(&self.helm_words(self.rollback_words(4, good.revision, None)))
+            ),
+            (_, None) => "fix the cause, then `rdeploy recover` installs again".into(),
+        }
+    }
+
+    pub fn describe_recovery(&self, ctx: &DescribeContext<'_>, prior: Option<&PriorStep>) -> RecoveryDoc {
+        let cd = format!("cd {}", shell_quote(ctx.stack_dir));
+        let mut doc = RecoveryDoc::default();
+        let mut status = vec!["status".to_string(), self.release.clone()];
+        status.extend(self.cluster_args(None));
+        let mut history = vec!["history".to_string(), self.release.clone()];
+        history.extend(self.cluster_args(None));
+        doc.inspect.push(display_command(&self.helm_words(status.clone())));
+        doc.inspect.push(display_command(&self.helm_words(history)));
+        doc.recover.push(format!("rdeploy recover {}", shell_quote(ctx.stack_file)));
+        let good = prior.and_then(|p| p.facts.get("last_deployed_revision")).and_then(Value::as_u64);
+        // The runbook is written without asking helm; flags are helm 4's where they differ.
+        let rollback = match good {
+            Some(good) => display_command(&self.helm_words(self.rollback_words(4, good, None))),
+            None => format!(
+                "{} LAST_DEPLOYED_REVISION (from `helm history`: never \"previous\", which may be a failed revision)",
+                display_command(&self.helm_words(vec!["rollback".to_string(), self.release.clone()]))
+            ),
+        };
+        doc.notes.push(format!("roll back by hand: `{rollback}`"));
+        doc.notes.push(format!(
+            "upgrade again by hand: `{cd} && {}`",
+            display_command(&self.helm_words(self.upgrade_words(4, None)))
+        ));
+        doc.notes.push(format!(
+            "a release stuck in pending-install/upgrade/rollback is rolled back by `rdeploy recover` only when no helm process for it is alive; `{FORCE_ENV}=1 rdeploy recover {}` forces it",
+            shell_quote(ctx.stack_file)
+        ));
+        if let Some(status) = prior.and_then(|p| p.facts.get("status")).and_then(Value::as_str) {
+            let revision = prior.and_then(|p| p.facts.get("revision")).and_then(Value::as_u64).unwrap_or(0);
+            doc.notes.push(format!("recorded: revision {revision} is {status}"));
+        }
+        doc.verify.push(display_command(&self.helm_words(status)));
+        doc
+    }
+}
+
+fn now_secs() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
+}
+
+/// A failure naming helm's own `Error: …` line.
+fn helm_failure(command: &str, outcome: &Outcome, stderr: &[String]) -> Failure {
+    let mut failure = Failure::from_process(command, outcome);
+    if let Some(line) = stderr.iter().rev().find(|l| l.starts_with("Error:")) {
+        if !outcome.interrupted && !outcome.timed_out {
+            failure.summary = format!("`{command}` {}: {}", outcome.describe_status(), line.trim_start_matches("Error:").trim());
+        }
+    }
+    failure
+}
+
+async fn capture(
+    cmd: &Command,
+    ctx: &StepContext,
+    timeout: Option<Duration>,
+    sink: Option<&dyn EventSink>,
+) -> Result<(Outcome, Vec<String>, Vec<String>), AdapterError> {
+    let mut stdout = Vec::new();
+    let mut stderr = Vec::new();
+    let outcome = cmd
+        .run(&ctx.cancel, timeout, &mut |stream, line| {
+            match stream {
+                // JSON documents are not worth a line each in the step's log.
+                Stream::Stdout => stdout.push(line.to_string()),
+                Stream::Stderr => {
+                    if let Some(sink) = sink {
+                        sink.emit(Event::Output { stream, line: line.to_string() });
+                    }
+                    stderr.push(line.to_string());
+                }
+            }
+        })
+        .await?;
+    if let Some(sink) = sink {
+        // Human output of upgrade/rollback (NOTES, "Release ... has been upgraded") goes to the log.
+        if !stdout.first().is_some_and(|l| l.starts_with('[') || l.starts_with('{')) {
+            for line in &stdout {
+                sink.emit(Event::Output { stream: Stream::Stdout, line: line.clone() });
+            }
+        }
+    }
+    Ok((outcome, stdout, stderr))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::CancellationToken;
+
+    fn spec() -> HelmSpec {
+        HelmSpec {
+            release: "web".into(),
+            chart: "charts/webapp".into(),
+            namespace: Some("shop".into()),
+            values: vec!["values/prod.yaml".into()],
+            set: BTreeMap::from([("image.tag".to_string(), serde_json::json!("1.4.2"))]),
+            version: None,
+            context: Some("c1".into()),
+            kubeconfig: None,
+            wait: Some(true),
+            atomic: Some(true),
+            force: None,
+            binary: None,
+            recover: None,
+        }
+    }
+
+    fn ctx() -> StepContext {
+        StepContext {
+            step: "app".into(),
+            stack: "t".into(),
+            stack_dir: "/nonexistent".into(),
+            work_dir: "/nonexistent/w".into(),
+            env: Default::default(),
+            timeout: Some(Duration::from_secs(90)),
+            cancel: CancellationToken::new(),
+        }
+    }
+
+    #[test]
+    fn flags_follow_the_major_version() {
+        let v3 = spec().upgrade_words(3, Some(&ctx())).join(" ");
+        assert_eq!(
+            v3,
+            r#"upgrade --install web charts/webapp -n shop --kube-context c1 --create-namespace -f values/prod.yaml --set-json image.tag="1.4.2" --reset-values --atomic --wait --timeout=90s"#
+        );
+        let v4 = spec().upgrade_words(4, Some(&ctx())).join(" ");
+        assert!(v4.contains("--rollback-on-failure --wait=watcher --timeout=90s"), "{v4}");
+        let mut forced = spec();
+        forced.force = Some(true);
+        assert!(forced.upgrade_words(3, None).contains(&"--force".to_string()));
+        assert!(forced.upgrade_words(4, None).contains(&"--force-replace".to_string()));
+        assert_eq!(spec().rollback_words(3, 2, None).join(" "), "rollback web 2 -n shop --kube-context c1 --wait");
+    }
+
+    fn rev(revision: u64, status: &str) -> Revision {
+        Revision { revision, updated: "2020-01-01T00:00:00Z".into(), status: status.into(), chart: "webapp-0.1.0".into(), description: String::new() }
+    }
+
+    #[test]
+    fn decisions_from_helm_state() {
+        let s = spec();
+        let live = |revs: Vec<Revision>| Live { history: revs, status: None };
+        assert!(matches!(s.decide(&ctx(), &live(vec![])), Decision::Upgrade { .. }));
+        assert!(matches!(s.decide(&ctx(), &live(vec![rev(1, "deployed"), rev(2, "failed")])), Decision::Upgrade { .. }));
+        let mut rb = spec();
+        rb.recover = Some("rollback".into());
+        assert_eq!(
+            rb.decide(&ctx(), &live(vec![rev(1, "superseded"), rev(2, "deployed"), rev(3, "failed")])),
+            Decision::Rollback { to: 2, why: "revision 3 failed; `recover: rollback`".into(), then_upgrade: false }
+        );
+        assert!(matches!(rb.decide(&ctx(), &live(vec![rev(1, "failed")])), Decision::Refuse { .. }));
+        // Stuck: no helm named `web` runs in this test process tree.
+        match s.decide(&ctx(), &live(vec![rev(1, "deployed"), rev(2, "pending-upgrade")])) {
+            Decision::Rollback { to: 1, why, then_upgrade: true } => {
+                assert!(why.starts_with("release web is stuck in pending-upgrade at revision 2 for "), "{why}")
+            }
+            other => panic!("{other:?}"),
+        }
+        match s.decide(&ctx(), &live(vec![rev(1, "pending-install")])) {
+            Decision::Refuse { failure } => assert!(failure.hint.unwrap().contains("helm uninstall web -n shop --kube-context c1"), "uninstall hint"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn runbook_names_the_last_deployed_revision() {
+        let ctx = DescribeContext { step: "app", stack_file: "stack.yaml", stack_dir: ".", resumable: true };
+        let prior = PriorStep {
+            sub_changes: vec![],
+            facts: BTreeMap::from([
+                ("last_deployed_revision".to_string(), serde_json::json!(2)),
+                ("revision".to_string(), serde_json::json!(3)),
+                ("status".to_string(), serde_json::json!("failed")),
+            ]),
+        };
+        let doc = spec().describe_recovery(&ctx, Some(&prior));
+        assert_eq!(doc.inspect[0], "helm status web -n shop --kube-context c1");
+        assert!(doc.notes[0].contains("`helm rollback web 2 -n shop --kube-context c1 --wait=watcher`"), "{:?}", doc.notes);
+        assert!(doc.notes.iter().any(|n| n == "recorded: revision 3 is failed"));
+        let fresh = spec().describe_recovery(&ctx, None);
+        assert!(fresh.notes[0].contains("LAST_DEPLOYED_REVISION"), "{:?}", fresh.notes);
+    }
+
+    #[test]
+    fn spec_problems() {
+        let mut s = spec();
+        s.release = "Web_1".into();
+        s.recover = Some("retry".into());
+        assert_eq!(s.problems().len(), 2);
+        assert!(spec().problems().is_empty());
     }
 }
