@@ -163,7 +163,11 @@ fn report_changes(session: &Session, outputs: &Outputs, changes: &[(String, Chan
     }
     for (name, change) in changes {
         let text = change_text(name, change);
-        session.ui.warn(format!("ci: {text}"));
+        match change {
+            // The driver warns about these itself when it recovers the step.
+            Change::Changed { done: false } => session.ui.info(format!("ci: {text}")),
+            _ => session.ui.warn(format!("ci: {text}")),
+        }
         if outputs.annotations {
             let line = session.stack.step(name).map(|s| s.line);
             println!("{}", workflow_command("warning", &session.stack_arg, line, &format!("rdeploy: step {name} changed"), &text));

@@ -53,7 +53,7 @@ fn describe(stack: &Stack, stack_file: &str, step: &Step, prior: Option<&PriorSt
 /// Adapters join paths onto the stack directory; when that is the directory the runbook is
 /// read from, `cd . &&` and `./../` are noise in a command meant to be pasted.
 fn tidy(line: &str) -> String {
-    line.replace("cd . && ", "").replace("cd ./", "cd ")
+    line.replace("cd . && ", "").replace("cd ./", "cd ").replace("from `cd .`", "from this directory")
 }
 
 fn yes_no(b: bool) -> &'static str {
@@ -300,9 +300,11 @@ fn render_live(out: &mut String, stack: &Stack, stack_file: &str, state_dir: &St
             let _ = writeln!(out, "   Recovery commands for {} steps: not available yet.\n", step.tool);
             continue;
         }
-        if !doc.recover.is_empty() {
+        // The one command above already covers `rdeploy recover`; show the tool's own commands.
+        let by_hand: Vec<&String> = doc.recover.iter().filter(|l| Some(*l) != status.next.as_ref()).collect();
+        if !by_hand.is_empty() {
             let _ = writeln!(out, "   ```sh");
-            for line in &doc.recover {
+            for line in by_hand {
                 let _ = writeln!(out, "   {line}");
             }
             let _ = writeln!(out, "   ```\n");

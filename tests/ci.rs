@@ -1,0 +1,305 @@
+//! `rdeploy ci`: up or recover as the checkpoint says, never a re-run from the top; GitHub
+//! annotations and step summary; a JUnit report that parses as XML with one case per step.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::{require_tool, Project, Run};
+use quick_xml::events::Event;
+
+/// Three sub-changes appending to `out`; the third fails while `fail-three` exists.
+const STACK: &str = r#"
+name: demo
+steps:
+  - name: seed
+    tool: shell
+    sub_changes:
+      - { name: one, run: echo one >> out }
+      - { name: two, run: echo two >> out }
+      - { name: three, run: "if [ -f fail-three ]; then echo 'three: connection refused' >&2; exit 3; fi; echo three >> out" }
+  - name: after
+    tool: shell
+    needs: [seed]
+    run: echo after >> out
+"#;
+
+/// `rdeploy ci` as GitHub Actions runs it: annotations on, the step summary in the project.
+fn ci_github(p: &Project, args: &[&str]) -> Run {
+    let mut cmd = p.command(&[&["ci"], args].concat());
+    cmd.env("GITHUB_ACTIONS", "true").env("GITHUB_STEP_SUMMARY", p.path("summary.md"));
+    Run::from(cmd.output().unwrap(), args)
+}
+
+/// `rdeploy ci` outside GitHub.
+fn ci_plain(p: &Project, args: &[&str]) -> Run {
+    let mut cmd = p.command(&[&["ci"], args].concat());
+    cmd.env_remove("GITHUB_ACTIONS").env_remove("GITHUB_STEP_SUMMARY");
+    Run::from(cmd.output().unwrap(), args)
+}
+
+fn lines(p: &Project, file: &str) -> Vec<String> {
+    p.read(file).lines().map(str::to_string).collect()
+}
+
+/// An XML element, parsed fully by quick-xml (mismatched or unclosed tags are errors).
+#[derive(Debug, Default)]
+struct Element {
+    name: String,
+    attrs: BTreeMap<String, String>,
+    children: Vec<Element>,
+    text: String,
+}
+
+impl Element {
+    fn attr(&self, name: &str) -> &str {
+        self.attrs.get(name).map(String::as_str).unwrap_or_else(|| panic!("<{}> has no {name}: {:?}", self.name, self.attrs))
+    }
+
+    fn all(&self, name: &str) -> Vec<&Element> {
+        self.children.iter().filter(|c| c.name == name).collect()
+    }
+
+    fn one(&self, name: &str) -> &Element {
+        let found = self.all(name);
+        assert_eq!(found.len(), 1, "<{}> should have one <{name}>: {self:#?}", self.name);
+        found[0]
+    }
+}
+
+fn element(start: &quick_xml::events::BytesStart<'_>) -> Element {
+    let mut el = Element { name: String::from_utf8(start.name().as_ref().to_vec()).unwrap(), ..Element::default() };
+    for attr in start.attributes() {
+        let attr = attr.expect("well-formed attribute");
+        let key = String::from_utf8(attr.key.as_ref().to_vec()).unwrap();
+        let value = attr.unescape_value().expect("attribute unescapes").into_owned();
+        assert!(el.attrs.insert(key.clone(), value).is_none(), "duplicate attribute {key}");
+    }
+    el
+}
+
+/// Parses a whole XML document into its root element; panics on any well-formedness error.
+fn parse_xml(xml: &str) -> Element {
+    let mut reader = quick_xml::Reader::from_str(xml);
+    let mut stack: Vec<Element> = Vec::new();
+    let mut root = None;
+    loop {
+        match reader.read_event().unwrap_or_else(|e| panic!("invalid XML at {}: {e}\n{xml}", reader.buffer_position())) {
+            Event::Start(s) => stack.push(element(&s)),
+            Event::Empty(s) => {
+                let el = element(&s);
+                match stack.last_mut() {
+                    Some(parent) => parent.children.push(el),
+                    None => root = Some(el),
+                }
+            }
+            Event::End(_) => {
+                let el = stack.pop().expect("an end tag closes an open element");
+                match stack.last_mut() {
+                    Some(parent) => parent.children.push(el),
+                    None => {
+                        assert!(root.is_none(), "more than one root element");
+                        root = Some(el);
+                    }
+                }
+            }
+            Event::Text(t) => {
+                let text = t.unescape().expect("text unescapes");
+                match stack.last_mut() {
+                    Some(el) => el.text.push_str(&text),
+                    None => assert!(text.trim().is_empty(), "text outside the root: {text:?}"),
+                }
+            }
+            Event::CData(_) | Event::Comment(_) | Event::Decl(_) | Event::PI(_) | Event::DocType(_) => {}
+            Event::Eof => break,
+        }
+    }
+    assert!(stack.is_empty(), "unclosed elements: {:?}", stack.iter().map(|e| &e.name).collect::<Vec<_>>());
+    root.expect("a root element")
+}
+
+/// The JUnit report: `<testsuites>` with one `<testsuite>`, counts matching its test cases.
+fn junit(p: &Project, file: &str) -> Element {
+    let root = parse_xml(&p.read(file));
+    assert_eq!(root.name, "testsuites");
+    let suite = root.one("testsuite");
+    let cases = suite.all("testcase");
+    assert_eq!(suite.attr("tests"), cases.len().to_string());
+    let count = |tag: &str| cases.iter().filter(|c| !c.all(tag).is_empty()).count().to_string();
+    assert_eq!(suite.attr("failures"), count("failure"));
+    assert_eq!(suite.attr("skipped"), count("skipped"));
+    assert_eq!(suite.attr("errors"), count("error"));
+    assert_eq!(root.attr("tests"), suite.attr("tests"));
+    root
+}
+
+fn case<'a>(root: &'a Element, name: &str) -> &'a Element {
+    root.one("testsuite").all("testcase").into_iter().find(|c| c.attr("name") == name).unwrap_or_else(|| panic!("no test case {name}"))
+}
+
+#[test]
+fn ci_stops_then_recovers_after_the_fix_without_rerunning_done_work() {
+    let p = Project::new();
+    p.stack(STACK).file("fail-three", "");
+
+    // First job: no checkpoint, so `up`; it stops at `three`.
+    let run = ci_github(&p, &["--junit", "reports/junit.xml"]);
+    run.code(1)
+        .stderr_has("running `rdeploy up stack.yaml`")
+        .stdout_has("::error file=stack.yaml,line=4,title=rdeploy%3A step seed (shell) failed::")
+        .stdout_has("three: connection refused")
+        .stdout_has("%0Anext: rdeploy recover stack.yaml");
+    assert_eq!(lines(&p, "out"), ["one", "two"]);
+    // Plain timestamped lines, no progress bars.
+    let ts = regex::Regex::new(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}").unwrap();
+    for line in run.stderr.lines().filter(|l| l.contains("ci:") || l.contains("seed:")) {
+        assert!(ts.is_match(line), "not a timestamped line: {line:?}");
+    }
+    let summary = p.read("summary.md");
+    for needle in ["state: **partial**", "| seed | shell | failed | 2 | 1 | 0 | yes |", "three: connection refused", "exit code: **1**", "`rdeploy recover stack.yaml`"] {
+        assert!(summary.contains(needle), "summary lacks {needle:?}:\n{summary}");
+    }
+    let report = junit(&p, "reports/junit.xml");
+    let seed = case(&report, "seed");
+    assert_eq!(seed.attr("classname"), "demo.shell");
+    let failure = seed.one("failure");
+    assert!(failure.attr("message").contains("three: connection refused"), "{failure:?}");
+    assert!(failure.text.contains("stderr (last lines):\nthree: connection refused"), "{}", failure.text);
+    assert!(failure.text.contains("in place: one, two"), "{}", failure.text);
+    assert!(failure.text.contains("next: rdeploy recover stack.yaml"), "{}", failure.text);
+    assert_eq!(case(&report, "after").one("skipped").attr("message"), "not run: waits for seed");
+
+    // The fix lands between the jobs (the marker goes, a step's command changes): the retry
+    // job recovers, reports the change and goes on.
+    p.remove("fail-three");
+    p.stack(&STACK.replace("echo after >> out", "echo after-fixed >> out"));
+    let run = ci_github(&p, &["--junit", "reports/junit.xml"]);
+    run.code(0)
+        .stderr_has("running `rdeploy recover stack.yaml`, never a re-run from the top")
+        .stdout_has("::warning file=stack.yaml,line=10,title=rdeploy%3A step after changed::step `after` changed since the failure")
+        .stdout_has("::notice title=rdeploy%3A stack demo deployed::");
+    assert!(!run.stderr.contains("running `rdeploy up"), "{}", run.stderr);
+    assert_eq!(lines(&p, "out"), ["one", "two", "three", "after-fixed"], "one and two ran once");
+    let summary = p.read("summary.md");
+    assert!(summary.contains("state: **partial**") && summary.contains("state: **complete**"), "appended, not replaced:\n{summary}");
+    assert!(summary.contains("step `after` changed since the failure; recover uses the new settings"), "{summary}");
+    let report = junit(&p, "reports/junit.xml");
+    let suite = report.one("testsuite");
+    assert_eq!((suite.attr("tests"), suite.attr("failures"), suite.attr("skipped")), ("2", "0", "0"));
+    assert!(case(&report, "seed").all("failure").is_empty());
+    assert!(case(&report, "seed").one("system-out").text.contains("three: done"));
+
+    // A finished deploy is history: the next pipeline run is a new `up`.
+    ci_plain(&p, &[]).code(0).stderr_has("running `rdeploy up stack.yaml`");
+    assert_eq!(lines(&p, "out").len(), 8);
+}
+
+#[test]
+fn ci_refuses_a_change_the_checkpoint_cannot_map() {
+    let p = Project::new();
+    p.stack(STACK).file("fail-three", "");
+    ci_github(&p, &[]).code(1);
+    p.remove("fail-three");
+    p.stack(&STACK.replace("name: seed", "name: seed-renamed").replace("needs: [seed]", "needs: [seed-renamed]"));
+    let run = ci_github(&p, &["--junit", "junit.xml"]);
+    run.code(2)
+        .stderr_has("step `seed` (shell, failed) is recorded in the checkpoint but is no longer in the stack")
+        .stdout_has("::error title=rdeploy ci%3A exit 2");
+    assert_eq!(lines(&p, "out"), ["one", "two"], "nothing ran");
+    assert!(p.read("summary.md").contains("**Exit 2**: bad input; nothing was changed."));
+    let report = junit(&p, "junit.xml");
+    let error = case(&report, "rdeploy ci").one("error");
+    assert!(error.attr("message").contains("cannot be mapped"), "{error:?}");
+    assert!(error.text.contains("hint:"), "{}", error.text);
+}
+
+#[test]
+fn ci_warns_when_a_completed_step_changed() {
+    let p = Project::new();
+    let stack = r#"
+name: two
+steps:
+  - name: first
+    tool: shell
+    sub_changes: [ { name: a, run: echo a >> out } ]
+  - name: second
+    tool: shell
+    needs: [first]
+    sub_changes: [ { name: b, run: "test ! -f fail-b && echo b >> out" } ]
+"#;
+    p.stack(stack).file("fail-b", "");
+    ci_plain(&p, &[]).code(1);
+    p.remove("fail-b");
+    p.stack(&stack.replace("echo a >> out", "echo a2 >> out"));
+    let run = ci_github(&p, &[]);
+    run.code(0)
+        .stdout_has("::warning file=stack.yaml,line=4,title=rdeploy%3A step first changed::step `first` changed after it completed")
+        .stderr_has("run `rdeploy up` once this deploy completes");
+    assert_eq!(lines(&p, "out"), ["a", "b"], "recover never re-runs a done step");
+}
+
+#[test]
+fn ci_keeps_the_exit_codes_of_spec() {
+    // A non-resumable step that fails runs its revert: exit 3, and the JUnit case says so.
+    let p = Project::new();
+    p.stack(
+        r#"
+name: mig
+steps:
+  - name: migrate
+    tool: shell
+    run: "echo half > state; echo 'disk full' >&2; exit 1"
+    revert: rm -f state
+"#,
+    );
+    let run = ci_plain(&p, &["--junit", "junit.xml"]);
+    run.code(3);
+    assert!(!run.stdout.contains("::"), "no annotations outside GitHub:\n{}", run.stdout);
+    assert!(!p.exists("state"));
+    let report = junit(&p, "junit.xml");
+    let failure = case(&report, "migrate").one("failure");
+    assert_eq!(failure.attr("type"), "reverted");
+    assert!(failure.text.contains("disk full"), "{}", failure.text);
+
+    // A stack file error is exit 2 and annotated at its line.
+    let p = Project::new();
+    p.stack("name: x\nsteps:\n  - name: a\n    tool: shell\n    rum: echo\n");
+    ci_github(&p, &["--junit", "junit.xml"])
+        .code(2)
+        .stdout_has("::error file=stack.yaml,line=5,title=rdeploy%3A stack file::unknown key `rum` in a shell step%0Ahint: did you mean `run`?");
+    junit(&p, "junit.xml");
+}
+
+#[test]
+fn ci_recovers_a_terraform_step_through_its_plan() {
+    require_tool("terraform", "install terraform v1.11 (https://developer.hashicorp.com/terraform/install)");
+    let p = Project::new();
+    p.copy_fixture("terraform/chain", "chain");
+    p.file("chain/prov.sh", &std::fs::read_to_string(common::repo_root().join("fixtures/terraform/prov.sh")).unwrap());
+    p.stack(
+        r#"
+name: infra
+steps:
+  - name: network
+    tool: terraform
+    dir: chain
+    vars: { rev: "1" }
+"#,
+    );
+    p.file("chain/fail-a5", "");
+    ci_github(&p, &["--junit", "junit.xml"]).code(1).stdout_has("::error file=stack.yaml,line=4,title=rdeploy%3A step network (terraform) failed::");
+    let report = junit(&p, "junit.xml");
+    let failure = case(&report, "network").one("failure");
+    assert!(failure.text.contains("local-exec provisioner error"), "{}", failure.text);
+    assert!(failure.text.contains("in place: terraform_data.a1, terraform_data.a2, terraform_data.a3, terraform_data.a4"), "{}", failure.text);
+    // The live runbook names the addresses and the terraform commands for this configuration.
+    p.rdeploy(&["runbook"]).code(0).stdout_has("`terraform_data.a5`").stdout_has("cd chain && terraform plan -input=false -out=tfplan -var rev=1");
+
+    p.remove("chain/fail-a5");
+    ci_github(&p, &["--junit", "junit.xml"]).code(0).stderr_has("running `rdeploy recover stack.yaml`");
+    for i in 1..=6 {
+        assert_eq!(p.read(&format!("chain/runs/a{i}.log")).lines().count(), 1, "a{i} ran exactly once");
+    }
+    let report = junit(&p, "junit.xml");
+    assert!(case(&report, "network").all("failure").is_empty());
+}
