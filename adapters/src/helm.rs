@@ -306,7 +306,7 @@ impl HelmSpec {
         state::wanted_values(&files, &self.set)
     }
 
-    fn decide(&self, ctx: &StepContext, live: &Live) -> Decision {
+    fn decide(&self, ctx: &StepContext, live: &Live, major: u32) -> Decision {
         let Some(latest) = live.latest() else {
             return Decision::Upgrade { why: format!("release {} is not installed", self.release) };
         };
@@ -323,7 +323,7 @@ impl HelmSpec {
                 failure.hint = Some(match good {
                     Some(good) => format!(
                         "let it finish, or stop it, then `rdeploy recover`; to roll back now anyway: `{FORCE_ENV}=1 rdeploy recover` (runs `{}`)",
-                        display_command(&self.helm_words(self.rollback_words(4, good, None)))
+                        display_command(&self.helm_words(self.rollback_words(major, good, None)))
                     ),
                     None => "let it finish, or stop it, then `rdeploy recover`".into(),
                 });
@@ -420,7 +420,7 @@ impl HelmSpec {
         let (_, major) = self.version(ctx, &binary).await.map_err(adapter_failure)?;
         let live = self.live(ctx, &binary, Some(sink)).await?;
         self.record_facts(&live, sink);
-        match self.decide(ctx, &live) {
+        match self.decide(ctx, &live, major) {
             Decision::InPlace { revision } => {
                 let id = self.id(revision);
                 sink.emit(Event::Planned { ids: vec![id.clone()] });
@@ -478,7 +478,7 @@ impl HelmSpec {
             ));
         }
         let upgrade = display_command(&self.helm_words(self.upgrade_words(major, Some(ctx))));
-        match self.decide(ctx, &live) {
+        match self.decide(ctx, &live, major) {
             Decision::InPlace { revision } => inspection.actions.push(format!("keep {}: deployed at the wanted chart and values", self.id(revision))),
             Decision::Upgrade { why } => {
                 inspection.actions.push(format!("{why}: `{upgrade}`"));
@@ -745,6 +745,12 @@ mod tests {
         assert_eq!(spec().rollback_words(3, 2, None).join(" "), "rollback web 2 -n shop --kube-context c1 --wait");
     }
 
+    impl HelmSpec {
+        fn decide_v4(&self, ctx: &StepContext, live: &Live) -> Decision {
+            self.decide(ctx, live, 4)
+        }
+    }
+
     fn rev(revision: u64, status: &str) -> Revision {
         Revision { revision, updated: "2020-01-01T00:00:00Z".into(), status: status.into(), chart: "webapp-0.1.0".into(), description: String::new() }
     }
@@ -753,23 +759,23 @@ mod tests {
     fn decisions_from_helm_state() {
         let s = spec();
         let live = |revs: Vec<Revision>| Live { history: revs, status: None };
-        assert!(matches!(s.decide(&ctx(), &live(vec![])), Decision::Upgrade { .. }));
-        assert!(matches!(s.decide(&ctx(), &live(vec![rev(1, "deployed"), rev(2, "failed")])), Decision::Upgrade { .. }));
+        assert!(matches!(s.decide_v4(&ctx(), &live(vec![])), Decision::Upgrade { .. }));
+        assert!(matches!(s.decide_v4(&ctx(), &live(vec![rev(1, "deployed"), rev(2, "failed")])), Decision::Upgrade { .. }));
         let mut rb = spec();
         rb.recover = Some("rollback".into());
         assert_eq!(
-            rb.decide(&ctx(), &live(vec![rev(1, "superseded"), rev(2, "deployed"), rev(3, "failed")])),
+            rb.decide_v4(&ctx(), &live(vec![rev(1, "superseded"), rev(2, "deployed"), rev(3, "failed")])),
             Decision::Rollback { to: 2, why: "revision 3 failed; `recover: rollback`".into(), then_upgrade: false }
         );
-        assert!(matches!(rb.decide(&ctx(), &live(vec![rev(1, "failed")])), Decision::Refuse { .. }));
+        assert!(matches!(rb.decide_v4(&ctx(), &live(vec![rev(1, "failed")])), Decision::Refuse { .. }));
         // Stuck: no helm named `web` runs in this test process tree.
-        match s.decide(&ctx(), &live(vec![rev(1, "deployed"), rev(2, "pending-upgrade")])) {
+        match s.decide_v4(&ctx(), &live(vec![rev(1, "deployed"), rev(2, "pending-upgrade")])) {
             Decision::Rollback { to: 1, why, then_upgrade: true } => {
                 assert!(why.starts_with("release web is stuck in pending-upgrade at revision 2 for "), "{why}")
             }
             other => panic!("{other:?}"),
         }
-        match s.decide(&ctx(), &live(vec![rev(1, "pending-install")])) {
+        match s.decide_v4(&ctx(), &live(vec![rev(1, "pending-install")])) {
             Decision::Refuse { failure } => assert!(failure.hint.unwrap().contains("helm uninstall web -n shop --kube-context c1"), "uninstall hint"),
             other => panic!("{other:?}"),
         }
