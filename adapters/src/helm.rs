@@ -547,7 +547,7 @@ impl HelmSpec {
         let backstop = ctx.timeout.map(|t| t + BACKSTOP);
         let (outcome, _, stderr) = capture(&cmd, ctx, backstop, Some(sink)).await.map_err(adapter_failure)?;
         // Read helm's state even after an interrupt: the revision may be written already.
-        let after = match self.live(ctx, &binary.to_path_buf(), Some(sink)).await {
+        let after = match self.live(ctx, binary, Some(sink)).await {
             Ok(after) => after,
             Err(e) if outcome.interrupted => return Err(Failure { interrupted: true, ..e }),
             Err(e) => return Err(e),

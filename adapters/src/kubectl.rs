@@ -465,7 +465,7 @@ impl KubectlSpec {
         }
         let mut failed = Vec::new();
         // Interrupted or timed out: what kubectl did not report stays uncertain (started).
-        if !(outcome.interrupted || outcome.timed_out) && !not_applied.is_empty() {
+        if !(outcome.interrupted || outcome.timed_out || not_applied.is_empty()) {
             let errors: Vec<String> = stderr.iter().filter(|l| is_error_line(l)).cloned().collect();
             let attributed = attribute_errors(&not_applied, &errors);
             for (object, _) in &not_applied {

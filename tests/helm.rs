@@ -1,0 +1,68 @@
+//! helm steps through the real `rdeploy` binary with the real helm 3 and helm 4 and a kubesim
+//! per test: a failed upgrade stops the deploy naming the revision, and recover upgrades again.
+
+mod common;
+#[path = "common/kubesim.rs"]
+mod kubesim;
+
+use common::{step, sub_statuses, Project};
+use kubesim::{helm_bin, workspace_root, Kubesim};
+
+fn stack(major: u32, tier: &str) -> String {
+    format!(
+        r#"
+name: app
+steps:
+  - name: app
+    tool: helm
+    release: web
+    chart: {chart}
+    namespace: shop
+    context: c1
+    set: {{ color: red, tier: "{tier}" }}
+    wait: true
+    timeout: 60s
+    binary: {helm}
+  - name: after
+    tool: shell
+    needs: [app]
+    run: echo after >> after.log
+"#,
+        chart = workspace_root().join("fixtures/kubesim/testdata/webapp").display(),
+        helm = helm_bin(major).display()
+    )
+}
+
+fn failed_upgrade_then_recover(major: u32) {
+    let sim = Kubesim::start("c1");
+    let mut p = Project::new();
+    for (k, v) in sim.env() {
+        p.env(&k, &v);
+    }
+    p.stack(&stack(major, "web"));
+    p.rdeploy(&["up"]).code(0);
+    p.remove("after.log");
+
+    p.stack(&stack(major, "not valid!"));
+    p.rdeploy(&["up"]).code(1).stdout_has("web@2").stdout_has("Invalid value");
+    let status = p.status();
+    assert_eq!(sub_statuses(&status, "app"), [("web@2".to_string(), "failed".to_string())]);
+    assert_eq!(step(&status, "after")["status"], "pending");
+    assert_eq!(sim.helm_statuses(major, "web", "shop"), ["deployed", "failed"]);
+
+    p.stack(&stack(major, "web"));
+    p.rdeploy(&["recover", "--dry-run"]).code(0).stdout_has("revision 2 failed: upgrade again");
+    p.rdeploy(&["recover"]).code(0);
+    assert_eq!(sim.helm_statuses(major, "web", "shop"), ["superseded", "failed", "deployed"]);
+    assert_eq!(p.read("after.log"), "after\n");
+}
+
+#[test]
+fn helm3_failed_upgrade_stops_the_deploy_and_recover_upgrades_again() {
+    failed_upgrade_then_recover(3);
+}
+
+#[test]
+fn helm4_failed_upgrade_stops_the_deploy_and_recover_upgrades_again() {
+    failed_upgrade_then_recover(4);
+}

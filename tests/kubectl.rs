@@ -1,0 +1,62 @@
+//! kubectl steps through the real `rdeploy` binary, the real kubectl and a kubesim per test:
+//! one object of five fails, status names it, and recover applies only that object.
+
+mod common;
+#[path = "common/kubesim.rs"]
+mod kubesim;
+
+use common::{step, sub_statuses, Project};
+use kubesim::{kubectl_bin, Kubesim};
+
+fn project(sim: &Kubesim) -> Project {
+    let mut p = Project::new();
+    p.copy_fixture("kubectl/app", "k8s");
+    for (k, v) in sim.env() {
+        p.env(&k, &v);
+    }
+    p.stack(&format!(
+        r#"
+name: k8s
+steps:
+  - name: extras
+    tool: kubectl
+    manifests: [k8s/app.yaml]
+    context: c1
+    binary: {kubectl}
+  - name: after
+    tool: shell
+    needs: [extras]
+    run: echo after >> after.log
+"#,
+        kubectl = kubectl_bin().display()
+    ));
+    p
+}
+
+#[test]
+fn a_failed_object_stops_the_deploy_and_recover_applies_only_it() {
+    let sim = Kubesim::start("c1");
+    let p = project(&sim);
+
+    let up = p.rdeploy(&["up"]);
+    up.code(1).stdout_has("ConfigMap/shop-extra/extra").stdout_has(r#"namespaces "shop-extra" not found"#);
+    let status = p.status();
+    assert_eq!(status["state"], "partial");
+    let subs = sub_statuses(&status, "extras");
+    assert_eq!(subs.len(), 5, "{subs:?}");
+    for (id, st) in &subs {
+        let want = if id == "ConfigMap/shop-extra/extra" { "failed" } else { "done" };
+        assert_eq!(st, want, "{id}");
+    }
+    assert_eq!(step(&status, "after")["status"], "pending");
+
+    sim.kubectl_ok(&["create", "namespace", "shop-extra"]);
+    let dry = p.rdeploy(&["recover", "--dry-run"]);
+    dry.code(0).stdout_has("apply ConfigMap/shop-extra/extra (missing from the cluster)").stdout_has("keep Deployment/shop/web: done and unchanged");
+
+    let rv = sim.kubectl_ok(&["get", "deploy", "web", "-n", "shop", "-o", "jsonpath={.metadata.resourceVersion}"]);
+    p.rdeploy(&["recover"]).code(0);
+    assert_eq!(sim.kubectl_ok(&["get", "cm", "extra", "-n", "shop-extra", "-o", "jsonpath={.data.owner}"]), "shop");
+    assert_eq!(sim.kubectl_ok(&["get", "deploy", "web", "-n", "shop", "-o", "jsonpath={.metadata.resourceVersion}"]), rv);
+    assert_eq!(p.read("after.log"), "after\n");
+}
