@@ -179,7 +179,7 @@ impl ShellSpec {
             ));
         }
         if planned.iter().all(|(_, _, check)| check.is_none()) {
-            doc.verify.push("no `check` commands are declared: verify by the scripts' own effects".into());
+            doc.notes.push("no `check` commands are declared: verify by the scripts' own effects".into());
         } else {
             doc.verify.extend(planned.iter().filter_map(|(_, _, c)| c.map(str::to_string)));
         }
