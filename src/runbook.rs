@@ -451,12 +451,19 @@ fn render_steps(out: &mut String, stack: &Stack, stack_file: &str) {
                 let _ = writeln!(out, "`rdeploy revert {}` runs it for every completed step, newest first; for this step alone:\n", shell_word(stack_file));
                 sh_block(out, &[tidy(&format!("cd {} && {script}", rdeploy_adapters::shell_quote(&stack_dir(stack))))]);
             }
+            None if step.resumable => {
+                let _ = writeln!(
+                    out,
+                    "none declared: the step is resumable, so a failure is completed by `rdeploy recover`; undoing it is a manual change through {}.\n",
+                    step.tool
+                );
+            }
             None => {
                 let _ = writeln!(out, "{NO_REVERT}.\n");
             }
         }
         if !doc_is_empty(&doc) {
-            section(out, "Verify", &doc.verify, "not available yet");
+            section(out, "Verify", &doc.verify, "no command: see the notes");
             if !doc.notes.is_empty() {
                 let _ = writeln!(out, "**Notes**\n");
                 for note in &doc.notes {
