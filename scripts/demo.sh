@@ -1,20 +1,33 @@
 #!/usr/bin/env bash
-# The README's first command: a real deploy (terraform, ansible, shell) that fails part-way
+# The README's first command: a real deploy (terraform, ansible, helm, kubectl, shell) that fails part-way
 # on purpose, the partial-state report, the fix, and `rdeploy recover` resuming only what is
-# left. Runs in a fresh temporary directory (or $DEMO_DIR) each time.
+# left. Runs in a fresh temporary directory (or $DEMO_DIR) each time; helm and kubectl talk to a
+# kubesim cluster (an in-memory Kubernetes API) started here and stopped on exit.
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$repo"
 
 command -v terraform >/dev/null || { echo "error: the demo needs terraform on PATH" >&2; exit 1; }
 ./scripts/setup-ansible.sh
-cargo build --quiet --bin rdeploy
-export PATH="$repo/target/debug:$repo/.venv/bin:$PATH"
+command -v kubectl >/dev/null || { echo "error: the demo needs kubectl on PATH" >&2; exit 1; }
+./scripts/fetch-helm.sh >/dev/null
+cargo build --quiet -p rdeploy -p kubesim
+target="${CARGO_TARGET_DIR:-$repo/target}/debug"
+export PATH="$target:$repo/.venv/bin:$repo/tools/helm4:$PATH"
 
 work="${DEMO_DIR:-$(mktemp -d -t rdeploy-demo.XXXXXX)}"
 cp -R fixtures/demo/. "$work/"
 cd "$work"
 touch markers/fail-web3
+
+# One cluster named `demo`; its kubeconfig and kubectl's cache stay inside the demo directory.
+export KUBECONFIG="$work/kubeconfig" KUBECACHEDIR="$work/.kube-cache"
+export HELM_CACHE_HOME="$work/.helm/cache" HELM_CONFIG_HOME="$work/.helm/config" HELM_DATA_HOME="$work/.helm/data"
+kubesim --listen 127.0.0.1:0 --clusters demo --kubeconfig "$KUBECONFIG" > "$work/kubesim.ready" 2> "$work/kubesim.log" &
+kubesim_pid=$!
+trap 'kill "$kubesim_pid" 2>/dev/null || true' EXIT
+for _ in $(seq 200); do [ -s "$work/kubesim.ready" ] && break; sleep 0.05; done
+[ -s "$work/kubesim.ready" ] || { echo "error: kubesim did not start (see $work/kubesim.log)" >&2; exit 1; }
 
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 run() { printf '$ %s\n' "$*"; "$@"; }
@@ -30,10 +43,12 @@ say "3. the fix: free the disk on web3, then look before leaping"
 run rm markers/fail-web3
 run rdeploy recover --dry-run stack.yaml
 
-say "4. recover: ansible runs again with --limit web3 only, then the rest"
+say "4. recover: ansible runs again with --limit web3 only, then helm, kubectl and the rest"
 run rdeploy recover stack.yaml
 
 say "5. proof: every host ran the release once, terraform applied each resource once"
 for f in out/web*.log out/terraform.log out/seed.log; do printf '%-22s %s\n' "$f" "$(tr '\n' ' ' < "$f")"; done
+run helm history shop -n shop --kube-context demo
+run kubectl --context demo -n shop get deploy,cm
 echo
 echo "demo directory: $work"
