@@ -352,8 +352,8 @@ impl Session {
                     (Action::Recover(_), _) => format!("{} recover", step.tool),
                 };
                 self.ui.step_started(&name, &what);
-                let sink = JournalSink::new(name.clone(), cp.clone(), self.ui.clone(), &self.state)?;
                 let ctx = self.context(&step, self.cancel.child_token());
+                let sink = JournalSink::new(name.clone(), cp.clone(), self.ui.clone(), &self.state, ctx.cancel.clone())?;
                 fs_err::create_dir_all(&ctx.work_dir)?;
                 running.spawn(async move {
                     let result = match &action {
@@ -443,8 +443,8 @@ impl Session {
         let Some(script) = &step.revert else { return Ok(Outcome::StepReverted) };
         self.ui.step_started(&step.name, "revert");
         record(cp, Record::StepStarted { step: step.name.clone(), mode: StepMode::Revert, tool_version: None })?;
-        let sink = JournalSink::new(step.name.clone(), cp.clone(), self.ui.clone(), &self.state)?;
-        // A revert must finish even after Ctrl-C: a half-reverted step is the third outcome.
+        // A revert must finish even after Ctrl-C or a journal error: a half-reverted step is the third outcome.
+        let sink = JournalSink::new(step.name.clone(), cp.clone(), self.ui.clone(), &self.state, CancellationToken::new())?;
         let ctx = self.context(step, CancellationToken::new());
         match shell::run_revert(&ctx, script, &sink).await {
             Ok(()) => {
@@ -567,16 +567,19 @@ struct JournalSink {
     ui: Arc<Ui>,
     log: Mutex<Option<File>>,
     error: Mutex<Option<String>>,
+    /// Cancelled on the first journal error, so the step starts nothing it cannot record (a
+    /// full disk, or a shared store whose lease another run took over).
+    stop: CancellationToken,
 }
 
 impl JournalSink {
-    fn new(step: String, cp: Arc<Mutex<Checkpoint>>, ui: Arc<Ui>, state: &StateDir) -> anyhow::Result<JournalSink> {
+    fn new(step: String, cp: Arc<Mutex<Checkpoint>>, ui: Arc<Ui>, state: &StateDir, stop: CancellationToken) -> anyhow::Result<JournalSink> {
         let path = state.log_path(&step);
         if let Some(dir) = path.parent() {
             fs_err::create_dir_all(dir)?;
         }
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&path).ok();
-        Ok(JournalSink { step, cp, ui, log: Mutex::new(log), error: Mutex::new(None) })
+        Ok(JournalSink { step, cp, ui, log: Mutex::new(log), error: Mutex::new(None), stop })
     }
 
     fn journal_error(&self) -> Option<String> {
@@ -586,6 +589,7 @@ impl JournalSink {
     fn journal(&self, record: Record) {
         if let Err(e) = self.cp.lock().unwrap_or_else(|e| e.into_inner()).record(record) {
             self.error.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(|| format!("{e:#}"));
+            self.stop.cancel();
         }
     }
 }

@@ -11,17 +11,30 @@ use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 
 /// Who holds (or held) the lock.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Holder {
     pub pid: u32,
     pub host: String,
     pub started: String,
     pub command: String,
+    /// A shared store's lock is a lease the holder keeps renewing: when it runs out, in RFC 3339.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_expires: Option<String>,
+    /// Seconds since the holder last renewed its lease (its heartbeat); large means stuck or gone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_age: Option<f64>,
+    /// Seconds left before the lease runs out and another run may take over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_expires_in: Option<f64>,
 }
 
 impl std::fmt::Display for Holder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "`rdeploy {}` (pid {} on {}, since {})", self.command, self.pid, self.host, self.started)
+        write!(f, "`rdeploy {}` (pid {} on {}, since {}", self.command, self.pid, self.host, self.started)?;
+        if let (Some(age), Some(left)) = (self.lease_age, self.lease_expires_in) {
+            write!(f, "; lease renewed {age:.1}s ago, expires in {left:.1}s")?;
+        }
+        write!(f, ")")
     }
 }
 
@@ -80,6 +93,9 @@ impl Lock {
             host: hostname(),
             started: crate::checkpoint::now(),
             command: command.to_string(),
+            lease_expires: None,
+            lease_age: None,
+            lease_expires_in: None,
         };
         write_holder(&mut file, Some(&me)).context("writing the lock holder")?;
         Ok(Lock { file, took_over_from })
@@ -141,7 +157,15 @@ mod tests {
     #[test]
     fn a_dead_holder_is_reported_when_taken_over() {
         let tmp = tempfile::tempdir().unwrap();
-        let dead = Holder { pid: 999_999, host: hostname(), started: "then".into(), command: "up".into() };
+        let dead = Holder {
+            pid: 999_999,
+            host: hostname(),
+            started: "then".into(),
+            command: "up".into(),
+            lease_expires: None,
+            lease_age: None,
+            lease_expires_in: None,
+        };
         fs_err::write(tmp.path().join("lock"), serde_json::to_string(&dead).unwrap()).unwrap();
         assert!(!dead.is_alive_here());
         let lock = Lock::acquire(tmp.path(), "recover").unwrap();

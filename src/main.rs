@@ -39,6 +39,10 @@ struct Global {
     /// Where the checkpoint lives (default: `.rdeploy/` beside the stack file).
     #[arg(long, global = true, env = "RDEPLOY_STATE_DIR", value_name = "DIR")]
     state_dir: Option<PathBuf>,
+    /// Keep the checkpoint and the lock in PostgreSQL (`postgres://user@host/db`), shared by
+    /// every runner; overrides the stack file's `state:`. Logs stay in the state directory.
+    #[arg(long, global = true, env = "RDEPLOY_STATE", value_name = "URL")]
+    state: Option<String>,
     /// More output: the tools' own lines (-v), debug logs (-vv).
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     verbose: u8,
@@ -99,6 +103,9 @@ enum Command {
         #[arg(default_value = "stack.yaml")]
         stack: PathBuf,
     },
+    /// Manage where checkpoints live (`rdeploy state migrate --from DIR --to postgres://...`).
+    #[command(subcommand)]
+    State(StateCommand),
     /// Write the runbook markdown: per step how to inspect, recover, revert and verify, plus the
     /// live state of a recorded deploy.
     Runbook {
@@ -118,6 +125,32 @@ enum Command {
         junit: Option<PathBuf>,
         #[arg(long, default_value_t = 1, value_name = "N")]
         parallel: usize,
+    },
+}
+
+#[derive(Subcommand)]
+enum StateCommand {
+    /// Move a stack's checkpoint (unfinished journal and history) between stores.
+    Migrate {
+        /// A state directory or a `postgres://` URL.
+        #[arg(long, value_name = "DIR|URL")]
+        from: String,
+        /// A state directory or a `postgres://` URL.
+        #[arg(long, value_name = "DIR|URL")]
+        to: String,
+        /// The stack's name (required when `--from` is a database, which holds many stacks).
+        #[arg(long, value_name = "NAME")]
+        stack: Option<String>,
+    },
+    /// Measure the cost of a journal record in a store (for `benches/store.sh`).
+    #[command(hide = true)]
+    Bench {
+        /// A state directory or a `postgres://` URL.
+        #[arg(long, value_name = "DIR|URL")]
+        to: String,
+        /// Sub-changes to record (two records each: started, synced; done, group-committed).
+        #[arg(long, default_value_t = 500)]
+        sub_changes: usize,
     },
 }
 
@@ -185,12 +218,16 @@ fn load_stack(path: &Path) -> anyhow::Result<stack::Stack> {
 fn session(stack_path: &Path, global: &Global, ui: Arc<Ui>, parallel: usize) -> anyhow::Result<driver::Session> {
     let stack = load_stack(stack_path)?;
     let state = StateDir::new(global.state_dir.clone().unwrap_or_else(|| stack.dir.join(".rdeploy")));
+    let store: Arc<dyn store::Store> = match global.state.as_deref().or(stack.state.as_deref()) {
+        Some(url) => Arc::new(store::postgres::PostgresStore::open(url, &stack.name, Some(state.clone()))?),
+        None => Arc::new(state.clone()),
+    };
     let cancel = CancellationToken::new();
     let signal = Arc::new(Mutex::new(None));
     watch_signals(cancel.clone(), signal.clone(), ui.clone());
     Ok(driver::Session {
         stack: Arc::new(stack),
-        store: Arc::new(state.clone()),
+        store,
         state,
         ui,
         stack_arg: stack_path.display().to_string(),
@@ -276,6 +313,14 @@ async fn run(cli: Cli, ui: Arc<Ui>) -> anyhow::Result<Code> {
                 }
             };
             ci::run(&s, &outputs).await
+        }
+        Command::State(StateCommand::Migrate { from, to, stack }) => {
+            println!("{}", store::postgres::transfer::migrate(from, to, stack.as_deref())?);
+            Ok(Code::Ok)
+        }
+        Command::State(StateCommand::Bench { to, sub_changes }) => {
+            println!("{}", store::postgres::bench::run(to, *sub_changes)?);
+            Ok(Code::Ok)
         }
         Command::Validate { stack } => {
             let s = session(stack, global, ui, 1)?;

@@ -14,7 +14,7 @@ use sha2::{Digest, Sha256};
 /// Keys every step accepts, whatever its tool.
 pub const COMMON_KEYS: &[&str] = &["name", "tool", "needs", "resumable", "revert", "gate", "timeout", "env", "phase"];
 /// Keys of the stack file's top level.
-pub const TOP_KEYS: &[&str] = &["name", "steps", "on_failure"];
+pub const TOP_KEYS: &[&str] = &["name", "steps", "on_failure", "state"];
 
 /// A validated stack, ready to run.
 #[derive(Clone, Debug)]
@@ -31,6 +31,9 @@ pub struct Stack {
     pub order: Vec<usize>,
     /// Digest of the whole file, to tell a changed stack.
     pub digest: String,
+    /// `state:`: where the checkpoint and the lock live (a `postgres://` URL); `None` is the
+    /// local state directory.
+    pub state: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -220,6 +223,18 @@ pub fn parse(file: &Path, text: &str) -> Result<Stack, StackError> {
             }
         },
     };
+    let state = match top.get_scalar("state") {
+        None => None,
+        Some(v) if v.as_str().starts_with("postgres://") || v.as_str().starts_with("postgresql://") => Some(v.as_str().to_string()),
+        Some(v) => {
+            checker.at(
+                v.span(),
+                "`state` is a `postgres://` URL",
+                Some("leave `state` out to keep the checkpoint in the local state directory (`--state-dir`)".into()),
+            );
+            None
+        }
+    };
     let Some(step_nodes) = top.get_sequence("steps") else {
         let span = top.get_node("steps").map(|n| *n.span()).unwrap_or(*top.span());
         checker.at(&span, "the stack needs a `steps:` list", Some("add `steps:` with at least one step".into()));
@@ -287,7 +302,7 @@ pub fn parse(file: &Path, text: &str) -> Result<Stack, StackError> {
     if !checker.problems.is_empty() {
         return Err(StackError { problems: checker.problems });
     }
-    Ok(Stack { name, file: file.to_path_buf(), dir, on_failure, steps, order, digest })
+    Ok(Stack { name, file: file.to_path_buf(), dir, on_failure, steps, order, digest, state })
 }
 
 type ParsedStep = (Step, Span, Vec<Spanned<String>>, Option<Span>);
