@@ -219,7 +219,7 @@ impl PostgresStore {
         match e {
             OpError::Fenced => self.lost_lease(),
             OpError::Unreachable { error, waited } => anyhow::anyhow!(
-                "the state database {} is unreachable while {what}: {error} (retried for {:.0}s); every record written before is kept: when the database is back, `rdeploy recover` resumes from there",
+                "the state database {} is unreachable while {what}: {error} (gave up after retrying for {:.0}s); every record written before is kept: when the database is back, `rdeploy recover` resumes from there",
                 self.shared.display,
                 waited.as_secs_f64()
             ),
@@ -649,7 +649,12 @@ impl PostgresJournal {
     fn failed(&mut self, e: OpError, what: &str) -> anyhow::Error {
         match e {
             OpError::Fenced => self.lease.lost.store(true, Ordering::SeqCst),
-            OpError::Unreachable { .. } | OpError::Connection(_) => self.gave_up = true,
+            OpError::Connection(error) => {
+                // Only once an earlier write waited out the budget (see `budget`).
+                self.gave_up = true;
+                return OpError::Unreachable { error, waited: self.store.shared.settings.retry }.into_error(&self.store, what);
+            }
+            OpError::Unreachable { .. } => self.gave_up = true,
             OpError::Other(_) => {}
         }
         self.store.error(e, what)
@@ -817,6 +822,12 @@ impl Conn {
 }
 
 type OpFuture<'c, T> = Pin<Box<dyn Future<Output = Result<T, OpError>> + Send + 'c>>;
+
+impl OpError {
+    fn into_error(self, store: &PostgresStore, what: &str) -> anyhow::Error {
+        store.error(self, what)
+    }
+}
 
 #[derive(Debug)]
 enum OpError {
