@@ -36,6 +36,9 @@ pub struct Session {
     /// The signal that cancelled, if any.
     pub signal: Arc<Mutex<Option<String>>>,
     pub parallel: usize,
+    /// `recover --force`: the operator vouches that no other process is working on the
+    /// release (helm's stuck pending-* rollback); adapters see `RDEPLOY_FORCE=1`.
+    pub force: bool,
 }
 
 /// How a run ended, in the terms of SPEC.md's exit codes.
@@ -84,12 +87,16 @@ enum Action {
 
 impl Session {
     fn context(&self, step: &Step, cancel: CancellationToken) -> StepContext {
+        let mut env = step.env.clone();
+        if self.force {
+            env.insert(rdeploy_adapters::helm::FORCE_ENV.to_string(), "1".to_string());
+        }
         StepContext {
             step: step.name.clone(),
             stack: self.stack.name.clone(),
             stack_dir: self.stack.dir.clone(),
             work_dir: self.state.step_dir(&step.name),
-            env: step.env.clone(),
+            env,
             timeout: step.timeout,
             cancel,
         }
@@ -385,6 +392,11 @@ impl Session {
                     record(&cp, Record::StepFailed { step: name.clone(), failure: Failure { interrupted, ..failure } })?;
                     if interrupted {
                         outcome = outcome.worst(Outcome::Interrupted);
+                        // Complete or revert holds under Ctrl-C too: a non-resumable step stopped
+                        // half-way is reverted (uncancellably) before rdeploy exits 130.
+                        if !step.resumable && step.revert.is_some() && self.revert_step(&cp, &step).await? == Outcome::RevertFailed {
+                            outcome = outcome.worst(Outcome::RevertFailed);
+                        }
                     } else if !step.resumable && step.revert.is_some() {
                         // Complete or revert: a step that cannot resume goes back to where it started.
                         outcome = outcome.worst(self.revert_step(&cp, &step).await?);

@@ -74,6 +74,9 @@ enum Command {
         /// Print what recovery would do, from each tool's live state; change nothing.
         #[arg(long)]
         dry_run: bool,
+        /// Recover a release stuck in pending-* even if a helm process for it seems alive.
+        #[arg(long)]
+        force: bool,
         #[arg(long, default_value_t = 1, value_name = "N")]
         parallel: usize,
     },
@@ -234,6 +237,7 @@ fn session(stack_path: &Path, global: &Global, ui: Arc<Ui>, parallel: usize) -> 
         cancel,
         signal,
         parallel,
+        force: false,
     })
 }
 
@@ -270,7 +274,11 @@ async fn run(cli: Cli, ui: Arc<Ui>) -> anyhow::Result<Code> {
     let global = &cli.global;
     match &cli.command {
         Command::Up { stack, parallel } => session(stack, global, ui, *parallel)?.up().await,
-        Command::Recover { stack, dry_run, parallel } => session(stack, global, ui, *parallel)?.recover(*dry_run).await,
+        Command::Recover { stack, dry_run, parallel, force } => {
+            let mut s = session(stack, global, ui, *parallel)?;
+            s.force = *force;
+            s.recover(*dry_run).await
+        }
         Command::Revert { stack } => session(stack, global, ui, 1)?.revert().await,
         Command::Reset { stack, yes } => {
             if !yes {

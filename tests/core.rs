@@ -400,3 +400,31 @@ steps:
     let status = p.status();
     assert!(step(&status, "drop-old-column")["refused"].as_str().unwrap().contains("edge-1"));
 }
+
+#[test]
+fn sigint_in_a_non_resumable_step_reverts_it_before_exiting() {
+    let p = Project::new();
+    p.stack(
+        r#"
+name: s
+steps:
+  - name: migrate
+    tool: shell
+    run: "echo half > schema; touch started; while [ -f hold ]; do sleep 0.05; done; echo full > schema"
+    revert: "rm -f schema; echo reverted >> log"
+"#,
+    )
+    .file("hold", "");
+    let mut child = p.spawn(&["up"]);
+    p.wait_for("started", Duration::from_secs(20));
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGINT).unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert_eq!(output.status.code(), Some(130), "stderr: {}", String::from_utf8_lossy(&output.stderr));
+    assert!(!p.exists("schema"), "complete or revert: no half-applied schema is left");
+    assert_eq!(lines(&p, "log"), ["reverted"]);
+    assert_eq!(step(&p.status(), "migrate")["status"], "reverted");
+
+    p.remove("hold");
+    p.rdeploy(&["recover"]).code(0);
+    assert_eq!(p.read("schema"), "full\n");
+}
