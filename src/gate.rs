@@ -1,19 +1,104 @@
-//! Gates: preconditions evaluated right before a step runs. The fleet inventory that answers
-//! `gate.inventory` is not built yet (issue 8), so a gated step is refused rather than run on
-//! an unchecked assumption: refusing is the safe answer when the fleet cannot be asked.
+//! Gates: preconditions evaluated right before a step runs. `gate.inventory` asks the fleet
+//! whether every cluster in scope runs the wanted version; any straggler or absent cluster
+//! refuses the step, unless an unexpired exception with a reason covers that cluster.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
-use crate::stack::Gate;
+use time::{Date, OffsetDateTime};
 
-/// `Ok` when the step may run; `Err` with the reason it may not.
-pub async fn evaluate(gate: &Gate, _stack_dir: &Path) -> Result<(), String> {
+use crate::fleet::analysis::Standing;
+use crate::fleet::model::Kind;
+use crate::fleet::{standings_for_gate, GateQuery};
+use crate::stack::{Gate, GateException};
+
+/// The per-cluster budget when the gate does not set `timeout`.
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// `Ok` when the step may run; `Err` with the reason it may not, naming every straggler.
+pub async fn evaluate(gate: &Gate, stack_dir: &Path) -> Result<(), String> {
     let inv = &gate.inventory;
-    Err(format!(
-        "cannot confirm that {} run {}:{} in {}: the fleet inventory is not available in this build of rdeploy",
-        inv.contexts.join(", "),
-        inv.image,
-        inv.version,
-        inv.namespace.as_deref().unwrap_or("all namespaces"),
-    ))
+    let wanted = format!("{}:{}", inv.image, inv.version);
+    let kinds = inv.kinds.iter().map(|k| Kind::parse(k).ok_or_else(|| format!("unknown workload kind `{k}` in `gate.inventory.kinds`"))).collect::<Result<Vec<_>, _>>()?;
+    let timeout = match &inv.timeout {
+        Some(t) => humantime::parse_duration(t).map_err(|e| format!("`gate.inventory.timeout` `{t}`: {e}"))?,
+        None => DEFAULT_TIMEOUT,
+    };
+    let query = GateQuery {
+        contexts: &inv.contexts,
+        kubeconfig: inv.kubeconfig.as_ref().map(|k| stack_dir.join(k)),
+        namespace: inv.namespace.clone(),
+        selector: inv.selector.as_deref(),
+        kinds,
+        image: &inv.image,
+        version: &inv.version,
+        timeout,
+    };
+    let standings = standings_for_gate(&query, &state_dir(stack_dir)).await.map_err(|e| format!("cannot confirm that the fleet runs {wanted}: {e}"))?;
+    if standings.is_empty() {
+        return Err(format!("cannot confirm that the fleet runs {wanted}: no cluster in scope"));
+    }
+    let today = OffsetDateTime::now_utc().date();
+    let mut blocking = Vec::new();
+    let mut excused = Vec::new();
+    for s in standings.iter().filter(|s| s.standing != Standing::Done) {
+        let why = s.why(&inv.image);
+        match exception_for(&inv.exceptions, &s.cluster, today) {
+            Some(Ok(e)) => excused.push(format!("{} ({}; excepted until {}: {})", s.cluster, why, e.expires, e.reason)),
+            Some(Err(problem)) => blocking.push(format!("{}: {why} ({problem})", s.cluster)),
+            None => blocking.push(format!("{}: {why}", s.cluster)),
+        }
+    }
+    if !excused.is_empty() {
+        tracing::warn!("gate on {wanted}: passing with exceptions: {}", excused.join("; "));
+    }
+    if blocking.is_empty() {
+        return Ok(());
+    }
+    Err(format!("{} of {} clusters in scope do not run {wanted}: {}", blocking.len(), standings.len(), blocking.join(" | ")))
+}
+
+/// Where gates keep last-seen times: the default state directory beside the stack file, or
+/// `RDEPLOY_STATE_DIR` (the driver does not pass `--state-dir` down to gates).
+fn state_dir(stack_dir: &Path) -> PathBuf {
+    match std::env::var_os("RDEPLOY_STATE_DIR") {
+        Some(d) if !d.is_empty() => PathBuf::from(d),
+        _ => stack_dir.join(".rdeploy"),
+    }
+}
+
+/// The exception covering `cluster` (a name or a glob): `Ok` when it applies today, `Err`
+/// saying why it does not (expired, no reason, unreadable date).
+fn exception_for<'a>(exceptions: &'a [GateException], cluster: &str, today: Date) -> Option<Result<&'a GateException, String>> {
+    let e = exceptions.iter().find(|e| e.cluster == cluster || glob::Pattern::new(&e.cluster).is_ok_and(|p| p.matches(cluster)))?;
+    if e.reason.trim().is_empty() {
+        return Some(Err("its exception has no reason, so it does not apply".into()));
+    }
+    let format = time::macros::format_description!("[year]-[month]-[day]");
+    Some(match Date::parse(e.expires.trim(), &format) {
+        // The exception holds through the day before `expires`.
+        Ok(expires) if today < expires => Ok(e),
+        Ok(_) => Err(format!("its exception expired on {}", e.expires)),
+        Err(_) => Err(format!("its exception's `expires` `{}` is not a date like 2026-12-31", e.expires)),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use time::macros::date;
+
+    fn exception(cluster: &str, reason: &str, expires: &str) -> GateException {
+        GateException { cluster: cluster.into(), reason: reason.into(), expires: expires.into() }
+    }
+
+    #[test]
+    fn exceptions_apply_until_they_expire() {
+        let list = vec![exception("edge-3", "site offline for works", "2026-06-10"), exception("lab-*", "", "2030-01-01"), exception("edge-9", "x", "soon")];
+        assert!(matches!(exception_for(&list, "edge-3", date!(2026 - 06 - 09)), Some(Ok(_))));
+        assert_eq!(exception_for(&list, "edge-3", date!(2026 - 06 - 10)).unwrap().unwrap_err(), "its exception expired on 2026-06-10");
+        assert!(exception_for(&list, "lab-1", date!(2026 - 01 - 01)).unwrap().unwrap_err().contains("no reason"));
+        assert!(exception_for(&list, "edge-9", date!(2026 - 01 - 01)).unwrap().unwrap_err().contains("not a date"));
+        assert!(exception_for(&list, "edge-1", date!(2026 - 01 - 01)).is_none());
+    }
 }

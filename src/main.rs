@@ -5,6 +5,7 @@ mod checkpoint;
 mod ci;
 mod driver;
 mod exit;
+mod fleet;
 mod gate;
 mod lock;
 mod report;
@@ -109,6 +110,9 @@ enum Command {
     /// Manage where checkpoints live (`rdeploy state migrate --from DIR --to postgres://...`).
     #[command(subcommand)]
     State(StateCommand),
+    /// Fleet version inventory: component x version x clusters, stragglers and absent clusters
+    /// named. Exits 1 when `--slo` is breached (for CI), 2 on bad input.
+    Inventory(InventoryArgs),
     /// Write the runbook markdown: per step how to inspect, recover, revert and verify, plus the
     /// live state of a recorded deploy.
     Runbook {
@@ -129,6 +133,47 @@ enum Command {
         #[arg(long, default_value_t = 1, value_name = "N")]
         parallel: usize,
     },
+}
+
+#[derive(Args)]
+struct InventoryArgs {
+    /// The kubeconfig (default: `$KUBECONFIG`, else `~/.kube/config`).
+    #[arg(long, value_name = "FILE")]
+    kubeconfig: Option<PathBuf>,
+    /// Contexts to ask: names or globs like `edge-*`, comma-separated (default: all).
+    #[arg(long, value_delimiter = ',', value_name = "LIST")]
+    contexts: Vec<String>,
+    /// A fleet file: `clusters: {NAME: {site: .., region: ..}}`; its clusters are the fleet.
+    #[arg(long, value_name = "FILE")]
+    fleet: Option<PathBuf>,
+    /// Machine-readable output.
+    #[arg(long, conflicts_with = "markdown")]
+    json: bool,
+    /// Markdown output.
+    #[arg(long)]
+    markdown: bool,
+    /// Flag versions older than the newest N of each component as incidents.
+    #[arg(long, value_name = "N")]
+    supported: Option<usize>,
+    /// Rollout-completion objectives, like `95%@48h,100%@7d`; a breach exits 1.
+    #[arg(long, value_name = "OBJECTIVES")]
+    slo: Option<String>,
+    /// Only this component (image repository); `IMAGE:TAG` judges against that version.
+    #[arg(long, value_name = "IMAGE")]
+    component: Option<String>,
+    /// When the rollout started (RFC 3339, or a duration ago like `36h`), instead of the time
+    /// `rdeploy inventory` first saw the version (recorded in the state directory).
+    #[arg(long, value_name = "TIME")]
+    since: Option<String>,
+    /// Only workloads in this namespace.
+    #[arg(long, short = 'n', value_name = "NS")]
+    namespace: Option<String>,
+    /// Only workloads whose labels (or pod template labels) match, like `app=node-agent`.
+    #[arg(long, short = 'l', value_name = "SELECTOR")]
+    selector: Option<String>,
+    /// Per-cluster time to answer before it counts as absent.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration, value_name = "DURATION")]
+    timeout: std::time::Duration,
 }
 
 #[derive(Subcommand)]
@@ -321,6 +366,23 @@ async fn run(cli: Cli, ui: Arc<Ui>) -> anyhow::Result<Code> {
                 }
             };
             ci::run(&s, &outputs).await
+        }
+        Command::Inventory(a) => {
+            let request = fleet::InventoryRequest {
+                kubeconfig: a.kubeconfig.clone(),
+                contexts: a.contexts.clone(),
+                fleet: a.fleet.clone(),
+                json: a.json,
+                markdown: a.markdown,
+                supported: a.supported,
+                slo: a.slo.clone(),
+                component: a.component.clone(),
+                since: a.since.clone(),
+                namespace: a.namespace.clone(),
+                selector: a.selector.clone(),
+                timeout: a.timeout,
+            };
+            fleet::inventory(&request, &global.state_dir.clone().unwrap_or_else(|| PathBuf::from(".rdeploy"))).await
         }
         Command::State(StateCommand::Migrate { from, to, stack }) => {
             println!("{}", store::postgres::transfer::migrate(from, to, stack.as_deref())?);

@@ -89,6 +89,12 @@ pub struct InventoryGate {
     pub kubeconfig: Option<PathBuf>,
     #[serde(default)]
     pub exceptions: Vec<GateException>,
+    /// Only these workload kinds (Deployment, DaemonSet, StatefulSet, CronJob, Job, Pod); all when empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kinds: Vec<String>,
+    /// Per-cluster time to answer before it counts as absent (default 5s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<String>,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]

@@ -1,0 +1,165 @@
+//! Which clusters are in scope: contexts read from a kubeconfig (all, named, or globbed like
+//! `edge-*`), optionally listed with labels in a fleet file. A cluster named in scope but
+//! missing from the kubeconfig stays in scope, as absent: leaving it out would hide it.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context as _};
+use kube::config::{Kubeconfig, NamedContext};
+use serde::Deserialize;
+
+/// The clusters to ask and how to reach them.
+pub struct Scope {
+    /// Where the kubeconfig came from, for messages.
+    pub source: String,
+    pub clusters: Vec<Member>,
+}
+
+pub struct Member {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    /// A kubeconfig holding only this context, its cluster and its user; `None` when the
+    /// kubeconfig has no such context. Built once so per-cluster setup does not copy the
+    /// whole (possibly 4,000-context) kubeconfig.
+    pub kubeconfig: Option<Kubeconfig>,
+}
+
+/// The optional fleet file: labels per cluster, and the fleet's membership.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FleetFile {
+    #[serde(default)]
+    pub clusters: BTreeMap<String, BTreeMap<String, String>>,
+}
+
+impl FleetFile {
+    pub fn load(path: &Path) -> anyhow::Result<FleetFile> {
+        let text = fs_err::read_to_string(path)?;
+        marked_yaml::from_yaml(0, &text).with_context(|| format!("{}: not a fleet file (`clusters: {{name: {{label: value}}}}`)", path.display()))
+    }
+}
+
+/// The kubeconfig as kubectl finds it: the explicit file, else `$KUBECONFIG` (merged), else
+/// `~/.kube/config`.
+pub fn read_kubeconfig(explicit: Option<&Path>) -> anyhow::Result<(Kubeconfig, String)> {
+    if let Some(path) = explicit {
+        let kc = Kubeconfig::read_from(path).with_context(|| format!("could not read the kubeconfig {}", path.display()))?;
+        return Ok((kc, path.display().to_string()));
+    }
+    let source = match std::env::var_os("KUBECONFIG") {
+        Some(v) if !v.is_empty() => format!("$KUBECONFIG ({})", v.to_string_lossy()),
+        _ => "~/.kube/config".to_string(),
+    };
+    let kc = Kubeconfig::read().with_context(|| format!("could not read the kubeconfig from {source}"))?;
+    Ok((kc, source))
+}
+
+pub fn is_glob(pattern: &str) -> bool {
+    pattern.contains(['*', '?', '['])
+}
+
+impl Scope {
+    /// Selects clusters: `patterns` are names or globs (empty: every cluster of the fleet file,
+    /// else every context). A glob that matches nothing is an error, a name is kept.
+    pub fn select(kubeconfig: Kubeconfig, source: String, patterns: &[String], fleet: Option<&FleetFile>) -> anyhow::Result<Scope> {
+        let universe: Vec<String> = match fleet {
+            Some(f) if !f.clusters.is_empty() => f.clusters.keys().cloned().collect(),
+            _ => kubeconfig.contexts.iter().map(|c| c.name.clone()).collect(),
+        };
+        let mut names: Vec<String> = Vec::new();
+        if patterns.is_empty() {
+            names = universe.clone();
+        }
+        for pattern in patterns.iter().map(|p| p.trim()).filter(|p| !p.is_empty()) {
+            if is_glob(pattern) {
+                let glob = glob::Pattern::new(pattern).with_context(|| format!("`{pattern}` is not a valid context glob"))?;
+                let matched: Vec<&String> = universe.iter().filter(|n| glob.matches(n)).collect();
+                if matched.is_empty() {
+                    bail!("no context matches `{pattern}` in {source}");
+                }
+                names.extend(matched.into_iter().cloned());
+            } else {
+                names.push(pattern.to_string());
+            }
+        }
+        let mut seen = std::collections::HashSet::new();
+        names.retain(|n| seen.insert(n.clone()));
+        let by_name: BTreeMap<&str, &NamedContext> = kubeconfig.contexts.iter().map(|c| (c.name.as_str(), c)).collect();
+        let clusters = names
+            .into_iter()
+            .map(|name| {
+                let labels = fleet.and_then(|f| f.clusters.get(&name)).cloned().unwrap_or_default();
+                let kubeconfig = by_name.get(name.as_str()).map(|ctx| single_context(&kubeconfig, ctx));
+                Member { name, labels, kubeconfig }
+            })
+            .collect();
+        Ok(Scope { source, clusters })
+    }
+}
+
+fn single_context(full: &Kubeconfig, ctx: &NamedContext) -> Kubeconfig {
+    let cluster = ctx.context.as_ref().map(|c| c.cluster.as_str());
+    let user = ctx.context.as_ref().and_then(|c| c.user.as_deref());
+    Kubeconfig {
+        clusters: full.clusters.iter().filter(|c| Some(c.name.as_str()) == cluster).cloned().collect(),
+        auth_infos: full.auth_infos.iter().filter(|u| Some(u.name.as_str()) == user).cloned().collect(),
+        contexts: vec![ctx.clone()],
+        current_context: Some(ctx.name.clone()),
+        ..Kubeconfig::default()
+    }
+}
+
+/// The default kubeconfig path shown in hints.
+pub fn default_path() -> PathBuf {
+    std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default().join(".kube/config")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kubeconfig(names: &[&str]) -> Kubeconfig {
+        let mut yaml = String::from("apiVersion: v1\nkind: Config\nclusters:\n");
+        for n in names {
+            yaml += &format!("- name: {n}\n  cluster: {{server: 'http://127.0.0.1:1/clusters/{n}'}}\n");
+        }
+        yaml += "users:\n";
+        for n in names {
+            yaml += &format!("- name: {n}\n  user: {{token: t}}\n");
+        }
+        yaml += "contexts:\n";
+        for n in names {
+            yaml += &format!("- name: {n}\n  context: {{cluster: {n}, user: {n}}}\n");
+        }
+        Kubeconfig::from_yaml(&yaml).unwrap()
+    }
+
+    fn names(s: &Scope) -> Vec<&str> {
+        s.clusters.iter().map(|c| c.name.as_str()).collect()
+    }
+
+    #[test]
+    fn globs_names_and_missing_contexts() {
+        let kc = kubeconfig(&["edge-1", "edge-2", "core-1"]);
+        let s = Scope::select(kc.clone(), "k".into(), &["edge-*".into()], None).unwrap();
+        assert_eq!(names(&s), ["edge-1", "edge-2"]);
+        let only = s.clusters[0].kubeconfig.as_ref().unwrap();
+        assert_eq!((only.contexts.len(), only.clusters.len(), only.auth_infos.len()), (1, 1, 1));
+        let s = Scope::select(kc.clone(), "k".into(), &["core-1".into(), "edge-9".into()], None).unwrap();
+        assert_eq!(names(&s), ["core-1", "edge-9"]);
+        assert!(s.clusters[1].kubeconfig.is_none(), "a missing context stays in scope, absent");
+        assert!(Scope::select(kc.clone(), "k".into(), &["west-*".into()], None).is_err());
+        assert_eq!(names(&Scope::select(kc, "k".into(), &[], None).unwrap()).len(), 3);
+    }
+
+    #[test]
+    fn a_fleet_file_defines_membership_and_labels() {
+        let kc = kubeconfig(&["edge-1", "edge-2", "core-1"]);
+        let fleet: FleetFile = marked_yaml::from_yaml(0, "clusters:\n  edge-1: {site: lyon}\n  edge-3: {site: oslo}\n").unwrap();
+        let s = Scope::select(kc, "k".into(), &[], Some(&fleet)).unwrap();
+        assert_eq!(names(&s), ["edge-1", "edge-3"]);
+        assert_eq!(s.clusters[0].labels["site"], "lyon");
+        assert!(s.clusters[1].kubeconfig.is_none());
+    }
+}
