@@ -994,8 +994,77 @@ impl Drop for Worker {
 }
 
 #[cfg(test)]
+#[path = "../../tests/common/postgres.rs"]
+mod test_server;
+
+#[cfg(test)]
 mod tests {
     use super::*;
+
+    fn warning(seq: u64, message: &str) -> Entry {
+        Entry { seq, ts: now(), record: Record::Warning { step: None, message: message.into() } }
+    }
+
+    /// A one-second lease that nothing renews, so a test can let it run out.
+    fn short_lease(url: &str) -> PostgresStore {
+        let settings = Settings {
+            lease: Duration::from_secs(1),
+            heartbeat: Duration::from_secs(3600),
+            retry: Duration::from_secs(2),
+            timeout: Duration::from_secs(5),
+        };
+        PostgresStore::with_settings(url, "s", None, settings).unwrap()
+    }
+
+    #[test]
+    fn a_lease_is_taken_over_only_once_expired_and_the_old_holder_is_fenced() {
+        let server = test_server::PgServer::start();
+        let (a, b) = (short_lease(&server.url()), short_lease(&server.url()));
+        let lock_a = a.lock("up").unwrap();
+        let mut journal_a = a.create_journal().unwrap();
+        journal_a.append(&warning(1, "from a")).unwrap();
+        journal_a.sync().unwrap();
+        assert!(matches!(b.lock("recover"), Err(LockError::Held { .. })), "a live lease is not taken over");
+
+        std::thread::sleep(Duration::from_millis(1300));
+        let lock_b = b.lock("recover").unwrap();
+        let old = lock_b.took_over_from().expect("the expired holder is named");
+        assert_eq!((old.pid, old.command.as_str()), (std::process::id(), "up"));
+
+        let err = journal_a.append(&warning(2, "from a, too late")).unwrap_err().to_string();
+        assert!(err.contains("lost the lock on stack `s`"), "{err}");
+        assert!(journal_a.sync().is_err(), "a lost lease stays lost");
+        let (mut journal_b, deploy) = b.open_journal().unwrap();
+        assert_eq!((deploy.seq, deploy.warnings.clone()), (1, vec!["from a".to_string()]));
+        journal_b.append(&warning(2, "from b")).unwrap();
+        journal_b.sync().unwrap();
+        assert_eq!(server.psql("SELECT string_agg(record->>'message', ',' ORDER BY seq) FROM rdeploy.records"), "from a,from b");
+
+        // The old guard's release must not free the new holder's lease.
+        drop(lock_a);
+        assert_eq!(b.holder().unwrap().command, "recover");
+        drop(lock_b);
+        assert!(b.holder().is_none());
+        assert_eq!(server.psql("SELECT string_agg(version::text, ',' ORDER BY version) FROM rdeploy.schema_migrations"), "1,2");
+    }
+
+    #[test]
+    fn sync_writes_again_records_a_database_crash_lost() {
+        let server = test_server::PgServer::start();
+        let store = short_lease(&server.url());
+        let _lock = store.lock("up").unwrap();
+        let mut journal = store.create_journal().unwrap();
+        journal.append(&warning(1, "one")).unwrap();
+        journal.append(&warning(2, "two")).unwrap();
+        // As if the server crashed before flushing the second, asynchronously committed record.
+        server.psql("DELETE FROM rdeploy.records WHERE seq = 2");
+        journal.sync().unwrap();
+        assert_eq!(store.load_unfinished().unwrap().unwrap().warnings, ["one", "two"]);
+        // Retrying a record that did land is a no-op; different content under its number is not.
+        journal.append(&warning(2, "two")).unwrap();
+        let err = format!("{:#}", journal.append(&warning(2, "other")).unwrap_err());
+        assert!(err.contains("already written with other content"), "{err}");
+    }
 
     #[test]
     fn urls_are_shown_without_their_password() {

@@ -137,7 +137,8 @@ impl PgServer {
 
     /// Runs SQL with `psql` and returns its unaligned output.
     pub fn psql(&self, sql: &str) -> String {
-        let out = Command::new(self.bin.join("psql").exists().then(|| self.bin.join("psql")).unwrap_or_else(|| PathBuf::from("psql")))
+        let psql = if self.bin.join("psql").exists() { self.bin.join("psql") } else { PathBuf::from("psql") };
+        let out = Command::new(psql)
             .args(["-X", "-q", "-At", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1", "-p", &self.port.to_string(), "-U", "postgres", "-d", "postgres", "-c", sql])
             .output()
             .expect("run psql (installed with PostgreSQL: `scripts/setup-postgres.sh`)");
