@@ -31,8 +31,10 @@ pub struct Holder {
 impl std::fmt::Display for Holder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "`rdeploy {}` (pid {} on {}, since {}", self.command, self.pid, self.host, self.started)?;
-        if let (Some(age), Some(left)) = (self.lease_age, self.lease_expires_in) {
-            write!(f, "; lease renewed {age:.1}s ago, expires in {left:.1}s")?;
+        match (self.lease_age, self.lease_expires_in) {
+            (Some(age), Some(left)) if left >= 0.0 => write!(f, "; lease renewed {age:.1}s ago, expires in {left:.1}s")?,
+            (Some(age), Some(left)) => write!(f, "; lease renewed {age:.1}s ago, expired {:.1}s ago", -left)?,
+            _ => {}
         }
         write!(f, ")")
     }
