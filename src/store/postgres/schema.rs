@@ -67,6 +67,25 @@ const MIGRATION_LOCK: i64 = 0x7264_6570_6c6f_7901;
 
 /// Brings the schema up to date. Safe to run concurrently from many runners.
 pub async fn migrate(client: &mut Client) -> anyhow::Result<i32> {
+    // The common case, read-only: a role that may use the tables but not create schemas in the
+    // database works once they exist.
+    let current: Option<i32> = client
+        .query_one(
+            // Fails (and so migrates) while the table does not exist.
+            "SELECT coalesce(max(version), 0) FROM rdeploy.schema_migrations",
+            &[],
+        )
+        .await
+        .ok()
+        .and_then(|row| row.get(0));
+    match current {
+        Some(v) if v == latest() => return Ok(v),
+        Some(v) if v > latest() => anyhow::bail!(
+            "the state database's schema is version {v}, newer than this rdeploy knows (version {}); upgrade rdeploy on this runner",
+            latest()
+        ),
+        _ => {}
+    }
     let tx = client.transaction().await?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK]).await?;
     tx.batch_execute(
