@@ -13,12 +13,16 @@
 # The server is a throwaway one on a loopback port with PostgreSQL's defaults (fsync on,
 # synchronous_commit on), its data directory on the same disk as the local store.
 #
-# Usage: benches/store.sh [N]   (default 500). Builds the release binary first.
+# Usage: benches/store.sh [N]   (default 500). Builds the release binary first (or set RDEPLOY_BIN).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:-500}
-cargo build --release --quiet --bin rdeploy
-BIN=${CARGO_TARGET_DIR:-$PWD/target}/release/rdeploy
+if [ -n "${RDEPLOY_BIN:-}" ]; then
+  BIN=$RDEPLOY_BIN   # a binary built already
+else
+  cargo build --release --quiet --bin rdeploy
+  BIN=${CARGO_TARGET_DIR:-$PWD/target}/release/rdeploy
+fi
 
 pgbin=$(dirname "$(command -v initdb || ls -d /usr/lib/postgresql/*/bin/initdb | sort -V | tail -1)")
 [ -x "$pgbin/pg_ctl" ] || { echo "error: PostgreSQL is not installed: run \`scripts/setup-postgres.sh\`" >&2; exit 1; }
