@@ -47,15 +47,16 @@ impl Default for CollectOptions {
 pub async fn collect(scope: &Scope, options: &CollectOptions, last_seen: &LastSeen) -> Inventory {
     let taken_at = OffsetDateTime::now_utc();
     let permits = Arc::new(Semaphore::new(options.concurrency.max(1)));
+    let http: PlainHttp = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
     let mut tasks = JoinSet::new();
     for (index, member) in scope.clusters.iter().enumerate() {
         let Some(kubeconfig) = member.kubeconfig.clone() else {
             continue;
         };
-        let (name, options, permits) = (member.name.clone(), options.clone(), permits.clone());
+        let (name, options, permits, http) = (member.name.clone(), options.clone(), permits.clone(), http.clone());
         tasks.spawn(async move {
             let _permit = permits.acquire_owned().await;
-            let ask = tokio::time::timeout(options.timeout, ask_cluster(kubeconfig, &name, &options));
+            let ask = tokio::time::timeout(options.timeout, ask_cluster(kubeconfig, &name, &options, &http));
             // kube logs each failed request at ERROR; an absent cluster is reported once, in
             // the inventory, so its logs are only wanted when debugging (-vv).
             let dispatch = if tracing::enabled!(tracing::Level::DEBUG) { tracing::dispatcher::get_default(|d| d.clone()) } else { tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default()) };
@@ -94,12 +95,12 @@ pub async fn collect(scope: &Scope, options: &CollectOptions, last_seen: &LastSe
 /// What a cluster that answered holds.
 type Answer = (Vec<Workload>, Vec<GitOpsObject>);
 
-async fn ask_cluster(kubeconfig: Kubeconfig, context: &str, options: &CollectOptions) -> Result<Answer, String> {
+async fn ask_cluster(kubeconfig: Kubeconfig, context: &str, options: &CollectOptions, http: &PlainHttp) -> Result<Answer, String> {
     let kube_options = KubeConfigOptions { context: Some(context.to_string()), ..KubeConfigOptions::default() };
     let mut config = Config::from_custom_kubeconfig(kubeconfig, &kube_options).await.map_err(|e| format!("bad kubeconfig context: {e}"))?;
     config.connect_timeout = Some(options.timeout);
     config.read_timeout = Some(options.timeout);
-    let client = Client::try_from(config).map_err(|e| format!("cannot build a client: {e}"))?;
+    let client = client_for(config, http).map_err(|e| format!("cannot build a client: {e}"))?;
     let ns = options.namespace.as_deref();
     let wants = |k: Kind| options.kinds.contains(&k);
     let (deployments, daemonsets, statefulsets, cronjobs, jobs, pods, gitops) = tokio::try_join!(
@@ -125,6 +126,26 @@ async fn ask_cluster(kubeconfig: Kubeconfig, context: &str, options: &CollectOpt
     }
     workloads.sort_by(|a, b| (a.kind, &a.namespace, &a.name).cmp(&(b.kind, &b.namespace, &b.name)));
     Ok((workloads, gitops))
+}
+
+/// One connection pool shared by every `http://` cluster.
+type PlainHttp = hyper_util::client::legacy::Client<hyper_util::client::legacy::connect::HttpConnector, kube::client::Body>;
+
+/// kube's own client for `https://` clusters (TLS and auth as kubectl does). A plain `http://`
+/// cluster gets the shared pool with kube's base-URI and auth layers: kube's default stack
+/// would load the system's root certificates for every cluster, which dominated the time of a
+/// 400-cluster inventory and is useless without TLS.
+fn client_for(config: Config, http: &PlainHttp) -> Result<Client, kube::Error> {
+    use kube::client::ConfigExt as _;
+    if config.cluster_url.scheme_str() != Some("http") {
+        return Client::try_from(config);
+    }
+    let service = tower::ServiceBuilder::new().layer(config.base_uri_layer())
+        .option_layer(config.auth_layer()?)
+        // kube's auth layers expect a boxed error from the service they wrap.
+        .map_err(|e: hyper_util::client::legacy::Error| -> Box<dyn std::error::Error + Send + Sync> { Box::new(e) })
+        .service(http.clone());
+    Ok(Client::new(service, config.default_namespace))
 }
 
 async fn list<K>(client: &Client, ns: Option<&str>, wanted: bool) -> Result<Vec<K>, String>
