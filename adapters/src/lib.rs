@@ -14,6 +14,7 @@ pub mod kubectl;
 pub mod process;
 pub mod shell;
 pub mod terraform;
+pub mod testing;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -258,21 +258,9 @@ pub async fn run_revert(ctx: &StepContext, script: &str, sink: &dyn EventSink) -
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Mutex;
-
     use super::*;
+    use crate::testing::Recorder;
     use crate::{CancellationToken, PriorSubChange};
-
-    #[derive(Default)]
-    struct Recorder(Mutex<Vec<Event>>);
-
-    impl EventSink for Recorder {
-        fn emit(&self, event: Event) {
-            if !matches!(event, Event::Output { .. }) {
-                self.0.lock().unwrap().push(event);
-            }
-        }
-    }
 
     fn ctx(dir: &std::path::Path) -> StepContext {
         StepContext {
@@ -307,7 +295,7 @@ mod tests {
         assert_eq!(failure.exit_code, Some(4));
         assert_eq!(failure.summary, "`b` exited with status 4: boom");
         assert_eq!(failure.command.as_deref(), Some("echo boom >&2; exit 4"));
-        let events = sink.0.into_inner().unwrap();
+        let events = sink.events();
         assert_eq!(events[0], Event::Planned { ids: vec!["a".into(), "b".into(), "c".into()] });
         assert!(events.contains(&Event::Done { id: "a".into(), note: None }));
         assert!(events.iter().any(|e| matches!(e, Event::Failed { id, .. } if id == "b")));

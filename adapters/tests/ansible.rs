@@ -4,11 +4,11 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 
+use rdeploy_adapters::testing::Recorder;
 use rdeploy_adapters::ansible::AnsibleSpec;
 use rdeploy_adapters::{
-    CancellationToken, Event, EventSink, Failure, PriorStep, PriorSubChange, StepContext, SubStatus, ToolSpec,
+    CancellationToken, Event, Failure, PriorStep, StepContext, SubStatus, ToolSpec,
 };
 
 fn repo() -> PathBuf {
@@ -24,68 +24,6 @@ fn venv_bin() -> PathBuf {
         bin.display()
     );
     bin
-}
-
-#[derive(Default)]
-struct Recorder(Mutex<Vec<Event>>);
-
-impl EventSink for Recorder {
-    fn emit(&self, event: Event) {
-        if !matches!(event, Event::Output { .. }) {
-            self.0.lock().unwrap().push(event);
-        }
-    }
-}
-
-impl Recorder {
-    fn events(&self) -> Vec<Event> {
-        self.0.lock().unwrap().clone()
-    }
-
-    fn started(&self) -> Vec<String> {
-        let mut ids: Vec<String> =
-            self.events().into_iter().filter_map(|e| if let Event::Started { id } = e { Some(id) } else { None }).collect();
-        ids.sort();
-        ids
-    }
-
-    fn error_of(&self, host: &str) -> Option<String> {
-        self.events().into_iter().find_map(|e| match e {
-            Event::Failed { id, error } if id == host => Some(error),
-            _ => None,
-        })
-    }
-
-    /// What the driver's journal would hold: the last word on each host.
-    fn prior(&self) -> PriorStep {
-        let mut subs: BTreeMap<String, (SubStatus, Option<String>)> = BTreeMap::new();
-        for event in self.events() {
-            match event {
-                Event::Planned { ids } => {
-                    for id in ids {
-                        subs.entry(id).or_insert((SubStatus::Pending, None));
-                    }
-                }
-                Event::Started { id } => {
-                    subs.insert(id, (SubStatus::Started, None));
-                }
-                Event::Done { id, .. } => {
-                    subs.insert(id, (SubStatus::Done, None));
-                }
-                Event::Failed { id, error } => {
-                    subs.insert(id, (SubStatus::Failed, Some(error)));
-                }
-                Event::Pending { id, reason } => {
-                    subs.insert(id, (SubStatus::Pending, Some(reason)));
-                }
-                _ => {}
-            }
-        }
-        PriorStep {
-            sub_changes: subs.into_iter().map(|(id, (status, error))| PriorSubChange { id, status, error }).collect(),
-            facts: Default::default(),
-        }
-    }
 }
 
 /// A temp stack dir holding copies of the fixtures, plus `out/` and `markers/`.

@@ -6,44 +6,12 @@
 mod kubesim;
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use kubesim::{helm_bin, kubectl_bin, workspace_root, Kubesim};
+use rdeploy_adapters::testing::Recorder;
 use rdeploy_adapters::helm::HelmSpec;
-use rdeploy_adapters::{CancellationToken, Event, EventSink, Failure, PriorStep, StepContext, ToolSpec};
-
-#[derive(Default)]
-struct Recorder(Mutex<Vec<Event>>);
-
-impl EventSink for Recorder {
-    fn emit(&self, event: Event) {
-        if !matches!(event, Event::Output { .. }) {
-            self.0.lock().unwrap().push(event);
-        }
-    }
-}
-
-impl Recorder {
-    fn events(&self) -> Vec<Event> {
-        self.0.lock().unwrap().clone()
-    }
-
-    fn done(&self) -> Vec<String> {
-        self.events().into_iter().filter_map(|e| if let Event::Done { id, .. } = e { Some(id) } else { None }).collect()
-    }
-
-    fn failed(&self) -> Vec<(String, String)> {
-        self.events().into_iter().filter_map(|e| if let Event::Failed { id, error } = e { Some((id, error)) } else { None }).collect()
-    }
-
-    fn fact(&self, key: &str) -> Option<serde_json::Value> {
-        self.events().into_iter().rev().find_map(|e| match e {
-            Event::Fact { key: k, value } if k == key => Some(value),
-            _ => None,
-        })
-    }
-}
+use rdeploy_adapters::{CancellationToken, Event, Failure, PriorStep, StepContext, ToolSpec};
 
 struct Setup {
     sim: Kubesim,
@@ -126,8 +94,8 @@ impl Setup {
         assert!(failure.summary.starts_with("`helm upgrade --install web` failed: revision 2 failed: Upgrade \"web\" failed:"), "{}", failure.summary);
         assert!(failure.summary.contains("Invalid value: \"not valid!\""), "{}", failure.summary);
         assert!(failure.hint.as_deref().unwrap().contains("helm rollback web 1 -n shop --kube-context c1"), "{:?}", failure.hint);
-        assert_eq!(sink.failed().len(), 1);
-        assert_eq!(sink.failed()[0].0, "web@2");
+        assert_eq!(sink.failures().len(), 1);
+        assert_eq!(sink.failures()[0].0, "web@2");
         assert_eq!(sink.fact("status"), Some(serde_json::json!("failed")));
         assert_eq!(sink.fact("revision"), Some(serde_json::json!(2)));
         assert_eq!(sink.fact("last_deployed_revision"), Some(serde_json::json!(1)));
@@ -196,7 +164,7 @@ async fn pending_upgrade_is_detected_and_recovered(major: u32) {
     let hint = failure.hint.unwrap();
     assert!(hint.contains("`RDEPLOY_FORCE=1 rdeploy recover` (runs `"), "{hint}");
     assert!(hint.contains("/helm rollback web 1 -n shop --kube-context c1"), "{hint}");
-    assert_eq!(sink.failed()[0].0, "web@2");
+    assert_eq!(sink.failures()[0].0, "web@2");
     assert_eq!(s.statuses(), ["deployed", "pending-upgrade"], "a refused recover changed the release");
 
     // The operator forces it (or the process goes away): roll back to 1, then upgrade.
@@ -214,7 +182,7 @@ async fn failed_install_is_reported_and_recovered(major: u32) {
     let (sink, result) = s.apply(&s.spec(&[("tier", "not valid!")])).await;
     let failure = result.unwrap_err();
     assert!(failure.summary.contains("revision 1 failed"), "{}", failure.summary);
-    assert_eq!(sink.failed()[0].0, "web@1");
+    assert_eq!(sink.failures()[0].0, "web@1");
     assert_eq!(failure.hint.as_deref(), Some("fix the cause, then `rdeploy recover` installs again"));
     assert_eq!(sink.fact("last_deployed_revision"), None);
     // Nothing was ever deployed: `recover: rollback` cannot help and says so.

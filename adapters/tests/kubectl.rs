@@ -5,62 +5,13 @@
 #[path = "../../tests/common/kubesim.rs"]
 mod kubesim;
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::time::Duration;
 
 use kubesim::{kubectl_bin, workspace_root, Kubesim};
+use rdeploy_adapters::testing::Recorder;
 use rdeploy_adapters::kubectl::KubectlSpec;
-use rdeploy_adapters::{CancellationToken, Event, EventSink, Failure, PriorStep, PriorSubChange, StepContext, SubStatus, ToolSpec};
-
-#[derive(Default)]
-struct Recorder(Mutex<Vec<Event>>);
-
-impl EventSink for Recorder {
-    fn emit(&self, event: Event) {
-        if !matches!(event, Event::Output { .. }) {
-            self.0.lock().unwrap().push(event);
-        }
-    }
-}
-
-impl Recorder {
-    fn events(&self) -> Vec<Event> {
-        self.0.lock().unwrap().clone()
-    }
-
-    fn started(&self) -> Vec<String> {
-        self.events().into_iter().filter_map(|e| if let Event::Started { id } = e { Some(id) } else { None }).collect()
-    }
-
-    fn error_of(&self, id: &str) -> Option<String> {
-        self.events().into_iter().find_map(|e| match e {
-            Event::Failed { id: i, error } if i == id => Some(error),
-            _ => None,
-        })
-    }
-
-    /// What the driver's journal would hold: the last word on each object.
-    fn prior(&self) -> PriorStep {
-        let mut subs: BTreeMap<String, (SubStatus, Option<String>)> = BTreeMap::new();
-        for event in self.events() {
-            match event {
-                Event::Planned { ids } => ids.into_iter().for_each(|id| {
-                    subs.entry(id).or_insert((SubStatus::Pending, None));
-                }),
-                Event::Started { id } => drop(subs.insert(id, (SubStatus::Started, None))),
-                Event::Done { id, .. } => drop(subs.insert(id, (SubStatus::Done, None))),
-                Event::Failed { id, error } => drop(subs.insert(id, (SubStatus::Failed, Some(error)))),
-                _ => {}
-            }
-        }
-        PriorStep {
-            sub_changes: subs.into_iter().map(|(id, (status, error))| PriorSubChange { id, status, error }).collect(),
-            facts: Default::default(),
-        }
-    }
-}
+use rdeploy_adapters::{CancellationToken, Event, Failure, PriorStep, StepContext, SubStatus, ToolSpec};
 
 struct Setup {
     sim: Kubesim,
@@ -184,7 +135,9 @@ async fn drift_between_up_and_recover_is_diffed_and_reapplied() {
 
     let (sink, result) = s.recover(&spec, &prior).await;
     result.unwrap();
-    assert_eq!(sink.started(), vec![APP_IDS[1], APP_IDS[4]]);
+    let mut expected = vec![APP_IDS[1], APP_IDS[4]];
+    expected.sort();
+    assert_eq!(sink.started(), expected);
     assert!(sink.events().contains(&Event::Done { id: APP_IDS[1].into(), note: Some("configured".into()) }));
     assert_eq!(s.sim.kubectl_ok(&["get", "cm", "settings", "-n", "shop", "-o", "jsonpath={.data.color}"]), "blue");
 }

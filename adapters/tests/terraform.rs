@@ -5,12 +5,12 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use rdeploy_adapters::testing::Recorder;
 use rdeploy_adapters::terraform::{TerraformSpec, FACT_LOCK_ID};
 use rdeploy_adapters::{
-    CancellationToken, Event, EventSink, Failure, PriorStep, PriorSubChange, StepContext, SubStatus, ToolSpec,
+    CancellationToken, Event, Failure, PriorStep, StepContext, SubStatus, ToolSpec,
 };
 
 /// Fails loudly: these tests exist to run real terraform.
@@ -123,125 +123,6 @@ fn spec() -> TerraformSpec {
         workspace: None,
         binary: None,
         lock_timeout: None,
-    }
-}
-
-/// Records events the way the driver journals them.
-#[derive(Default)]
-struct Recorder(Mutex<Vec<Event>>);
-
-impl EventSink for Recorder {
-    fn emit(&self, event: Event) {
-        self.0.lock().unwrap().push(event);
-    }
-}
-
-impl Recorder {
-    fn events(&self) -> Vec<Event> {
-        self.0.lock().unwrap().clone()
-    }
-
-    /// Sub-change events only, without output lines.
-    fn changes(&self) -> Vec<Event> {
-        self.events().into_iter().filter(|e| !matches!(e, Event::Output { .. })).collect()
-    }
-
-    /// Addresses of the sub-change events of one kind, sorted.
-    fn ids_with(&self, wanted: SubStatus) -> Vec<String> {
-        let mut ids: Vec<String> = self
-            .events()
-            .into_iter()
-            .filter_map(|e| match e {
-                Event::Started { id } => Some((id, SubStatus::Started)),
-                Event::Done { id, .. } => Some((id, SubStatus::Done)),
-                Event::Failed { id, .. } => Some((id, SubStatus::Failed)),
-                Event::Pending { id, .. } => Some((id, SubStatus::Pending)),
-                _ => None,
-            })
-            .filter(|(_, status)| *status == wanted)
-            .map(|(id, _)| id)
-            .collect();
-        ids.sort();
-        ids
-    }
-
-    fn done(&self) -> Vec<String> {
-        self.ids_with(SubStatus::Done)
-    }
-
-    fn failed(&self) -> Vec<String> {
-        self.ids_with(SubStatus::Failed)
-    }
-
-    fn pending(&self) -> Vec<String> {
-        self.ids_with(SubStatus::Pending)
-    }
-
-    fn started(&self) -> Vec<String> {
-        self.ids_with(SubStatus::Started)
-    }
-
-    fn planned(&self) -> Vec<Vec<String>> {
-        self.events()
-            .into_iter()
-            .filter_map(|e| match e {
-                Event::Planned { ids } => Some(ids),
-                _ => None,
-            })
-            .collect()
-    }
-
-    fn warnings(&self) -> Vec<String> {
-        self.events()
-            .into_iter()
-            .filter_map(|e| match e {
-                Event::Warning { message } => Some(message),
-                _ => None,
-            })
-            .collect()
-    }
-
-    /// What the checkpoint would hold after these events, as the driver folds them.
-    fn prior(&self) -> PriorStep {
-        let mut order: Vec<String> = Vec::new();
-        let mut status: BTreeMap<String, (SubStatus, Option<String>)> = BTreeMap::new();
-        let mut facts = BTreeMap::new();
-        for event in self.events() {
-            let (id, st, err) = match event {
-                Event::Planned { ids } => {
-                    for id in ids {
-                        if !order.contains(&id) {
-                            order.push(id.clone());
-                            status.insert(id, (SubStatus::Pending, None));
-                        }
-                    }
-                    continue;
-                }
-                Event::Started { id } => (id, SubStatus::Started, None),
-                Event::Done { id, .. } => (id, SubStatus::Done, None),
-                Event::Failed { id, error } => (id, SubStatus::Failed, Some(error)),
-                Event::Pending { id, .. } => (id, SubStatus::Pending, None),
-                Event::Fact { key, value } => {
-                    facts.insert(key, value);
-                    continue;
-                }
-                _ => continue,
-            };
-            if !order.contains(&id) {
-                order.push(id.clone());
-            }
-            status.insert(id, (st, err));
-        }
-        PriorStep {
-            sub_changes: order
-                .into_iter()
-                .map(|id| {
-                    let (status, error) = status[&id].clone();
-                    PriorSubChange { id, status, error }
-                })
-                .collect(),
-            facts,
-        }
     }
 }
 
@@ -424,7 +305,7 @@ async fn a_held_state_lock_stops_with_its_id_and_applies_nothing() {
     assert!(failure.summary.starts_with("the terraform state is locked by another process: lock ID "), "{}", failure.summary);
     assert!(failure.summary.contains(&lock_id) && failure.summary.contains("held by ") && failure.summary.contains(" since "));
     assert!(failure.hint.as_deref().unwrap().contains(&format!("terraform force-unlock {lock_id}")), "{:?}", failure.hint);
-    assert!(sink.started().is_empty(), "nothing applied: {:?}", sink.changes());
+    assert!(sink.started().is_empty(), "nothing applied: {:?}", sink.events());
     assert!(sink.events().contains(&Event::Fact { key: FACT_LOCK_ID.into(), value: serde_json::json!(lock_id) }));
     // Only the holder ran the provisioners.
     assert_eq!(fx.runs("a1"), 1);

@@ -1,0 +1,169 @@
+//! Test support for adapter tests: an [`EventSink`] that records what an adapter reports and
+//! folds it the way the driver's journal does, so a test can feed `recover` a realistic
+//! [`PriorStep`]. Used by the unit tests and by `adapters/tests/*`.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use crate::{Event, EventSink, PriorStep, PriorSubChange, SubStatus};
+
+/// Records every event; output lines are kept apart from sub-change events.
+#[derive(Default)]
+pub struct Recorder {
+    events: Mutex<Vec<Event>>,
+    output: Mutex<Vec<String>>,
+}
+
+impl EventSink for Recorder {
+    fn emit(&self, event: Event) {
+        match event {
+            Event::Output { line, .. } => self.output.lock().unwrap_or_else(|e| e.into_inner()).push(line),
+            event => self.events.lock().unwrap_or_else(|e| e.into_inner()).push(event),
+        }
+    }
+}
+
+impl Recorder {
+    /// Every event but output lines, in order.
+    pub fn events(&self) -> Vec<Event> {
+        self.events.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The tool's output lines, in order.
+    pub fn output(&self) -> Vec<String> {
+        self.output.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Ids of the sub-change events of one kind, sorted (a sub-change may appear twice).
+    pub fn ids_with(&self, wanted: SubStatus) -> Vec<String> {
+        let mut ids: Vec<String> = self
+            .events()
+            .into_iter()
+            .filter_map(|e| match e {
+                Event::Started { id } => Some((id, SubStatus::Started)),
+                Event::Done { id, .. } => Some((id, SubStatus::Done)),
+                Event::Failed { id, .. } => Some((id, SubStatus::Failed)),
+                Event::Pending { id, .. } => Some((id, SubStatus::Pending)),
+                _ => None,
+            })
+            .filter(|(_, status)| *status == wanted)
+            .map(|(id, _)| id)
+            .collect();
+        ids.sort();
+        ids
+    }
+
+    pub fn started(&self) -> Vec<String> {
+        self.ids_with(SubStatus::Started)
+    }
+
+    pub fn done(&self) -> Vec<String> {
+        self.ids_with(SubStatus::Done)
+    }
+
+    pub fn failed(&self) -> Vec<String> {
+        self.ids_with(SubStatus::Failed)
+    }
+
+    pub fn pending(&self) -> Vec<String> {
+        self.ids_with(SubStatus::Pending)
+    }
+
+    /// `(id, error)` of every failure, in order.
+    pub fn failures(&self) -> Vec<(String, String)> {
+        self.events()
+            .into_iter()
+            .filter_map(|e| match e {
+                Event::Failed { id, error } => Some((id, error)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The error of the first failure of `id`.
+    pub fn error_of(&self, id: &str) -> Option<String> {
+        self.failures().into_iter().find(|(i, _)| i == id).map(|(_, error)| error)
+    }
+
+    /// Every `Planned` list, in order.
+    pub fn planned(&self) -> Vec<Vec<String>> {
+        self.events()
+            .into_iter()
+            .filter_map(|e| match e {
+                Event::Planned { ids } => Some(ids),
+                _ => None,
+            })
+            .collect()
+    }
+
+    pub fn warnings(&self) -> Vec<String> {
+        self.events()
+            .into_iter()
+            .filter_map(|e| match e {
+                Event::Warning { message } => Some(message),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The last value recorded for a fact.
+    pub fn fact(&self, key: &str) -> Option<serde_json::Value> {
+        self.events().into_iter().rev().find_map(|e| match e {
+            Event::Fact { key: k, value } if k == key => Some(value),
+            _ => None,
+        })
+    }
+
+    /// What the checkpoint would hold after these events, folded as the driver does: the last
+    /// word on each sub-change, in the order they first appeared, and the latest facts.
+    pub fn prior(&self) -> PriorStep {
+        let mut order: Vec<String> = Vec::new();
+        let mut state: BTreeMap<String, (SubStatus, Option<String>)> = BTreeMap::new();
+        let mut facts = BTreeMap::new();
+        let see = |id: &str, order: &mut Vec<String>| {
+            if !order.iter().any(|o| o == id) {
+                order.push(id.to_string());
+            }
+        };
+        for event in self.events() {
+            match event {
+                Event::Planned { ids } => {
+                    for id in ids {
+                        see(&id, &mut order);
+                        state.entry(id).or_insert((SubStatus::Pending, None));
+                    }
+                }
+                Event::Started { id } => {
+                    see(&id, &mut order);
+                    state.insert(id, (SubStatus::Started, None));
+                }
+                Event::Done { id, .. } => {
+                    see(&id, &mut order);
+                    state.insert(id, (SubStatus::Done, None));
+                }
+                Event::Failed { id, error } => {
+                    see(&id, &mut order);
+                    state.insert(id, (SubStatus::Failed, Some(error)));
+                }
+                Event::Pending { id, .. } => {
+                    see(&id, &mut order);
+                    state.insert(id, (SubStatus::Pending, None));
+                }
+                Event::Fact { key, value } => {
+                    facts.insert(key, value);
+                }
+                Event::Output { .. } | Event::Warning { .. } => {}
+            }
+        }
+        PriorStep {
+            sub_changes: order
+                .into_iter()
+                .map(|id| {
+                    let (status, error) = state[&id].clone();
+                    PriorSubChange { id, status, error }
+                })
+                .collect(),
+            facts,
+        }
+    }
+}
