@@ -113,6 +113,9 @@ enum Command {
     /// Fleet version inventory: component x version x clusters, stragglers and absent clusters
     /// named. Exits 1 when `--slo` is breached (for CI), 2 on bad input.
     Inventory(InventoryArgs),
+    /// Prometheus alerting rules for the fleet: a cluster that stopped reporting, a rollout that
+    /// misses its SLO, a version older than the support window (check with `promtool check rules`).
+    Alerts(AlertsArgs),
     /// Write the runbook markdown: per step how to inspect, recover, revert and verify, plus the
     /// live state of a recorded deploy.
     Runbook {
@@ -174,6 +177,64 @@ struct InventoryArgs {
     /// Per-cluster time to answer before it counts as absent.
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration, value_name = "DURATION")]
     timeout: std::time::Duration,
+    /// Where the fleet is read: each cluster's Kubernetes API, or Prometheus series
+    /// (`kube_pod_container_info`) for clusters the runner cannot reach.
+    #[arg(long, value_enum, default_value_t = InventorySource::Api)]
+    source: InventorySource,
+    /// The Prometheus base URL (with `--source prometheus`).
+    #[arg(long, env = "RDEPLOY_PROMETHEUS_URL", value_name = "URL")]
+    prometheus_url: Option<String>,
+    /// The series label that names the cluster (with `--source prometheus`).
+    #[arg(long, default_value = "cluster", value_name = "LABEL")]
+    cluster_label: String,
+    /// A cluster whose newest series is older than this is absent (with `--source prometheus`).
+    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration, value_name = "DURATION")]
+    stale_after: std::time::Duration,
+    /// Also write a self-contained dashboard page (no network needed to view it).
+    #[arg(long, value_name = "FILE")]
+    html: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum InventorySource {
+    Api,
+    Prometheus,
+}
+
+#[derive(Args)]
+struct AlertsArgs {
+    /// The kubeconfig whose contexts are the fleet, when there is no fleet file.
+    #[arg(long, value_name = "FILE")]
+    kubeconfig: Option<PathBuf>,
+    /// Contexts: names or globs like `edge-*`, comma-separated (default: all).
+    #[arg(long, value_delimiter = ',', value_name = "LIST")]
+    contexts: Vec<String>,
+    /// A fleet file: its clusters are the fleet, their labels go on the alerts.
+    #[arg(long, value_name = "FILE")]
+    fleet: Option<PathBuf>,
+    /// Rollout-completion objectives, like `95%@48h,100%@7d`, measured from the recorded
+    /// rollout start of each component's newest version.
+    #[arg(long, value_name = "OBJECTIVES")]
+    slo: Option<String>,
+    /// Alert on versions older than the newest N recorded for a component.
+    #[arg(long, value_name = "N")]
+    supported: Option<usize>,
+    /// Only these components (image repositories); `IMAGE:TAG` makes TAG the wanted version.
+    #[arg(long, value_delimiter = ',', value_name = "IMAGE")]
+    component: Vec<String>,
+    /// When the rollout started (RFC 3339, or a duration ago like `36h`), instead of the time
+    /// `rdeploy inventory` first saw the version.
+    #[arg(long, value_name = "TIME")]
+    since: Option<String>,
+    /// How long without a successful scrape before a cluster is reported absent.
+    #[arg(long, default_value = "15m", value_parser = humantime::parse_duration, value_name = "DURATION")]
+    absent_for: std::time::Duration,
+    /// The series label that names the cluster.
+    #[arg(long, default_value = "cluster", value_name = "LABEL")]
+    cluster_label: String,
+    /// Write the rules to FILE instead of stdout.
+    #[arg(short, long, value_name = "FILE")]
+    output: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -381,8 +442,43 @@ async fn run(cli: Cli, ui: Arc<Ui>) -> anyhow::Result<Code> {
                 namespace: a.namespace.clone(),
                 selector: a.selector.clone(),
                 timeout: a.timeout,
+                prometheus: match (a.source, &a.prometheus_url) {
+                    (InventorySource::Api, _) => None,
+                    (InventorySource::Prometheus, Some(url)) => Some(fleet::prometheus::PromSource {
+                        url: url.clone(),
+                        cluster_label: a.cluster_label.clone(),
+                        stale_after: a.stale_after,
+                        timeout: a.timeout.max(std::time::Duration::from_secs(10)),
+                    }),
+                    (InventorySource::Prometheus, None) => {
+                        return Err(Refusal::new(Code::BadInput, "`--source prometheus` needs the Prometheus URL").with_hint("pass `--prometheus-url http://prometheus:9090` or set `RDEPLOY_PROMETHEUS_URL`").into())
+                    }
+                },
+                html: a.html.clone(),
             };
             fleet::inventory(&request, &global.state_dir.clone().unwrap_or_else(|| PathBuf::from(".rdeploy"))).await
+        }
+        Command::Alerts(a) => {
+            let request = fleet::alerts::AlertsRequest {
+                kubeconfig: a.kubeconfig.clone(),
+                contexts: a.contexts.clone(),
+                fleet: a.fleet.clone(),
+                slo: a.slo.clone(),
+                supported: a.supported,
+                components: a.component.clone(),
+                since: a.since.clone(),
+                absent_for: a.absent_for,
+                cluster_label: a.cluster_label.clone(),
+            };
+            let rules = fleet::alerts::generate(&request, &global.state_dir.clone().unwrap_or_else(|| PathBuf::from(".rdeploy")))?;
+            match &a.output {
+                Some(path) => {
+                    fs_err::write(path, rules)?;
+                    ui.info(format!("wrote the fleet alerting rules to {}", path.display()));
+                }
+                None => print!("{rules}"),
+            }
+            Ok(Code::Ok)
         }
         Command::State(StateCommand::Migrate { from, to, stack }) => {
             println!("{}", store::postgres::transfer::migrate(from, to, stack.as_deref())?);

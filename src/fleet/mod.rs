@@ -2,10 +2,13 @@
 //! whether a rollout meets its completion SLO (`rdeploy inventory`), and the answers gates
 //! need before a step that assumes everyone upgraded.
 
+pub mod alerts;
 pub mod analysis;
 pub mod collect;
+pub mod html;
 pub mod matrix;
 pub mod model;
+pub mod prometheus;
 pub mod scope;
 pub mod slo;
 pub mod state;
@@ -38,6 +41,10 @@ pub struct InventoryRequest {
     pub namespace: Option<String>,
     pub selector: Option<String>,
     pub timeout: Duration,
+    /// Read the fleet from Prometheus series instead of asking each cluster's API.
+    pub prometheus: Option<prometheus::PromSource>,
+    /// Also write the self-contained dashboard page there.
+    pub html: Option<PathBuf>,
 }
 
 fn bad_input(message: impl Into<String>) -> anyhow::Error {
@@ -52,14 +59,23 @@ pub async fn inventory(req: &InventoryRequest, state_dir: &Path) -> anyhow::Resu
     let now = OffsetDateTime::now_utc();
     let since = req.since.as_deref().map(|s| parse_since(s, now)).transpose().map_err(|e| bad_input(format!("`--since`: {e}")))?;
     let fleet = req.fleet.as_deref().map(FleetFile::load).transpose().map_err(|e| bad_input(format!("{e:#}")))?;
-    let (kubeconfig, source) = scope::read_kubeconfig(req.kubeconfig.as_deref())
-        .map_err(|e| Refusal::new(Code::BadInput, format!("{e:#}")).with_hint(format!("pass `--kubeconfig FILE`, set `KUBECONFIG`, or create {}", scope::default_path().display())))?;
+    let (kubeconfig, source) = match scope::read_kubeconfig(req.kubeconfig.as_deref()) {
+        Ok(found) => found,
+        // Prometheus needs no cluster access: the fleet file, or the names given, is the fleet.
+        Err(_) if req.prometheus.is_some() && req.kubeconfig.is_none() && (fleet.is_some() || !req.contexts.is_empty()) => (Default::default(), "the fleet file".to_string()),
+        Err(e) => {
+            return Err(Refusal::new(Code::BadInput, format!("{e:#}")).with_hint(format!("pass `--kubeconfig FILE`, set `KUBECONFIG`, or create {}", scope::default_path().display())).into());
+        }
+    };
     let scope = Scope::select(kubeconfig, source, &req.contexts, fleet.as_ref()).map_err(|e| bad_input(format!("{e:#}")))?;
     if scope.clusters.is_empty() {
         return Err(bad_input("no cluster in scope: the kubeconfig has no context"));
     }
     let options = CollectOptions { timeout: req.timeout, namespace: req.namespace.clone(), ..CollectOptions::default() };
-    let inv = collect::collect(&scope, &options, &LastSeen::load(state_dir)).await;
+    let inv = match &req.prometheus {
+        Some(p) => prometheus::collect(&scope, p, req.namespace.as_deref(), &LastSeen::load(state_dir)).await.map_err(|e| Refusal::new(Code::Partial, e))?,
+        None => collect::collect(&scope, &options, &LastSeen::load(state_dir)).await,
+    };
     if let Err(e) = LastSeen::record(state_dir, &inv) {
         tracing::warn!("could not record when clusters were last seen: {e:#}");
     }
@@ -88,6 +104,14 @@ pub async fn inventory(req: &InventoryRequest, state_dir: &Path) -> anyhow::Resu
             };
             report.slo.push(slo::evaluate(&c.component, &c.wanted, &c.standings, start, objectives, now));
         }
+    }
+    if let Some(path) = &req.html {
+        let from = match &req.prometheus {
+            Some(p) => format!("Prometheus at {}", p.url),
+            None => format!("the Kubernetes API ({})", scope.source),
+        };
+        fs_err::write(path, html::render(&report, &from))?;
+        eprintln!("wrote the fleet dashboard to {}", path.display());
     }
     if req.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
