@@ -38,10 +38,6 @@ fn ci_plain(p: &Project, args: &[&str]) -> Run {
     Run::from(cmd.output().unwrap(), args)
 }
 
-fn lines(p: &Project, file: &str) -> Vec<String> {
-    p.read(file).lines().map(str::to_string).collect()
-}
-
 /// An XML element, parsed fully by quick-xml (mismatched or unclosed tags are errors).
 #[derive(Debug, Default)]
 struct Element {
@@ -149,7 +145,7 @@ fn ci_stops_then_recovers_after_the_fix_without_rerunning_done_work() {
         .stdout_has("::error file=stack.yaml,line=4,title=rdeploy%3A step seed (shell) failed::")
         .stdout_has("three: connection refused")
         .stdout_has("%0Anext: rdeploy recover stack.yaml");
-    assert_eq!(lines(&p, "out"), ["one", "two"]);
+    assert_eq!(p.lines("out"), ["one", "two"]);
     // Plain timestamped lines, no progress bars.
     let ts = regex::Regex::new(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}").unwrap();
     for line in run.stderr.lines().filter(|l| l.contains("ci:") || l.contains("seed:")) {
@@ -179,7 +175,7 @@ fn ci_stops_then_recovers_after_the_fix_without_rerunning_done_work() {
         .stdout_has("::warning file=stack.yaml,line=10,title=rdeploy%3A step after changed::step `after` changed since the failure")
         .stdout_has("::notice title=rdeploy%3A stack demo deployed::");
     assert!(!run.stderr.contains("running `rdeploy up"), "{}", run.stderr);
-    assert_eq!(lines(&p, "out"), ["one", "two", "three", "after-fixed"], "one and two ran once");
+    assert_eq!(p.lines("out"), ["one", "two", "three", "after-fixed"], "one and two ran once");
     let summary = p.read("summary.md");
     assert!(summary.contains("state: **partial**") && summary.contains("state: **complete**"), "appended, not replaced:\n{summary}");
     assert!(summary.contains("step `after` changed since the failure; recover uses the new settings"), "{summary}");
@@ -191,7 +187,7 @@ fn ci_stops_then_recovers_after_the_fix_without_rerunning_done_work() {
 
     // A finished deploy is history: the next pipeline run is a new `up`.
     ci_plain(&p, &[]).code(0).stderr_has("running `rdeploy up stack.yaml`");
-    assert_eq!(lines(&p, "out").len(), 8);
+    assert_eq!(p.lines("out").len(), 8);
 }
 
 #[test]
@@ -205,7 +201,7 @@ fn ci_refuses_a_change_the_checkpoint_cannot_map() {
     run.code(2)
         .stderr_has("step `seed` (shell, failed) is recorded in the checkpoint but is no longer in the stack")
         .stdout_has("::error title=rdeploy ci%3A exit 2");
-    assert_eq!(lines(&p, "out"), ["one", "two"], "nothing ran");
+    assert_eq!(p.lines("out"), ["one", "two"], "nothing ran");
     assert!(p.read("summary.md").contains("**Exit 2**: bad input; nothing was changed."));
     let report = junit(&p, "junit.xml");
     let error = case(&report, "rdeploy ci").one("error");
@@ -235,7 +231,7 @@ steps:
     run.code(0)
         .stdout_has("::warning file=stack.yaml,line=4,title=rdeploy%3A step first changed::step `first` changed after it completed")
         .stderr_has("run `rdeploy up` once this deploy completes");
-    assert_eq!(lines(&p, "out"), ["a", "b"], "recover never re-runs a done step");
+    assert_eq!(p.lines("out"), ["a", "b"], "recover never re-runs a done step");
 }
 
 #[test]

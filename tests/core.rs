@@ -4,31 +4,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{step, sub_statuses, Project};
+use common::{step, sub_statuses, Project, FIVE};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-
-/// Five sub-changes, each appending its name to `out`; the fifth fails while `fail-five` exists.
-const FIVE: &str = r#"
-name: demo
-steps:
-  - name: seed
-    tool: shell
-    sub_changes:
-      - { name: one, run: echo one >> out }
-      - { name: two, run: echo two >> out }
-      - { name: three, run: echo three >> out }
-      - { name: four, run: echo four >> out }
-      - { name: five, run: "if [ -f fail-five ]; then echo 'five: connection refused' >&2; exit 3; fi; echo five >> out" }
-  - name: after
-    tool: shell
-    needs: [seed]
-    run: echo after >> out
-"#;
-
-fn lines(p: &Project, file: &str) -> Vec<String> {
-    p.read(file).lines().map(str::to_string).collect()
-}
 
 #[test]
 fn four_of_five_then_recover_runs_only_the_fifth() {
@@ -37,7 +15,7 @@ fn four_of_five_then_recover_runs_only_the_fifth() {
 
     let run = p.rdeploy(&["up"]);
     run.code(1).stdout_has("five: connection refused").stdout_has("next: rdeploy recover stack.yaml");
-    assert_eq!(lines(&p, "out"), ["one", "two", "three", "four"]);
+    assert_eq!(p.lines("out"), ["one", "two", "three", "four"]);
 
     let status = p.status();
     assert_eq!(status["state"], "partial");
@@ -56,15 +34,15 @@ fn four_of_five_then_recover_runs_only_the_fifth() {
 
     // `up` refuses to run completed work again and names the way forward.
     p.rdeploy(&["up"]).code(2).stderr_has("rdeploy recover stack.yaml").stderr_has("rdeploy reset stack.yaml --yes");
-    assert_eq!(lines(&p, "out").len(), 4);
+    assert_eq!(p.lines("out").len(), 4);
 
     // A dry run changes nothing and says what would run.
     p.remove("fail-five");
     p.rdeploy(&["recover", "--dry-run"]).code(0).stdout_has("run five").stdout_has("keep one: done");
-    assert_eq!(lines(&p, "out").len(), 4);
+    assert_eq!(p.lines("out").len(), 4);
 
     p.rdeploy(&["recover"]).code(0).stdout_has("deploy complete");
-    assert_eq!(lines(&p, "out"), ["one", "two", "three", "four", "five", "after"]);
+    assert_eq!(p.lines("out"), ["one", "two", "three", "four", "five", "after"]);
     let status = p.status();
     assert_eq!(status["state"], "complete");
     assert!(status["next"].is_null());
@@ -72,7 +50,7 @@ fn four_of_five_then_recover_runs_only_the_fifth() {
 
     // A finished deploy is history: `up` starts a new deploy and nothing is refused.
     p.rdeploy(&["up"]).code(0);
-    assert_eq!(lines(&p, "out").len(), 12);
+    assert_eq!(p.lines("out").len(), 12);
     p.rdeploy(&["recover"]).code(0).stdout_has("nothing to recover");
 }
 
@@ -105,7 +83,7 @@ steps:
     p.remove("fail");
     p.rdeploy(&["recover"]).code(0);
     assert_eq!(p.read("schema"), "migrated\n");
-    assert_eq!(lines(&p, "out"), ["prepare"], "completed steps stay done");
+    assert_eq!(p.lines("out"), ["prepare"], "completed steps stay done");
 }
 
 #[test]
@@ -154,13 +132,13 @@ steps:
 "#,
     );
     p.rdeploy(&["up"]).code(3);
-    assert_eq!(lines(&p, "reverted"), ["b", "a"]);
+    assert_eq!(p.lines("reverted"), ["b", "a"]);
     assert!(!p.exists("a") && !p.exists("b"));
     assert!(!p.exists(".rdeploy/journal.jsonl"), "the checkpoint is removed after a revert");
     assert_eq!(p.status()["state"], "reverted");
     // The next `up` starts from scratch.
     p.rdeploy(&["up"]).code(3);
-    assert_eq!(lines(&p, "reverted"), ["b", "a", "b", "a"]);
+    assert_eq!(p.lines("reverted"), ["b", "a", "b", "a"]);
 }
 
 #[test]
@@ -183,7 +161,7 @@ steps:
     );
     p.rdeploy(&["up"]).code(0);
     p.rdeploy(&["revert"]).code(0).stdout_has("deploy reverted");
-    assert_eq!(lines(&p, "reverted"), ["b", "a"]);
+    assert_eq!(p.lines("reverted"), ["b", "a"]);
     assert_eq!(p.status()["state"], "reverted");
 }
 
@@ -275,12 +253,12 @@ fn kill_9_mid_deploy_then_recover_converges() {
     assert_eq!(seed["status"], "failed", "a step the dead run left running is failed");
     let b = seed["sub_changes"].as_array().unwrap().iter().find(|s| s["id"] == "b").unwrap();
     assert_eq!(b["uncertain"], true, "the sub-change in flight is uncertain: {status}");
-    assert_eq!(lines(&p, "out"), ["a"]);
+    assert_eq!(p.lines("out"), ["a"]);
 
     p.remove("hold");
     let run = p.rdeploy(&["recover"]);
     run.code(0).stderr_has("took over the lock");
-    assert_eq!(lines(&p, "out"), ["a", "b", "c", "d"], "no completed sub-change ran again");
+    assert_eq!(p.lines("out"), ["a", "b", "c", "d"], "no completed sub-change ran again");
 }
 
 #[test]
@@ -298,14 +276,14 @@ fn kill_9_after_the_in_flight_change_landed_lets_its_check_decide() {
     child.wait().unwrap();
     p.remove("hold");
     p.rdeploy(&["recover"]).code(0);
-    assert_eq!(lines(&p, "out"), ["a", "b", "c", "d"], "the check kept b from running twice");
+    assert_eq!(p.lines("out"), ["a", "b", "c", "d"], "the check kept b from running twice");
 }
 
 #[test]
 fn sigint_is_forwarded_and_the_checkpoint_is_consistent() {
     let p = Project::new();
     p.stack(WAITS).file("hold", "");
-    let mut child = p.spawn(&["up"]);
+    let child = p.spawn(&["up"]);
     p.wait_for("b-started", Duration::from_secs(20));
     kill(Pid::from_raw(child.id() as i32), Signal::SIGINT).unwrap();
     let output = child.wait_with_output().unwrap();
@@ -313,11 +291,11 @@ fn sigint_is_forwarded_and_the_checkpoint_is_consistent() {
     let status = p.status();
     assert_eq!(status["interrupted"], "SIGINT");
     assert_eq!(step(&status, "seed")["interrupted"], true);
-    assert_eq!(lines(&p, "out"), ["a"]);
+    assert_eq!(p.lines("out"), ["a"]);
 
     p.remove("hold");
     p.rdeploy(&["recover"]).code(0);
-    assert_eq!(lines(&p, "out"), ["a", "b", "c", "d"]);
+    assert_eq!(p.lines("out"), ["a", "b", "c", "d"]);
 }
 
 #[test]
@@ -355,7 +333,7 @@ fn a_changed_stack_is_reported_and_recover_uses_the_fix() {
     assert_eq!(status["stack_changed"], true);
     assert_eq!(step(&status, "seed")["changed_since_checkpoint"], true);
     p.rdeploy(&["recover"]).code(0).stderr_has("step `seed` changed since the checkpoint");
-    assert_eq!(lines(&p, "out"), ["one", "two", "three", "four", "five", "after"]);
+    assert_eq!(p.lines("out"), ["one", "two", "three", "four", "five", "after"]);
 }
 
 #[test]
@@ -415,13 +393,13 @@ steps:
 "#,
     )
     .file("hold", "");
-    let mut child = p.spawn(&["up"]);
+    let child = p.spawn(&["up"]);
     p.wait_for("started", Duration::from_secs(20));
     kill(Pid::from_raw(child.id() as i32), Signal::SIGINT).unwrap();
     let output = child.wait_with_output().unwrap();
     assert_eq!(output.status.code(), Some(130), "stderr: {}", String::from_utf8_lossy(&output.stderr));
     assert!(!p.exists("schema"), "complete or revert: no half-applied schema is left");
-    assert_eq!(lines(&p, "log"), ["reverted"]);
+    assert_eq!(p.lines("log"), ["reverted"]);
     assert_eq!(step(&p.status(), "migrate")["status"], "reverted");
 
     p.remove("hold");

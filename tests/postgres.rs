@@ -8,7 +8,7 @@ mod pg;
 use std::process::Child;
 use std::time::{Duration, Instant};
 
-use common::{step, sub_statuses, Project, Run};
+use common::{step, sub_statuses, Project, Run, FIVE};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use pg::PgServer;
@@ -28,10 +28,6 @@ fn lease_env(p: &mut Project) {
     p.env("RDEPLOY_LEASE_SECONDS", &LEASE.to_string()).env("RDEPLOY_HEARTBEAT_SECONDS", "0.3");
 }
 
-fn lines(p: &Project, file: &str) -> Vec<String> {
-    p.read(file).lines().map(str::to_string).collect()
-}
-
 fn wait(child: Child, args: &[&str]) -> Run {
     Run::from(child.wait_with_output().unwrap(), args)
 }
@@ -44,24 +40,6 @@ fn signal(child: &Child, sig: Signal) {
 fn let_the_lease_expire() {
     std::thread::sleep(Duration::from_secs_f64(LEASE + 0.7));
 }
-
-/// Five sub-changes, each appending its name to `out`; the fifth fails while `fail-five` exists.
-const FIVE: &str = r#"
-name: demo
-steps:
-  - name: seed
-    tool: shell
-    sub_changes:
-      - { name: one, run: echo one >> out }
-      - { name: two, run: echo two >> out }
-      - { name: three, run: echo three >> out }
-      - { name: four, run: echo four >> out }
-      - { name: five, run: "if [ -f fail-five ]; then echo 'five: connection refused' >&2; exit 3; fi; echo five >> out" }
-  - name: after
-    tool: shell
-    needs: [seed]
-    run: echo after >> out
-"#;
 
 /// The second sub-change waits while `hold` exists, so a test can act on the run there; `c`
 /// fails while `fail-c` exists and counts its attempts.
@@ -142,11 +120,11 @@ fn a_runner_killed_with_kill_9_loses_its_lease_and_another_recovers_the_deploy()
     assert_eq!(status["state"], "partial");
     assert_eq!(step(&status, "seed")["status"], "failed", "a step the dead run left running is failed");
     assert_eq!(sub(&status, "seed", "b")["uncertain"], true, "the sub-change in flight is uncertain: {status}");
-    assert_eq!(lines(&p, "out"), ["a"]);
+    assert_eq!(p.lines("out"), ["a"]);
 
     p.remove("hold");
     p.rdeploy(&["recover", "--state-dir", "runner-2"]).code(0).stderr_has("took over");
-    assert_eq!(lines(&p, "out"), ["a", "b", "c", "d"], "no completed sub-change ran again");
+    assert_eq!(p.lines("out"), ["a", "b", "c", "d"], "no completed sub-change ran again");
     assert_eq!(p.status()["state"], "complete");
 }
 
@@ -174,11 +152,11 @@ fn a_paused_runner_cannot_write_after_its_lease_was_taken_over() {
     run.code(1).stderr_has("lost the lock on stack `s`");
     assert_eq!(server.psql("SELECT count(*) FROM rdeploy.records"), records, "nothing the paused run wrote after the takeover exists");
     assert_eq!(p.status()["steps"], before["steps"]);
-    assert_eq!(lines(&p, "attempts"), ["c"], "the paused run started nothing after losing its lease");
+    assert_eq!(p.lines("attempts"), ["c"], "the paused run started nothing after losing its lease");
 
     p.remove("fail-c");
     p.rdeploy(&["recover"]).code(0);
-    assert_eq!(lines(&p, "out"), ["a", "b", "c", "d"]);
+    assert_eq!(p.lines("out"), ["a", "b", "c", "d"]);
 }
 
 #[test]
@@ -197,7 +175,7 @@ fn the_database_restarted_mid_deploy_records_are_retried_and_the_deploy_complete
 
     let run = wait(child, &["up"]);
     run.code(0).stdout_has("deploy complete").stderr_has("is unreachable");
-    assert_eq!(lines(&p, "out"), ["a", "b", "c", "d"]);
+    assert_eq!(p.lines("out"), ["a", "b", "c", "d"]);
     let status = p.status();
     assert_eq!(status["state"], "complete");
     assert_eq!(sub_statuses(&status, "seed").iter().filter(|(_, s)| s == "done").count(), 3);
@@ -217,7 +195,7 @@ fn a_database_that_stays_down_stops_the_run_with_exit_1_and_loses_nothing() {
     let run = wait(child, &["up"]);
     run.code(1).stderr_has("is unreachable while writing the checkpoint journal").stderr_has("`rdeploy recover` resumes");
     assert!(stopped.elapsed() < Duration::from_secs(20), "the retries are bounded: {:?}", stopped.elapsed());
-    assert_eq!(lines(&p, "out"), ["a", "b"], "the sub-change in flight finished; nothing after it ran");
+    assert_eq!(p.lines("out"), ["a", "b"], "the sub-change in flight finished; nothing after it ran");
 
     server.start_again();
     let_the_lease_expire();
@@ -225,7 +203,7 @@ fn a_database_that_stays_down_stops_the_run_with_exit_1_and_loses_nothing() {
     assert_eq!(sub(&status, "seed", "a")["status"], "done", "what was recorded is kept: {status}");
     assert_eq!(sub(&status, "seed", "b")["uncertain"], true, "b's end was never recorded: {status}");
     p.rdeploy(&["recover"]).code(0);
-    assert_eq!(lines(&p, "out"), ["a", "b", "c", "d"], "b's check kept it from running twice");
+    assert_eq!(p.lines("out"), ["a", "b", "c", "d"], "b's check kept it from running twice");
 }
 
 #[test]
@@ -236,7 +214,7 @@ fn four_of_five_then_recover_on_postgres_with_state_in_the_stack_file() {
     p.stack(&format!("state: {}\n{FIVE}", server.url())).file("fail-five", "");
 
     p.rdeploy(&["up"]).code(1).stdout_has("five: connection refused").stdout_has("next: rdeploy recover stack.yaml");
-    assert_eq!(lines(&p, "out"), ["one", "two", "three", "four"]);
+    assert_eq!(p.lines("out"), ["one", "two", "three", "four"]);
     let status = p.status();
     assert_eq!(status["state"], "partial");
     assert_eq!(
@@ -250,7 +228,7 @@ fn four_of_five_then_recover_on_postgres_with_state_in_the_stack_file() {
     p.remove("fail-five");
     p.rdeploy(&["recover", "--dry-run"]).code(0).stdout_has("run five").stdout_has("keep one: done");
     p.rdeploy(&["recover"]).code(0).stdout_has("deploy complete");
-    assert_eq!(lines(&p, "out"), ["one", "two", "three", "four", "five", "after"]);
+    assert_eq!(p.lines("out"), ["one", "two", "three", "four", "five", "after"]);
     assert_eq!(p.status()["state"], "complete");
     assert!(!p.exists(".rdeploy/journal.jsonl"));
     p.rdeploy(&["up"]).code(0);
@@ -286,10 +264,10 @@ steps:
     p.remove("fail");
     p.rdeploy(&["recover"]).code(0);
     assert_eq!(p.read("schema"), "migrated\n");
-    assert_eq!(lines(&p, "out"), ["prepare"], "completed steps stay done");
+    assert_eq!(p.lines("out"), ["prepare"], "completed steps stay done");
 
     p.rdeploy(&["revert"]).code(0).stdout_has("deploy reverted");
-    assert_eq!(lines(&p, "reverted"), ["prepare"]);
+    assert_eq!(p.lines("reverted"), ["prepare"]);
     assert_eq!(p.status()["state"], "reverted");
 }
 
@@ -313,7 +291,7 @@ fn state_migrate_moves_a_checkpoint_to_postgres_and_back() {
     // ... where another runner finishes it.
     p.remove("fail-five");
     p.rdeploy(&["recover", "--state", &url]).code(0).stdout_has("deploy complete");
-    assert_eq!(lines(&p, "out"), ["one", "two", "three", "four", "five", "after"]);
+    assert_eq!(p.lines("out"), ["one", "two", "three", "four", "five", "after"]);
 
     // Back: a database holds many stacks, so the stack is named.
     p.rdeploy(&["state", "migrate", "--from", &url, "--to", "back"]).code(2).stderr_has("--stack NAME");

@@ -16,6 +16,24 @@ pub fn require_tool(name: &str, install: &str) -> PathBuf {
     which::which(name).unwrap_or_else(|_| panic!("`{name}` is required by this test and was not found on PATH: {install}"))
 }
 
+/// Five sub-changes, each appending its name to `out`; the fifth fails while `fail-five` exists.
+pub const FIVE: &str = r#"
+name: demo
+steps:
+  - name: seed
+    tool: shell
+    sub_changes:
+      - { name: one, run: echo one >> out }
+      - { name: two, run: echo two >> out }
+      - { name: three, run: echo three >> out }
+      - { name: four, run: echo four >> out }
+      - { name: five, run: "if [ -f fail-five ]; then echo 'five: connection refused' >&2; exit 3; fi; echo five >> out" }
+  - name: after
+    tool: shell
+    needs: [seed]
+    run: echo after >> out
+"#;
+
 /// A temporary project directory holding a stack and its files.
 pub struct Project {
     pub dir: tempfile::TempDir,
@@ -49,6 +67,11 @@ impl Project {
 
     pub fn read(&self, rel: &str) -> String {
         std::fs::read_to_string(self.path(rel)).unwrap_or_default()
+    }
+
+    /// The lines of a file (empty when it does not exist).
+    pub fn lines(&self, rel: &str) -> Vec<String> {
+        self.read(rel).lines().map(str::to_string).collect()
     }
 
     pub fn remove(&self, rel: &str) {
