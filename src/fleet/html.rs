@@ -54,7 +54,7 @@ td.ver { font-family: "DejaVu Sans Mono", "Liberation Mono", ui-monospace, monos
 .bar { height: 8px; background: var(--none-bg); border-radius: 4px; overflow: hidden; min-width: 80px; }
 .bar i { display: block; height: 100%; background: var(--accent); }
 .grid td, .grid th { text-align: center; font-size: 12px; padding: 4px 6px; }
-.grid th.cl, .grid td.cl { text-align: left; font-weight: 600; white-space: nowrap; }
+.grid th.cl, .grid td.cl { text-align: left; font-weight: 600; white-space: nowrap; width: 180px; }
 .grid th.comp { font-family: "DejaVu Sans Mono", "Liberation Mono", ui-monospace, monospace; text-transform: none; letter-spacing: 0; }
 .grid td.done { background: var(--ok-bg); color: var(--ok); }
 .grid td.behind { background: var(--warn-bg); color: var(--warn); font-weight: 700; }
@@ -138,7 +138,7 @@ pub fn render(report: &Report, source: &str) -> String {
 
 /// One bar per component: the share of in-scope clusters done, the objectives as ticks.
 fn chart(report: &Report) -> String {
-    let (label_w, bar_x, bar_w, row_h, top) = (300.0, 310.0, 520.0, 44.0, 24.0);
+    let (label_w, bar_x, bar_w, row_h, top) = (300.0, 310.0, 480.0, 44.0, 24.0);
     let width = 1100.0;
     let height = top + row_h * report.components.len() as f64 + 8.0;
     let mut s = format!("<svg role=\"img\" aria-label=\"rollout completion per component\" viewBox=\"0 0 {width} {height}\" width=\"100%\" xmlns=\"http://www.w3.org/2000/svg\">");
@@ -163,7 +163,8 @@ fn chart(report: &Report) -> String {
         let _ = write!(s, "<text x=\"{}\" y=\"{}\" font-size=\"11\" text-anchor=\"end\" fill=\"#5b6474\">wanted {}</text>", label_w, y + 25.0, esc(&c.wanted));
         let _ = write!(s, "<rect x=\"{bar_x}\" y=\"{y}\" width=\"{bar_w}\" height=\"18\" rx=\"4\" fill=\"#eef0f3\"/>");
         let _ = write!(s, "<rect x=\"{bar_x}\" y=\"{y}\" width=\"{:.1}\" height=\"18\" rx=\"4\" fill=\"{color}\"><title>{} of {} clusters done</title></rect>", bar_w * pct / 100.0, c.done, c.in_scope);
-        let mut note = format!("{}/{} clusters · {:.0}%", c.done, c.in_scope, pct);
+        let note = format!("{}/{} clusters · {:.0}%", c.done, c.in_scope, pct);
+        let mut verdict = String::new();
         if let Some(slo) = slo {
             for o in &slo.objectives {
                 let Some(target) = o.objective.split('%').next().and_then(|p| p.trim().parse::<f64>().ok()) else { continue };
@@ -177,9 +178,13 @@ fn chart(report: &Report) -> String {
                 let _ = write!(s, "<line x1=\"{x}\" y1=\"{}\" x2=\"{x}\" y2=\"{}\" stroke=\"{tick}\" stroke-width=\"3\"><title>{}</title></line>", y - 4.0, y + 22.0, esc(&o.objective));
                 let _ = write!(s, "<text x=\"{x}\" y=\"{}\" font-size=\"10\" text-anchor=\"middle\" fill=\"{tick}\">{}</text>", y + 33.0, esc(&o.objective));
             }
-            note = format!("{note} · {}", slo_verdict(slo));
+            verdict = slo_verdict(slo);
         }
-        let _ = write!(s, "<text x=\"{}\" y=\"{}\" font-size=\"13\" fill=\"{}\" font-weight=\"600\">{}</text>", bar_x + bar_w + 12.0, y + 14.0, if color == "#2f5bd3" { "#1d2330" } else { color }, esc(&note));
+        let ink = if color == "#2f5bd3" { "#1d2330" } else { color };
+        let _ = write!(s, "<text x=\"{}\" y=\"{}\" font-size=\"13\" fill=\"{ink}\" font-weight=\"600\">{}</text>", bar_x + bar_w + 36.0, y + 13.0, esc(&note));
+        if !verdict.is_empty() {
+            let _ = write!(s, "<text x=\"{}\" y=\"{}\" font-size=\"11\" fill=\"{ink}\">{}</text>", bar_x + bar_w + 36.0, y + 27.0, esc(&verdict));
+        }
     }
     s += "</svg>";
     if report.slo.is_empty() {

@@ -81,7 +81,7 @@ pub(crate) struct Answers {
     ready: Vec<Sample>,
     /// Pods in a terminal phase (kube-state-metrics' `kube_pod_status_phase`, when exported).
     terminal: Vec<Sample>,
-    /// Per cluster: the time of the newest successful scrape.
+    /// Per cluster: the time of the newest successful scrape (`up == 1`).
     scraped: Vec<Sample>,
     /// Per cluster: the time of the newest `kube_pod_container_info` sample.
     reported: Vec<Sample>,
@@ -96,7 +96,9 @@ pub(crate) fn queries(cluster: &str, namespace: Option<&str>) -> [String; 6] {
         format!("max by ({cluster}, namespace, pod, container, image) (kube_pod_container_info{{{cluster}!=\"\"{ns}}})"),
         format!("max by ({cluster}, namespace, pod) (kube_pod_status_ready{{condition=\"true\",{cluster}!=\"\"{ns}}})"),
         format!("max by ({cluster}, namespace, pod) (kube_pod_status_phase{{phase=~\"Succeeded|Failed\",{cluster}!=\"\"{ns}}} == 1)"),
-        format!("max by ({cluster}) (timestamp(up{{{cluster}!=\"\"}} == 1))"),
+        // `timestamp()` of a bare selector is the sample's time; of `up == 1` it would be the
+        // evaluation time, so the filter is applied with `and`.
+        format!("max by ({cluster}) (timestamp(up{{{cluster}!=\"\"}}) and up{{{cluster}!=\"\"}} == 1)"),
         format!("max by ({cluster}) (timestamp(kube_pod_container_info{{{cluster}!=\"\"}}))"),
         format!("max by ({cluster}) (up{{{cluster}!=\"\"}})"),
     ]
@@ -320,6 +322,6 @@ mod tests {
     fn queries_carry_the_cluster_label_and_namespace() {
         let q = queries("site", Some("mon"));
         assert_eq!(q[0], "max by (site, namespace, pod, container, image) (kube_pod_container_info{site!=\"\",namespace=\"mon\"})");
-        assert_eq!(q[3], "max by (site) (timestamp(up{site!=\"\"} == 1))");
+        assert_eq!(q[3], "max by (site) (timestamp(up{site!=\"\"}) and up{site!=\"\"} == 1)");
     }
 }
