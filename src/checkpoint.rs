@@ -99,7 +99,8 @@ pub enum StepStatus {
     Running,
     Done,
     Failed,
-    Skipped,
+    /// Its `revert` started and has not finished (or failed): neither in place nor undone.
+    Reverting,
     Reverted,
     Refused,
 }
@@ -111,7 +112,7 @@ impl StepStatus {
             StepStatus::Running => "running",
             StepStatus::Done => "done",
             StepStatus::Failed => "failed",
-            StepStatus::Skipped => "skipped",
+            StepStatus::Reverting => "reverting",
             StepStatus::Reverted => "reverted",
             StepStatus::Refused => "refused",
         }
@@ -323,7 +324,9 @@ impl Deploy {
             }
             Record::StepStarted { step, tool_version, mode } => {
                 let s = self.step_mut(step);
-                if *mode != StepMode::Revert {
+                if *mode == StepMode::Revert {
+                    s.status = StepStatus::Reverting;
+                } else {
                     s.status = StepStatus::Running;
                     s.failure = None;
                     s.refused = None;
@@ -401,6 +404,7 @@ impl Deploy {
             }
             Record::StepRevertFailed { step, failure } => {
                 let s = self.step_mut(step);
+                // Stays `Reverting`: half undone is neither in place nor reverted.
                 s.revert_failure = Some(failure.clone());
                 s.finished = Some(ts.to_string());
             }
@@ -421,6 +425,12 @@ impl Deploy {
                     Failure::new("the rdeploy process stopped while this step ran (crash or kill -9)")
                         .with_hint("`rdeploy recover` lets the tool's own state decide what is left")
                 });
+            }
+            if s.status == StepStatus::Reverting && s.revert_failure.is_none() {
+                s.revert_failure = Some(
+                    Failure::new("the rdeploy process stopped while this step's revert ran (crash or kill -9)")
+                        .with_hint("`rdeploy revert` runs the revert again"),
+                );
             }
         }
     }
@@ -526,6 +536,14 @@ impl Checkpoint {
             pid: std::process::id(),
             rdeploy_version: env!("CARGO_PKG_VERSION").to_string(),
         }
+    }
+
+    /// Archives a deploy whose `finished` record was written before a crash kept it from
+    /// being archived.
+    pub fn archive_finished(mut self) -> anyhow::Result<()> {
+        self.journal.archive(&self.deploy)?;
+        self.unsynced = false;
+        Ok(())
     }
 
     /// Ends the deploy: its final state goes to history and the journal is removed.

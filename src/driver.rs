@@ -7,7 +7,6 @@ use std::fs::File;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
-use anyhow::Context as _;
 use rdeploy_adapters::{
     shell, CancellationToken, Event, EventSink, Failure, PriorStep, StepContext, ToolInfo, ToolSpec,
 };
@@ -66,10 +65,11 @@ impl Outcome {
 
     /// Keeps the most serious outcome when several steps end differently.
     fn worst(self, other: Outcome) -> Outcome {
+        // Exit 3 promises "no partial state", so any partial step outranks a clean revert.
         let rank = |o: Outcome| match o {
             Outcome::Complete => 0,
-            Outcome::Partial => 1,
-            Outcome::StepReverted => 2,
+            Outcome::StepReverted => 1,
+            Outcome::Partial => 2,
             Outcome::Refused => 3,
             Outcome::Interrupted => 4,
             Outcome::RevertFailed => 5,
@@ -78,11 +78,23 @@ impl Outcome {
     }
 }
 
+/// The scheduler's state while a run is in progress.
+struct RunState {
+    todo: Vec<(String, Action)>,
+    done: HashSet<String>,
+    running: JoinSet<(String, Result<(), Failure>)>,
+    outcome: Outcome,
+    stopping: bool,
+}
+
 /// What to do with a step in this run.
 #[derive(Clone, Debug)]
 enum Action {
     Apply,
     Recover(PriorStep),
+    /// A non-resumable step left half-done (a crash, or a revert that did not finish): undo it
+    /// with its `revert`, then run it from the start. Complete or revert, never a third outcome.
+    RevertThenApply,
 }
 
 impl Session {
@@ -106,6 +118,12 @@ impl Session {
     pub async fn preflight(&self, steps: &[&Step]) -> anyhow::Result<HashMap<String, ToolInfo>> {
         let mut found = HashMap::new();
         let mut problems = Vec::new();
+        for step in steps.iter().filter(|s| !s.resumable && s.revert.is_none()) {
+            self.ui.warn(format!(
+                "step `{}` is not resumable and declares no `revert`: if it fails part-way it can only be run again from the start",
+                step.name
+            ));
+        }
         for step in steps {
             if !ToolSpec::is_supported(step.tool) {
                 problems.push(format!("step `{}`: the {} adapter is not part of this build yet", step.name, step.tool));
@@ -143,6 +161,22 @@ impl Session {
                         ));
                     }
                 }
+                // A clean run removes the note of each tool it reaped, so a note of a live
+                // process group is a tool of a run that died (its grandchildren outlive the
+                // pdeathsig): running the same sub-change again now would interleave with it.
+                let running = self.state.path.join("running");
+                let alive = rdeploy_adapters::process::surviving_children(&running);
+                if !alive.is_empty() {
+                    let list: Vec<String> = alive.iter().map(|(pgid, cmd)| format!("process group {pgid} (`{cmd}`)")).collect();
+                    let kill: Vec<String> = alive.iter().map(|(pgid, _)| format!("kill -TERM -- -{pgid}")).collect();
+                    return Err(Refusal::new(
+                        Code::Locked,
+                        format!("a tool started by a run that died is still running: {}", list.join(", ")),
+                    )
+                    .with_hint(format!("wait for it to finish, or stop it with `{}`, then run this again", kill.join("; ")))
+                    .into());
+                }
+                rdeploy_adapters::process::note_running_children_in(running);
                 Ok(lock)
             }
             Err(crate::lock::LockError::Held { dir, holder }) => Err(Refusal::new(
@@ -158,6 +192,7 @@ impl Session {
     /// `rdeploy up`: a new deploy of every step.
     pub async fn up(&self) -> anyhow::Result<Code> {
         let _lock = self.lock("up")?;
+        self.archive_if_finished()?;
         if let Some(deploy) = self.store.load_unfinished()? {
             let failed: Vec<&str> = deploy.steps.iter().filter(|s| s.status != StepStatus::Done).map(|s| s.name.as_str()).collect();
             return Err(Refusal::new(
@@ -187,8 +222,10 @@ impl Session {
 
     /// `rdeploy recover`: resume the unfinished deploy through each tool's recovery path.
     pub async fn recover(&self, dry_run: bool) -> anyhow::Result<Code> {
-        let lock = self.lock(if dry_run { "recover --dry-run" } else { "recover" })?;
-        let holder_alive = false; // we hold the lock, so nobody else is running
+        let _lock = self.lock(if dry_run { "recover --dry-run" } else { "recover" })?;
+        self.archive_if_finished()?;
+        // We hold the lock, so steps recorded as running were left by a dead run.
+        let holder_alive = false;
         let Some(deploy) = self.store.load_settled(holder_alive)? else {
             let last = self.store.last_finished()?;
             let said = match last.map(|d| d.state) {
@@ -200,13 +237,12 @@ impl Session {
             return Ok(Code::Ok);
         };
         self.check_mapping(&deploy)?;
-        let actions = self.recovery_actions(&deploy);
+        let actions = self.recovery_actions(&deploy)?;
         let pending: Vec<&Step> = self.stack.ordered().filter(|s| actions.iter().any(|(n, _)| *n == s.name)).collect();
         let tools = self.preflight(&pending).await?;
         if dry_run {
             return self.dry_run(&deploy, &actions).await;
         }
-        let _ = &lock;
         let mut cp = Checkpoint::open(self.store.as_ref(), holder_alive)?;
         let run_id = ulid::Ulid::new().to_string();
         cp.record(Checkpoint::run_record(&self.stack, "recover", &run_id))?;
@@ -232,6 +268,7 @@ impl Session {
 
     /// Refuses (exit 2) when the stack no longer matches the checkpoint's steps.
     pub fn check_mapping(&self, deploy: &Deploy) -> anyhow::Result<()> {
+        self.check_same_stack(deploy)?;
         let mut problems = Vec::new();
         for old in &deploy.steps {
             match self.stack.step(&old.name) {
@@ -259,19 +296,65 @@ impl Session {
             .into())
     }
 
-    fn recovery_actions(&self, deploy: &Deploy) -> Vec<(String, Action)> {
-        self.stack
-            .ordered()
-            .filter_map(|step| {
-                let recorded = deploy.step(&step.name);
-                let action = match recorded {
-                    Some(s) if s.status == StepStatus::Done => return None,
-                    Some(s) if step.resumable && !s.sub_changes.is_empty() => Action::Recover(s.prior()),
-                    _ => Action::Apply,
-                };
-                Some((step.name.clone(), action))
-            })
-            .collect()
+    /// Refuses (exit 2) a checkpoint written for another stack sharing this state directory.
+    fn check_same_stack(&self, deploy: &Deploy) -> anyhow::Result<()> {
+        if deploy.stack.is_empty() || deploy.stack == self.stack.name {
+            return Ok(());
+        }
+        Err(Refusal::new(
+            Code::BadInput,
+            format!(
+                "the checkpoint in {} belongs to stack `{}`, not `{}`",
+                self.store.location(),
+                deploy.stack,
+                self.stack.name
+            ),
+        )
+        .with_hint(format!("give each stack its own state: `rdeploy --state-dir .rdeploy-{} ...`", self.stack.name))
+        .into())
+    }
+
+    /// A deploy whose `finished` record is written but which a crash kept from being archived
+    /// is archived now, so it neither blocks `up` nor gets "recovered".
+    fn archive_if_finished(&self) -> anyhow::Result<()> {
+        if let Some(deploy) = self.store.load_unfinished()? {
+            if deploy.state != DeployState::Partial {
+                Checkpoint::open(self.store.as_ref(), false)?.archive_finished()?;
+            }
+        }
+        Ok(())
+    }
+
+    fn recovery_actions(&self, deploy: &Deploy) -> anyhow::Result<Vec<(String, Action)>> {
+        let mut actions = Vec::new();
+        for step in self.stack.ordered() {
+            let recorded = deploy.step(&step.name);
+            let action = match recorded {
+                Some(s) if s.status == StepStatus::Done => continue,
+                Some(s) if s.status == StepStatus::Reverting && (step.resumable || s.done_seq.is_some()) => {
+                    return Err(Refusal::new(
+                        Code::BadInput,
+                        format!(
+                            "step `{}` was being reverted when rdeploy stopped ({}); recovering it would build on a half-undone step",
+                            step.name,
+                            s.revert_failure.as_ref().map(|f| f.summary.as_str()).unwrap_or("revert unfinished")
+                        ),
+                    )
+                    .with_hint(format!(
+                        "finish the revert with `rdeploy revert {0}`, or undo it by hand and `rdeploy reset {0} --yes`",
+                        self.stack_arg
+                    ))
+                    .into());
+                }
+                Some(s) if !step.resumable && step.revert.is_some() && matches!(s.status, StepStatus::Failed | StepStatus::Reverting) => {
+                    Action::RevertThenApply
+                }
+                Some(s) if step.resumable && !s.sub_changes.is_empty() => Action::Recover(s.prior()),
+                _ => Action::Apply,
+            };
+            actions.push((step.name.clone(), action));
+        }
+        Ok(actions)
     }
 
     async fn dry_run(&self, deploy: &Deploy, actions: &[(String, Action)]) -> anyhow::Result<Code> {
@@ -290,6 +373,12 @@ impl Session {
             );
             let ctx = self.context(step, self.cancel.child_token());
             match action {
+                Action::RevertThenApply => {
+                    println!("  not resumable and left half-done: run its revert, then run it again from the start");
+                    if let Some(revert) = &step.revert {
+                        println!("  - revert: `{revert}`");
+                    }
+                }
                 Action::Apply => {
                     let prior = PriorStep::default();
                     let why = if step.resumable { "not started yet" } else { "not resumable: runs again from the start" };
@@ -316,109 +405,54 @@ impl Session {
     /// Runs the given steps in DAG order, at most `parallel` at once, and settles the outcome.
     async fn run(&self, cp: Checkpoint, actions: Vec<(String, Action)>, tools: HashMap<String, ToolInfo>) -> anyhow::Result<Code> {
         let cp = Arc::new(Mutex::new(cp));
-        let mut todo: Vec<(String, Action)> = actions;
-        let mut done: HashSet<String> = {
+        let done: HashSet<String> = {
             let guard = cp.lock().unwrap_or_else(|e| e.into_inner());
             guard.deploy().steps.iter().filter(|s| s.status == StepStatus::Done).map(|s| s.name.clone()).collect()
         };
-        let mut running: JoinSet<(String, Result<(), Failure>)> = JoinSet::new();
-        let mut outcome = Outcome::Complete;
-        let mut stopping = false;
-
+        let mut run = RunState { todo: actions, done, running: JoinSet::new(), outcome: Outcome::Complete, stopping: false };
+        // A checkpoint that cannot be written stops the run, but never by dropping running
+        // tasks: that would SIGKILL their tools mid-apply. Cancel (SIGINT once) and drain.
+        let mut fatal: Option<anyhow::Error> = None;
         loop {
-            while !stopping && running.len() < self.parallel.max(1) {
-                if self.cancel.is_cancelled() {
-                    stopping = true;
-                    break;
+            if fatal.is_none() {
+                if let Err(e) = self.start_ready(&cp, &mut run, &tools).await {
+                    fatal = Some(self.stop_everything(e, &mut run));
                 }
-                let Some(pos) = todo.iter().position(|(name, _)| {
-                    self.stack.step(name).is_some_and(|s| s.needs.iter().all(|n| done.contains(n)))
-                }) else {
-                    break;
-                };
-                let (name, action) = todo.remove(pos);
-                tracing::debug!(step = %name, ?action, running = running.len(), "starting step");
-                let step = self.stack.step(&name).expect("actions name stack steps").clone();
-                if let Some(gate) = &step.gate {
-                    if let Err(reason) = crate::gate::evaluate(gate, &self.stack.dir).await {
-                        self.ui.step_finished(&name, &format!("refused by its gate: {reason}"));
-                        record(&cp, Record::StepRefused { step: name.clone(), reason })?;
-                        outcome = outcome.worst(Outcome::Refused);
-                        stopping = true;
-                        break;
-                    }
-                }
-                let mode = match action {
-                    Action::Apply => StepMode::Apply,
-                    Action::Recover(_) => StepMode::Recover,
-                };
-                let tool_version = tools.get(&name).map(|t| t.version.clone());
-                record(&cp, Record::StepStarted { step: name.clone(), mode, tool_version })?;
-                let what = match (&action, step.resumable) {
-                    (Action::Apply, _) => format!("{} apply", step.tool),
-                    (Action::Recover(_), _) => format!("{} recover", step.tool),
-                };
-                self.ui.step_started(&name, &what);
-                let ctx = self.context(&step, self.cancel.child_token());
-                let sink = JournalSink::new(name.clone(), cp.clone(), self.ui.clone(), &self.state, ctx.cancel.clone())?;
-                fs_err::create_dir_all(&ctx.work_dir)?;
-                running.spawn(async move {
-                    let result = match &action {
-                        Action::Apply => step.spec.apply(&ctx, &sink).await,
-                        Action::Recover(prior) => step.spec.recover(&ctx, prior, &sink).await,
-                    };
-                    let result = match (result, sink.journal_error()) {
-                        (_, Some(e)) => Err(Failure::new(format!("the checkpoint could not be written: {e}"))
-                            .with_hint("free disk space or fix permissions on the state directory, then `rdeploy recover`")),
-                        (r, None) => r,
-                    };
-                    (step.name.clone(), result)
-                });
             }
-            let Some(joined) = running.join_next().await else { break };
-            let (name, result) = joined.context("a step task panicked")?;
-            let step = self.stack.step(&name).expect("running steps are stack steps").clone();
-            match result {
-                Ok(()) => {
-                    record(&cp, Record::StepDone { step: name.clone() })?;
-                    snapshot(&cp);
-                    self.ui.step_finished(&name, &self.ui.paint.good("done"));
-                    done.insert(name);
+            let Some(joined) = run.running.join_next().await else { break };
+            let (name, result) = match joined {
+                Ok(finished) => finished,
+                Err(e) => {
+                    fatal.get_or_insert_with(|| self.stop_everything(anyhow::anyhow!("a step task panicked: {e}"), &mut run));
+                    continue;
                 }
-                Err(failure) => {
-                    stopping = true;
-                    let interrupted = failure.interrupted || self.cancel.is_cancelled();
-                    self.ui.step_finished(&name, &format!("{}: {}", self.ui.paint.bad("failed"), failure.summary));
-                    record(&cp, Record::StepFailed { step: name.clone(), failure: Failure { interrupted, ..failure } })?;
-                    if interrupted {
-                        outcome = outcome.worst(Outcome::Interrupted);
-                        // Complete or revert holds under Ctrl-C too: a non-resumable step stopped
-                        // half-way is reverted (uncancellably) before rdeploy exits 130.
-                        if !step.resumable && step.revert.is_some() && self.revert_step(&cp, &step).await? == Outcome::RevertFailed {
-                            outcome = outcome.worst(Outcome::RevertFailed);
-                        }
-                    } else if !step.resumable && step.revert.is_some() {
-                        // Complete or revert: a step that cannot resume goes back to where it started.
-                        outcome = outcome.worst(self.revert_step(&cp, &step).await?);
-                    } else {
-                        outcome = outcome.worst(Outcome::Partial);
-                    }
+            };
+            if let Err(e) = self.settle_step(&cp, &mut run, name, result).await {
+                if fatal.is_none() {
+                    fatal = Some(self.stop_everything(e, &mut run));
                 }
             }
         }
+        if let Some(e) = fatal {
+            snapshot(&cp);
+            return Err(e.context("the deploy stopped: running tools were interrupted and waited for; `rdeploy recover` resumes once the cause is fixed"));
+        }
 
+        let mut outcome = run.outcome;
         if let Some(signal) = self.signal.lock().unwrap_or_else(|e| e.into_inner()).clone() {
             record(&cp, Record::Interrupted { signal })?;
             outcome = outcome.worst(Outcome::Interrupted);
         }
-
-        let all_done = self.stack.steps.iter().all(|s| done.contains(&s.name));
+        let all_done = self.stack.steps.iter().all(|s| run.done.contains(&s.name));
         if outcome == Outcome::Complete && all_done {
-            let cp = take(cp);
-            let deploy = cp.finish(DeployState::Complete)?;
+            let deploy = take(cp).finish(DeployState::Complete)?;
             let summary: Vec<String> = deploy.steps.iter().map(report::summarize_step).collect();
             println!("stack {}: deploy complete\n  {}", deploy.stack, summary.join("\n  "));
             return Ok(Code::Ok);
+        }
+        if !all_done && outcome == Outcome::Complete {
+            // Nothing failed yet steps are left (a step whose needs never completed).
+            outcome = Outcome::Partial;
         }
 
         if self.stack.on_failure == OnFailure::Revert
@@ -426,19 +460,146 @@ impl Session {
         {
             self.ui.warn("on_failure: revert: reverting every completed step that declares `revert`, newest first");
             let reverted = self.revert_all(&cp).await?;
-            if reverted == Outcome::StepReverted {
-                let cp = take(cp);
-                let deploy = cp.finish(DeployState::Reverted)?;
+            let stranded = self.unrevertable_partial_steps(&cp);
+            if reverted == Outcome::StepReverted && stranded.is_empty() {
+                let deploy = take(cp).finish(DeployState::Reverted)?;
                 self.print_report_for(&deploy)?;
                 return Ok(Code::Reverted);
             }
-            outcome = outcome.worst(reverted);
+            for (step, ids) in &stranded {
+                let message = format!(
+                    "on_failure: revert could not undo step `{step}`: it declares no `revert` and has sub-changes in place ({}); the checkpoint is kept",
+                    ids.join(", ")
+                );
+                self.ui.warn(&message);
+                record(&cp, Record::Warning { step: Some(step.clone()), message })?;
+            }
+            outcome = outcome.worst(Outcome::RevertFailed);
         }
 
         snapshot(&cp);
         let deploy = cp.lock().unwrap_or_else(|e| e.into_inner()).deploy().clone();
         self.print_report_for(&deploy)?;
         Ok(outcome.code())
+    }
+
+    /// Cancels every running step (their tools get SIGINT once) and stops scheduling.
+    fn stop_everything(&self, error: anyhow::Error, run: &mut RunState) -> anyhow::Error {
+        self.ui.warn(format!("{error:#}: stopping the running tools"));
+        run.stopping = true;
+        self.cancel.cancel();
+        error
+    }
+
+    /// Starts every step whose needs are done, up to the parallelism limit.
+    async fn start_ready(&self, cp: &Arc<Mutex<Checkpoint>>, run: &mut RunState, tools: &HashMap<String, ToolInfo>) -> anyhow::Result<()> {
+        while !run.stopping && run.running.len() < self.parallel.max(1) {
+            if self.cancel.is_cancelled() {
+                run.stopping = true;
+                break;
+            }
+            let Some(pos) = run
+                .todo
+                .iter()
+                .position(|(name, _)| self.stack.step(name).is_some_and(|s| s.needs.iter().all(|n| run.done.contains(n))))
+            else {
+                break;
+            };
+            let (name, action) = run.todo.remove(pos);
+            tracing::debug!(step = %name, ?action, running = run.running.len(), "starting step");
+            let step = self.stack.step(&name).expect("actions name stack steps").clone();
+            if let Some(gate) = &step.gate {
+                if let Err(reason) = crate::gate::evaluate(gate, &self.stack.dir).await {
+                    self.ui.step_finished(&name, &format!("refused by its gate: {reason}"));
+                    record(cp, Record::StepRefused { step: name.clone(), reason })?;
+                    run.outcome = run.outcome.worst(Outcome::Refused);
+                    run.stopping = true;
+                    break;
+                }
+            }
+            let action = match action {
+                Action::RevertThenApply => {
+                    if self.revert_step(cp, &step).await? == Outcome::RevertFailed {
+                        run.outcome = run.outcome.worst(Outcome::RevertFailed);
+                        run.stopping = true;
+                        break;
+                    }
+                    Action::Apply
+                }
+                other => other,
+            };
+            let (mode, what) = match &action {
+                Action::Recover(_) => (StepMode::Recover, format!("{} recover", step.tool)),
+                _ => (StepMode::Apply, format!("{} apply", step.tool)),
+            };
+            let tool_version = tools.get(&name).map(|t| t.version.clone());
+            record(cp, Record::StepStarted { step: name.clone(), mode, tool_version })?;
+            self.ui.step_started(&name, &what);
+            let ctx = self.context(&step, self.cancel.child_token());
+            let sink = JournalSink::new(name.clone(), cp.clone(), self.ui.clone(), &self.state, ctx.cancel.clone())?;
+            fs_err::create_dir_all(&ctx.work_dir)?;
+            run.running.spawn(async move {
+                let result = match &action {
+                    Action::Recover(prior) => step.spec.recover(&ctx, prior, &sink).await,
+                    _ => step.spec.apply(&ctx, &sink).await,
+                };
+                let result = match (result, sink.journal_error()) {
+                    (_, Some(e)) => Err(Failure::new(format!("the checkpoint could not be written: {e}"))
+                        .with_hint("free disk space or fix permissions on the state directory, then `rdeploy recover`")),
+                    (r, None) => r,
+                };
+                (step.name.clone(), result)
+            });
+        }
+        Ok(())
+    }
+
+    /// Records how a step ended and applies complete-or-revert to a non-resumable failure.
+    async fn settle_step(&self, cp: &Arc<Mutex<Checkpoint>>, run: &mut RunState, name: String, result: Result<(), Failure>) -> anyhow::Result<()> {
+        let step = self.stack.step(&name).expect("running steps are stack steps").clone();
+        let failure = match result {
+            Ok(()) => {
+                record(cp, Record::StepDone { step: name.clone() })?;
+                snapshot(cp);
+                self.ui.step_finished(&name, &self.ui.paint.good("done"));
+                run.done.insert(name);
+                return Ok(());
+            }
+            Err(failure) => failure,
+        };
+        run.stopping = true;
+        let interrupted = failure.interrupted || self.cancel.is_cancelled();
+        self.ui.step_finished(&name, &format!("{}: {}", self.ui.paint.bad("failed"), failure.summary));
+        record(cp, Record::StepFailed { step: name.clone(), failure: Failure { interrupted, ..failure } })?;
+        let step_outcome = if !step.resumable && step.revert.is_some() {
+            // Complete or revert, under Ctrl-C too: a step that cannot resume goes back to where
+            // it started (uncancellably) before rdeploy exits.
+            self.revert_step(cp, &step).await?
+        } else {
+            Outcome::Partial
+        };
+        run.outcome = run.outcome.worst(step_outcome);
+        if interrupted {
+            run.outcome = run.outcome.worst(Outcome::Interrupted);
+        }
+        Ok(())
+    }
+
+    /// Failed steps without `revert` that left sub-changes in place: a whole-deploy revert
+    /// cannot undo them, so the deploy must not be reported as reverted.
+    fn unrevertable_partial_steps(&self, cp: &Arc<Mutex<Checkpoint>>) -> Vec<(String, Vec<String>)> {
+        let guard = cp.lock().unwrap_or_else(|e| e.into_inner());
+        guard
+            .deploy()
+            .steps
+            .iter()
+            .filter(|s| s.status == StepStatus::Failed && !s.has_revert)
+            .filter_map(|s| {
+                let ids: Vec<String> =
+                    s.sub_changes.iter().filter(|c| matches!(c.status, rdeploy_adapters::SubStatus::Done | rdeploy_adapters::SubStatus::Started)).map(|c| c.id.clone()).collect();
+                (!ids.is_empty()).then(|| (s.name.clone(), ids))
+            })
+            .collect()
     }
 
     fn print_report_for(&self, deploy: &Deploy) -> anyhow::Result<()> {
@@ -480,7 +641,7 @@ impl Session {
                 .deploy()
                 .steps
                 .iter()
-                .filter(|s| s.has_revert && matches!(s.status, StepStatus::Done | StepStatus::Failed))
+                .filter(|s| s.has_revert && matches!(s.status, StepStatus::Done | StepStatus::Failed | StepStatus::Reverting))
                 .map(|s| (s.done_seq.unwrap_or(u64::MAX), s.name.clone()))
                 .collect()
         };
@@ -500,6 +661,7 @@ impl Session {
     /// `rdeploy revert`: undo the completed steps that declare `revert`, newest first.
     pub async fn revert(&self) -> anyhow::Result<Code> {
         let _lock = self.lock("revert")?;
+        self.archive_if_finished()?;
         let cp = if self.store.has_unfinished()? {
             let deploy = self.store.load_settled(false)?.expect("journal exists");
             self.check_mapping(&deploy)?;
@@ -507,7 +669,7 @@ impl Session {
             cp.record(Checkpoint::run_record(&self.stack, "revert", &ulid::Ulid::new().to_string()))?;
             cp
         } else {
-            let Some(last) = self.store.last_finished()?.filter(|d| d.state == DeployState::Complete) else {
+            let Some(last) = self.store.last_finished()?.filter(|d| d.state == DeployState::Complete && d.stack == self.stack.name) else {
                 println!("nothing to revert: no completed or unfinished deploy is recorded in {}", self.store.location());
                 return Ok(Code::Ok);
             };
@@ -538,6 +700,7 @@ impl Session {
     /// `rdeploy reset --yes`: forget the unfinished deploy (kept in history).
     pub fn reset(&self) -> anyhow::Result<Code> {
         let _lock = self.lock("reset")?;
+        self.archive_if_finished()?;
         if !self.store.has_unfinished()? {
             println!("nothing to reset: no unfinished deploy in {}", self.store.location());
             return Ok(Code::Ok);

@@ -81,6 +81,9 @@ impl Lock {
             .with_context(|| format!("opening {}", path.display()))?;
         let mut file = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
             Ok(locked) => locked,
+            Err((_, errno)) if errno != nix::errno::Errno::EWOULDBLOCK => {
+                return Err(LockError::Io(anyhow::anyhow!("locking {}: {errno}", path.display())));
+            }
             Err((mut file, _)) => {
                 let holder = read_holder(&mut file)
                     .map(|h| h.to_string())
@@ -105,12 +108,12 @@ impl Lock {
 
     /// Who holds the lock now, without taking it (for `status`).
     pub fn current_holder(dir: &Path) -> Option<Holder> {
-        let path = dir.join("lock");
-        let file = OpenOptions::new().read(true).write(true).open(path).ok()?;
-        match Flock::lock(file, FlockArg::LockSharedNonblock) {
-            Ok(_) => None,
-            Err((mut file, _)) => read_holder(&mut file),
-        }
+        // Read-only: taking even a shared flock here could make a concurrent `up` see the
+        // lock as held. A name in the file is a holder unless it is a dead process on this host.
+        let mut file = OpenOptions::new().read(true).open(dir.join("lock")).ok()?;
+        let holder = read_holder(&mut file)?;
+        let dead_here = holder.host == hostname() && !holder.is_alive_here();
+        (!dead_here).then_some(holder)
     }
 }
 

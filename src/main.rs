@@ -306,12 +306,10 @@ fn report_error(err: &anyhow::Error, ui: &Ui) -> Code {
         }
         return refusal.code;
     }
+    // Anything else happened after work may have started (input errors are refused earlier as
+    // `StackError` or `Refusal`), so it is never "nothing changed".
     eprintln!("{}: {err:#}", paint.bad("error"));
-    if err.downcast_ref::<std::io::Error>().is_some() {
-        Code::BadInput
-    } else {
-        Code::Partial
-    }
+    Code::Partial
 }
 
 /// Loads the stack file, mapping "not found" to a clear bad-input error.
@@ -321,7 +319,10 @@ fn load_stack(path: &Path) -> anyhow::Result<stack::Stack> {
             .with_hint("pass the stack file: `rdeploy up path/to/stack.yaml`")
             .into());
     }
-    stack::load(path)
+    stack::load(path).map_err(|e| match e.downcast::<StackError>() {
+        Ok(stack_error) => stack_error.into(),
+        Err(other) => Refusal::new(Code::BadInput, format!("{other:#}")).into(),
+    })
 }
 
 fn session(stack_path: &Path, global: &Global, ui: Arc<Ui>, parallel: usize) -> anyhow::Result<driver::Session> {

@@ -97,7 +97,7 @@ fn step_status(s: StepStatus) -> &'static str {
     match s {
         StepStatus::Done => "done",
         StepStatus::Failed => "failed",
-        StepStatus::Skipped => "skipped",
+        StepStatus::Reverting => "failed",
         StepStatus::Reverted => "reverted",
         StepStatus::Pending | StepStatus::Running | StepStatus::Refused => "pending",
     }
@@ -109,9 +109,12 @@ pub fn next_command(state: DeployState, deploy: Option<&Deploy>, stack_file: &st
         DeployState::None => Some(format!("rdeploy up {stack_file}")),
         DeployState::Complete | DeployState::Reverted => None,
         DeployState::Partial => {
-            let revert_failed = deploy.is_some_and(|d| d.steps.iter().any(|s| s.revert_failure.is_some()));
-            Some(if revert_failed {
-                format!("rdeploy reset {stack_file} --yes   # after undoing the failed revert by hand (see above)")
+            // A completed step stuck half-reverted is finished by `revert`; a failed
+            // non-resumable one is reverted and run again by `recover`.
+            let undoing_done_step = deploy
+                .is_some_and(|d| d.steps.iter().any(|s| s.status == StepStatus::Reverting && s.done_seq.is_some()));
+            Some(if undoing_done_step {
+                format!("rdeploy revert {stack_file}   # once the cause of the failed revert (above) is fixed")
             } else {
                 format!("rdeploy recover {stack_file}")
             })

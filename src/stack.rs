@@ -213,8 +213,25 @@ pub fn parse(file: &Path, text: &str) -> Result<Stack, StackError> {
             checker.at(key.span(), format!("unknown top-level key `{}`", key.as_str()), hint);
         }
     }
+    // A top-level setting written as a list or mapping must not silently fall back to its
+    // default (`on_failure: [revert]` would quietly mean `stop`).
+    for key in ["name", "on_failure", "state"] {
+        if let Some(node) = top.get_node(key).filter(|n| n.as_scalar().is_none()) {
+            checker.at(node.span(), format!("`{key}` must be a single value"), None);
+        }
+    }
     let name = match top.get_scalar("name") {
-        Some(n) => n.as_str().to_string(),
+        Some(n) => {
+            let name = n.as_str().to_string();
+            if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+                checker.at(
+                    n.span(),
+                    format!("stack name `{name}` may only use letters, digits, `-` and `_`"),
+                    Some("the name keys the checkpoint and its history".into()),
+                );
+            }
+            name
+        }
         None => file.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "stack".into()),
     };
     let on_failure = match top.get_scalar("on_failure") {
@@ -424,6 +441,16 @@ fn parse_step(checker: &mut Checker<'_>, dir: &Path, node: &Node) -> Option<Pars
         }
     });
     let resumable = keys.resumable.unwrap_or_else(|| spec.default_resumable());
+    if resumable && !spec.default_resumable() {
+        // Only a shell step with a bare `run` defaults to not resumable: it has no sub-changes
+        // to resume from, so `recover` could only run the whole script again.
+        let span = map.get_node("resumable").map(|n| *n.span()).unwrap_or(*map.span());
+        checker.at(
+            &span,
+            format!("step `{name}`: a bare `run` cannot be resumable"),
+            Some("declare `sub_changes` (each checkpointed, with an optional `check`), or give it a `revert`".into()),
+        );
+    }
     let digest = hex::encode(Sha256::digest(node_to_json(node).to_string().as_bytes()));
     let line = map.span().start().map(|m| m.line()).unwrap_or(0);
     let step = Step {

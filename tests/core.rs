@@ -104,7 +104,8 @@ steps:
     let status = p.status();
     assert_eq!(status["state"], "partial");
     assert!(step(&status, "migrate")["revert_error"].as_str().unwrap().contains("cannot reach the database"));
-    assert!(status["next"].as_str().unwrap().starts_with("rdeploy reset stack.yaml --yes"));
+    // `recover` reverts the half-done step again, then runs it from the start.
+    assert_eq!(status["next"], "rdeploy recover stack.yaml");
 }
 
 #[test]
@@ -256,7 +257,7 @@ fn kill_9_mid_deploy_then_recover_converges() {
     assert_eq!(p.lines("out"), ["a"]);
 
     p.remove("hold");
-    let run = p.rdeploy(&["recover"]);
+    let run = recover_after_crash(&p);
     run.code(0).stderr_has("took over the lock");
     assert_eq!(p.lines("out"), ["a", "b", "c", "d"], "no completed sub-change ran again");
 }
@@ -275,7 +276,7 @@ fn kill_9_after_the_in_flight_change_landed_lets_its_check_decide() {
     kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL).unwrap();
     child.wait().unwrap();
     p.remove("hold");
-    p.rdeploy(&["recover"]).code(0);
+    recover_after_crash(&p).code(0);
     assert_eq!(p.lines("out"), ["a", "b", "c", "d"], "the check kept b from running twice");
 }
 
@@ -405,4 +406,182 @@ steps:
     p.remove("hold");
     p.rdeploy(&["recover"]).code(0);
     assert_eq!(p.read("schema"), "full\n");
+}
+
+/// A command right after a kill -9: a tool of the dead run may take a moment to exit (it got
+/// SIGTERM), during which rdeploy refuses with exit 5; retry as an operator would. The stderr
+/// of every attempt is kept.
+fn after_crash(p: &Project, args: &[&str]) -> common::Run {
+    let start = std::time::Instant::now();
+    let mut stderr = String::new();
+    loop {
+        let mut run = p.rdeploy(args);
+        stderr.push_str(&run.stderr);
+        if run.status != 5 || start.elapsed() > Duration::from_secs(10) {
+            run.stderr = stderr;
+            return run;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn recover_after_crash(p: &Project) -> common::Run {
+    after_crash(p, &["recover"])
+}
+
+#[test]
+fn kill_9_in_a_non_resumable_step_reverts_it_before_running_it_again() {
+    let p = Project::new();
+    p.stack(
+        r#"
+name: s
+steps:
+  - name: migrate
+    tool: shell
+    run: "echo half >> db; touch started; while [ -f hold ]; do sleep 0.05; done; echo full >> db"
+    revert: "rm -f db; echo reverted >> log"
+"#,
+    )
+    .file("hold", "");
+    let mut child = p.spawn(&["up"]);
+    p.wait_for("started", Duration::from_secs(20));
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL).unwrap();
+    child.wait().unwrap();
+    p.remove("hold");
+    after_crash(&p, &["recover", "--dry-run"]).code(0).stdout_has("run its revert, then run it again from the start");
+    recover_after_crash(&p).code(0);
+    assert_eq!(p.lines("log"), ["reverted"], "the half-done step was reverted first");
+    assert_eq!(p.lines("db"), ["half", "full"], "then run once from the start, not on top of the half");
+}
+
+#[test]
+fn a_tool_that_outlives_a_killed_rdeploy_blocks_recover_until_it_ends() {
+    let p = Project::new();
+    // The sub-change runs a separate program; pdeathsig stops only the `sh` around it.
+    p.file("work.sh", "#!/bin/sh\ntouch b-started\nwhile [ -f hold ]; do sleep 0.05; done\necho b >> out\ntouch b-done\n");
+    std::fs::set_permissions(p.path("work.sh"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    p.stack(&WAITS.replace(
+        "\"touch b-started; while [ -f hold ]; do sleep 0.05; done; echo b >> out; touch b-done\"",
+        "./work.sh",
+    ))
+    .file("hold", "");
+    let mut child = p.spawn(&["up"]);
+    p.wait_for("b-started", Duration::from_secs(20));
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL).unwrap();
+    child.wait().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+
+    p.rdeploy(&["recover"]).code(5).stderr_has("still running").stderr_has("./work.sh").stderr_has("kill -TERM -- -");
+    assert_eq!(p.lines("out"), ["a"], "nothing ran while the old tool was alive");
+
+    p.remove("hold");
+    p.wait_for("b-done", Duration::from_secs(10));
+    recover_after_crash(&p).code(0);
+    assert_eq!(p.lines("out"), ["a", "b", "c", "d"], "b landed once (its check saw it) and the rest ran");
+}
+
+#[test]
+fn on_failure_revert_keeps_the_checkpoint_when_a_failed_step_cannot_be_undone() {
+    let p = Project::new();
+    p.stack(
+        r#"
+name: s
+on_failure: revert
+steps:
+  - name: a
+    tool: shell
+    run: touch a
+    revert: rm a
+  - name: hosts
+    tool: shell
+    needs: [a]
+    sub_changes:
+      - { name: web1, run: touch web1 }
+      - { name: web2, run: exit 1 }
+"#,
+    );
+    p.rdeploy(&["up"]).code(6).stderr_has("could not undo step `hosts`").stderr_has("web1");
+    assert!(!p.exists("a"), "what could be reverted was");
+    assert!(p.exists("web1"));
+    let status = p.status();
+    assert_eq!(status["state"], "partial", "a deploy with web1 in place is not 'reverted'");
+    assert_eq!(step(&status, "a")["status"], "reverted");
+}
+
+#[test]
+fn a_partial_step_outranks_a_clean_revert_in_the_exit_code() {
+    let p = Project::new();
+    p.stack(
+        r#"
+name: s
+steps:
+  - name: left
+    tool: shell
+    sub_changes:
+      - { name: one, run: touch one }
+      - { name: two, run: "sleep 0.3; exit 1" }
+  - name: right
+    tool: shell
+    run: "touch right; exit 1"
+    revert: rm right
+"#,
+    );
+    p.rdeploy(&["up", "--parallel", "2"]).code(1);
+    let status = p.status();
+    assert_eq!(step(&status, "right")["status"], "reverted");
+    assert_eq!(step(&status, "left")["status"], "failed");
+}
+
+#[test]
+fn a_checkpoint_of_another_stack_in_the_same_directory_is_refused() {
+    let p = Project::new();
+    p.file("staging.yaml", &FIVE.replace("name: demo", "name: staging")).file("fail-five", "");
+    p.file("prod.yaml", &FIVE.replace("name: demo", "name: prod"));
+    p.rdeploy(&["up", "staging.yaml"]).code(1);
+    p.rdeploy(&["recover", "prod.yaml"]).code(2).stderr_has("belongs to stack `staging`, not `prod`");
+    p.rdeploy(&["revert", "prod.yaml"]).code(2).stderr_has("belongs to stack `staging`");
+    assert_eq!(p.lines("out").len(), 4, "nothing of prod ran");
+}
+
+#[test]
+fn a_crash_during_a_revert_is_finished_by_revert_not_glossed_over_by_recover() {
+    let p = Project::new();
+    p.stack(
+        r#"
+name: s
+steps:
+  - name: a
+    tool: shell
+    run: touch a
+    revert: "touch reverting; while [ -f hold ]; do sleep 0.05; done; rm a"
+"#,
+    );
+    p.rdeploy(&["up"]).code(0);
+    p.file("hold", "");
+    let mut child = p.spawn(&["revert"]);
+    p.wait_for("reverting", Duration::from_secs(20));
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL).unwrap();
+    child.wait().unwrap();
+
+    let status = p.status();
+    assert_eq!(status["state"], "partial");
+    assert!(step(&status, "a")["revert_error"].as_str().unwrap().contains("stopped while this step's revert ran"));
+    assert!(status["next"].as_str().unwrap().starts_with("rdeploy revert stack.yaml"));
+    recover_after_crash(&p).code(2).stderr_has("was being reverted").stderr_has("rdeploy revert stack.yaml");
+
+    p.remove("hold");
+    p.rdeploy(&["revert"]).code(0);
+    assert!(!p.exists("a"));
+    assert_eq!(p.status()["state"], "reverted");
+}
+
+#[test]
+fn top_level_settings_must_be_single_values_and_a_bare_run_cannot_be_resumable() {
+    let p = Project::new();
+    p.stack("name: s\non_failure: [revert]\nsteps:\n  - name: a\n    tool: shell\n    run: x\n");
+    p.rdeploy(&["validate"]).code(2).stderr_has("stack.yaml:2:13: `on_failure` must be a single value");
+    p.stack("name: s\nsteps:\n  - name: a\n    tool: shell\n    resumable: true\n    run: x\n");
+    p.rdeploy(&["validate"]).code(2).stderr_has("a bare `run` cannot be resumable");
+    p.stack("name: s\nsteps:\n  - name: a\n    tool: shell\n    run: x\n");
+    p.rdeploy(&["validate"]).code(0).stderr_has("is not resumable and declares no `revert`");
 }

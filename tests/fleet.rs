@@ -283,6 +283,11 @@ fn the_gate_names_a_halted_daemonset_and_an_exception_lets_it_pass_until_it_expi
     f.apply("edge-3", &agent_ds("2.0"));
     let p = project(&f);
     inventory_until(&p, &["--contexts", "edge-1"], |r| done(r, AGENT) == 1);
+    // Let edge-3 settle on its untainted nodes, so only node-2 is left halted.
+    inventory_until(&p, &["--contexts", "edge-3"], |r| {
+        let why = straggler_reasons(r, AGENT, "edge-3");
+        why.contains("halted on node node-2") && !why.contains("node-1")
+    });
 
     p.stack(&gated_stack(&f.kubeconfig(), ""));
     p.rdeploy(&["up"]).code(4);

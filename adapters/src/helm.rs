@@ -317,16 +317,29 @@ impl HelmSpec {
                 .map(|a| format!(" for {a}"))
                 .unwrap_or_default();
             let stuck = format!("release {} is stuck in {} at revision {}{age}", self.release, latest.status, latest.revision);
-            let forced = std::env::var(FORCE_ENV).is_ok_and(|v| v == "1") || ctx.env.get(FORCE_ENV).is_some_and(|v| v == "1");
+            // Only the operator's `rdeploy recover --force` (or the step's own `env:`) forces it:
+            // an exported variable in a CI environment must not force every recover.
+            let forced = ctx.env.get(FORCE_ENV).is_some_and(|v| v == "1");
             if let Some((pid, cmdline)) = state::live_helm_for(&self.release, Path::new("/proc")).filter(|_| !forced) {
                 let mut failure = Failure::new(format!("{stuck}, and a helm process for it is still running (pid {pid}: `{cmdline}`)"));
                 failure.hint = Some(match good {
                     Some(good) => format!(
-                        "let it finish, or stop it, then `rdeploy recover`; to roll back now anyway: `{FORCE_ENV}=1 rdeploy recover` (runs `{}`)",
+                        "let it finish, or stop it, then `rdeploy recover`; to roll back now anyway: `rdeploy recover --force` (runs `{}`)",
                         display_command(&self.helm_words(self.rollback_words(major, good, None)))
                     ),
                     None => "let it finish, or stop it, then `rdeploy recover`".into(),
                 });
+                return Decision::Refuse { failure };
+            }
+            // /proc only shows this machine: a helm on another runner may still be working on
+            // a revision younger than helm's own timeout, so that is refused too.
+            let window = ctx.timeout.unwrap_or(Duration::from_secs(300)).as_secs() as i64;
+            let young = state::parse_rfc3339(&latest.updated).is_some_and(|t| now_secs() - t < window);
+            if young && !forced {
+                let mut failure = Failure::new(format!(
+                    "{stuck}; it is younger than helm's timeout ({window}s), so a helm on another machine may still be working on it"
+                ));
+                failure.hint = Some("wait for the timeout to pass, then `rdeploy recover`; `rdeploy recover --force` rolls back now".into());
                 return Decision::Refuse { failure };
             }
             return match good {
@@ -634,7 +647,7 @@ impl HelmSpec {
             display_command(&self.helm_words(self.upgrade_words(4, None)))
         ));
         doc.notes.push(format!(
-            "a release stuck in pending-install/upgrade/rollback is rolled back by `rdeploy recover` only when no helm process for it is alive; `{FORCE_ENV}=1 rdeploy recover {}` forces it",
+            "a release stuck in pending-install/upgrade/rollback is rolled back by `rdeploy recover` only when no helm process for it is alive and the pending revision is older than helm's timeout; `rdeploy recover {} --force` forces it",
             shell_quote(ctx.stack_file)
         ));
         if let Some(status) = prior.and_then(|p| p.facts.get("status")).and_then(Value::as_str) {

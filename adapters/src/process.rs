@@ -7,6 +7,7 @@ use std::ffi::OsString;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use nix::sys::signal::{killpg, Signal};
@@ -23,6 +24,32 @@ const TAIL_LINES: usize = 20;
 const KILL_GRACE: Duration = Duration::from_secs(10);
 /// After the child exits, how long to wait for grandchildren still holding its pipes.
 const DRAIN_GRACE: Duration = Duration::from_secs(3);
+
+/// Where the process group of every running child is noted (one file per group), so a run
+/// that takes over after a crash can tell whether a tool of the dead run still lives.
+static RUNNING_DIR: OnceLock<PathBuf> = OnceLock::new();
+
+/// Notes every child's process group in `dir` while it runs. Called once by the driver.
+pub fn note_running_children_in(dir: PathBuf) {
+    let _ = std::fs::create_dir_all(&dir);
+    let _ = RUNNING_DIR.set(dir);
+}
+
+/// Process groups noted by an earlier run that are still alive: `(pgid, command)`.
+/// Notes of groups that are gone are removed.
+pub fn surviving_children(dir: &Path) -> Vec<(i32, String)> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    let mut alive = Vec::new();
+    for entry in entries.flatten() {
+        let Some(pgid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
+        if killpg(Pid::from_raw(pgid), None).is_ok() {
+            alive.push((pgid, std::fs::read_to_string(entry.path()).unwrap_or_default()));
+        } else {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+    alive
+}
 
 /// A command to run, built like `std::process::Command` but with what rdeploy needs.
 #[derive(Clone, Debug)]
@@ -118,10 +145,17 @@ impl Command {
         }
         // If rdeploy itself dies (kill -9), the tool gets SIGTERM rather than running on
         // unobserved: terraform treats it like Ctrl-C and writes its state.
-        // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+        // The parent may die between fork and prctl; then the signal would never come, so the
+        // child checks it still has the parent it was forked from.
+        let parent = nix::unistd::getpid();
+        // SAFETY: prctl and getppid are async-signal-safe and touch no memory of the parent.
         unsafe {
-            cmd.pre_exec(|| {
-                nix::sys::prctl::set_pdeathsig(Signal::SIGTERM).map_err(std::io::Error::from)
+            cmd.pre_exec(move || {
+                nix::sys::prctl::set_pdeathsig(Signal::SIGTERM).map_err(std::io::Error::from)?;
+                if nix::unistd::getppid() != parent {
+                    return Err(std::io::Error::other("rdeploy exited before the tool started"));
+                }
+                Ok(())
             });
         }
         let mut child = cmd
@@ -129,6 +163,15 @@ impl Command {
             .map_err(|source| AdapterError::Spawn { command: self.display(), source })?;
         let pgid = child.id().map(|id| Pid::from_raw(id as i32));
         tracing::debug!(command = %self.display(), pid = ?child.id(), cwd = ?self.cwd, "spawned");
+        // pdeathsig reaches only the direct child; a grandchild can outlive a killed rdeploy,
+        // so the group is noted until it is reaped.
+        let note = match (RUNNING_DIR.get(), pgid) {
+            (Some(dir), Some(pgid)) => {
+                let path = dir.join(pgid.to_string());
+                std::fs::write(&path, self.display()).ok().map(|_| path)
+            }
+            _ => None,
+        };
 
         let (tx, mut rx) = mpsc::channel::<(Stream, String)>(256);
         let readers = [
@@ -175,6 +218,10 @@ impl Command {
             for reader in readers.into_iter().flatten() {
                 reader.abort();
             }
+        }
+        // Reaped: only a run that dies before this line leaves its note behind.
+        if let Some(path) = note {
+            let _ = std::fs::remove_file(path);
         }
         outcome.code = status.code();
         outcome.signal = status.signal();
@@ -322,7 +369,9 @@ mod tests {
     #[tokio::test]
     async fn secrets_are_redacted_everywhere() {
         let cmd = Command::shell("echo token=hunter2 >&2; exit 1").redact(["hunter2"]);
-        assert!(!cmd.display().contains("hunter2") || cmd.display().contains("***"));
+        let shown = Command::shell("deploy --token hunter2").redact(["hunter2"]).display();
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(shown.contains("***"), "{shown}");
         let (outcome, lines) = run(cmd).await;
         assert_eq!(lines, vec![(Stream::Stderr, "token=***".to_string())]);
         assert_eq!(outcome.last_error_line().as_deref(), Some("token=***"));

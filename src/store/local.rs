@@ -19,7 +19,7 @@ use anyhow::Context as _;
 use serde::{Deserialize, Serialize};
 
 use super::{JournalWriter, LockGuard, Store};
-use crate::checkpoint::{now, Deploy, Entry, FORMAT, VERSION};
+use crate::checkpoint::{now, Deploy, Entry, Record, FORMAT, VERSION};
 use crate::lock::{Holder, Lock, LockError};
 
 const JOURNAL: &str = "journal.jsonl";
@@ -128,7 +128,8 @@ impl StateDir {
         let stamp = deploy.updated.replace([':', '-'], "");
         let name = format!("{stamp}-{}.json", deploy.deploy_id);
         write_atomic(&history.join(name), serde_json::to_string_pretty(deploy)?.as_bytes())?;
-        for path in [self.journal_path(), self.snapshot_path()] {
+        // The snapshot goes first: a snapshot must never outlive its journal (see read_journal).
+        for path in [self.snapshot_path(), self.journal_path()] {
             if path.exists() {
                 fs_err::remove_file(&path)?;
             }
@@ -150,7 +151,7 @@ fn read_journal(path: &Path, snapshot: Option<Deploy>) -> anyhow::Result<(Deploy
     let mut line = String::new();
     let mut good_len = 0u64;
     let mut deploy = snapshot.unwrap_or_else(Deploy::empty);
-    let from_seq = deploy.seq;
+    let mut from_seq = deploy.seq;
     let mut first = true;
     let mut line_no = 0;
     loop {
@@ -184,6 +185,14 @@ fn read_journal(path: &Path, snapshot: Option<Deploy>) -> anyhow::Result<(Deploy
             Err(e) => anyhow::bail!("{}:{line_no}: unreadable journal record: {e}", path.display()),
         };
         good_len += n as u64;
+        if let (1, Record::Run { run_id, .. }) = (entry.seq, &entry.record) {
+            if from_seq > 0 && deploy.deploy_id != *run_id {
+                // The snapshot belongs to another deploy (a crash between archiving one deploy
+                // and starting the next): it is only a cache, so replay this journal from scratch.
+                deploy = Deploy::empty();
+                from_seq = 0;
+            }
+        }
         if entry.seq > from_seq {
             deploy.apply(entry.seq, &entry.ts, &entry.record);
         }
@@ -218,6 +227,11 @@ impl Store for StateDir {
 
     fn create_journal(&self) -> anyhow::Result<Box<dyn JournalWriter>> {
         fs_err::create_dir_all(&self.path)?;
+        // A snapshot left by an earlier deploy must not be read with the new journal.
+        match fs_err::remove_file(self.snapshot_path()) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
+            _ => {}
+        }
         let path = self.journal_path();
         let mut file = OpenOptions::new()
             .create_new(true)
@@ -228,8 +242,6 @@ impl Store for StateDir {
         writeln!(file, "{}", serde_json::to_string(&header)?)?;
         file.sync_all()?;
         sync_dir(&self.path)?;
-        // A stale snapshot of an archived deploy must not be read with the new journal.
-        let _ = fs_err::remove_file(self.snapshot_path());
         Ok(Box::new(LocalJournal { dir: self.clone(), file }))
     }
 
