@@ -56,6 +56,10 @@ fn bad_input(message: impl Into<String>) -> anyhow::Error {
 pub async fn inventory(req: &InventoryRequest, state_dir: &Path) -> anyhow::Result<Code> {
     let objectives = req.slo.as_deref().map(slo::parse).transpose().map_err(|e| bad_input(format!("`--slo`: {e}")))?;
     let selector = Selector::parse(req.selector.as_deref().unwrap_or("")).map_err(|e| bad_input(format!("`--selector`: {e}")))?;
+    if req.prometheus.is_some() && req.selector.is_some() {
+        // Every workload would be filtered out and the fleet would look like it runs nothing.
+        return Err(bad_input("`--selector` needs `--source api`: `kube_pod_container_info` carries no pod labels (use `--namespace` or `--component`)"));
+    }
     let now = OffsetDateTime::now_utc();
     let since = req.since.as_deref().map(|s| parse_since(s, now)).transpose().map_err(|e| bad_input(format!("`--since`: {e}")))?;
     let fleet = req.fleet.as_deref().map(FleetFile::load).transpose().map_err(|e| bad_input(format!("{e:#}")))?;
