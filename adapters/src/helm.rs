@@ -15,11 +15,10 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use self::state::{last_deployed, ReleaseStatus, Revision};
-use crate::kubectl::{adapter_failure, resolve_tool};
-use crate::process::{Command, Outcome};
+use crate::process::{capture, Command, Outcome, StdoutLog};
 use crate::{
     display_command, shell_quote, AdapterError, DescribeContext, Event, EventSink, Failure, FieldPath, Inspection,
-    PathSegment, PriorStep, RecoveryDoc, SpecProblem, StepContext, Stream, ToolInfo,
+    PathSegment, PriorStep, RecoveryDoc, SpecProblem, StepContext, ToolInfo,
 };
 
 const DEFAULT_BINARY: &str = "helm";
@@ -191,7 +190,7 @@ impl HelmSpec {
     }
 
     pub async fn preflight(&self, ctx: &StepContext) -> Result<ToolInfo, AdapterError> {
-        let binary = resolve_tool(ctx, self.binary_name(), INSTALL_HINT)?;
+        let binary = crate::resolve_binary(ctx, self.binary_name(), INSTALL_HINT)?;
         let (version, _) = self.version(ctx, &binary).await?;
         Ok(ToolInfo { binary, version })
     }
@@ -199,7 +198,7 @@ impl HelmSpec {
     /// `helm version --short` and its major version (3 or 4: their flags differ).
     async fn version(&self, ctx: &StepContext, binary: &Path) -> Result<(String, u32), AdapterError> {
         let cmd = self.command(ctx, binary).args(["version", "--short"]);
-        let (outcome, stdout, _) = capture(&cmd, ctx, Some(QUICK), None).await?;
+        let (outcome, stdout, _) = capture(&cmd, ctx, Some(QUICK), None, StdoutLog::UnlessJson).await?;
         let version = stdout.first().map(|s| s.trim().to_string()).unwrap_or_default();
         match state::parse_major(&version) {
             Some(major @ (3 | 4)) if outcome.success() => Ok((version, major)),
@@ -218,7 +217,7 @@ impl HelmSpec {
     async fn live(&self, ctx: &StepContext, binary: &Path, sink: Option<&dyn EventSink>) -> Result<Live, Failure> {
         let history_cmd =
             self.command(ctx, binary).args(["history", &self.release, "-o", "json", "--max", "256"]).args(self.cluster_args(Some(ctx)));
-        let (outcome, stdout, stderr) = capture(&history_cmd, ctx, Some(QUICK), sink).await.map_err(adapter_failure)?;
+        let (outcome, stdout, stderr) = capture(&history_cmd, ctx, Some(QUICK), sink, StdoutLog::UnlessJson).await.map_err(Failure::from)?;
         if !outcome.success() {
             if state::is_not_found(&stderr) {
                 return Ok(Live::default());
@@ -227,7 +226,7 @@ impl HelmSpec {
         }
         let history = state::parse_history(&stdout.join("\n")).map_err(Failure::new)?;
         let status_cmd = self.command(ctx, binary).args(["status", &self.release, "-o", "json"]).args(self.cluster_args(Some(ctx)));
-        let (outcome, stdout, stderr) = capture(&status_cmd, ctx, Some(QUICK), None).await.map_err(adapter_failure)?;
+        let (outcome, stdout, stderr) = capture(&status_cmd, ctx, Some(QUICK), None, StdoutLog::UnlessJson).await.map_err(Failure::from)?;
         let status = if outcome.success() {
             Some(state::parse_status(&stdout.join("\n")).map_err(Failure::new)?)
         } else if state::is_not_found(&stderr) {
@@ -413,8 +412,8 @@ impl HelmSpec {
     }
 
     pub async fn apply(&self, ctx: &StepContext, sink: &dyn EventSink) -> Result<(), Failure> {
-        let binary = resolve_tool(ctx, self.binary_name(), INSTALL_HINT).map_err(adapter_failure)?;
-        let (_, major) = self.version(ctx, &binary).await.map_err(adapter_failure)?;
+        let binary = crate::resolve_binary(ctx, self.binary_name(), INSTALL_HINT).map_err(Failure::from)?;
+        let (_, major) = self.version(ctx, &binary).await.map_err(Failure::from)?;
         let before = self.live(ctx, &binary, Some(sink)).await?;
         if let Some(latest) = before.latest().filter(|r| r.is_pending()) {
             // helm itself would refuse ("another operation is in progress"); say why plainly.
@@ -429,8 +428,8 @@ impl HelmSpec {
     }
 
     pub async fn recover(&self, ctx: &StepContext, _prior: &PriorStep, sink: &dyn EventSink) -> Result<(), Failure> {
-        let binary = resolve_tool(ctx, self.binary_name(), INSTALL_HINT).map_err(adapter_failure)?;
-        let (_, major) = self.version(ctx, &binary).await.map_err(adapter_failure)?;
+        let binary = crate::resolve_binary(ctx, self.binary_name(), INSTALL_HINT).map_err(Failure::from)?;
+        let (_, major) = self.version(ctx, &binary).await.map_err(Failure::from)?;
         let live = self.live(ctx, &binary, Some(sink)).await?;
         self.record_facts(&live, sink);
         match self.decide(ctx, &live, major) {
@@ -476,8 +475,8 @@ impl HelmSpec {
     }
 
     pub async fn inspect(&self, ctx: &StepContext, _prior: &PriorStep) -> Result<Inspection, Failure> {
-        let binary = resolve_tool(ctx, self.binary_name(), INSTALL_HINT).map_err(adapter_failure)?;
-        let (_, major) = self.version(ctx, &binary).await.map_err(adapter_failure)?;
+        let binary = crate::resolve_binary(ctx, self.binary_name(), INSTALL_HINT).map_err(Failure::from)?;
+        let (_, major) = self.version(ctx, &binary).await.map_err(Failure::from)?;
         let live = self.live(ctx, &binary, None).await?;
         let mut inspection = Inspection::default();
         if let Some(latest) = live.latest() {
@@ -558,7 +557,7 @@ impl HelmSpec {
         sink.emit(Event::Started { id: self.id(expected) });
         let cmd = self.command(ctx, binary).args(&words);
         let backstop = ctx.timeout.map(|t| t + BACKSTOP);
-        let (outcome, _, stderr) = capture(&cmd, ctx, backstop, Some(sink)).await.map_err(adapter_failure)?;
+        let (outcome, _, stderr) = capture(&cmd, ctx, backstop, Some(sink), StdoutLog::UnlessJson).await.map_err(Failure::from)?;
         // Read helm's state even after an interrupt: the revision may be written already.
         let after = match self.live(ctx, binary, Some(sink)).await {
             Ok(after) => after,
@@ -672,39 +671,6 @@ fn helm_failure(command: &str, outcome: &Outcome, stderr: &[String]) -> Failure 
         }
     }
     failure
-}
-
-async fn capture(
-    cmd: &Command,
-    ctx: &StepContext,
-    timeout: Option<Duration>,
-    sink: Option<&dyn EventSink>,
-) -> Result<(Outcome, Vec<String>, Vec<String>), AdapterError> {
-    let mut stdout = Vec::new();
-    let mut stderr = Vec::new();
-    let outcome = cmd
-        .run(&ctx.cancel, timeout, &mut |stream, line| {
-            match stream {
-                // JSON documents are not worth a line each in the step's log.
-                Stream::Stdout => stdout.push(line.to_string()),
-                Stream::Stderr => {
-                    if let Some(sink) = sink {
-                        sink.emit(Event::Output { stream, line: line.to_string() });
-                    }
-                    stderr.push(line.to_string());
-                }
-            }
-        })
-        .await?;
-    if let Some(sink) = sink {
-        // Human output of upgrade/rollback (NOTES, "Release ... has been upgraded") goes to the log.
-        if !stdout.first().is_some_and(|l| l.starts_with('[') || l.starts_with('{')) {
-            for line in &stdout {
-                sink.emit(Event::Output { stream: Stream::Stdout, line: line.clone() });
-            }
-        }
-    }
-    Ok((outcome, stdout, stderr))
 }
 
 #[cfg(test)]

@@ -15,10 +15,10 @@ use serde::Deserialize;
 
 use self::manifest::{CrdScopes, KubeObject};
 use self::output::{attribute_errors, is_error_line, match_results, parse_apply_line, parse_diff, rollout_progress};
-use crate::process::{Command, Outcome};
+use crate::process::{capture, Command, Outcome, StdoutLog};
 use crate::{
     display_command, shell_quote, AdapterError, DescribeContext, Event, EventSink, Failure, FieldPath, Inspection,
-    PathSegment, PriorStep, RecoveryDoc, SpecProblem, StepContext, Stream, SubStatus, ToolInfo,
+    PathSegment, PriorStep, RecoveryDoc, SpecProblem, StepContext, SubStatus, ToolInfo,
 };
 
 const DEFAULT_BINARY: &str = "kubectl";
@@ -130,7 +130,7 @@ impl KubectlSpec {
     }
 
     fn resolve_binary(&self, ctx: &StepContext) -> Result<PathBuf, AdapterError> {
-        resolve_tool(ctx, self.binary_name(), INSTALL_HINT)
+        crate::resolve_binary(ctx, self.binary_name(), INSTALL_HINT)
     }
 
     /// `--kubeconfig K --context C`, as every kubectl call gets them.
@@ -160,7 +160,7 @@ impl KubectlSpec {
         let cmd = Command::new(&binary)
             .envs(ctx.env.iter().map(|(k, v)| (k.clone(), v.clone())))
             .args(["version", "--client", "-o", "json"]);
-        let (outcome, stdout, _) = capture(&cmd, ctx, Some(QUICK), None).await?;
+        let (outcome, stdout, _) = capture(&cmd, ctx, Some(QUICK), None, StdoutLog::Lines).await?;
         let version = serde_json::from_str::<serde_json::Value>(&stdout.join("\n"))
             .ok()
             .and_then(|v| v.pointer("/clientVersion/gitVersion").and_then(|g| g.as_str()).map(str::to_string));
@@ -179,7 +179,7 @@ impl KubectlSpec {
             return ns.clone();
         }
         let cmd = self.command(ctx, binary).args(["config", "view", "--minify", "-o", "jsonpath={..namespace}"]);
-        match capture(&cmd, ctx, Some(QUICK), None).await {
+        match capture(&cmd, ctx, Some(QUICK), None, StdoutLog::Lines).await {
             Ok((outcome, stdout, _)) if outcome.success() => {
                 stdout.join("").split_whitespace().next().unwrap_or("default").to_string()
             }
@@ -194,7 +194,7 @@ impl KubectlSpec {
             let path = ctx.resolve(manifest);
             if path.is_dir() && manifest::is_kustomization(&path) {
                 let cmd = self.command(ctx, binary).arg("kustomize").arg(&path);
-                let (outcome, stdout, _) = capture(&cmd, ctx, Some(QUICK), None).await.map_err(adapter_failure)?;
+                let (outcome, stdout, _) = capture(&cmd, ctx, Some(QUICK), None, StdoutLog::Lines).await.map_err(Failure::from)?;
                 if !outcome.success() {
                     return Err(Failure::from_process(&cmd.display(), &outcome)
                         .with_hint(format!("fix the kustomization in {}", manifest.display())));
@@ -239,7 +239,7 @@ impl KubectlSpec {
     }
 
     pub async fn apply(&self, ctx: &StepContext, sink: &dyn EventSink) -> Result<(), Failure> {
-        let binary = self.resolve_binary(ctx).map_err(adapter_failure)?;
+        let binary = self.resolve_binary(ctx).map_err(Failure::from)?;
         let objects = self.objects(ctx, &binary).await?;
         sink.emit(Event::Planned { ids: objects.iter().map(KubeObject::id).collect() });
         let all: Vec<usize> = (0..objects.len()).collect();
@@ -247,7 +247,7 @@ impl KubectlSpec {
     }
 
     pub async fn recover(&self, ctx: &StepContext, prior: &PriorStep, sink: &dyn EventSink) -> Result<(), Failure> {
-        let binary = self.resolve_binary(ctx).map_err(adapter_failure)?;
+        let binary = self.resolve_binary(ctx).map_err(Failure::from)?;
         let objects = self.objects(ctx, &binary).await?;
         sink.emit(Event::Planned { ids: objects.iter().map(KubeObject::id).collect() });
         self.warn_gone(&objects, prior, sink);
@@ -293,7 +293,7 @@ impl KubectlSpec {
     }
 
     pub async fn inspect(&self, ctx: &StepContext, prior: &PriorStep) -> Result<Inspection, Failure> {
-        let binary = self.resolve_binary(ctx).map_err(adapter_failure)?;
+        let binary = self.resolve_binary(ctx).map_err(Failure::from)?;
         let objects = self.objects(ctx, &binary).await?;
         let plan = self.plan_recovery(ctx, &binary, &objects, prior, None).await?;
         let mut inspection = Inspection::default();
@@ -348,7 +348,7 @@ impl KubectlSpec {
             cmd = cmd.arg("--server-side");
         }
         let cmd = cmd.arg("-f").arg(&dir);
-        let (outcome, stdout, stderr) = capture(&cmd, ctx, Some(ctx.timeout.unwrap_or(QUICK)), sink).await.map_err(adapter_failure)?;
+        let (outcome, stdout, stderr) = capture(&cmd, ctx, Some(ctx.timeout.unwrap_or(QUICK)), sink, StdoutLog::Lines).await.map_err(Failure::from)?;
         if outcome.interrupted {
             return Err(Failure::from_process(&cmd.display(), &outcome));
         }
@@ -450,7 +450,7 @@ impl KubectlSpec {
         for &i in batch {
             sink.emit(Event::Started { id: objects[i].id() });
         }
-        let (outcome, stdout, stderr) = capture(&cmd, ctx, ctx.timeout, Some(sink)).await.map_err(adapter_failure)?;
+        let (outcome, stdout, stderr) = capture(&cmd, ctx, ctx.timeout, Some(sink), StdoutLog::Lines).await.map_err(Failure::from)?;
         let results: Vec<_> = stdout.iter().filter_map(|l| parse_apply_line(l)).collect();
         let refs: Vec<&KubeObject> = batch.iter().map(|&i| &objects[i]).collect();
         let matched = match_results(&refs, &results);
@@ -486,7 +486,7 @@ impl KubectlSpec {
             return;
         }
         let cmd = self.command(ctx, binary).args(["wait", "--for=condition=Established", "--timeout=60s"]).args(crds);
-        let _ = capture(&cmd, ctx, Some(QUICK), Some(sink)).await;
+        let _ = capture(&cmd, ctx, Some(QUICK), Some(sink), StdoutLog::Lines).await;
     }
 
     /// `kubectl rollout status` for each workload, within the step's deadline.
@@ -512,7 +512,7 @@ impl KubectlSpec {
             }
             let cmd = cmd.arg(format!("--timeout={}s", left.as_secs()));
             // kubectl enforces its own --timeout; ours is a backstop a little later.
-            let (outcome, stdout, _) = capture(&cmd, ctx, Some(left + Duration::from_secs(30)), Some(sink)).await.map_err(adapter_failure)?;
+            let (outcome, stdout, _) = capture(&cmd, ctx, Some(left + Duration::from_secs(30)), Some(sink), StdoutLog::Lines).await.map_err(Failure::from)?;
             if outcome.interrupted {
                 return Err(Failure::from_process(&cmd.display(), &outcome));
             }
@@ -665,54 +665,6 @@ fn summarize(failed: &[(String, String)], total: usize, process: Option<(&str, &
             .into(),
     );
     failure
-}
-
-/// Runs a command, forwarding its lines to the sink (when given) and keeping them all.
-async fn capture(
-    cmd: &Command,
-    ctx: &StepContext,
-    timeout: Option<Duration>,
-    sink: Option<&dyn EventSink>,
-) -> Result<(Outcome, Vec<String>, Vec<String>), AdapterError> {
-    let mut stdout = Vec::new();
-    let mut stderr = Vec::new();
-    let outcome = cmd
-        .run(&ctx.cancel, timeout, &mut |stream, line| {
-            if let Some(sink) = sink {
-                sink.emit(Event::Output { stream, line: line.to_string() });
-            }
-            match stream {
-                Stream::Stdout => stdout.push(line.to_string()),
-                Stream::Stderr => stderr.push(line.to_string()),
-            }
-        })
-        .await?;
-    Ok((outcome, stdout, stderr))
-}
-
-/// A `binary` with a slash is a path relative to the stack file; a bare name is looked up on
-/// the step's PATH (its `env:` may prepend a directory), then rdeploy's own.
-pub(crate) fn resolve_tool(ctx: &StepContext, name: &str, hint: &str) -> Result<PathBuf, AdapterError> {
-    if name.contains('/') {
-        let path = ctx.resolve(Path::new(name));
-        return if path.is_file() {
-            Ok(path)
-        } else {
-            Err(AdapterError::ToolMissing { tool: name.to_string(), hint: hint.into() })
-        };
-    }
-    let path = ctx.env.get("PATH").cloned().or_else(|| std::env::var("PATH").ok()).unwrap_or_default();
-    which::which_in(name, Some(path), &ctx.stack_dir)
-        .map_err(|_| AdapterError::ToolMissing { tool: name.to_string(), hint: hint.into() })
-}
-
-pub(crate) fn adapter_failure(e: AdapterError) -> Failure {
-    let hint = e.hint().map(str::to_string);
-    let failure = Failure::new(e.to_string());
-    match hint {
-        Some(hint) => failure.with_hint(hint),
-        None => failure,
-    }
 }
 
 #[cfg(test)]

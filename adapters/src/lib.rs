@@ -435,12 +435,28 @@ impl AdapterError {
     }
 }
 
-/// Finds a binary on PATH (or at an explicit path) with a helpful error.
-pub fn resolve_binary(name: &str, install_hint: &str) -> Result<PathBuf, AdapterError> {
-    which::which(name).map_err(|_| AdapterError::ToolMissing {
-        tool: name.to_string(),
-        hint: install_hint.to_string(),
-    })
+/// Finds a step's tool: a name with a slash is a path relative to the stack file; a bare name
+/// is looked up on the step's PATH (its `env:` may prepend a virtualenv or a pinned version),
+/// then rdeploy's own.
+pub fn resolve_binary(ctx: &StepContext, name: &str, install_hint: &str) -> Result<PathBuf, AdapterError> {
+    let missing = |tool: String| AdapterError::ToolMissing { tool, hint: install_hint.to_string() };
+    if name.contains('/') {
+        let path = ctx.resolve(Path::new(name));
+        return if path.is_file() { Ok(path) } else { Err(missing(path.display().to_string())) };
+    }
+    let path = ctx.env.get("PATH").cloned().or_else(|| std::env::var("PATH").ok()).unwrap_or_default();
+    which::which_in(name, Some(path), &ctx.stack_dir).map_err(|_| missing(name.to_string()))
+}
+
+impl From<AdapterError> for Failure {
+    /// A tool that went missing between preflight and use still fails with its install hint.
+    fn from(e: AdapterError) -> Failure {
+        let failure = Failure::new(e.to_string());
+        match e.hint() {
+            Some(hint) => failure.with_hint(hint.to_string()),
+            None => failure,
+        }
+    }
 }
 
 /// Quotes a word for a POSIX shell when it needs it, so runbook commands paste cleanly.

@@ -283,6 +283,53 @@ async fn forward_lines<R: AsyncRead + Unpin>(reader: R, stream: Stream, tx: mpsc
     }
 }
 
+/// Which stdout lines [`capture`] copies to the step's log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StdoutLog {
+    /// Every line, as it arrives.
+    Lines,
+    /// Only human output: a JSON document (`-o json`) is not worth a line each in the log.
+    UnlessJson,
+}
+
+/// Runs a command to completion, keeping its stdout and stderr for parsing and copying them
+/// to the step's log through `sink`.
+pub async fn capture(
+    cmd: &Command,
+    ctx: &crate::StepContext,
+    timeout: Option<Duration>,
+    sink: Option<&dyn crate::EventSink>,
+    log_stdout: StdoutLog,
+) -> Result<(Outcome, Vec<String>, Vec<String>), AdapterError> {
+    let log = |stream, line: &str| {
+        if let Some(sink) = sink {
+            sink.emit(crate::Event::Output { stream, line: line.to_string() });
+        }
+    };
+    let mut stdout = Vec::new();
+    let mut stderr = Vec::new();
+    let outcome = cmd
+        .run(&ctx.cancel, timeout, &mut |stream, line| match stream {
+            Stream::Stdout => {
+                if log_stdout == StdoutLog::Lines {
+                    log(stream, line);
+                }
+                stdout.push(line.to_string());
+            }
+            Stream::Stderr => {
+                log(stream, line);
+                stderr.push(line.to_string());
+            }
+        })
+        .await?;
+    if log_stdout == StdoutLog::UnlessJson && !stdout.first().is_some_and(|l| l.starts_with('[') || l.starts_with('{')) {
+        for line in &stdout {
+            log(Stream::Stdout, line);
+        }
+    }
+    Ok((outcome, stdout, stderr))
+}
+
 /// Replaces every secret in `line` by `***`.
 pub fn redact_line(line: &str, secrets: &[String]) -> String {
     let mut out = line.to_string();

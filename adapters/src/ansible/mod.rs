@@ -114,21 +114,8 @@ impl AnsibleSpec {
         self.binary.as_deref().unwrap_or(DEFAULT_BINARY)
     }
 
-    /// A `binary` with a slash is a path relative to the stack file; a bare name is looked up on
-    /// the step's PATH (its `env:` may prepend a virtualenv), then rdeploy's own.
     fn resolve_binary(&self, ctx: &StepContext) -> Result<PathBuf, AdapterError> {
-        let name = self.binary_name();
-        if name.contains('/') {
-            let path = ctx.resolve(Path::new(name));
-            return if path.is_file() {
-                Ok(path)
-            } else {
-                Err(AdapterError::ToolMissing { tool: name.to_string(), hint: INSTALL_HINT.into() })
-            };
-        }
-        let path = ctx.env.get("PATH").cloned().or_else(|| std::env::var("PATH").ok()).unwrap_or_default();
-        which::which_in(name, Some(path), &ctx.stack_dir)
-            .map_err(|_| AdapterError::ToolMissing { tool: name.to_string(), hint: INSTALL_HINT.into() })
+        crate::resolve_binary(ctx, self.binary_name(), INSTALL_HINT)
     }
 
     pub async fn preflight(&self, ctx: &StepContext) -> Result<ToolInfo, AdapterError> {
@@ -249,7 +236,7 @@ impl AnsibleSpec {
     }
 
     pub async fn apply(&self, ctx: &StepContext, sink: &dyn EventSink) -> Result<(), Failure> {
-        let binary = self.resolve_binary(ctx).map_err(adapter_failure)?;
+        let binary = self.resolve_binary(ctx).map_err(Failure::from)?;
         let planned = self.list_hosts(ctx, &binary, self.limit.as_deref()).await?;
         sink.emit(Event::Planned { ids: planned.clone() });
         self.run_playbook(ctx, sink, &binary, self.limit.as_deref(), planned, "apply").await
@@ -259,7 +246,7 @@ impl AnsibleSpec {
         if self.recover_mode() == RecoverMode::Rerun {
             return self.apply(ctx, sink).await;
         }
-        let binary = self.resolve_binary(ctx).map_err(adapter_failure)?;
+        let binary = self.resolve_binary(ctx).map_err(Failure::from)?;
         let planned = self.list_hosts(ctx, &binary, self.limit.as_deref()).await?;
         sink.emit(Event::Planned { ids: planned.clone() });
         let selection = select_targets(&planned, prior);
@@ -293,7 +280,7 @@ impl AnsibleSpec {
     }
 
     pub async fn inspect(&self, ctx: &StepContext, prior: &PriorStep) -> Result<Inspection, Failure> {
-        let binary = self.resolve_binary(ctx).map_err(adapter_failure)?;
+        let binary = self.resolve_binary(ctx).map_err(Failure::from)?;
         let planned = self.list_hosts(ctx, &binary, self.limit.as_deref()).await?;
         let mut inspection = Inspection::default();
         if self.recover_mode() == RecoverMode::Rerun {
@@ -555,15 +542,6 @@ fn ansible_error_line(outcome: &Outcome) -> Option<String> {
         .rev()
         .find_map(|line| line.trim().strip_prefix("[ERROR]:").map(|rest| rest.trim().to_string()))
         .or_else(|| outcome.last_error_line())
-}
-
-fn adapter_failure(e: AdapterError) -> Failure {
-    let hint = e.hint().map(str::to_string);
-    let failure = Failure::new(e.to_string());
-    match hint {
-        Some(hint) => failure.with_hint(hint),
-        None => failure,
-    }
 }
 
 /// "web3" / "web3, web4" / "web1, ..., web10 and 5 more".

@@ -24,7 +24,7 @@ use self::lock::{parse_lock_diagnostic, LockInfo};
 use self::state::InState;
 use crate::process::{redact_line, Command, Outcome};
 use crate::{
-    display_command, resolve_binary, shell_quote, AdapterError, CancellationToken, DescribeContext, Event, EventSink,
+    display_command, shell_quote, AdapterError, CancellationToken, DescribeContext, Event, EventSink,
     Failure, FieldPath, Inspection, PathSegment, PriorStep, RecoveryDoc, SpecProblem, StepContext, Stream, SubStatus,
     ToolInfo,
 };
@@ -117,17 +117,7 @@ impl TerraformSpec {
     }
 
     fn resolve_binary(&self, ctx: &StepContext) -> Result<PathBuf, AdapterError> {
-        match self.binary.as_deref() {
-            Some(path) if path.contains('/') => {
-                let path = ctx.resolve(Path::new(path));
-                if path.is_file() {
-                    Ok(path)
-                } else {
-                    Err(AdapterError::ToolMissing { tool: path.display().to_string(), hint: INSTALL_HINT.into() })
-                }
-            }
-            other => resolve_binary(other.unwrap_or("terraform"), INSTALL_HINT),
-        }
+        crate::resolve_binary(ctx, self.binary.as_deref().unwrap_or("terraform"), INSTALL_HINT)
     }
 
     pub async fn preflight(&self, ctx: &StepContext) -> Result<ToolInfo, AdapterError> {
