@@ -8,7 +8,7 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 
 use rdeploy_adapters::{
-    shell, CancellationToken, Event, EventSink, Failure, PriorStep, StepContext, ToolInfo, ToolSpec,
+    shell, CancellationToken, Event, EventSink, Failure, PriorStep, StepContext, ToolInfo,
 };
 use tokio::task::JoinSet;
 
@@ -125,10 +125,6 @@ impl Session {
             ));
         }
         for step in steps {
-            if !ToolSpec::is_supported(step.tool) {
-                problems.push(format!("step `{}`: the {} adapter is not part of this build yet", step.name, step.tool));
-                continue;
-            }
             match step.spec.preflight(&self.context(step, self.cancel.clone())).await {
                 Ok(info) => {
                     found.insert(step.name.clone(), info);
@@ -509,7 +505,7 @@ impl Session {
             tracing::debug!(step = %name, ?action, running = run.running.len(), "starting step");
             let step = self.stack.step(&name).expect("actions name stack steps").clone();
             if let Some(gate) = &step.gate {
-                if let Err(reason) = crate::gate::evaluate(gate, &self.stack.dir).await {
+                if let Err(reason) = crate::gate::evaluate(gate, &self.stack.dir, &self.state.path).await {
                     self.ui.step_finished(&name, &format!("refused by its gate: {reason}"));
                     record(cp, Record::StepRefused { step: name.clone(), reason })?;
                     run.outcome = run.outcome.worst(Outcome::Refused);
@@ -646,7 +642,7 @@ impl Session {
                 .collect()
         };
         // Newest first; a failed step (never done) changed things last.
-        candidates.sort_by(|a, b| b.0.cmp(&a.0));
+        candidates.sort_by_key(|c| std::cmp::Reverse(c.0));
         let mut outcome = Outcome::StepReverted;
         for (_, name) in candidates {
             let Some(step) = self.stack.step(&name) else { continue };

@@ -2,7 +2,7 @@
 //! whether every cluster in scope runs the wanted version; any straggler or absent cluster
 //! refuses the step, unless an unexpired exception with a reason covers that cluster.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use time::{Date, OffsetDateTime};
@@ -16,7 +16,7 @@ use crate::stack::{Gate, GateException};
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// `Ok` when the step may run; `Err` with the reason it may not, naming every straggler.
-pub async fn evaluate(gate: &Gate, stack_dir: &Path) -> Result<(), String> {
+pub async fn evaluate(gate: &Gate, stack_dir: &Path, state_dir: &Path) -> Result<(), String> {
     let inv = &gate.inventory;
     let wanted = format!("{}:{}", inv.image, inv.version);
     let kinds = inv.kinds.iter().map(|k| Kind::parse(k).ok_or_else(|| format!("unknown workload kind `{k}` in `gate.inventory.kinds`"))).collect::<Result<Vec<_>, _>>()?;
@@ -34,7 +34,7 @@ pub async fn evaluate(gate: &Gate, stack_dir: &Path) -> Result<(), String> {
         version: &inv.version,
         timeout,
     };
-    let standings = standings_for_gate(&query, &state_dir(stack_dir)).await.map_err(|e| format!("cannot confirm that the fleet runs {wanted}: {e}"))?;
+    let standings = standings_for_gate(&query, state_dir).await.map_err(|e| format!("cannot confirm that the fleet runs {wanted}: {e}"))?;
     if standings.is_empty() {
         return Err(format!("cannot confirm that the fleet runs {wanted}: no cluster in scope"));
     }
@@ -56,15 +56,6 @@ pub async fn evaluate(gate: &Gate, stack_dir: &Path) -> Result<(), String> {
         return Ok(());
     }
     Err(format!("{} of {} clusters in scope do not run {wanted}: {}", blocking.len(), standings.len(), blocking.join(" | ")))
-}
-
-/// Where gates keep last-seen times: the default state directory beside the stack file, or
-/// `RDEPLOY_STATE_DIR` (the driver does not pass `--state-dir` down to gates).
-fn state_dir(stack_dir: &Path) -> PathBuf {
-    match std::env::var_os("RDEPLOY_STATE_DIR") {
-        Some(d) if !d.is_empty() => PathBuf::from(d),
-        _ => stack_dir.join(".rdeploy"),
-    }
 }
 
 /// The exception covering `cluster` (a name or a glob): `Ok` when it applies today, `Err`

@@ -129,11 +129,6 @@ impl ToolSpec {
         }
     }
 
-    /// Whether the tool's adapter exists in this build.
-    pub fn is_supported(tool: Tool) -> bool {
-        matches!(tool, Tool::Shell | Tool::Terraform | Tool::Ansible | Tool::Helm | Tool::Kubectl)
-    }
-
     /// Whether this step can resume from a checkpoint when the stack does not say.
     pub fn default_resumable(&self) -> bool {
         match self {
