@@ -16,9 +16,7 @@ pub const VERSION: u32 = 1;
 
 /// Now, as an RFC 3339 UTC timestamp.
 pub fn now() -> String {
-    OffsetDateTime::now_utc()
-        .format(&time::format_description::well_known::Rfc3339)
-        .unwrap_or_default()
+    OffsetDateTime::now_utc().format(&time::format_description::well_known::Rfc3339).unwrap_or_default()
 }
 
 /// What one journal line records.
@@ -37,23 +35,69 @@ pub enum Record {
         pid: u32,
         rdeploy_version: String,
     },
-    StepStarted { step: String, mode: StepMode, tool_version: Option<String> },
-    Planned { step: String, ids: Vec<String> },
-    SubStarted { step: String, id: String },
-    SubDone { step: String, id: String, note: Option<String> },
-    SubFailed { step: String, id: String, error: String },
-    SubPending { step: String, id: String, reason: String },
-    Fact { step: String, key: String, value: serde_json::Value },
-    Warning { step: Option<String>, message: String },
-    StepDone { step: String },
-    StepFailed { step: String, failure: Failure },
+    StepStarted {
+        step: String,
+        mode: StepMode,
+        tool_version: Option<String>,
+    },
+    Planned {
+        step: String,
+        ids: Vec<String>,
+    },
+    SubStarted {
+        step: String,
+        id: String,
+    },
+    SubDone {
+        step: String,
+        id: String,
+        note: Option<String>,
+    },
+    SubFailed {
+        step: String,
+        id: String,
+        error: String,
+    },
+    SubPending {
+        step: String,
+        id: String,
+        reason: String,
+    },
+    Fact {
+        step: String,
+        key: String,
+        value: serde_json::Value,
+    },
+    Warning {
+        step: Option<String>,
+        message: String,
+    },
+    StepDone {
+        step: String,
+    },
+    StepFailed {
+        step: String,
+        failure: Failure,
+    },
     /// A gate refused the step; it did not run.
-    StepRefused { step: String, reason: String },
-    StepReverted { step: String },
-    StepRevertFailed { step: String, failure: Failure },
-    Interrupted { signal: String },
+    StepRefused {
+        step: String,
+        reason: String,
+    },
+    StepReverted {
+        step: String,
+    },
+    StepRevertFailed {
+        step: String,
+        failure: Failure,
+    },
+    Interrupted {
+        signal: String,
+    },
     /// The deploy is over: complete, or reverted.
-    Finished { state: DeployState },
+    Finished {
+        state: DeployState,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -642,7 +686,8 @@ mod tests {
     fn a_newer_format_is_refused() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = StateDir::new(tmp.path());
-        fs_err::write(dir.journal_path(), "{\"format\":\"rdeploy-checkpoint\",\"version\":99,\"created\":\"x\"}\n").unwrap();
+        fs_err::write(dir.journal_path(), "{\"format\":\"rdeploy-checkpoint\",\"version\":99,\"created\":\"x\"}\n")
+            .unwrap();
         let err = dir.load_unfinished().unwrap_err().to_string();
         assert!(err.contains("version 99 is not supported"), "{err}");
     }

@@ -37,7 +37,9 @@ impl Outputs {
 #[derive(Debug, PartialEq, Eq)]
 enum Change {
     /// Settings changed; `done` steps are not run again by recover.
-    Changed { done: bool },
+    Changed {
+        done: bool,
+    },
     Added,
     /// Removed from the stack before it ran (a removed step that ran is refused by recover).
     RemovedPending,
@@ -170,7 +172,10 @@ fn report_changes(session: &Session, outputs: &Outputs, changes: &[(String, Chan
         }
         if outputs.annotations {
             let line = session.stack.step(name).map(|s| s.line);
-            println!("{}", workflow_command("warning", &session.stack_arg, line, &format!("rdeploy: step {name} changed"), &text));
+            println!(
+                "{}",
+                workflow_command("warning", &session.stack_arg, line, &format!("rdeploy: step {name} changed"), &text)
+            );
         }
     }
 }
@@ -204,7 +209,16 @@ pub fn report_error(outputs: &Outputs, ui: &Ui, suite: &str, stack_arg: &str, er
                         Some(h) => format!("{}\nhint: {h}", p.message),
                         None => p.message.clone(),
                     };
-                    println!("{}", workflow_command("error", &p.file.display().to_string(), Some(p.line), "rdeploy: stack file", &text));
+                    println!(
+                        "{}",
+                        workflow_command(
+                            "error",
+                            &p.file.display().to_string(),
+                            Some(p.line),
+                            "rdeploy: stack file",
+                            &text
+                        )
+                    );
                 }
             }
             None => println!("{}", workflow_command("error", stack_arg, None, &title, &full)),
@@ -245,7 +259,10 @@ fn annotate_outcome(session: &Session, status: &Status) {
         let (title, body) = if let Some(reason) = &s.refused {
             (format!("rdeploy: step {} refused by its gate", s.name), reason.clone())
         } else if let Some(revert) = &s.revert_error {
-            (format!("rdeploy: step {} revert failed", s.name), format!("{revert}\nmanual action needed: undo what the revert left, then reconcile"))
+            (
+                format!("rdeploy: step {} revert failed", s.name),
+                format!("{revert}\nmanual action needed: undo what the revert left, then reconcile"),
+            )
         } else if s.status == "failed" {
             (format!("rdeploy: step {} ({}) failed", s.name, s.tool), failure_text(s))
         } else if s.status == "reverted" && s.error.is_some() {
@@ -259,7 +276,13 @@ fn annotate_outcome(session: &Session, status: &Status) {
         let n = status.steps.len();
         println!(
             "{}",
-            workflow_command("notice", &session.stack_arg, None, &format!("rdeploy: stack {} deployed", status.stack), &format!("{n} step(s) done"))
+            workflow_command(
+                "notice",
+                &session.stack_arg,
+                None,
+                &format!("rdeploy: stack {} deployed", status.stack),
+                &format!("{n} step(s) done")
+            )
         );
     }
 }
@@ -320,7 +343,11 @@ fn summary(session: &Session, status: &Status, code: Code, mode: &Mode, changes:
             let _ = writeln!(text, "- ran: `rdeploy up {}` (no unfinished deploy was recorded)", session.stack_arg);
         }
         Mode::Recover { deploy_id, done } => {
-            let before = if done.is_empty() { "none".to_string() } else { done.iter().map(|d| format!("`{d}`")).collect::<Vec<_>>().join(", ") };
+            let before = if done.is_empty() {
+                "none".to_string()
+            } else {
+                done.iter().map(|d| format!("`{d}`")).collect::<Vec<_>>().join(", ")
+            };
             let _ = writeln!(
                 text,
                 "- ran: `rdeploy recover {}`, resuming deploy `{deploy_id}` (steps already done, not run again: {before})",
@@ -334,7 +361,11 @@ fn summary(session: &Session, status: &Status, code: Code, mode: &Mode, changes:
             let _ = writeln!(text, "  - {}", change_text(name, change));
         }
     }
-    let _ = writeln!(text, "- checkpoint: `{}` (carry it to the retry job as a cache or artifact)\n", session.store.location());
+    let _ = writeln!(
+        text,
+        "- checkpoint: `{}` (carry it to the retry job as a cache or artifact)\n",
+        session.store.location()
+    );
     text
 }
 
@@ -387,7 +418,8 @@ fn seconds(started: Option<&str>, finished: Option<&str>) -> Option<f64> {
 /// The JUnit XML report: a test case per step in run order; failures carry the tool's message
 /// and the tail of its stderr, steps that did not run are skipped.
 fn junit(session: &Session, deploy: &Deploy, status: &Status) -> String {
-    let mut ordered: Vec<&StepReport> = session.stack.ordered().filter_map(|st| status.steps.iter().find(|s| s.name == st.name)).collect();
+    let mut ordered: Vec<&StepReport> =
+        session.stack.ordered().filter_map(|st| status.steps.iter().find(|s| s.name == st.name)).collect();
     for s in &status.steps {
         if !ordered.iter().any(|o| o.name == s.name) {
             ordered.push(s);
@@ -401,9 +433,17 @@ fn junit(session: &Session, deploy: &Deploy, status: &Status) -> String {
         let time = seconds(state.and_then(|d| d.started.as_deref()), state.and_then(|d| d.finished.as_deref()));
         total_time += time.unwrap_or(0.0);
         let time_attr = time.map(|t| format!(" time=\"{t:.3}\"")).unwrap_or_default();
-        let _ = writeln!(cases, "    <testcase name=\"{}\" classname=\"{suite}.{}\"{time_attr}>", xml_escape(&s.name), xml_escape(&s.tool));
+        let _ = writeln!(
+            cases,
+            "    <testcase name=\"{}\" classname=\"{suite}.{}\"{time_attr}>",
+            xml_escape(&s.name),
+            xml_escape(&s.tool)
+        );
         let done: Vec<&str> = s.sub_changes.iter().filter(|c| c.status == "done").map(|c| c.id.as_str()).collect();
-        let failed_like = s.status == "failed" || s.refused.is_some() || s.revert_error.is_some() || (s.status == "reverted" && s.error.is_some());
+        let failed_like = s.status == "failed"
+            || s.refused.is_some()
+            || s.revert_error.is_some()
+            || (s.status == "reverted" && s.error.is_some());
         if failed_like {
             failures += 1;
             let kind = if s.refused.is_some() {
@@ -431,7 +471,12 @@ fn junit(session: &Session, deploy: &Deploy, status: &Status) -> String {
             if let Some(next) = &status.next {
                 let _ = write!(body, "\n\nnext: {next}");
             }
-            let _ = writeln!(cases, "      <failure message=\"{}\" type=\"{kind}\">{}</failure>", xml_escape(&message), xml_text(&body));
+            let _ = writeln!(
+                cases,
+                "      <failure message=\"{}\" type=\"{kind}\">{}</failure>",
+                xml_escape(&message),
+                xml_text(&body)
+            );
         } else if s.status != "done" {
             skipped += 1;
             let why = match s.status {
@@ -442,7 +487,11 @@ fn junit(session: &Session, deploy: &Deploy, status: &Status) -> String {
             let _ = writeln!(cases, "      <skipped message=\"{}\"/>", xml_escape(&why));
         }
         if !s.sub_changes.is_empty() {
-            let lines: Vec<String> = s.sub_changes.iter().map(|c| format!("{}: {}", c.id, if c.uncertain { "uncertain" } else { c.status })).collect();
+            let lines: Vec<String> = s
+                .sub_changes
+                .iter()
+                .map(|c| format!("{}: {}", c.id, if c.uncertain { "uncertain" } else { c.status }))
+                .collect();
             let _ = writeln!(cases, "      <system-out>{}</system-out>", xml_text(&lines.join("\n")));
         }
         let _ = writeln!(cases, "    </testcase>");
@@ -458,7 +507,8 @@ fn junit(session: &Session, deploy: &Deploy, status: &Status) -> String {
         "  <testsuite name=\"{suite}\" tests=\"{tests}\" failures=\"{failures}\" errors=\"0\" skipped=\"{skipped}\" time=\"{total_time:.3}\" timestamp=\"{}\">",
         xml_escape(&deploy.started)
     );
-    let state = serde_json::to_value(status.state).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
+    let state =
+        serde_json::to_value(status.state).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
     let _ = writeln!(xml, "    <properties>");
     let _ = writeln!(xml, "      <property name=\"deploy_id\" value=\"{}\"/>", xml_escape(&deploy.deploy_id));
     let _ = writeln!(xml, "      <property name=\"state\" value=\"{}\"/>", xml_escape(&state));

@@ -7,17 +7,15 @@ use std::fs::File;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
-use rdeploy_adapters::{
-    shell, CancellationToken, Event, EventSink, Failure, PriorStep, StepContext, ToolInfo,
-};
+use rdeploy_adapters::{shell, CancellationToken, Event, EventSink, Failure, PriorStep, StepContext, ToolInfo};
 use tokio::task::JoinSet;
 
 use crate::checkpoint::{Checkpoint, Deploy, DeployState, Record, StepMode, StepStatus};
-use crate::store::local::StateDir;
-use crate::store::{LockGuard, Store};
 use crate::exit::{Code, Refusal};
 use crate::report;
 use crate::stack::{OnFailure, Stack, Step};
+use crate::store::local::StateDir;
+use crate::store::{LockGuard, Store};
 use crate::ui::Ui;
 
 /// What every command of the driver shares.
@@ -74,7 +72,11 @@ impl Outcome {
             Outcome::Interrupted => 4,
             Outcome::RevertFailed => 5,
         };
-        if rank(other) > rank(self) { other } else { self }
+        if rank(other) > rank(self) {
+            other
+        } else {
+            self
+        }
     }
 }
 
@@ -163,24 +165,27 @@ impl Session {
                 let running = self.state.path.join("running");
                 let alive = rdeploy_adapters::process::surviving_children(&running);
                 if !alive.is_empty() {
-                    let list: Vec<String> = alive.iter().map(|(pgid, cmd)| format!("process group {pgid} (`{cmd}`)")).collect();
+                    let list: Vec<String> =
+                        alive.iter().map(|(pgid, cmd)| format!("process group {pgid} (`{cmd}`)")).collect();
                     let kill: Vec<String> = alive.iter().map(|(pgid, _)| format!("kill -TERM -- -{pgid}")).collect();
                     return Err(Refusal::new(
                         Code::Locked,
                         format!("a tool started by a run that died is still running: {}", list.join(", ")),
                     )
-                    .with_hint(format!("wait for it to finish, or stop it with `{}`, then run this again", kill.join("; ")))
+                    .with_hint(format!(
+                        "wait for it to finish, or stop it with `{}`, then run this again",
+                        kill.join("; ")
+                    ))
                     .into());
                 }
                 rdeploy_adapters::process::note_running_children_in(running);
                 Ok(lock)
             }
-            Err(crate::lock::LockError::Held { dir, holder }) => Err(Refusal::new(
-                Code::Locked,
-                format!("another run holds the lock on {dir}: {holder}"),
-            )
-            .with_hint("wait for it to finish; `rdeploy status` shows its progress")
-            .into()),
+            Err(crate::lock::LockError::Held { dir, holder }) => {
+                Err(Refusal::new(Code::Locked, format!("another run holds the lock on {dir}: {holder}"))
+                    .with_hint("wait for it to finish; `rdeploy status` shows its progress")
+                    .into())
+            }
             Err(crate::lock::LockError::Io(e)) => Err(e),
         }
     }
@@ -190,7 +195,8 @@ impl Session {
         let _lock = self.lock("up")?;
         self.archive_if_finished()?;
         if let Some(deploy) = self.store.load_unfinished()? {
-            let failed: Vec<&str> = deploy.steps.iter().filter(|s| s.status != StepStatus::Done).map(|s| s.name.as_str()).collect();
+            let failed: Vec<&str> =
+                deploy.steps.iter().filter(|s| s.status != StepStatus::Done).map(|s| s.name.as_str()).collect();
             return Err(Refusal::new(
                 Code::BadInput,
                 format!(
@@ -245,13 +251,15 @@ impl Session {
         for (name, _) in &actions {
             if let (Some(step), Some(old)) = (self.stack.step(name), deploy.step(name)) {
                 if step.digest != old.digest {
-                    let message = format!("step `{name}` changed since the checkpoint; recovering with the new settings");
+                    let message =
+                        format!("step `{name}` changed since the checkpoint; recovering with the new settings");
                     self.ui.warn(&message);
                     cp.record(Record::Warning { step: Some(name.clone()), message })?;
                 }
             }
         }
-        let done: Vec<&str> = deploy.steps.iter().filter(|s| s.status == StepStatus::Done).map(|s| s.name.as_str()).collect();
+        let done: Vec<&str> =
+            deploy.steps.iter().filter(|s| s.status == StepStatus::Done).map(|s| s.name.as_str()).collect();
         self.ui.info(format!(
             "recovering deploy {} of stack {}: {} step(s) already done{}",
             deploy.deploy_id,
@@ -284,12 +292,15 @@ impl Session {
         if problems.is_empty() {
             return Ok(());
         }
-        Err(Refusal::new(Code::BadInput, format!("the checkpoint cannot be mapped onto the stack:\n  {}", problems.join("\n  ")))
-            .with_hint(format!(
-                "restore the step in the stack file, or reconcile by hand and `rdeploy reset {} --yes`",
-                self.stack_arg
-            ))
-            .into())
+        Err(Refusal::new(
+            Code::BadInput,
+            format!("the checkpoint cannot be mapped onto the stack:\n  {}", problems.join("\n  ")),
+        )
+        .with_hint(format!(
+            "restore the step in the stack file, or reconcile by hand and `rdeploy reset {} --yes`",
+            self.stack_arg
+        ))
+        .into())
     }
 
     /// Refuses (exit 2) a checkpoint written for another stack sharing this state directory.
@@ -342,7 +353,11 @@ impl Session {
                     ))
                     .into());
                 }
-                Some(s) if !step.resumable && step.revert.is_some() && matches!(s.status, StepStatus::Failed | StepStatus::Reverting) => {
+                Some(s)
+                    if !step.resumable
+                        && step.revert.is_some()
+                        && matches!(s.status, StepStatus::Failed | StepStatus::Reverting) =>
+                {
                     Action::RevertThenApply
                 }
                 Some(s) if step.resumable && !s.sub_changes.is_empty() => Action::Recover(s.prior()),
@@ -354,19 +369,17 @@ impl Session {
     }
 
     async fn dry_run(&self, deploy: &Deploy, actions: &[(String, Action)]) -> anyhow::Result<Code> {
-        println!("recover --dry-run: deploy {} of stack {} (nothing will be changed)", deploy.deploy_id, self.stack.name);
+        println!(
+            "recover --dry-run: deploy {} of stack {} (nothing will be changed)",
+            deploy.deploy_id, self.stack.name
+        );
         for step in self.stack.ordered() {
             let Some((_, action)) = actions.iter().find(|(n, _)| *n == step.name) else {
                 println!("\n{} ({}): done, skipped", step.name, step.tool);
                 continue;
             };
             let changed = deploy.step(&step.name).is_some_and(|s| s.digest != step.digest);
-            println!(
-                "\n{} ({}){}:",
-                step.name,
-                step.tool,
-                if changed { ", changed since the checkpoint" } else { "" }
-            );
+            println!("\n{} ({}){}:", step.name, step.tool, if changed { ", changed since the checkpoint" } else { "" });
             let ctx = self.context(step, self.cancel.child_token());
             match action {
                 Action::RevertThenApply => {
@@ -377,7 +390,8 @@ impl Session {
                 }
                 Action::Apply => {
                     let prior = PriorStep::default();
-                    let why = if step.resumable { "not started yet" } else { "not resumable: runs again from the start" };
+                    let why =
+                        if step.resumable { "not started yet" } else { "not resumable: runs again from the start" };
                     println!("  {why}");
                     if let Ok(inspection) = step.spec.inspect(&ctx, &prior).await {
                         for a in inspection.actions {
@@ -399,13 +413,19 @@ impl Session {
     }
 
     /// Runs the given steps in DAG order, at most `parallel` at once, and settles the outcome.
-    async fn run(&self, cp: Checkpoint, actions: Vec<(String, Action)>, tools: HashMap<String, ToolInfo>) -> anyhow::Result<Code> {
+    async fn run(
+        &self,
+        cp: Checkpoint,
+        actions: Vec<(String, Action)>,
+        tools: HashMap<String, ToolInfo>,
+    ) -> anyhow::Result<Code> {
         let cp = Arc::new(Mutex::new(cp));
         let done: HashSet<String> = {
             let guard = cp.lock().unwrap_or_else(|e| e.into_inner());
             guard.deploy().steps.iter().filter(|s| s.status == StepStatus::Done).map(|s| s.name.clone()).collect()
         };
-        let mut run = RunState { todo: actions, done, running: JoinSet::new(), outcome: Outcome::Complete, stopping: false };
+        let mut run =
+            RunState { todo: actions, done, running: JoinSet::new(), outcome: Outcome::Complete, stopping: false };
         // A checkpoint that cannot be written stops the run, but never by dropping running
         // tasks: that would SIGKILL their tools mid-apply. Cancel (SIGINT once) and drain.
         let mut fatal: Option<anyhow::Error> = None;
@@ -419,7 +439,9 @@ impl Session {
             let (name, result) = match joined {
                 Ok(finished) => finished,
                 Err(e) => {
-                    fatal.get_or_insert_with(|| self.stop_everything(anyhow::anyhow!("a step task panicked: {e}"), &mut run));
+                    fatal.get_or_insert_with(|| {
+                        self.stop_everything(anyhow::anyhow!("a step task panicked: {e}"), &mut run)
+                    });
                     continue;
                 }
             };
@@ -488,17 +510,20 @@ impl Session {
     }
 
     /// Starts every step whose needs are done, up to the parallelism limit.
-    async fn start_ready(&self, cp: &Arc<Mutex<Checkpoint>>, run: &mut RunState, tools: &HashMap<String, ToolInfo>) -> anyhow::Result<()> {
+    async fn start_ready(
+        &self,
+        cp: &Arc<Mutex<Checkpoint>>,
+        run: &mut RunState,
+        tools: &HashMap<String, ToolInfo>,
+    ) -> anyhow::Result<()> {
         while !run.stopping && run.running.len() < self.parallel.max(1) {
             if self.cancel.is_cancelled() {
                 run.stopping = true;
                 break;
             }
-            let Some(pos) = run
-                .todo
-                .iter()
-                .position(|(name, _)| self.stack.step(name).is_some_and(|s| s.needs.iter().all(|n| run.done.contains(n))))
-            else {
+            let Some(pos) = run.todo.iter().position(|(name, _)| {
+                self.stack.step(name).is_some_and(|s| s.needs.iter().all(|n| run.done.contains(n)))
+            }) else {
                 break;
             };
             let (name, action) = run.todo.remove(pos);
@@ -540,8 +565,9 @@ impl Session {
                     _ => step.spec.apply(&ctx, &sink).await,
                 };
                 let result = match (result, sink.journal_error()) {
-                    (_, Some(e)) => Err(Failure::new(format!("the checkpoint could not be written: {e}"))
-                        .with_hint("free disk space or fix permissions on the state directory, then `rdeploy recover`")),
+                    (_, Some(e)) => Err(Failure::new(format!("the checkpoint could not be written: {e}")).with_hint(
+                        "free disk space or fix permissions on the state directory, then `rdeploy recover`",
+                    )),
                     (r, None) => r,
                 };
                 (step.name.clone(), result)
@@ -551,7 +577,13 @@ impl Session {
     }
 
     /// Records how a step ended and applies complete-or-revert to a non-resumable failure.
-    async fn settle_step(&self, cp: &Arc<Mutex<Checkpoint>>, run: &mut RunState, name: String, result: Result<(), Failure>) -> anyhow::Result<()> {
+    async fn settle_step(
+        &self,
+        cp: &Arc<Mutex<Checkpoint>>,
+        run: &mut RunState,
+        name: String,
+        result: Result<(), Failure>,
+    ) -> anyhow::Result<()> {
         let step = self.stack.step(&name).expect("running steps are stack steps").clone();
         let failure = match result {
             Ok(()) => {
@@ -591,8 +623,14 @@ impl Session {
             .iter()
             .filter(|s| s.status == StepStatus::Failed && !s.has_revert)
             .filter_map(|s| {
-                let ids: Vec<String> =
-                    s.sub_changes.iter().filter(|c| matches!(c.status, rdeploy_adapters::SubStatus::Done | rdeploy_adapters::SubStatus::Started)).map(|c| c.id.clone()).collect();
+                let ids: Vec<String> = s
+                    .sub_changes
+                    .iter()
+                    .filter(|c| {
+                        matches!(c.status, rdeploy_adapters::SubStatus::Done | rdeploy_adapters::SubStatus::Started)
+                    })
+                    .map(|c| c.id.clone())
+                    .collect();
                 (!ids.is_empty()).then(|| (s.name.clone(), ids))
             })
             .collect()
@@ -613,7 +651,8 @@ impl Session {
         self.ui.step_started(&step.name, "revert");
         record(cp, Record::StepStarted { step: step.name.clone(), mode: StepMode::Revert, tool_version: None })?;
         // A revert must finish even after Ctrl-C or a journal error: a half-reverted step is the third outcome.
-        let sink = JournalSink::new(step.name.clone(), cp.clone(), self.ui.clone(), &self.state, CancellationToken::new())?;
+        let sink =
+            JournalSink::new(step.name.clone(), cp.clone(), self.ui.clone(), &self.state, CancellationToken::new())?;
         let ctx = self.context(step, CancellationToken::new());
         match shell::run_revert(&ctx, script, &sink).await {
             Ok(()) => {
@@ -622,7 +661,8 @@ impl Session {
                 Ok(Outcome::StepReverted)
             }
             Err(failure) => {
-                self.ui.step_finished(&step.name, &format!("{}: {}", self.ui.paint.bad("revert failed"), failure.summary));
+                self.ui
+                    .step_finished(&step.name, &format!("{}: {}", self.ui.paint.bad("revert failed"), failure.summary));
                 record(cp, Record::StepRevertFailed { step: step.name.clone(), failure })?;
                 Ok(Outcome::RevertFailed)
             }
@@ -637,7 +677,9 @@ impl Session {
                 .deploy()
                 .steps
                 .iter()
-                .filter(|s| s.has_revert && matches!(s.status, StepStatus::Done | StepStatus::Failed | StepStatus::Reverting))
+                .filter(|s| {
+                    s.has_revert && matches!(s.status, StepStatus::Done | StepStatus::Failed | StepStatus::Reverting)
+                })
                 .map(|s| (s.done_seq.unwrap_or(u64::MAX), s.name.clone()))
                 .collect()
         };
@@ -665,8 +707,13 @@ impl Session {
             cp.record(Checkpoint::run_record(&self.stack, "revert", &ulid::Ulid::new().to_string()))?;
             cp
         } else {
-            let Some(last) = self.store.last_finished()?.filter(|d| d.state == DeployState::Complete && d.stack == self.stack.name) else {
-                println!("nothing to revert: no completed or unfinished deploy is recorded in {}", self.store.location());
+            let Some(last) =
+                self.store.last_finished()?.filter(|d| d.state == DeployState::Complete && d.stack == self.stack.name)
+            else {
+                println!(
+                    "nothing to revert: no completed or unfinished deploy is recorded in {}",
+                    self.store.location()
+                );
                 return Ok(Code::Ok);
             };
             // Re-open the finished deploy as a new journal so the revert itself is checkpointed.
@@ -744,7 +791,13 @@ struct JournalSink {
 }
 
 impl JournalSink {
-    fn new(step: String, cp: Arc<Mutex<Checkpoint>>, ui: Arc<Ui>, state: &StateDir, stop: CancellationToken) -> anyhow::Result<JournalSink> {
+    fn new(
+        step: String,
+        cp: Arc<Mutex<Checkpoint>>,
+        ui: Arc<Ui>,
+        state: &StateDir,
+        stop: CancellationToken,
+    ) -> anyhow::Result<JournalSink> {
         let path = state.log_path(&step);
         if let Some(dir) = path.parent() {
             fs_err::create_dir_all(dir)?;

@@ -19,7 +19,11 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 pub async fn evaluate(gate: &Gate, stack_dir: &Path, state_dir: &Path) -> Result<(), String> {
     let inv = &gate.inventory;
     let wanted = format!("{}:{}", inv.image, inv.version);
-    let kinds = inv.kinds.iter().map(|k| Kind::parse(k).ok_or_else(|| format!("unknown workload kind `{k}` in `gate.inventory.kinds`"))).collect::<Result<Vec<_>, _>>()?;
+    let kinds = inv
+        .kinds
+        .iter()
+        .map(|k| Kind::parse(k).ok_or_else(|| format!("unknown workload kind `{k}` in `gate.inventory.kinds`")))
+        .collect::<Result<Vec<_>, _>>()?;
     let timeout = match &inv.timeout {
         Some(t) => humantime::parse_duration(t).map_err(|e| format!("`gate.inventory.timeout` `{t}`: {e}"))?,
         None => DEFAULT_TIMEOUT,
@@ -34,7 +38,9 @@ pub async fn evaluate(gate: &Gate, stack_dir: &Path, state_dir: &Path) -> Result
         version: &inv.version,
         timeout,
     };
-    let standings = standings_for_gate(&query, state_dir).await.map_err(|e| format!("cannot confirm that the fleet runs {wanted}: {e}"))?;
+    let standings = standings_for_gate(&query, state_dir)
+        .await
+        .map_err(|e| format!("cannot confirm that the fleet runs {wanted}: {e}"))?;
     if standings.is_empty() {
         return Err(format!("cannot confirm that the fleet runs {wanted}: no cluster in scope"));
     }
@@ -55,13 +61,24 @@ pub async fn evaluate(gate: &Gate, stack_dir: &Path, state_dir: &Path) -> Result
     if blocking.is_empty() {
         return Ok(());
     }
-    Err(format!("{} of {} clusters in scope do not run {wanted}: {}", blocking.len(), standings.len(), blocking.join(" | ")))
+    Err(format!(
+        "{} of {} clusters in scope do not run {wanted}: {}",
+        blocking.len(),
+        standings.len(),
+        blocking.join(" | ")
+    ))
 }
 
 /// The exception covering `cluster` (a name or a glob): `Ok` when it applies today, `Err`
 /// saying why it does not (expired, no reason, unreadable date).
-fn exception_for<'a>(exceptions: &'a [GateException], cluster: &str, today: Date) -> Option<Result<&'a GateException, String>> {
-    let e = exceptions.iter().find(|e| e.cluster == cluster || glob::Pattern::new(&e.cluster).is_ok_and(|p| p.matches(cluster)))?;
+fn exception_for<'a>(
+    exceptions: &'a [GateException],
+    cluster: &str,
+    today: Date,
+) -> Option<Result<&'a GateException, String>> {
+    let e = exceptions
+        .iter()
+        .find(|e| e.cluster == cluster || glob::Pattern::new(&e.cluster).is_ok_and(|p| p.matches(cluster)))?;
     if e.reason.trim().is_empty() {
         return Some(Err("its exception has no reason, so it does not apply".into()));
     }
@@ -85,9 +102,16 @@ mod tests {
 
     #[test]
     fn exceptions_apply_until_they_expire() {
-        let list = vec![exception("edge-3", "site offline for works", "2026-06-10"), exception("lab-*", "", "2030-01-01"), exception("edge-9", "x", "soon")];
+        let list = vec![
+            exception("edge-3", "site offline for works", "2026-06-10"),
+            exception("lab-*", "", "2030-01-01"),
+            exception("edge-9", "x", "soon"),
+        ];
         assert!(matches!(exception_for(&list, "edge-3", date!(2026 - 06 - 09)), Some(Ok(_))));
-        assert_eq!(exception_for(&list, "edge-3", date!(2026 - 06 - 10)).unwrap().unwrap_err(), "its exception expired on 2026-06-10");
+        assert_eq!(
+            exception_for(&list, "edge-3", date!(2026 - 06 - 10)).unwrap().unwrap_err(),
+            "its exception expired on 2026-06-10"
+        );
         assert!(exception_for(&list, "lab-1", date!(2026 - 01 - 01)).unwrap().unwrap_err().contains("no reason"));
         assert!(exception_for(&list, "edge-9", date!(2026 - 01 - 01)).unwrap().unwrap_err().contains("not a date"));
         assert!(exception_for(&list, "edge-1", date!(2026 - 01 - 01)).is_none());

@@ -32,7 +32,9 @@ impl std::fmt::Display for Holder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "`rdeploy {}` (pid {} on {}, since {}", self.command, self.pid, self.host, self.started)?;
         match (self.lease_age, self.lease_expires_in) {
-            (Some(age), Some(left)) if left >= 0.0 => write!(f, "; lease renewed {age:.1}s ago, expires in {left:.1}s")?,
+            (Some(age), Some(left)) if left >= 0.0 => {
+                write!(f, "; lease renewed {age:.1}s ago, expires in {left:.1}s")?
+            }
             (Some(age), Some(left)) => write!(f, "; lease renewed {age:.1}s ago, expired {:.1}s ago", -left)?,
             _ => {}
         }
@@ -150,7 +152,9 @@ mod tests {
         let first = Lock::acquire(tmp.path(), "up").unwrap();
         assert!(first.took_over_from.is_none());
         match Lock::acquire(tmp.path(), "recover") {
-            Err(LockError::Held { holder, .. }) => assert!(holder.contains(&format!("pid {}", std::process::id())), "{holder}"),
+            Err(LockError::Held { holder, .. }) => {
+                assert!(holder.contains(&format!("pid {}", std::process::id())), "{holder}")
+            }
             _ => panic!("second lock must be refused"),
         }
         assert_eq!(Lock::current_holder(tmp.path()).unwrap().command, "up");

@@ -21,13 +21,17 @@ use std::sync::{Arc, Mutex};
 use clap::{Args, Parser, Subcommand};
 use rdeploy_adapters::CancellationToken;
 
-use crate::store::local::StateDir;
 use crate::exit::{Code, Refusal};
 use crate::stack::StackError;
+use crate::store::local::StateDir;
 use crate::ui::{ColorChoice, Ui};
 
 #[derive(Parser)]
-#[command(name = "rdeploy", version, about = "Resumable multi-tool deploys: checkpoint every sub-change, recover through each tool's own path")]
+#[command(
+    name = "rdeploy",
+    version,
+    about = "Resumable multi-tool deploys: checkpoint every sub-change, recover through each tool's own path"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -288,7 +292,8 @@ fn init_tracing(verbose: u8) {
         2 => "debug",
         _ => "trace",
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("RDEPLOY_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    let filter = tracing_subscriber::EnvFilter::try_from_env("RDEPLOY_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).without_time().try_init();
 }
 
@@ -352,7 +357,8 @@ fn session(stack_path: &Path, global: &Global, ui: Arc<Ui>, parallel: usize) -> 
 /// A third signal exits at once; the journal is still consistent (records are whole lines).
 fn watch_signals(cancel: CancellationToken, signal: Arc<Mutex<Option<String>>>, ui: Arc<Ui>) {
     use tokio::signal::unix::{signal as unix_signal, SignalKind};
-    let (Ok(mut int), Ok(mut term)) = (unix_signal(SignalKind::interrupt()), unix_signal(SignalKind::terminate())) else {
+    let (Ok(mut int), Ok(mut term)) = (unix_signal(SignalKind::interrupt()), unix_signal(SignalKind::terminate()))
+    else {
         ui.warn("could not install signal handlers; Ctrl-C will stop rdeploy without waiting for the tools");
         return;
     };
@@ -370,7 +376,9 @@ fn watch_signals(cancel: CancellationToken, signal: Arc<Mutex<Option<String>>>, 
                     ui.warn(format!("{name} received: stopping the running tools (forwarded once) and waiting for them to finish cleanly"));
                     cancel.cancel();
                 }
-                2 => ui.warn("still waiting for the tools to stop; one more signal exits now (the checkpoint stays consistent)"),
+                2 => ui.warn(
+                    "still waiting for the tools to stop; one more signal exits now (the checkpoint stays consistent)",
+                ),
                 _ => std::process::exit(Code::Interrupted as i32),
             }
         }
@@ -389,9 +397,12 @@ async fn run(cli: Cli, ui: Arc<Ui>) -> anyhow::Result<Code> {
         Command::Revert { stack } => session(stack, global, ui, 1)?.revert().await,
         Command::Reset { stack, yes } => {
             if !yes {
-                return Err(Refusal::new(Code::BadInput, "`reset` forgets the checkpoint: what is in place will no longer be known to rdeploy")
-                    .with_hint(format!("reconcile by hand first (`rdeploy status {}`), then pass `--yes`", stack.display()))
-                    .into());
+                return Err(Refusal::new(
+                    Code::BadInput,
+                    "`reset` forgets the checkpoint: what is in place will no longer be known to rdeploy",
+                )
+                .with_hint(format!("reconcile by hand first (`rdeploy status {}`), then pass `--yes`", stack.display()))
+                .into());
             }
             session(stack, global, ui, 1)?.reset()
         }
@@ -452,7 +463,9 @@ async fn run(cli: Cli, ui: Arc<Ui>) -> anyhow::Result<Code> {
                         timeout: a.timeout.max(std::time::Duration::from_secs(10)),
                     }),
                     (InventorySource::Prometheus, None) => {
-                        return Err(Refusal::new(Code::BadInput, "`--source prometheus` needs the Prometheus URL").with_hint("pass `--prometheus-url http://prometheus:9090` or set `RDEPLOY_PROMETHEUS_URL`").into())
+                        return Err(Refusal::new(Code::BadInput, "`--source prometheus` needs the Prometheus URL")
+                            .with_hint("pass `--prometheus-url http://prometheus:9090` or set `RDEPLOY_PROMETHEUS_URL`")
+                            .into())
                     }
                 },
                 html: a.html.clone(),
@@ -471,7 +484,10 @@ async fn run(cli: Cli, ui: Arc<Ui>) -> anyhow::Result<Code> {
                 absent_for: a.absent_for,
                 cluster_label: a.cluster_label.clone(),
             };
-            let rules = fleet::alerts::generate(&request, &global.state_dir.clone().unwrap_or_else(|| PathBuf::from(".rdeploy")))?;
+            let rules = fleet::alerts::generate(
+                &request,
+                &global.state_dir.clone().unwrap_or_else(|| PathBuf::from(".rdeploy")),
+            )?;
             match &a.output {
                 Some(path) => {
                     fs_err::write(path, rules)?;

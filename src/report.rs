@@ -7,10 +7,10 @@ use rdeploy_adapters::SubStatus;
 use serde::Serialize;
 
 use crate::checkpoint::{Deploy, DeployState, StepState, StepStatus};
-use crate::store::local::StateDir;
-use crate::store::Store;
 use crate::lock::Holder;
 use crate::stack::Stack;
+use crate::store::local::StateDir;
+use crate::store::Store;
 use crate::ui::Paint;
 
 /// `status --json`: the fields of SPEC.md plus detail scripts may use.
@@ -136,7 +136,9 @@ pub fn build(stack: &Stack, store: &dyn Store, state_dir: &StateDir, stack_file:
         _ => DeployState::None,
     };
     let mut status = match (&last, state) {
-        (Some(d), DeployState::Complete | DeployState::Reverted) => from_deploy(stack, state_dir, d, stack_file, holder),
+        (Some(d), DeployState::Complete | DeployState::Reverted) => {
+            from_deploy(stack, state_dir, d, stack_file, holder)
+        }
         _ => Status {
             stack: stack.name.clone(),
             state,
@@ -179,7 +181,13 @@ fn pending_step(name: String, tool: String, resumable: bool) -> StepReport {
     }
 }
 
-pub fn from_deploy(stack: &Stack, state_dir: &StateDir, deploy: &Deploy, stack_file: &str, lock: Option<Holder>) -> Status {
+pub fn from_deploy(
+    stack: &Stack,
+    state_dir: &StateDir,
+    deploy: &Deploy,
+    stack_file: &str,
+    lock: Option<Holder>,
+) -> Status {
     let state = deploy.state;
     let mut steps = Vec::new();
     for s in &deploy.steps {
@@ -276,8 +284,10 @@ pub fn render_text(status: &Status, paint: Paint) -> String {
         let _ = writeln!(out, "{}", paint.warn(&format!("in progress: {holder}")));
     }
     if status.stack_changed && status.state == DeployState::Partial {
-        let changed: Vec<&str> = status.steps.iter().filter(|s| s.changed_since_checkpoint).map(|s| s.name.as_str()).collect();
-        let which = if changed.is_empty() { String::new() } else { format!(" (steps changed: {})", changed.join(", ")) };
+        let changed: Vec<&str> =
+            status.steps.iter().filter(|s| s.changed_since_checkpoint).map(|s| s.name.as_str()).collect();
+        let which =
+            if changed.is_empty() { String::new() } else { format!(" (steps changed: {})", changed.join(", ")) };
         let _ = writeln!(out, "the stack file changed since the checkpoint{which}; recover uses the new settings");
     }
     if status.state == DeployState::None {
@@ -288,8 +298,10 @@ pub fn render_text(status: &Status, paint: Paint) -> String {
     }
 
     let in_place: Vec<&StepReport> = status.steps.iter().filter(|s| s.status == "done").collect();
-    let failed: Vec<&StepReport> = status.steps.iter().filter(|s| s.status == "failed" || s.refused.is_some()).collect();
-    let missing: Vec<&StepReport> = status.steps.iter().filter(|s| s.status == "pending" && s.refused.is_none()).collect();
+    let failed: Vec<&StepReport> =
+        status.steps.iter().filter(|s| s.status == "failed" || s.refused.is_some()).collect();
+    let missing: Vec<&StepReport> =
+        status.steps.iter().filter(|s| s.status == "pending" && s.refused.is_none()).collect();
     let reverted: Vec<&StepReport> = status.steps.iter().filter(|s| s.status == "reverted").collect();
 
     if !in_place.is_empty() {
@@ -314,9 +326,14 @@ pub fn render_text(status: &Status, paint: Paint) -> String {
         }
         let uncertain: Vec<String> = s.sub_changes.iter().filter(|c| c.uncertain).map(|c| c.id.clone()).collect();
         if !uncertain.is_empty() {
-            let _ = writeln!(out, "      uncertain: {} (started, never confirmed; recovery asks the tool)", ellipsize(&uncertain, 8));
+            let _ = writeln!(
+                out,
+                "      uncertain: {} (started, never confirmed; recovery asks the tool)",
+                ellipsize(&uncertain, 8)
+            );
         }
-        let pending: Vec<String> = s.sub_changes.iter().filter(|c| c.status == "pending" && !c.uncertain).map(|c| c.id.clone()).collect();
+        let pending: Vec<String> =
+            s.sub_changes.iter().filter(|c| c.status == "pending" && !c.uncertain).map(|c| c.id.clone()).collect();
         if !pending.is_empty() {
             let _ = writeln!(out, "      missing:  {}", ellipsize(&pending, 8));
         }
@@ -349,7 +366,11 @@ pub fn render_text(status: &Status, paint: Paint) -> String {
     if !missing.is_empty() {
         let _ = writeln!(out, "\n{}", paint.strong("missing:"));
         for s in &missing {
-            let why = if s.blocked_by.is_empty() { String::new() } else { format!(", waits for {}", s.blocked_by.join(", ")) };
+            let why = if s.blocked_by.is_empty() {
+                String::new()
+            } else {
+                format!(", waits for {}", s.blocked_by.join(", "))
+            };
             let _ = writeln!(out, "  · {} ({}): not run yet{why}", s.name, s.tool);
         }
     }
@@ -373,7 +394,11 @@ pub fn render_text(status: &Status, paint: Paint) -> String {
 pub fn render_markdown(status: &Status) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "# Deploy report: {}\n", status.stack);
-    let _ = writeln!(out, "- state: **{}**", serde_json::to_value(status.state).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default());
+    let _ = writeln!(
+        out,
+        "- state: **{}**",
+        serde_json::to_value(status.state).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()
+    );
     if let Some(id) = &status.deploy_id {
         let _ = writeln!(out, "- deploy: `{id}`");
     }
@@ -417,7 +442,8 @@ pub fn render_markdown(status: &Status) -> String {
         }
         let missing = sub_list(s, "pending");
         if !missing.is_empty() {
-            let _ = writeln!(out, "Missing: {}\n", missing.iter().map(|m| format!("`{m}`")).collect::<Vec<_>>().join(", "));
+            let _ =
+                writeln!(out, "Missing: {}\n", missing.iter().map(|m| format!("`{m}`")).collect::<Vec<_>>().join(", "));
         }
         if !s.stderr_tail.is_empty() {
             let _ = writeln!(out, "```text\n{}\n```\n", s.stderr_tail.join("\n"));

@@ -47,7 +47,12 @@ fn describe(stack: &Stack, stack_file: &str, step: &Step, prior: Option<&PriorSt
     let ctx = DescribeContext { step: &step.name, stack_file, stack_dir: &dir, resumable: step.resumable };
     let doc = step.spec.describe_recovery(&ctx, prior);
     let tidy = |lines: Vec<String>| lines.into_iter().map(|l| tidy(&l)).collect();
-    RecoveryDoc { inspect: tidy(doc.inspect), recover: tidy(doc.recover), verify: tidy(doc.verify), notes: tidy(doc.notes) }
+    RecoveryDoc {
+        inspect: tidy(doc.inspect),
+        recover: tidy(doc.recover),
+        verify: tidy(doc.verify),
+        notes: tidy(doc.notes),
+    }
 }
 
 /// Adapters join paths onto the stack directory; when that is the directory the runbook is
@@ -57,7 +62,11 @@ fn tidy(line: &str) -> String {
 }
 
 fn yes_no(b: bool) -> &'static str {
-    if b { "yes" } else { "no" }
+    if b {
+        "yes"
+    } else {
+        "no"
+    }
 }
 
 /// A value for a markdown table cell: pipes escaped, one line.
@@ -67,7 +76,11 @@ fn cell(text: &str) -> String {
 
 /// Inline code that survives backticks in the text.
 fn code(text: &str) -> String {
-    if text.contains('`') { format!("`` {text} ``") } else { format!("`{text}`") }
+    if text.contains('`') {
+        format!("`` {text} ``")
+    } else {
+        format!("`{text}`")
+    }
 }
 
 fn sh_block(out: &mut String, lines: &[String]) {
@@ -121,7 +134,11 @@ fn render_static_head(out: &mut String, stack: &Stack, stack_file: &str) {
     let _ = writeln!(out, "| # | step | tool | sub-change | resumable | needs | revert |");
     let _ = writeln!(out, "| --- | --- | --- | --- | --- | --- | --- |");
     for (i, step) in stack.ordered().enumerate() {
-        let needs = if step.needs.is_empty() { "-".to_string() } else { step.needs.iter().map(|n| code(n)).collect::<Vec<_>>().join(", ") };
+        let needs = if step.needs.is_empty() {
+            "-".to_string()
+        } else {
+            step.needs.iter().map(|n| code(n)).collect::<Vec<_>>().join(", ")
+        };
         let revert = if step.revert.is_some() { "yes" } else { "none" };
         let _ = writeln!(
             out,
@@ -193,7 +210,14 @@ fn ids(step: &StepReport, status: &str, uncertain: bool) -> Vec<String> {
     step.sub_changes.iter().filter(|c| c.status == status && c.uncertain == uncertain).map(|c| code(&c.id)).collect()
 }
 
-fn render_live(out: &mut String, stack: &Stack, stack_file: &str, state_dir: &StateDir, deploy: &Deploy, holder: Option<Holder>) {
+fn render_live(
+    out: &mut String,
+    stack: &Stack,
+    stack_file: &str,
+    state_dir: &StateDir,
+    deploy: &Deploy,
+    holder: Option<Holder>,
+) {
     let status = report::from_deploy(stack, state_dir, deploy, stack_file, holder);
     let _ = writeln!(out, "## Live state\n");
     let _ = writeln!(
@@ -212,9 +236,12 @@ fn render_live(out: &mut String, stack: &Stack, stack_file: &str, state_dir: &St
         let _ = writeln!(out, "> Interrupted by {signal}; the checkpoint is consistent.\n");
     }
     if status.stack_changed {
-        let changed: Vec<String> = status.steps.iter().filter(|s| s.changed_since_checkpoint).map(|s| code(&s.name)).collect();
-        let which = if changed.is_empty() { String::new() } else { format!(" (steps changed: {})", changed.join(", ")) };
-        let _ = writeln!(out, "> The stack file changed since the checkpoint{which}; recovery uses the new settings.\n");
+        let changed: Vec<String> =
+            status.steps.iter().filter(|s| s.changed_since_checkpoint).map(|s| code(&s.name)).collect();
+        let which =
+            if changed.is_empty() { String::new() } else { format!(" (steps changed: {})", changed.join(", ")) };
+        let _ =
+            writeln!(out, "> The stack file changed since the checkpoint{which}; recovery uses the new settings.\n");
     }
 
     let _ = writeln!(out, "| step | tool | status | in place | failed | uncertain | missing |");
@@ -235,8 +262,11 @@ fn render_live(out: &mut String, stack: &Stack, stack_file: &str, state_dir: &St
     }
     let _ = writeln!(out);
 
-    let troubled: Vec<&StepReport> =
-        status.steps.iter().filter(|s| s.status == "failed" || s.refused.is_some() || s.revert_error.is_some()).collect();
+    let troubled: Vec<&StepReport> = status
+        .steps
+        .iter()
+        .filter(|s| s.status == "failed" || s.refused.is_some() || s.revert_error.is_some())
+        .collect();
     if !troubled.is_empty() {
         let _ = writeln!(out, "### What failed and why\n");
     }
@@ -419,7 +449,10 @@ fn render_steps(out: &mut String, stack: &Stack, stack_file: &str) {
             let _ = writeln!(out, "- timeout: {}", humantime::format_duration(t));
         }
         if step.gate.is_some() {
-            let _ = writeln!(out, "- gate: refused unless the whole fleet runs the required version (exit 4, nothing changed)");
+            let _ = writeln!(
+                out,
+                "- gate: refused unless the whole fleet runs the required version (exit 4, nothing changed)"
+            );
         }
         let _ = writeln!(out);
 
@@ -442,13 +475,22 @@ fn render_steps(out: &mut String, stack: &Stack, stack_file: &str) {
                 step.tool
             );
         } else {
-            section(out, "Inspect (read-only)", &doc.inspect, "none declared; `rdeploy status` shows what the checkpoint records");
+            section(
+                out,
+                "Inspect (read-only)",
+                &doc.inspect,
+                "none declared; `rdeploy status` shows what the checkpoint records",
+            );
             section(out, "Recover", &doc.recover, "not available yet");
         }
         let _ = writeln!(out, "**Revert**\n");
         match &step.revert {
             Some(script) => {
-                let _ = writeln!(out, "`rdeploy revert {}` runs it for every completed step, newest first; for this step alone:\n", shell_word(stack_file));
+                let _ = writeln!(
+                    out,
+                    "`rdeploy revert {}` runs it for every completed step, newest first; for this step alone:\n",
+                    shell_word(stack_file)
+                );
                 sh_block(out, &[tidy(&format!("cd {} && {script}", rdeploy_adapters::shell_quote(&stack_dir(stack))))]);
             }
             None if step.resumable => {

@@ -198,7 +198,11 @@ pub fn parse(file: &Path, text: &str) -> Result<Stack, StackError> {
         Ok(node) => node,
         Err(e) => {
             let (marker, message) = describe_load_error(&e);
-            checker.at_marker(marker, message, Some("the stack file must be a YAML mapping with `name` and `steps`".into()));
+            checker.at_marker(
+                marker,
+                message,
+                Some("the stack file must be a YAML mapping with `name` and `steps`".into()),
+            );
             return Err(StackError { problems: checker.problems });
         }
     };
@@ -248,7 +252,9 @@ pub fn parse(file: &Path, text: &str) -> Result<Stack, StackError> {
     };
     let state = match top.get_scalar("state") {
         None => None,
-        Some(v) if v.as_str().starts_with("postgres://") || v.as_str().starts_with("postgresql://") => Some(v.as_str().to_string()),
+        Some(v) if v.as_str().starts_with("postgres://") || v.as_str().starts_with("postgresql://") => {
+            Some(v.as_str().to_string())
+        }
         Some(v) => {
             checker.at(
                 v.span(),
@@ -293,10 +299,18 @@ pub fn parse(file: &Path, text: &str) -> Result<Stack, StackError> {
     for (i, needs) in needs_spans.iter().enumerate() {
         for need in needs {
             if need.as_str() == steps[i].name {
-                checker.at(need.span(), format!("step `{}` needs itself", steps[i].name), Some("remove it from `needs`".into()));
+                checker.at(
+                    need.span(),
+                    format!("step `{}` needs itself", steps[i].name),
+                    Some("remove it from `needs`".into()),
+                );
             } else if !names.contains(&need.as_str()) {
                 let hint = suggest(need.as_str(), &names).map(|s| format!("did you mean `{s}`?"));
-                checker.at(need.span(), format!("step `{}` needs `{}`, which is not a step of this stack", steps[i].name, need.as_str()), hint);
+                checker.at(
+                    need.span(),
+                    format!("step `{}` needs `{}`, which is not a step of this stack", steps[i].name, need.as_str()),
+                    hint,
+                );
             }
         }
     }
@@ -311,7 +325,8 @@ pub fn parse(file: &Path, text: &str) -> Result<Stack, StackError> {
             let min = (0..cycle.len()).min_by_key(|&i| cycle[i]).unwrap_or(0);
             cycle.rotate_left(min);
             let first = cycle[0];
-            let path: Vec<&str> = cycle.iter().chain(std::iter::once(&first)).map(|&i| steps[i].name.as_str()).collect();
+            let path: Vec<&str> =
+                cycle.iter().chain(std::iter::once(&first)).map(|&i| steps[i].name.as_str()).collect();
             checker.at(
                 &name_spans[first].1,
                 format!("the steps' `needs` form a cycle: {}", path.join(" -> ")),
@@ -332,7 +347,11 @@ type ParsedStep = (Step, Span, Vec<Spanned<String>>, Option<Span>);
 
 fn parse_step(checker: &mut Checker<'_>, dir: &Path, node: &Node) -> Option<ParsedStep> {
     let Some(map) = node.as_mapping() else {
-        checker.at(node.span(), "a step must be a mapping", Some("write `- name: ...` then `tool: ...` on the next lines".into()));
+        checker.at(
+            node.span(),
+            "a step must be a mapping",
+            Some("write `- name: ...` then `tool: ...` on the next lines".into()),
+        );
         return None;
     };
     let Some(tool_node) = map.get_scalar("tool") else {
@@ -367,8 +386,14 @@ fn parse_step(checker: &mut Checker<'_>, dir: &Path, node: &Node) -> Option<Pars
             let other_tool = Tool::ALL.into_iter().find(|t| *t != tool && ToolSpec::keys(*t).contains(&k));
             let hint = match (suggest(k, &valid), other_tool) {
                 (Some(s), _) => Some(format!("did you mean `{s}`?")),
-                (None, Some(t)) => Some(format!("`{k}` is a key of {t} steps; a {tool} step takes {}", quoted(tool_keys))),
-                (None, None) => Some(format!("a {tool} step takes {} and the common keys {}", quoted(tool_keys), quoted(COMMON_KEYS))),
+                (None, Some(t)) => {
+                    Some(format!("`{k}` is a key of {t} steps; a {tool} step takes {}", quoted(tool_keys)))
+                }
+                (None, None) => Some(format!(
+                    "a {tool} step takes {} and the common keys {}",
+                    quoted(tool_keys),
+                    quoted(COMMON_KEYS)
+                )),
             };
             checker.at(key.span(), format!("unknown key `{k}` in a {tool} step"), hint);
         }
@@ -426,7 +451,11 @@ fn parse_step(checker: &mut Checker<'_>, dir: &Path, node: &Node) -> Option<Pars
     let timeout = keys.timeout.as_ref().and_then(|t| match humantime::parse_duration(t.as_str()) {
         Ok(d) => Some(d),
         Err(e) => {
-            checker.at(t.span(), format!("`timeout: {}` is not a duration: {e}", t.as_str()), Some("write it like `90s`, `10m` or `1h30m`".into()));
+            checker.at(
+                t.span(),
+                format!("`timeout: {}` is not a duration: {e}", t.as_str()),
+                Some("write it like `90s`, `10m` or `1h30m`".into()),
+            );
             None
         }
     });
@@ -475,7 +504,9 @@ fn report_serde_error(checker: &mut Checker<'_>, fallback: &Span, e: marked_yaml
     let marker = e.start_mark();
     let path = e.path().map(str::to_string);
     let hint = match &*e {
-        marked_yaml::Error::UnknownFieldError(field, _, _) => suggest(field, keys).map(|s| format!("did you mean `{s}`?")),
+        marked_yaml::Error::UnknownFieldError(field, _, _) => {
+            suggest(field, keys).map(|s| format!("did you mean `{s}`?"))
+        }
         _ => None,
     };
     let mut message = lowercase_first(&e.into_inner().to_string());
@@ -586,7 +617,8 @@ fn node_to_json(node: &Node) -> serde_json::Value {
         Node::Scalar(s) => serde_json::Value::String(s.as_str().to_string()),
         Node::Sequence(seq) => serde_json::Value::Array(seq.iter().map(node_to_json).collect()),
         Node::Mapping(map) => {
-            let sorted: BTreeMap<String, serde_json::Value> = map.iter().map(|(k, v)| (k.as_str().to_string(), node_to_json(v))).collect();
+            let sorted: BTreeMap<String, serde_json::Value> =
+                map.iter().map(|(k, v)| (k.as_str().to_string(), node_to_json(v))).collect();
             serde_json::to_value(sorted).unwrap_or_default()
         }
     }
@@ -702,7 +734,9 @@ mod tests {
 
     #[test]
     fn duplicate_names_bad_needs_and_cycles() {
-        let p = problems("name: s\nsteps:\n  - name: a\n    tool: shell\n    run: x\n  - name: a\n    tool: shell\n    run: y\n");
+        let p = problems(
+            "name: s\nsteps:\n  - name: a\n    tool: shell\n    run: x\n  - name: a\n    tool: shell\n    run: y\n",
+        );
         assert_eq!(p[0].line, 6);
         assert!(p[0].message.contains("used twice (first on line 3)"));
 
@@ -752,7 +786,8 @@ mod tests {
     #[test]
     fn step_digests_change_with_settings_only() {
         let a = parse(Path::new("s.yaml"), "name: s\nsteps:\n  - name: a\n    tool: shell\n    run: x\n").unwrap();
-        let b = parse(Path::new("s.yaml"), "# comment\nname: s\nsteps:\n  - name: a\n    tool: shell\n    run: x\n").unwrap();
+        let b = parse(Path::new("s.yaml"), "# comment\nname: s\nsteps:\n  - name: a\n    tool: shell\n    run: x\n")
+            .unwrap();
         let c = parse(Path::new("s.yaml"), "name: s\nsteps:\n  - name: a\n    tool: shell\n    run: y\n").unwrap();
         assert_eq!(a.steps[0].digest, b.steps[0].digest);
         assert_ne!(a.steps[0].digest, c.steps[0].digest);

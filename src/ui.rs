@@ -35,19 +35,39 @@ pub struct Paint {
 
 impl Paint {
     pub fn good(&self, s: &str) -> String {
-        if self.enabled { s.green().to_string() } else { s.to_string() }
+        if self.enabled {
+            s.green().to_string()
+        } else {
+            s.to_string()
+        }
     }
     pub fn bad(&self, s: &str) -> String {
-        if self.enabled { s.red().bold().to_string() } else { s.to_string() }
+        if self.enabled {
+            s.red().bold().to_string()
+        } else {
+            s.to_string()
+        }
     }
     pub fn warn(&self, s: &str) -> String {
-        if self.enabled { s.yellow().to_string() } else { s.to_string() }
+        if self.enabled {
+            s.yellow().to_string()
+        } else {
+            s.to_string()
+        }
     }
     pub fn strong(&self, s: &str) -> String {
-        if self.enabled { s.bold().to_string() } else { s.to_string() }
+        if self.enabled {
+            s.bold().to_string()
+        } else {
+            s.to_string()
+        }
     }
     pub fn dim(&self, s: &str) -> String {
-        if self.enabled { s.dimmed().to_string() } else { s.to_string() }
+        if self.enabled {
+            s.dimmed().to_string()
+        } else {
+            s.to_string()
+        }
     }
 }
 

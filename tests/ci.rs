@@ -49,7 +49,10 @@ struct Element {
 
 impl Element {
     fn attr(&self, name: &str) -> &str {
-        self.attrs.get(name).map(String::as_str).unwrap_or_else(|| panic!("<{}> has no {name}: {:?}", self.name, self.attrs))
+        self.attrs
+            .get(name)
+            .map(String::as_str)
+            .unwrap_or_else(|| panic!("<{}> has no {name}: {:?}", self.name, self.attrs))
     }
 
     fn all(&self, name: &str) -> Vec<&Element> {
@@ -80,7 +83,8 @@ fn parse_xml(xml: &str) -> Element {
     let mut stack: Vec<Element> = Vec::new();
     let mut root = None;
     loop {
-        match reader.read_event().unwrap_or_else(|e| panic!("invalid XML at {}: {e}\n{xml}", reader.buffer_position())) {
+        match reader.read_event().unwrap_or_else(|e| panic!("invalid XML at {}: {e}\n{xml}", reader.buffer_position()))
+        {
             Event::Start(s) => stack.push(element(&s)),
             Event::Empty(s) => {
                 let el = element(&s);
@@ -130,7 +134,11 @@ fn junit(p: &Project, file: &str) -> Element {
 }
 
 fn case<'a>(root: &'a Element, name: &str) -> &'a Element {
-    root.one("testsuite").all("testcase").into_iter().find(|c| c.attr("name") == name).unwrap_or_else(|| panic!("no test case {name}"))
+    root.one("testsuite")
+        .all("testcase")
+        .into_iter()
+        .find(|c| c.attr("name") == name)
+        .unwrap_or_else(|| panic!("no test case {name}"))
 }
 
 #[test]
@@ -152,7 +160,13 @@ fn ci_stops_then_recovers_after_the_fix_without_rerunning_done_work() {
         assert!(ts.is_match(line), "not a timestamped line: {line:?}");
     }
     let summary = p.read("summary.md");
-    for needle in ["state: **partial**", "| seed | shell | failed | 2 | 1 | 0 | yes |", "three: connection refused", "exit code: **1**", "`rdeploy recover stack.yaml`"] {
+    for needle in [
+        "state: **partial**",
+        "| seed | shell | failed | 2 | 1 | 0 | yes |",
+        "three: connection refused",
+        "exit code: **1**",
+        "`rdeploy recover stack.yaml`",
+    ] {
         assert!(summary.contains(needle), "summary lacks {needle:?}:\n{summary}");
     }
     let report = junit(&p, "reports/junit.xml");
@@ -177,7 +191,10 @@ fn ci_stops_then_recovers_after_the_fix_without_rerunning_done_work() {
     assert!(!run.stderr.contains("running `rdeploy up"), "{}", run.stderr);
     assert_eq!(p.lines("out"), ["one", "two", "three", "after-fixed"], "one and two ran once");
     let summary = p.read("summary.md");
-    assert!(summary.contains("state: **partial**") && summary.contains("state: **complete**"), "appended, not replaced:\n{summary}");
+    assert!(
+        summary.contains("state: **partial**") && summary.contains("state: **complete**"),
+        "appended, not replaced:\n{summary}"
+    );
     assert!(summary.contains("step `after` changed since the failure; recover uses the new settings"), "{summary}");
     let report = junit(&p, "reports/junit.xml");
     let suite = report.one("testsuite");
@@ -283,13 +300,22 @@ steps:
 "#,
     );
     p.file("chain/fail-a5", "");
-    ci_github(&p, &["--junit", "junit.xml"]).code(1).stdout_has("::error file=stack.yaml,line=4,title=rdeploy%3A step network (terraform) failed::");
+    ci_github(&p, &["--junit", "junit.xml"])
+        .code(1)
+        .stdout_has("::error file=stack.yaml,line=4,title=rdeploy%3A step network (terraform) failed::");
     let report = junit(&p, "junit.xml");
     let failure = case(&report, "network").one("failure");
     assert!(failure.text.contains("local-exec provisioner error"), "{}", failure.text);
-    assert!(failure.text.contains("in place: terraform_data.a1, terraform_data.a2, terraform_data.a3, terraform_data.a4"), "{}", failure.text);
+    assert!(
+        failure.text.contains("in place: terraform_data.a1, terraform_data.a2, terraform_data.a3, terraform_data.a4"),
+        "{}",
+        failure.text
+    );
     // The live runbook names the addresses and the terraform commands for this configuration.
-    p.rdeploy(&["runbook"]).code(0).stdout_has("`terraform_data.a5`").stdout_has("cd chain && terraform plan -input=false -out=tfplan -var rev=1");
+    p.rdeploy(&["runbook"])
+        .code(0)
+        .stdout_has("`terraform_data.a5`")
+        .stdout_has("cd chain && terraform plan -input=false -out=tfplan -var rev=1");
 
     p.remove("chain/fail-a5");
     ci_github(&p, &["--junit", "junit.xml"]).code(0).stderr_has("running `rdeploy recover stack.yaml`");

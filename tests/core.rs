@@ -196,8 +196,16 @@ fn bad_input_names_file_line_and_column() {
         "3:11",
         "cycle",
     );
-    assert_bad_input("name: s\nsteps:\n  - name: a\n    tool: shell\n    dir: missing/dir\n    run: x\n", "5:10", "does not exist");
-    assert_bad_input("name: s\nsteps:\n  - name: a\n    tool: shell\n    run: x\n    revrt: y\n", "6:5", "did you mean `revert`?");
+    assert_bad_input(
+        "name: s\nsteps:\n  - name: a\n    tool: shell\n    dir: missing/dir\n    run: x\n",
+        "5:10",
+        "does not exist",
+    );
+    assert_bad_input(
+        "name: s\nsteps:\n  - name: a\n    tool: shell\n    run: x\n    revrt: y\n",
+        "6:5",
+        "did you mean `revert`?",
+    );
 }
 
 #[test]
@@ -458,7 +466,10 @@ steps:
 fn a_tool_that_outlives_a_killed_rdeploy_blocks_recover_until_it_ends() {
     let p = Project::new();
     // The sub-change runs a separate program; pdeathsig stops only the `sh` around it.
-    p.file("work.sh", "#!/bin/sh\ntouch b-started\nwhile [ -f hold ]; do sleep 0.05; done\necho b >> out\ntouch b-done\n");
+    p.file(
+        "work.sh",
+        "#!/bin/sh\ntouch b-started\nwhile [ -f hold ]; do sleep 0.05; done\necho b >> out\ntouch b-done\n",
+    );
     std::fs::set_permissions(p.path("work.sh"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     p.stack(&WAITS.replace(
         "\"touch b-started; while [ -f hold ]; do sleep 0.05; done; echo b >> out; touch b-done\"",

@@ -70,7 +70,8 @@ impl Fleet {
     fn control(&self, path: &str) {
         let (host, port) = self.addr.split_once(':').unwrap();
         let mut s = std::net::TcpStream::connect((host, port.parse::<u16>().unwrap())).unwrap();
-        write!(s, "POST {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Length: 0\r\n\r\n", self.addr).unwrap();
+        write!(s, "POST {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Length: 0\r\n\r\n", self.addr)
+            .unwrap();
         let mut buf = String::new();
         let _ = std::io::Read::read_to_string(&mut s, &mut buf);
         assert!(buf.starts_with("HTTP/1.1 200"), "control {path}: {buf}");
@@ -138,7 +139,8 @@ fn inventory_until(p: &Project, args: &[&str], ready: impl Fn(&Value) -> bool) -
     let end = Instant::now() + Duration::from_secs(15);
     loop {
         let run = p.rdeploy(&full);
-        let report: Value = serde_json::from_str(&run.stdout).unwrap_or_else(|e| panic!("inventory --json is not JSON ({e}):\n{}\n{}", run.stdout, run.stderr));
+        let report: Value = serde_json::from_str(&run.stdout)
+            .unwrap_or_else(|e| panic!("inventory --json is not JSON ({e}):\n{}\n{}", run.stdout, run.stderr));
         if ready(&report) || Instant::now() > end {
             return (run, report);
         }
@@ -147,7 +149,12 @@ fn inventory_until(p: &Project, args: &[&str], ready: impl Fn(&Value) -> bool) -
 }
 
 fn component<'a>(report: &'a Value, name: &str) -> &'a Value {
-    report["components"].as_array().unwrap().iter().find(|c| c["component"] == name).unwrap_or_else(|| panic!("no component {name} in {report:#}"))
+    report["components"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["component"] == name)
+        .unwrap_or_else(|| panic!("no component {name} in {report:#}"))
 }
 
 fn straggler_reasons(report: &Value, comp: &str, cluster: &str) -> String {
@@ -173,14 +180,24 @@ fn inventory_names_stragglers_of_every_kind_and_absent_clusters() {
         let (argo, target) = if ctx == "edge-2" { ("old123", "v1.9") } else { ("new456", "HEAD") };
         let (flux, suspend) = if ctx == "edge-5" { ("main@sha1:0ld", true) } else { ("main@sha1:new", false) };
         f.apply(ctx, CRDS);
-        f.apply(ctx, &format!("{}---\n{}---\n{}", agent_ds(agent), shop("3.1", report, ctx == "edge-4"), gitops(argo, target, flux, suspend)));
+        f.apply(
+            ctx,
+            &format!(
+                "{}---\n{}---\n{}",
+                agent_ds(agent),
+                shop("3.1", report, ctx == "edge-4"),
+                gitops(argo, target, flux, suspend)
+            ),
+        );
     }
     let p = project(&f);
     p.file("fleet.yaml", "clusters:\n  edge-1: {site: lyon, region: eu}\n  edge-2: {site: oslo, region: eu}\n  edge-3: {site: nyc, region: us}\n  edge-4: {site: sfo, region: us}\n  edge-5: {site: tko, region: ap}\n  edge-6: {site: syd, region: ap}\n");
     // A first inventory sees every cluster; then edge-6 goes offline.
     inventory_until(&p, &["--fleet", "fleet.yaml"], |r| done(r, AGENT) == 4);
     f.control("/_sim/clusters/edge-6/offline");
-    let (run, r) = inventory_until(&p, &["--fleet", "fleet.yaml"], |r| done(r, AGENT) == 3 && done(r, "registry.example/shop-api") == 4);
+    let (run, r) = inventory_until(&p, &["--fleet", "fleet.yaml"], |r| {
+        done(r, AGENT) == 3 && done(r, "registry.example/shop-api") == 4
+    });
     run.code(0);
 
     assert_eq!((r["clusters"].as_u64(), r["answered"].as_u64()), (Some(6), Some(5)));
@@ -206,8 +223,17 @@ fn inventory_names_stragglers_of_every_kind_and_absent_clusters() {
     assert!(why.contains("Flux Kustomization flux-system/apps suspended at revision main@sha1:0ld"), "{why}");
 
     let agent = component(&r, AGENT);
-    assert_eq!((agent["done"].as_u64(), agent["in_scope"].as_u64()), (Some(3), Some(6)), "absent counts against completion");
-    let versions: Vec<(String, usize)> = agent["versions"].as_array().unwrap().iter().map(|v| (v["version"].as_str().unwrap().to_string(), v["clusters"].as_array().unwrap().len())).collect();
+    assert_eq!(
+        (agent["done"].as_u64(), agent["in_scope"].as_u64()),
+        (Some(3), Some(6)),
+        "absent counts against completion"
+    );
+    let versions: Vec<(String, usize)> = agent["versions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| (v["version"].as_str().unwrap().to_string(), v["clusters"].as_array().unwrap().len()))
+        .collect();
     assert_eq!(versions, [("2.0".to_string(), 4), ("1.9".to_string(), 1)]);
 
     // The same facts as a terminal table and as markdown.
@@ -219,7 +245,10 @@ fn inventory_names_stragglers_of_every_kind_and_absent_clusters() {
         .stdout_has("edge-6 [region=ap site=syd]: absent since ")
         .stdout_has("registry.example/node-agent 1.9 is older than the supported versions (2.0) on edge-2");
     let md = p.rdeploy(&["inventory", "--fleet", "fleet.yaml", "--markdown"]);
-    md.code(0).stdout_has("## `registry.example/node-agent`").stdout_has("| `1.9` | 1 | edge-2 |").stdout_has("- **edge-3** [region=us site=nyc]: DaemonSet mon/node-agent halted on node node-3");
+    md.code(0)
+        .stdout_has("## `registry.example/node-agent`")
+        .stdout_has("| `1.9` | 1 | edge-2 |")
+        .stdout_has("- **edge-3** [region=us site=nyc]: DaemonSet mon/node-agent halted on node node-3");
     assert!(p.exists(".rdeploy/fleet/last-seen.json") && p.exists(".rdeploy/fleet/rollouts.json"));
 }
 
@@ -308,7 +337,13 @@ fn the_gate_names_a_halted_daemonset_and_an_exception_lets_it_pass_until_it_expi
     p.rdeploy(&["reset", "--yes"]).code(0);
     p.rdeploy(&["up"]).code(4);
     let refused = step(&p.status(), "drop-old-column")["refused"].as_str().unwrap().to_string();
-    assert!(refused.contains(&format!("edge-2: old version 1.9 (wanted 2.0) in DaemonSet mon/node-agent (its exception expired on {})", day(-1))), "{refused}");
+    assert!(
+        refused.contains(&format!(
+            "edge-2: old version 1.9 (wanted 2.0) in DaemonSet mon/node-agent (its exception expired on {})",
+            day(-1)
+        )),
+        "{refused}"
+    );
     assert!(!refused.contains("edge-3"), "edge-3's exception holds: {refused}");
     assert!(!p.exists("contracted"));
 
@@ -333,8 +368,14 @@ fn slo_is_computed_on_recorded_rollout_starts() {
     assert!(recorded["components"][AGENT]["2.0"]["started"].is_string(), "{recorded}");
 
     // The 2.0 rollout started 50 hours ago: 75% within 24h is met, 100% within 48h is breached.
-    let at = |hours: i64| (time::OffsetDateTime::now_utc() - time::Duration::hours(hours)).format(&time::format_description::well_known::Rfc3339).unwrap();
-    let rollouts = |hours: i64| format!(r#"{{"components": {{"{AGENT}": {{"2.0": {{"started": "{}", "source": "test"}}}}}}}}"#, at(hours));
+    let at = |hours: i64| {
+        (time::OffsetDateTime::now_utc() - time::Duration::hours(hours))
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap()
+    };
+    let rollouts = |hours: i64| {
+        format!(r#"{{"components": {{"{AGENT}": {{"2.0": {{"started": "{}", "source": "test"}}}}}}}}"#, at(hours))
+    };
     p.file(".rdeploy/fleet/rollouts.json", &rollouts(50));
     let run = p.rdeploy(&["inventory", "--component", AGENT, "--slo", "75%@24h,100%@48h"]);
     run.code(1)
@@ -348,13 +389,19 @@ fn slo_is_computed_on_recorded_rollout_starts() {
     run.code(1);
     let r: Value = serde_json::from_str(&run.stdout).unwrap();
     let slo = &r["slo"][0];
-    assert_eq!((slo["done"].as_u64(), slo["in_scope"].as_u64(), slo["breached"].as_bool()), (Some(3), Some(4), Some(true)));
+    assert_eq!(
+        (slo["done"].as_u64(), slo["in_scope"].as_u64(), slo["breached"].as_bool()),
+        (Some(3), Some(4), Some(true))
+    );
     assert_eq!(slo["objectives"][1]["state"], "breached");
     assert_eq!(slo["breaching"], serde_json::json!(["edge-4"]));
 
     // 30 hours in, the 100% objective is not due yet: no breach, exit 0.
     p.file(".rdeploy/fleet/rollouts.json", &rollouts(30));
-    p.rdeploy(&["inventory", "--component", AGENT, "--slo", "75%@24h,100%@48h"]).code(0).stdout_has("slo ok: ").stdout_has("100%@48h: not yet: due in 18h");
+    p.rdeploy(&["inventory", "--component", AGENT, "--slo", "75%@24h,100%@48h"])
+        .code(0)
+        .stdout_has("slo ok: ")
+        .stdout_has("100%@48h: not yet: due in 18h");
     // `--since` overrides the record; an absent cluster counts against completion.
     f.control("/_sim/clusters/edge-3/offline");
     p.rdeploy(&["inventory", "--component", AGENT, "--slo", "75%@24h", "--since", "25h"])

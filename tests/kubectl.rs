@@ -52,11 +52,16 @@ fn a_failed_object_stops_the_deploy_and_recover_applies_only_it() {
 
     sim.kubectl_ok(&["create", "namespace", "shop-extra"]);
     let dry = p.rdeploy(&["recover", "--dry-run"]);
-    dry.code(0).stdout_has("apply ConfigMap/shop-extra/extra (missing from the cluster)").stdout_has("keep Deployment/shop/web: done and unchanged");
+    dry.code(0)
+        .stdout_has("apply ConfigMap/shop-extra/extra (missing from the cluster)")
+        .stdout_has("keep Deployment/shop/web: done and unchanged");
 
     let rv = sim.kubectl_ok(&["get", "deploy", "web", "-n", "shop", "-o", "jsonpath={.metadata.resourceVersion}"]);
     p.rdeploy(&["recover"]).code(0);
     assert_eq!(sim.kubectl_ok(&["get", "cm", "extra", "-n", "shop-extra", "-o", "jsonpath={.data.owner}"]), "shop");
-    assert_eq!(sim.kubectl_ok(&["get", "deploy", "web", "-n", "shop", "-o", "jsonpath={.metadata.resourceVersion}"]), rv);
+    assert_eq!(
+        sim.kubectl_ok(&["get", "deploy", "web", "-n", "shop", "-o", "jsonpath={.metadata.resourceVersion}"]),
+        rv
+    );
     assert_eq!(p.read("after.log"), "after\n");
 }

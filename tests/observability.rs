@@ -45,7 +45,15 @@ impl Fleet {
         let kubeconfig = dir.path().join("kubeconfig");
         std::fs::create_dir_all(dir.path().join("home")).unwrap();
         let mut child = Command::new(kubesim::kubesim_bin())
-            .args(["--listen", "127.0.0.1:0", "--clusters", &clusters.join(","), "--pod-startup-ms", "20", "--kubeconfig"])
+            .args([
+                "--listen",
+                "127.0.0.1:0",
+                "--clusters",
+                &clusters.join(","),
+                "--pod-startup-ms",
+                "20",
+                "--kubeconfig",
+            ])
             .arg(&kubeconfig)
             .args(extra)
             .stdout(Stdio::piped())
@@ -146,7 +154,10 @@ impl Prometheus {
             let _ = child.kill();
             let _ = child.wait();
         }
-        panic!("prometheus did not become ready: {}", std::fs::read_to_string(dir.path().join("prometheus.log")).unwrap_or_default());
+        panic!(
+            "prometheus did not become ready: {}",
+            std::fs::read_to_string(dir.path().join("prometheus.log")).unwrap_or_default()
+        );
     }
 
     fn api(&self, path: &str) -> Value {
@@ -166,7 +177,8 @@ fn http(addr: &str, method: &str, path: &str) -> (u16, String) {
     let text = String::from_utf8_lossy(&buf).into_owned();
     let status = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
     let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { dechunk(body) } else { body.to_string() };
+    let body =
+        if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { dechunk(body) } else { body.to_string() };
     (status, body)
 }
 
@@ -209,7 +221,8 @@ fn seeded_fleet() -> Fleet {
 /// version, done/in-scope, each version with its clusters, the stragglers; the absent clusters.
 fn matrix(report: &Value) -> Value {
     let names = |v: &Value, key: &str| -> Vec<String> {
-        let mut n: Vec<String> = v.as_array().into_iter().flatten().map(|x| x[key].as_str().unwrap_or_default().to_string()).collect();
+        let mut n: Vec<String> =
+            v.as_array().into_iter().flatten().map(|x| x[key].as_str().unwrap_or_default().to_string()).collect();
         n.sort();
         n
     };
@@ -259,12 +272,22 @@ fn settled(report: &Value) -> bool {
 }
 
 fn component<'a>(report: &'a Value, name: &str) -> &'a Value {
-    report["components"].as_array().unwrap().iter().find(|c| c["component"] == name).unwrap_or_else(|| panic!("no {name} in {report:#}"))
+    report["components"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["component"] == name)
+        .unwrap_or_else(|| panic!("no {name} in {report:#}"))
 }
 
 fn straggler_why(report: &Value, comp: &str, cluster: &str) -> String {
     let c = component(report, comp);
-    let s = c["stragglers"].as_array().unwrap().iter().find(|s| s["cluster"] == cluster).unwrap_or_else(|| panic!("{cluster} is no straggler of {comp}: {c:#}"));
+    let s = c["stragglers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["cluster"] == cluster)
+        .unwrap_or_else(|| panic!("{cluster} is no straggler of {comp}: {c:#}"));
     s["reasons"].as_array().unwrap().iter().map(|r| r.as_str().unwrap()).collect::<Vec<_>>().join("; ")
 }
 
@@ -273,23 +296,61 @@ fn prometheus_source_gives_the_api_matrix_and_offline_is_absent_in_both() {
     let fleet = seeded_fleet();
     let p = fleet.project();
     // The rules for this fleet, loaded by the same Prometheus: they must evaluate cleanly.
-    p.rdeploy(&["alerts", "--slo", "95%@48h", "--supported", "1", "--component", &format!("{AGENT}:2.0"), "--since", "1h", "-o", "rules.yml"]).code(0);
+    p.rdeploy(&[
+        "alerts",
+        "--slo",
+        "95%@48h",
+        "--supported",
+        "1",
+        "--component",
+        &format!("{AGENT}:2.0"),
+        "--since",
+        "1h",
+        "-o",
+        "rules.yml",
+    ])
+    .code(0);
     let prom = Prometheus::start(&fleet, Some(&p.path("rules.yml")));
 
     let (api, from_prom) = converge(&p, &prom, settled);
-    assert_eq!(matrix(&from_prom), matrix(&api), "the Prometheus source disagrees with the API:\nprometheus: {from_prom:#}\napi: {api:#}");
-    let agent = matrix(&api)["components"].as_array().unwrap().iter().find(|c| c["component"] == AGENT).unwrap().clone();
+    assert_eq!(
+        matrix(&from_prom),
+        matrix(&api),
+        "the Prometheus source disagrees with the API:\nprometheus: {from_prom:#}\napi: {api:#}"
+    );
+    let agent =
+        matrix(&api)["components"].as_array().unwrap().iter().find(|c| c["component"] == AGENT).unwrap().clone();
     assert_eq!(agent["versions"], json!([["2.0", ["edge-1", "edge-2"]], ["1.9", ["edge-3"]]]), "{agent:#}");
     assert_eq!((agent["done"].as_u64(), agent["in_scope"].as_u64()), (Some(1), Some(3)));
     // Both name why; each in its own terms (the API sees the DaemonSet, Prometheus the pod).
     assert!(straggler_why(&api, AGENT, "edge-3").contains("old version 1.9 (wanted 2.0) in DaemonSet mon/node-agent"));
     assert!(straggler_why(&from_prom, AGENT, "edge-3").contains("old version 1.9 (wanted 2.0) in Pod mon/node-agent-"));
     assert!(straggler_why(&api, AGENT, "edge-2").contains("halted on node node-3"));
-    assert!(straggler_why(&from_prom, AGENT, "edge-2").contains("not ready"), "{}", straggler_why(&from_prom, AGENT, "edge-2"));
+    assert!(
+        straggler_why(&from_prom, AGENT, "edge-2").contains("not ready"),
+        "{}",
+        straggler_why(&from_prom, AGENT, "edge-2")
+    );
 
     // Without any kubeconfig, the fleet file says which clusters are expected.
-    p.file("fleet.yaml", "clusters:\n  edge-1: {site: lyon}\n  edge-2: {site: oslo}\n  edge-3: {site: austin}\n  edge-4: {site: lima}\n");
-    let run = p.command(&["inventory", "--json", "--source", "prometheus", "--prometheus-url", &prom.url, "--fleet", "fleet.yaml"]).env_remove("KUBECONFIG").output().unwrap();
+    p.file(
+        "fleet.yaml",
+        "clusters:\n  edge-1: {site: lyon}\n  edge-2: {site: oslo}\n  edge-3: {site: austin}\n  edge-4: {site: lima}\n",
+    );
+    let run = p
+        .command(&[
+            "inventory",
+            "--json",
+            "--source",
+            "prometheus",
+            "--prometheus-url",
+            &prom.url,
+            "--fleet",
+            "fleet.yaml",
+        ])
+        .env_remove("KUBECONFIG")
+        .output()
+        .unwrap();
     assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
     let by_file: Value = serde_json::from_slice(&run.stdout).unwrap();
     let absent = &by_file["absent"];
@@ -317,8 +378,15 @@ fn prometheus_source_gives_the_api_matrix_and_offline_is_absent_in_both() {
     let end = Instant::now() + Duration::from_secs(10);
     let rules = loop {
         let r = prom.api("/api/v1/rules");
-        let all: Vec<Value> = r["data"]["groups"].as_array().unwrap().iter().flat_map(|g| g["rules"].as_array().unwrap().clone()).collect();
-        if (!all.is_empty() && all.iter().all(|x| x["lastEvaluation"].as_str().is_some_and(|t| !t.starts_with("0001")))) || Instant::now() > end {
+        let all: Vec<Value> = r["data"]["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|g| g["rules"].as_array().unwrap().clone())
+            .collect();
+        if (!all.is_empty() && all.iter().all(|x| x["lastEvaluation"].as_str().is_some_and(|t| !t.starts_with("0001"))))
+            || Instant::now() > end
+        {
             break all;
         }
         std::thread::sleep(Duration::from_millis(200));
@@ -333,7 +401,12 @@ fn prometheus_source_gives_the_api_matrix_and_offline_is_absent_in_both() {
     while value("rdeploy:rollout_clusters:done")[0]["value"][1] != "1" && Instant::now() < end {
         std::thread::sleep(Duration::from_millis(200));
     }
-    assert_eq!(value("rdeploy:rollout_clusters:done")[0]["value"][1], "1", "{:#}", value("count%20by%20(cluster)%20(kube_pod_container_info)"));
+    assert_eq!(
+        value("rdeploy:rollout_clusters:done")[0]["value"][1],
+        "1",
+        "{:#}",
+        value("count%20by%20(cluster)%20(kube_pod_container_info)")
+    );
     assert_eq!(value("rdeploy:rollout_clusters:in_scope")[0]["value"][1], "3");
 
     // Prometheus itself down is an error, not a fleet of absent clusters.
@@ -351,22 +424,59 @@ fn generated_rules_pass_promtool_check_and_unit_tests() {
     let p = Project::new();
     p.copy_fixture("prometheus", "obs");
     std::fs::remove_file(p.path("obs/fleet.rules.yml")).unwrap();
-    p.rdeploy(&["--state-dir", "obs/state", "alerts", "--fleet", "obs/fleet.yaml", "--slo", "95%@1h,100%@2h", "--supported", "2", "-o", "obs/fleet.rules.yml"]).code(0);
+    p.rdeploy(&[
+        "--state-dir",
+        "obs/state",
+        "alerts",
+        "--fleet",
+        "obs/fleet.yaml",
+        "--slo",
+        "95%@1h,100%@2h",
+        "--supported",
+        "2",
+        "-o",
+        "obs/fleet.rules.yml",
+    ])
+    .code(0);
     let generated = p.read("obs/fleet.rules.yml");
     let committed_path = common::repo_root().join("fixtures/prometheus/fleet.rules.yml");
     if std::env::var_os("RDEPLOY_BLESS").is_some() {
         std::fs::write(&committed_path, &generated).unwrap();
     }
-    assert_eq!(generated, std::fs::read_to_string(&committed_path).unwrap(), "fixtures/prometheus/fleet.rules.yml is out of date: rerun with RDEPLOY_BLESS=1");
+    assert_eq!(
+        generated,
+        std::fs::read_to_string(&committed_path).unwrap(),
+        "fixtures/prometheus/fleet.rules.yml is out of date: rerun with RDEPLOY_BLESS=1"
+    );
     let check = Command::new(&promtool).args(["check", "rules"]).arg(p.path("obs/fleet.rules.yml")).output().unwrap();
-    assert!(check.status.success(), "promtool check rules: {}{}", String::from_utf8_lossy(&check.stdout), String::from_utf8_lossy(&check.stderr));
-    assert!(String::from_utf8_lossy(&check.stdout).contains("SUCCESS: 9 rules found"), "{}", String::from_utf8_lossy(&check.stdout));
-    let test = Command::new(&promtool).args(["test", "rules", "fleet.test.yml"]).current_dir(p.path("obs")).output().unwrap();
-    assert!(test.status.success(), "promtool test rules: {}{}", String::from_utf8_lossy(&test.stdout), String::from_utf8_lossy(&test.stderr));
+    assert!(
+        check.status.success(),
+        "promtool check rules: {}{}",
+        String::from_utf8_lossy(&check.stdout),
+        String::from_utf8_lossy(&check.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&check.stdout).contains("SUCCESS: 9 rules found"),
+        "{}",
+        String::from_utf8_lossy(&check.stdout)
+    );
+    let test =
+        Command::new(&promtool).args(["test", "rules", "fleet.test.yml"]).current_dir(p.path("obs")).output().unwrap();
+    assert!(
+        test.status.success(),
+        "promtool test rules: {}{}",
+        String::from_utf8_lossy(&test.stdout),
+        String::from_utf8_lossy(&test.stderr)
+    );
 
     // Without a recorded rollout only the absence alert is written, and it still checks.
-    p.rdeploy(&["--state-dir", "empty-state", "alerts", "--contexts", "a,b", "--slo", "95%@1h", "-o", "absence.yml"]).code(0).stderr_has("only the absence alert is written");
-    assert!(p.read("absence.yml").contains("RdeployClusterAbsent") && !p.read("absence.yml").contains("RdeployRolloutSLOMissed"));
+    p.rdeploy(&["--state-dir", "empty-state", "alerts", "--contexts", "a,b", "--slo", "95%@1h", "-o", "absence.yml"])
+        .code(0)
+        .stderr_has("only the absence alert is written");
+    assert!(
+        p.read("absence.yml").contains("RdeployClusterAbsent")
+            && !p.read("absence.yml").contains("RdeployRolloutSLOMissed")
+    );
     let check = Command::new(&promtool).args(["check", "rules"]).arg(p.path("absence.yml")).output().unwrap();
     assert!(check.status.success(), "{}", String::from_utf8_lossy(&check.stdout));
 }
@@ -386,7 +496,17 @@ fn dashboard_renders_in_headless_chromium_and_names_the_stragglers() {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    let run = p.rdeploy(&["inventory", "--supported", "1", "--slo", "50%@1h,100%@2d", "--since", "3h", "--html", "fleet.html"]);
+    let run = p.rdeploy(&[
+        "inventory",
+        "--supported",
+        "1",
+        "--slo",
+        "50%@1h,100%@2d",
+        "--since",
+        "3h",
+        "--html",
+        "fleet.html",
+    ]);
     assert_eq!(run.status, 1, "the 50%@1h objective is breached: {}", run.stderr);
     run.stderr_has("wrote the fleet dashboard to fleet.html");
     let page = p.read("fleet.html");
@@ -398,7 +518,18 @@ fn dashboard_renders_in_headless_chromium_and_names_the_stragglers() {
     let url = format!("file://{}", p.path("fleet.html").display());
     let headless = |extra: &[&str]| {
         let out = Command::new(&chromium)
-            .args(["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage", "--hide-scrollbars"])
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--disable-dev-shm-usage",
+                "--hide-scrollbars",
+            ])
             .arg(format!("--user-data-dir={}", profile.display()))
             .args(extra)
             .arg(&url)
@@ -415,7 +546,8 @@ fn dashboard_renders_in_headless_chromium_and_names_the_stragglers() {
     eprintln!("chromium screenshot took {:?}", started.elapsed());
     let bytes = std::fs::read(&png).expect("chromium wrote no screenshot");
     assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
-    let (w, h) = (u32::from_be_bytes(bytes[16..20].try_into().unwrap()), u32::from_be_bytes(bytes[20..24].try_into().unwrap()));
+    let (w, h) =
+        (u32::from_be_bytes(bytes[16..20].try_into().unwrap()), u32::from_be_bytes(bytes[20..24].try_into().unwrap()));
     assert_eq!((w, h), (1280, 900));
     assert!(bytes.len() > 30_000, "a {}-byte screenshot is too plain to be the dashboard", bytes.len());
     if let Some(keep) = std::env::var_os("RDEPLOY_KEEP_DASHBOARD") {

@@ -62,7 +62,12 @@ steps:
 "#;
 
 fn sub<'a>(status: &'a serde_json::Value, step_name: &str, id: &str) -> &'a serde_json::Value {
-    step(status, step_name)["sub_changes"].as_array().unwrap().iter().find(|s| s["id"] == id).unwrap_or_else(|| panic!("no {id} in {status}"))
+    step(status, step_name)["sub_changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["id"] == id)
+        .unwrap_or_else(|| panic!("no {id} in {status}"))
 }
 
 #[test]
@@ -74,7 +79,11 @@ fn two_runners_on_one_stack_one_gets_the_lock_the_other_exits_5() {
     p.wait_for("started", Duration::from_secs(20));
 
     // A second runner elsewhere (its own scratch directory) shares only the database.
-    p.rdeploy(&["up", "--state-dir", "runner-2"]).code(5).stderr_has("another run holds the lock").stderr_has("`rdeploy up`").stderr_has("lease renewed");
+    p.rdeploy(&["up", "--state-dir", "runner-2"])
+        .code(5)
+        .stderr_has("another run holds the lock")
+        .stderr_has("`rdeploy up`")
+        .stderr_has("lease renewed");
     p.rdeploy(&["recover", "--state-dir", "runner-2"]).code(5);
 
     // status names the holder and the age of its lease, which the heartbeat keeps young.
@@ -96,8 +105,14 @@ fn two_runners_on_one_stack_one_gets_the_lock_the_other_exits_5() {
     wait(first, &["up"]).code(0);
     assert_eq!(server.psql("SELECT count(*) FROM rdeploy.locks"), "0", "a clean exit releases the lease");
     assert_eq!(server.psql("SELECT count(*) FROM rdeploy.journals"), "0", "finished deploys leave no journal");
-    assert_eq!(server.psql("SELECT string_agg(stack || ':' || state, ',' ORDER BY id) FROM rdeploy.history"), "other:complete,s:complete");
-    assert_eq!(server.psql("SELECT string_agg(version::text, ',' ORDER BY version) FROM rdeploy.schema_migrations"), "1,2");
+    assert_eq!(
+        server.psql("SELECT string_agg(stack || ':' || state, ',' ORDER BY id) FROM rdeploy.history"),
+        "other:complete,s:complete"
+    );
+    assert_eq!(
+        server.psql("SELECT string_agg(version::text, ',' ORDER BY version) FROM rdeploy.schema_migrations"),
+        "1,2"
+    );
     assert!(!p.exists(".rdeploy/journal.jsonl"), "nothing is journaled locally");
 }
 
@@ -150,7 +165,11 @@ fn a_paused_runner_cannot_write_after_its_lease_was_taken_over() {
     signal(&paused, Signal::SIGCONT);
     let run = wait(paused, &["up"]);
     run.code(1).stderr_has("lost the lock on stack `s`");
-    assert_eq!(server.psql("SELECT count(*) FROM rdeploy.records"), records, "nothing the paused run wrote after the takeover exists");
+    assert_eq!(
+        server.psql("SELECT count(*) FROM rdeploy.records"),
+        records,
+        "nothing the paused run wrote after the takeover exists"
+    );
     assert_eq!(p.status()["steps"], before["steps"]);
     assert_eq!(p.lines("attempts"), ["c"], "the paused run started nothing after losing its lease");
 
@@ -193,7 +212,9 @@ fn a_database_that_stays_down_stops_the_run_with_exit_1_and_loses_nothing() {
     let stopped = Instant::now();
     p.remove("hold");
     let run = wait(child, &["up"]);
-    run.code(1).stderr_has("is unreachable while writing the checkpoint journal").stderr_has("`rdeploy recover` resumes");
+    run.code(1)
+        .stderr_has("is unreachable while writing the checkpoint journal")
+        .stderr_has("`rdeploy recover` resumes");
     assert!(stopped.elapsed() < Duration::from_secs(20), "the retries are bounded: {:?}", stopped.elapsed());
     assert_eq!(p.lines("out"), ["a", "b"], "the sub-change in flight finished; nothing after it ran");
 
@@ -219,7 +240,8 @@ fn four_of_five_then_recover_on_postgres_with_state_in_the_stack_file() {
     assert_eq!(status["state"], "partial");
     assert_eq!(
         sub_statuses(&status, "seed"),
-        [("one", "done"), ("two", "done"), ("three", "done"), ("four", "done"), ("five", "failed")].map(|(a, b)| (a.to_string(), b.to_string()))
+        [("one", "done"), ("two", "done"), ("three", "done"), ("four", "done"), ("five", "failed")]
+            .map(|(a, b)| (a.to_string(), b.to_string()))
     );
     assert_eq!(step(&status, "seed")["exit_code"], 3);
     assert_eq!(step(&status, "after")["status"], "pending");
@@ -281,10 +303,14 @@ fn state_migrate_moves_a_checkpoint_to_postgres_and_back() {
 
     // A deploy stopped part-way in the local directory moves to the database ...
     p.rdeploy(&["up"]).code(1);
-    p.rdeploy(&["state", "migrate", "--from", ".rdeploy", "--to", &url]).code(0).stdout_has("unfinished deploy").stdout_has("moved (");
+    p.rdeploy(&["state", "migrate", "--from", ".rdeploy", "--to", &url])
+        .code(0)
+        .stdout_has("unfinished deploy")
+        .stdout_has("moved (");
     assert!(!p.exists(".rdeploy/journal.jsonl"), "the source can no longer be resumed");
     p.rdeploy(&["recover"]).code(0).stdout_has("nothing to recover");
-    let status: serde_json::Value = serde_json::from_str(&p.rdeploy(&["status", "--json", "--state", &url]).code(0).stdout).unwrap();
+    let status: serde_json::Value =
+        serde_json::from_str(&p.rdeploy(&["status", "--json", "--state", &url]).code(0).stdout).unwrap();
     assert_eq!(status["state"], "partial");
     assert_eq!(sub_statuses(&status, "seed")[4], ("five".to_string(), "failed".to_string()));
 
@@ -299,7 +325,8 @@ fn state_migrate_moves_a_checkpoint_to_postgres_and_back() {
     p.rdeploy(&["up", "--state", &url]).code(1);
     p.rdeploy(&["state", "migrate", "--from", &url, "--to", "back", "--stack", "demo"]).code(0).stdout_has("moved (");
     assert_eq!(server.psql("SELECT count(*) FROM rdeploy.journals"), "0");
-    let status: serde_json::Value = serde_json::from_str(&p.rdeploy(&["status", "--json", "--state-dir", "back"]).code(0).stdout).unwrap();
+    let status: serde_json::Value =
+        serde_json::from_str(&p.rdeploy(&["status", "--json", "--state-dir", "back"]).code(0).stdout).unwrap();
     assert_eq!(status["state"], "partial");
     p.remove("fail-five");
     p.rdeploy(&["recover", "--state-dir", "back"]).code(0);

@@ -191,7 +191,12 @@ fn generate(dir: &Path) -> String {
         .env_remove("RDEPLOY_STATE_DIR")
         .output()
         .unwrap();
-    assert!(output.status.success(), "runbook of {} failed:\n{}", dir.display(), String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "runbook of {} failed:\n{}",
+        dir.display(),
+        String::from_utf8_lossy(&output.stderr)
+    );
     String::from_utf8(output.stdout).unwrap()
 }
 

@@ -22,7 +22,8 @@ use crate::{
 };
 
 const DEFAULT_BINARY: &str = "helm";
-const INSTALL_HINT: &str = "install helm 3 or 4 (https://helm.sh/docs/intro/install/), or point the step's `binary:` at it";
+const INSTALL_HINT: &str =
+    "install helm 3 or 4 (https://helm.sh/docs/intro/install/), or point the step's `binary:` at it";
 /// Read-only calls (version, status, history) get this long.
 const QUICK: Duration = Duration::from_secs(120);
 /// Beyond helm's own `--timeout`, how long before rdeploy stops a helm that hangs.
@@ -97,7 +98,18 @@ enum Decision {
 
 impl HelmSpec {
     pub const KEYS: &'static [&'static str] = &[
-        "release", "chart", "namespace", "values", "set", "version", "context", "kubeconfig", "wait", "atomic", "force", "binary",
+        "release",
+        "chart",
+        "namespace",
+        "values",
+        "set",
+        "version",
+        "context",
+        "kubeconfig",
+        "wait",
+        "atomic",
+        "force",
+        "binary",
         "recover",
     ];
 
@@ -112,7 +124,11 @@ impl HelmSpec {
                 });
             }
         }
-        let valid = |s: &str| !s.is_empty() && s.len() <= 53 && s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+        let valid = |s: &str| {
+            !s.is_empty()
+                && s.len() <= 53
+                && s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        };
         if !valid(&self.release) {
             problems.push(SpecProblem {
                 at: vec![PathSegment::Key("release")],
@@ -151,7 +167,8 @@ impl HelmSpec {
     /// Whether the stack file plainly names a chart directory (`./x`, `/x`, `a/b/c`): helm
     /// tries a local path before a `repo/name`, so `a/b` is only known from the disk.
     fn is_local_chart(&self) -> bool {
-        !self.chart.contains("://") && (self.chart.starts_with('.') || self.chart.starts_with('/') || self.chart.matches('/').count() > 1)
+        !self.chart.contains("://")
+            && (self.chart.starts_with('.') || self.chart.starts_with('/') || self.chart.matches('/').count() > 1)
     }
 
     pub fn recover_mode(&self) -> RecoverMode {
@@ -215,18 +232,24 @@ impl HelmSpec {
 
     /// `helm history` and `helm status`; a release that does not exist is an empty state.
     async fn live(&self, ctx: &StepContext, binary: &Path, sink: Option<&dyn EventSink>) -> Result<Live, Failure> {
-        let history_cmd =
-            self.command(ctx, binary).args(["history", &self.release, "-o", "json", "--max", "256"]).args(self.cluster_args(Some(ctx)));
-        let (outcome, stdout, stderr) = capture(&history_cmd, ctx, Some(QUICK), sink, StdoutLog::UnlessJson).await.map_err(Failure::from)?;
+        let history_cmd = self
+            .command(ctx, binary)
+            .args(["history", &self.release, "-o", "json", "--max", "256"])
+            .args(self.cluster_args(Some(ctx)));
+        let (outcome, stdout, stderr) =
+            capture(&history_cmd, ctx, Some(QUICK), sink, StdoutLog::UnlessJson).await.map_err(Failure::from)?;
         if !outcome.success() {
             if state::is_not_found(&stderr) {
                 return Ok(Live::default());
             }
-            return Err(helm_failure(&history_cmd.display(), &outcome, &stderr).with_hint("check that the cluster is reachable"));
+            return Err(helm_failure(&history_cmd.display(), &outcome, &stderr)
+                .with_hint("check that the cluster is reachable"));
         }
         let history = state::parse_history(&stdout.join("\n")).map_err(Failure::new)?;
-        let status_cmd = self.command(ctx, binary).args(["status", &self.release, "-o", "json"]).args(self.cluster_args(Some(ctx)));
-        let (outcome, stdout, stderr) = capture(&status_cmd, ctx, Some(QUICK), None, StdoutLog::UnlessJson).await.map_err(Failure::from)?;
+        let status_cmd =
+            self.command(ctx, binary).args(["status", &self.release, "-o", "json"]).args(self.cluster_args(Some(ctx)));
+        let (outcome, stdout, stderr) =
+            capture(&status_cmd, ctx, Some(QUICK), None, StdoutLog::UnlessJson).await.map_err(Failure::from)?;
         let status = if outcome.success() {
             Some(state::parse_status(&stdout.join("\n")).map_err(Failure::new)?)
         } else if state::is_not_found(&stderr) {
@@ -315,12 +338,15 @@ impl HelmSpec {
                 .map(|t| state::human_age(now_secs() - t))
                 .map(|a| format!(" for {a}"))
                 .unwrap_or_default();
-            let stuck = format!("release {} is stuck in {} at revision {}{age}", self.release, latest.status, latest.revision);
+            let stuck =
+                format!("release {} is stuck in {} at revision {}{age}", self.release, latest.status, latest.revision);
             // Only the operator's `rdeploy recover --force` (or the step's own `env:`) forces it:
             // an exported variable in a CI environment must not force every recover.
             let forced = ctx.env.get(FORCE_ENV).is_some_and(|v| v == "1");
             if let Some((pid, cmdline)) = state::live_helm_for(&self.release, Path::new("/proc")).filter(|_| !forced) {
-                let mut failure = Failure::new(format!("{stuck}, and a helm process for it is still running (pid {pid}: `{cmdline}`)"));
+                let mut failure = Failure::new(format!(
+                    "{stuck}, and a helm process for it is still running (pid {pid}: `{cmdline}`)"
+                ));
                 failure.hint = Some(match good {
                     Some(good) => format!(
                         "let it finish, or stop it, then `rdeploy recover`; to roll back now anyway: `rdeploy recover --force` (runs `{}`)",
@@ -338,20 +364,27 @@ impl HelmSpec {
                 let mut failure = Failure::new(format!(
                     "{stuck}; it is younger than helm's timeout ({window}s), so a helm on another machine may still be working on it"
                 ));
-                failure.hint = Some("wait for the timeout to pass, then `rdeploy recover`; `rdeploy recover --force` rolls back now".into());
+                failure.hint = Some(
+                    "wait for the timeout to pass, then `rdeploy recover`; `rdeploy recover --force` rolls back now"
+                        .into(),
+                );
                 return Decision::Refuse { failure };
             }
             return match good {
                 Some(to) => Decision::Rollback {
                     to,
-                    why: format!("{stuck}; no helm process for it is alive{}", if forced { " (or forced)" } else { "" }),
+                    why: format!(
+                        "{stuck}; no helm process for it is alive{}",
+                        if forced { " (or forced)" } else { "" }
+                    ),
                     then_upgrade: self.recover_mode() == RecoverMode::Upgrade,
                 },
                 None => Decision::Refuse {
-                    failure: Failure::new(format!("{stuck}, and it has no deployed revision to roll back to")).with_hint(format!(
-                        "uninstall the half-installed release, then `rdeploy recover` installs it again: `{}`",
-                        display_command(&self.helm_words(self.uninstall_words()))
-                    )),
+                    failure: Failure::new(format!("{stuck}, and it has no deployed revision to roll back to"))
+                        .with_hint(format!(
+                            "uninstall the half-installed release, then `rdeploy recover` installs it again: `{}`",
+                            display_command(&self.helm_words(self.uninstall_words()))
+                        )),
                 },
             };
         }
@@ -419,9 +452,12 @@ impl HelmSpec {
             // helm itself would refuse ("another operation is in progress"); say why plainly.
             let id = self.id(before.next_revision());
             sink.emit(Event::Planned { ids: vec![id.clone()] });
-            let error = format!("release {} is stuck in {} at revision {}", self.release, latest.status, latest.revision);
+            let error =
+                format!("release {} is stuck in {} at revision {}", self.release, latest.status, latest.revision);
             sink.emit(Event::Failed { id, error: error.clone() });
-            return Err(Failure::new(error).with_hint("`rdeploy recover` rolls it back to the last deployed revision once no helm process for it is alive"));
+            return Err(Failure::new(error).with_hint(
+                "`rdeploy recover` rolls it back to the last deployed revision once no helm process for it is alive",
+            ));
         }
         sink.emit(Event::Planned { ids: vec![self.id(before.next_revision())] });
         self.upgrade(ctx, sink, &binary, major, &before).await
@@ -486,18 +522,25 @@ impl HelmSpec {
                 latest.revision,
                 latest.status,
                 latest.description,
-                last_deployed(&live.history).map(|r| format!("; last deployed revision {}", r.revision)).unwrap_or_default()
+                last_deployed(&live.history)
+                    .map(|r| format!("; last deployed revision {}", r.revision))
+                    .unwrap_or_default()
             ));
         }
         let upgrade = display_command(&self.helm_words(self.upgrade_words(major, Some(ctx))));
         match self.decide(ctx, &live, major) {
-            Decision::InPlace { revision } => inspection.actions.push(format!("keep {}: deployed at the wanted chart and values", self.id(revision))),
+            Decision::InPlace { revision } => {
+                inspection.actions.push(format!("keep {}: deployed at the wanted chart and values", self.id(revision)))
+            }
             Decision::Upgrade { why } => {
                 inspection.actions.push(format!("{why}: `{upgrade}`"));
                 inspection.remaining.push(self.id(live.next_revision()));
             }
             Decision::Rollback { to, why, then_upgrade } => {
-                inspection.actions.push(format!("{why}: `{}`", display_command(&self.helm_words(self.rollback_words(major, to, Some(ctx))))));
+                inspection.actions.push(format!(
+                    "{why}: `{}`",
+                    display_command(&self.helm_words(self.rollback_words(major, to, Some(ctx))))
+                ));
                 inspection.remaining.push(self.id(live.next_revision()));
                 if then_upgrade {
                     inspection.actions.push(format!("then upgrade to the stack's values: `{upgrade}`"));
@@ -525,13 +568,28 @@ impl HelmSpec {
     }
 
     /// One `helm upgrade --install`, settled from history: the first new revision is ours.
-    async fn upgrade(&self, ctx: &StepContext, sink: &dyn EventSink, binary: &Path, major: u32, before: &Live) -> Result<(), Failure> {
+    async fn upgrade(
+        &self,
+        ctx: &StepContext,
+        sink: &dyn EventSink,
+        binary: &Path,
+        major: u32,
+        before: &Live,
+    ) -> Result<(), Failure> {
         let words = self.upgrade_words(major, Some(ctx));
         let what = format!("`helm upgrade --install {}`", self.release);
         self.run_revision(ctx, sink, binary, before, words, &what, None).await.map(|_| ())
     }
 
-    async fn rollback(&self, ctx: &StepContext, sink: &dyn EventSink, binary: &Path, major: u32, before: &Live, to: u64) -> Result<Live, Failure> {
+    async fn rollback(
+        &self,
+        ctx: &StepContext,
+        sink: &dyn EventSink,
+        binary: &Path,
+        major: u32,
+        before: &Live,
+        to: u64,
+    ) -> Result<Live, Failure> {
         let words = self.rollback_words(major, to, Some(ctx));
         let what = format!("`helm rollback {} {to}`", self.release);
         self.run_revision(ctx, sink, binary, before, words, &what, Some(to)).await
@@ -557,7 +615,8 @@ impl HelmSpec {
         sink.emit(Event::Started { id: self.id(expected) });
         let cmd = self.command(ctx, binary).args(&words);
         let backstop = ctx.timeout.map(|t| t + BACKSTOP);
-        let (outcome, _, stderr) = capture(&cmd, ctx, backstop, Some(sink), StdoutLog::UnlessJson).await.map_err(Failure::from)?;
+        let (outcome, _, stderr) =
+            capture(&cmd, ctx, backstop, Some(sink), StdoutLog::UnlessJson).await.map_err(Failure::from)?;
         // Read helm's state even after an interrupt: the revision may be written already.
         let after = match self.live(ctx, binary, Some(sink)).await {
             Ok(after) => after,
@@ -576,8 +635,16 @@ impl HelmSpec {
             return Err(failure.with_hint(self.failure_hint(&after)));
         };
         if ours.revision != expected {
-            sink.emit(Event::Warning { message: format!("helm wrote revision {} (expected {expected}): another client changed the release", ours.revision) });
-            sink.emit(Event::Pending { id: self.id(expected), reason: format!("helm wrote revision {} instead", ours.revision) });
+            sink.emit(Event::Warning {
+                message: format!(
+                    "helm wrote revision {} (expected {expected}): another client changed the release",
+                    ours.revision
+                ),
+            });
+            sink.emit(Event::Pending {
+                id: self.id(expected),
+                reason: format!("helm wrote revision {} instead", ours.revision),
+            });
             sink.emit(Event::Started { id: self.id(ours.revision) });
         }
         let id = self.id(ours.revision);
@@ -592,7 +659,8 @@ impl HelmSpec {
         }
         if ours.is_pending() && outcome.interrupted {
             // helm was stopped mid-way: the revision stays uncertain, recover reads helm's state.
-            return Err(Failure::from_process(&cmd.display(), &outcome).with_hint("`rdeploy recover` reads helm's state and resumes"));
+            return Err(Failure::from_process(&cmd.display(), &outcome)
+                .with_hint("`rdeploy recover` reads helm's state and resumes"));
         }
         let reason = if ours.description.is_empty() { ours.status.clone() } else { ours.description.clone() };
         let mut error = format!("revision {} {}: {reason}", ours.revision, ours.status);
@@ -667,7 +735,8 @@ fn helm_failure(command: &str, outcome: &Outcome, stderr: &[String]) -> Failure 
     let mut failure = Failure::from_process(command, outcome);
     if let Some(line) = stderr.iter().rev().find(|l| l.starts_with("Error:")) {
         if !outcome.interrupted && !outcome.timed_out {
-            failure.summary = format!("`{command}` {}: {}", outcome.describe_status(), line.trim_start_matches("Error:").trim());
+            failure.summary =
+                format!("`{command}` {}: {}", outcome.describe_status(), line.trim_start_matches("Error:").trim());
         }
     }
     failure
@@ -731,7 +800,13 @@ mod tests {
     }
 
     fn rev(revision: u64, status: &str) -> Revision {
-        Revision { revision, updated: "2020-01-01T00:00:00Z".into(), status: status.into(), chart: "webapp-0.1.0".into(), description: String::new() }
+        Revision {
+            revision,
+            updated: "2020-01-01T00:00:00Z".into(),
+            status: status.into(),
+            chart: "webapp-0.1.0".into(),
+            description: String::new(),
+        }
     }
 
     #[test]
@@ -739,7 +814,10 @@ mod tests {
         let s = spec();
         let live = |revs: Vec<Revision>| Live { history: revs, status: None };
         assert!(matches!(s.decide_v4(&ctx(), &live(vec![])), Decision::Upgrade { .. }));
-        assert!(matches!(s.decide_v4(&ctx(), &live(vec![rev(1, "deployed"), rev(2, "failed")])), Decision::Upgrade { .. }));
+        assert!(matches!(
+            s.decide_v4(&ctx(), &live(vec![rev(1, "deployed"), rev(2, "failed")])),
+            Decision::Upgrade { .. }
+        ));
         let mut rb = spec();
         rb.recover = Some("rollback".into());
         assert_eq!(
@@ -755,7 +833,10 @@ mod tests {
             other => panic!("{other:?}"),
         }
         match s.decide_v4(&ctx(), &live(vec![rev(1, "pending-install")])) {
-            Decision::Refuse { failure } => assert!(failure.hint.unwrap().contains("helm uninstall web -n shop --kube-context c1"), "uninstall hint"),
+            Decision::Refuse { failure } => assert!(
+                failure.hint.unwrap().contains("helm uninstall web -n shop --kube-context c1"),
+                "uninstall hint"
+            ),
             other => panic!("{other:?}"),
         }
     }
@@ -773,7 +854,11 @@ mod tests {
         };
         let doc = spec().describe_recovery(&ctx, Some(&prior));
         assert_eq!(doc.inspect[0], "helm status web -n shop --kube-context c1");
-        assert!(doc.notes[0].contains("`helm rollback web 2 -n shop --kube-context c1 --wait=watcher`"), "{:?}", doc.notes);
+        assert!(
+            doc.notes[0].contains("`helm rollback web 2 -n shop --kube-context c1 --wait=watcher`"),
+            "{:?}",
+            doc.notes
+        );
         assert!(doc.notes.iter().any(|n| n == "recorded: revision 3 is failed"));
         let fresh = spec().describe_recovery(&ctx, None);
         assert!(fresh.notes[0].contains("LAST_DEPLOYED_REVISION"), "{:?}", fresh.notes);

@@ -22,7 +22,8 @@ use crate::{
 };
 
 const DEFAULT_BINARY: &str = "kubectl";
-const INSTALL_HINT: &str = "install kubectl (https://kubernetes.io/docs/tasks/tools/), or point the step's `binary:` at it";
+const INSTALL_HINT: &str =
+    "install kubectl (https://kubernetes.io/docs/tasks/tools/), or point the step's `binary:` at it";
 /// How long a rollout may take when the step sets no `timeout`.
 const DEFAULT_ROLLOUT_TIMEOUT: Duration = Duration::from_secs(300);
 /// Read-only calls (version, config, kustomize) get this long.
@@ -194,7 +195,8 @@ impl KubectlSpec {
             let path = ctx.resolve(manifest);
             if path.is_dir() && manifest::is_kustomization(&path) {
                 let cmd = self.command(ctx, binary).arg("kustomize").arg(&path);
-                let (outcome, stdout, _) = capture(&cmd, ctx, Some(QUICK), None, StdoutLog::Lines).await.map_err(Failure::from)?;
+                let (outcome, stdout, _) =
+                    capture(&cmd, ctx, Some(QUICK), None, StdoutLog::Lines).await.map_err(Failure::from)?;
                 if !outcome.success() {
                     return Err(Failure::from_process(&cmd.display(), &outcome)
                         .with_hint(format!("fix the kustomization in {}", manifest.display())));
@@ -218,10 +220,10 @@ impl KubectlSpec {
         let default_ns = self.default_namespace(ctx, binary).await;
         let mut objects = Vec::new();
         for (source, docs) in sources {
-            objects.extend(
-                manifest::objects_from_documents(docs, &source, &default_ns, &scopes)
-                    .map_err(|e| Failure::new(e).with_hint("fix the manifest; every object needs `apiVersion`, `kind` and `metadata.name`"))?,
-            );
+            objects.extend(manifest::objects_from_documents(docs, &source, &default_ns, &scopes).map_err(|e| {
+                Failure::new(e)
+                    .with_hint("fix the manifest; every object needs `apiVersion`, `kind` and `metadata.name`")
+            })?);
         }
         manifest::order(&mut objects);
         if let Some((id, first, second)) = manifest::first_duplicate(&objects) {
@@ -233,7 +235,9 @@ impl KubectlSpec {
             .with_hint("keep one definition: the object is its checkpoint key"));
         }
         if objects.is_empty() {
-            return Err(Failure::new("the step's manifests hold no objects").with_hint("check `manifests:` in the stack file"));
+            return Err(
+                Failure::new("the step's manifests hold no objects").with_hint("check `manifests:` in the stack file")
+            );
         }
         Ok(objects)
     }
@@ -306,10 +310,14 @@ impl KubectlSpec {
         }
         for &i in &plan.in_place {
             if self.wait.unwrap_or(false) && objects[i].is_workload() {
-                inspection.actions.push(format!("wait for the rollout of {} (in place, not recorded done)", objects[i].id()));
+                inspection
+                    .actions
+                    .push(format!("wait for the rollout of {} (in place, not recorded done)", objects[i].id()));
                 inspection.remaining.push(objects[i].id());
             } else {
-                inspection.actions.push(format!("mark {} done: in place, `kubectl diff` shows no difference", objects[i].id()));
+                inspection
+                    .actions
+                    .push(format!("mark {} done: in place, `kubectl diff` shows no difference", objects[i].id()));
             }
         }
         for &i in &plan.keep {
@@ -324,10 +332,14 @@ impl KubectlSpec {
 
     fn warn_gone(&self, objects: &[KubeObject], prior: &PriorStep, sink: &dyn EventSink) {
         let ids: HashSet<String> = objects.iter().map(KubeObject::id).collect();
-        let gone: Vec<&str> = prior.sub_changes.iter().filter(|s| !ids.contains(&s.id)).map(|s| s.id.as_str()).collect();
+        let gone: Vec<&str> =
+            prior.sub_changes.iter().filter(|s| !ids.contains(&s.id)).map(|s| s.id.as_str()).collect();
         if !gone.is_empty() {
             sink.emit(Event::Warning {
-                message: format!("{} recorded but no longer in the manifests; left alone (rdeploy does not prune)", gone.join(", ")),
+                message: format!(
+                    "{} recorded but no longer in the manifests; left alone (rdeploy does not prune)",
+                    gone.join(", ")
+                ),
             });
         }
     }
@@ -348,7 +360,9 @@ impl KubectlSpec {
             cmd = cmd.arg("--server-side");
         }
         let cmd = cmd.arg("-f").arg(&dir);
-        let (outcome, stdout, stderr) = capture(&cmd, ctx, Some(ctx.timeout.unwrap_or(QUICK)), sink, StdoutLog::Lines).await.map_err(Failure::from)?;
+        let (outcome, stdout, stderr) = capture(&cmd, ctx, Some(ctx.timeout.unwrap_or(QUICK)), sink, StdoutLog::Lines)
+            .await
+            .map_err(Failure::from)?;
         if outcome.interrupted {
             return Err(Failure::from_process(&cmd.display(), &outcome));
         }
@@ -415,7 +429,8 @@ impl KubectlSpec {
         let Some((outcome, command)) = last else { return Ok(()) };
         if outcome.interrupted || outcome.timed_out {
             let mut failure = Failure::from_process(&command, &outcome);
-            failure.hint = Some("objects kubectl did not report are uncertain; `rdeploy recover` diffs them first".into());
+            failure.hint =
+                Some("objects kubectl did not report are uncertain; `rdeploy recover` diffs them first".into());
             return Err(failure);
         }
         if self.wait.unwrap_or(false) && !to_wait.is_empty() {
@@ -450,7 +465,8 @@ impl KubectlSpec {
         for &i in batch {
             sink.emit(Event::Started { id: objects[i].id() });
         }
-        let (outcome, stdout, stderr) = capture(&cmd, ctx, ctx.timeout, Some(sink), StdoutLog::Lines).await.map_err(Failure::from)?;
+        let (outcome, stdout, stderr) =
+            capture(&cmd, ctx, ctx.timeout, Some(sink), StdoutLog::Lines).await.map_err(Failure::from)?;
         let results: Vec<_> = stdout.iter().filter_map(|l| parse_apply_line(l)).collect();
         let refs: Vec<&KubeObject> = batch.iter().map(|&i| &objects[i]).collect();
         let matched = match_results(&refs, &results);
@@ -479,9 +495,19 @@ impl KubectlSpec {
 
     /// After a batch that created CRDs, waits until they are established so the custom
     /// resources of the next batch map (best effort: the apply reports what still fails).
-    async fn wait_for_crds(&self, ctx: &StepContext, binary: &Path, objects: &[KubeObject], batch: &[usize], sink: &dyn EventSink) {
-        let crds: Vec<String> =
-            batch.iter().filter(|&&i| objects[i].kind == "CustomResourceDefinition").map(|&i| format!("crd/{}", objects[i].name)).collect();
+    async fn wait_for_crds(
+        &self,
+        ctx: &StepContext,
+        binary: &Path,
+        objects: &[KubeObject],
+        batch: &[usize],
+        sink: &dyn EventSink,
+    ) {
+        let crds: Vec<String> = batch
+            .iter()
+            .filter(|&&i| objects[i].kind == "CustomResourceDefinition")
+            .map(|&i| format!("crd/{}", objects[i].name))
+            .collect();
         if crds.is_empty() {
             return;
         }
@@ -503,7 +529,10 @@ impl KubectlSpec {
         for &i in workloads {
             let object = &objects[i];
             if ctx.cancel.is_cancelled() {
-                return Err(Failure { interrupted: true, ..Failure::new(format!("stopped before the rollout of `{}`", object.id())) });
+                return Err(Failure {
+                    interrupted: true,
+                    ..Failure::new(format!("stopped before the rollout of `{}`", object.id()))
+                });
             }
             let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_secs(1));
             let mut cmd = self.command(ctx, binary).arg("rollout").arg("status").arg(object.resource_arg());
@@ -512,7 +541,10 @@ impl KubectlSpec {
             }
             let cmd = cmd.arg(format!("--timeout={}s", left.as_secs()));
             // kubectl enforces its own --timeout; ours is a backstop a little later.
-            let (outcome, stdout, _) = capture(&cmd, ctx, Some(left + Duration::from_secs(30)), Some(sink), StdoutLog::Lines).await.map_err(Failure::from)?;
+            let (outcome, stdout, _) =
+                capture(&cmd, ctx, Some(left + Duration::from_secs(30)), Some(sink), StdoutLog::Lines)
+                    .await
+                    .map_err(Failure::from)?;
             if outcome.interrupted {
                 return Err(Failure::from_process(&cmd.display(), &outcome));
             }
@@ -564,7 +596,8 @@ impl KubectlSpec {
             "by hand: `{cd} && {}` (apply is idempotent: objects already in place come back `unchanged`)",
             display_command(&self.runbook_words(&["apply"]))
         ));
-        doc.notes.push("a directory holding a `kustomization.yaml` is applied with `-k DIR` rather than `-f DIR`".into());
+        doc.notes
+            .push("a directory holding a `kustomization.yaml` is applied with `-k DIR` rather than `-f DIR`".into());
         if let Some(prior) = prior {
             let not_done: Vec<String> = prior
                 .sub_changes
@@ -587,7 +620,10 @@ impl KubectlSpec {
             }
         }
         if doc.verify.is_empty() {
-            doc.verify.push(format!("{cd} && {}    # exits 0 when everything is in place", display_command(&self.runbook_words(&["diff"]))));
+            doc.verify.push(format!(
+                "{cd} && {}    # exits 0 when everything is in place",
+                display_command(&self.runbook_words(&["diff"]))
+            ));
         }
         doc
     }
@@ -634,7 +670,8 @@ fn file_name(index: usize) -> String {
 /// Writes one JSON file per selected object into a fresh `work_dir/LABEL/`.
 fn stage(ctx: &StepContext, label: &str, objects: &[KubeObject], selected: &[usize]) -> Result<PathBuf, Failure> {
     let dir = ctx.work_dir.join("objects").join(label);
-    let io = |what: &str, path: &Path, e: std::io::Error| Failure::new(format!("could not {what} {}: {e}", path.display()));
+    let io =
+        |what: &str, path: &Path, e: std::io::Error| Failure::new(format!("could not {what} {}: {e}", path.display()));
     if dir.exists() {
         std::fs::remove_dir_all(&dir).map_err(|e| io("clear", &dir, e))?;
     }
@@ -648,7 +685,8 @@ fn stage(ctx: &StepContext, label: &str, objects: &[KubeObject], selected: &[usi
 }
 
 fn read_documents(path: &Path) -> Result<Vec<serde_json::Value>, Failure> {
-    let text = std::fs::read_to_string(path).map_err(|e| Failure::new(format!("could not read {}: {e}", path.display())))?;
+    let text =
+        std::fs::read_to_string(path).map_err(|e| Failure::new(format!("could not read {}: {e}", path.display())))?;
     manifest::parse_documents(&text).map_err(|e| Failure::new(format!("{} does not parse: {e}", path.display())))
 }
 
@@ -690,15 +728,27 @@ mod tests {
         let prior = PriorStep {
             sub_changes: vec![
                 PriorSubChange { id: "Namespace/shop".into(), status: SubStatus::Done, error: None },
-                PriorSubChange { id: "Deployment/shop/web".into(), status: SubStatus::Failed, error: Some("rollout did not finish".into()) },
+                PriorSubChange {
+                    id: "Deployment/shop/web".into(),
+                    status: SubStatus::Failed,
+                    error: Some("rollout did not finish".into()),
+                },
             ],
             facts: Default::default(),
         };
         let doc = spec().describe_recovery(&ctx, Some(&prior));
-        assert!(doc.inspect[0].starts_with("cd deploy && kubectl diff -f k8s/app.yaml --context c1"), "{:?}", doc.inspect);
+        assert!(
+            doc.inspect[0].starts_with("cd deploy && kubectl diff -f k8s/app.yaml --context c1"),
+            "{:?}",
+            doc.inspect
+        );
         assert_eq!(doc.recover, ["rdeploy recover stack.yaml"]);
         assert!(doc.notes[0].contains("`cd deploy && kubectl apply -f k8s/app.yaml --context c1`"), "{:?}", doc.notes);
-        assert!(doc.notes.iter().any(|n| n == "objects not done: Deployment/shop/web (failed: rollout did not finish)"), "{:?}", doc.notes);
+        assert!(
+            doc.notes.iter().any(|n| n == "objects not done: Deployment/shop/web (failed: rollout did not finish)"),
+            "{:?}",
+            doc.notes
+        );
         assert_eq!(doc.verify, ["kubectl rollout status deployment/web -n shop --context c1"]);
     }
 

@@ -456,8 +456,7 @@ impl From<AdapterError> for Failure {
 
 /// Quotes a word for a POSIX shell when it needs it, so runbook commands paste cleanly.
 pub fn shell_quote(word: &str) -> String {
-    let safe = !word.is_empty()
-        && word.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=:,@%+".contains(c));
+    let safe = !word.is_empty() && word.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=:,@%+".contains(c));
     if safe {
         word.to_string()
     } else {

@@ -158,9 +158,7 @@ impl Command {
                 Ok(())
             });
         }
-        let mut child = cmd
-            .spawn()
-            .map_err(|source| AdapterError::Spawn { command: self.display(), source })?;
+        let mut child = cmd.spawn().map_err(|source| AdapterError::Spawn { command: self.display(), source })?;
         let pgid = child.id().map(|id| Pid::from_raw(id as i32));
         tracing::debug!(command = %self.display(), pid = ?child.id(), cwd = ?self.cwd, "spawned");
         // pdeathsig reaches only the direct child; a grandchild can outlive a killed rdeploy,
@@ -322,7 +320,8 @@ pub async fn capture(
             }
         })
         .await?;
-    if log_stdout == StdoutLog::UnlessJson && !stdout.first().is_some_and(|l| l.starts_with('[') || l.starts_with('{')) {
+    if log_stdout == StdoutLog::UnlessJson && !stdout.first().is_some_and(|l| l.starts_with('[') || l.starts_with('{'))
+    {
         for line in &stdout {
             log(Stream::Stdout, line);
         }
@@ -374,7 +373,8 @@ impl Outcome {
 
     /// The most telling line of the error output: the last non-empty stderr line, else stdout.
     pub fn last_error_line(&self) -> Option<String> {
-        let pick = |tail: &VecDeque<String>| tail.iter().rev().find(|l| !l.trim().is_empty()).map(|l| l.trim().to_string());
+        let pick =
+            |tail: &VecDeque<String>| tail.iter().rev().find(|l| !l.trim().is_empty()).map(|l| l.trim().to_string());
         pick(&self.stderr_tail).or_else(|| pick(&self.stdout_tail))
     }
 }
@@ -385,10 +385,8 @@ mod tests {
 
     async fn run(cmd: Command) -> (Outcome, Vec<(Stream, String)>) {
         let mut lines = Vec::new();
-        let outcome = cmd
-            .run(&CancellationToken::new(), None, &mut |s, l| lines.push((s, l.to_string())))
-            .await
-            .unwrap();
+        let outcome =
+            cmd.run(&CancellationToken::new(), None, &mut |s, l| lines.push((s, l.to_string()))).await.unwrap();
         (outcome, lines)
     }
 
@@ -445,10 +443,8 @@ mod tests {
     async fn timeout_terminates_the_group() {
         let cmd = Command::shell("sleep 30");
         let started = std::time::Instant::now();
-        let outcome = cmd
-            .run(&CancellationToken::new(), Some(Duration::from_millis(200)), &mut |_, _| {})
-            .await
-            .unwrap();
+        let outcome =
+            cmd.run(&CancellationToken::new(), Some(Duration::from_millis(200)), &mut |_, _| {}).await.unwrap();
         assert!(outcome.timed_out);
         assert_eq!(outcome.signal, Some(libc_sigterm()));
         assert!(started.elapsed() < Duration::from_secs(5));
@@ -460,10 +456,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_missing_program_is_a_spawn_error() {
-        let err = Command::new("/nonexistent/tool")
-            .run(&CancellationToken::new(), None, &mut |_, _| {})
-            .await
-            .unwrap_err();
+        let err =
+            Command::new("/nonexistent/tool").run(&CancellationToken::new(), None, &mut |_, _| {}).await.unwrap_err();
         assert!(matches!(err, AdapterError::Spawn { .. }));
     }
 }

@@ -86,7 +86,10 @@ impl ShellSpec {
     pub async fn preflight(&self, _ctx: &StepContext) -> Result<ToolInfo, AdapterError> {
         let binary = PathBuf::from("/bin/sh");
         if !binary.exists() {
-            return Err(AdapterError::ToolMissing { tool: "sh".into(), hint: "install a POSIX shell at /bin/sh".into() });
+            return Err(AdapterError::ToolMissing {
+                tool: "sh".into(),
+                hint: "install a POSIX shell at /bin/sh".into(),
+            });
         }
         Ok(ToolInfo { binary, version: "posix sh".into() })
     }
@@ -135,11 +138,15 @@ impl ShellSpec {
             match (prior.status_of(id), check) {
                 (Some(SubStatus::Done), _) => inspection.actions.push(format!("keep {id}: done")),
                 (Some(SubStatus::Started), Some(check)) => {
-                    inspection.actions.push(format!("check {id} (uncertain after a crash): `{check}`, then run `{run}` if it is not in place"));
+                    inspection.actions.push(format!(
+                        "check {id} (uncertain after a crash): `{check}`, then run `{run}` if it is not in place"
+                    ));
                     inspection.remaining.push(id.to_string());
                 }
                 (Some(SubStatus::Started), None) => {
-                    inspection.actions.push(format!("run {id} again (uncertain after a crash, no `check` declared): `{run}`"));
+                    inspection
+                        .actions
+                        .push(format!("run {id} again (uncertain after a crash, no `check` declared): `{run}`"));
                     inspection.remaining.push(id.to_string());
                 }
                 _ if id == RUN_ID => {
@@ -162,10 +169,8 @@ impl ShellSpec {
         };
         let mut doc = RecoveryDoc::default();
         let planned = self.planned();
-        let left: Vec<_> = planned
-            .iter()
-            .filter(|(id, ..)| prior.is_none_or(|p| p.status_of(id) != Some(SubStatus::Done)))
-            .collect();
+        let left: Vec<_> =
+            planned.iter().filter(|(id, ..)| prior.is_none_or(|p| p.status_of(id) != Some(SubStatus::Done))).collect();
         for (id, _, check) in &planned {
             if let Some(check) = check {
                 doc.inspect.push(format!("{check}    # exits 0 when `{id}` is in place"));
@@ -189,7 +194,13 @@ impl ShellSpec {
         doc
     }
 
-    async fn run_sub_change(&self, ctx: &StepContext, sink: &dyn EventSink, id: &str, run: &str) -> Result<(), Failure> {
+    async fn run_sub_change(
+        &self,
+        ctx: &StepContext,
+        sink: &dyn EventSink,
+        id: &str,
+        run: &str,
+    ) -> Result<(), Failure> {
         if ctx.cancel.is_cancelled() {
             return Err(Failure { interrupted: true, ..Failure::new(format!("stopped before `{id}`")) });
         }
@@ -210,7 +221,13 @@ impl ShellSpec {
     }
 
     /// Runs a sub-change's `check`; `Ok(true)` when it says the sub-change is in place.
-    async fn check_in_place(&self, ctx: &StepContext, sink: &dyn EventSink, id: &str, check: &str) -> Result<bool, Failure> {
+    async fn check_in_place(
+        &self,
+        ctx: &StepContext,
+        sink: &dyn EventSink,
+        id: &str,
+        check: &str,
+    ) -> Result<bool, Failure> {
         let outcome = self
             .command(ctx, id, check)
             .run(&ctx.cancel, ctx.timeout, &mut forward_output(sink))
@@ -280,7 +297,11 @@ mod tests {
             dir: None,
             sub_changes: Some(
                 subs.iter()
-                    .map(|(n, r, c)| ShellSubChange { name: n.to_string(), run: r.to_string(), check: c.map(str::to_string) })
+                    .map(|(n, r, c)| ShellSubChange {
+                        name: n.to_string(),
+                        run: r.to_string(),
+                        check: c.map(str::to_string),
+                    })
                     .collect(),
             ),
         }
@@ -289,7 +310,8 @@ mod tests {
     #[tokio::test]
     async fn stops_at_the_first_failing_sub_change() {
         let dir = tempfile::tempdir().unwrap();
-        let spec = spec(&[("a", "echo a >> log", None), ("b", "echo boom >&2; exit 4", None), ("c", "echo c >> log", None)]);
+        let spec =
+            spec(&[("a", "echo a >> log", None), ("b", "echo boom >&2; exit 4", None), ("c", "echo c >> log", None)]);
         let sink = Recorder::default();
         let failure = spec.apply(&ctx(dir.path()), &sink).await.unwrap_err();
         assert_eq!(failure.exit_code, Some(4));
@@ -335,6 +357,9 @@ mod tests {
         let dup = spec(&[("a", "true", None), ("a", "true", None)]);
         let problems = dup.problems();
         assert_eq!(problems.len(), 1);
-        assert_eq!(problems[0].at, vec![PathSegment::Key("sub_changes"), PathSegment::Index(1), PathSegment::Key("name")]);
+        assert_eq!(
+            problems[0].at,
+            vec![PathSegment::Key("sub_changes"), PathSegment::Index(1), PathSegment::Key("name")]
+        );
     }
 }

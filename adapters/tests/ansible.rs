@@ -5,11 +5,9 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use rdeploy_adapters::testing::Recorder;
 use rdeploy_adapters::ansible::AnsibleSpec;
-use rdeploy_adapters::{
-    CancellationToken, Event, Failure, PriorStep, StepContext, SubStatus, ToolSpec,
-};
+use rdeploy_adapters::testing::Recorder;
+use rdeploy_adapters::{CancellationToken, Event, Failure, PriorStep, StepContext, SubStatus, ToolSpec};
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
@@ -121,7 +119,11 @@ async fn one_failing_host_of_five_is_failed_and_recover_touches_only_it() {
     let failure = result.unwrap_err();
     assert_eq!(failure.exit_code, Some(2));
     assert!(failure.summary.contains("1 failed, 4 done"), "{}", failure.summary);
-    assert!(failure.summary.contains("web3: task `check for injected failure` failed: injected failure on web3"), "{}", failure.summary);
+    assert!(
+        failure.summary.contains("web3: task `check for injected failure` failed: injected failure on web3"),
+        "{}",
+        failure.summary
+    );
     assert!(failure.hint.as_deref().unwrap().ends_with("with `--limit web3`"), "{:?}", failure.hint);
     assert_eq!(sink.events()[0], Event::Planned { ids: WEB.iter().map(|h| h.to_string()).collect() });
     assert_eq!(sink.error_of("web3").unwrap(), "task `check for injected failure` failed: injected failure on web3");
@@ -283,14 +285,18 @@ async fn a_missing_ansible_playbook_says_how_to_install_it() {
 #[tokio::test]
 async fn the_users_own_callbacks_stay_enabled() {
     let stack = Stack::new();
-    std::fs::write(stack.path().join("ansible.cfg"), "[defaults]\ncallbacks_enabled = ansible.builtin.junit\n").unwrap();
+    std::fs::write(stack.path().join("ansible.cfg"), "[defaults]\ncallbacks_enabled = ansible.builtin.junit\n")
+        .unwrap();
     let spec = stack.spec("site.yml", "inventory.ini");
     let mut ctx = stack.ctx();
     ctx.env.insert("JUNIT_OUTPUT_DIR".into(), stack.path().join("junit").to_string_lossy().into_owned());
     let sink = Recorder::default();
     ToolSpec::Ansible(spec).apply(&ctx, &sink).await.unwrap();
     assert_eq!(sink.prior().sub_changes.iter().filter(|s| s.status == SubStatus::Done).count(), 5);
-    assert!(std::fs::read_dir(stack.path().join("junit")).map(|d| d.count()).unwrap_or(0) > 0, "junit callback ran too");
+    assert!(
+        std::fs::read_dir(stack.path().join("junit")).map(|d| d.count()).unwrap_or(0) > 0,
+        "junit callback ran too"
+    );
 }
 
 #[tokio::test]

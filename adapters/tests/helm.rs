@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use kubesim::{helm_bin, kubectl_bin, workspace_root, Kubesim};
-use rdeploy_adapters::testing::Recorder;
 use rdeploy_adapters::helm::HelmSpec;
+use rdeploy_adapters::testing::Recorder;
 use rdeploy_adapters::{CancellationToken, Event, Failure, PriorStep, StepContext, ToolSpec};
 
 struct Setup {
@@ -91,9 +91,19 @@ impl Setup {
         let (sink, result) = self.apply(&self.spec(&[("color", "red"), ("tier", "not valid!")])).await;
         let failure = result.unwrap_err();
         assert_eq!(failure.exit_code, Some(1));
-        assert!(failure.summary.starts_with("`helm upgrade --install web` failed: revision 2 failed: Upgrade \"web\" failed:"), "{}", failure.summary);
+        assert!(
+            failure
+                .summary
+                .starts_with("`helm upgrade --install web` failed: revision 2 failed: Upgrade \"web\" failed:"),
+            "{}",
+            failure.summary
+        );
         assert!(failure.summary.contains("Invalid value: \"not valid!\""), "{}", failure.summary);
-        assert!(failure.hint.as_deref().unwrap().contains("helm rollback web 1 -n shop --kube-context c1"), "{:?}", failure.hint);
+        assert!(
+            failure.hint.as_deref().unwrap().contains("helm rollback web 1 -n shop --kube-context c1"),
+            "{:?}",
+            failure.hint
+        );
         assert_eq!(sink.failures().len(), 1);
         assert_eq!(sink.failures()[0].0, "web@2");
         assert_eq!(sink.fact("status"), Some(serde_json::json!("failed")));
@@ -118,7 +128,10 @@ async fn failed_upgrade_recovered_by_upgrade(major: u32) {
     // Recovering again finds it deployed at the wanted values: nothing runs.
     let (sink, result) = s.recover(&fixed, &[]).await;
     result.unwrap();
-    assert!(sink.events().contains(&Event::Done { id: "web@3".into(), note: Some("already deployed at the wanted chart and values".into()) }));
+    assert!(sink.events().contains(&Event::Done {
+        id: "web@3".into(),
+        note: Some("already deployed at the wanted chart and values".into())
+    }));
     assert_eq!(s.statuses().len(), 3);
 }
 
@@ -131,7 +144,9 @@ async fn failed_upgrade_recovered_by_rollback(major: u32) {
     assert!(inspection.actions.iter().any(|a| a.contains("helm rollback web 1")), "{:?}", inspection.actions);
     let (sink, result) = s.recover(&spec, &[]).await;
     result.unwrap();
-    assert!(sink.events().contains(&Event::Done { id: "web@3".into(), note: Some("rollback to revision 1 deployed".into()) }));
+    assert!(sink
+        .events()
+        .contains(&Event::Done { id: "web@3".into(), note: Some("rollback to revision 1 deployed".into()) }));
     assert_eq!(s.statuses(), ["superseded", "failed", "deployed"]);
     let history = s.sim.helm_ok(major, &["history", "web", "-n", NS, "-o", "json"]);
     assert!(history.contains("Rollback to 1"), "{history}");
@@ -159,7 +174,11 @@ async fn pending_upgrade_is_detected_and_recovered(major: u32) {
     let mut alive = std::process::Command::new(&fake).args(["upgrade", "web"]).spawn().unwrap();
     let (sink, result) = s.recover(&spec, &[]).await;
     let failure = result.unwrap_err();
-    assert!(failure.summary.starts_with("release web is stuck in pending-upgrade at revision 2 for "), "{}", failure.summary);
+    assert!(
+        failure.summary.starts_with("release web is stuck in pending-upgrade at revision 2 for "),
+        "{}",
+        failure.summary
+    );
     assert!(failure.summary.contains("a helm process for it is still running"), "{}", failure.summary);
     let hint = failure.hint.unwrap();
     assert!(hint.contains("`rdeploy recover --force` (runs `"), "{hint}");
@@ -176,7 +195,8 @@ async fn pending_upgrade_is_detected_and_recovered(major: u32) {
     let (_, result) = s.recover(&spec, &[]).await;
     let failure = result.unwrap_err();
     assert!(
-        failure.summary.contains("younger than helm's timeout") || failure.summary.contains("a helm process for it is still running"),
+        failure.summary.contains("younger than helm's timeout")
+            || failure.summary.contains("a helm process for it is still running"),
         "{}",
         failure.summary
     );

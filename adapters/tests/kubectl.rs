@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use kubesim::{kubectl_bin, workspace_root, Kubesim};
-use rdeploy_adapters::testing::Recorder;
 use rdeploy_adapters::kubectl::KubectlSpec;
+use rdeploy_adapters::testing::Recorder;
 use rdeploy_adapters::{CancellationToken, Event, Failure, PriorStep, StepContext, SubStatus, ToolSpec};
 
 struct Setup {
@@ -75,14 +75,22 @@ impl Setup {
     }
 }
 
-const APP_IDS: [&str; 5] = ["Namespace/shop", "ConfigMap/shop/settings", "Deployment/shop/web", "Service/shop/web", "ConfigMap/shop-extra/extra"];
+const APP_IDS: [&str; 5] = [
+    "Namespace/shop",
+    "ConfigMap/shop/settings",
+    "Deployment/shop/web",
+    "Service/shop/web",
+    "ConfigMap/shop-extra/extra",
+];
 
 async fn first_apply_fails_on_the_missing_namespace(s: &Setup, spec: &KubectlSpec) -> PriorStep {
     let (sink, result) = s.apply(spec).await;
     let failure = result.unwrap_err();
     assert_eq!(failure.exit_code, Some(1));
     assert!(
-        failure.summary.starts_with(r#"1 of 5 objects failed; ConfigMap/shop-extra/extra: Error from server (NotFound): "#),
+        failure
+            .summary
+            .starts_with(r#"1 of 5 objects failed; ConfigMap/shop-extra/extra: Error from server (NotFound): "#),
         "{}",
         failure.summary
     );
@@ -103,20 +111,30 @@ async fn five_objects_one_fails_then_recover_applies_only_the_missing_one() {
     let s = Setup::new();
     let spec = s.spec("app/app.yaml");
     let prior = first_apply_fails_on_the_missing_namespace(&s, &spec).await;
-    let settings_rv = s.sim.kubectl_ok(&["get", "cm", "settings", "-n", "shop", "-o", "jsonpath={.metadata.resourceVersion}"]);
+    let settings_rv =
+        s.sim.kubectl_ok(&["get", "cm", "settings", "-n", "shop", "-o", "jsonpath={.metadata.resourceVersion}"]);
 
     s.sim.kubectl_ok(&["create", "namespace", "shop-extra"]);
     let inspection = ToolSpec::Kubectl(spec.clone()).inspect(&s.ctx(Duration::from_secs(60)), &prior).await.unwrap();
     assert_eq!(inspection.remaining, vec![APP_IDS[4]]);
-    assert!(inspection.actions.contains(&"apply ConfigMap/shop-extra/extra (missing from the cluster)".to_string()), "{:?}", inspection.actions);
-    assert!(inspection.actions.contains(&"keep ConfigMap/shop/settings: done and unchanged".to_string()), "{:?}", inspection.actions);
+    assert!(
+        inspection.actions.contains(&"apply ConfigMap/shop-extra/extra (missing from the cluster)".to_string()),
+        "{:?}",
+        inspection.actions
+    );
+    assert!(
+        inspection.actions.contains(&"keep ConfigMap/shop/settings: done and unchanged".to_string()),
+        "{:?}",
+        inspection.actions
+    );
 
     let (sink, result) = s.recover(&spec, &prior).await;
     result.unwrap();
     assert_eq!(sink.started(), vec![APP_IDS[4]]);
     assert!(sink.events().contains(&Event::Done { id: APP_IDS[4].into(), note: Some("created".into()) }));
     assert_eq!(s.sim.kubectl_ok(&["get", "cm", "extra", "-n", "shop-extra", "-o", "jsonpath={.data.owner}"]), "shop");
-    let after = s.sim.kubectl_ok(&["get", "cm", "settings", "-n", "shop", "-o", "jsonpath={.metadata.resourceVersion}"]);
+    let after =
+        s.sim.kubectl_ok(&["get", "cm", "settings", "-n", "shop", "-o", "jsonpath={.metadata.resourceVersion}"]);
     assert_eq!(settings_rv, after, "recover touched an object that was done and unchanged");
 }
 
@@ -131,7 +149,11 @@ async fn drift_between_up_and_recover_is_diffed_and_reapplied() {
     s.sim.kubectl_ok(&["create", "namespace", "shop-extra"]);
     let inspection = ToolSpec::Kubectl(spec.clone()).inspect(&s.ctx(Duration::from_secs(60)), &prior).await.unwrap();
     assert_eq!(inspection.remaining, vec![APP_IDS[1], APP_IDS[4]]);
-    assert!(inspection.actions.contains(&"apply ConfigMap/shop/settings (differs from the live object)".to_string()), "{:?}", inspection.actions);
+    assert!(
+        inspection.actions.contains(&"apply ConfigMap/shop/settings (differs from the live object)".to_string()),
+        "{:?}",
+        inspection.actions
+    );
 
     let (sink, result) = s.recover(&spec, &prior).await;
     result.unwrap();
@@ -150,11 +172,19 @@ async fn server_side_apply_attributes_errors_without_a_file_name() {
     let (sink, result) = s.apply(&spec).await;
     assert!(result.is_err());
     assert!(sink.events().contains(&Event::Done { id: APP_IDS[2].into(), note: Some("serverside-applied".into()) }));
-    assert_eq!(sink.error_of(APP_IDS[4]).as_deref(), Some(r#"Error from server (NotFound): namespaces "shop-extra" not found"#));
+    assert_eq!(
+        sink.error_of(APP_IDS[4]).as_deref(),
+        Some(r#"Error from server (NotFound): namespaces "shop-extra" not found"#)
+    );
     // The diff of a recover runs server-side too: with the namespace still missing it fails
     // (exit 2), and the checkpoint alone decides.
-    let inspection = ToolSpec::Kubectl(spec.clone()).inspect(&s.ctx(Duration::from_secs(60)), &sink.prior()).await.unwrap();
-    assert!(inspection.actions[0].starts_with("`kubectl diff` failed (Error from server (NotFound)"), "{:?}", inspection.actions);
+    let inspection =
+        ToolSpec::Kubectl(spec.clone()).inspect(&s.ctx(Duration::from_secs(60)), &sink.prior()).await.unwrap();
+    assert!(
+        inspection.actions[0].starts_with("`kubectl diff` failed (Error from server (NotFound)"),
+        "{:?}",
+        inspection.actions
+    );
     assert_eq!(inspection.remaining, vec![APP_IDS[4]]);
 }
 
@@ -170,12 +200,24 @@ async fn a_broken_image_fails_wait_with_kubectls_message() {
     assert!(started.elapsed() < Duration::from_secs(20), "{:?}", started.elapsed());
     let error = sink.error_of("Deployment/default/canary").unwrap();
     assert!(error.starts_with("rollout did not finish: error: timed out waiting for the condition"), "{error}");
-    assert!(error.contains(r#"(Waiting for deployment "canary" rollout to finish: 0 of 1 updated replicas are available...)"#), "{error}");
-    assert!(failure.summary.starts_with("1 of 2 objects failed; Deployment/default/canary: rollout did not finish"), "{}", failure.summary);
-    assert!(sink.events().contains(&Event::Done { id: "Deployment/default/stable".into(), note: Some("rolled out".into()) }));
+    assert!(
+        error.contains(
+            r#"(Waiting for deployment "canary" rollout to finish: 0 of 1 updated replicas are available...)"#
+        ),
+        "{error}"
+    );
+    assert!(
+        failure.summary.starts_with("1 of 2 objects failed; Deployment/default/canary: rollout did not finish"),
+        "{}",
+        failure.summary
+    );
+    assert!(sink
+        .events()
+        .contains(&Event::Done { id: "Deployment/default/stable".into(), note: Some("rolled out".into()) }));
 
     // Recover: the spec is in place (no diff), but the rollout was never done: wait again.
-    let inspection = ToolSpec::Kubectl(spec.clone()).inspect(&s.ctx(Duration::from_secs(3)), &sink.prior()).await.unwrap();
+    let inspection =
+        ToolSpec::Kubectl(spec.clone()).inspect(&s.ctx(Duration::from_secs(3)), &sink.prior()).await.unwrap();
     assert_eq!(inspection.remaining, vec!["Deployment/default/canary"]);
     assert!(s.path().join(".rdeploy/work/extras/objects/apply-1/0001.json").is_file());
 }

@@ -7,11 +7,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use rdeploy_adapters::testing::Recorder;
 use rdeploy_adapters::terraform::{TerraformSpec, FACT_LOCK_ID};
-use rdeploy_adapters::{
-    CancellationToken, Event, Failure, PriorStep, StepContext, SubStatus, ToolSpec,
-};
+use rdeploy_adapters::testing::Recorder;
+use rdeploy_adapters::{CancellationToken, Event, Failure, PriorStep, StepContext, SubStatus, ToolSpec};
 
 /// Fails loudly: these tests exist to run real terraform.
 fn require_terraform() {
@@ -258,8 +256,16 @@ async fn a_resource_changed_outside_between_failure_and_recover_shows_in_the_pla
 
     // recover --dry-run: says what would happen, changes nothing.
     let inspection = ToolSpec::Terraform(fixed.clone()).inspect(&fx.ctx(), &prior).await.unwrap();
-    assert_eq!(inspection.actions[0], "`terraform plan`: 3 to add, 1 to change, 2 to destroy", "{:?}", inspection.actions);
-    assert!(inspection.actions.contains(&"replace terraform_data.a2 (tainted)".to_string()), "{:?}", inspection.actions);
+    assert_eq!(
+        inspection.actions[0], "`terraform plan`: 3 to add, 1 to change, 2 to destroy",
+        "{:?}",
+        inspection.actions
+    );
+    assert!(
+        inspection.actions.contains(&"replace terraform_data.a2 (tainted)".to_string()),
+        "{:?}",
+        inspection.actions
+    );
     assert!(inspection.actions.contains(&"update terraform_data.a3".to_string()), "{:?}", inspection.actions);
     assert!(inspection.actions.iter().any(|a| a.contains("changed since the failure")), "{:?}", inspection.actions);
     assert_eq!(inspection.remaining.len(), 4);
@@ -271,7 +277,10 @@ async fn a_resource_changed_outside_between_failure_and_recover_shows_in_the_pla
     let again = Recorder::default();
     recover(&fixed, &fx.ctx(), &prior, &again).await.unwrap();
     let warning = again.warnings().join("\n");
-    assert!(warning.contains("replace terraform_data.a2 (tainted)") && warning.contains("update terraform_data.a3"), "{warning}");
+    assert!(
+        warning.contains("replace terraform_data.a2 (tainted)") && warning.contains("update terraform_data.a3"),
+        "{warning}"
+    );
     // a2 was replaced because it was tainted; the others done before ran once.
     assert_eq!(fx.runs("a2"), 2);
     for name in ["a1", "a3", "a4", "a5", "a6"] {
@@ -302,9 +311,21 @@ async fn a_held_state_lock_stops_with_its_id_and_applies_nothing() {
     assert!(holder.wait().unwrap().success());
 
     let failure = result.unwrap_err();
-    assert!(failure.summary.starts_with("the terraform state is locked by another process: lock ID "), "{}", failure.summary);
-    assert!(failure.summary.contains(&lock_id) && failure.summary.contains("held by ") && failure.summary.contains(" since "));
-    assert!(failure.hint.as_deref().unwrap().contains(&format!("terraform force-unlock {lock_id}")), "{:?}", failure.hint);
+    assert!(
+        failure.summary.starts_with("the terraform state is locked by another process: lock ID "),
+        "{}",
+        failure.summary
+    );
+    assert!(
+        failure.summary.contains(&lock_id)
+            && failure.summary.contains("held by ")
+            && failure.summary.contains(" since ")
+    );
+    assert!(
+        failure.hint.as_deref().unwrap().contains(&format!("terraform force-unlock {lock_id}")),
+        "{:?}",
+        failure.hint
+    );
     assert!(sink.started().is_empty(), "nothing applied: {:?}", sink.events());
     assert!(sink.events().contains(&Event::Fact { key: FACT_LOCK_ID.into(), value: serde_json::json!(lock_id) }));
     // Only the holder ran the provisioners.

@@ -65,7 +65,10 @@ pub fn generate(req: &AlertsRequest, state_dir: &Path) -> anyhow::Result<String>
         return Err(bad_input("`--absent-for` must be at least 1m (scrapes are usually 15s to 1m apart)"));
     }
     let label = req.cluster_label.as_str();
-    if label.is_empty() || !label.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') || label.starts_with(|c: char| c.is_ascii_digit()) {
+    if label.is_empty()
+        || !label.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        || label.starts_with(|c: char| c.is_ascii_digit())
+    {
         return Err(bad_input(format!("`--cluster-label {label}` is not a Prometheus label name")));
     }
     let now = OffsetDateTime::now_utc();
@@ -77,12 +80,20 @@ pub fn generate(req: &AlertsRequest, state_dir: &Path) -> anyhow::Result<String>
     let (kubeconfig, source) = match scope::read_kubeconfig(req.kubeconfig.as_deref()) {
         Ok(found) => found,
         // Rules need names, not access: the fleet file or the names given are enough.
-        Err(_) if req.kubeconfig.is_none() && (fleet.as_ref().is_some_and(|f| !f.clusters.is_empty()) || !req.contexts.is_empty()) => (Default::default(), "the fleet file".to_string()),
+        Err(_)
+            if req.kubeconfig.is_none()
+                && (fleet.as_ref().is_some_and(|f| !f.clusters.is_empty()) || !req.contexts.is_empty()) =>
+        {
+            (Default::default(), "the fleet file".to_string())
+        }
         Err(e) => {
-            return Err(Refusal::new(Code::BadInput, format!("{e:#}")).with_hint("pass `--fleet FILE` (the fleet's clusters) or `--kubeconfig FILE`").into());
+            return Err(Refusal::new(Code::BadInput, format!("{e:#}"))
+                .with_hint("pass `--fleet FILE` (the fleet's clusters) or `--kubeconfig FILE`")
+                .into());
         }
     };
-    let scope = Scope::select(kubeconfig, source, &req.contexts, fleet.as_ref()).map_err(|e| bad_input(format!("{e:#}")))?;
+    let scope =
+        Scope::select(kubeconfig, source, &req.contexts, fleet.as_ref()).map_err(|e| bad_input(format!("{e:#}")))?;
     if scope.clusters.is_empty() {
         return Err(bad_input("no cluster in the fleet: pass `--fleet FILE` or a kubeconfig with contexts"));
     }
@@ -97,10 +108,16 @@ fn parse_since(text: &str, now: OffsetDateTime) -> Result<OffsetDateTime, String
     if let Ok(t) = OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339) {
         return Ok(t);
     }
-    humantime::parse_duration(text).map(|d| now - d).map_err(|_| format!("`{text}` is neither an RFC 3339 time nor a duration like `36h`"))
+    humantime::parse_duration(text)
+        .map(|d| now - d)
+        .map_err(|_| format!("`{text}` is neither an RFC 3339 time nor a duration like `36h`"))
 }
 
-fn components(req: &AlertsRequest, rollouts: &Rollouts, since: Option<OffsetDateTime>) -> anyhow::Result<Vec<Component>> {
+fn components(
+    req: &AlertsRequest,
+    rollouts: &Rollouts,
+    since: Option<OffsetDateTime>,
+) -> anyhow::Result<Vec<Component>> {
     let asked: Vec<(String, Option<String>)> = req
         .components
         .iter()
@@ -113,10 +130,15 @@ fn components(req: &AlertsRequest, rollouts: &Rollouts, since: Option<OffsetDate
             }
         })
         .collect();
-    let names: Vec<String> = if asked.is_empty() { rollouts.components.keys().cloned().collect() } else { asked.iter().map(|(n, _)| n.clone()).collect() };
+    let names: Vec<String> = if asked.is_empty() {
+        rollouts.components.keys().cloned().collect()
+    } else {
+        asked.iter().map(|(n, _)| n.clone()).collect()
+    };
     let mut out = Vec::new();
     for name in names {
-        let mut versions: Vec<String> = rollouts.components.get(&name).map(|v| v.keys().cloned().collect()).unwrap_or_default();
+        let mut versions: Vec<String> =
+            rollouts.components.get(&name).map(|v| v.keys().cloned().collect()).unwrap_or_default();
         let tag = asked.iter().find(|(n, _)| n == &name).and_then(|(_, t)| t.clone());
         if let Some(t) = &tag {
             if !versions.contains(t) {
@@ -125,7 +147,9 @@ fn components(req: &AlertsRequest, rollouts: &Rollouts, since: Option<OffsetDate
         }
         versions.sort_by(|a, b| compare_versions(b, a));
         let Some(wanted) = tag.or_else(|| versions.first().cloned()) else {
-            return Err(bad_input(format!("no rollout of `{name}` is recorded: pass `--component {name}:TAG` and `--since TIME`")));
+            return Err(bad_input(format!(
+                "no rollout of `{name}` is recorded: pass `--component {name}:TAG` and `--since TIME`"
+            )));
         };
         let start = since.or_else(|| rollouts.start(&name, &wanted).map(|s| s.started));
         out.push(Component { name, wanted, start, versions });
@@ -135,7 +159,14 @@ fn components(req: &AlertsRequest, rollouts: &Rollouts, since: Option<OffsetDate
 
 /// The rules file. Expressions are YAML block scalars and regexes PromQL raw strings
 /// (backticks), so neither YAML nor PromQL escaping touches the backslashes.
-fn render(scope: &Scope, label: &str, absent_for: Duration, objectives: &[slo::Objective], supported: Option<usize>, components: &[Component]) -> String {
+fn render(
+    scope: &Scope,
+    label: &str,
+    absent_for: Duration,
+    objectives: &[slo::Objective],
+    supported: Option<usize>,
+    components: &[Component],
+) -> String {
     let mut y = String::new();
     let _ = writeln!(y, "# Prometheus alerting rules for the fleet, written by `rdeploy alerts`.");
     let _ = writeln!(y, "# SLO due times and version lists come from the recorded rollouts: regenerate the file");
@@ -155,26 +186,42 @@ fn render(scope: &Scope, label: &str, absent_for: Duration, objectives: &[slo::O
             let _ = writeln!(y, "          {k}: {}", quote(v));
         }
     }
-    let _ = writeln!(y, "      # No successful scrape within {} that stays so for {}: {} without a report.", prom_duration(window), prom_duration(hold), prom_duration(absent_for));
-    let _ = writeln!(y, "      # The hold keeps a restarted Prometheus, which has no history yet, from paging at once.");
+    let _ = writeln!(
+        y,
+        "      # No successful scrape within {} that stays so for {}: {} without a report.",
+        prom_duration(window),
+        prom_duration(hold),
+        prom_duration(absent_for)
+    );
+    let _ =
+        writeln!(y, "      # The hold keeps a restarted Prometheus, which has no history yet, from paging at once.");
     let _ = writeln!(y, "      - alert: RdeployClusterAbsent");
     let _ = writeln!(y, "        expr: |-");
     let _ = writeln!(y, "          rdeploy:fleet_cluster:expected");
     let _ = writeln!(y, "          unless on ({label})");
-    let _ = writeln!(y, "          max by ({label}) (max_over_time(up{{{label}!=\"\"}}[{}])) == 1", prom_duration(window));
+    let _ =
+        writeln!(y, "          max by ({label}) (max_over_time(up{{{label}!=\"\"}}[{}])) == 1", prom_duration(window));
     let _ = writeln!(y, "        for: {}", prom_duration(hold));
     let _ = writeln!(y, "        labels:");
     let _ = writeln!(y, "          severity: critical");
     let _ = writeln!(y, "        annotations:");
-    let _ = writeln!(y, "          summary: {}", quote(&format!("Cluster {{{{ $labels.{label} }}}} has not reported for {}", prom_duration(absent_for))));
+    let _ = writeln!(
+        y,
+        "          summary: {}",
+        quote(&format!("Cluster {{{{ $labels.{label} }}}} has not reported for {}", prom_duration(absent_for)))
+    );
     let _ = writeln!(
         y,
         "          description: {}",
         quote(&format!("No successful scrape of {{{{ $labels.{label} }}}} for {}. It counts as not upgraded for every rollout and blocks inventory gates until it reports again.", prom_duration(absent_for)))
     );
-    let with_slo: Vec<&Component> = if objectives.is_empty() { Vec::new() } else { components.iter().filter(|c| c.start.is_some()).collect() };
+    let with_slo: Vec<&Component> =
+        if objectives.is_empty() { Vec::new() } else { components.iter().filter(|c| c.start.is_some()).collect() };
     for c in components.iter().filter(|c| !objectives.is_empty() && c.start.is_none()) {
-        eprintln!("warning: no rollout start is recorded for {} {}: no SLO alert for it (pass `--since TIME`)", c.name, c.wanted);
+        eprintln!(
+            "warning: no rollout start is recorded for {} {}: no SLO alert for it (pass `--since TIME`)",
+            c.name, c.wanted
+        );
     }
     if !with_slo.is_empty() {
         let _ = writeln!(y, "  - name: rdeploy-rollout-slo");
@@ -189,7 +236,10 @@ fn render(scope: &Scope, label: &str, absent_for: Duration, objectives: &[slo::O
             let _ = writeln!(y, "          count(");
             let _ = writeln!(y, "            count by ({label}) (kube_pod_container_info{{image=~`{wanted}`}})");
             let _ = writeln!(y, "            unless on ({label})");
-            let _ = writeln!(y, "            count by ({label}) (kube_pod_container_info{{image=~`{any}`,image!~`{wanted}`}})");
+            let _ = writeln!(
+                y,
+                "            count by ({label}) (kube_pod_container_info{{image=~`{any}`,image!~`{wanted}`}})"
+            );
             let _ = writeln!(y, "          ) or vector(0)");
             let _ = write!(y, "        labels:\n{labels}");
             let _ = writeln!(y, "      - record: rdeploy:rollout_clusters:in_scope");
@@ -197,7 +247,10 @@ fn render(scope: &Scope, label: &str, absent_for: Duration, objectives: &[slo::O
             let _ = writeln!(y, "          count(");
             let _ = writeln!(y, "            count by ({label}) (kube_pod_container_info{{image=~`{any}`}})");
             let _ = writeln!(y, "            or on ({label})");
-            let _ = writeln!(y, "            (rdeploy:fleet_cluster:expected unless on ({label}) max by ({label}) (up) == 1)");
+            let _ = writeln!(
+                y,
+                "            (rdeploy:fleet_cluster:expected unless on ({label}) max by ({label}) (up) == 1)"
+            );
             let _ = writeln!(y, "          ) or vector(0)");
             let _ = write!(y, "        labels:\n{labels}");
             let start = c.start.expect("filtered on start");
@@ -215,7 +268,13 @@ fn render(scope: &Scope, label: &str, absent_for: Duration, objectives: &[slo::O
                 let _ = writeln!(
                     y,
                     "          summary: {}",
-                    quote(&format!("{} {}: {{{{ $value | humanizePercentage }}}} of the fleet done, objective {} by {}", c.name, c.wanted, o.text, rfc3339(due)))
+                    quote(&format!(
+                        "{} {}: {{{{ $value | humanizePercentage }}}} of the fleet done, objective {} by {}",
+                        c.name,
+                        c.wanted,
+                        o.text,
+                        rfc3339(due)
+                    ))
                 );
                 let _ = writeln!(
                     y,
@@ -248,7 +307,11 @@ fn render(scope: &Scope, label: &str, absent_for: Duration, objectives: &[slo::O
             let window = window.iter().map(|v| v.as_str()).collect::<Vec<_>>().join(", ");
             let _ = writeln!(y, "      - alert: RdeployUnsupportedVersion");
             let _ = writeln!(y, "        expr: |-");
-            let _ = writeln!(y, "          count by ({label}, image) (kube_pod_container_info{{image=~`{}({versions})`}}) > 0", repo_regex(&c.name));
+            let _ = writeln!(
+                y,
+                "          count by ({label}, image) (kube_pod_container_info{{image=~`{}({versions})`}}) > 0",
+                repo_regex(&c.name)
+            );
             let _ = writeln!(y, "        for: 5m");
             let _ = writeln!(y, "        labels:");
             let _ = writeln!(y, "          severity: warning");
@@ -266,7 +329,10 @@ fn render(scope: &Scope, label: &str, absent_for: Duration, objectives: &[slo::O
 }
 
 fn is_label_name(k: &str) -> bool {
-    !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') && !k.starts_with(|c: char| c.is_ascii_digit()) && !k.starts_with("__")
+    !k.is_empty()
+        && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && !k.starts_with(|c: char| c.is_ascii_digit())
+        && !k.starts_with("__")
 }
 
 /// A YAML single-quoted scalar.

@@ -8,7 +8,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::Serialize;
 use time::OffsetDateTime;
 
-use super::model::{compare_versions, normalize_repo, ClusterInventory, GitOpsObject, Inventory, Kind, Presence, Workload};
+use super::model::{
+    compare_versions, normalize_repo, ClusterInventory, GitOpsObject, Inventory, Kind, Presence, Workload,
+};
 
 /// A Kubernetes label selector: `app=x,tier!=db,env in (a,b),key,!key`.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -43,7 +45,11 @@ impl Selector {
         let mut reqs = Vec::new();
         for part in parts.into_iter().map(str::trim).filter(|p| !p.is_empty()) {
             let set = |rest: &str| -> Result<Vec<String>, String> {
-                let inner = rest.trim().strip_prefix('(').and_then(|r| r.strip_suffix(')')).ok_or_else(|| format!("`{part}`: expected a set like `(a,b)`"))?;
+                let inner = rest
+                    .trim()
+                    .strip_prefix('(')
+                    .and_then(|r| r.strip_suffix(')'))
+                    .ok_or_else(|| format!("`{part}`: expected a set like `(a,b)`"))?;
                 Ok(inner.split(',').map(|v| v.trim().to_string()).filter(|v| !v.is_empty()).collect())
             };
             let req = if let Some((k, v)) = part.split_once("!=") {
@@ -89,7 +95,9 @@ pub struct Filter {
 
 impl Filter {
     fn admits(&self, w: &Workload) -> bool {
-        self.namespace.as_ref().is_none_or(|n| &w.namespace == n) && (self.kinds.is_empty() || self.kinds.contains(&w.kind)) && self.selector.matches(&w.labels)
+        self.namespace.as_ref().is_none_or(|n| &w.namespace == n)
+            && (self.kinds.is_empty() || self.kinds.contains(&w.kind))
+            && self.selector.matches(&w.labels)
     }
 }
 
@@ -166,7 +174,11 @@ pub fn judge(inventory: &Inventory, component: &str, wanted: &str, filter: &Filt
     let mut standings: Vec<ClusterStanding> = inventory
         .clusters
         .iter()
-        .map(|c| ClusterStanding { cluster: c.name.clone(), labels: c.labels.clone(), standing: judge_cluster(c, &component, wanted, filter) })
+        .map(|c| ClusterStanding {
+            cluster: c.name.clone(),
+            labels: c.labels.clone(),
+            standing: judge_cluster(c, &component, wanted, filter),
+        })
         .collect();
     // GitOps objects of up-to-date clusters tell which revision is current; a straggler whose
     // same-named object applied another revision is pinned to it.
@@ -207,16 +219,24 @@ fn judge_cluster(c: &ClusterInventory, component: &str, wanted: &str, filter: &F
     if let Presence::Absent { error, last_seen } = &c.presence {
         return Standing::Absent { error: error.clone(), last_seen: *last_seen };
     }
-    let mine: Vec<&Workload> = c.workloads.iter().filter(|w| w.is_live() && filter.admits(w) && w.containers.iter().any(|x| x.component == component)).collect();
+    let mine: Vec<&Workload> = c
+        .workloads
+        .iter()
+        .filter(|w| w.is_live() && filter.admits(w) && w.containers.iter().any(|x| x.component == component))
+        .collect();
     if mine.is_empty() {
         return Standing::Missing;
     }
     // old version -> where it runs. A pod whose controller is already named adds nothing.
-    let controllers: BTreeSet<String> = mine.iter().filter(|w| w.pod.is_none()).map(|w| format!("{}/{}", w.kind.name(), w.name)).collect();
+    let controllers: BTreeSet<String> =
+        mine.iter().filter(|w| w.pod.is_none()).map(|w| format!("{}/{}", w.kind.name(), w.name)).collect();
     let owned = |w: &Workload| {
         w.pod.as_ref().and_then(|p| p.owner.as_deref()).is_some_and(|o| {
             // A Deployment's pods are owned by its ReplicaSet `<deployment>-<hash>`.
-            let via_replicaset = o.strip_prefix("ReplicaSet/").and_then(|rs| rs.rsplit_once('-')).map(|(d, _)| format!("Deployment/{d}"));
+            let via_replicaset = o
+                .strip_prefix("ReplicaSet/")
+                .and_then(|rs| rs.rsplit_once('-'))
+                .map(|(d, _)| format!("Deployment/{d}"));
             controllers.contains(o) || via_replicaset.is_some_and(|d| controllers.contains(&d))
         })
     };
@@ -247,7 +267,11 @@ fn judge_cluster(c: &ClusterInventory, component: &str, wanted: &str, filter: &F
     for w in &mine {
         reasons.extend(w.rollout.iter().filter(|f| f.blocks()).map(|f| f.describe(&w.id())));
         if let Some(p) = w.pod.as_ref().filter(|p| !p.ready && p.owner.is_none()) {
-            reasons.push(format!("{} not ready{}", w.id(), p.waiting.as_ref().map(|x| format!(" ({x})")).unwrap_or_default()));
+            reasons.push(format!(
+                "{} not ready{}",
+                w.id(),
+                p.waiting.as_ref().map(|x| format!(" ({x})")).unwrap_or_default()
+            ));
         }
     }
     if reasons.is_empty() {
@@ -281,13 +305,30 @@ mod tests {
     }
 
     fn app(rev: &str) -> GitOpsObject {
-        GitOpsObject { kind: "Application".into(), namespace: "argocd".into(), name: "agent".into(), revision: Some(rev.into()), target: None, sync: None, health: None, suspended: false }
+        GitOpsObject {
+            kind: "Application".into(),
+            namespace: "argocd".into(),
+            name: "agent".into(),
+            revision: Some(rev.into()),
+            target: None,
+            sync: None,
+            health: None,
+            suspended: false,
+        }
     }
 
     #[test]
     fn selectors_parse_and_match() {
         let labels: BTreeMap<String, String> = [("app".into(), "agent".into()), ("tier".into(), "edge".into())].into();
-        for (sel, want) in [("app=agent", true), ("app==agent,tier!=core", true), ("tier in (edge, core)", true), ("tier notin (edge)", false), ("app", true), ("!app", false), ("", true)] {
+        for (sel, want) in [
+            ("app=agent", true),
+            ("app==agent,tier!=core", true),
+            ("tier in (edge, core)", true),
+            ("tier notin (edge)", false),
+            ("app", true),
+            ("!app", false),
+            ("", true),
+        ] {
             assert_eq!(Selector::parse(sel).unwrap().matches(&labels), want, "{sel}");
         }
         assert!(Selector::parse("a in b").is_err());
@@ -298,7 +339,13 @@ mod tests {
         let mut paused = workload(Kind::Deployment, "web", "reg/agent:2.0");
         paused.rollout.push(RolloutFact::Paused);
         let mut ds = workload(Kind::DaemonSet, "agent", "reg/agent:2.0");
-        ds.rollout.push(RolloutFact::NodesNotUpdated { updated: 2, available: 2, desired: 3, nodes: vec!["node-3".into()], why: None });
+        ds.rollout.push(RolloutFact::NodesNotUpdated {
+            updated: 2,
+            available: 2,
+            desired: 3,
+            nodes: vec!["node-3".into()],
+            why: None,
+        });
         let mut done_job = workload(Kind::Job, "old-job", "reg/agent:1.0");
         done_job.rollout.push(RolloutFact::Finished);
         let inv = Inventory {
@@ -318,7 +365,11 @@ mod tests {
         assert_eq!(s[0].standing, Standing::Done);
         let why: Vec<String> = s.iter().map(|c| c.why("reg/agent")).collect();
         assert!(why[1].contains("old version 1.9 (wanted 2.0) in CronJob mon/nightly"), "{}", why[1]);
-        assert!(why[1].contains("Argo CD Application argocd/agent pinned to revision old; up-to-date clusters have new"), "{}", why[1]);
+        assert!(
+            why[1].contains("Argo CD Application argocd/agent pinned to revision old; up-to-date clusters have new"),
+            "{}",
+            why[1]
+        );
         assert!(why[2].contains("DaemonSet mon/agent halted on node node-3"), "{}", why[2]);
         assert!(why[3].contains("Deployment mon/web paused"), "{}", why[3]);
         assert_eq!(s[4].standing, Standing::Missing);
@@ -328,7 +379,13 @@ mod tests {
     #[test]
     fn a_bare_pod_that_is_not_ready_is_behind() {
         let mut p = workload(Kind::Pod, "probe", "reg/agent:2.0");
-        p.pod = Some(PodFacts { node: Some("node-1".into()), phase: "Pending".into(), ready: false, owner: None, waiting: Some("ImagePullBackOff".into()) });
+        p.pod = Some(PodFacts {
+            node: Some("node-1".into()),
+            phase: "Pending".into(),
+            ready: false,
+            owner: None,
+            waiting: Some("ImagePullBackOff".into()),
+        });
         let inv = Inventory { taken_at: OffsetDateTime::UNIX_EPOCH, clusters: vec![cluster("a", vec![p], vec![])] };
         let s = judge(&inv, "reg/agent", "2.0", &Filter::default());
         assert_eq!(s[0].why("reg/agent"), "Pod mon/probe not ready (ImagePullBackOff)");

@@ -20,7 +20,9 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tracing::instrument::WithSubscriber as _;
 
-use super::model::{ClusterInventory, Container, GitOpsObject, Inventory, Kind, PodFacts, Presence, RolloutFact, Workload};
+use super::model::{
+    ClusterInventory, Container, GitOpsObject, Inventory, Kind, PodFacts, Presence, RolloutFact, Workload,
+};
 use super::scope::Scope;
 use super::state::LastSeen;
 
@@ -39,7 +41,13 @@ pub struct CollectOptions {
 
 impl Default for CollectOptions {
     fn default() -> Self {
-        CollectOptions { timeout: Duration::from_secs(5), namespace: None, kinds: Kind::ALL.to_vec(), gitops: true, concurrency: 512 }
+        CollectOptions {
+            timeout: Duration::from_secs(5),
+            namespace: None,
+            kinds: Kind::ALL.to_vec(),
+            gitops: true,
+            concurrency: 512,
+        }
     }
 }
 
@@ -47,7 +55,8 @@ impl Default for CollectOptions {
 pub async fn collect(scope: &Scope, options: &CollectOptions, last_seen: &LastSeen) -> Inventory {
     let taken_at = OffsetDateTime::now_utc();
     let permits = Arc::new(Semaphore::new(options.concurrency.max(1)));
-    let http: PlainHttp = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
+    let http: PlainHttp =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
     let mut tasks = JoinSet::new();
     for (index, member) in scope.clusters.iter().enumerate() {
         let Some(kubeconfig) = member.kubeconfig.clone() else {
@@ -59,7 +68,11 @@ pub async fn collect(scope: &Scope, options: &CollectOptions, last_seen: &LastSe
             let ask = tokio::time::timeout(options.timeout, ask_cluster(kubeconfig, &name, &options, &http));
             // kube logs each failed request at ERROR; an absent cluster is reported once, in
             // the inventory, so its logs are only wanted when debugging (-vv).
-            let dispatch = if tracing::enabled!(tracing::Level::DEBUG) { tracing::dispatcher::get_default(|d| d.clone()) } else { tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default()) };
+            let dispatch = if tracing::enabled!(tracing::Level::DEBUG) {
+                tracing::dispatcher::get_default(|d| d.clone())
+            } else {
+                tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default())
+            };
             let ask = ask.with_subscriber(dispatch);
             let answer = match ask.await {
                 Ok(result) => result,
@@ -80,10 +93,24 @@ pub async fn collect(scope: &Scope, options: &CollectOptions, last_seen: &LastSe
         .zip(answers)
         .map(|(member, answer)| {
             let mut cluster = match answer {
-                Some(Ok((workloads, gitops))) => ClusterInventory { name: member.name.clone(), labels: BTreeMap::new(), presence: Presence::Present, workloads, gitops },
+                Some(Ok((workloads, gitops))) => ClusterInventory {
+                    name: member.name.clone(),
+                    labels: BTreeMap::new(),
+                    presence: Presence::Present,
+                    workloads,
+                    gitops,
+                },
                 Some(Err(error)) => ClusterInventory::absent(&member.name, error, last_seen.get(&member.name)),
-                None if member.kubeconfig.is_none() => ClusterInventory::absent(&member.name, format!("no context `{}` in {}", member.name, scope.source), last_seen.get(&member.name)),
-                None => ClusterInventory::absent(&member.name, "the inventory task failed".into(), last_seen.get(&member.name)),
+                None if member.kubeconfig.is_none() => ClusterInventory::absent(
+                    &member.name,
+                    format!("no context `{}` in {}", member.name, scope.source),
+                    last_seen.get(&member.name),
+                ),
+                None => ClusterInventory::absent(
+                    &member.name,
+                    "the inventory task failed".into(),
+                    last_seen.get(&member.name),
+                ),
             };
             cluster.labels = member.labels.clone();
             cluster
@@ -95,9 +122,16 @@ pub async fn collect(scope: &Scope, options: &CollectOptions, last_seen: &LastSe
 /// What a cluster that answered holds.
 type Answer = (Vec<Workload>, Vec<GitOpsObject>);
 
-async fn ask_cluster(kubeconfig: Kubeconfig, context: &str, options: &CollectOptions, http: &PlainHttp) -> Result<Answer, String> {
+async fn ask_cluster(
+    kubeconfig: Kubeconfig,
+    context: &str,
+    options: &CollectOptions,
+    http: &PlainHttp,
+) -> Result<Answer, String> {
     let kube_options = KubeConfigOptions { context: Some(context.to_string()), ..KubeConfigOptions::default() };
-    let mut config = Config::from_custom_kubeconfig(kubeconfig, &kube_options).await.map_err(|e| format!("bad kubeconfig context: {e}"))?;
+    let mut config = Config::from_custom_kubeconfig(kubeconfig, &kube_options)
+        .await
+        .map_err(|e| format!("bad kubeconfig context: {e}"))?;
     config.connect_timeout = Some(options.timeout);
     config.read_timeout = Some(options.timeout);
     let client = client_for(config, http).map_err(|e| format!("cannot build a client: {e}"))?;
@@ -129,7 +163,8 @@ async fn ask_cluster(kubeconfig: Kubeconfig, context: &str, options: &CollectOpt
 }
 
 /// One connection pool shared by every `http://` cluster.
-type PlainHttp = hyper_util::client::legacy::Client<hyper_util::client::legacy::connect::HttpConnector, kube::client::Body>;
+type PlainHttp =
+    hyper_util::client::legacy::Client<hyper_util::client::legacy::connect::HttpConnector, kube::client::Body>;
 
 /// kube's own client for `https://` clusters (TLS and auth as kubectl does). A plain `http://`
 /// cluster gets the shared pool with kube's base-URI and auth layers: kube's default stack
@@ -140,7 +175,8 @@ fn client_for(config: Config, http: &PlainHttp) -> Result<Client, kube::Error> {
     if config.cluster_url.scheme_str() != Some("http") {
         return Client::try_from(config);
     }
-    let service = tower::ServiceBuilder::new().layer(config.base_uri_layer())
+    let service = tower::ServiceBuilder::new()
+        .layer(config.base_uri_layer())
         .option_layer(config.auth_layer()?)
         // kube's auth layers expect a boxed error from the service they wrap.
         .map_err(|e: hyper_util::client::legacy::Error| -> Box<dyn std::error::Error + Send + Sync> { Box::new(e) })
@@ -150,7 +186,10 @@ fn client_for(config: Config, http: &PlainHttp) -> Result<Client, kube::Error> {
 
 async fn list<K>(client: &Client, ns: Option<&str>, wanted: bool) -> Result<Vec<K>, String>
 where
-    K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope> + Clone + DeserializeOwned + std::fmt::Debug,
+    K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug,
 {
     if !wanted {
         return Ok(Vec::new());
@@ -220,12 +259,17 @@ fn deployment(d: &Deployment) -> Workload {
     }
     let stalled = status.conditions.iter().flatten().find(|c| c.type_ == "Progressing" && c.status == "False");
     if let Some(c) = stalled {
-        w.rollout.push(RolloutFact::NotProgressing { reason: c.reason.clone().unwrap_or_default(), message: c.message.clone().unwrap_or_default() });
+        w.rollout.push(RolloutFact::NotProgressing {
+            reason: c.reason.clone().unwrap_or_default(),
+            message: c.message.clone().unwrap_or_default(),
+        });
     }
     let desired = i64::from(spec.and_then(|s| s.replicas).unwrap_or(1));
     let updated = i64::from(status.updated_replicas.unwrap_or(0));
     let available = i64::from(status.available_replicas.unwrap_or(0));
-    if w.rollout.is_empty() && (updated < desired || available < desired || stale_generation(&d.metadata, status.observed_generation)) {
+    if w.rollout.is_empty()
+        && (updated < desired || available < desired || stale_generation(&d.metadata, status.observed_generation))
+    {
         w.rollout.push(RolloutFact::InProgress { updated, desired });
     }
     w
@@ -264,7 +308,13 @@ fn daemonset(d: &DaemonSet, pods: &[Workload]) -> Workload {
             .collect();
         let nodes: BTreeSet<String> = behind.iter().filter_map(|f| f.node.clone()).collect();
         let why = behind.iter().find_map(|f| f.waiting.clone());
-        w.rollout.push(RolloutFact::NodesNotUpdated { updated, available, desired, nodes: nodes.into_iter().collect(), why });
+        w.rollout.push(RolloutFact::NodesNotUpdated {
+            updated,
+            available,
+            desired,
+            nodes: nodes.into_iter().collect(),
+            why,
+        });
     }
     w
 }
@@ -281,7 +331,11 @@ fn cronjob(c: &CronJob) -> Workload {
 fn job(j: &Job) -> Workload {
     let mut w = base(Kind::Job, &j.metadata, j.spec.as_ref().map(|s| &s.template));
     let status = j.status.clone().unwrap_or_default();
-    let ended = status.conditions.iter().flatten().any(|c| matches!(c.type_.as_str(), "Complete" | "Failed") && c.status == "True");
+    let ended = status
+        .conditions
+        .iter()
+        .flatten()
+        .any(|c| matches!(c.type_.as_str(), "Complete" | "Failed") && c.status == "True");
     if ended || status.completion_time.is_some() {
         w.rollout.push(RolloutFact::Finished);
     }
@@ -294,14 +348,18 @@ fn pod(p: &Pod) -> Workload {
     let status = p.status.clone().unwrap_or_default();
     let ready = status.conditions.iter().flatten().any(|c| c.type_ == "Ready" && c.status == "True");
     let unscheduled = status.conditions.iter().flatten().find(|c| c.type_ == "PodScheduled" && c.status == "False");
-    let waiting = unscheduled.map(|c| format!("{}: {}", c.reason.clone().unwrap_or_default(), c.message.clone().unwrap_or_default())).or_else(|| {
-        status
-            .container_statuses
-            .iter()
-            .flatten()
-            .find_map(|s| s.state.as_ref()?.waiting.as_ref()?.reason.clone())
-    });
-    let owner = p.metadata.owner_references.iter().flatten().find(|o| o.controller == Some(true)).or_else(|| p.metadata.owner_references.iter().flatten().next());
+    let waiting = unscheduled
+        .map(|c| format!("{}: {}", c.reason.clone().unwrap_or_default(), c.message.clone().unwrap_or_default()))
+        .or_else(|| {
+            status.container_statuses.iter().flatten().find_map(|s| s.state.as_ref()?.waiting.as_ref()?.reason.clone())
+        });
+    let owner = p
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true))
+        .or_else(|| p.metadata.owner_references.iter().flatten().next());
     w.pod = Some(PodFacts {
         node: p.spec.as_ref().and_then(|s| s.node_name.clone()),
         phase: status.phase.clone().unwrap_or_else(|| "Unknown".into()),
@@ -329,7 +387,12 @@ async fn gitops_objects(client: &Client, wanted: bool) -> Result<Vec<GitOpsObjec
     let mut out = Vec::new();
     for (group, kind, plural) in GITOPS {
         let Some(found) = groups.groups.iter().find(|g| g.name == *group) else { continue };
-        let Some(version) = found.preferred_version.as_ref().map(|v| v.version.clone()).or_else(|| found.versions.first().map(|v| v.version.clone())) else {
+        let Some(version) = found
+            .preferred_version
+            .as_ref()
+            .map(|v| v.version.clone())
+            .or_else(|| found.versions.first().map(|v| v.version.clone()))
+        else {
             continue;
         };
         let resource = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, &version, kind), plural);
@@ -394,7 +457,10 @@ mod tests {
         }))
         .unwrap();
         let g = gitops_object("Application", &app);
-        assert_eq!((g.revision.as_deref(), g.target.as_deref(), g.sync.as_deref(), g.health.as_deref()), (Some("abc123"), Some("v1.9"), Some("Synced"), Some("Healthy")));
+        assert_eq!(
+            (g.revision.as_deref(), g.target.as_deref(), g.sync.as_deref(), g.health.as_deref()),
+            (Some("abc123"), Some("v1.9"), Some("Synced"), Some("Healthy"))
+        );
         let ks: DynamicObject = serde_json::from_value(serde_json::json!({
             "apiVersion": "kustomize.toolkit.fluxcd.io/v1", "kind": "Kustomization", "metadata": {"name": "apps", "namespace": "flux-system"},
             "spec": {"suspend": true},
@@ -402,7 +468,10 @@ mod tests {
         }))
         .unwrap();
         let g = gitops_object("Kustomization", &ks);
-        assert_eq!((g.revision.as_deref(), g.sync.as_deref(), g.suspended), (Some("main@sha1:0ld"), Some("Ready"), true));
+        assert_eq!(
+            (g.revision.as_deref(), g.sync.as_deref(), g.suspended),
+            (Some("main@sha1:0ld"), Some("Ready"), true)
+        );
         assert_eq!(g.id(), "Flux Kustomization flux-system/apps");
     }
 }

@@ -95,7 +95,8 @@ pub fn render(report: &Report, source: &str) -> String {
         t = esc(&report.taken_at)
     );
     // Headline counts: what needs attention is coloured, the rest stays quiet.
-    let tile = |class: &str, n: usize, what: &str| format!("<div class=\"tile {class}\"><b>{n}</b><span>{what}</span></div>");
+    let tile =
+        |class: &str, n: usize, what: &str| format!("<div class=\"tile {class}\"><b>{n}</b><span>{what}</span></div>");
     let _ = writeln!(
         h,
         "<section class=\"tiles\">{}{}{}{}{}</section>",
@@ -103,7 +104,11 @@ pub fn render(report: &Report, source: &str) -> String {
         tile(if report.answered == report.clusters { "ok" } else { "" }, report.answered, "answered"),
         tile(if report.absent.is_empty() { "" } else { "bad" }, report.absent.len(), "absent"),
         tile(if stragglers == 0 { "" } else { "warn" }, stragglers, "stragglers"),
-        if report.slo.is_empty() { tile(if report.incidents.is_empty() { "" } else { "bad" }, report.incidents.len(), "incidents") } else { tile(if breached == 0 { "ok" } else { "bad" }, breached, "SLO breached") },
+        if report.slo.is_empty() {
+            tile(if report.incidents.is_empty() { "" } else { "bad" }, report.incidents.len(), "incidents")
+        } else {
+            tile(if breached == 0 { "ok" } else { "bad" }, breached, "SLO breached")
+        },
     );
     if report.components.is_empty() {
         let _ = writeln!(h, "<p class=\"note\">No component runs in the clusters that answered.</p>");
@@ -120,15 +125,30 @@ pub fn render(report: &Report, source: &str) -> String {
     if !report.absent.is_empty() {
         let _ = write!(h, "<h2>Absent clusters</h2>\n<div class=\"card\"><p class=\"note\">They did not answer: each counts as not done for every component.</p><ul class=\"why\">");
         for a in &report.absent {
-            let when = a.last_seen.as_deref().and_then(|s| time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339).ok());
-            let _ = write!(h, "<li class=\"absent-li\"><b>{}</b>{}: {}</li>", esc(&a.cluster), labels(&a.labels), esc(&absent_why(&a.error, when)));
+            let when = a
+                .last_seen
+                .as_deref()
+                .and_then(|s| time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339).ok());
+            let _ = write!(
+                h,
+                "<li class=\"absent-li\"><b>{}</b>{}: {}</li>",
+                esc(&a.cluster),
+                labels(&a.labels),
+                esc(&absent_why(&a.error, when))
+            );
         }
         h += "</ul></div>\n";
     }
     if !report.incidents.is_empty() {
         let _ = write!(h, "<h2>Incidents</h2>\n<div class=\"card\"><ul class=\"why\">");
         for i in &report.incidents {
-            let _ = write!(h, "<li class=\"absent-li\"><b>{} {}</b>: {}</li>", esc(&i.component), esc(&i.version), esc(&i.message));
+            let _ = write!(
+                h,
+                "<li class=\"absent-li\"><b>{} {}</b>: {}</li>",
+                esc(&i.component),
+                esc(&i.version),
+                esc(&i.message)
+            );
         }
         h += "</ul></div>\n";
     }
@@ -145,8 +165,17 @@ fn chart(report: &Report) -> String {
     // The percentage axis.
     for pct in [0, 25, 50, 75, 100] {
         let x = bar_x + bar_w * pct as f64 / 100.0;
-        let _ = write!(s, "<line x1=\"{x}\" y1=\"{}\" x2=\"{x}\" y2=\"{}\" stroke=\"#dfe3ea\" stroke-width=\"1\"/>", top - 6.0, height - 4.0);
-        let _ = write!(s, "<text x=\"{x}\" y=\"{}\" font-size=\"11\" fill=\"#5b6474\" text-anchor=\"middle\">{pct}%</text>", top - 10.0);
+        let _ = write!(
+            s,
+            "<line x1=\"{x}\" y1=\"{}\" x2=\"{x}\" y2=\"{}\" stroke=\"#dfe3ea\" stroke-width=\"1\"/>",
+            top - 6.0,
+            height - 4.0
+        );
+        let _ = write!(
+            s,
+            "<text x=\"{x}\" y=\"{}\" font-size=\"11\" fill=\"#5b6474\" text-anchor=\"middle\">{pct}%</text>",
+            top - 10.0
+        );
     }
     for (i, c) in report.components.iter().enumerate() {
         let y = top + row_h * i as f64 + 8.0;
@@ -160,14 +189,22 @@ fn chart(report: &Report) -> String {
         };
         let name = shorten(&c.component, 40);
         let _ = write!(s, "<text x=\"{}\" y=\"{}\" font-size=\"13\" text-anchor=\"end\" fill=\"#1d2330\" font-family=\"DejaVu Sans Mono, monospace\">{}</text>", label_w, y + 11.0, esc(&name));
-        let _ = write!(s, "<text x=\"{}\" y=\"{}\" font-size=\"11\" text-anchor=\"end\" fill=\"#5b6474\">wanted {}</text>", label_w, y + 25.0, esc(&c.wanted));
+        let _ = write!(
+            s,
+            "<text x=\"{}\" y=\"{}\" font-size=\"11\" text-anchor=\"end\" fill=\"#5b6474\">wanted {}</text>",
+            label_w,
+            y + 25.0,
+            esc(&c.wanted)
+        );
         let _ = write!(s, "<rect x=\"{bar_x}\" y=\"{y}\" width=\"{bar_w}\" height=\"18\" rx=\"4\" fill=\"#eef0f3\"/>");
         let _ = write!(s, "<rect x=\"{bar_x}\" y=\"{y}\" width=\"{:.1}\" height=\"18\" rx=\"4\" fill=\"{color}\"><title>{} of {} clusters done</title></rect>", bar_w * pct / 100.0, c.done, c.in_scope);
         let note = format!("{}/{} clusters · {:.0}%", c.done, c.in_scope, pct);
         let mut verdict = String::new();
         if let Some(slo) = slo {
             for o in &slo.objectives {
-                let Some(target) = o.objective.split('%').next().and_then(|p| p.trim().parse::<f64>().ok()) else { continue };
+                let Some(target) = o.objective.split('%').next().and_then(|p| p.trim().parse::<f64>().ok()) else {
+                    continue;
+                };
                 let x = bar_x + bar_w * target / 100.0;
                 let tick = match o.state {
                     ObjectiveState::Met => "#1f8a4c",
@@ -176,14 +213,31 @@ fn chart(report: &Report) -> String {
                     ObjectiveState::Unknown => "#5b6474",
                 };
                 let _ = write!(s, "<line x1=\"{x}\" y1=\"{}\" x2=\"{x}\" y2=\"{}\" stroke=\"{tick}\" stroke-width=\"3\"><title>{}</title></line>", y - 4.0, y + 22.0, esc(&o.objective));
-                let _ = write!(s, "<text x=\"{x}\" y=\"{}\" font-size=\"10\" text-anchor=\"middle\" fill=\"{tick}\">{}</text>", y + 33.0, esc(&o.objective));
+                let _ = write!(
+                    s,
+                    "<text x=\"{x}\" y=\"{}\" font-size=\"10\" text-anchor=\"middle\" fill=\"{tick}\">{}</text>",
+                    y + 33.0,
+                    esc(&o.objective)
+                );
             }
             verdict = slo_verdict(slo);
         }
         let ink = if color == "#2f5bd3" { "#1d2330" } else { color };
-        let _ = write!(s, "<text x=\"{}\" y=\"{}\" font-size=\"13\" fill=\"{ink}\" font-weight=\"600\">{}</text>", bar_x + bar_w + 36.0, y + 13.0, esc(&note));
+        let _ = write!(
+            s,
+            "<text x=\"{}\" y=\"{}\" font-size=\"13\" fill=\"{ink}\" font-weight=\"600\">{}</text>",
+            bar_x + bar_w + 36.0,
+            y + 13.0,
+            esc(&note)
+        );
         if !verdict.is_empty() {
-            let _ = write!(s, "<text x=\"{}\" y=\"{}\" font-size=\"11\" fill=\"{ink}\">{}</text>", bar_x + bar_w + 36.0, y + 27.0, esc(&verdict));
+            let _ = write!(
+                s,
+                "<text x=\"{}\" y=\"{}\" font-size=\"11\" fill=\"{ink}\">{}</text>",
+                bar_x + bar_w + 36.0,
+                y + 27.0,
+                esc(&verdict)
+            );
         }
     }
     s += "</svg>";
@@ -197,7 +251,8 @@ fn chart(report: &Report) -> String {
 
 fn slo_verdict(s: &SloReport) -> String {
     if s.breached {
-        let which: Vec<&str> = s.objectives.iter().filter(|o| o.state == ObjectiveState::Breached).map(|o| o.objective.as_str()).collect();
+        let which: Vec<&str> =
+            s.objectives.iter().filter(|o| o.state == ObjectiveState::Breached).map(|o| o.objective.as_str()).collect();
         return format!("SLO breached ({})", which.join(", "));
     }
     if let Some(o) = s.objectives.iter().find(|o| o.state == ObjectiveState::Pending) {
@@ -223,16 +278,28 @@ fn grid(report: &Report) -> String {
     }
     let mut t = String::from("<table class=\"grid\"><thead><tr><th class=\"cl\">cluster</th>");
     for c in &report.components {
-        let _ = write!(t, "<th class=\"comp\" title=\"{}\">{}</th>", esc(&c.component), esc(&shorten(c.component.rsplit('/').next().unwrap_or(&c.component), 24)));
+        let _ = write!(
+            t,
+            "<th class=\"comp\" title=\"{}\">{}</th>",
+            esc(&c.component),
+            esc(&shorten(c.component.rsplit('/').next().unwrap_or(&c.component), 24))
+        );
     }
     t += "</tr></thead><tbody>";
     for cluster in &order {
         let absent = by_cluster.get(cluster).is_some_and(|(_, a)| *a);
-        let _ = write!(t, "<tr{}><td class=\"cl\">{}</td>", if absent { " class=\"absent-row\"" } else { "" }, esc(cluster));
+        let _ = write!(
+            t,
+            "<tr{}><td class=\"cl\">{}</td>",
+            if absent { " class=\"absent-row\"" } else { "" },
+            esc(cluster)
+        );
         for c in &report.components {
             let cell = match c.standings.iter().find(|s| s.cluster == *cluster).map(|s| &s.standing) {
                 Some(Standing::Done) => format!("<td class=\"done\">{}</td>", esc(&c.wanted)),
-                Some(Standing::Behind { versions, .. }) => format!("<td class=\"behind\" title=\"straggler\">{} &#9888;</td>", esc(&versions.join(", "))),
+                Some(Standing::Behind { versions, .. }) => {
+                    format!("<td class=\"behind\" title=\"straggler\">{} &#9888;</td>", esc(&versions.join(", ")))
+                }
                 Some(Standing::Absent { .. }) => "<td class=\"absent\">absent</td>".to_string(),
                 Some(Standing::Missing) | None => "<td class=\"missing\">&mdash;</td>".to_string(),
             };
@@ -282,7 +349,12 @@ fn component_card(c: &ComponentReport, slo: Option<&SloReport>) -> String {
             v.clusters.len() as f64 * 100.0 / total
         );
     }
-    let absent: Vec<&str> = c.standings.iter().filter(|s| matches!(s.standing, Standing::Absent { .. })).map(|s| s.cluster.as_str()).collect();
+    let absent: Vec<&str> = c
+        .standings
+        .iter()
+        .filter(|s| matches!(s.standing, Standing::Absent { .. }))
+        .map(|s| s.cluster.as_str())
+        .collect();
     if !absent.is_empty() {
         let chips: String = absent.iter().map(|cl| format!("<span class=\"chip absent\">{}</span>", esc(cl))).collect();
         let _ = write!(
@@ -296,7 +368,13 @@ fn component_card(c: &ComponentReport, slo: Option<&SloReport>) -> String {
     if !c.stragglers.is_empty() {
         h += "<ul class=\"why\">";
         for s in &c.stragglers {
-            let _ = write!(h, "<li class=\"straggler\">straggler <b>{}</b>{}: {}</li>", esc(&s.cluster), labels(&s.labels), esc(&s.why(&c.component)));
+            let _ = write!(
+                h,
+                "<li class=\"straggler\">straggler <b>{}</b>{}: {}</li>",
+                esc(&s.cluster),
+                labels(&s.labels),
+                esc(&s.why(&c.component))
+            );
         }
         h += "</ul>";
     }
@@ -308,7 +386,10 @@ fn labels(l: &BTreeMap<String, String>) -> String {
     if l.is_empty() {
         return String::new();
     }
-    format!(" <span class=\"note\">{}</span>", esc(&l.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ")))
+    format!(
+        " <span class=\"note\">{}</span>",
+        esc(&l.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" "))
+    )
 }
 
 /// Long registry paths keep their end, which names the component.
@@ -344,7 +425,15 @@ mod tests {
     fn cluster(name: &str, version: &str) -> ClusterInventory {
         let mut c = ClusterInventory::absent(name, String::new(), None);
         c.presence = Presence::Present;
-        c.workloads.push(Workload { kind: Kind::DaemonSet, namespace: "mon".into(), name: "agent".into(), labels: Default::default(), containers: vec![Container::new("a", &format!("reg/agent:{version}"))], pod: None, rollout: vec![] });
+        c.workloads.push(Workload {
+            kind: Kind::DaemonSet,
+            namespace: "mon".into(),
+            name: "agent".into(),
+            labels: Default::default(),
+            containers: vec![Container::new("a", &format!("reg/agent:{version}"))],
+            pod: None,
+            rollout: vec![],
+        });
         c
     }
 
@@ -352,11 +441,18 @@ mod tests {
     fn the_page_names_stragglers_and_absent_clusters_and_needs_nothing_external() {
         let inv = Inventory {
             taken_at: time::OffsetDateTime::UNIX_EPOCH,
-            clusters: vec![cluster("a", "2.0"), cluster("b<x>", "1.9"), ClusterInventory::absent("gone", "no answer".into(), None)],
+            clusters: vec![
+                cluster("a", "2.0"),
+                cluster("b<x>", "1.9"),
+                ClusterInventory::absent("gone", "no answer".into(), None),
+            ],
         };
         let report = build(&inv, &MatrixOptions { supported: Some(1), ..Default::default() });
         let page = render(&report, "the Kubernetes API (test)");
-        assert!(page.contains("straggler <b>b&lt;x&gt;</b>: old version 1.9 (wanted 2.0) in DaemonSet mon/agent"), "{page}");
+        assert!(
+            page.contains("straggler <b>b&lt;x&gt;</b>: old version 1.9 (wanted 2.0) in DaemonSet mon/agent"),
+            "{page}"
+        );
         assert!(page.contains("<td class=\"absent\">absent</td>"));
         assert!(page.contains("<b>gone</b>: absent, never seen by rdeploy: no answer"));
         assert!(page.contains("UNSUPPORTED"));

@@ -80,13 +80,25 @@ pub fn build(inventory: &Inventory, options: &MatrixOptions) -> Report {
         .clusters
         .iter()
         .filter_map(|c| match &c.presence {
-            Presence::Absent { error, last_seen } => Some(AbsentCluster { cluster: c.name.clone(), labels: c.labels.clone(), last_seen: last_seen.map(rfc3339), error: error.clone() }),
+            Presence::Absent { error, last_seen } => Some(AbsentCluster {
+                cluster: c.name.clone(),
+                labels: c.labels.clone(),
+                last_seen: last_seen.map(rfc3339),
+                error: error.clone(),
+            }),
             Presence::Present => None,
         })
         .collect();
     let names: BTreeSet<String> = match &options.component {
         Some((c, _)) => [super::model::normalize_repo(c)].into(),
-        None => inventory.clusters.iter().flat_map(|c| &c.workloads).filter(|w| w.is_live()).flat_map(|w| &w.containers).map(|x| x.component.clone()).collect(),
+        None => inventory
+            .clusters
+            .iter()
+            .flat_map(|c| &c.workloads)
+            .filter(|w| w.is_live())
+            .flat_map(|w| &w.containers)
+            .map(|x| x.component.clone())
+            .collect(),
     };
     let mut components = Vec::new();
     let mut incidents = Vec::new();
@@ -123,7 +135,12 @@ pub fn build(inventory: &Inventory, options: &MatrixOptions) -> Report {
                 component: name.clone(),
                 version: row.version.clone(),
                 clusters: row.clusters.clone(),
-                message: format!("{name} {} is older than the supported versions ({}) on {}", row.version, window.join(", "), row.clusters.join(", ")),
+                message: format!(
+                    "{name} {} is older than the supported versions ({}) on {}",
+                    row.version,
+                    window.join(", "),
+                    row.clusters.join(", ")
+                ),
             });
         }
         let in_scope = standings.iter().filter(|s| s.standing != Standing::Missing).count();
@@ -155,7 +172,14 @@ impl Report {
 
     pub fn render_text(&self) -> String {
         let mut out = String::new();
-        let _ = writeln!(out, "fleet inventory at {}: {} clusters, {} answered, {} absent", self.taken_at, self.clusters, self.answered, self.absent.len());
+        let _ = writeln!(
+            out,
+            "fleet inventory at {}: {} clusters, {} answered, {} absent",
+            self.taken_at,
+            self.clusters,
+            self.answered,
+            self.absent.len()
+        );
         for c in &self.components {
             let _ = writeln!(out, "\n{}  {}/{} clusters done on {}", c.component, c.done, c.in_scope, c.wanted);
             let mut rows = vec![["VERSION".to_string(), "CLUSTERS".to_string(), "WHERE".to_string(), String::new()]];
@@ -175,7 +199,13 @@ impl Report {
         if !self.absent.is_empty() {
             let _ = writeln!(out, "\nabsent clusters (they count as not done for every component):");
             for a in &self.absent {
-                let _ = writeln!(out, "  {}{}: {}", a.cluster, labels(&a.labels), absent_why(&a.error, a.last_seen.as_deref().and_then(parse_time)));
+                let _ = writeln!(
+                    out,
+                    "  {}{}: {}",
+                    a.cluster,
+                    labels(&a.labels),
+                    absent_why(&a.error, a.last_seen.as_deref().and_then(parse_time))
+                );
             }
         }
         if !self.incidents.is_empty() {
@@ -192,7 +222,14 @@ impl Report {
 
     pub fn render_markdown(&self) -> String {
         let mut out = String::new();
-        let _ = writeln!(out, "# Fleet inventory\n\nTaken at {}: {} clusters, {} answered, {} absent.", self.taken_at, self.clusters, self.answered, self.absent.len());
+        let _ = writeln!(
+            out,
+            "# Fleet inventory\n\nTaken at {}: {} clusters, {} answered, {} absent.",
+            self.taken_at,
+            self.clusters,
+            self.answered,
+            self.absent.len()
+        );
         for c in &self.components {
             let _ = writeln!(out, "\n## `{}`\n\n{}/{} clusters done on `{}`.\n\n| version | clusters | where | |\n| --- | ---: | --- | --- |", c.component, c.done, c.in_scope, c.wanted);
             for v in &c.versions {
@@ -201,7 +238,13 @@ impl Report {
                     _ if v.version == c.wanted => "wanted",
                     _ => "",
                 };
-                let _ = writeln!(out, "| `{}` | {} | {} | {note} |", v.version, v.clusters.len(), md(&list(&v.clusters, 12)));
+                let _ = writeln!(
+                    out,
+                    "| `{}` | {} | {} | {note} |",
+                    v.version,
+                    v.clusters.len(),
+                    md(&list(&v.clusters, 12))
+                );
             }
             if !c.stragglers.is_empty() {
                 let _ = writeln!(out, "\nStragglers:\n");
@@ -213,7 +256,13 @@ impl Report {
         if !self.absent.is_empty() {
             let _ = writeln!(out, "\n## Absent clusters\n\nThey count as not done for every component.\n");
             for a in &self.absent {
-                let _ = writeln!(out, "- **{}**{}: {}", a.cluster, labels(&a.labels), md(&absent_why(&a.error, a.last_seen.as_deref().and_then(parse_time))));
+                let _ = writeln!(
+                    out,
+                    "- **{}**{}: {}",
+                    a.cluster,
+                    labels(&a.labels),
+                    md(&absent_why(&a.error, a.last_seen.as_deref().and_then(parse_time)))
+                );
             }
         }
         if !self.incidents.is_empty() {
@@ -239,12 +288,26 @@ fn slo_text(s: &SloReport, bullet: &str) -> String {
         _ => "no recorded rollout start: run `rdeploy inventory` when it begins, or pass `--since`".into(),
     };
     let verdict = if s.breached { "BREACHED" } else { "ok" };
-    let _ = writeln!(out, "\n{bullet}slo {verdict}: {} {}: {}/{} clusters done ({}%), {since}", s.component, s.version, s.done, s.in_scope, s.percent);
+    let _ = writeln!(
+        out,
+        "\n{bullet}slo {verdict}: {} {}: {}/{} clusters done ({}%), {since}",
+        s.component, s.version, s.done, s.in_scope, s.percent
+    );
     for o in &s.objectives {
         let line = match o.state {
             ObjectiveState::Met => "met".to_string(),
-            ObjectiveState::Pending => format!("not yet: due in {}, {} more cluster(s) needed ({} points short)", slo::human(o.seconds.unwrap_or(0)), o.clusters_short, o.points_short),
-            ObjectiveState::Breached => format!("BREACHED {} ago: {} more cluster(s) needed ({} points short)", slo::human(o.seconds.unwrap_or(0)), o.clusters_short, o.points_short),
+            ObjectiveState::Pending => format!(
+                "not yet: due in {}, {} more cluster(s) needed ({} points short)",
+                slo::human(o.seconds.unwrap_or(0)),
+                o.clusters_short,
+                o.points_short
+            ),
+            ObjectiveState::Breached => format!(
+                "BREACHED {} ago: {} more cluster(s) needed ({} points short)",
+                slo::human(o.seconds.unwrap_or(0)),
+                o.clusters_short,
+                o.points_short
+            ),
             ObjectiveState::Unknown => format!("unknown: {} more cluster(s) needed", o.clusters_short),
         };
         let _ = writeln!(out, "{}  {}: {line}", if bullet.is_empty() { "" } else { "  " }, o.objective);
@@ -311,7 +374,15 @@ mod tests {
     fn cluster(name: &str, version: &str) -> ClusterInventory {
         let mut c = ClusterInventory::absent(name, String::new(), None);
         c.presence = Presence::Present;
-        c.workloads.push(Workload { kind: Kind::Deployment, namespace: "n".into(), name: "agent".into(), labels: Default::default(), containers: vec![Container::new("a", &format!("reg/agent:{version}"))], pod: None, rollout: vec![] });
+        c.workloads.push(Workload {
+            kind: Kind::Deployment,
+            namespace: "n".into(),
+            name: "agent".into(),
+            labels: Default::default(),
+            containers: vec![Container::new("a", &format!("reg/agent:{version}"))],
+            pod: None,
+            rollout: vec![],
+        });
         c
     }
 
@@ -319,7 +390,13 @@ mod tests {
     fn matrix_counts_versions_names_stragglers_and_flags_unsupported() {
         let inv = Inventory {
             taken_at: OffsetDateTime::UNIX_EPOCH,
-            clusters: vec![cluster("a", "2.0"), cluster("b", "2.0"), cluster("c", "1.9"), cluster("d", "1.8"), ClusterInventory::absent("e", "timeout".into(), None)],
+            clusters: vec![
+                cluster("a", "2.0"),
+                cluster("b", "2.0"),
+                cluster("c", "1.9"),
+                cluster("d", "1.8"),
+                ClusterInventory::absent("e", "timeout".into(), None),
+            ],
         };
         let r = build(&inv, &MatrixOptions { supported: Some(2), ..Default::default() });
         let c = &r.components[0];

@@ -55,29 +55,50 @@ fn bad_input(message: impl Into<String>) -> anyhow::Error {
 /// (so CI fails), or 2 on bad input.
 pub async fn inventory(req: &InventoryRequest, state_dir: &Path) -> anyhow::Result<Code> {
     let objectives = req.slo.as_deref().map(slo::parse).transpose().map_err(|e| bad_input(format!("`--slo`: {e}")))?;
-    let selector = Selector::parse(req.selector.as_deref().unwrap_or("")).map_err(|e| bad_input(format!("`--selector`: {e}")))?;
+    let selector =
+        Selector::parse(req.selector.as_deref().unwrap_or("")).map_err(|e| bad_input(format!("`--selector`: {e}")))?;
     if req.prometheus.is_some() && req.selector.is_some() {
         // Every workload would be filtered out and the fleet would look like it runs nothing.
         return Err(bad_input("`--selector` needs `--source api`: `kube_pod_container_info` carries no pod labels (use `--namespace` or `--component`)"));
     }
     let now = OffsetDateTime::now_utc();
-    let since = req.since.as_deref().map(|s| parse_since(s, now)).transpose().map_err(|e| bad_input(format!("`--since`: {e}")))?;
+    let since = req
+        .since
+        .as_deref()
+        .map(|s| parse_since(s, now))
+        .transpose()
+        .map_err(|e| bad_input(format!("`--since`: {e}")))?;
     let fleet = req.fleet.as_deref().map(FleetFile::load).transpose().map_err(|e| bad_input(format!("{e:#}")))?;
     let (kubeconfig, source) = match scope::read_kubeconfig(req.kubeconfig.as_deref()) {
         Ok(found) => found,
         // Prometheus needs no cluster access: the fleet file, or the names given, is the fleet.
-        Err(_) if req.prometheus.is_some() && req.kubeconfig.is_none() && (fleet.is_some() || !req.contexts.is_empty()) => (Default::default(), "the fleet file".to_string()),
+        Err(_)
+            if req.prometheus.is_some()
+                && req.kubeconfig.is_none()
+                && (fleet.is_some() || !req.contexts.is_empty()) =>
+        {
+            (Default::default(), "the fleet file".to_string())
+        }
         Err(e) => {
-            return Err(Refusal::new(Code::BadInput, format!("{e:#}")).with_hint(format!("pass `--kubeconfig FILE`, set `KUBECONFIG`, or create {}", scope::default_path().display())).into());
+            return Err(Refusal::new(Code::BadInput, format!("{e:#}"))
+                .with_hint(format!(
+                    "pass `--kubeconfig FILE`, set `KUBECONFIG`, or create {}",
+                    scope::default_path().display()
+                ))
+                .into());
         }
     };
-    let scope = Scope::select(kubeconfig, source, &req.contexts, fleet.as_ref()).map_err(|e| bad_input(format!("{e:#}")))?;
+    let scope =
+        Scope::select(kubeconfig, source, &req.contexts, fleet.as_ref()).map_err(|e| bad_input(format!("{e:#}")))?;
     if scope.clusters.is_empty() {
         return Err(bad_input("no cluster in scope: the kubeconfig has no context"));
     }
-    let options = CollectOptions { timeout: req.timeout, namespace: req.namespace.clone(), ..CollectOptions::default() };
+    let options =
+        CollectOptions { timeout: req.timeout, namespace: req.namespace.clone(), ..CollectOptions::default() };
     let inv = match &req.prometheus {
-        Some(p) => prometheus::collect(&scope, p, req.namespace.as_deref(), &LastSeen::load(state_dir)).await.map_err(|e| Refusal::new(Code::Partial, e))?,
+        Some(p) => prometheus::collect(&scope, p, req.namespace.as_deref(), &LastSeen::load(state_dir))
+            .await
+            .map_err(|e| Refusal::new(Code::Partial, e))?,
         None => collect::collect(&scope, &options, &LastSeen::load(state_dir)).await,
     };
     if let Err(e) = LastSeen::record(state_dir, &inv) {
@@ -125,7 +146,8 @@ pub async fn inventory(req: &InventoryRequest, state_dir: &Path) -> anyhow::Resu
         print!("{}", report.render_text());
     }
     if report.slo_breached() {
-        let breached: Vec<String> = report.slo.iter().filter(|s| s.breached).map(|s| format!("{} {}", s.component, s.version)).collect();
+        let breached: Vec<String> =
+            report.slo.iter().filter(|s| s.breached).map(|s| format!("{} {}", s.component, s.version)).collect();
         eprintln!("error: the rollout-completion SLO is breached for {}", breached.join(", "));
         return Ok(Code::Partial);
     }
@@ -137,7 +159,9 @@ fn parse_since(text: &str, now: OffsetDateTime) -> Result<OffsetDateTime, String
     if let Ok(t) = OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339) {
         return Ok(t);
     }
-    humantime::parse_duration(text).map(|d| now - d).map_err(|_| format!("`{text}` is neither an RFC 3339 time nor a duration like `36h`"))
+    humantime::parse_duration(text)
+        .map(|d| now - d)
+        .map_err(|_| format!("`{text}` is neither an RFC 3339 time nor a duration like `36h`"))
 }
 
 /// What a gate asks of the fleet.
@@ -160,13 +184,22 @@ pub async fn standings_for_gate(q: &GateQuery<'_>, state_dir: &Path) -> Result<V
     let inv = match scope::read_kubeconfig(q.kubeconfig.as_deref()) {
         Ok((kubeconfig, source)) => {
             let scope = Scope::select(kubeconfig, source, q.contexts, None).map_err(|e| format!("{e:#}"))?;
-            let options = CollectOptions { timeout: q.timeout, namespace: q.namespace.clone(), kinds: if q.kinds.is_empty() { Kind::ALL.to_vec() } else { q.kinds.clone() }, ..CollectOptions::default() };
+            let options = CollectOptions {
+                timeout: q.timeout,
+                namespace: q.namespace.clone(),
+                kinds: if q.kinds.is_empty() { Kind::ALL.to_vec() } else { q.kinds.clone() },
+                ..CollectOptions::default()
+            };
             collect::collect(&scope, &options, &last_seen).await
         }
         // Without a kubeconfig no cluster can answer: each is absent, named, never assumed fine.
         Err(e) => model::Inventory {
             taken_at: OffsetDateTime::now_utc(),
-            clusters: q.contexts.iter().map(|c| model::ClusterInventory::absent(c, format!("{e:#}"), last_seen.get(c))).collect(),
+            clusters: q
+                .contexts
+                .iter()
+                .map(|c| model::ClusterInventory::absent(c, format!("{e:#}"), last_seen.get(c)))
+                .collect(),
         },
     };
     if let Err(e) = LastSeen::record(state_dir, &inv) {

@@ -72,10 +72,13 @@ pub enum Kind {
 }
 
 impl Kind {
-    pub const ALL: [Kind; 6] = [Kind::Deployment, Kind::DaemonSet, Kind::StatefulSet, Kind::CronJob, Kind::Job, Kind::Pod];
+    pub const ALL: [Kind; 6] =
+        [Kind::Deployment, Kind::DaemonSet, Kind::StatefulSet, Kind::CronJob, Kind::Job, Kind::Pod];
 
     pub fn parse(s: &str) -> Option<Kind> {
-        Kind::ALL.into_iter().find(|k| k.name().eq_ignore_ascii_case(s) || format!("{}s", k.name()).eq_ignore_ascii_case(s))
+        Kind::ALL
+            .into_iter()
+            .find(|k| k.name().eq_ignore_ascii_case(s) || format!("{}s", k.name()).eq_ignore_ascii_case(s))
     }
 
     pub fn name(self) -> &'static str {
@@ -142,8 +145,14 @@ pub struct PodFacts {
 #[serde(tag = "fact", rename_all = "snake_case")]
 pub enum RolloutFact {
     Paused,
-    NotProgressing { reason: String, message: String },
-    InProgress { updated: i64, desired: i64 },
+    NotProgressing {
+        reason: String,
+        message: String,
+    },
+    InProgress {
+        updated: i64,
+        desired: i64,
+    },
     /// DaemonSet pods not updated or not available; the nodes are named from its pods.
     NodesNotUpdated {
         updated: i64,
@@ -170,8 +179,12 @@ impl RolloutFact {
     pub fn describe(&self, workload: &str) -> String {
         match self {
             RolloutFact::Paused => format!("{workload} paused"),
-            RolloutFact::NotProgressing { reason, message } => format!("{workload} not progressing ({reason}: {message})"),
-            RolloutFact::InProgress { updated, desired } => format!("{workload} rollout in progress ({updated}/{desired} updated)"),
+            RolloutFact::NotProgressing { reason, message } => {
+                format!("{workload} not progressing ({reason}: {message})")
+            }
+            RolloutFact::InProgress { updated, desired } => {
+                format!("{workload} rollout in progress ({updated}/{desired} updated)")
+            }
             RolloutFact::NodesNotUpdated { updated, available, desired, nodes, why } => {
                 let on = if nodes.is_empty() { String::new() } else { format!(" on node {}", nodes.join(", ")) };
                 let why = why.as_ref().map(|w| format!("; {w}")).unwrap_or_default();
@@ -319,7 +332,10 @@ mod tests {
 
     #[test]
     fn images_split_into_component_and_version() {
-        assert_eq!(split_image("registry.example/node-agent:2.0"), ("registry.example/node-agent".into(), "2.0".into()));
+        assert_eq!(
+            split_image("registry.example/node-agent:2.0"),
+            ("registry.example/node-agent".into(), "2.0".into())
+        );
         assert_eq!(split_image("localhost:5000/app"), ("localhost:5000/app".into(), "latest".into()));
         assert_eq!(split_image("localhost:5000/app:1.2"), ("localhost:5000/app".into(), "1.2".into()));
         assert_eq!(split_image("docker.io/library/nginx:1.27"), ("nginx".into(), "1.27".into()));
@@ -340,7 +356,15 @@ mod tests {
 
     #[test]
     fn finished_jobs_and_terminal_pods_run_nothing() {
-        let mut w = Workload { kind: Kind::Job, namespace: "n".into(), name: "j".into(), labels: BTreeMap::new(), containers: vec![], pod: None, rollout: vec![RolloutFact::Finished] };
+        let mut w = Workload {
+            kind: Kind::Job,
+            namespace: "n".into(),
+            name: "j".into(),
+            labels: BTreeMap::new(),
+            containers: vec![],
+            pod: None,
+            rollout: vec![RolloutFact::Finished],
+        };
         assert!(!w.is_live());
         w.rollout.clear();
         assert!(w.is_live());

@@ -111,7 +111,12 @@ pub fn promql_escape(s: &str) -> String {
 
 /// Asks Prometheus about every cluster in scope. An error means Prometheus itself did not
 /// answer: that says nothing about the clusters, so it is not turned into absences.
-pub async fn collect(scope: &Scope, source: &PromSource, namespace: Option<&str>, last_seen: &LastSeen) -> Result<Inventory, String> {
+pub async fn collect(
+    scope: &Scope,
+    source: &PromSource,
+    namespace: Option<&str>,
+    last_seen: &LastSeen,
+) -> Result<Inventory, String> {
     let taken_at = OffsetDateTime::now_utc();
     let client = client()?;
     let at = taken_at.unix_timestamp_nanos() as f64 / 1e9;
@@ -126,15 +131,22 @@ pub async fn collect(scope: &Scope, source: &PromSource, namespace: Option<&str>
             query(&client, &source.url, &q5, at),
         )
     };
-    let (containers, ready, terminal, scraped, reported, up) = tokio::time::timeout(source.timeout, ask)
-        .await
-        .map_err(|_| format!("Prometheus at {} did not answer within {}", source.url, humantime::format_duration(source.timeout)))??;
+    let (containers, ready, terminal, scraped, reported, up) =
+        tokio::time::timeout(source.timeout, ask).await.map_err(|_| {
+            format!("Prometheus at {} did not answer within {}", source.url, humantime::format_duration(source.timeout))
+        })??;
     let answers = Answers { containers, ready, terminal, scraped, reported, up };
     Ok(build(scope, &answers, source, taken_at, last_seen))
 }
 
 /// Turns the answers into the inventory; pure, so the staleness rules are unit-tested.
-pub(crate) fn build(scope: &Scope, answers: &Answers, source: &PromSource, taken_at: OffsetDateTime, last_seen: &LastSeen) -> Inventory {
+pub(crate) fn build(
+    scope: &Scope,
+    answers: &Answers,
+    source: &PromSource,
+    taken_at: OffsetDateTime,
+    last_seen: &LastSeen,
+) -> Inventory {
     let label = source.cluster_label.as_str();
     let cluster_of = |s: &Sample| s.metric.get(label).cloned().unwrap_or_default();
     let mut newest: HashMap<String, f64> = HashMap::new();
@@ -146,9 +158,17 @@ pub(crate) fn build(scope: &Scope, answers: &Answers, source: &PromSource, taken
         }
     }
     let up: HashMap<String, f64> = answers.up.iter().map(|s| (cluster_of(s), s.number())).collect();
-    let key = |s: &Sample| (cluster_of(s), s.metric.get("namespace").cloned().unwrap_or_default(), s.metric.get("pod").cloned().unwrap_or_default());
-    let ready: HashMap<(String, String, String), bool> = answers.ready.iter().map(|s| (key(s), s.number() >= 1.0)).collect();
-    let terminal: HashMap<(String, String, String), String> = answers.terminal.iter().map(|s| (key(s), s.metric.get("phase").cloned().unwrap_or_default())).collect();
+    let key = |s: &Sample| {
+        (
+            cluster_of(s),
+            s.metric.get("namespace").cloned().unwrap_or_default(),
+            s.metric.get("pod").cloned().unwrap_or_default(),
+        )
+    };
+    let ready: HashMap<(String, String, String), bool> =
+        answers.ready.iter().map(|s| (key(s), s.number() >= 1.0)).collect();
+    let terminal: HashMap<(String, String, String), String> =
+        answers.terminal.iter().map(|s| (key(s), s.metric.get("phase").cloned().unwrap_or_default())).collect();
     // cluster -> pod -> containers, in a stable order so two runs render alike.
     let mut pods: BTreeMap<String, BTreeMap<(String, String), Vec<Container>>> = BTreeMap::new();
     for s in &answers.containers {
@@ -232,18 +252,30 @@ fn client() -> Result<HttpClient, String> {
 /// One instant query by POST (a long selector does not hit URL limits), as a vector.
 async fn query(client: &HttpClient, base: &str, promql: &str, at: f64) -> Result<Vec<Sample>, String> {
     let url = format!("{}/api/v1/query", base.trim_end_matches('/'));
-    let body: String = form_urlencoded::Serializer::new(String::new()).append_pair("query", promql).append_pair("time", &format!("{at:.3}")).finish();
+    let body: String = form_urlencoded::Serializer::new(String::new())
+        .append_pair("query", promql)
+        .append_pair("time", &format!("{at:.3}"))
+        .finish();
     let request = hyper::Request::post(&url)
         .header("content-type", "application/x-www-form-urlencoded")
         .header("accept", "application/json")
         .body(Full::new(Bytes::from(body)))
         .map_err(|e| format!("bad Prometheus URL `{base}`: {e}"))?;
-    let response = client.request(request).await.map_err(|e| format!("cannot reach Prometheus at {base}: {}", error_chain(&e)))?;
+    let response =
+        client.request(request).await.map_err(|e| format!("cannot reach Prometheus at {base}: {}", error_chain(&e)))?;
     let status = response.status();
-    let bytes = response.into_body().collect().await.map_err(|e| format!("reading Prometheus' answer from {base}: {e}"))?.to_bytes();
+    let bytes = response
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| format!("reading Prometheus' answer from {base}: {e}"))?
+        .to_bytes();
     let parsed: ApiResponse = serde_json::from_slice(&bytes).map_err(|_| {
         let text = String::from_utf8_lossy(&bytes);
-        format!("{url} answered {status} with something that is not the Prometheus API: {}", text.chars().take(200).collect::<String>().trim())
+        format!(
+            "{url} answered {status} with something that is not the Prometheus API: {}",
+            text.chars().take(200).collect::<String>().trim()
+        )
     })?;
     if parsed.status != "success" {
         return Err(format!(
@@ -279,25 +311,52 @@ mod tests {
     use crate::fleet::scope::Member;
 
     fn sample(labels: &[(&str, &str)], at: f64, value: &str) -> Sample {
-        Sample { metric: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(), value: (at, value.into()) }
+        Sample {
+            metric: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            value: (at, value.into()),
+        }
     }
 
     fn scope(names: &[&str]) -> Scope {
-        Scope { source: "test".into(), clusters: names.iter().map(|n| Member { name: n.to_string(), labels: BTreeMap::new(), kubeconfig: None }).collect() }
+        Scope {
+            source: "test".into(),
+            clusters: names
+                .iter()
+                .map(|n| Member { name: n.to_string(), labels: BTreeMap::new(), kubeconfig: None })
+                .collect(),
+        }
     }
 
     #[test]
     fn fresh_stale_down_and_unknown_clusters() {
         let now = time::macros::datetime!(2026-03-01 12:00 UTC);
         let t = now.unix_timestamp() as f64;
-        let source = PromSource { url: "http://p".into(), cluster_label: "cluster".into(), stale_after: Duration::from_secs(300), timeout: Duration::from_secs(5) };
-        let info = |c: &str, pod: &str, image: &str| sample(&[("cluster", c), ("namespace", "mon"), ("pod", pod), ("container", "agent"), ("image", image)], t, "1");
+        let source = PromSource {
+            url: "http://p".into(),
+            cluster_label: "cluster".into(),
+            stale_after: Duration::from_secs(300),
+            timeout: Duration::from_secs(5),
+        };
+        let info = |c: &str, pod: &str, image: &str| {
+            sample(
+                &[("cluster", c), ("namespace", "mon"), ("pod", pod), ("container", "agent"), ("image", image)],
+                t,
+                "1",
+            )
+        };
         let answers = Answers {
-            containers: vec![info("fresh", "agent-a", "reg/agent:2.0"), info("fresh", "agent-b", "reg/agent:1.9"), info("stale", "agent-a", "reg/agent:1.9")],
+            containers: vec![
+                info("fresh", "agent-a", "reg/agent:2.0"),
+                info("fresh", "agent-b", "reg/agent:1.9"),
+                info("stale", "agent-a", "reg/agent:1.9"),
+            ],
             ready: vec![sample(&[("cluster", "fresh"), ("namespace", "mon"), ("pod", "agent-b")], t, "0")],
             terminal: vec![],
             // `timestamp(..)` answers carry the sample time as the value.
-            scraped: vec![sample(&[("cluster", "fresh")], t, &(t - 2.0).to_string()), sample(&[("cluster", "stale")], t, &(t - 600.0).to_string())],
+            scraped: vec![
+                sample(&[("cluster", "fresh")], t, &(t - 2.0).to_string()),
+                sample(&[("cluster", "stale")], t, &(t - 600.0).to_string()),
+            ],
             reported: vec![sample(&[("cluster", "stale")], t, &(t - 601.0).to_string())],
             up: vec![sample(&[("cluster", "down")], t, "0")],
         };
@@ -314,14 +373,23 @@ mod tests {
             }
             p => panic!("stale is absent, not {p:?}"),
         }
-        assert!(matches!(&inv.clusters[2].presence, Presence::Absent { error, .. } if error.contains("== 0")), "{:?}", inv.clusters[2]);
-        assert!(matches!(&inv.clusters[3].presence, Presence::Absent { error, .. } if error.contains("no series with cluster=\"unknown\"")));
+        assert!(
+            matches!(&inv.clusters[2].presence, Presence::Absent { error, .. } if error.contains("== 0")),
+            "{:?}",
+            inv.clusters[2]
+        );
+        assert!(
+            matches!(&inv.clusters[3].presence, Presence::Absent { error, .. } if error.contains("no series with cluster=\"unknown\""))
+        );
     }
 
     #[test]
     fn queries_carry_the_cluster_label_and_namespace() {
         let q = queries("site", Some("mon"));
-        assert_eq!(q[0], "max by (site, namespace, pod, container, image) (kube_pod_container_info{site!=\"\",namespace=\"mon\"})");
+        assert_eq!(
+            q[0],
+            "max by (site, namespace, pod, container, image) (kube_pod_container_info{site!=\"\",namespace=\"mon\"})"
+        );
         assert_eq!(q[3], "max by (site) (timestamp(up{site!=\"\"}) and up{site!=\"\"} == 1)");
     }
 }

@@ -36,7 +36,8 @@ pub struct FleetFile {
 impl FleetFile {
     pub fn load(path: &Path) -> anyhow::Result<FleetFile> {
         let text = fs_err::read_to_string(path)?;
-        marked_yaml::from_yaml(0, &text).with_context(|| format!("{}: not a fleet file (`clusters: {{name: {{label: value}}}}`)", path.display()))
+        marked_yaml::from_yaml(0, &text)
+            .with_context(|| format!("{}: not a fleet file (`clusters: {{name: {{label: value}}}}`)", path.display()))
     }
 }
 
@@ -44,7 +45,8 @@ impl FleetFile {
 /// `~/.kube/config`.
 pub fn read_kubeconfig(explicit: Option<&Path>) -> anyhow::Result<(Kubeconfig, String)> {
     if let Some(path) = explicit {
-        let kc = Kubeconfig::read_from(path).with_context(|| format!("could not read the kubeconfig {}", path.display()))?;
+        let kc =
+            Kubeconfig::read_from(path).with_context(|| format!("could not read the kubeconfig {}", path.display()))?;
         return Ok((kc, path.display().to_string()));
     }
     let source = match std::env::var_os("KUBECONFIG") {
@@ -62,7 +64,12 @@ pub fn is_glob(pattern: &str) -> bool {
 impl Scope {
     /// Selects clusters: `patterns` are names or globs (empty: every cluster of the fleet file,
     /// else every context). A glob that matches nothing is an error, a name is kept.
-    pub fn select(kubeconfig: Kubeconfig, source: String, patterns: &[String], fleet: Option<&FleetFile>) -> anyhow::Result<Scope> {
+    pub fn select(
+        kubeconfig: Kubeconfig,
+        source: String,
+        patterns: &[String],
+        fleet: Option<&FleetFile>,
+    ) -> anyhow::Result<Scope> {
         let universe: Vec<String> = match fleet {
             Some(f) if !f.clusters.is_empty() => f.clusters.keys().cloned().collect(),
             _ => kubeconfig.contexts.iter().map(|c| c.name.clone()).collect(),
@@ -73,7 +80,8 @@ impl Scope {
         }
         for pattern in patterns.iter().map(|p| p.trim()).filter(|p| !p.is_empty()) {
             if is_glob(pattern) {
-                let glob = glob::Pattern::new(pattern).with_context(|| format!("`{pattern}` is not a valid context glob"))?;
+                let glob =
+                    glob::Pattern::new(pattern).with_context(|| format!("`{pattern}` is not a valid context glob"))?;
                 let matched: Vec<&String> = universe.iter().filter(|n| glob.matches(n)).collect();
                 if matched.is_empty() {
                     bail!("no context matches `{pattern}` in {source}");
@@ -156,7 +164,8 @@ mod tests {
     #[test]
     fn a_fleet_file_defines_membership_and_labels() {
         let kc = kubeconfig(&["edge-1", "edge-2", "core-1"]);
-        let fleet: FleetFile = marked_yaml::from_yaml(0, "clusters:\n  edge-1: {site: lyon}\n  edge-3: {site: oslo}\n").unwrap();
+        let fleet: FleetFile =
+            marked_yaml::from_yaml(0, "clusters:\n  edge-1: {site: lyon}\n  edge-3: {site: oslo}\n").unwrap();
         let s = Scope::select(kc, "k".into(), &[], Some(&fleet)).unwrap();
         assert_eq!(names(&s), ["edge-1", "edge-3"]);
         assert_eq!(s.clusters[0].labels["site"], "lyon");

@@ -20,12 +20,16 @@ pub struct Objective {
 pub fn parse(text: &str) -> Result<Vec<Objective>, String> {
     let mut out = Vec::new();
     for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let (pct, within) = part.split_once('@').ok_or_else(|| format!("`{part}`: an objective is `PERCENT%@DURATION`, like `95%@48h`"))?;
-        let percent: f64 = pct.trim().trim_end_matches('%').parse().map_err(|_| format!("`{part}`: `{pct}` is not a percentage"))?;
+        let (pct, within) = part
+            .split_once('@')
+            .ok_or_else(|| format!("`{part}`: an objective is `PERCENT%@DURATION`, like `95%@48h`"))?;
+        let percent: f64 =
+            pct.trim().trim_end_matches('%').parse().map_err(|_| format!("`{part}`: `{pct}` is not a percentage"))?;
         if !(0.0..=100.0).contains(&percent) {
             return Err(format!("`{part}`: the percentage must be between 0 and 100"));
         }
-        let within = humantime::parse_duration(within.trim()).map_err(|e| format!("`{part}`: `{within}` is not a duration ({e})"))?;
+        let within = humantime::parse_duration(within.trim())
+            .map_err(|e| format!("`{part}`: `{within}` is not a duration ({e})"))?;
         out.push(Objective { percent, within, text: part.to_string() });
     }
     if out.is_empty() {
@@ -80,7 +84,14 @@ pub struct SloReport {
 }
 
 /// Evaluates the objectives for one component version.
-pub fn evaluate(component: &str, version: &str, standings: &[ClusterStanding], start: Option<(OffsetDateTime, String)>, objectives: &[Objective], now: OffsetDateTime) -> SloReport {
+pub fn evaluate(
+    component: &str,
+    version: &str,
+    standings: &[ClusterStanding],
+    start: Option<(OffsetDateTime, String)>,
+    objectives: &[Objective],
+    now: OffsetDateTime,
+) -> SloReport {
     let scope: Vec<&ClusterStanding> = standings.iter().filter(|s| s.standing != Standing::Missing).collect();
     let done = scope.iter().filter(|s| s.standing == Standing::Done).count();
     let in_scope = scope.len();
@@ -93,7 +104,14 @@ pub fn evaluate(component: &str, version: &str, standings: &[ClusterStanding], s
             let points_short = ((o.percent - percent).max(0.0) * 10.0).round() / 10.0;
             let Some((started, _)) = &start else {
                 let state = if clusters_short == 0 { ObjectiveState::Met } else { ObjectiveState::Unknown };
-                return ObjectiveReport { objective: o.text.clone(), state, due_at: None, clusters_short, points_short, seconds: None };
+                return ObjectiveReport {
+                    objective: o.text.clone(),
+                    state,
+                    due_at: None,
+                    clusters_short,
+                    points_short,
+                    seconds: None,
+                };
             };
             let due = *started + o.within;
             let (state, seconds) = if clusters_short == 0 {
@@ -103,11 +121,22 @@ pub fn evaluate(component: &str, version: &str, standings: &[ClusterStanding], s
             } else {
                 (ObjectiveState::Pending, Some((due - now).whole_seconds()))
             };
-            ObjectiveReport { objective: o.text.clone(), state, due_at: Some(rfc3339(due)), clusters_short, points_short, seconds }
+            ObjectiveReport {
+                objective: o.text.clone(),
+                state,
+                due_at: Some(rfc3339(due)),
+                clusters_short,
+                points_short,
+                seconds,
+            }
         })
         .collect();
     let breached = reports.iter().any(|r| r.state == ObjectiveState::Breached);
-    let breaching = if breached { scope.iter().filter(|s| s.standing != Standing::Done).map(|s| s.cluster.clone()).collect() } else { Vec::new() };
+    let breaching = if breached {
+        scope.iter().filter(|s| s.standing != Standing::Done).map(|s| s.cluster.clone()).collect()
+    } else {
+        Vec::new()
+    };
     SloReport {
         component: component.to_string(),
         version: version.to_string(),
@@ -137,7 +166,11 @@ mod tests {
     use time::macros::datetime;
 
     fn standing(name: &str, done: bool) -> ClusterStanding {
-        let standing = if done { Standing::Done } else { Standing::Behind { versions: vec!["1".into()], reasons: vec!["old".into()] } };
+        let standing = if done {
+            Standing::Done
+        } else {
+            Standing::Behind { versions: vec!["1".into()], reasons: vec!["old".into()] }
+        };
         ClusterStanding { cluster: name.into(), labels: Default::default(), standing }
     }
 
@@ -159,12 +192,18 @@ mod tests {
         let start = Some((datetime!(2026-03-01 00:00 UTC), "test".to_string()));
         let o = parse("95%@48h,100%@7d").unwrap();
         let r = evaluate("app", "2", &s, start.clone(), &o, datetime!(2026-03-03 00:00 UTC));
-        assert_eq!((r.objectives[0].state.clone(), r.objectives[1].state.clone()), (ObjectiveState::Met, ObjectiveState::Pending));
+        assert_eq!(
+            (r.objectives[0].state.clone(), r.objectives[1].state.clone()),
+            (ObjectiveState::Met, ObjectiveState::Pending)
+        );
         assert_eq!(r.objectives[1].seconds, Some(5 * 86400));
         assert!(!r.breached && r.breaching.is_empty());
         let r = evaluate("app", "2", &s, start.clone(), &o, datetime!(2026-03-09 00:00 UTC));
         assert_eq!(r.objectives[1].state, ObjectiveState::Breached);
-        assert_eq!((r.objectives[1].clusters_short, r.objectives[1].points_short, r.objectives[1].seconds), (1, 5.0, Some(86400)));
+        assert_eq!(
+            (r.objectives[1].clusters_short, r.objectives[1].points_short, r.objectives[1].seconds),
+            (1, 5.0, Some(86400))
+        );
         assert_eq!(r.breaching, ["late"]);
         // Two behind: 90% < 95% after 48h.
         s[0] = standing("c0", false);

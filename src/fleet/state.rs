@@ -86,7 +86,13 @@ impl Rollouts {
             for c in &w.containers {
                 let versions = self.components.entry(c.component.clone()).or_default();
                 if !versions.contains_key(&c.version) {
-                    versions.insert(c.version.clone(), RolloutStart { started: inventory.taken_at, source: "first seen by `rdeploy inventory`".into() });
+                    versions.insert(
+                        c.version.clone(),
+                        RolloutStart {
+                            started: inventory.taken_at,
+                            source: "first seen by `rdeploy inventory`".into(),
+                        },
+                    );
                     changed = true;
                 }
             }
@@ -113,7 +119,8 @@ fn read_json<T: DeserializeOwned>(path: &Path) -> Option<T> {
 fn write_json<T: Serialize>(path: &Path, value: &T) -> anyhow::Result<()> {
     let dir = path.parent().expect("state files live in a directory");
     fs_err::create_dir_all(dir)?;
-    let tmp = dir.join(format!(".{}.{}.tmp", path.file_name().unwrap_or_default().to_string_lossy(), std::process::id()));
+    let tmp =
+        dir.join(format!(".{}.{}.tmp", path.file_name().unwrap_or_default().to_string_lossy(), std::process::id()));
     fs_err::write(&tmp, serde_json::to_vec_pretty(value)?)?;
     fs_err::rename(&tmp, path).with_context(|| format!("could not update {}", path.display()))
 }

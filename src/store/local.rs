@@ -248,7 +248,8 @@ impl Store for StateDir {
     fn open_journal(&self) -> anyhow::Result<(Box<dyn JournalWriter>, Deploy)> {
         let path = self.journal_path();
         let (deploy, good_len) = read_journal(&path, self.read_snapshot()?)?;
-        let mut file = OpenOptions::new().append(true).open(&path).with_context(|| format!("opening {}", path.display()))?;
+        let mut file =
+            OpenOptions::new().append(true).open(&path).with_context(|| format!("opening {}", path.display()))?;
         if file.metadata()?.len() != good_len {
             // Drop the torn last line a crash left, so the next record starts on its own line.
             file.set_len(good_len)?;

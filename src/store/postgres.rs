@@ -63,7 +63,11 @@ pub struct Settings {
 impl Settings {
     pub fn from_env() -> Settings {
         let secs = |name: &str| {
-            std::env::var(name).ok().and_then(|v| v.trim().parse::<f64>().ok()).filter(|s| s.is_finite() && *s > 0.0).map(Duration::from_secs_f64)
+            std::env::var(name)
+                .ok()
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .filter(|s| s.is_finite() && *s > 0.0)
+                .map(Duration::from_secs_f64)
         };
         let lease = secs("RDEPLOY_LEASE_SECONDS").unwrap_or(Duration::from_secs(10));
         Settings {
@@ -130,7 +134,12 @@ impl PostgresStore {
         Self::with_settings(url, stack, scratch, Settings::from_env())
     }
 
-    pub fn with_settings(url: &str, stack: &str, scratch: Option<StateDir>, settings: Settings) -> anyhow::Result<PostgresStore> {
+    pub fn with_settings(
+        url: &str,
+        stack: &str,
+        scratch: Option<StateDir>,
+        settings: Settings,
+    ) -> anyhow::Result<PostgresStore> {
         let display = redact(url);
         if !is_url(url) {
             return Err(Refusal::new(Code::BadInput, format!("`{display}` is not a PostgreSQL URL"))
@@ -199,7 +208,9 @@ impl PostgresStore {
 
     fn lease(&self) -> anyhow::Result<LeaseState> {
         let lease = self.shared.lease.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let lease = lease.ok_or_else(|| anyhow::anyhow!("writing the checkpoint to {} needs its lock (internal error)", self.location()))?;
+        let lease = lease.ok_or_else(|| {
+            anyhow::anyhow!("writing the checkpoint to {} needs its lock (internal error)", self.location())
+        })?;
         if lease.lost.load(Ordering::SeqCst) {
             return Err(self.lost_lease());
         }
@@ -299,9 +310,15 @@ impl PostgresStore {
         self.once(Line::Journal, move |c| {
             let stack = stack.clone();
             Box::pin(async move {
-                let rows = c.client.query("SELECT deploy FROM rdeploy.history WHERE stack = $1 ORDER BY id", &[&stack]).await?;
+                let rows = c
+                    .client
+                    .query("SELECT deploy FROM rdeploy.history WHERE stack = $1 ORDER BY id", &[&stack])
+                    .await?;
                 rows.into_iter()
-                    .map(|row| serde_json::from_value(row.get(0)).map_err(|e| OpError::Other(anyhow::anyhow!("a history entry is unreadable: {e}"))))
+                    .map(|row| {
+                        serde_json::from_value(row.get(0))
+                            .map_err(|e| OpError::Other(anyhow::anyhow!("a history entry is unreadable: {e}")))
+                    })
                     .collect()
             })
         })
@@ -320,7 +337,14 @@ impl PostgresStore {
             let (stack, token, rows) = (stack.clone(), lease.token.clone(), rows.clone());
             Box::pin(async move {
                 let tx = c.client.transaction().await?;
-                if tx.query_opt("SELECT 1 FROM rdeploy.locks WHERE stack = $1 AND token = $2 FOR SHARE", &[&stack, &token]).await?.is_none() {
+                if tx
+                    .query_opt(
+                        "SELECT 1 FROM rdeploy.locks WHERE stack = $1 AND token = $2 FOR SHARE",
+                        &[&stack, &token],
+                    )
+                    .await?
+                    .is_none()
+                {
                     return Err(OpError::Fenced);
                 }
                 for (id, state, deploy) in &rows {
@@ -452,7 +476,8 @@ impl Store for PostgresStore {
             Err(e) => return Err(LockError::Io(self.error(e, "taking the lock"))),
         };
         let lost = Arc::new(AtomicBool::new(false));
-        *self.shared.lease.lock().unwrap_or_else(|e| e.into_inner()) = Some(LeaseState { token: token.clone(), lost: lost.clone() });
+        *self.shared.lease.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some(LeaseState { token: token.clone(), lost: lost.clone() });
         let heartbeat = self.shared.worker.handle.spawn(heartbeat(self.shared.clone(), token.clone(), lost));
         Ok(Box::new(PostgresLock { store: self.clone(), token, took_over_from, heartbeat }))
     }
@@ -479,9 +504,18 @@ impl Store for PostgresStore {
         self.once(Line::Journal, move |c| {
             let stack = stack.clone();
             Box::pin(async move {
-                let row = c.client.query_opt("SELECT deploy FROM rdeploy.history WHERE stack = $1 ORDER BY id DESC LIMIT 1", &[&stack]).await?;
-                row.map(|row| serde_json::from_value(row.get(0)).map_err(|e| OpError::Other(anyhow::anyhow!("the last history entry is unreadable: {e}"))))
-                    .transpose()
+                let row = c
+                    .client
+                    .query_opt(
+                        "SELECT deploy FROM rdeploy.history WHERE stack = $1 ORDER BY id DESC LIMIT 1",
+                        &[&stack],
+                    )
+                    .await?;
+                row.map(|row| {
+                    serde_json::from_value(row.get(0))
+                        .map_err(|e| OpError::Other(anyhow::anyhow!("the last history entry is unreadable: {e}")))
+                })
+                .transpose()
             })
         })
         .map_err(|e| self.error(e, "reading the history"))
@@ -491,7 +525,12 @@ impl Store for PostgresStore {
         let stack = self.shared.stack.clone();
         self.once(Line::Journal, move |c| {
             let stack = stack.clone();
-            Box::pin(async move { Ok(c.client.query_one("SELECT EXISTS (SELECT 1 FROM rdeploy.journals WHERE stack = $1)", &[&stack]).await?.get(0)) })
+            Box::pin(async move {
+                Ok(c.client
+                    .query_one("SELECT EXISTS (SELECT 1 FROM rdeploy.journals WHERE stack = $1)", &[&stack])
+                    .await?
+                    .get(0))
+            })
         })
         .map_err(|e| self.error(e, "reading the checkpoint"))
     }
@@ -518,7 +557,13 @@ impl Store for PostgresStore {
                     match rows.first() {
                         Some(row) => Ok(row.get::<_, i64>(0)),
                         None => {
-                            let held = c.client.query_opt("SELECT 1 FROM rdeploy.locks WHERE stack = $1 AND token = $2", &[&stack, &token]).await?;
+                            let held = c
+                                .client
+                                .query_opt(
+                                    "SELECT 1 FROM rdeploy.locks WHERE stack = $1 AND token = $2",
+                                    &[&stack, &token],
+                                )
+                                .await?;
                             if held.is_none() {
                                 Err(OpError::Fenced)
                             } else {
@@ -529,7 +574,13 @@ impl Store for PostgresStore {
                 })
             })
             .map_err(|e| self.error(e, "creating the journal"))?;
-        Ok(Box::new(PostgresJournal { store: self.clone(), journal_id: id, lease, unsynced: Vec::new(), gave_up: false }))
+        Ok(Box::new(PostgresJournal {
+            store: self.clone(),
+            journal_id: id,
+            lease,
+            unsynced: Vec::new(),
+            gave_up: false,
+        }))
     }
 
     fn open_journal(&self) -> anyhow::Result<(Box<dyn JournalWriter>, Deploy)> {
@@ -538,7 +589,16 @@ impl Store for PostgresStore {
             .read_unfinished()
             .map_err(|e| self.error(e, "reading the checkpoint"))?
             .ok_or_else(|| anyhow::anyhow!("no unfinished deploy is recorded in {}", self.location()))?;
-        Ok((Box::new(PostgresJournal { store: self.clone(), journal_id: id, lease, unsynced: Vec::new(), gave_up: false }), deploy))
+        Ok((
+            Box::new(PostgresJournal {
+                store: self.clone(),
+                journal_id: id,
+                lease,
+                unsynced: Vec::new(),
+                gave_up: false,
+            }),
+            deploy,
+        ))
     }
 }
 
@@ -566,7 +626,9 @@ impl Drop for PostgresLock {
         let _ = self.store.once(Line::Lease, move |c| {
             let (stack, token) = (stack.clone(), token.clone());
             Box::pin(async move {
-                c.client.execute("DELETE FROM rdeploy.locks WHERE stack = $1 AND token = $2", &[&stack, &token]).await?;
+                c.client
+                    .execute("DELETE FROM rdeploy.locks WHERE stack = $1 AND token = $2", &[&stack, &token])
+                    .await?;
                 Ok(())
             })
         });
@@ -642,7 +704,11 @@ impl PostgresJournal {
     }
 
     fn budget(&self) -> Duration {
-        if self.gave_up { Duration::ZERO } else { self.store.shared.settings.retry }
+        if self.gave_up {
+            Duration::ZERO
+        } else {
+            self.store.shared.settings.retry
+        }
     }
 
     /// Turns a failed write into the error the driver reports, remembering what it means.
@@ -652,7 +718,8 @@ impl PostgresJournal {
             OpError::Connection(error) => {
                 // Only once an earlier write waited out the budget (see `budget`).
                 self.gave_up = true;
-                return OpError::Unreachable { error, waited: self.store.shared.settings.retry }.into_error(&self.store, what);
+                return OpError::Unreachable { error, waited: self.store.shared.settings.retry }
+                    .into_error(&self.store, what);
             }
             OpError::Unreachable { .. } => self.gave_up = true,
             OpError::Other(_) => {}
@@ -674,7 +741,9 @@ impl JournalWriter for PostgresJournal {
                 let row = match c.client.query_one(&st, &[&stack, &token, &id, &seq, &ts, &record]).await {
                     Ok(row) => row,
                     // The journal is gone: another run took over and finished the deploy.
-                    Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::FOREIGN_KEY_VIOLATION) => return Err(OpError::Fenced),
+                    Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::FOREIGN_KEY_VIOLATION) => {
+                        return Err(OpError::Fenced)
+                    }
                     Err(e) => return Err(e.into()),
                 };
                 let (held, inserted): (i64, i64) = (row.get(0), row.get(1));
@@ -685,10 +754,15 @@ impl JournalWriter for PostgresJournal {
                     // Already there: an earlier attempt committed before its connection broke.
                     let same = c
                         .client
-                        .query_opt("SELECT 1 FROM rdeploy.records WHERE journal_id = $1 AND seq = $2 AND record = $3", &[&id, &seq, &record])
+                        .query_opt(
+                            "SELECT 1 FROM rdeploy.records WHERE journal_id = $1 AND seq = $2 AND record = $3",
+                            &[&id, &seq, &record],
+                        )
                         .await?;
                     if same.is_none() {
-                        return Err(OpError::Other(anyhow::anyhow!("journal record {seq} was already written with other content")));
+                        return Err(OpError::Other(anyhow::anyhow!(
+                            "journal record {seq} was already written with other content"
+                        )));
                     }
                 }
                 Ok(())
@@ -717,7 +791,8 @@ impl JournalWriter for PostgresJournal {
                 if held == 0 {
                     return Err(OpError::Fenced);
                 }
-                let missing: Vec<&(i64, String, Value)> = unsynced.iter().filter(|(s, ..)| !present.contains(s)).collect();
+                let missing: Vec<&(i64, String, Value)> =
+                    unsynced.iter().filter(|(s, ..)| !present.contains(s)).collect();
                 if !missing.is_empty() {
                     // The database restarted after a crash that lost them: write them again,
                     // durably this time (this line commits synchronously).
@@ -767,28 +842,34 @@ impl JournalWriter for PostgresJournal {
         self.sync()?;
         let (stack, token, id) = (self.store.shared.stack.clone(), self.lease.token.clone(), self.journal_id);
         let (deploy_id, state, value) = (deploy.deploy_id.clone(), state_name(deploy), serde_json::to_value(deploy)?);
-        let result = self
-            .store
-            .within(self.budget(), Line::Lease, move |c| {
-                let (stack, token, deploy_id, state, value) = (stack.clone(), token.clone(), deploy_id.clone(), state.clone(), value.clone());
-                Box::pin(async move {
-                    let tx = c.client.transaction().await?;
-                    if tx.query_opt("SELECT 1 FROM rdeploy.locks WHERE stack = $1 AND token = $2 FOR SHARE", &[&stack, &token]).await?.is_none() {
-                        return Err(OpError::Fenced);
-                    }
-                    let removed = tx.execute("DELETE FROM rdeploy.journals WHERE id = $1", &[&id]).await?;
-                    if removed == 1 {
-                        tx.execute(
-                            "INSERT INTO rdeploy.history (stack, deploy_id, state, deploy) VALUES ($1, $2, $3, $4)",
-                            &[&stack, &deploy_id, &state, &value],
-                        )
-                        .await?;
-                    }
-                    // removed == 0: an earlier attempt committed before its connection broke.
-                    tx.commit().await?;
-                    Ok(())
-                })
-            });
+        let result = self.store.within(self.budget(), Line::Lease, move |c| {
+            let (stack, token, deploy_id, state, value) =
+                (stack.clone(), token.clone(), deploy_id.clone(), state.clone(), value.clone());
+            Box::pin(async move {
+                let tx = c.client.transaction().await?;
+                if tx
+                    .query_opt(
+                        "SELECT 1 FROM rdeploy.locks WHERE stack = $1 AND token = $2 FOR SHARE",
+                        &[&stack, &token],
+                    )
+                    .await?
+                    .is_none()
+                {
+                    return Err(OpError::Fenced);
+                }
+                let removed = tx.execute("DELETE FROM rdeploy.journals WHERE id = $1", &[&id]).await?;
+                if removed == 1 {
+                    tx.execute(
+                        "INSERT INTO rdeploy.history (stack, deploy_id, state, deploy) VALUES ($1, $2, $3, $4)",
+                        &[&stack, &deploy_id, &state, &value],
+                    )
+                    .await?;
+                }
+                // removed == 0: an earlier attempt committed before its connection broke.
+                tx.commit().await?;
+                Ok(())
+            })
+        });
         if let Err(e) = result {
             return Err(self.failed(e, "archiving the finished deploy"));
         }
@@ -836,7 +917,10 @@ enum OpError {
     /// The database could not be reached (one attempt).
     Connection(String),
     /// The database stayed unreachable for the whole retry budget.
-    Unreachable { error: String, waited: Duration },
+    Unreachable {
+        error: String,
+        waited: Duration,
+    },
     Other(anyhow::Error),
 }
 
@@ -894,7 +978,11 @@ where
         };
         let waited = start.elapsed();
         if waited + backoff > budget {
-            return Err(if budget.is_zero() { OpError::Connection(error) } else { OpError::Unreachable { error, waited } });
+            return Err(if budget.is_zero() {
+                OpError::Connection(error)
+            } else {
+                OpError::Unreachable { error, waited }
+            });
         }
         tracing::warn!("the state database {} is unreachable ({error}); retrying in {backoff:?}", shared.display);
         tokio::time::sleep(backoff).await;
@@ -935,7 +1023,9 @@ async fn connect(shared: &Shared, line: Line) -> Result<Conn, OpError> {
     let (mut client, connection) = match tokio::time::timeout(shared.settings.timeout, config.connect(NoTls)).await {
         Ok(Ok(pair)) => pair,
         Ok(Err(e)) if is_connection_error(&e) => return Err(OpError::Connection(describe(&e))),
-        Ok(Err(e)) => return Err(OpError::Other(anyhow::anyhow!("could not connect to {}: {}", shared.display, describe(&e)))),
+        Ok(Err(e)) => {
+            return Err(OpError::Other(anyhow::anyhow!("could not connect to {}: {}", shared.display, describe(&e))))
+        }
         Err(_) => return Err(OpError::Connection("timed out connecting".into())),
     };
     tokio::spawn(async move {
@@ -979,7 +1069,9 @@ impl Worker {
         let wait = move || rx.recv().expect("the postgres store's thread stopped");
         match tokio::runtime::Handle::try_current() {
             // Lend this worker's other tasks to another thread while we wait.
-            Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(wait),
+            Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+                tokio::task::block_in_place(wait)
+            }
             _ => wait(),
         }
     }
@@ -1038,14 +1130,20 @@ mod tests {
         assert_eq!((deploy.seq, deploy.warnings.clone()), (1, vec!["from a".to_string()]));
         journal_b.append(&warning(2, "from b")).unwrap();
         journal_b.sync().unwrap();
-        assert_eq!(server.psql("SELECT string_agg(record->>'message', ',' ORDER BY seq) FROM rdeploy.records"), "from a,from b");
+        assert_eq!(
+            server.psql("SELECT string_agg(record->>'message', ',' ORDER BY seq) FROM rdeploy.records"),
+            "from a,from b"
+        );
 
         // The old guard's release must not free the new holder's lease.
         drop(lock_a);
         assert_eq!(b.holder().unwrap().command, "recover");
         drop(lock_b);
         assert!(b.holder().is_none());
-        assert_eq!(server.psql("SELECT string_agg(version::text, ',' ORDER BY version) FROM rdeploy.schema_migrations"), "1,2");
+        assert_eq!(
+            server.psql("SELECT string_agg(version::text, ',' ORDER BY version) FROM rdeploy.schema_migrations"),
+            "1,2"
+        );
     }
 
     #[test]
@@ -1068,7 +1166,10 @@ mod tests {
 
     #[test]
     fn urls_are_shown_without_their_password() {
-        assert_eq!(redact("postgres://ci:s3cret@db.internal:5432/rdeploy?sslmode=disable"), "postgres://ci@db.internal:5432/rdeploy");
+        assert_eq!(
+            redact("postgres://ci:s3cret@db.internal:5432/rdeploy?sslmode=disable"),
+            "postgres://ci@db.internal:5432/rdeploy"
+        );
         assert_eq!(redact("postgresql://db/rdeploy"), "postgresql://db/rdeploy");
         assert!(!PostgresStore::open("postgres://u:pw@h/db", "s", None).unwrap().location().contains("pw"));
     }

@@ -14,7 +14,11 @@ use std::time::{Duration, Instant};
 /// The workspace root: the nearest ancestor of the calling crate that holds `fixtures/kubesim`.
 pub fn workspace_root() -> PathBuf {
     let start = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    start.ancestors().find(|d| d.join("fixtures/kubesim").is_dir()).expect("workspace root above CARGO_MANIFEST_DIR").to_path_buf()
+    start
+        .ancestors()
+        .find(|d| d.join("fixtures/kubesim").is_dir())
+        .expect("workspace root above CARGO_MANIFEST_DIR")
+        .to_path_buf()
 }
 
 /// The kubesim binary beside the running test's own target dir; built once when missing
@@ -112,7 +116,12 @@ impl Kubesim {
     }
 
     pub fn kubectl(&self, args: &[&str]) -> Output {
-        Command::new(kubectl_bin()).args(args).envs(self.env()).env_remove("HELM_NAMESPACE").output().expect("run kubectl")
+        Command::new(kubectl_bin())
+            .args(args)
+            .envs(self.env())
+            .env_remove("HELM_NAMESPACE")
+            .output()
+            .expect("run kubectl")
     }
 
     /// kubectl that must succeed; returns stdout.
@@ -145,7 +154,8 @@ impl Kubesim {
     pub fn control(&self, method: &str, path: &str) -> String {
         let mut s = TcpStream::connect(&self.addr).expect("connect kubesim");
         s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-        write!(s, "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Length: 0\r\n\r\n", self.addr).unwrap();
+        write!(s, "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Length: 0\r\n\r\n", self.addr)
+            .unwrap();
         let mut buf = Vec::new();
         let _ = s.read_to_end(&mut buf);
         String::from_utf8_lossy(&buf).into_owned()

@@ -13,7 +13,8 @@ pub fn repo_root() -> PathBuf {
 
 /// The path of a tool the test needs; panics with the install command when it is missing.
 pub fn require_tool(name: &str, install: &str) -> PathBuf {
-    which::which(name).unwrap_or_else(|_| panic!("`{name}` is required by this test and was not found on PATH: {install}"))
+    which::which(name)
+        .unwrap_or_else(|_| panic!("`{name}` is required by this test and was not found on PATH: {install}"))
 }
 
 /// Five sub-changes, each appending its name to `out`; the fifth fails while `fail-five` exists.
@@ -184,7 +185,12 @@ pub fn copy_dir(from: &Path, to: &Path) {
 
 /// Finds a step in `status --json` by name.
 pub fn step<'a>(status: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
-    status["steps"].as_array().unwrap().iter().find(|s| s["name"] == name).unwrap_or_else(|| panic!("no step {name} in {status}"))
+    status["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == name)
+        .unwrap_or_else(|| panic!("no step {name} in {status}"))
 }
 
 /// `id: status` pairs of a step's sub-changes.

@@ -43,7 +43,9 @@ fn server_user() -> Option<String> {
             return Some(name.to_string());
         }
     }
-    panic!("running as root, and neither a `postgres` nor a `nobody` user exists to run PostgreSQL as (it refuses root)")
+    panic!(
+        "running as root, and neither a `postgres` nor a `nobody` user exists to run PostgreSQL as (it refuses root)"
+    )
 }
 
 impl PgServer {
@@ -58,7 +60,10 @@ impl PgServer {
         }
         let mut server = PgServer { dir, port: 0, bin, user };
         let data = server.data();
-        server.run_ok("initdb", &["-D", data.to_str().unwrap(), "-U", "postgres", "--auth=trust", "-N", "-E", "UTF8", "--locale=C"]);
+        server.run_ok(
+            "initdb",
+            &["-D", data.to_str().unwrap(), "-U", "postgres", "--auth=trust", "-N", "-E", "UTF8", "--locale=C"],
+        );
         // A port is free when we look and may be taken when the server binds: try a few.
         for _ in 0..5 {
             server.port = free_port();
@@ -113,11 +118,29 @@ impl PgServer {
     }
 
     fn pg_ctl_start(&self) -> bool {
-        let options = format!("-p {} -k {} -c listen_addresses=127.0.0.1 -c max_connections=50", self.port, self.dir.path().display());
+        let options = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c max_connections=50",
+            self.port,
+            self.dir.path().display()
+        );
         let log = self.dir.path().join("server.log");
-        self.run("pg_ctl", &["start", "-w", "-t", "30", "-D", self.data().to_str().unwrap(), "-l", log.to_str().unwrap(), "-o", &options])
-            .status
-            .success()
+        self.run(
+            "pg_ctl",
+            &[
+                "start",
+                "-w",
+                "-t",
+                "30",
+                "-D",
+                self.data().to_str().unwrap(),
+                "-l",
+                log.to_str().unwrap(),
+                "-o",
+                &options,
+            ],
+        )
+        .status
+        .success()
     }
 
     /// Stops the server (`fast`: clients are disconnected, committed work is kept).
@@ -139,7 +162,23 @@ impl PgServer {
     pub fn psql(&self, sql: &str) -> String {
         let psql = if self.bin.join("psql").exists() { self.bin.join("psql") } else { PathBuf::from("psql") };
         let out = Command::new(psql)
-            .args(["-X", "-q", "-At", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1", "-p", &self.port.to_string(), "-U", "postgres", "-d", "postgres", "-c", sql])
+            .args([
+                "-X",
+                "-q",
+                "-At",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                "postgres",
+                "-d",
+                "postgres",
+                "-c",
+                sql,
+            ])
             .output()
             .expect("run psql (installed with PostgreSQL: `scripts/setup-postgres.sh`)");
         assert!(out.status.success(), "psql failed on {sql}: {}", String::from_utf8_lossy(&out.stderr));

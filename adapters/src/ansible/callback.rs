@@ -145,7 +145,9 @@ pub fn parse_line(line: &str) -> Result<Option<Record>, CallbackError> {
     // Events added by a later plugin of the same format are skipped, not fatal.
     match serde_json::from_str::<Record>(line) {
         Ok(record) => Ok(Some(record)),
-        Err(e) if e.is_data() && !line.contains("\"event\":\"result\"") && !line.contains("\"event\":\"stats\"") => Ok(None),
+        Err(e) if e.is_data() && !line.contains("\"event\":\"result\"") && !line.contains("\"event\":\"stats\"") => {
+            Ok(None)
+        }
         Err(source) => Err(json(source)),
     }
 }
@@ -257,11 +259,16 @@ impl HostTracker {
     pub fn finish(&mut self, exit_code: Option<i32>, events: &mut Vec<Event>) -> Vec<(String, HostOutcome)> {
         let order: Vec<String> = self.planned.iter().chain(self.extra.iter()).cloned().collect();
         let stats = self.stats.take();
-        let failed_marked: HashSet<&str> =
-            stats.as_ref().and_then(|s| s.failed_hosts.as_ref()).map(|v| v.iter().map(String::as_str).collect()).unwrap_or_default();
+        let failed_marked: HashSet<&str> = stats
+            .as_ref()
+            .and_then(|s| s.failed_hosts.as_ref())
+            .map(|v| v.iter().map(String::as_str).collect())
+            .unwrap_or_default();
         let abort = stats.as_ref().and_then(|s| s.abort.as_ref());
-        let abort_batch: HashSet<&str> = abort.map(|a| a.batch.iter().map(String::as_str).collect()).unwrap_or_default();
-        let abort_play: HashSet<&str> = abort.map(|a| a.play_hosts.iter().map(String::as_str).collect()).unwrap_or_default();
+        let abort_batch: HashSet<&str> =
+            abort.map(|a| a.batch.iter().map(String::as_str).collect()).unwrap_or_default();
+        let abort_play: HashSet<&str> =
+            abort.map(|a| a.play_hosts.iter().map(String::as_str).collect()).unwrap_or_default();
         // Without the plugin's view of the executor (recap fallback) an any_errors_fatal abort
         // looks like a clean finish, so after a failed run no host is taken as done.
         let recap_only = stats.as_ref().is_some_and(|s| s.aborted.is_none());
@@ -322,7 +329,9 @@ impl HostTracker {
                 HostOutcome::Failed(error) | HostOutcome::Unreachable(error) => {
                     events.push(Event::Failed { id: host.clone(), error: error.clone() })
                 }
-                HostOutcome::Pending(reason) => events.push(Event::Pending { id: host.clone(), reason: reason.clone() }),
+                HostOutcome::Pending(reason) => {
+                    events.push(Event::Pending { id: host.clone(), reason: reason.clone() })
+                }
             }
             outcomes.push((host, outcome));
         }
@@ -491,7 +500,11 @@ mod tests {
         let (_, end, outcomes) = replay("fatal-web3-fails", &WEB, 2);
         assert!(matches!(outcome(&outcomes, "web3"), HostOutcome::Failed(_)));
         for host in ["web1", "web2", "web4", "web5"] {
-            assert!(matches!(outcome(&outcomes, host), HostOutcome::Pending(_)), "{host}: {:?}", outcome(&outcomes, host));
+            assert!(
+                matches!(outcome(&outcomes, host), HostOutcome::Pending(_)),
+                "{host}: {:?}",
+                outcome(&outcomes, host)
+            );
         }
         assert!(!end.iter().any(|e| matches!(e, Event::Done { .. })));
     }

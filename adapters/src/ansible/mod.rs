@@ -62,7 +62,8 @@ pub enum RecoverMode {
 }
 
 impl AnsibleSpec {
-    pub const KEYS: &'static [&'static str] = &["playbook", "inventory", "limit", "extra_vars", "tags", "binary", "recover"];
+    pub const KEYS: &'static [&'static str] =
+        &["playbook", "inventory", "limit", "extra_vars", "tags", "binary", "recover"];
 
     pub fn problems(&self) -> Vec<SpecProblem> {
         let mut problems = Vec::new();
@@ -141,7 +142,11 @@ impl AnsibleSpec {
 
     /// `-i INV PLAYBOOK [-e JSON] [--tags T]`, as the operator would type them in the stack dir.
     fn base_args(&self) -> Vec<String> {
-        let mut args = vec!["-i".to_string(), self.inventory.to_string_lossy().into_owned(), self.playbook.to_string_lossy().into_owned()];
+        let mut args = vec![
+            "-i".to_string(),
+            self.inventory.to_string_lossy().into_owned(),
+            self.playbook.to_string_lossy().into_owned(),
+        ];
         if !self.extra_vars.is_empty() {
             // One JSON object keeps numbers, booleans and nesting as the stack file wrote them.
             args.push("-e".into());
@@ -193,13 +198,28 @@ impl AnsibleSpec {
     /// `ANSIBLE_CALLBACK_PLUGINS` and `ANSIBLE_CALLBACKS_ENABLED` override ansible.cfg, so the
     /// values in effect (from `ansible-config dump`, which sees cfg and env alike) are kept and
     /// ours appended.
-    async fn callback_env(&self, ctx: &StepContext, binary: &Path, plugin_dir: &Path) -> (Vec<(String, String)>, Option<String>) {
+    async fn callback_env(
+        &self,
+        ctx: &StepContext,
+        binary: &Path,
+        plugin_dir: &Path,
+    ) -> (Vec<(String, String)>, Option<String>) {
         let (mut paths, mut enabled, warning) = match self.effective_callback_config(ctx, binary).await {
             Ok(found) => (found.0, found.1, None),
             Err(why) => {
-                let from_env = |key: &str| ctx.env.get(key).cloned().or_else(|| std::env::var(key).ok()).unwrap_or_default();
-                let paths = from_env("ANSIBLE_CALLBACK_PLUGINS").split(':').filter(|s| !s.is_empty()).map(str::to_string).collect();
-                let enabled = from_env("ANSIBLE_CALLBACKS_ENABLED").split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_string).collect();
+                let from_env =
+                    |key: &str| ctx.env.get(key).cloned().or_else(|| std::env::var(key).ok()).unwrap_or_default();
+                let paths = from_env("ANSIBLE_CALLBACK_PLUGINS")
+                    .split(':')
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_string)
+                    .collect();
+                let enabled = from_env("ANSIBLE_CALLBACKS_ENABLED")
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_string)
+                    .collect();
                 (paths, enabled, Some(format!("could not read ansible's callback settings ({why}); callbacks enabled only in ansible.cfg may be off for this run")))
             }
         };
@@ -216,7 +236,11 @@ impl AnsibleSpec {
         )
     }
 
-    async fn effective_callback_config(&self, ctx: &StepContext, binary: &Path) -> Result<(Vec<String>, Vec<String>), String> {
+    async fn effective_callback_config(
+        &self,
+        ctx: &StepContext,
+        binary: &Path,
+    ) -> Result<(Vec<String>, Vec<String>), String> {
         let sibling = binary.with_file_name("ansible-config");
         let config = if sibling.is_file() { sibling } else { PathBuf::from("ansible-config") };
         let cmd = self.command(ctx, &config).args(["dump", "--format", "json"]);
@@ -306,9 +330,10 @@ impl AnsibleSpec {
             inspection.actions.push(format!("leave {} alone: no longer targeted", name_hosts(&selection.gone)));
         }
         if !selection.targets.is_empty() {
-            inspection
-                .actions
-                .push(format!("command: `{}`", display_command(&self.runbook_words(Some(&selection.targets.join(","))))));
+            inspection.actions.push(format!(
+                "command: `{}`",
+                display_command(&self.runbook_words(Some(&selection.targets.join(","))))
+            ));
         }
         inspection.remaining = selection.targets;
         Ok(inspection)
@@ -384,7 +409,10 @@ impl AnsibleSpec {
         if let Some(message) = warning {
             sink.emit(Event::Warning { message });
         }
-        sink.emit(Event::Fact { key: "ansible_events".into(), value: events_path.to_string_lossy().into_owned().into() });
+        sink.emit(Event::Fact {
+            key: "ansible_events".into(),
+            value: events_path.to_string_lossy().into_owned().into(),
+        });
 
         let mut cmd = self.command(ctx, binary).args(self.base_args());
         if let Some(limit) = limit {
@@ -424,7 +452,9 @@ impl AnsibleSpec {
         if !tracker.has_stats() && !recap_lines.is_empty() {
             if tracker.records() == 0 {
                 sink.emit(Event::Warning {
-                    message: format!("the `{PLUGIN_NAME}` callback wrote nothing; per-host results come from the play recap"),
+                    message: format!(
+                        "the `{PLUGIN_NAME}` callback wrote nothing; per-host results come from the play recap"
+                    ),
                 });
             }
             tracker.use_recap(&recap_lines, no_more_hosts);
@@ -439,7 +469,13 @@ impl AnsibleSpec {
 
     /// Ok when ansible succeeded and every host is done; otherwise one line that names what
     /// happened and the first host's error, and a hint with the recovery `--limit`.
-    fn judge(&self, cmd: &Command, outcome: &Outcome, tracker: &HostTracker, outcomes: &[(String, HostOutcome)]) -> Result<(), Failure> {
+    fn judge(
+        &self,
+        cmd: &Command,
+        outcome: &Outcome,
+        tracker: &HostTracker,
+        outcomes: &[(String, HostOutcome)],
+    ) -> Result<(), Failure> {
         let mut counts = [0usize; 4];
         let mut not_done = Vec::new();
         let mut first_error = None;
@@ -463,11 +499,12 @@ impl AnsibleSpec {
         }
         let display = cmd.display();
         let mut failure = Failure::from_process(&display, outcome);
-        let tally: Vec<String> = [(counts[1], "failed"), (counts[2], "unreachable"), (counts[3], "pending"), (counts[0], "done")]
-            .iter()
-            .filter(|(n, _)| *n > 0)
-            .map(|(n, what)| format!("{n} {what}"))
-            .collect();
+        let tally: Vec<String> =
+            [(counts[1], "failed"), (counts[2], "unreachable"), (counts[3], "pending"), (counts[0], "done")]
+                .iter()
+                .filter(|(n, _)| *n > 0)
+                .map(|(n, what)| format!("{n} {what}"))
+                .collect();
         let status = match outcome.code {
             _ if outcome.interrupted => "was interrupted".to_string(),
             _ if outcome.timed_out => "timed out".to_string(),
@@ -521,7 +558,8 @@ fn drain(tail: &mut Tail, tracker: &mut HostTracker, sink: &dyn EventSink) {
 }
 
 fn prepare_work_dir(plugin_dir: &Path, events_path: &Path) -> Result<(), Failure> {
-    let io = |what: &str, path: &Path, e: std::io::Error| Failure::new(format!("could not {what} {}: {e}", path.display()));
+    let io =
+        |what: &str, path: &Path, e: std::io::Error| Failure::new(format!("could not {what} {}: {e}", path.display()));
     std::fs::create_dir_all(plugin_dir).map_err(|e| io("create", plugin_dir, e))?;
     let plugin = plugin_dir.join(format!("{PLUGIN_NAME}.py"));
     std::fs::write(&plugin, PLUGIN_SOURCE).map_err(|e| io("write", &plugin, e))?;
@@ -621,7 +659,10 @@ mod tests {
             playbook: "site.yml".into(),
             inventory: "inventory.ini".into(),
             limit: None,
-            extra_vars: BTreeMap::from([("release".to_string(), serde_json::json!("1.4.2")), ("n".to_string(), serde_json::json!(3))]),
+            extra_vars: BTreeMap::from([
+                ("release".to_string(), serde_json::json!("1.4.2")),
+                ("n".to_string(), serde_json::json!(3)),
+            ]),
             tags: vec!["deploy".into()],
             binary: None,
             recover: None,
@@ -632,7 +673,11 @@ mod tests {
         PriorStep {
             sub_changes: subs
                 .iter()
-                .map(|(id, status, error)| PriorSubChange { id: id.to_string(), status: *status, error: error.map(str::to_string) })
+                .map(|(id, status, error)| PriorSubChange {
+                    id: id.to_string(),
+                    status: *status,
+                    error: error.map(str::to_string),
+                })
                 .collect(),
             facts: Default::default(),
         }

@@ -126,7 +126,16 @@ mod tests {
         assert_eq!(recap.len(), 5);
         assert_eq!(
             recap[2],
-            RecapLine { host: "web3".into(), ok: 1, changed: 1, unreachable: 0, failed: 1, skipped: 0, rescued: 0, ignored: 0 }
+            RecapLine {
+                host: "web3".into(),
+                ok: 1,
+                changed: 1,
+                unreachable: 0,
+                failed: 1,
+                skipped: 0,
+                rescued: 0,
+                ignored: 0
+            }
         );
         let unreachable = parse_recap(&captured("unreachable-and-failed.stdout"));
         let db1 = unreachable.iter().find(|r| r.host == "db1").unwrap();
@@ -144,7 +153,10 @@ mod tests {
     fn lists_hosts_once_over_all_plays_in_natural_order() {
         assert_eq!(parse_list_hosts(&captured("list-hosts.stdout")), vec!["web1", "web2", "web3", "web4", "web5"]);
         assert_eq!(parse_list_hosts(&captured("list-hosts-two-plays.stdout")), vec!["db1", "web1", "web3", "web4"]);
-        assert!(parse_list_hosts("playbook: x.yml\n\n  play #1 (none): p\tTAGS: []\n    pattern: ['none']\n    hosts (0):\n").is_empty());
+        assert!(parse_list_hosts(
+            "playbook: x.yml\n\n  play #1 (none): p\tTAGS: []\n    pattern: ['none']\n    hosts (0):\n"
+        )
+        .is_empty());
     }
 
     #[test]

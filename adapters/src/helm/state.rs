@@ -49,7 +49,8 @@ pub struct StatusInfo {
 }
 
 pub fn parse_history(json: &str) -> Result<Vec<Revision>, String> {
-    let mut revs: Vec<Revision> = serde_json::from_str(json).map_err(|e| format!("`helm history` printed unexpected JSON: {e}"))?;
+    let mut revs: Vec<Revision> =
+        serde_json::from_str(json).map_err(|e| format!("`helm history` printed unexpected JSON: {e}"))?;
     revs.sort_by_key(|r| r.revision);
     Ok(revs)
 }
@@ -140,7 +141,11 @@ pub fn parse_rfc3339(text: &str) -> Option<i64> {
         Some(sign @ ('+' | '-')) => {
             let (oh, om) = zone[1..].split_once(':')?;
             let secs = oh.parse::<i64>().ok()? * 3600 + om.parse::<i64>().ok()? * 60;
-            if sign == '+' { secs } else { -secs }
+            if sign == '+' {
+                secs
+            } else {
+                -secs
+            }
         }
         _ => 0,
     };
@@ -205,7 +210,11 @@ mod tests {
             let statuses: Vec<&str> = history.iter().map(|r| r.status.as_str()).collect();
             assert_eq!(statuses, ["deployed", "failed"], "helm {major}");
             assert_eq!(history[1].chart, "webapp-0.1.0");
-            assert!(history[1].description.starts_with(&format!("Upgrade \"r{major}\" failed:")), "{}", history[1].description);
+            assert!(
+                history[1].description.starts_with(&format!("Upgrade \"r{major}\" failed:")),
+                "{}",
+                history[1].description
+            );
             assert_eq!(last_deployed(&history).map(|r| r.revision), Some(1));
             let status = parse_status(&captured(&format!("helm{major}-status-failed.json"))).unwrap();
             assert_eq!((status.version, status.info.status.as_str()), (2, "failed"));
@@ -231,8 +240,14 @@ mod tests {
 
     #[test]
     fn wanted_values_merge_files_then_set() {
-        let files = [serde_json::json!({"image": {"repo": "nginx", "tag": "1"}, "color": "blue"}), serde_json::json!({"image": {"tag": "2"}})];
-        let set = std::collections::BTreeMap::from([("image.tag".to_string(), serde_json::json!("3")), ("replicas".to_string(), serde_json::json!(2))]);
+        let files = [
+            serde_json::json!({"image": {"repo": "nginx", "tag": "1"}, "color": "blue"}),
+            serde_json::json!({"image": {"tag": "2"}}),
+        ];
+        let set = std::collections::BTreeMap::from([
+            ("image.tag".to_string(), serde_json::json!("3")),
+            ("replicas".to_string(), serde_json::json!(2)),
+        ]);
         assert_eq!(
             wanted_values(&files, &set).unwrap(),
             serde_json::json!({"image": {"repo": "nginx", "tag": "3"}, "color": "blue", "replicas": 2})

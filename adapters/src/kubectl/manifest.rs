@@ -145,14 +145,22 @@ pub fn objects_from_documents(
     Ok(out)
 }
 
-fn object_from_value(mut body: Value, source: &Path, default_ns: &str, scopes: &CrdScopes) -> Result<KubeObject, String> {
+fn object_from_value(
+    mut body: Value,
+    source: &Path,
+    default_ns: &str,
+    scopes: &CrdScopes,
+) -> Result<KubeObject, String> {
     let field = |body: &Value, key: &str| body.get(key).and_then(Value::as_str).map(str::to_string);
     let (Some(api_version), Some(kind)) = (field(&body, "apiVersion"), field(&body, "kind")) else {
         return Err(format!("{}: a document has no `apiVersion` or `kind`", source.display()));
     };
     let meta = body.get("metadata");
     let Some(name) = meta.and_then(|m| m.get("name")).and_then(Value::as_str).map(str::to_string) else {
-        return Err(format!("{}: a {kind} has no `metadata.name` (generateName cannot be checkpointed)", source.display()));
+        return Err(format!(
+            "{}: a {kind} has no `metadata.name` (generateName cannot be checkpointed)",
+            source.display()
+        ));
     };
     let namespaced = !(CLUSTER_SCOPED.contains(&kind.as_str()) || scopes.cluster_scoped.contains(&kind));
     let namespace = if namespaced {
@@ -242,7 +250,13 @@ mod tests {
         let ids: Vec<String> = objs.iter().map(KubeObject::id).collect();
         assert_eq!(
             ids,
-            ["Namespace/shop", "ConfigMap/shop/settings", "Deployment/shop/web", "Service/shop/web", "ConfigMap/shop-extra/extra"]
+            [
+                "Namespace/shop",
+                "ConfigMap/shop/settings",
+                "Deployment/shop/web",
+                "Service/shop/web",
+                "ConfigMap/shop-extra/extra"
+            ]
         );
         assert_eq!(objs[2].printed_name(), "deployment.apps/web");
         assert_eq!(objs[1].printed_name(), "configmap/settings");
@@ -268,7 +282,13 @@ mod tests {
         let ids: Vec<String> = objs.iter().map(KubeObject::id).collect();
         assert_eq!(
             ids,
-            ["Namespace/n", "CustomResourceDefinition/widgets.example.com", "CustomResourceDefinition/gadgets.example.com", "Widget/default/w1", "Gadget/g1"]
+            [
+                "Namespace/n",
+                "CustomResourceDefinition/widgets.example.com",
+                "CustomResourceDefinition/gadgets.example.com",
+                "Widget/default/w1",
+                "Gadget/g1"
+            ]
         );
     }
 

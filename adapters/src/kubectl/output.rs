@@ -19,7 +19,8 @@ pub struct ApplyResult {
 }
 
 static APPLY_LINE: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"^(\S+/\S+) (created|configured|unchanged|serverside-applied)(?: \((?:server )?dry run\))?$").expect("valid regex")
+    Regex::new(r"^(\S+/\S+) (created|configured|unchanged|serverside-applied)(?: \((?:server )?dry run\))?$")
+        .expect("valid regex")
 });
 
 /// `deployment.apps/web configured` -> the result; anything else -> `None`.
@@ -34,7 +35,9 @@ pub fn parse_apply_line(line: &str) -> Option<ApplyResult> {
 pub fn match_results(objects: &[&KubeObject], results: &[ApplyResult]) -> HashMap<usize, String> {
     let mut matched = HashMap::new();
     for result in results {
-        if let Some(i) = (0..objects.len()).find(|i| !matched.contains_key(i) && objects[*i].printed_name() == result.printed) {
+        if let Some(i) =
+            (0..objects.len()).find(|i| !matched.contains_key(i) && objects[*i].printed_name() == result.printed)
+        {
             matched.insert(i, result.verb.clone());
         }
     }
@@ -44,7 +47,10 @@ pub fn match_results(objects: &[&KubeObject], results: &[ApplyResult]) -> HashMa
 /// Whether a stderr line is one of kubectl's error lines (not a warning or klog chatter).
 pub fn is_error_line(line: &str) -> bool {
     let line = line.trim_start();
-    line.starts_with("Error from server") || line.starts_with("error:") || line.starts_with("Error:") || line.starts_with("error when")
+    line.starts_with("Error from server")
+        || line.starts_with("error:")
+        || line.starts_with("Error:")
+        || line.starts_with("error when")
 }
 
 /// Gives each failed object the error line that names it. kubectl names the file in
@@ -61,13 +67,19 @@ pub fn attribute_errors(failed: &[(&KubeObject, String)], error_lines: &[String]
             .map(|(o, _)| *o)
             .collect();
         let by_name: Vec<&KubeObject> = if by_file.is_empty() {
-            failed.iter().filter(|(o, _)| line.contains(&format!("{} \"{}\"", o.kind, o.name))).map(|(o, _)| *o).collect()
+            failed
+                .iter()
+                .filter(|(o, _)| line.contains(&format!("{} \"{}\"", o.kind, o.name)))
+                .map(|(o, _)| *o)
+                .collect()
         } else {
             by_file
         };
         let targets: Vec<&KubeObject> = if by_name.is_empty() {
             match missing_namespace(line) {
-                Some(ns) => failed.iter().filter(|(o, _)| o.namespace.as_deref() == Some(ns)).map(|(o, _)| *o).collect(),
+                Some(ns) => {
+                    failed.iter().filter(|(o, _)| o.namespace.as_deref() == Some(ns)).map(|(o, _)| *o).collect()
+                }
                 None => Vec::new(),
             }
         } else {
@@ -162,12 +174,14 @@ mod tests {
 
     fn app() -> Vec<KubeObject> {
         let text = include_str!("../../../fixtures/kubectl/app/app.yaml");
-        objects_from_documents(parse_documents(text).unwrap(), Path::new("app.yaml"), "default", &CrdScopes::default()).unwrap()
+        objects_from_documents(parse_documents(text).unwrap(), Path::new("app.yaml"), "default", &CrdScopes::default())
+            .unwrap()
     }
 
     #[test]
     fn apply_lines_of_a_partial_apply() {
-        let results: Vec<ApplyResult> = captured("apply-missing-namespace.stdout").iter().filter_map(|l| parse_apply_line(l)).collect();
+        let results: Vec<ApplyResult> =
+            captured("apply-missing-namespace.stdout").iter().filter_map(|l| parse_apply_line(l)).collect();
         assert_eq!(results.len(), 4);
         assert_eq!(results[2], ApplyResult { printed: "deployment.apps/web".into(), verb: "created".into() });
         let objs = app();
@@ -176,7 +190,8 @@ mod tests {
         assert_eq!(matched.len(), 4);
         assert!(!matched.contains_key(&4));
 
-        let errors: Vec<String> = captured("apply-missing-namespace.stderr").into_iter().filter(|l| is_error_line(l)).collect();
+        let errors: Vec<String> =
+            captured("apply-missing-namespace.stderr").into_iter().filter(|l| is_error_line(l)).collect();
         let failed = vec![(&objs[4], "0005.json".to_string())];
         let attributed = attribute_errors(&failed, &errors);
         assert_eq!(
@@ -191,9 +206,13 @@ mod tests {
             captured("apply-server-side-missing-namespace.stdout").iter().filter_map(|l| parse_apply_line(l)).collect();
         assert!(results.iter().all(|r| r.verb == "serverside-applied"), "{results:?}");
         let objs = app();
-        let errors: Vec<String> = captured("apply-server-side-missing-namespace.stderr").into_iter().filter(|l| is_error_line(l)).collect();
+        let errors: Vec<String> =
+            captured("apply-server-side-missing-namespace.stderr").into_iter().filter(|l| is_error_line(l)).collect();
         let attributed = attribute_errors(&[(&objs[4], "0005.json".to_string())], &errors);
-        assert_eq!(attributed["ConfigMap/shop-extra/extra"], r#"Error from server (NotFound): namespaces "shop-extra" not found"#);
+        assert_eq!(
+            attributed["ConfigMap/shop-extra/extra"],
+            r#"Error from server (NotFound): namespaces "shop-extra" not found"#
+        );
     }
 
     #[test]
@@ -204,7 +223,10 @@ mod tests {
         // Server-side errors name no file: the object is found by `Kind "name"` or its namespace.
         let failed = vec![(&objs[0], "0001.json".to_string()), (&objs[1], "0002.json".to_string())];
         let attributed = attribute_errors(&failed, &errors);
-        assert!(attributed["ConfigMap/default/Bad_Name"].contains(r#"ConfigMap "Bad_Name" is invalid"#), "{attributed:?}");
+        assert!(
+            attributed["ConfigMap/default/Bad_Name"].contains(r#"ConfigMap "Bad_Name" is invalid"#),
+            "{attributed:?}"
+        );
         assert!(attributed["ConfigMap/nope/x"].contains(r#"namespaces "nope" not found"#), "{attributed:?}");
     }
 
@@ -232,7 +254,10 @@ mod tests {
     #[test]
     fn rollout_progress_line() {
         let out = captured("rollout-broken.stdout");
-        assert!(rollout_progress(&out).unwrap().starts_with("Waiting for deployment \"canary\" rollout to finish"), "{out:?}");
+        assert!(
+            rollout_progress(&out).unwrap().starts_with("Waiting for deployment \"canary\" rollout to finish"),
+            "{out:?}"
+        );
         assert!(captured("rollout-broken.stderr").iter().any(|l| l.contains("timed out waiting for the condition")));
     }
 

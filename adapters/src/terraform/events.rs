@@ -18,15 +18,28 @@ pub struct UiLine {
 /// The message types the adapter acts on; everything else is [`UiMessage::Other`].
 #[derive(Clone, Debug, PartialEq)]
 pub enum UiMessage {
-    Version { terraform: String },
+    Version {
+        terraform: String,
+    },
     PlannedChange(PlannedChange),
     ChangeSummary(ChangeSummary),
-    ApplyStart { addr: String, action: String },
-    ApplyComplete { addr: String, action: String },
-    ApplyErrored { addr: String, action: String },
+    ApplyStart {
+        addr: String,
+        action: String,
+    },
+    ApplyComplete {
+        addr: String,
+        action: String,
+    },
+    ApplyErrored {
+        addr: String,
+        action: String,
+    },
     Diagnostic(Diagnostic),
     /// `log`, `outputs`, `refresh_*`, `provision_*`, `apply_progress` and types added later.
-    Other { kind: String },
+    Other {
+        kind: String,
+    },
 }
 
 /// A resource instance terraform plans to touch.
@@ -192,7 +205,9 @@ pub fn parse_line(line: &str) -> Option<UiLine> {
     let body = match raw.kind.as_str() {
         "version" => UiMessage::Version { terraform: raw.terraform.unwrap_or_default() },
         "planned_change" => match raw.change {
-            Some(c) => UiMessage::PlannedChange(PlannedChange { addr: c.resource.addr, action: c.action, reason: c.reason }),
+            Some(c) => {
+                UiMessage::PlannedChange(PlannedChange { addr: c.resource.addr, action: c.action, reason: c.reason })
+            }
             None => UiMessage::Other { kind: raw.kind },
         },
         "change_summary" => match raw.changes {
@@ -259,10 +274,14 @@ impl PlanReport {
 pub enum Progress {
     NotStarted,
     /// `apply_start` seen; `finished` counts the `apply_complete` hooks so far.
-    Started { finished: usize },
+    Started {
+        finished: usize,
+    },
     Done,
     /// `apply_errored` seen, the diagnostic not yet: `message` is the hook's own line.
-    Errored { message: String },
+    Errored {
+        message: String,
+    },
     Failed,
 }
 
@@ -483,7 +502,10 @@ mod tests {
         let (tracker, events) = replay(&plan, "independent-apply-two-fail.jsonl");
         let mut done_ids = ids(&events, done);
         done_ids.sort();
-        assert_eq!(done_ids, vec![r#"terraform_data.svc["b"]"#, r#"terraform_data.svc["d"]"#, r#"terraform_data.svc["e"]"#]);
+        assert_eq!(
+            done_ids,
+            vec![r#"terraform_data.svc["b"]"#, r#"terraform_data.svc["d"]"#, r#"terraform_data.svc["e"]"#]
+        );
         let mut failed_ids = ids(&events, failed);
         failed_ids.sort();
         assert_eq!(failed_ids, vec![r#"terraform_data.svc["a"]"#, r#"terraform_data.svc["c"]"#]);

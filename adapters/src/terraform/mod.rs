@@ -24,9 +24,8 @@ use self::lock::{parse_lock_diagnostic, LockInfo};
 use self::state::InState;
 use crate::process::{redact_line, Command, Outcome};
 use crate::{
-    display_command, shell_quote, AdapterError, CancellationToken, DescribeContext, Event, EventSink,
-    Failure, FieldPath, Inspection, PathSegment, PriorStep, RecoveryDoc, SpecProblem, StepContext, Stream, SubStatus,
-    ToolInfo,
+    display_command, shell_quote, AdapterError, CancellationToken, DescribeContext, Event, EventSink, Failure,
+    FieldPath, Inspection, PathSegment, PriorStep, RecoveryDoc, SpecProblem, StepContext, Stream, SubStatus, ToolInfo,
 };
 
 /// Facts kept in the checkpoint when another process holds the state lock.
@@ -138,13 +137,17 @@ impl TerraformSpec {
             let detail = outcome.last_error_line().unwrap_or_else(|| outcome.describe_status());
             return Err(AdapterError::ToolUnusable { command, detail });
         }
-        let version = parse_version(&stdout)
-            .ok_or_else(|| AdapterError::ToolUnusable { command: command.clone(), detail: "no `terraform_version` in its output".into() })?;
+        let version = parse_version(&stdout).ok_or_else(|| AdapterError::ToolUnusable {
+            command: command.clone(),
+            detail: "no `terraform_version` in its output".into(),
+        })?;
         let major: u64 = version.split('.').next().and_then(|m| m.parse().ok()).unwrap_or(0);
         if major < 1 {
             return Err(AdapterError::ToolUnusable {
                 command,
-                detail: format!("version {version} is too old; rdeploy needs 1.0 or later for `apply -json` of a saved plan"),
+                detail: format!(
+                    "version {version} is too old; rdeploy needs 1.0 or later for `apply -json` of a saved plan"
+                ),
             });
         }
         Ok(ToolInfo { binary, version })
@@ -174,7 +177,10 @@ impl TerraformSpec {
         // (applied after all, or dropped from the configuration by the fix).
         for sub in &prior.sub_changes {
             if sub.status != SubStatus::Done && !plan.changes.iter().any(|c| c.addr == sub.id) {
-                sink.emit(Event::Done { id: sub.id.clone(), note: Some("terraform plans no change for it now".into()) });
+                sink.emit(Event::Done {
+                    id: sub.id.clone(),
+                    note: Some("terraform plans no change for it now".into()),
+                });
             }
         }
         run.apply_saved(&plan, &plan_file).await
@@ -228,7 +234,9 @@ impl TerraformSpec {
             _ => format!("{cd} && {words}"),
         };
         doc.inspect.push(in_dir(&format!("{tf} state list")));
-        doc.inspect.push(in_dir(&format!("{tf} show -json | grep -c '\"tainted\":true'    # resources terraform marked tainted")));
+        doc.inspect.push(in_dir(&format!(
+            "{tf} show -json | grep -c '\"tainted\":true'    # resources terraform marked tainted"
+        )));
         doc.recover.push(in_dir(&format!("{tf} init -input=false")));
         doc.recover.push(in_dir(&display_command(&plan_words)));
         doc.recover.push(in_dir(&format!("{tf} apply -input=false tfplan")));
@@ -271,8 +279,12 @@ fn prior_lock(prior: &PriorStep) -> Option<LockInfo> {
 /// Says so when the plan touches resources the checkpoint recorded as done: the configuration
 /// (usually the fix) or the real infrastructure changed since the failure.
 fn changed_since_failure(plan: &PlanReport, prior: &PriorStep) -> Option<String> {
-    let changed: Vec<_> =
-        plan.changes.iter().filter(|c| prior.status_of(&c.addr) == Some(SubStatus::Done)).map(PlannedChange::describe).collect();
+    let changed: Vec<_> = plan
+        .changes
+        .iter()
+        .filter(|c| prior.status_of(&c.addr) == Some(SubStatus::Done))
+        .map(PlannedChange::describe)
+        .collect();
     if changed.is_empty() {
         return None;
     }
@@ -405,7 +417,11 @@ impl<'a> Run<'a> {
 
     /// Runs a `-json` command: every line goes to the sink as output (terraform's human text for
     /// JSON lines) and each parsed message to `on_message`.
-    async fn exec_json(&self, args: &[String], on_message: &mut (dyn FnMut(&UiLine) + Send)) -> Result<Outcome, Failure> {
+    async fn exec_json(
+        &self,
+        args: &[String],
+        on_message: &mut (dyn FnMut(&UiLine) + Send),
+    ) -> Result<Outcome, Failure> {
         let sink = self.sink;
         self.exec(args, &self.ctx.cancel, &mut |stream, line| match (stream, parse_line(line)) {
             (Stream::Stdout, Some(ui)) => {
@@ -428,15 +444,17 @@ impl<'a> Run<'a> {
     async fn exec_plain(&self, args: &[String]) -> Result<(), Failure> {
         let sink = self.sink;
         let outcome = self
-            .exec(args, &self.ctx.cancel, &mut |stream, line| sink.emit(Event::Output { stream, line: line.to_string() }))
+            .exec(args, &self.ctx.cancel, &mut |stream, line| {
+                sink.emit(Event::Output { stream, line: line.to_string() })
+            })
             .await?;
         if outcome.success() {
             Ok(())
         } else {
             {
-            let command = self.display(args);
-            Err(Failure::from_process(&command, &outcome))
-        }
+                let command = self.display(args);
+                Err(Failure::from_process(&command, &outcome))
+            }
         }
     }
 
@@ -458,15 +476,16 @@ impl<'a> Run<'a> {
             Ok(doc)
         } else {
             {
-            let command = self.display(&args);
-            Err(Failure::from_process(&command, &outcome).summary)
-        }
+                let command = self.display(&args);
+                Err(Failure::from_process(&command, &outcome).summary)
+            }
         }
     }
 
     async fn state(&self) -> Result<BTreeMap<String, InState>, String> {
         let doc = self.show_json(None).await?;
-        state::parse_state(&doc).map_err(|e| format!("`{} show -json` printed what rdeploy cannot read: {e}", self.spec.tool_word()))
+        state::parse_state(&doc)
+            .map_err(|e| format!("`{} show -json` printed what rdeploy cannot read: {e}", self.spec.tool_word()))
     }
 
     async fn init(&self) -> Result<(), Failure> {
@@ -499,7 +518,8 @@ impl<'a> Run<'a> {
     }
 
     fn plan_args(&self, plan_file: &Path) -> Vec<String> {
-        let mut args = vec!["plan".into(), "-input=false".into(), format!("-out={}", plan_file.display()), "-json".into()];
+        let mut args =
+            vec!["plan".into(), "-input=false".into(), format!("-out={}", plan_file.display()), "-json".into()];
         if let Some(timeout) = &self.spec.lock_timeout {
             args.push(format!("-lock-timeout={timeout}"));
         }
@@ -577,7 +597,10 @@ impl<'a> Run<'a> {
             for change in &plan.changes {
                 sink.emit(Event::Pending { id: change.addr.clone(), reason: "interrupted before the apply".into() });
             }
-            return Err(Failure { interrupted: true, ..Failure::new(format!("interrupted before `{}`", self.display(&args))) });
+            return Err(Failure {
+                interrupted: true,
+                ..Failure::new(format!("interrupted before `{}`", self.display(&args)))
+            });
         }
         let mut tracker = ApplyTracker::new(&plan.changes);
         let outcome = self
@@ -603,7 +626,10 @@ impl<'a> Run<'a> {
 
         if let Some(lock) = tracker.errors.iter().find_map(parse_lock_diagnostic) {
             for change in tracker.planned() {
-                sink.emit(Event::Pending { id: change.addr.clone(), reason: "the state is locked by another process".into() });
+                sink.emit(Event::Pending {
+                    id: change.addr.clone(),
+                    reason: "the state is locked by another process".into(),
+                });
             }
             return Err(self.lock_failure(&lock, &args, &outcome));
         }
@@ -632,10 +658,14 @@ impl<'a> Run<'a> {
                         (Some(Some(_)), "create") => {
                             Event::Done { id: addr.clone(), note: Some("in state after the apply stopped".into()) }
                         }
-                        (Some(None), "delete") => {
-                            Event::Done { id: addr.clone(), note: Some("gone from state after the apply stopped".into()) }
-                        }
-                        _ => Event::Failed { id: addr.clone(), error: "started, and not confirmed complete when the apply stopped".into() },
+                        (Some(None), "delete") => Event::Done {
+                            id: addr.clone(),
+                            note: Some("gone from state after the apply stopped".into()),
+                        },
+                        _ => Event::Failed {
+                            id: addr.clone(),
+                            error: "started, and not confirmed complete when the apply stopped".into(),
+                        },
                     };
                     if matches!(event, Event::Failed { .. }) {
                         uncertain.push(addr.clone());
@@ -647,7 +677,13 @@ impl<'a> Run<'a> {
         Err(self.apply_failure(&args, &outcome, &tracker, &uncertain))
     }
 
-    fn apply_failure(&self, args: &[String], outcome: &Outcome, tracker: &ApplyTracker, uncertain: &[String]) -> Failure {
+    fn apply_failure(
+        &self,
+        args: &[String],
+        outcome: &Outcome,
+        tracker: &ApplyTracker,
+        uncertain: &[String],
+    ) -> Failure {
         let command = self.display(args);
         let failed = tracker.failed();
         let done = tracker.planned().iter().filter(|c| *tracker.progress_of(&c.addr) == Progress::Done).count();
@@ -753,9 +789,12 @@ mod tests {
     fn spec() -> TerraformSpec {
         TerraformSpec {
             dir: "infra/network".into(),
-            vars: [("region".to_string(), serde_json::json!("eu-west-1")), ("ports".to_string(), serde_json::json!([80, 443]))]
-                .into_iter()
-                .collect(),
+            vars: [
+                ("region".to_string(), serde_json::json!("eu-west-1")),
+                ("ports".to_string(), serde_json::json!([80, 443])),
+            ]
+            .into_iter()
+            .collect(),
             var_files: vec!["prod.tfvars".into()],
             workspace: None,
             binary: None,
@@ -778,9 +817,16 @@ mod tests {
 
     #[test]
     fn reads_the_version_of_terraform_and_tofu() {
-        let captured = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/terraform/captured/version.json")).unwrap();
+        let captured = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../fixtures/terraform/captured/version.json"
+        ))
+        .unwrap();
         assert_eq!(parse_version(&captured).as_deref(), Some("1.11.4"));
-        assert_eq!(parse_version(r#"{"terraform_version":"1.9.0","platform":"linux_amd64"}"#).as_deref(), Some("1.9.0"));
+        assert_eq!(
+            parse_version(r#"{"terraform_version":"1.9.0","platform":"linux_amd64"}"#).as_deref(),
+            Some("1.9.0")
+        );
         assert_eq!(parse_version("Terraform v1.11.4"), None);
     }
 
@@ -788,7 +834,11 @@ mod tests {
     fn the_runbook_has_the_commands_an_operator_types() {
         let ctx = DescribeContext { step: "network", stack_file: "stack.yaml", stack_dir: ".", resumable: true };
         let prior = PriorStep {
-            sub_changes: vec![PriorSubChange { id: "terraform_data.a5".into(), status: SubStatus::Failed, error: None }],
+            sub_changes: vec![PriorSubChange {
+                id: "terraform_data.a5".into(),
+                status: SubStatus::Failed,
+                error: None,
+            }],
             facts: [(FACT_LOCK_ID.to_string(), serde_json::json!("abc-123"))].into_iter().collect(),
         };
         let doc = spec().describe_recovery(&ctx, Some(&prior));
@@ -825,7 +875,11 @@ mod tests {
     #[test]
     fn a_change_to_a_done_resource_is_reported() {
         let mut plan = PlanReport::default();
-        plan.changes.push(PlannedChange { addr: "terraform_data.a2".into(), action: "replace".into(), reason: Some("tainted".into()) });
+        plan.changes.push(PlannedChange {
+            addr: "terraform_data.a2".into(),
+            action: "replace".into(),
+            reason: Some("tainted".into()),
+        });
         let prior = PriorStep {
             sub_changes: vec![PriorSubChange { id: "terraform_data.a2".into(), status: SubStatus::Done, error: None }],
             facts: Default::default(),

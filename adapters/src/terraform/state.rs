@@ -85,7 +85,8 @@ mod tests {
     use super::*;
 
     fn captured(name: &str) -> String {
-        std::fs::read_to_string(format!("{}/../fixtures/terraform/captured/{name}", env!("CARGO_MANIFEST_DIR"))).unwrap()
+        std::fs::read_to_string(format!("{}/../fixtures/terraform/captured/{name}", env!("CARGO_MANIFEST_DIR")))
+            .unwrap()
     }
 
     #[test]

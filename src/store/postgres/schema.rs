@@ -97,7 +97,8 @@ pub async fn migrate(client: &mut Client) -> anyhow::Result<i32> {
          );",
     )
     .await?;
-    let current: i32 = tx.query_one("SELECT coalesce(max(version), 0) FROM rdeploy.schema_migrations", &[]).await?.get(0);
+    let current: i32 =
+        tx.query_one("SELECT coalesce(max(version), 0) FROM rdeploy.schema_migrations", &[]).await?.get(0);
     let latest = latest();
     if current > latest {
         anyhow::bail!(

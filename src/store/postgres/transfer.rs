@@ -62,7 +62,8 @@ impl Side {
         match self {
             Side::Local(dir) => {
                 // Kept under another name rather than deleted: the operator may want to look.
-                let moved = dir.path.join(format!("journal.jsonl.moved-{}", crate::checkpoint::now().replace([':', '-'], "")));
+                let moved =
+                    dir.path.join(format!("journal.jsonl.moved-{}", crate::checkpoint::now().replace([':', '-'], "")));
                 fs_err::rename(dir.journal_path(), &moved)?;
                 let _ = fs_err::remove_file(dir.snapshot_path());
                 Ok(format!("the source journal is kept as {}", moved.display()))
@@ -76,9 +77,11 @@ impl Side {
 
     fn lock(&self) -> anyhow::Result<Box<dyn LockGuard>> {
         self.store().lock("state migrate").map_err(|e| match e {
-            crate::lock::LockError::Held { dir, holder } => Refusal::new(Code::Locked, format!("another run holds the lock on {dir}: {holder}"))
-                .with_hint("wait for it to finish, then migrate")
-                .into(),
+            crate::lock::LockError::Held { dir, holder } => {
+                Refusal::new(Code::Locked, format!("another run holds the lock on {dir}: {holder}"))
+                    .with_hint("wait for it to finish, then migrate")
+                    .into()
+            }
             crate::lock::LockError::Io(e) => e,
         })
     }
@@ -97,7 +100,8 @@ fn local_entries(dir: &StateDir) -> anyhow::Result<Option<Vec<Entry>>> {
         if !line.ends_with('\n') {
             break;
         }
-        let entry: Entry = serde_json::from_str(line).with_context(|| format!("{}:{}: unreadable journal record", path.display(), i + 1))?;
+        let entry: Entry = serde_json::from_str(line)
+            .with_context(|| format!("{}:{}: unreadable journal record", path.display(), i + 1))?;
         entries.push(entry);
     }
     // The header and its version check are the local store's: loading through it validates.
@@ -140,7 +144,9 @@ fn local_stack_name(dir: &StateDir) -> anyhow::Result<Option<String>> {
 
 /// `rdeploy state migrate --from A --to B [--stack NAME]`; returns what was done, in words.
 pub fn migrate(from: &str, to: &str, stack: Option<&str>) -> anyhow::Result<String> {
-    let bad = |message: String, hint: &str| -> anyhow::Error { Refusal::new(Code::BadInput, message).with_hint(hint.to_string()).into() };
+    let bad = |message: String, hint: &str| -> anyhow::Error {
+        Refusal::new(Code::BadInput, message).with_hint(hint.to_string()).into()
+    };
     if from == to {
         return Err(bad("`--from` and `--to` are the same store".into(), "name the other store in `--to`"));
     }
@@ -149,23 +155,37 @@ pub fn migrate(from: &str, to: &str, stack: Option<&str>) -> anyhow::Result<Stri
             if !is_url(from) {
                 if let Some(recorded) = local_stack_name(&StateDir::new(from))? {
                     if recorded != name {
-                        return Err(bad(format!("{from} holds the checkpoint of stack `{recorded}`, not `{name}`"), "pass the right `--stack`, or leave it out"));
+                        return Err(bad(
+                            format!("{from} holds the checkpoint of stack `{recorded}`, not `{name}`"),
+                            "pass the right `--stack`, or leave it out",
+                        ));
                     }
                 }
             }
             name.to_string()
         }
         (None, false) => local_stack_name(&StateDir::new(from))?.ok_or_else(|| {
-            bad(format!("no checkpoint is recorded in {from}"), "name the state directory of a stack that has run (`.rdeploy/` beside its stack file)")
+            bad(
+                format!("no checkpoint is recorded in {from}"),
+                "name the state directory of a stack that has run (`.rdeploy/` beside its stack file)",
+            )
         })?,
-        (None, true) => return Err(bad("a database holds many stacks: say which one".into(), "add `--stack NAME` (the `name:` of the stack file)")),
+        (None, true) => {
+            return Err(bad(
+                "a database holds many stacks: say which one".into(),
+                "add `--stack NAME` (the `name:` of the stack file)",
+            ))
+        }
     };
     let side = |s: &str| -> anyhow::Result<Side> {
         Ok(if is_url(s) {
             Side::Postgres(PostgresStore::open(s, &name, None)?)
         } else {
             if !Path::new(s).exists() && s == from {
-                return Err(bad(format!("no state directory at {s}"), "pass the state directory (`.rdeploy/` beside the stack file)"));
+                return Err(bad(
+                    format!("no state directory at {s}"),
+                    "pass the state directory (`.rdeploy/` beside the stack file)",
+                ));
             }
             Side::Local(StateDir::new(s))
         })
@@ -188,7 +208,8 @@ pub fn migrate(from: &str, to: &str, stack: Option<&str>) -> anyhow::Result<Stri
 
     // History: skip what the destination already has, so moving back and forth adds nothing.
     let known: Vec<(String, String)> = dest.history()?.into_iter().map(|d| (d.deploy_id, d.updated)).collect();
-    let new_history: Vec<Deploy> = history.into_iter().filter(|d| !known.contains(&(d.deploy_id.clone(), d.updated.clone()))).collect();
+    let new_history: Vec<Deploy> =
+        history.into_iter().filter(|d| !known.contains(&(d.deploy_id.clone(), d.updated.clone()))).collect();
     dest.add_history(&new_history)?;
 
     let mut said = vec![format!("{} finished deploy(s) copied to the history", new_history.len())];
