@@ -2,7 +2,7 @@
 # Benchmark (not a test): rdeploy's per-sub-change overhead.
 #
 # 1. Side by side in one run: N sub-changes through `rdeploy up` (journal fsynced twice per
-#    sub-change) against the naive resumable shell loop
+#    sub-change start, group commit for its end) against the naive resumable shell loop
 #      grep -q done:$i state || { ./apply-$i; echo done:$i >> state; }
 #    where every ./apply-$i runs `sh -c true`. Reported as a ratio (goal <= 1.0).
 # 2. rdeploy's own cost beyond spawning the child, per sub-change, for 10..10,000 records:
@@ -41,7 +41,7 @@ t2=$(now)
 loop_ms=$(ms "$t0" "$t1"); rd_ms=$(ms "$t1" "$t2")
 echo "side by side, $N sub-changes running sh -c true:"
 echo "  shell loop (no fsync):      ${loop_ms} ms"
-echo "  rdeploy up (2 fsyncs each): ${rd_ms} ms"
+echo "  rdeploy up (fsynced journal): ${rd_ms} ms"
 echo "  ratio rdeploy / loop:       $(echo "scale=3; $rd_ms / $loop_ms" | bc)"
 
 # --- 2. own cost per sub-change ---------------------------------------------------

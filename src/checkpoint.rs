@@ -174,6 +174,16 @@ pub struct SubChangeState {
     pub updated: String,
 }
 
+/// An index derived from `StepState::sub_changes`; it never makes two states differ.
+#[derive(Clone, Debug, Default)]
+struct SubIndex(std::collections::HashMap<String, usize>);
+
+impl PartialEq for SubIndex {
+    fn eq(&self, _: &SubIndex) -> bool {
+        true
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct StepState {
     pub name: String,
@@ -183,6 +193,9 @@ pub struct StepState {
     pub digest: String,
     pub status: StepStatus,
     pub sub_changes: Vec<SubChangeState>,
+    /// Position of each sub-change by id; derived, so never stored.
+    #[serde(skip)]
+    index: SubIndex,
     pub facts: BTreeMap<String, serde_json::Value>,
     pub failure: Option<Failure>,
     pub revert_failure: Option<Failure>,
@@ -207,6 +220,7 @@ impl StepState {
             digest: h.digest.clone(),
             status: StepStatus::Pending,
             sub_changes: Vec::new(),
+            index: SubIndex::default(),
             facts: BTreeMap::new(),
             failure: None,
             revert_failure: None,
@@ -221,9 +235,14 @@ impl StepState {
     }
 
     fn sub_mut(&mut self, id: &str, ts: &str) -> &mut SubChangeState {
-        let pos = match self.sub_changes.iter().position(|s| s.id == id) {
-            Some(pos) => pos,
+        // Folding a record must not cost more as the deploy grows: look ids up in an index.
+        if self.index.0.len() != self.sub_changes.len() {
+            self.index.0 = self.sub_changes.iter().enumerate().map(|(i, s)| (s.id.clone(), i)).collect();
+        }
+        let pos = match self.index.0.get(id) {
+            Some(&pos) => pos,
             None => {
+                self.index.0.insert(id.to_string(), self.sub_changes.len());
                 self.sub_changes.push(SubChangeState {
                     id: id.to_string(),
                     status: SubStatus::Pending,
@@ -384,6 +403,7 @@ impl Deploy {
                 if *mode == StepMode::Apply && !s.resumable {
                     // A non-resumable step starts over: its earlier sub-changes no longer count.
                     s.sub_changes.clear();
+                    s.index.0.clear();
                 }
             }
             Record::Planned { step, ids } => {
@@ -443,6 +463,7 @@ impl Deploy {
                 s.status = StepStatus::Reverted;
                 s.revert_failure = None;
                 s.sub_changes.clear();
+                s.index.0.clear();
                 s.done_seq = None;
                 s.finished = Some(ts.to_string());
             }

@@ -159,9 +159,9 @@ impl Session {
                         ));
                     }
                 }
-                // A clean run removes the note of each tool it reaped, so a note of a live
-                // process group is a tool of a run that died (its grandchildren outlive the
-                // pdeathsig): running the same sub-change again now would interleave with it.
+                // A clean run forgets each tool it reaped, so a noted group that is still alive
+                // belongs to a run that died (a grandchild outlives the pdeathsig): running the
+                // same sub-change again now would interleave with it.
                 let running = self.state.path.join("running");
                 let alive = rdeploy_adapters::process::surviving_children(&running);
                 if !alive.is_empty() {

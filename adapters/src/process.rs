@@ -7,7 +7,7 @@ use std::ffi::OsString;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::OnceLock;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use nix::sys::signal::{killpg, Signal};
@@ -25,28 +25,64 @@ const KILL_GRACE: Duration = Duration::from_secs(10);
 /// After the child exits, how long to wait for grandchildren still holding its pipes.
 const DRAIN_GRACE: Duration = Duration::from_secs(3);
 
-/// Where the process group of every running child is noted (one file per group), so a run
-/// that takes over after a crash can tell whether a tool of the dead run still lives.
-static RUNNING_DIR: OnceLock<PathBuf> = OnceLock::new();
-
-/// Notes every child's process group in `dir` while it runs. Called once by the driver.
-pub fn note_running_children_in(dir: PathBuf) {
-    let _ = std::fs::create_dir_all(&dir);
-    let _ = RUNNING_DIR.set(dir);
+/// The process groups of this run's live children, noted in `running/<rdeploy pid>` so a run
+/// that takes over after a crash can tell whether a tool of the dead run still lives (a tool
+/// outlives a killed rdeploy: it finishes its work unobserved, and the next run waits for it).
+struct RunningNotes {
+    file: PathBuf,
+    groups: std::collections::BTreeMap<i32, String>,
 }
 
-/// Process groups noted by an earlier run that are still alive: `(pgid, command)`.
-/// Notes of groups that are gone are removed.
+static RUNNING: Mutex<Option<RunningNotes>> = Mutex::new(None);
+
+impl RunningNotes {
+    fn save(&self) {
+        // One file rewritten in place: creating and deleting a file per child costs more than
+        // the child on ext4.
+        let text: String = self.groups.iter().map(|(pgid, cmd)| format!("{pgid}\t{cmd}\n")).collect();
+        let _ = std::fs::write(&self.file, text);
+    }
+}
+
+fn note_group(pgid: Pid, command: impl FnOnce() -> String) {
+    if let Some(notes) = RUNNING.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+        notes.groups.insert(pgid.as_raw(), command());
+        notes.save();
+    }
+}
+
+fn forget_group(pgid: Pid) {
+    if let Some(notes) = RUNNING.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+        if notes.groups.remove(&pgid.as_raw()).is_some() {
+            notes.save();
+        }
+    }
+}
+
+/// Notes every child's process group under `dir` while it runs. Called once by the driver.
+pub fn note_running_children_in(dir: PathBuf) {
+    let _ = std::fs::create_dir_all(&dir);
+    let file = dir.join(std::process::id().to_string());
+    *RUNNING.lock().unwrap_or_else(|e| e.into_inner()) = Some(RunningNotes { file, groups: Default::default() });
+}
+
+/// Process groups noted by earlier runs that are still alive: `(pgid, command)`. Notes whose
+/// groups are all gone are removed.
 pub fn surviving_children(dir: &Path) -> Vec<(i32, String)> {
     let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
     let mut alive = Vec::new();
     for entry in entries.flatten() {
-        let Some(pgid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
-        if killpg(Pid::from_raw(pgid), None).is_ok() {
-            alive.push((pgid, std::fs::read_to_string(entry.path()).unwrap_or_default()));
-        } else {
+        let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+        let live: Vec<(i32, String)> = text
+            .lines()
+            .filter_map(|l| l.split_once('\t'))
+            .filter_map(|(pgid, cmd)| Some((pgid.parse::<i32>().ok()?, cmd.to_string())))
+            .filter(|(pgid, _)| killpg(Pid::from_raw(*pgid), None).is_ok())
+            .collect();
+        if live.is_empty() {
             let _ = std::fs::remove_file(entry.path());
         }
+        alive.extend(live);
     }
     alive
 }
@@ -143,15 +179,17 @@ impl Command {
         if let Some(dir) = &self.cwd {
             cmd.current_dir(dir);
         }
-        // If rdeploy itself dies (kill -9), the tool gets SIGTERM rather than running on
-        // unobserved: terraform treats it like Ctrl-C and writes its state.
-        // The parent may die between fork and prctl; then the signal would never come, so the
-        // child checks it still has the parent it was forked from.
+        // If rdeploy itself dies (kill -9), its direct child (terraform, ansible-playbook, helm,
+        // kubectl, or the `sh` of a shell step) gets SIGTERM rather than working on unobserved;
+        // terraform treats it like Ctrl-C and writes its state. Whatever still survives (a
+        // grandchild) is noted below and blocks the next run until it is gone. The price is a
+        // fork instead of a vfork per child (pre_exec), measured in benches/core.sh.
         let parent = nix::unistd::getpid();
         // SAFETY: prctl and getppid are async-signal-safe and touch no memory of the parent.
         unsafe {
             cmd.pre_exec(move || {
                 nix::sys::prctl::set_pdeathsig(Signal::SIGTERM).map_err(std::io::Error::from)?;
+                // The parent may have died between fork and prctl; then no signal would come.
                 if nix::unistd::getppid() != parent {
                     return Err(std::io::Error::other("rdeploy exited before the tool started"));
                 }
@@ -161,16 +199,9 @@ impl Command {
         let mut child = cmd.spawn().map_err(|source| AdapterError::Spawn { command: self.display(), source })?;
         let pgid = child.id().map(|id| Pid::from_raw(id as i32));
         tracing::debug!(command = %self.display(), pid = ?child.id(), cwd = ?self.cwd, "spawned");
-        // pdeathsig reaches only the direct child; a grandchild can outlive a killed rdeploy,
-        // so the group is noted until it is reaped.
-        let note = match (RUNNING_DIR.get(), pgid) {
-            (Some(dir), Some(pgid)) => {
-                let path = dir.join(pgid.to_string());
-                std::fs::write(&path, self.display()).ok().map(|_| path)
-            }
-            _ => None,
-        };
-
+        if let Some(pgid) = pgid {
+            note_group(pgid, || self.display());
+        }
         let (tx, mut rx) = mpsc::channel::<(Stream, String)>(256);
         let readers = [
             child.stdout.take().map(|out| tokio::spawn(forward_lines(out, Stream::Stdout, tx.clone()))),
@@ -218,8 +249,8 @@ impl Command {
             }
         }
         // Reaped: only a run that dies before this line leaves its note behind.
-        if let Some(path) = note {
-            let _ = std::fs::remove_file(path);
+        if let Some(pgid) = pgid {
+            forget_group(pgid);
         }
         outcome.code = status.code();
         outcome.signal = status.signal();
