@@ -337,16 +337,7 @@ impl PostgresStore {
             let (stack, token, rows) = (stack.clone(), lease.token.clone(), rows.clone());
             Box::pin(async move {
                 let tx = c.client.transaction().await?;
-                if tx
-                    .query_opt(
-                        "SELECT 1 FROM rdeploy.locks WHERE stack = $1 AND token = $2 FOR SHARE",
-                        &[&stack, &token],
-                    )
-                    .await?
-                    .is_none()
-                {
-                    return Err(OpError::Fenced);
-                }
+                fence(&tx, &stack, &token).await?;
                 for (id, state, deploy) in &rows {
                     tx.execute(
                         "INSERT INTO rdeploy.history (stack, deploy_id, state, deploy) VALUES ($1, $2, $3, $4)",
@@ -847,16 +838,7 @@ impl JournalWriter for PostgresJournal {
                 (stack.clone(), token.clone(), deploy_id.clone(), state.clone(), value.clone());
             Box::pin(async move {
                 let tx = c.client.transaction().await?;
-                if tx
-                    .query_opt(
-                        "SELECT 1 FROM rdeploy.locks WHERE stack = $1 AND token = $2 FOR SHARE",
-                        &[&stack, &token],
-                    )
-                    .await?
-                    .is_none()
-                {
-                    return Err(OpError::Fenced);
-                }
+                fence(&tx, &stack, &token).await?;
                 let removed = tx.execute("DELETE FROM rdeploy.journals WHERE id = $1", &[&id]).await?;
                 if removed == 1 {
                     tx.execute(
@@ -908,6 +890,15 @@ impl OpError {
     fn into_error(self, store: &PostgresStore, what: &str) -> anyhow::Error {
         store.error(self, what)
     }
+}
+
+/// Every write runs in a transaction that first proves this run still holds the lease: a run
+/// that lost it (paused, partitioned, taken over) cannot write after the new holder started.
+async fn fence(tx: &tokio_postgres::Transaction<'_>, stack: &str, token: &str) -> Result<(), OpError> {
+    let held = tx
+        .query_opt("SELECT 1 FROM rdeploy.locks WHERE stack = $1 AND token = $2 FOR SHARE", &[&stack, &token])
+        .await?;
+    held.map(|_| ()).ok_or(OpError::Fenced)
 }
 
 #[derive(Debug)]
