@@ -375,7 +375,7 @@ impl Session {
         );
         for step in self.stack.ordered() {
             let Some((_, action)) = actions.iter().find(|(n, _)| *n == step.name) else {
-                println!("\n{} ({}): done, skipped", step.name, step.tool);
+                println!("\n{} ({}): done, left as it is", step.name, step.tool);
                 continue;
             };
             let changed = deploy.step(&step.name).is_some_and(|s| s.digest != step.digest);
