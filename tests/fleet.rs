@@ -7,78 +7,34 @@ mod common;
 #[path = "common/kubesim.rs"]
 mod kubesim;
 
-use std::io::{BufRead, BufReader, Write};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{step, Project, Run};
+use kubesim::Kubesim;
 use serde_json::Value;
 
 const AGENT: &str = "registry.example/node-agent";
 
-/// A kubesim serving a named fleet, with extra flags (`--taint-node`), its own kubeconfig and HOME.
-struct Fleet {
-    child: Child,
-    addr: String,
-    dir: tempfile::TempDir,
-    kubeconfig: PathBuf,
-}
-
-impl Drop for Fleet {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+/// A kubesim serving a named fleet (pods start fast), with extra flags such as `--taint-node`.
+struct Fleet(Kubesim);
 
 impl Fleet {
     fn start(clusters: &str, extra: &[&str]) -> Fleet {
-        let dir = tempfile::Builder::new().prefix("fleet").tempdir().unwrap();
-        let kubeconfig = dir.path().join("kubeconfig");
-        std::fs::create_dir_all(dir.path().join("home")).unwrap();
-        let mut child = Command::new(kubesim::kubesim_bin())
-            .args(["--listen", "127.0.0.1:0", "--clusters", clusters, "--pod-startup-ms", "20", "--kubeconfig"])
-            .arg(&kubeconfig)
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn kubesim");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        let addr = line.split_whitespace().nth(2).expect("ready line").to_string();
-        Fleet { child, addr, dir, kubeconfig }
+        let mut flags = vec!["--pod-startup-ms", "20"];
+        flags.extend_from_slice(extra);
+        Fleet(Kubesim::start_with(clusters, &flags))
     }
 
-    /// `kubectl --context CTX apply -f -` with the manifests on stdin; must succeed.
     fn apply(&self, ctx: &str, yaml: &str) {
-        let mut child = Command::new(kubesim::kubectl_bin())
-            .args(["--context", ctx, "apply", "-f", "-"])
-            .env("HOME", self.dir.path().join("home"))
-            .env("KUBECONFIG", &self.kubeconfig)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        child.stdin.take().unwrap().write_all(yaml.as_bytes()).unwrap();
-        let out = child.wait_with_output().unwrap();
-        assert!(out.status.success(), "kubectl apply on {ctx} failed: {}", String::from_utf8_lossy(&out.stderr));
+        self.0.apply(ctx, yaml);
     }
 
     fn control(&self, path: &str) {
-        let (host, port) = self.addr.split_once(':').unwrap();
-        let mut s = std::net::TcpStream::connect((host, port.parse::<u16>().unwrap())).unwrap();
-        write!(s, "POST {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Length: 0\r\n\r\n", self.addr)
-            .unwrap();
-        let mut buf = String::new();
-        let _ = std::io::Read::read_to_string(&mut s, &mut buf);
-        assert!(buf.starts_with("HTTP/1.1 200"), "control {path}: {buf}");
+        self.0.post(path);
     }
 
     fn kubeconfig(&self) -> String {
-        self.kubeconfig.to_string_lossy().into_owned()
+        self.0.kubeconfig.to_string_lossy().into_owned()
     }
 }
 

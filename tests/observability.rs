@@ -11,86 +11,48 @@ mod common;
 #[path = "common/kubesim.rs"]
 mod kubesim;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{require_tool, Project};
+use kubesim::Kubesim;
 use serde_json::{json, Value};
 
 const SETUP: &str = "run scripts/setup-observability.sh (Debian: apt-get install prometheus chromium)";
 const AGENT: &str = "registry.example/node-agent";
 
-/// A kubesim fleet with its own kubeconfig and HOME (extra flags such as `--taint-node`).
+/// A kubesim fleet (pods start fast), with extra flags such as `--taint-node`.
 struct Fleet {
-    child: Child,
-    addr: String,
-    dir: tempfile::TempDir,
-    kubeconfig: PathBuf,
+    sim: Kubesim,
     clusters: Vec<String>,
-}
-
-impl Drop for Fleet {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 impl Fleet {
     fn start(clusters: &[&str], extra: &[&str]) -> Fleet {
-        let dir = tempfile::Builder::new().prefix("obs-fleet").tempdir().unwrap();
-        let kubeconfig = dir.path().join("kubeconfig");
-        std::fs::create_dir_all(dir.path().join("home")).unwrap();
-        let mut child = Command::new(kubesim::kubesim_bin())
-            .args([
-                "--listen",
-                "127.0.0.1:0",
-                "--clusters",
-                &clusters.join(","),
-                "--pod-startup-ms",
-                "20",
-                "--kubeconfig",
-            ])
-            .arg(&kubeconfig)
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn kubesim");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        let addr = line.split_whitespace().nth(2).expect("ready line").to_string();
-        Fleet { child, addr, dir, kubeconfig, clusters: clusters.iter().map(|c| c.to_string()).collect() }
+        let mut flags = vec!["--pod-startup-ms", "20"];
+        flags.extend_from_slice(extra);
+        Fleet {
+            sim: Kubesim::start_with(&clusters.join(","), &flags),
+            clusters: clusters.iter().map(|c| c.to_string()).collect(),
+        }
     }
 
     fn apply(&self, ctx: &str, yaml: &str) {
-        let mut child = Command::new(kubesim::kubectl_bin())
-            .args(["--context", ctx, "apply", "-f", "-"])
-            .env("HOME", self.dir.path().join("home"))
-            .env("KUBECONFIG", &self.kubeconfig)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        child.stdin.take().unwrap().write_all(yaml.as_bytes()).unwrap();
-        let out = child.wait_with_output().unwrap();
-        assert!(out.status.success(), "kubectl apply on {ctx} failed: {}", String::from_utf8_lossy(&out.stderr));
+        self.sim.apply(ctx, yaml);
     }
 
     fn control(&self, path: &str) {
-        let (status, body) = http(&self.addr, "POST", path);
-        assert_eq!(status, 200, "control {path}: {body}");
+        self.sim.post(path);
     }
 
     fn project(&self) -> Project {
         let mut p = Project::new();
         let home = p.path("home");
         std::fs::create_dir_all(&home).unwrap();
-        p.env("HOME", &home.to_string_lossy()).env("KUBECONFIG", &self.kubeconfig.to_string_lossy());
+        p.env("HOME", &home.to_string_lossy()).env("KUBECONFIG", &self.sim.kubeconfig.to_string_lossy());
         p
     }
 }
@@ -123,7 +85,7 @@ impl Prometheus {
         for c in &fleet.clusters {
             config += &format!(
                 "  - job_name: kubesim-{c}\n    metrics_path: /clusters/{c}/metrics\n    static_configs: [{{targets: ['{}'], labels: {{cluster: {c}}}}}]\n",
-                fleet.addr
+                fleet.sim.addr
             );
         }
         std::fs::write(dir.path().join("prometheus.yml"), config).unwrap();

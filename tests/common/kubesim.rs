@@ -85,12 +85,18 @@ impl Drop for Kubesim {
 impl Kubesim {
     /// Starts kubesim serving `clusters` (comma-separated; contexts are named after them).
     pub fn start(clusters: &str) -> Kubesim {
+        Kubesim::start_with(clusters, &[])
+    }
+
+    /// Like [`Kubesim::start`], with extra flags (`--taint-node`, `--pod-startup-ms`).
+    pub fn start_with(clusters: &str, extra: &[&str]) -> Kubesim {
         let dir = tempfile::Builder::new().prefix("kubesim").tempdir().expect("tempdir");
         let kubeconfig = dir.path().join("kubeconfig");
         std::fs::create_dir_all(dir.path().join("home")).unwrap();
         let mut child = Command::new(kubesim_bin())
             .args(["--listen", "127.0.0.1:0", "--clusters", clusters, "--kubeconfig"])
             .arg(&kubeconfig)
+            .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -151,6 +157,27 @@ impl Kubesim {
     }
 
     /// A raw HTTP call: the control API (`POST /_sim/clusters/c1/slow?ms=300`) or the API.
+    /// `kubectl --context CTX apply -f -` with the manifests on stdin; must succeed.
+    pub fn apply(&self, ctx: &str, yaml: &str) {
+        let mut child = Command::new(kubectl_bin())
+            .args(["--context", ctx, "apply", "-f", "-"])
+            .envs(self.env())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(yaml.as_bytes()).unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "kubectl apply on {ctx} failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    /// POSTs to the control API; must answer 200.
+    pub fn post(&self, path: &str) {
+        let reply = self.control("POST", path);
+        assert!(reply.starts_with("HTTP/1.1 200"), "control {path}: {reply}");
+    }
+
     pub fn control(&self, method: &str, path: &str) -> String {
         let mut s = TcpStream::connect(&self.addr).expect("connect kubesim");
         s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
