@@ -420,21 +420,10 @@ fn esc(s: &str) -> String {
 mod tests {
     use super::*;
     use crate::fleet::matrix::{build, MatrixOptions};
-    use crate::fleet::model::{ClusterInventory, Container, Inventory, Kind, Presence, Workload};
+    use crate::fleet::model::{ClusterInventory, Inventory, Kind};
 
     fn cluster(name: &str, version: &str) -> ClusterInventory {
-        let mut c = ClusterInventory::absent(name, String::new(), None);
-        c.presence = Presence::Present;
-        c.workloads.push(Workload {
-            kind: Kind::DaemonSet,
-            namespace: "mon".into(),
-            name: "agent".into(),
-            labels: Default::default(),
-            containers: vec![Container::new("a", &format!("reg/agent:{version}"))],
-            pod: None,
-            rollout: vec![],
-        });
-        c
+        ClusterInventory::running(name, Kind::DaemonSet, "mon", &format!("reg/agent:{version}"))
     }
 
     #[test]

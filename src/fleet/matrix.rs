@@ -368,22 +368,11 @@ fn table(rows: &[[String; 4]], indent: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fleet::model::{ClusterInventory, Container, Kind, Workload};
+    use crate::fleet::model::{ClusterInventory, Kind};
     use time::OffsetDateTime;
 
     fn cluster(name: &str, version: &str) -> ClusterInventory {
-        let mut c = ClusterInventory::absent(name, String::new(), None);
-        c.presence = Presence::Present;
-        c.workloads.push(Workload {
-            kind: Kind::Deployment,
-            namespace: "n".into(),
-            name: "agent".into(),
-            labels: Default::default(),
-            containers: vec![Container::new("a", &format!("reg/agent:{version}"))],
-            pod: None,
-            rollout: vec![],
-        });
-        c
+        ClusterInventory::running(name, Kind::Deployment, "n", &format!("reg/agent:{version}"))
     }
 
     #[test]

@@ -48,6 +48,25 @@ impl ClusterInventory {
     }
 }
 
+#[cfg(test)]
+impl ClusterInventory {
+    /// A present cluster running one workload `namespace/agent` with one container `image`.
+    pub(crate) fn running(name: &str, kind: Kind, namespace: &str, image: &str) -> ClusterInventory {
+        let mut c = ClusterInventory::absent(name, String::new(), None);
+        c.presence = Presence::Present;
+        c.workloads.push(Workload {
+            kind,
+            namespace: namespace.into(),
+            name: "agent".into(),
+            labels: Default::default(),
+            containers: vec![Container::new("a", image)],
+            pod: None,
+            rollout: vec![],
+        });
+        c
+    }
+}
+
 /// A cluster that does not answer is absent, never healthy: it has no workloads to judge.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(tag = "state", rename_all = "lowercase")]
