@@ -86,6 +86,9 @@ pub enum Record {
     },
     StepReverted {
         step: String,
+        /// How, when not by the step's own `revert` (a helm rollback).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        how: Option<String>,
     },
     StepRevertFailed {
         step: String,
@@ -199,6 +202,9 @@ pub struct StepState {
     pub facts: BTreeMap<String, serde_json::Value>,
     pub failure: Option<Failure>,
     pub revert_failure: Option<Failure>,
+    /// How the step was reverted, when not by its own `revert`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reverted_how: Option<String>,
     pub refused: Option<String>,
     pub warnings: Vec<String>,
     pub tool_version: Option<String>,
@@ -224,6 +230,7 @@ impl StepState {
             facts: BTreeMap::new(),
             failure: None,
             revert_failure: None,
+            reverted_how: None,
             refused: None,
             warnings: Vec::new(),
             tool_version: None,
@@ -392,6 +399,7 @@ impl Deploy {
                 } else {
                     s.status = StepStatus::Running;
                     s.failure = None;
+                    s.reverted_how = None;
                     s.refused = None;
                     s.interrupted = false;
                 }
@@ -458,9 +466,10 @@ impl Deploy {
                 s.refused = Some(reason.clone());
                 s.finished = Some(ts.to_string());
             }
-            Record::StepReverted { step } => {
+            Record::StepReverted { step, how } => {
                 let s = self.step_mut(step);
                 s.status = StepStatus::Reverted;
+                s.reverted_how = how.clone();
                 s.revert_failure = None;
                 s.sub_changes.clear();
                 s.index.0.clear();

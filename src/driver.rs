@@ -7,7 +7,9 @@ use std::fs::File;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
-use rdeploy_adapters::{shell, CancellationToken, Event, EventSink, Failure, PriorStep, StepContext, ToolInfo};
+use rdeploy_adapters::{
+    shell, CancellationToken, Event, EventSink, Failure, PriorStep, Recovered, StepContext, ToolInfo,
+};
 use tokio::task::JoinSet;
 
 use crate::checkpoint::{Checkpoint, Deploy, DeployState, Record, StepMode, StepStatus};
@@ -84,7 +86,7 @@ impl Outcome {
 struct RunState {
     todo: Vec<(String, Action)>,
     done: HashSet<String>,
-    running: JoinSet<(String, Result<(), Failure>)>,
+    running: JoinSet<(String, Result<Recovered, Failure>)>,
     outcome: Outcome,
     stopping: bool,
 }
@@ -338,6 +340,9 @@ impl Session {
             let recorded = deploy.step(&step.name);
             let action = match recorded {
                 Some(s) if s.status == StepStatus::Done => continue,
+                // Reverted (by its `revert` or a helm rollback): back where it started, so it
+                // runs again from the start.
+                Some(s) if s.status == StepStatus::Reverted => Action::Apply,
                 Some(s) if s.status == StepStatus::Reverting && (step.resumable || s.done_seq.is_some()) => {
                     return Err(Refusal::new(
                         Code::BadInput,
@@ -562,7 +567,7 @@ impl Session {
             run.running.spawn(async move {
                 let result = match &action {
                     Action::Recover(prior) => step.spec.recover(&ctx, prior, &sink).await,
-                    _ => step.spec.apply(&ctx, &sink).await,
+                    _ => step.spec.apply(&ctx, &sink).await.map(|()| Recovered::Complete),
                 };
                 let result = match (result, sink.journal_error()) {
                     (_, Some(e)) => Err(Failure::new(format!("the checkpoint could not be written: {e}")).with_hint(
@@ -582,15 +587,26 @@ impl Session {
         cp: &Arc<Mutex<Checkpoint>>,
         run: &mut RunState,
         name: String,
-        result: Result<(), Failure>,
+        result: Result<Recovered, Failure>,
     ) -> anyhow::Result<()> {
         let step = self.stack.step(&name).expect("running steps are stack steps").clone();
         let failure = match result {
-            Ok(()) => {
+            Ok(Recovered::Complete) => {
                 record(cp, Record::StepDone { step: name.clone() })?;
                 snapshot(cp);
                 self.ui.step_finished(&name, &self.ui.paint.good("done"));
                 run.done.insert(name);
+                return Ok(());
+            }
+            Ok(Recovered::RolledBack { to }) => {
+                // Back at its last good state, not the stack's: neither done nor half-done.
+                // Steps that need it must not run on top of the old version.
+                let how = format!("`recover: rollback` rolled it back to {to}: the stack's version is not in place");
+                record(cp, Record::StepReverted { step: name.clone(), how: Some(how) })?;
+                snapshot(cp);
+                self.ui.step_finished(&name, &self.ui.paint.warn(&format!("rolled back to {to}")));
+                run.stopping = true;
+                run.outcome = run.outcome.worst(Outcome::StepReverted);
                 return Ok(());
             }
             Err(failure) => failure,
@@ -656,7 +672,7 @@ impl Session {
         let ctx = self.context(step, CancellationToken::new());
         match shell::run_revert(&ctx, script, &sink).await {
             Ok(()) => {
-                record(cp, Record::StepReverted { step: step.name.clone() })?;
+                record(cp, Record::StepReverted { step: step.name.clone(), how: None })?;
                 self.ui.step_finished(&step.name, &self.ui.paint.warn("reverted"));
                 Ok(Outcome::StepReverted)
             }

@@ -55,6 +55,9 @@ pub struct StepReport {
     pub hint: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub revert_error: Option<String>,
+    /// How the step was reverted when not by its own `revert` (a helm rollback).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reverted_how: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub refused: Option<String>,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
@@ -171,6 +174,7 @@ fn pending_step(name: String, tool: String, resumable: bool) -> StepReport {
         stderr_tail: Vec::new(),
         hint: None,
         revert_error: None,
+        reverted_how: None,
         refused: None,
         interrupted: false,
         changed_since_checkpoint: false,
@@ -214,6 +218,7 @@ pub fn from_deploy(
             r.interrupted = f.interrupted;
         }
         r.revert_error = s.revert_failure.as_ref().map(|f| f.summary.clone());
+        r.reverted_how = s.reverted_how.clone();
         r.refused = s.refused.clone();
         if let Some(reason) = &s.refused {
             r.error.get_or_insert_with(|| format!("gate refused: {reason}"));
@@ -379,6 +384,12 @@ pub fn render_text(status: &Status, paint: Paint) -> String {
         for s in &reverted {
             let why = s.error.as_deref().map(|e| format!(" after: {e}")).unwrap_or_default();
             let _ = writeln!(out, "  ↺ {} ({}){why}", s.name, s.tool);
+            if let Some(how) = &s.reverted_how {
+                let _ = writeln!(out, "      how:      {how}");
+            }
+            if status.state == DeployState::Partial {
+                let _ = writeln!(out, "      recover runs it again from the start once the cause is fixed");
+            }
         }
     }
     for w in &status.warnings {

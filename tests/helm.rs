@@ -9,6 +9,11 @@ use common::{step, sub_statuses, Project};
 use kubesim::{helm_bin, workspace_root, Kubesim};
 
 fn stack(major: u32, tier: &str) -> String {
+    stack_with(major, tier, "")
+}
+
+/// `extra` is more keys for the helm step, each on its own line.
+fn stack_with(major: u32, tier: &str, extra: &str) -> String {
     format!(
         r#"
 name: app
@@ -23,13 +28,14 @@ steps:
     wait: true
     timeout: 60s
     binary: {helm}
-  - name: after
+{extra}  - name: after
     tool: shell
     needs: [app]
     run: echo after >> after.log
 "#,
         chart = workspace_root().join("fixtures/kubesim/testdata/webapp").display(),
-        helm = helm_bin(major).display()
+        helm = helm_bin(major).display(),
+        extra = extra.lines().map(|l| format!("    {l}\n")).collect::<String>(),
     )
 }
 
@@ -65,4 +71,36 @@ fn helm3_failed_upgrade_stops_the_deploy_and_recover_upgrades_again() {
 #[test]
 fn helm4_failed_upgrade_stops_the_deploy_and_recover_upgrades_again() {
     failed_upgrade_then_recover(4);
+}
+
+/// `recover: rollback` puts the release back on its last deployed revision: the step is
+/// reverted (exit 3), the step after it does not run on the old version, and once the cause
+/// is fixed the next `recover` upgrades.
+#[test]
+fn helm4_recover_rollback_reverts_the_step_and_the_next_recover_upgrades() {
+    let major = 4;
+    let sim = Kubesim::start("c1");
+    let mut p = Project::new();
+    for (k, v) in sim.env() {
+        p.env(&k, &v);
+    }
+    p.stack(&stack_with(major, "web", "recover: rollback"));
+    p.rdeploy(&["up"]).code(0);
+    p.remove("after.log");
+
+    p.stack(&stack_with(major, "not valid!", "recover: rollback"));
+    p.rdeploy(&["up"]).code(1).stdout_has("web@2");
+    p.rdeploy(&["recover", "--dry-run"]).code(0).stdout_has("helm rollback web 1");
+    p.rdeploy(&["recover"]).code(3).stdout_has("`recover: rollback` rolled it back to web revision 1");
+    let status = p.status();
+    assert_eq!(status["state"], "partial");
+    assert_eq!(step(&status, "app")["status"], "reverted");
+    assert_eq!(step(&status, "after")["status"], "pending");
+    assert!(!p.exists("after.log"), "a step that needs a rolled-back step must not run");
+    assert_eq!(sim.helm_statuses(major, "web", "shop"), ["superseded", "failed", "deployed"]);
+
+    p.stack(&stack_with(major, "api", "recover: rollback"));
+    p.rdeploy(&["recover"]).code(0);
+    assert_eq!(sim.helm_statuses(major, "web", "shop"), ["superseded", "failed", "superseded", "deployed"]);
+    assert_eq!(p.read("after.log"), "after\n");
 }

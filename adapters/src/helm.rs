@@ -18,7 +18,7 @@ use self::state::{last_deployed, ReleaseStatus, Revision};
 use crate::process::{capture, Command, Outcome, StdoutLog};
 use crate::{
     display_command, shell_quote, AdapterError, DescribeContext, Event, EventSink, Failure, FieldPath, Inspection,
-    PathSegment, PriorStep, RecoveryDoc, SpecProblem, StepContext, ToolInfo,
+    PathSegment, PriorStep, Recovered, RecoveryDoc, SpecProblem, StepContext, ToolInfo,
 };
 
 const DEFAULT_BINARY: &str = "helm";
@@ -463,7 +463,12 @@ impl HelmSpec {
         self.upgrade(ctx, sink, &binary, major, &before).await
     }
 
-    pub async fn recover(&self, ctx: &StepContext, _prior: &PriorStep, sink: &dyn EventSink) -> Result<(), Failure> {
+    pub async fn recover(
+        &self,
+        ctx: &StepContext,
+        _prior: &PriorStep,
+        sink: &dyn EventSink,
+    ) -> Result<Recovered, Failure> {
         let binary = crate::resolve_binary(ctx, self.binary_name(), INSTALL_HINT).map_err(Failure::from)?;
         let (_, major) = self.version(ctx, &binary).await.map_err(Failure::from)?;
         let live = self.live(ctx, &binary, Some(sink)).await?;
@@ -473,12 +478,12 @@ impl HelmSpec {
                 let id = self.id(revision);
                 sink.emit(Event::Planned { ids: vec![id.clone()] });
                 sink.emit(Event::Done { id, note: Some("already deployed at the wanted chart and values".into()) });
-                Ok(())
+                Ok(Recovered::Complete)
             }
             Decision::Upgrade { why } => {
                 sink.emit(Event::Planned { ids: vec![self.id(live.next_revision())] });
                 sink.emit(Event::Warning { message: format!("{why}; running `helm upgrade --install`") });
-                self.upgrade(ctx, sink, &binary, major, &live).await
+                self.upgrade(ctx, sink, &binary, major, &live).await.map(|()| Recovered::Complete)
             }
             Decision::Rollback { to, why, then_upgrade } => {
                 let mut ids = vec![self.id(live.next_revision())];
@@ -489,15 +494,15 @@ impl HelmSpec {
                 sink.emit(Event::Warning { message: format!("{why}; rolling back to revision {to}") });
                 let after = self.rollback(ctx, sink, &binary, major, &live, to).await?;
                 if then_upgrade {
-                    self.upgrade(ctx, sink, &binary, major, &after).await
+                    self.upgrade(ctx, sink, &binary, major, &after).await.map(|()| Recovered::Complete)
                 } else {
                     sink.emit(Event::Warning {
                         message: format!(
-                            "`recover: rollback`: {} runs revision {to}'s chart and values again, not the stack's; `rdeploy up` deploys them once the cause is fixed",
+                            "`recover: rollback`: {} runs revision {to}'s chart and values again, not the stack's; `rdeploy recover` upgrades to them once the cause is fixed",
                             self.release
                         ),
                     });
-                    Ok(())
+                    Ok(Recovered::RolledBack { to: format!("{} revision {to}", self.release) })
                 }
             }
             Decision::Refuse { failure } => {
@@ -677,7 +682,7 @@ impl HelmSpec {
     fn failure_hint(&self, after: &Live) -> String {
         match (self.recover_mode(), last_deployed(&after.history)) {
             (RecoverMode::Rollback, Some(good)) => format!(
-                "`rdeploy recover` rolls {} back to revision {} (`recover: rollback`)",
+                "`rdeploy recover` rolls {} back to revision {} (`recover: rollback`) and marks the step reverted; once the cause is fixed, the next `rdeploy recover` upgrades",
                 self.release, good.revision
             ),
             (_, Some(good)) => format!(
@@ -717,6 +722,11 @@ impl HelmSpec {
             "a release stuck in pending-install/upgrade/rollback is rolled back by `rdeploy recover` only when no helm process for it is alive and the pending revision is older than helm's timeout; `rdeploy recover {} --force` forces it",
             shell_quote(ctx.stack_file)
         ));
+        if self.recover_mode() == RecoverMode::Rollback {
+            doc.notes.push(
+                "`recover: rollback`: `rdeploy recover` rolls a failed release back to its last deployed revision and marks the step reverted (exit 3); steps that need it wait, and the next `rdeploy recover` upgrades once the cause is fixed".into(),
+            );
+        }
         if let Some(status) = prior.and_then(|p| p.facts.get("status")).and_then(Value::as_str) {
             let revision = prior.and_then(|p| p.facts.get("revision")).and_then(Value::as_u64).unwrap_or(0);
             doc.notes.push(format!("recorded: revision {revision} is {status}"));

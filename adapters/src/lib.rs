@@ -158,8 +158,19 @@ impl ToolSpec {
     }
 
     /// Resumes a stopped step through the tool's native recovery path.
-    pub async fn recover(&self, ctx: &StepContext, prior: &PriorStep, sink: &dyn EventSink) -> Result<(), Failure> {
-        dispatch!(self, s => s.recover(ctx, prior, sink).await)
+    pub async fn recover(
+        &self,
+        ctx: &StepContext,
+        prior: &PriorStep,
+        sink: &dyn EventSink,
+    ) -> Result<Recovered, Failure> {
+        match self {
+            ToolSpec::Helm(s) => s.recover(ctx, prior, sink).await,
+            ToolSpec::Terraform(s) => s.recover(ctx, prior, sink).await.map(|()| Recovered::Complete),
+            ToolSpec::Ansible(s) => s.recover(ctx, prior, sink).await.map(|()| Recovered::Complete),
+            ToolSpec::Kubectl(s) => s.recover(ctx, prior, sink).await.map(|()| Recovered::Complete),
+            ToolSpec::Shell(s) => s.recover(ctx, prior, sink).await.map(|()| Recovered::Complete),
+        }
     }
 
     /// Read-only: what `recover` would do now, from the tool's live state.
@@ -177,6 +188,17 @@ impl ToolSpec {
     pub fn describe_recovery(&self, ctx: &DescribeContext<'_>, prior: Option<&PriorStep>) -> RecoveryDoc {
         dispatch!(self, s => s.describe_recovery(ctx, prior))
     }
+}
+
+/// How a successful `recover` left the step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Recovered {
+    /// What the stack asks for is in place.
+    Complete,
+    /// The tool's own recovery took the step back to its last good state instead (helm's
+    /// `recover: rollback`): nothing is half-done, but the stack's change is not in place
+    /// either. The driver marks the step reverted; the next `recover` applies it again.
+    RolledBack { to: String },
 }
 
 /// One segment of a path into a step's mapping, so the stack module can point at a line.

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use rdeploy_adapters::ansible::AnsibleSpec;
 use rdeploy_adapters::testing::Recorder;
-use rdeploy_adapters::{CancellationToken, Event, Failure, PriorStep, StepContext, SubStatus, ToolSpec};
+use rdeploy_adapters::{CancellationToken, Event, Failure, PriorStep, Recovered, StepContext, SubStatus, ToolSpec};
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
@@ -97,7 +97,7 @@ async fn apply(stack: &Stack, spec: &AnsibleSpec) -> (Recorder, Result<(), Failu
     (sink, result)
 }
 
-async fn recover(stack: &Stack, spec: &AnsibleSpec, prior: &PriorStep) -> (Recorder, Result<(), Failure>) {
+async fn recover(stack: &Stack, spec: &AnsibleSpec, prior: &PriorStep) -> (Recorder, Result<Recovered, Failure>) {
     let sink = Recorder::default();
     let result = ToolSpec::Ansible(spec.clone()).recover(&stack.ctx(), prior, &sink).await;
     (sink, result)

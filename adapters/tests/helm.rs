@@ -11,7 +11,7 @@ use std::time::Duration;
 use kubesim::{helm_bin, kubectl_bin, workspace_root, Kubesim};
 use rdeploy_adapters::helm::HelmSpec;
 use rdeploy_adapters::testing::Recorder;
-use rdeploy_adapters::{CancellationToken, Event, Failure, PriorStep, StepContext, ToolSpec};
+use rdeploy_adapters::{CancellationToken, Event, Failure, PriorStep, Recovered, StepContext, ToolSpec};
 
 struct Setup {
     sim: Kubesim,
@@ -66,7 +66,7 @@ impl Setup {
         (sink, result)
     }
 
-    async fn recover(&self, spec: &HelmSpec, env: &[(&str, &str)]) -> (Recorder, Result<(), Failure>) {
+    async fn recover(&self, spec: &HelmSpec, env: &[(&str, &str)]) -> (Recorder, Result<Recovered, Failure>) {
         let sink = Recorder::default();
         let result = ToolSpec::Helm(spec.clone()).recover(&self.ctx(env), &PriorStep::default(), &sink).await;
         (sink, result)
@@ -143,7 +143,7 @@ async fn failed_upgrade_recovered_by_rollback(major: u32) {
     let inspection = ToolSpec::Helm(spec.clone()).inspect(&s.ctx(&[]), &PriorStep::default()).await.unwrap();
     assert!(inspection.actions.iter().any(|a| a.contains("helm rollback web 1")), "{:?}", inspection.actions);
     let (sink, result) = s.recover(&spec, &[]).await;
-    result.unwrap();
+    assert_eq!(result.unwrap(), Recovered::RolledBack { to: "web revision 1".into() });
     assert!(sink
         .events()
         .contains(&Event::Done { id: "web@3".into(), note: Some("rollback to revision 1 deployed".into()) }));

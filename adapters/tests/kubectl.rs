@@ -11,7 +11,7 @@ use std::time::Duration;
 use kubesim::{kubectl_bin, workspace_root, Kubesim};
 use rdeploy_adapters::kubectl::KubectlSpec;
 use rdeploy_adapters::testing::Recorder;
-use rdeploy_adapters::{CancellationToken, Event, Failure, PriorStep, StepContext, SubStatus, ToolSpec};
+use rdeploy_adapters::{CancellationToken, Event, Failure, PriorStep, Recovered, StepContext, SubStatus, ToolSpec};
 
 struct Setup {
     sim: Kubesim,
@@ -64,7 +64,7 @@ impl Setup {
         (sink, result)
     }
 
-    async fn recover(&self, spec: &KubectlSpec, prior: &PriorStep) -> (Recorder, Result<(), Failure>) {
+    async fn recover(&self, spec: &KubectlSpec, prior: &PriorStep) -> (Recorder, Result<Recovered, Failure>) {
         let sink = Recorder::default();
         let result = ToolSpec::Kubectl(spec.clone()).recover(&self.ctx(Duration::from_secs(60)), prior, &sink).await;
         (sink, result)

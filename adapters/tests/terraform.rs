@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use rdeploy_adapters::terraform::{TerraformSpec, FACT_LOCK_ID};
 use rdeploy_adapters::testing::Recorder;
-use rdeploy_adapters::{CancellationToken, Event, Failure, PriorStep, StepContext, SubStatus, ToolSpec};
+use rdeploy_adapters::{CancellationToken, Event, Failure, PriorStep, Recovered, StepContext, SubStatus, ToolSpec};
 
 /// Fails loudly: these tests exist to run real terraform.
 fn require_terraform() {
@@ -132,7 +132,12 @@ async fn apply(spec: &TerraformSpec, ctx: &StepContext, sink: &Recorder) -> Resu
     ToolSpec::Terraform(spec.clone()).apply(ctx, sink).await
 }
 
-async fn recover(spec: &TerraformSpec, ctx: &StepContext, prior: &PriorStep, sink: &Recorder) -> Result<(), Failure> {
+async fn recover(
+    spec: &TerraformSpec,
+    ctx: &StepContext,
+    prior: &PriorStep,
+    sink: &Recorder,
+) -> Result<Recovered, Failure> {
     ToolSpec::Terraform(spec.clone()).recover(ctx, prior, sink).await
 }
 
