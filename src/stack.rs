@@ -504,8 +504,11 @@ fn report_serde_error(checker: &mut Checker<'_>, fallback: &Span, e: marked_yaml
     let marker = e.start_mark();
     let path = e.path().map(str::to_string);
     let hint = match &*e {
-        marked_yaml::Error::UnknownFieldError(field, _, _) => {
-            suggest(field, keys).map(|s| format!("did you mean `{s}`?"))
+        marked_yaml::Error::UnknownFieldError(field, expected, _) => {
+            // Inside a nested mapping (`gate.inventory.namespce`) the candidates are that
+            // mapping's own fields, not the step's keys.
+            let nested = path.as_deref().is_some_and(|p| p.contains('.'));
+            suggest(field, if nested { expected } else { keys }).map(|s| format!("did you mean `{s}`?"))
         }
         _ => None,
     };
@@ -705,6 +708,17 @@ mod tests {
         assert!(stack.step("a").unwrap().resumable);
         assert!(!stack.step("b").unwrap().resumable);
         assert_eq!(stack.step("a").unwrap().line, 7);
+    }
+
+    #[test]
+    fn a_typo_inside_a_gate_is_matched_against_the_gate_keys() {
+        let p = problems(
+            "name: s\nsteps:\n  - name: a\n    tool: shell\n    run: echo\n    gate:\n      inventory:\n        contexts: [c]\n        namespce: x\n        selector: app=a\n        image: r/a\n        version: \"2\"\n",
+        );
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert_eq!((p[0].line, p[0].column), (9, 9));
+        assert!(p[0].message.contains("unknown field `namespce`"), "{}", p[0].message);
+        assert_eq!(p[0].hint.as_deref(), Some("did you mean `namespace`?"));
     }
 
     #[test]
