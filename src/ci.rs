@@ -480,7 +480,10 @@ fn junit(session: &Session, deploy: &Deploy, status: &Status) -> String {
         } else if s.status != "done" {
             skipped += 1;
             let why = match s.status {
-                "reverted" => "reverted with the rest of the deploy (on_failure: revert)".to_string(),
+                "reverted" => match &s.reverted_how {
+                    Some(how) => format!("reverted: {how}"),
+                    None => "reverted with the rest of the deploy (on_failure: revert)".to_string(),
+                },
                 _ if !s.blocked_by.is_empty() => format!("not run: waits for {}", s.blocked_by.join(", ")),
                 _ => "not run".to_string(),
             };
