@@ -484,6 +484,9 @@ fn junit(session: &Session, deploy: &Deploy, status: &Status) -> String {
                     Some(how) => format!("reverted: {how}"),
                     None => "reverted with the rest of the deploy (on_failure: revert)".to_string(),
                 },
+                "skipped" => {
+                    format!("skipped: {}", s.skipped_because.as_deref().unwrap_or("a step it needs did not finish"))
+                }
                 _ if !s.blocked_by.is_empty() => format!("not run: waits for {}", s.blocked_by.join(", ")),
                 _ => "not run".to_string(),
             };

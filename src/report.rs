@@ -66,6 +66,9 @@ pub struct StepReport {
     pub changed_since_checkpoint: bool,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub blocked_by: Vec<String>,
+    /// Why a `skipped` step did not run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub skipped_because: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub log: Option<String>,
     #[serde(skip_serializing_if = "serde_json::Map::is_empty")]
@@ -179,6 +182,7 @@ fn pending_step(name: String, tool: String, resumable: bool) -> StepReport {
         interrupted: false,
         changed_since_checkpoint: false,
         blocked_by: Vec::new(),
+        skipped_because: None,
         log: None,
         facts: Default::default(),
         warnings: Vec::new(),
@@ -242,6 +246,7 @@ pub fn from_deploy(
         r.warnings = s.warnings.clone();
         steps.push(r);
     }
+    mark_skipped(stack, &mut steps);
     Status {
         stack: deploy.stack.clone(),
         state,
@@ -254,6 +259,32 @@ pub fn from_deploy(
         interrupted: deploy.interrupted.clone(),
         lock,
         warnings: deploy.warnings.clone(),
+    }
+}
+
+/// A step that never ran because a step it needs failed, was refused or reverted (or was itself
+/// skipped) is `skipped`; one that merely has not been reached yet stays `pending`.
+fn mark_skipped(stack: &Stack, steps: &mut [StepReport]) {
+    for current in stack.ordered() {
+        let Some(i) = steps.iter().position(|r| r.name == current.name) else { continue };
+        if steps[i].status != "pending" || steps[i].refused.is_some() {
+            continue;
+        }
+        let why = current.needs.iter().find_map(|need| {
+            let r = steps.iter().find(|r| &r.name == need)?;
+            let what = match r.status {
+                _ if r.refused.is_some() => "was refused by its gate",
+                "failed" => "failed",
+                "reverted" => "was reverted",
+                "skipped" => "was skipped",
+                _ => return None,
+            };
+            Some(format!("needs `{need}`, which {what}"))
+        });
+        if let Some(why) = why {
+            steps[i].status = "skipped";
+            steps[i].skipped_because = Some(why);
+        }
     }
 }
 
@@ -306,7 +337,7 @@ pub fn render_text(status: &Status, paint: Paint) -> String {
     let failed: Vec<&StepReport> =
         status.steps.iter().filter(|s| s.status == "failed" || s.refused.is_some()).collect();
     let missing: Vec<&StepReport> =
-        status.steps.iter().filter(|s| s.status == "pending" && s.refused.is_none()).collect();
+        status.steps.iter().filter(|s| matches!(s.status, "pending" | "skipped") && s.refused.is_none()).collect();
     let reverted: Vec<&StepReport> = status.steps.iter().filter(|s| s.status == "reverted").collect();
 
     if !in_place.is_empty() {
@@ -371,12 +402,12 @@ pub fn render_text(status: &Status, paint: Paint) -> String {
     if !missing.is_empty() {
         let _ = writeln!(out, "\n{}", paint.strong("missing:"));
         for s in &missing {
-            let why = if s.blocked_by.is_empty() {
-                String::new()
-            } else {
-                format!(", waits for {}", s.blocked_by.join(", "))
+            let why = match (&s.skipped_because, s.blocked_by.is_empty()) {
+                (Some(because), _) => format!("skipped: {because}"),
+                (None, true) => "not run yet".to_string(),
+                (None, false) => format!("not run yet, waits for {}", s.blocked_by.join(", ")),
             };
-            let _ = writeln!(out, "  · {} ({}): not run yet{why}", s.name, s.tool);
+            let _ = writeln!(out, "  · {} ({}): {why}", s.name, s.tool);
         }
     }
     if !reverted.is_empty() {

@@ -199,6 +199,9 @@ fn status_word(step: &StepReport) -> String {
         return "refused by its gate".into();
     }
     match step.status {
+        "skipped" => {
+            format!("skipped ({})", step.skipped_because.as_deref().unwrap_or("a step it needs did not finish"))
+        }
         "pending" if !step.blocked_by.is_empty() => format!("not run (waits for {})", step.blocked_by.join(", ")),
         "pending" => "not run".into(),
         "failed" if step.interrupted => "interrupted".into(),

@@ -177,7 +177,7 @@ fn ci_stops_then_recovers_after_the_fix_without_rerunning_done_work() {
     assert!(failure.text.contains("stderr (last lines):\nthree: connection refused"), "{}", failure.text);
     assert!(failure.text.contains("in place: one, two"), "{}", failure.text);
     assert!(failure.text.contains("next: rdeploy recover stack.yaml"), "{}", failure.text);
-    assert_eq!(case(&report, "after").one("skipped").attr("message"), "not run: waits for seed");
+    assert_eq!(case(&report, "after").one("skipped").attr("message"), "skipped: needs `seed`, which failed");
 
     // The fix lands between the jobs (the marker goes, a step's command changes): the retry
     // job recovers, reports the change and goes on.

@@ -29,7 +29,7 @@ fn four_of_five_then_recover_runs_only_the_fifth() {
     assert_eq!(step(&status, "seed")["resumable"], true);
     assert_eq!(step(&status, "seed")["exit_code"], 3);
     assert!(step(&status, "seed")["error"].as_str().unwrap().contains("five: connection refused"));
-    assert_eq!(step(&status, "after")["status"], "pending");
+    assert_eq!(step(&status, "after")["status"], "skipped");
     assert!(p.exists(".rdeploy/report.md"), "the report is kept as markdown");
 
     // `up` refuses to run completed work again and names the way forward.
@@ -329,6 +329,46 @@ steps:
     );
     p.rdeploy(&["up", "--parallel", "2"]).code(0);
     assert!(p.exists("joined"));
+}
+
+/// `skipped` is for steps that cannot run because something they need (even indirectly) did not
+/// finish; a step that merely was not reached yet stays `pending`.
+#[test]
+fn steps_behind_a_failure_are_skipped_and_the_rest_pending() {
+    let p = Project::new();
+    p.stack(
+        r#"
+name: s
+steps:
+  - name: base
+    tool: shell
+    run: exit 4
+  - name: app
+    tool: shell
+    needs: [base]
+    run: echo app >> out
+  - name: smoke
+    tool: shell
+    needs: [app]
+    run: echo smoke >> out
+  - name: docs
+    tool: shell
+    run: echo docs >> out
+"#,
+    );
+    p.rdeploy(&["up"]).code(1).stdout_has("app (shell): skipped: needs `base`, which failed");
+    let status = p.status();
+    assert_eq!(step(&status, "base")["status"], "failed");
+    assert_eq!(step(&status, "app")["status"], "skipped");
+    assert_eq!(step(&status, "app")["skipped_because"], "needs `base`, which failed");
+    assert_eq!(step(&status, "smoke")["status"], "skipped");
+    assert_eq!(step(&status, "smoke")["skipped_because"], "needs `app`, which was skipped");
+    assert_eq!(step(&status, "docs")["status"], "pending", "independent of the failure");
+    assert!(!p.exists("out"));
+
+    p.stack(&p.read("stack.yaml").replace("run: exit 4", "run: 'true'"));
+    p.rdeploy(&["recover"]).code(0);
+    assert_eq!(p.lines("out"), ["app", "smoke", "docs"]);
 }
 
 #[test]

@@ -48,7 +48,7 @@ fn a_failed_object_stops_the_deploy_and_recover_applies_only_it() {
         let want = if id == "ConfigMap/shop-extra/extra" { "failed" } else { "done" };
         assert_eq!(st, want, "{id}");
     }
-    assert_eq!(step(&status, "after")["status"], "pending");
+    assert_eq!(step(&status, "after")["status"], "skipped");
 
     sim.kubectl_ok(&["create", "namespace", "shop-extra"]);
     let dry = p.rdeploy(&["recover", "--dry-run"]);

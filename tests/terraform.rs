@@ -64,7 +64,7 @@ fn up_fails_at_5_of_6_then_recover_applies_only_the_rest() {
         ])
     );
     assert!(step(&status, "network")["error"].as_str().unwrap().contains("local-exec provisioner error"));
-    assert_eq!(step(&status, "after")["status"], "pending");
+    assert_eq!(step(&status, "after")["status"], "skipped");
 
     p.remove("chain/fail-a5");
     p.rdeploy(&["recover", "--dry-run"])

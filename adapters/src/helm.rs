@@ -328,7 +328,9 @@ impl HelmSpec {
         state::wanted_values(&files, &self.set)
     }
 
-    fn decide(&self, ctx: &StepContext, live: &Live, major: u32) -> Decision {
+    /// What `recover` should do, from helm's state. `proc` is where live helm processes are
+    /// looked for (`/proc`; a test passes its own).
+    fn decide(&self, ctx: &StepContext, live: &Live, major: u32, proc: &Path) -> Decision {
         let Some(latest) = live.latest() else {
             return Decision::Upgrade { why: format!("release {} is not installed", self.release) };
         };
@@ -343,7 +345,7 @@ impl HelmSpec {
             // Only the operator's `rdeploy recover --force` (or the step's own `env:`) forces it:
             // an exported variable in a CI environment must not force every recover.
             let forced = ctx.env.get(FORCE_ENV).is_some_and(|v| v == "1");
-            if let Some((pid, cmdline)) = state::live_helm_for(&self.release, Path::new("/proc")).filter(|_| !forced) {
+            if let Some((pid, cmdline)) = state::live_helm_for(&self.release, proc).filter(|_| !forced) {
                 let mut failure = Failure::new(format!(
                     "{stuck}, and a helm process for it is still running (pid {pid}: `{cmdline}`)"
                 ));
@@ -473,7 +475,7 @@ impl HelmSpec {
         let (_, major) = self.version(ctx, &binary).await.map_err(Failure::from)?;
         let live = self.live(ctx, &binary, Some(sink)).await?;
         self.record_facts(&live, sink);
-        match self.decide(ctx, &live, major) {
+        match self.decide(ctx, &live, major, Path::new("/proc")) {
             Decision::InPlace { revision } => {
                 let id = self.id(revision);
                 sink.emit(Event::Planned { ids: vec![id.clone()] });
@@ -533,7 +535,7 @@ impl HelmSpec {
             ));
         }
         let upgrade = display_command(&self.helm_words(self.upgrade_words(major, Some(ctx))));
-        match self.decide(ctx, &live, major) {
+        match self.decide(ctx, &live, major, Path::new("/proc")) {
             Decision::InPlace { revision } => {
                 inspection.actions.push(format!("keep {}: deployed at the wanted chart and values", self.id(revision)))
             }
@@ -804,8 +806,11 @@ mod tests {
     }
 
     impl HelmSpec {
+        /// Decides with an empty process table, so a helm running elsewhere on the machine
+        /// (another test) cannot make a release look busy.
         fn decide_v4(&self, ctx: &StepContext, live: &Live) -> Decision {
-            self.decide(ctx, live, 4)
+            let no_processes = tempfile::tempdir().unwrap();
+            self.decide(ctx, live, 4, no_processes.path())
         }
     }
 
@@ -835,7 +840,7 @@ mod tests {
             Decision::Rollback { to: 2, why: "revision 3 failed; `recover: rollback`".into(), then_upgrade: false }
         );
         assert!(matches!(rb.decide_v4(&ctx(), &live(vec![rev(1, "failed")])), Decision::Refuse { .. }));
-        // Stuck: no helm named `web` runs in this test process tree.
+        // Stuck, and no helm process for `web` is alive (an empty process table).
         match s.decide_v4(&ctx(), &live(vec![rev(1, "deployed"), rev(2, "pending-upgrade")])) {
             Decision::Rollback { to: 1, why, then_upgrade: true } => {
                 assert!(why.starts_with("release web is stuck in pending-upgrade at revision 2 for "), "{why}")
