@@ -56,6 +56,9 @@ fn a_failed_object_stops_the_deploy_and_recover_applies_only_it() {
         .stdout_has("apply ConfigMap/shop-extra/extra (missing from the cluster)")
         .stdout_has("keep Deployment/shop/web: done and unchanged");
 
+    // The Deployment's resourceVersion must not move during recover; kubesim's controller writes
+    // its status until its pods are ready, so let the rollout finish before reading it.
+    sim.kubectl_ok(&["rollout", "status", "deploy/web", "-n", "shop", "--timeout=60s"]);
     let rv = sim.kubectl_ok(&["get", "deploy", "web", "-n", "shop", "-o", "jsonpath={.metadata.resourceVersion}"]);
     p.rdeploy(&["recover"]).code(0);
     assert_eq!(sim.kubectl_ok(&["get", "cm", "extra", "-n", "shop-extra", "-o", "jsonpath={.data.owner}"]), "shop");
