@@ -349,6 +349,48 @@ fn a_schema_newer_than_this_rdeploy_is_refused() {
     p.rdeploy(&["up"]).code(1).stderr_has("schema is version 99, newer than this rdeploy knows");
 }
 
+/// TLS with libpq's sslmode meanings, against a server that accepts TLS connections only:
+/// verify-full checks the chain and the host name, verify-ca the chain only, require encrypts
+/// without checking; a certificate that does not verify fails at once, not after retries.
+#[test]
+fn tls_follows_libpq_sslmode_against_a_server_that_accepts_tls_only() {
+    let ca = pg::TestCa::new();
+    let server = PgServer::start_tls(&ca);
+    let rogue = pg::TestCa::new();
+    let url = |host: &str, query: &str| format!("postgres://postgres@{host}:{}/postgres?{query}", server.port);
+    let with_ca = |mode: &str, ca: &pg::TestCa| format!("sslmode={mode}&sslrootcert={}", ca.ca_file().display());
+    let run = |state: &str| {
+        let mut p = Project::new();
+        p.env("RDEPLOY_STATE", state).env("RDEPLOY_STATE_RETRY_SECONDS", "20");
+        lease_env(&mut p);
+        p.stack("name: s\nsteps:\n  - name: a\n    tool: shell\n    run: echo a >> out\n");
+        let started = Instant::now();
+        let run = p.rdeploy(&["up"]);
+        (p, run, started.elapsed())
+    };
+
+    // The certificate names `localhost`: verify-full succeeds there (over TLS: the server takes
+    // nothing else) ...
+    let (p, up, _) = run(&url("localhost", &with_ca("verify-full", &ca)));
+    up.code(0).stdout_has("deploy complete");
+    assert_eq!(p.lines("out"), ["a"]);
+    // ... and refuses 127.0.0.1, which it does not name, at once.
+    let (p, up, took) = run(&url("127.0.0.1", &with_ca("verify-full", &ca)));
+    up.code(1).stderr_has("TLS certificate was not accepted");
+    assert!(took < Duration::from_secs(15), "a certificate verdict is not retried: {took:?}");
+    assert!(!p.exists("out"));
+    // verify-ca checks the chain only.
+    run(&url("127.0.0.1", &with_ca("verify-ca", &ca))).1.code(0);
+    // A certificate from another CA is refused.
+    run(&url("localhost", &with_ca("verify-full", &rogue))).1.code(1).stderr_has("invalid peer certificate");
+    // require encrypts without verifying, as libpq does without a root certificate.
+    run(&url("127.0.0.1", "sslmode=require")).1.code(0);
+    // disable: the server turns a plain connection away, and its reason reaches the operator.
+    run(&url("127.0.0.1", "sslmode=disable")).1.code(1).stderr_has("no encryption");
+    // Mistakes in the settings are bad input, before anything runs.
+    run(&url("localhost", "sslmode=verify-full")).1.code(2).stderr_has("needs the root certificate");
+}
+
 trait StatusIn {
     fn status_in(&self, dir: &str) -> serde_json::Value;
 }

@@ -5,6 +5,7 @@
 //! lock that lets one run at a time write.
 
 pub mod local;
+pub mod pg_tls;
 pub mod postgres;
 
 use crate::checkpoint::{Deploy, Entry};

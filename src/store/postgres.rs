@@ -38,9 +38,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use tokio_postgres::{Client, NoTls, Statement};
+use tokio_postgres::{Client, Statement};
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::local::StateDir;
+use super::pg_tls;
 use super::{JournalWriter, LockGuard, Store};
 use crate::checkpoint::{now, Deploy, Entry, Record, FORMAT, VERSION};
 use crate::exit::{Code, Refusal};
@@ -107,6 +109,8 @@ pub struct PostgresStore {
 
 struct Shared {
     config: tokio_postgres::Config,
+    /// TLS as the URL's `sslmode` asks (see [`pg_tls`]).
+    tls: MakeRustlsConnect,
     display: String,
     stack: String,
     settings: Settings,
@@ -146,6 +150,14 @@ impl PostgresStore {
                 .with_hint("pass `--state postgres://user@host/db`, or `--state-dir DIR` for a local directory")
                 .into());
         }
+        let (url, tls) = pg_tls::split(url, |k| std::env::var(k).ok()).map_err(|e| {
+            Refusal::new(Code::BadInput, format!("`{display}`: {e}"))
+                .with_hint("TLS settings follow libpq: `?sslmode=verify-full&sslrootcert=/path/to/ca.pem`")
+        })?;
+        let connector = tls.connector().map_err(|e| {
+            Refusal::new(Code::BadInput, format!("`{display}`: {e}"))
+                .with_hint("TLS settings follow libpq: `?sslmode=verify-full&sslrootcert=/path/to/ca.pem`")
+        })?;
         let mut config: tokio_postgres::Config = url.parse().map_err(|e| {
             Refusal::new(Code::BadInput, format!("`{display}` is not a valid PostgreSQL URL: {e}"))
                 .with_hint("the form is `postgres://user[:password]@host[:port]/database`; the password may come from `PGPASSWORD`")
@@ -161,9 +173,11 @@ impl PostgresStore {
         }
         config.connect_timeout(settings.timeout);
         config.application_name("rdeploy");
+        config.ssl_mode(tls.mode.negotiation());
         Ok(PostgresStore {
             shared: Arc::new(Shared {
                 config,
+                tls: connector,
                 display,
                 stack: stack.to_string(),
                 settings,
@@ -927,6 +941,12 @@ impl From<tokio_postgres::Error> for OpError {
 
 /// The message of a database error (tokio-postgres says only "db error" at the top).
 fn describe(e: &tokio_postgres::Error) -> String {
+    if pg_tls::is_tls_failure(e) {
+        let source = std::error::Error::source(e).map(|s| s.to_string()).unwrap_or_else(|| e.to_string());
+        return format!(
+            "the server's TLS certificate was not accepted ({source}); check `sslrootcert`, or that the URL's host is a name the certificate carries (`sslmode=verify-ca` checks the chain only)"
+        );
+    }
     match (e.as_db_error(), std::error::Error::source(e)) {
         (Some(db), _) => db.to_string(),
         (None, Some(source)) => format!("{e}: {source}"),
@@ -936,6 +956,10 @@ fn describe(e: &tokio_postgres::Error) -> String {
 
 /// Errors worth retrying: the connection broke or the server is restarting.
 fn is_connection_error(e: &tokio_postgres::Error) -> bool {
+    // A certificate that does not verify will not verify on the next attempt either.
+    if pg_tls::is_tls_failure(e) {
+        return false;
+    }
     if e.is_closed() {
         return true;
     }
@@ -1011,14 +1035,19 @@ async fn connect(shared: &Shared, line: Line) -> Result<Conn, OpError> {
         // Records are acknowledged once on the server; `sync` (the lease line) makes them durable.
         config.options("-c synchronous_commit=off");
     }
-    let (mut client, connection) = match tokio::time::timeout(shared.settings.timeout, config.connect(NoTls)).await {
-        Ok(Ok(pair)) => pair,
-        Ok(Err(e)) if is_connection_error(&e) => return Err(OpError::Connection(describe(&e))),
-        Ok(Err(e)) => {
-            return Err(OpError::Other(anyhow::anyhow!("could not connect to {}: {}", shared.display, describe(&e))))
-        }
-        Err(_) => return Err(OpError::Connection("timed out connecting".into())),
-    };
+    let (mut client, connection) =
+        match tokio::time::timeout(shared.settings.timeout, config.connect(shared.tls.clone())).await {
+            Ok(Ok(pair)) => pair,
+            Ok(Err(e)) if is_connection_error(&e) => return Err(OpError::Connection(describe(&e))),
+            Ok(Err(e)) => {
+                return Err(OpError::Other(anyhow::anyhow!(
+                    "could not connect to {}: {}",
+                    shared.display,
+                    describe(&e)
+                )))
+            }
+            Err(_) => return Err(OpError::Connection("timed out connecting".into())),
+        };
     tokio::spawn(async move {
         let _ = connection.await;
     });

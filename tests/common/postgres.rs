@@ -14,6 +14,38 @@ pub struct PgServer {
     pub port: u16,
     bin: PathBuf,
     user: Option<String>,
+    /// `-c` settings for TLS, when the server was started with a certificate.
+    tls_options: String,
+}
+
+/// A test certificate authority and a server certificate it signed for `localhost` only.
+pub struct TestCa {
+    dir: tempfile::TempDir,
+    pub server_cert: String,
+    pub server_key: String,
+}
+
+impl TestCa {
+    pub fn new() -> TestCa {
+        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+        let ca_key = KeyPair::generate().expect("CA key");
+        let mut ca = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca.distinguished_name.push(DnType::CommonName, "rdeploy test CA");
+        let ca_cert = ca.self_signed(&ca_key).expect("self-signed CA");
+        let key = KeyPair::generate().expect("server key");
+        let mut server = CertificateParams::new(vec!["localhost".to_string()]).expect("server params");
+        server.distinguished_name.push(DnType::CommonName, "localhost");
+        let cert = server.signed_by(&key, &ca_cert, &ca_key).expect("server certificate");
+        let dir = tempfile::Builder::new().prefix("rdeploy-ca").tempdir().expect("temp dir");
+        std::fs::write(dir.path().join("ca.pem"), ca_cert.pem()).unwrap();
+        TestCa { dir, server_cert: cert.pem(), server_key: key.serialize_pem() }
+    }
+
+    /// The CA certificate (PEM) a client trusts.
+    pub fn ca_file(&self) -> PathBuf {
+        self.dir.path().join("ca.pem")
+    }
 }
 
 /// The directory holding `initdb`, `pg_ctl` and `postgres`.
@@ -51,6 +83,16 @@ fn server_user() -> Option<String> {
 impl PgServer {
     /// Starts a fresh server; panics with its log when it cannot.
     pub fn start() -> PgServer {
+        PgServer::start_with(None)
+    }
+
+    /// Starts a server that accepts TCP connections over TLS only (`hostssl` in pg_hba.conf),
+    /// with the server certificate `ca` signed.
+    pub fn start_tls(ca: &TestCa) -> PgServer {
+        PgServer::start_with(Some(ca))
+    }
+
+    fn start_with(ca: Option<&TestCa>) -> PgServer {
         let bin = bin_dir();
         let user = server_user();
         let dir = tempfile::Builder::new().prefix("rdeploy-pg").tempdir().expect("temp dir");
@@ -58,12 +100,32 @@ impl PgServer {
             let chown = Command::new("chown").arg(name).arg(dir.path()).status().expect("run chown");
             assert!(chown.success(), "could not hand {} to {name}", dir.path().display());
         }
-        let mut server = PgServer { dir, port: 0, bin, user };
+        let mut server = PgServer { dir, port: 0, bin, user, tls_options: String::new() };
         let data = server.data();
         server.run_ok(
             "initdb",
             &["-D", data.to_str().unwrap(), "-U", "postgres", "--auth=trust", "-N", "-E", "UTF8", "--locale=C"],
         );
+        if let Some(ca) = ca {
+            let (cert, key) = (server.dir.path().join("server.crt"), server.dir.path().join("server.key"));
+            std::fs::write(&cert, &ca.server_cert).unwrap();
+            std::fs::write(&key, &ca.server_key).unwrap();
+            std::fs::write(
+                data.join("pg_hba.conf"),
+                "local all all trust\nhostssl all all 127.0.0.1/32 trust\nhostssl all all ::1/128 trust\n",
+            )
+            .unwrap();
+            for file in [&cert, &key, &data.join("pg_hba.conf")] {
+                if let Some(name) = &server.user {
+                    let chown = Command::new("chown").arg(name).arg(file).status().expect("run chown");
+                    assert!(chown.success(), "could not hand {} to {name}", file.display());
+                }
+            }
+            // PostgreSQL refuses a private key others can read.
+            std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+            server.tls_options =
+                format!(" -c ssl=on -c ssl_cert_file={} -c ssl_key_file={}", cert.display(), key.display());
+        }
         // A port is free when we look and may be taken when the server binds: try a few.
         for _ in 0..5 {
             server.port = free_port();
@@ -119,9 +181,10 @@ impl PgServer {
 
     fn pg_ctl_start(&self) -> bool {
         let options = format!(
-            "-p {} -k {} -c listen_addresses=127.0.0.1 -c max_connections=50",
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c max_connections=50{}",
             self.port,
-            self.dir.path().display()
+            self.dir.path().display(),
+            self.tls_options
         );
         let log = self.dir.path().join("server.log");
         self.run(
