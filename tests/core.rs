@@ -505,7 +505,8 @@ steps:
 #[test]
 fn a_tool_that_outlives_a_killed_rdeploy_blocks_recover_until_it_ends() {
     let p = Project::new();
-    // The sub-change runs a separate program; pdeathsig stops only the `sh` around it.
+    // The sub-change runs a separate program under `sh` (a list, so the shell forks it rather
+    // than exec it): pdeathsig stops only the `sh`, the program lives on.
     p.file(
         "work.sh",
         "#!/bin/sh\ntouch b-started\nwhile [ -f hold ]; do sleep 0.05; done\necho b >> out\ntouch b-done\n",
@@ -513,7 +514,7 @@ fn a_tool_that_outlives_a_killed_rdeploy_blocks_recover_until_it_ends() {
     std::fs::set_permissions(p.path("work.sh"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     p.stack(&WAITS.replace(
         "\"touch b-started; while [ -f hold ]; do sleep 0.05; done; echo b >> out; touch b-done\"",
-        "./work.sh",
+        "\"./work.sh; true\"",
     ))
     .file("hold", "");
     let mut child = p.spawn(&["up"]);

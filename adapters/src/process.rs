@@ -95,15 +95,62 @@ pub struct Command {
     cwd: Option<PathBuf>,
     env: Vec<(OsString, OsString)>,
     redact: Vec<String>,
+    /// Set when a `run:` line is started without the shell (see [`Command::shell`]): if the
+    /// program cannot be started, the shell runs the line instead, so it fails (or, for a
+    /// script without `#!`, succeeds) exactly as `sh -c` would.
+    script: Option<String>,
+}
+
+/// The shell's own commands and keywords (dash and POSIX): a line starting with one of these
+/// always goes to the shell, even when `/usr/bin` has a program of the same name.
+const SHELL_WORDS: &[&str] = &[
+    ".", ":", "[", "alias", "bg", "break", "case", "cd", "chdir", "command", "continue", "do", "done", "echo", "elif",
+    "else", "esac", "eval", "exec", "exit", "export", "false", "fc", "fg", "fi", "for", "function", "getopts", "hash",
+    "if", "in", "jobs", "kill", "local", "printf", "pwd", "read", "readonly", "return", "select", "set", "shift",
+    "test", "then", "times", "trap", "true", "type", "ulimit", "umask", "unalias", "unset", "until", "wait", "while",
+];
+
+/// The words of `script` when it is one simple command the shell would only split on spaces
+/// and run: nothing but letters, digits, spaces and `_ . / : , + @ % = -` (no quoting,
+/// expansion, globbing, redirection, operators or comments), not starting with an assignment
+/// or a shell word. `sh -c` would exec exactly these words, so rdeploy can skip the shell.
+fn simple_command(script: &str) -> Option<Vec<&str>> {
+    let plain = |c: char| c == ' ' || c.is_ascii_alphanumeric() || "_./:,+@%=-".contains(c);
+    if !script.chars().all(plain) {
+        return None;
+    }
+    let words: Vec<&str> = script.split(' ').filter(|w| !w.is_empty()).collect();
+    let first = *words.first()?;
+    (!first.contains('=') && !SHELL_WORDS.contains(&first)).then_some(words)
 }
 
 impl Command {
     pub fn new(program: impl Into<PathBuf>) -> Command {
-        Command { program: program.into(), args: Vec::new(), cwd: None, env: Vec::new(), redact: Vec::new() }
+        Command {
+            program: program.into(),
+            args: Vec::new(),
+            cwd: None,
+            env: Vec::new(),
+            redact: Vec::new(),
+            script: None,
+        }
     }
 
-    /// `sh -c script`, the way stack files mean their `run:` lines.
+    /// `sh -c script`, the way stack files mean their `run:` lines. A line that is one simple
+    /// command (`./migrate.sh up 42`) is started directly, as make does: the same program with
+    /// the same arguments, one exec of the shell fewer per sub-change.
     pub fn shell(script: &str) -> Command {
+        match simple_command(script) {
+            Some(words) => {
+                let mut cmd = Command::new(words[0]).args(&words[1..]);
+                cmd.script = Some(script.to_string());
+                cmd
+            }
+            None => Command::sh(script),
+        }
+    }
+
+    fn sh(script: &str) -> Command {
         Command::new("/bin/sh").arg("-c").arg(script)
     }
 
@@ -158,16 +205,11 @@ impl Command {
         redact_line(&crate::display_command(&words), &self.redact)
     }
 
-    /// Runs to completion, handing each output line to `on_line` as it arrives.
-    ///
-    /// Cancellation sends SIGINT to the child's process group once and keeps waiting: the tool
-    /// decides how to stop. A timeout sends SIGTERM, then SIGKILL after a grace period.
-    pub async fn run(
-        &self,
-        cancel: &CancellationToken,
-        timeout: Option<Duration>,
-        on_line: &mut (dyn FnMut(Stream, &str) + Send),
-    ) -> Result<Outcome, AdapterError> {
+    /// Starts the child in its own process group, with piped output.
+    fn spawn(&self) -> std::io::Result<tokio::process::Child> {
+        // A relative path names a file in the child's directory, as it does for `sh -c`: the
+        // child changes directory before it execs (the fork path pre_exec implies; a test holds
+        // this), and the interpreter of a `#!` script sees the path as written in `$0`.
         let mut cmd = tokio::process::Command::new(&self.program);
         cmd.args(&self.args)
             .envs(self.env.iter().map(|(k, v)| (k, v)))
@@ -180,7 +222,7 @@ impl Command {
             cmd.current_dir(dir);
         }
         // If rdeploy itself dies (kill -9), its direct child (terraform, ansible-playbook, helm,
-        // kubectl, or the `sh` of a shell step) gets SIGTERM rather than working on unobserved;
+        // kubectl, a shell step's `sh` or program) gets SIGTERM rather than working on unobserved;
         // terraform treats it like Ctrl-C and writes its state. Whatever still survives (a
         // grandchild) is noted below and blocks the next run until it is gone. The price is a
         // fork instead of a vfork per child (pre_exec), measured in benches/core.sh.
@@ -196,7 +238,38 @@ impl Command {
                 Ok(())
             });
         }
-        let mut child = cmd.spawn().map_err(|source| AdapterError::Spawn { command: self.display(), source })?;
+        cmd.spawn()
+    }
+
+    /// Starts the child; a `run:` line started directly that cannot be (missing, not
+    /// executable, no `#!`) goes to the shell instead, which runs or rejects it as it always would.
+    fn spawn_or_shell(&self) -> Result<tokio::process::Child, AdapterError> {
+        let error = match (self.spawn(), &self.script) {
+            (Ok(child), _) => return Ok(child),
+            (Err(source), None) => source,
+            (Err(source), Some(script)) => {
+                tracing::debug!(command = %self.display(), error = %source, "running it through the shell");
+                let sh = Command::sh(script);
+                match (Command { program: sh.program, args: sh.args, script: None, ..self.clone() }).spawn() {
+                    Ok(child) => return Ok(child),
+                    Err(source) => source,
+                }
+            }
+        };
+        Err(AdapterError::Spawn { command: self.display(), source: error })
+    }
+
+    /// Runs to completion, handing each output line to `on_line` as it arrives.
+    ///
+    /// Cancellation sends SIGINT to the child's process group once and keeps waiting: the tool
+    /// decides how to stop. A timeout sends SIGTERM, then SIGKILL after a grace period.
+    pub async fn run(
+        &self,
+        cancel: &CancellationToken,
+        timeout: Option<Duration>,
+        on_line: &mut (dyn FnMut(Stream, &str) + Send),
+    ) -> Result<Outcome, AdapterError> {
+        let mut child = self.spawn_or_shell()?;
         let pgid = child.id().map(|id| Pid::from_raw(id as i32));
         tracing::debug!(command = %self.display(), pid = ?child.id(), cwd = ?self.cwd, "spawned");
         if let Some(pgid) = pgid {
@@ -419,6 +492,61 @@ mod tests {
         let outcome =
             cmd.run(&CancellationToken::new(), None, &mut |s, l| lines.push((s, l.to_string()))).await.unwrap();
         (outcome, lines)
+    }
+
+    #[test]
+    fn only_a_plain_simple_command_skips_the_shell() {
+        assert_eq!(simple_command("./migrate.sh up 42"), Some(vec!["./migrate.sh", "up", "42"]));
+        assert_eq!(
+            simple_command("  kubectl  rollout status deploy/web --timeout=60s "),
+            Some(vec!["kubectl", "rollout", "status", "deploy/web", "--timeout=60s"])
+        );
+        for shell_needed in [
+            "echo a >> out",
+            "a && b",
+            "a; b",
+            "a | b",
+            "echo $HOME",
+            "ls *.yaml",
+            "cat ~/.x",
+            "run 'quoted arg'",
+            "FOO=1 ./x",
+            "cd dir",
+            "true",
+            "test -f x",
+            "a\tb",
+            "a # comment",
+            "if",
+            "",
+        ] {
+            assert_eq!(simple_command(shell_needed), None, "{shell_needed:?}");
+        }
+    }
+
+    /// A line started without the shell behaves as `sh -c` would: a relative program resolves in
+    /// the working directory, argv[0] is the word as written, and what cannot be started (a
+    /// missing program, a script without `#!`) gets the shell's own verdict.
+    #[tokio::test]
+    async fn a_simple_line_runs_directly_and_falls_back_to_the_shell() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, text: &str| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, text).unwrap();
+            std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        };
+        write("args.sh", "#!/bin/sh\necho \"$0|$1|$2\"\n");
+        write("bare.sh", "echo no shebang $1\n");
+        let (outcome, lines) = run(Command::shell("./args.sh a b").cwd(dir.path())).await;
+        assert!(outcome.success());
+        assert_eq!(lines, [(Stream::Stdout, "./args.sh|a|b".to_string())]);
+
+        let (outcome, lines) = run(Command::shell("./bare.sh x").cwd(dir.path())).await;
+        assert!(outcome.success(), "{lines:?}");
+        assert_eq!(lines, [(Stream::Stdout, "no shebang x".to_string())]);
+
+        let (outcome, lines) = run(Command::shell("./missing.sh").cwd(dir.path())).await;
+        assert_eq!(outcome.code, Some(127));
+        assert!(lines.iter().any(|(s, l)| *s == Stream::Stderr && l.contains("not found")), "{lines:?}");
     }
 
     #[tokio::test]
