@@ -119,17 +119,22 @@ fn two_runners_on_one_stack_one_gets_the_lock_the_other_exits_5() {
 #[test]
 fn a_runner_killed_with_kill_9_loses_its_lease_and_another_recovers_the_deploy() {
     let server = PgServer::start();
-    let p = project(&server);
+    let mut p = project(&server);
+    // A longer lease than the other tests: the second runner must reach the database while the
+    // dead one's lease still runs, even on a slow machine.
+    const KILLED_LEASE: f64 = 6.0;
+    p.env("RDEPLOY_LEASE_SECONDS", &KILLED_LEASE.to_string());
     p.stack(WAITS).file("hold", "");
     let child = p.spawn(&["up"]);
     p.wait_for("b-started", Duration::from_secs(20));
     signal(&child, Signal::SIGKILL);
     wait(child, &["up"]);
+    let killed = Instant::now();
 
     // Its lease still runs for a moment: nobody may take over before it expires.
     p.rdeploy(&["recover", "--state-dir", "runner-2"]).code(5).stderr_has("expires in");
 
-    let_the_lease_expire();
+    std::thread::sleep(Duration::from_secs_f64(KILLED_LEASE + 0.7).saturating_sub(killed.elapsed()));
     let status = p.status();
     assert!(status["lock"].is_null(), "an expired lease has no holder: {status}");
     assert_eq!(status["state"], "partial");
