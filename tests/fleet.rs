@@ -92,13 +92,19 @@ fn gitops(argo_revision: &str, target: &str, flux_revision: &str, suspend: bool)
 fn inventory_until(p: &Project, args: &[&str], ready: impl Fn(&Value) -> bool) -> (Run, Value) {
     let mut full = vec!["inventory", "--json"];
     full.extend_from_slice(args);
-    let end = Instant::now() + Duration::from_secs(15);
+    let end = Instant::now() + Duration::from_secs(30);
     loop {
         let run = p.rdeploy(&full);
         let report: Value = serde_json::from_str(&run.stdout)
             .unwrap_or_else(|e| panic!("inventory --json is not JSON ({e}):\n{}\n{}", run.stdout, run.stderr));
-        if ready(&report) || Instant::now() > end {
+        if ready(&report) {
             return (run, report);
+        }
+        if Instant::now() > end {
+            panic!(
+                "`rdeploy {}` never showed the expected state within 30 s; last report:\n{report:#}",
+                full.join(" ")
+            );
         }
         std::thread::sleep(Duration::from_millis(100));
     }
