@@ -221,6 +221,17 @@ impl Command {
         if let Some(dir) = &self.cwd {
             cmd.current_dir(dir);
         }
+        if self.script.is_some() {
+            // `sh` exports PWD as the directory it runs in, whatever it inherited; a program
+            // started without it sees the same.
+            let dir = match &self.cwd {
+                Some(dir) => std::path::absolute(dir),
+                None => std::env::current_dir(),
+            };
+            if let Ok(dir) = dir {
+                cmd.env("PWD", dir);
+            }
+        }
         // If rdeploy itself dies (kill -9), its direct child (terraform, ansible-playbook, helm,
         // kubectl, a shell step's `sh` or program) gets SIGTERM rather than working on unobserved;
         // terraform treats it like Ctrl-C and writes its state. Whatever still survives (a
@@ -543,6 +554,12 @@ mod tests {
         let (outcome, lines) = run(Command::shell("./bare.sh x").cwd(dir.path())).await;
         assert!(outcome.success(), "{lines:?}");
         assert_eq!(lines, [(Stream::Stdout, "no shebang x".to_string())]);
+
+        // PWD is the working directory, as `sh` would export it, not rdeploy's own.
+        let (outcome, lines) = run(Command::shell("env").cwd(dir.path()).env("PWD", "/elsewhere")).await;
+        assert!(outcome.success());
+        let pwd = format!("PWD={}", dir.path().display());
+        assert!(lines.iter().any(|(_, l)| *l == pwd), "{pwd} in {lines:?}");
 
         let (outcome, lines) = run(Command::shell("./missing.sh").cwd(dir.path())).await;
         assert_eq!(outcome.code, Some(127));
