@@ -392,8 +392,17 @@ fn tls_follows_libpq_sslmode_against_a_server_that_accepts_tls_only() {
     run(&url("127.0.0.1", "sslmode=require")).1.code(0);
     // disable: the server turns a plain connection away, and its reason reaches the operator.
     run(&url("127.0.0.1", "sslmode=disable")).1.code(1).stderr_has("no encryption");
+    // A Unix socket has no host name, and PostgreSQL offers no TLS there: `prefer` (the
+    // default) connects in plain text, as psql does.
+    let socket = server.dir().display().to_string().replace('/', "%2F");
+    run(&format!("postgres://postgres@{socket}:{}/postgres", server.port)).1.code(0);
+    // Only `hostaddr=`: the address is the name the certificate is checked against.
+    let hostaddr = format!("postgres://postgres@/postgres?hostaddr=127.0.0.1&port={}", server.port);
+    run(&format!("{hostaddr}&{}", with_ca("verify-ca", &ca))).1.code(0);
+    run(&format!("{hostaddr}&{}", with_ca("verify-full", &ca))).1.code(1).stderr_has("not accepted");
     // Mistakes in the settings are bad input, before anything runs.
     run(&url("localhost", "sslmode=verify-full")).1.code(2).stderr_has("needs the root certificate");
+    run(&url("localhost", "sslmode=require&sslrootcert=system")).1.code(2).stderr_has("needs sslmode=verify-full");
 }
 
 trait StatusIn {

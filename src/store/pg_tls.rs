@@ -24,6 +24,8 @@ use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, CryptoProvi
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio_postgres::tls::MakeTlsConnect;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,6 +52,16 @@ impl SslMode {
                 ))
             }
         })
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            SslMode::Disable => "disable",
+            SslMode::Prefer => "prefer",
+            SslMode::Require => "require",
+            SslMode::VerifyCa => "verify-ca",
+            SslMode::VerifyFull => "verify-full",
+        }
     }
 
     /// What tokio-postgres negotiates; the verification is ours.
@@ -95,7 +107,8 @@ pub fn split(url: &str, env: impl Fn(&str) -> Option<String>) -> Result<(String,
         };
         match key {
             "sslmode" => mode = Some(SslMode::parse(&decoded()?)?),
-            "sslrootcert" => roots = Some(decoded()?),
+            // Empty means "not given", as in libpq.
+            "sslrootcert" => roots = Some(decoded()?).filter(|r| !r.is_empty()),
             "sslcert" | "sslkey" | "sslpassword" => {
                 return Err(format!(
                     "`{key}`: client certificates are not supported by the PostgreSQL store yet; authenticate with a password (in the URL or PGPASSWORD)"
@@ -104,11 +117,6 @@ pub fn split(url: &str, env: impl Fn(&str) -> Option<String>) -> Result<(String,
             _ => kept.push(pair),
         }
     }
-    let mode = match (mode, env("PGSSLMODE").filter(|m| !m.is_empty())) {
-        (Some(mode), _) => mode,
-        (None, Some(m)) => SslMode::parse(&m).map_err(|e| format!("PGSSLMODE: {e}"))?,
-        (None, None) => SslMode::Prefer,
-    };
     let named = roots.or_else(|| env("PGSSLROOTCERT").filter(|r| !r.is_empty()));
     let roots = match named {
         Some(r) if r == "system" => Some(Roots::System),
@@ -117,6 +125,22 @@ pub fn split(url: &str, env: impl Fn(&str) -> Option<String>) -> Result<(String,
             .map(|home| PathBuf::from(home).join(".postgresql/root.crt"))
             .filter(|default| default.exists())
             .map(Roots::File),
+    };
+    let given = match (mode, env("PGSSLMODE").filter(|m| !m.is_empty())) {
+        (Some(mode), _) => Some(mode),
+        (None, Some(m)) => Some(SslMode::parse(&m).map_err(|e| format!("PGSSLMODE: {e}"))?),
+        (None, None) => None,
+    };
+    let mode = match (given, &roots) {
+        // The system's store trusts every public CA, so only a check of the host name means
+        // anything with it; libpq 16 makes the same rule.
+        (None, Some(Roots::System)) => SslMode::VerifyFull,
+        (Some(mode), Some(Roots::System)) if mode != SslMode::VerifyFull => return Err(format!(
+            "sslrootcert=system trusts every public certificate authority, so it needs sslmode=verify-full (got {})",
+            mode.name()
+        )),
+        (Some(mode), _) => mode,
+        (None, _) => SslMode::Prefer,
     };
     let url = if kept.is_empty() { base.to_string() } else { format!("{base}?{}", kept.join("&")) };
     Ok((url, Tls { mode, roots }))
@@ -140,7 +164,7 @@ impl Tls {
     }
 
     /// The connector tokio-postgres uses; fails when the root certificates cannot be read.
-    pub fn connector(&self) -> Result<MakeRustlsConnect, String> {
+    pub fn connector(&self) -> Result<Connector, String> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let check = self.check();
         let verifier: Arc<dyn ServerCertVerifier> = match check {
@@ -163,7 +187,7 @@ impl Tls {
             .dangerous()
             .with_custom_certificate_verifier(verifier)
             .with_no_client_auth();
-        Ok(MakeRustlsConnect::new(config))
+        Ok(Connector(MakeRustlsConnect::new(config)))
     }
 
     fn load_roots(&self) -> Result<RootCertStore, String> {
@@ -201,16 +225,45 @@ impl Tls {
     }
 }
 
-/// Whether a connection error is a TLS verdict (a certificate that does not verify), which
-/// retrying cannot change.
+/// rustls for tokio-postgres, also for connections without a host name (a Unix socket, or
+/// only `hostaddr=`): tokio-postgres asks for a TLS connector before it knows whether TLS will
+/// be used and refuses a handshake without a host name itself, so a placeholder name is never
+/// checked against anything.
+#[derive(Clone)]
+pub struct Connector(MakeRustlsConnect);
+
+impl<S> MakeTlsConnect<S> for Connector
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    type Stream = <MakeRustlsConnect as MakeTlsConnect<S>>::Stream;
+    type TlsConnect = <MakeRustlsConnect as MakeTlsConnect<S>>::TlsConnect;
+    type Error = <MakeRustlsConnect as MakeTlsConnect<S>>::Error;
+
+    fn make_tls_connect(&mut self, hostname: &str) -> Result<Self::TlsConnect, Self::Error> {
+        let name = if hostname.is_empty() { "localhost" } else { hostname };
+        MakeTlsConnect::<S>::make_tls_connect(&mut self.0, name)
+    }
+}
+
+/// Whether a connection error is a verdict on the server's certificate, which retrying
+/// cannot change (other TLS errors, such as a proxy restarting mid-handshake, are retried).
 pub fn is_tls_failure(e: &(dyn std::error::Error + 'static)) -> bool {
+    let verdict = |e: &rustls::Error| {
+        matches!(
+            e,
+            rustls::Error::InvalidCertificate(_)
+                | rustls::Error::NoCertificatesPresented
+                | rustls::Error::UnsupportedNameType
+        )
+    };
     let mut source = Some(e);
     while let Some(s) = source {
-        if s.is::<rustls::Error>() {
+        if s.downcast_ref::<rustls::Error>().is_some_and(verdict) {
             return true;
         }
         if let Some(io) = s.downcast_ref::<std::io::Error>() {
-            if io.get_ref().is_some_and(|inner| inner.is::<rustls::Error>()) {
+            if io.get_ref().and_then(|inner| inner.downcast_ref::<rustls::Error>()).is_some_and(verdict) {
                 return true;
             }
         }
@@ -332,16 +385,26 @@ mod tests {
 
         let env = |k: &str| match k {
             "PGSSLMODE" => Some("require".to_string()),
-            "PGSSLROOTCERT" => Some("system".to_string()),
+            "PGSSLROOTCERT" => Some("/etc/ca.pem".to_string()),
             _ => None,
         };
         let (_, tls) = split("postgres://u@h/db", env).unwrap();
-        assert_eq!(tls, Tls { mode: SslMode::Require, roots: Some(Roots::System) });
+        assert_eq!(tls, Tls { mode: SslMode::Require, roots: Some(Roots::File("/etc/ca.pem".into())) });
         // libpq: with a root certificate, `require` verifies the chain like `verify-ca`.
         assert_eq!(tls.check(), Check::Chain);
-        // The URL wins over the environment.
-        let (_, tls) = split("postgres://u@h/db?sslmode=disable", env).unwrap();
-        assert_eq!(tls.mode, SslMode::Disable);
+        // The URL wins over the environment; an empty sslrootcert is "not given".
+        let (_, tls) = split("postgres://u@h/db?sslmode=disable&sslrootcert=", env).unwrap();
+        assert_eq!(tls, Tls { mode: SslMode::Disable, roots: Some(Roots::File("/etc/ca.pem".into())) });
+    }
+
+    #[test]
+    fn the_system_store_is_only_used_with_a_host_name_check() {
+        let (_, tls) = split("postgres://u@h/db?sslrootcert=system", no_env).unwrap();
+        assert_eq!(tls, Tls { mode: SslMode::VerifyFull, roots: Some(Roots::System) });
+        for weak in ["prefer", "require", "verify-ca"] {
+            let e = split(&format!("postgres://u@h/db?sslrootcert=system&sslmode={weak}"), no_env).unwrap_err();
+            assert!(e.contains("needs sslmode=verify-full"), "{e}");
+        }
     }
 
     #[test]

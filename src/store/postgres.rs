@@ -39,7 +39,6 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tokio_postgres::{Client, Statement};
-use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::local::StateDir;
 use super::pg_tls;
@@ -110,7 +109,7 @@ pub struct PostgresStore {
 struct Shared {
     config: tokio_postgres::Config,
     /// TLS as the URL's `sslmode` asks (see [`pg_tls`]).
-    tls: MakeRustlsConnect,
+    tls: pg_tls::Connector,
     display: String,
     stack: String,
     settings: Settings,
@@ -174,6 +173,12 @@ impl PostgresStore {
         config.connect_timeout(settings.timeout);
         config.application_name("rdeploy");
         config.ssl_mode(tls.mode.negotiation());
+        // Only `hostaddr=`: the address is also the name TLS checks, as there is no other.
+        if config.get_hosts().is_empty() {
+            for addr in config.get_hostaddrs().to_vec() {
+                config.host(addr.to_string());
+            }
+        }
         Ok(PostgresStore {
             shared: Arc::new(Shared {
                 config,
