@@ -274,6 +274,7 @@ impl StepState {
                 .map(|s| PriorSubChange { id: s.id.clone(), status: s.status, error: s.error.clone() })
                 .collect(),
             facts: self.facts.clone(),
+            changed: false,
         }
     }
 

@@ -267,6 +267,8 @@ fn annotate_outcome(session: &Session, status: &Status) {
             (format!("rdeploy: step {} ({}) failed", s.name, s.tool), failure_text(s))
         } else if s.status == "reverted" && s.error.is_some() {
             (format!("rdeploy: step {} failed and was reverted", s.name), failure_text(s))
+        } else if let Some(how) = s.reverted_how.as_ref().filter(|_| s.status == "reverted") {
+            (format!("rdeploy: step {} ({}) rolled back", s.name, s.tool), how.clone())
         } else {
             continue;
         };
@@ -324,7 +326,7 @@ fn code_meaning(code: Code) -> &'static str {
         Code::Ok => "everything done",
         Code::Partial => "stopped part-way; the checkpoint is kept and the next `rdeploy ci` resumes it",
         Code::BadInput => "bad input; nothing was changed",
-        Code::Reverted => "a step that cannot be resumed failed and its `revert` ran",
+        Code::Reverted => "a step went back to where it started: it could not be resumed and its `revert` ran, or helm rolled it back (`recover: rollback`)",
         Code::Refused => "a gate refused a step; nothing was changed by that step",
         Code::Locked => "another run holds the lock",
         Code::RevertFailed => "a revert failed; manual action needed",
@@ -443,13 +445,15 @@ fn junit(session: &Session, deploy: &Deploy, status: &Status) -> String {
         let failed_like = s.status == "failed"
             || s.refused.is_some()
             || s.revert_error.is_some()
-            || (s.status == "reverted" && s.error.is_some());
+            || (s.status == "reverted" && (s.error.is_some() || s.reverted_how.is_some()));
         if failed_like {
             failures += 1;
             let kind = if s.refused.is_some() {
                 "refused"
             } else if s.revert_error.is_some() {
                 "revert-failed"
+            } else if s.status == "reverted" && s.error.is_none() {
+                "rolled-back"
             } else if s.status == "reverted" {
                 "reverted"
             } else if s.interrupted {
@@ -457,7 +461,12 @@ fn junit(session: &Session, deploy: &Deploy, status: &Status) -> String {
             } else {
                 "failed"
             };
-            let message = s.error.clone().or_else(|| s.revert_error.clone()).unwrap_or_else(|| kind.to_string());
+            let message = s
+                .error
+                .clone()
+                .or_else(|| s.revert_error.clone())
+                .or_else(|| s.reverted_how.clone())
+                .unwrap_or_else(|| kind.to_string());
             let mut body = failure_text(s);
             if let Some(r) = &s.revert_error {
                 let _ = write!(body, "\nrevert failed: {r}");
@@ -480,10 +489,7 @@ fn junit(session: &Session, deploy: &Deploy, status: &Status) -> String {
         } else if s.status != "done" {
             skipped += 1;
             let why = match s.status {
-                "reverted" => match &s.reverted_how {
-                    Some(how) => format!("reverted: {how}"),
-                    None => "reverted with the rest of the deploy (on_failure: revert)".to_string(),
-                },
+                "reverted" => "reverted with the rest of the deploy (on_failure: revert)".to_string(),
                 "skipped" => {
                     format!("skipped: {}", s.skipped_because.as_deref().unwrap_or("a step it needs did not finish"))
                 }

@@ -365,7 +365,9 @@ impl Session {
                 {
                     Action::RevertThenApply
                 }
-                Some(s) if step.resumable && !s.sub_changes.is_empty() => Action::Recover(s.prior()),
+                Some(s) if step.resumable && !s.sub_changes.is_empty() => {
+                    Action::Recover(PriorStep { changed: s.digest != step.digest, ..s.prior() })
+                }
                 _ => Action::Apply,
             };
             actions.push((step.name.clone(), action));
@@ -395,8 +397,14 @@ impl Session {
                 }
                 Action::Apply => {
                     let prior = PriorStep::default();
-                    let why =
-                        if step.resumable { "not started yet" } else { "not resumable: runs again from the start" };
+                    let reverted = deploy.step(&step.name).is_some_and(|s| s.status == StepStatus::Reverted);
+                    let why = if reverted {
+                        "reverted: runs again from the start"
+                    } else if step.resumable {
+                        "not started yet"
+                    } else {
+                        "not resumable: runs again from the start"
+                    };
                     println!("  {why}");
                     if let Ok(inspection) = step.spec.inspect(&ctx, &prior).await {
                         for a in inspection.actions {

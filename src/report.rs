@@ -274,6 +274,7 @@ fn mark_skipped(stack: &Stack, steps: &mut [StepReport]) {
             let r = steps.iter().find(|r| &r.name == need)?;
             let what = match r.status {
                 _ if r.refused.is_some() => "was refused by its gate",
+                "failed" if r.interrupted => "was interrupted",
                 "failed" => "failed",
                 "reverted" => "was reverted",
                 "skipped" => "was skipped",
@@ -418,7 +419,7 @@ pub fn render_text(status: &Status, paint: Paint) -> String {
             if let Some(how) = &s.reverted_how {
                 let _ = writeln!(out, "      how:      {how}");
             }
-            if status.state == DeployState::Partial {
+            if status.next.as_deref().is_some_and(|n| n.starts_with("rdeploy recover")) {
                 let _ = writeln!(out, "      recover runs it again from the start once the cause is fixed");
             }
         }
@@ -495,6 +496,11 @@ pub fn render_markdown(status: &Status) -> String {
         }
         if let Some(h) = &s.hint {
             let _ = writeln!(out, "Hint: {h}\n");
+        }
+    }
+    for s in status.steps.iter().filter(|s| s.status == "reverted") {
+        if let Some(how) = &s.reverted_how {
+            let _ = writeln!(out, "\n## {} ({}): reverted\n\n{how}\n", s.name, s.tool);
         }
     }
     out

@@ -91,7 +91,16 @@ fn helm4_recover_rollback_reverts_the_step_and_the_next_recover_upgrades() {
     p.stack(&stack_with(major, "not valid!", "recover: rollback"));
     p.rdeploy(&["up"]).code(1).stdout_has("web@2");
     p.rdeploy(&["recover", "--dry-run"]).code(0).stdout_has("helm rollback web 1");
-    p.rdeploy(&["recover"]).code(3).stdout_has("`recover: rollback` rolled it back to web revision 1");
+    // Through the CI wrapper: exit 3, an error annotation, and a JUnit failure (not "skipped").
+    let mut ci = p.command(&["ci", "--junit", "junit.xml"]);
+    ci.env("GITHUB_ACTIONS", "true").env("GITHUB_STEP_SUMMARY", p.path("summary.md"));
+    let ci = common::Run::from(ci.output().unwrap(), &["ci"]);
+    ci.code(3)
+        .stdout_has("`recover: rollback` rolled it back to web revision 1")
+        .stdout_has("::error file=stack.yaml,line=4,title=rdeploy%3A step app (helm) rolled back::");
+    let junit = p.read("junit.xml");
+    assert!(junit.contains(r#"type="rolled-back""#) && junit.contains(r#"failures="1""#), "{junit}");
+    assert!(p.read("summary.md").contains("## app (helm): reverted"), "{}", p.read("summary.md"));
     let status = p.status();
     assert_eq!(status["state"], "partial");
     assert_eq!(step(&status, "app")["status"], "reverted");
@@ -103,4 +112,14 @@ fn helm4_recover_rollback_reverts_the_step_and_the_next_recover_upgrades() {
     p.rdeploy(&["recover"]).code(0);
     assert_eq!(sim.helm_statuses(major, "web", "shop"), ["superseded", "failed", "superseded", "deployed"]);
     assert_eq!(p.read("after.log"), "after\n");
+
+    // When the fix is in the stack before recover runs, rolling back first would only cost a
+    // second recover: it upgrades to the fix at once.
+    p.stack(&stack_with(major, "not valid!", "recover: rollback"));
+    p.rdeploy(&["up"]).code(1).stdout_has("web@5");
+    p.stack(&stack_with(major, "web", "recover: rollback"));
+    p.rdeploy(&["recover", "--dry-run"]).code(0).stdout_has("the step changed since");
+    p.rdeploy(&["recover"]).code(0);
+    assert_eq!(sim.helm_statuses(major, "web", "shop").last().map(String::as_str), Some("deployed"));
+    assert_eq!(sim.helm_statuses(major, "web", "shop").len(), 6, "one upgrade, no rollback");
 }

@@ -95,6 +95,7 @@ fn main() {
     }
 
     let prior = PriorStep {
+        changed: false,
         sub_changes: hosts
             .iter()
             .enumerate()

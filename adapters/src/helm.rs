@@ -330,7 +330,10 @@ impl HelmSpec {
 
     /// What `recover` should do, from helm's state. `proc` is where live helm processes are
     /// looked for (`/proc`; a test passes its own).
-    fn decide(&self, ctx: &StepContext, live: &Live, major: u32, proc: &Path) -> Decision {
+    /// `changed`: the step's settings changed since the failure (the fix, presumably), so
+    /// `recover: rollback` upgrades to them instead of rolling back.
+    fn decide(&self, ctx: &StepContext, live: &Live, major: u32, proc: &Path, changed: bool) -> Decision {
+        let rollback_only = self.recover_mode() == RecoverMode::Rollback && !changed;
         let Some(latest) = live.latest() else {
             return Decision::Upgrade { why: format!("release {} is not installed", self.release) };
         };
@@ -379,7 +382,7 @@ impl HelmSpec {
                         "{stuck}; no helm process for it is alive{}",
                         if forced { " (or forced)" } else { "" }
                     ),
-                    then_upgrade: self.recover_mode() == RecoverMode::Upgrade,
+                    then_upgrade: !rollback_only,
                 },
                 None => Decision::Refuse {
                     failure: Failure::new(format!("{stuck}, and it has no deployed revision to roll back to"))
@@ -391,7 +394,7 @@ impl HelmSpec {
             };
         }
         match latest.status.as_str() {
-            "failed" if self.recover_mode() == RecoverMode::Rollback => match good {
+            "failed" if rollback_only => match good {
                 Some(to) => Decision::Rollback {
                     to,
                     why: format!("revision {} failed; `recover: rollback`", latest.revision),
@@ -407,6 +410,12 @@ impl HelmSpec {
                         display_command(&self.helm_words(self.uninstall_words()))
                     )),
                 },
+            },
+            "failed" if self.recover_mode() == RecoverMode::Rollback => Decision::Upgrade {
+                why: format!(
+                    "revision {} failed, and the step changed since: upgrading to the new settings rather than rolling back",
+                    latest.revision
+                ),
             },
             "failed" => Decision::Upgrade { why: format!("revision {} failed: upgrade again", latest.revision) },
             "deployed" => {
@@ -468,14 +477,14 @@ impl HelmSpec {
     pub async fn recover(
         &self,
         ctx: &StepContext,
-        _prior: &PriorStep,
+        prior: &PriorStep,
         sink: &dyn EventSink,
     ) -> Result<Recovered, Failure> {
         let binary = crate::resolve_binary(ctx, self.binary_name(), INSTALL_HINT).map_err(Failure::from)?;
         let (_, major) = self.version(ctx, &binary).await.map_err(Failure::from)?;
         let live = self.live(ctx, &binary, Some(sink)).await?;
         self.record_facts(&live, sink);
-        match self.decide(ctx, &live, major, Path::new("/proc")) {
+        match self.decide(ctx, &live, major, Path::new("/proc"), prior.changed) {
             Decision::InPlace { revision } => {
                 let id = self.id(revision);
                 sink.emit(Event::Planned { ids: vec![id.clone()] });
@@ -517,7 +526,7 @@ impl HelmSpec {
         }
     }
 
-    pub async fn inspect(&self, ctx: &StepContext, _prior: &PriorStep) -> Result<Inspection, Failure> {
+    pub async fn inspect(&self, ctx: &StepContext, prior: &PriorStep) -> Result<Inspection, Failure> {
         let binary = crate::resolve_binary(ctx, self.binary_name(), INSTALL_HINT).map_err(Failure::from)?;
         let (_, major) = self.version(ctx, &binary).await.map_err(Failure::from)?;
         let live = self.live(ctx, &binary, None).await?;
@@ -535,7 +544,7 @@ impl HelmSpec {
             ));
         }
         let upgrade = display_command(&self.helm_words(self.upgrade_words(major, Some(ctx))));
-        match self.decide(ctx, &live, major, Path::new("/proc")) {
+        match self.decide(ctx, &live, major, Path::new("/proc"), prior.changed) {
             Decision::InPlace { revision } => {
                 inspection.actions.push(format!("keep {}: deployed at the wanted chart and values", self.id(revision)))
             }
@@ -726,7 +735,7 @@ impl HelmSpec {
         ));
         if self.recover_mode() == RecoverMode::Rollback {
             doc.notes.push(
-                "`recover: rollback`: `rdeploy recover` rolls a failed release back to its last deployed revision and marks the step reverted (exit 3); steps that need it wait, and the next `rdeploy recover` upgrades once the cause is fixed".into(),
+                "`recover: rollback`: `rdeploy recover` rolls a failed release back to its last deployed revision and marks the step reverted (exit 3); steps that need it wait, and the next `rdeploy recover` upgrades once the cause is fixed. If the step already changed since the failure (the fix), recover upgrades to it at once".into(),
             );
         }
         if let Some(status) = prior.and_then(|p| p.facts.get("status")).and_then(Value::as_str) {
@@ -810,7 +819,7 @@ mod tests {
         /// (another test) cannot make a release look busy.
         fn decide_v4(&self, ctx: &StepContext, live: &Live) -> Decision {
             let no_processes = tempfile::tempdir().unwrap();
-            self.decide(ctx, live, 4, no_processes.path())
+            self.decide(ctx, live, 4, no_processes.path(), false)
         }
     }
 
@@ -840,6 +849,10 @@ mod tests {
             Decision::Rollback { to: 2, why: "revision 3 failed; `recover: rollback`".into(), then_upgrade: false }
         );
         assert!(matches!(rb.decide_v4(&ctx(), &live(vec![rev(1, "failed")])), Decision::Refuse { .. }));
+        // Once the step changed (the fix), rollback mode upgrades to it.
+        let no_processes = tempfile::tempdir().unwrap();
+        let failed = live(vec![rev(1, "deployed"), rev(2, "failed")]);
+        assert!(matches!(rb.decide(&ctx(), &failed, 4, no_processes.path(), true), Decision::Upgrade { .. }));
         // Stuck, and no helm process for `web` is alive (an empty process table).
         match s.decide_v4(&ctx(), &live(vec![rev(1, "deployed"), rev(2, "pending-upgrade")])) {
             Decision::Rollback { to: 1, why, then_upgrade: true } => {
@@ -860,6 +873,7 @@ mod tests {
     fn runbook_names_the_last_deployed_revision() {
         let ctx = DescribeContext { step: "app", stack_file: "stack.yaml", stack_dir: ".", resumable: true };
         let prior = PriorStep {
+            changed: false,
             sub_changes: vec![],
             facts: BTreeMap::from([
                 ("last_deployed_revision".to_string(), serde_json::json!(2)),

@@ -156,6 +156,7 @@ impl Recorder {
             }
         }
         PriorStep {
+            changed: false,
             sub_changes: order
                 .into_iter()
                 .map(|id| {

@@ -135,10 +135,12 @@ pub fn split(url: &str, env: impl Fn(&str) -> Option<String>) -> Result<(String,
         // The system's store trusts every public CA, so only a check of the host name means
         // anything with it; libpq 16 makes the same rule.
         (None, Some(Roots::System)) => SslMode::VerifyFull,
-        (Some(mode), Some(Roots::System)) if mode != SslMode::VerifyFull => return Err(format!(
+        (Some(mode), Some(Roots::System)) if mode != SslMode::VerifyFull => {
+            return Err(format!(
             "sslrootcert=system trusts every public certificate authority, so it needs sslmode=verify-full (got {})",
             mode.name()
-        )),
+        ))
+        }
         (Some(mode), _) => mode,
         (None, _) => SslMode::Prefer,
     };
