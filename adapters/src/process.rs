@@ -224,8 +224,9 @@ impl Command {
         if self.script.is_some() {
             // `sh` exports PWD as the directory it runs in, whatever it inherited; a program
             // started without it sees the same.
+            // The physical path, as dash's getcwd gives it (no `..`, no symlinks).
             let dir = match &self.cwd {
-                Some(dir) => std::path::absolute(dir),
+                Some(dir) => std::fs::canonicalize(dir),
                 None => std::env::current_dir(),
             };
             if let Ok(dir) = dir {
@@ -255,19 +256,55 @@ impl Command {
     /// Starts the child; a `run:` line started directly that cannot be (missing, not
     /// executable, no `#!`) goes to the shell instead, which runs or rejects it as it always would.
     fn spawn_or_shell(&self) -> Result<tokio::process::Child, AdapterError> {
-        let error = match (self.spawn(), &self.script) {
-            (Ok(child), _) => return Ok(child),
-            (Err(source), None) => source,
-            (Err(source), Some(script)) => {
+        let through_shell = |script: &str| {
+            let sh = Command::sh(script);
+            Command { program: sh.program, args: sh.args, script: None, ..self.clone() }.spawn()
+        };
+        let result = match &self.script {
+            // glibc's execvp hands a file the kernel rejects to `sh` as a script, where dash
+            // would say "Exec format error": only what the kernel runs itself skips the shell.
+            Some(script) if !self.kernel_runs() => through_shell(script),
+            Some(script) => self.spawn().or_else(|source| {
                 tracing::debug!(command = %self.display(), error = %source, "running it through the shell");
-                let sh = Command::sh(script);
-                match (Command { program: sh.program, args: sh.args, script: None, ..self.clone() }).spawn() {
-                    Ok(child) => return Ok(child),
-                    Err(source) => source,
-                }
+                through_shell(script)
+            }),
+            None => self.spawn(),
+        };
+        result.map_err(|source| AdapterError::Spawn { command: self.display(), source })
+    }
+
+    /// Whether the kernel itself runs this program: a `#!` script, or an ELF file for this
+    /// machine (class, byte order and architecture as rdeploy's own).
+    fn kernel_runs(&self) -> bool {
+        static NATIVE: std::sync::OnceLock<Option<[u8; 20]>> = std::sync::OnceLock::new();
+        let head = |path: &Path| -> Option<[u8; 20]> {
+            let mut read = Vec::with_capacity(20);
+            std::io::Read::read_to_end(&mut std::io::Read::take(std::fs::File::open(path).ok()?, 20), &mut read)
+                .ok()?;
+            let mut head = [0u8; 20];
+            head[..read.len()].copy_from_slice(&read);
+            Some(head)
+        };
+        let path = if self.program.components().count() > 1 {
+            match &self.cwd {
+                Some(dir) => dir.join(&self.program),
+                None => self.program.clone(),
+            }
+        } else {
+            let path_var = self.env.iter().rev().find(|(k, _)| k == "PATH").map(|(_, v)| v.clone());
+            let cwd = self.cwd.clone().or_else(|| std::env::current_dir().ok()).unwrap_or_default();
+            match which::which_in(&self.program, path_var.or_else(|| std::env::var_os("PATH")), cwd) {
+                Ok(path) => path,
+                Err(_) => return false,
             }
         };
-        Err(AdapterError::Spawn { command: self.display(), source: error })
+        match (head(&path), NATIVE.get_or_init(|| head(Path::new("/proc/self/exe")))) {
+            (Some(h), _) if h.starts_with(b"#!") => true,
+            (Some(h), Some(native)) => {
+                h.starts_with(b"\x7fELF") && h[4..6] == native[4..6] && h[18..20] == native[18..20]
+            }
+            _ => false,
+        }
     }
 
     /// Runs to completion, handing each output line to `on_line` as it arrives.
@@ -560,6 +597,20 @@ mod tests {
         assert!(outcome.success());
         let pwd = format!("PWD={}", dir.path().display());
         assert!(lines.iter().any(|(_, l)| *l == pwd), "{pwd} in {lines:?}");
+
+        // A binary for another machine: the shell's verdict (126), not glibc's "run it as a script".
+        let mut foreign = b"\x7fELF\x02\x01\x01".to_vec();
+        foreign.resize(64, 0);
+        foreign[18] = 0xb7; // EM_AARCH64 (or, on an arm64 host, read as foreign anyway below)
+        if std::fs::read("/proc/self/exe").unwrap()[18] == 0xb7 {
+            foreign[18] = 0x3e; // EM_X86_64
+        }
+        std::fs::write(dir.path().join("foreign"), &foreign).unwrap();
+        std::fs::set_permissions(dir.path().join("foreign"), std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let (outcome, lines) = run(Command::shell("./foreign").cwd(dir.path())).await;
+        assert_eq!(outcome.code, Some(126), "{lines:?}");
+        assert!(lines.iter().any(|(_, l)| l.contains("Exec format error")), "{lines:?}");
 
         let (outcome, lines) = run(Command::shell("./missing.sh").cwd(dir.path())).await;
         assert_eq!(outcome.code, Some(127));
