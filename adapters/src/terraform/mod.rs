@@ -126,6 +126,9 @@ impl TerraformSpec {
         let outcome = Command::new(&binary)
             .args(["version", "-json"])
             .envs(ctx.env.iter().map(|(k, v)| (k.clone(), v.clone())))
+            // `version` waits for HashiCorp's update check (over a second when it runs, until a
+            // firewall's timeout when it cannot): rdeploy only wants the version.
+            .env("CHECKPOINT_DISABLE", "1")
             .run(&ctx.cancel, Some(Duration::from_secs(60)), &mut |stream, line| {
                 if stream == Stream::Stdout {
                     stdout.push_str(line);
