@@ -222,9 +222,8 @@ impl Command {
             cmd.current_dir(dir);
         }
         if self.script.is_some() {
-            // `sh` exports PWD as the directory it runs in, whatever it inherited; a program
-            // started without it sees the same.
-            // The physical path, as dash's getcwd gives it (no `..`, no symlinks).
+            // `sh` exports PWD as the directory it runs in (the physical path, as getcwd gives
+            // it), whatever it inherited; a program started without it sees the same.
             let dir = match &self.cwd {
                 Some(dir) => std::fs::canonicalize(dir),
                 None => std::env::current_dir(),
@@ -253,8 +252,9 @@ impl Command {
         cmd.spawn()
     }
 
-    /// Starts the child; a `run:` line started directly that cannot be (missing, not
-    /// executable, no `#!`) goes to the shell instead, which runs or rejects it as it always would.
+    /// Starts the child. A `run:` line whose program the kernel would not run itself (a script
+    /// without `#!`, a foreign binary), or that cannot be started (missing, not executable), goes
+    /// to the shell instead, which runs or rejects it as it always would.
     fn spawn_or_shell(&self) -> Result<tokio::process::Child, AdapterError> {
         let through_shell = |script: &str| {
             let sh = Command::sh(script);
