@@ -274,7 +274,6 @@ impl StepState {
                 .map(|s| PriorSubChange { id: s.id.clone(), status: s.status, error: s.error.clone() })
                 .collect(),
             facts: self.facts.clone(),
-            changed: false,
         }
     }
 

@@ -365,9 +365,7 @@ impl Session {
                 {
                     Action::RevertThenApply
                 }
-                Some(s) if step.resumable && !s.sub_changes.is_empty() => {
-                    Action::Recover(PriorStep { changed: s.digest != step.digest, ..s.prior() })
-                }
+                Some(s) if step.resumable && !s.sub_changes.is_empty() => Action::Recover(s.prior()),
                 _ => Action::Apply,
             };
             actions.push((step.name.clone(), action));

@@ -118,7 +118,7 @@ fn helm4_recover_rollback_reverts_the_step_and_the_next_recover_upgrades() {
     p.stack(&stack_with(major, "not valid!", "recover: rollback"));
     p.rdeploy(&["up"]).code(1).stdout_has("web@5");
     p.stack(&stack_with(major, "web", "recover: rollback"));
-    p.rdeploy(&["recover", "--dry-run"]).code(0).stdout_has("the step changed since");
+    p.rdeploy(&["recover", "--dry-run"]).code(0).stdout_has("the stack now asks for other values");
     p.rdeploy(&["recover"]).code(0);
     assert_eq!(sim.helm_statuses(major, "web", "shop").last().map(String::as_str), Some("deployed"));
     assert_eq!(sim.helm_statuses(major, "web", "shop").len(), 6, "one upgrade, no rollback");

@@ -95,7 +95,6 @@ fn main() {
     }
 
     let prior = PriorStep {
-        changed: false,
         sub_changes: hosts
             .iter()
             .enumerate()

@@ -328,15 +328,33 @@ impl HelmSpec {
         state::wanted_values(&files, &self.set)
     }
 
+    /// Whether the stack asks for another chart or other values than the latest revision has
+    /// (`None` when it cannot tell, e.g. `set` keys with list indexes).
+    fn wants_other_than_latest(&self, ctx: &StepContext, live: &Live) -> Option<bool> {
+        let latest = live.latest()?;
+        let chart_same = self.wanted_chart(ctx).map(|chart| chart == latest.chart);
+        let values_same = match (self.wanted_values(ctx), &live.status) {
+            (Some(wanted), Some(status)) => Some(state::same_values(&status.config, &wanted)),
+            _ => None,
+        };
+        match (chart_same, values_same) {
+            (Some(false), _) | (_, Some(false)) => Some(true),
+            (_, Some(true)) => Some(false),
+            _ => None,
+        }
+    }
+
     /// What `recover` should do, from helm's state. `proc` is where live helm processes are
     /// looked for (`/proc`; a test passes its own).
-    /// `changed`: the step's settings changed since the failure (the fix, presumably), so
-    /// `recover: rollback` upgrades to them instead of rolling back.
-    fn decide(&self, ctx: &StepContext, live: &Live, major: u32, proc: &Path, changed: bool) -> Decision {
-        let rollback_only = self.recover_mode() == RecoverMode::Rollback && !changed;
+    fn decide(&self, ctx: &StepContext, live: &Live, major: u32, proc: &Path) -> Decision {
         let Some(latest) = live.latest() else {
             return Decision::Upgrade { why: format!("release {} is not installed", self.release) };
         };
+        // `recover: rollback` upgrades after all when the stack already differs from the failed
+        // (or stuck) revision: that difference is the fix, and rolling back first would only
+        // cost a second recover.
+        let fixed = self.wants_other_than_latest(ctx, live) == Some(true);
+        let rollback_only = self.recover_mode() == RecoverMode::Rollback && !fixed;
         let good = last_deployed(&live.history).map(|r| r.revision);
         if latest.is_pending() {
             let age = state::parse_rfc3339(&latest.updated)
@@ -413,7 +431,7 @@ impl HelmSpec {
             },
             "failed" if self.recover_mode() == RecoverMode::Rollback => Decision::Upgrade {
                 why: format!(
-                    "revision {} failed, and the step changed since: upgrading to the new settings rather than rolling back",
+                    "revision {} failed, and the stack now asks for other values or another chart: upgrading to them rather than rolling back",
                     latest.revision
                 ),
             },
@@ -477,14 +495,14 @@ impl HelmSpec {
     pub async fn recover(
         &self,
         ctx: &StepContext,
-        prior: &PriorStep,
+        _prior: &PriorStep,
         sink: &dyn EventSink,
     ) -> Result<Recovered, Failure> {
         let binary = crate::resolve_binary(ctx, self.binary_name(), INSTALL_HINT).map_err(Failure::from)?;
         let (_, major) = self.version(ctx, &binary).await.map_err(Failure::from)?;
         let live = self.live(ctx, &binary, Some(sink)).await?;
         self.record_facts(&live, sink);
-        match self.decide(ctx, &live, major, Path::new("/proc"), prior.changed) {
+        match self.decide(ctx, &live, major, Path::new("/proc")) {
             Decision::InPlace { revision } => {
                 let id = self.id(revision);
                 sink.emit(Event::Planned { ids: vec![id.clone()] });
@@ -526,7 +544,7 @@ impl HelmSpec {
         }
     }
 
-    pub async fn inspect(&self, ctx: &StepContext, prior: &PriorStep) -> Result<Inspection, Failure> {
+    pub async fn inspect(&self, ctx: &StepContext, _prior: &PriorStep) -> Result<Inspection, Failure> {
         let binary = crate::resolve_binary(ctx, self.binary_name(), INSTALL_HINT).map_err(Failure::from)?;
         let (_, major) = self.version(ctx, &binary).await.map_err(Failure::from)?;
         let live = self.live(ctx, &binary, None).await?;
@@ -544,7 +562,7 @@ impl HelmSpec {
             ));
         }
         let upgrade = display_command(&self.helm_words(self.upgrade_words(major, Some(ctx))));
-        match self.decide(ctx, &live, major, Path::new("/proc"), prior.changed) {
+        match self.decide(ctx, &live, major, Path::new("/proc")) {
             Decision::InPlace { revision } => {
                 inspection.actions.push(format!("keep {}: deployed at the wanted chart and values", self.id(revision)))
             }
@@ -735,7 +753,7 @@ impl HelmSpec {
         ));
         if self.recover_mode() == RecoverMode::Rollback {
             doc.notes.push(
-                "`recover: rollback`: `rdeploy recover` rolls a failed release back to its last deployed revision and marks the step reverted (exit 3); steps that need it wait, and the next `rdeploy recover` upgrades once the cause is fixed. If the step already changed since the failure (the fix), recover upgrades to it at once".into(),
+                "`recover: rollback`: `rdeploy recover` rolls a failed release back to its last deployed revision and marks the step reverted (exit 3); steps that need it wait, and the next `rdeploy recover` upgrades once the cause is fixed. If the stack already asks for other values or another chart than the failed revision (the fix), recover upgrades to them at once".into(),
             );
         }
         if let Some(status) = prior.and_then(|p| p.facts.get("status")).and_then(Value::as_str) {
@@ -819,7 +837,7 @@ mod tests {
         /// (another test) cannot make a release look busy.
         fn decide_v4(&self, ctx: &StepContext, live: &Live) -> Decision {
             let no_processes = tempfile::tempdir().unwrap();
-            self.decide(ctx, live, 4, no_processes.path(), false)
+            self.decide(ctx, live, 4, no_processes.path())
         }
     }
 
@@ -849,10 +867,23 @@ mod tests {
             Decision::Rollback { to: 2, why: "revision 3 failed; `recover: rollback`".into(), then_upgrade: false }
         );
         assert!(matches!(rb.decide_v4(&ctx(), &live(vec![rev(1, "failed")])), Decision::Refuse { .. }));
-        // Once the step changed (the fix), rollback mode upgrades to it.
-        let no_processes = tempfile::tempdir().unwrap();
-        let failed = live(vec![rev(1, "deployed"), rev(2, "failed")]);
-        assert!(matches!(rb.decide(&ctx(), &failed, 4, no_processes.path(), true), Decision::Upgrade { .. }));
+        // The stack already asks for other values than the failed revision has (the fix):
+        // rollback mode upgrades to them; the same values as the failed revision roll back.
+        let mut fixed = rb.clone();
+        fixed.values.clear();
+        fixed.set = BTreeMap::from([("color".to_string(), serde_json::json!("blue"))]);
+        let failed_with = |color: &str| Live {
+            history: vec![rev(1, "deployed"), rev(2, "failed")],
+            status: Some(
+                state::parse_status(&format!(
+                    r#"{{"name":"web","version":2,"config":{{"color":"{color}"}},"info":{{"status":"failed"}}}}"#
+                ))
+                .unwrap(),
+            ),
+        };
+        assert!(matches!(fixed.decide_v4(&ctx(), &failed_with("red")), Decision::Upgrade { .. }));
+        assert!(matches!(fixed.decide_v4(&ctx(), &failed_with("blue")), Decision::Rollback { to: 1, .. }));
+
         // Stuck, and no helm process for `web` is alive (an empty process table).
         match s.decide_v4(&ctx(), &live(vec![rev(1, "deployed"), rev(2, "pending-upgrade")])) {
             Decision::Rollback { to: 1, why, then_upgrade: true } => {
@@ -873,7 +904,6 @@ mod tests {
     fn runbook_names_the_last_deployed_revision() {
         let ctx = DescribeContext { step: "app", stack_file: "stack.yaml", stack_dir: ".", resumable: true };
         let prior = PriorStep {
-            changed: false,
             sub_changes: vec![],
             facts: BTreeMap::from([
                 ("last_deployed_revision".to_string(), serde_json::json!(2)),

@@ -726,7 +726,6 @@ mod tests {
     fn runbook_has_the_exact_commands() {
         let ctx = DescribeContext { step: "extras", stack_file: "stack.yaml", stack_dir: "deploy", resumable: true };
         let prior = PriorStep {
-            changed: false,
             sub_changes: vec![
                 PriorSubChange { id: "Namespace/shop".into(), status: SubStatus::Done, error: None },
                 PriorSubChange {

@@ -301,9 +301,6 @@ pub struct PriorStep {
     pub sub_changes: Vec<PriorSubChange>,
     /// Adapter facts recorded during earlier runs (a helm revision, a terraform lock ID).
     pub facts: BTreeMap<String, serde_json::Value>,
-    /// The step's settings changed since this was recorded: usually the fix for the failure.
-    #[serde(default)]
-    pub changed: bool,
 }
 
 impl PriorStep {

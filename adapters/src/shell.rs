@@ -335,7 +335,6 @@ mod tests {
         ]);
         std::fs::write(dir.path().join("b-in-place"), "").unwrap();
         let prior = PriorStep {
-            changed: false,
             sub_changes: vec![
                 PriorSubChange { id: "a".into(), status: SubStatus::Done, error: None },
                 PriorSubChange { id: "b".into(), status: SubStatus::Started, error: None },

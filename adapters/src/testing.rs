@@ -156,7 +156,6 @@ impl Recorder {
             }
         }
         PriorStep {
-            changed: false,
             sub_changes: order
                 .into_iter()
                 .map(|id| {

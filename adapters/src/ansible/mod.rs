@@ -671,7 +671,6 @@ mod tests {
 
     fn prior(subs: &[(&str, SubStatus, Option<&str>)]) -> PriorStep {
         PriorStep {
-            changed: false,
             sub_changes: subs
                 .iter()
                 .map(|(id, status, error)| PriorSubChange {
@@ -702,7 +701,6 @@ mod tests {
     fn selection_stays_linear_for_large_fleets() {
         let planned: Vec<String> = (0..50_000).map(|i| format!("h{i}")).collect();
         let prior = PriorStep {
-            changed: false,
             sub_changes: planned
                 .iter()
                 .enumerate()

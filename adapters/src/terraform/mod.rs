@@ -837,7 +837,6 @@ mod tests {
     fn the_runbook_has_the_commands_an_operator_types() {
         let ctx = DescribeContext { step: "network", stack_file: "stack.yaml", stack_dir: ".", resumable: true };
         let prior = PriorStep {
-            changed: false,
             sub_changes: vec![PriorSubChange {
                 id: "terraform_data.a5".into(),
                 status: SubStatus::Failed,
@@ -885,7 +884,6 @@ mod tests {
             reason: Some("tainted".into()),
         });
         let prior = PriorStep {
-            changed: false,
             sub_changes: vec![PriorSubChange { id: "terraform_data.a2".into(), status: SubStatus::Done, error: None }],
             facts: Default::default(),
         };
