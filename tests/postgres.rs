@@ -400,6 +400,17 @@ fn tls_follows_libpq_sslmode_against_a_server_that_accepts_tls_only() {
     let hostaddr = format!("postgres://postgres@/postgres?hostaddr=127.0.0.1&port={}", server.port);
     run(&format!("{hostaddr}&{}", with_ca("verify-ca", &ca))).1.code(0);
     run(&format!("{hostaddr}&{}", with_ca("verify-full", &ca))).1.code(1).stderr_has("not accepted");
+    // An empty host name leaves verify-full nothing to check: refused before connecting.
+    let empty_host = format!("postgres://postgres@:{}/postgres?hostaddr=127.0.0.1", server.port);
+    run(&format!("{empty_host}&{}", with_ca("verify-full", &ca))).1.code(2).stderr_has("gives an empty one");
+    run(&format!("{empty_host}&{}", with_ca("verify-ca", &ca))).1.code(0);
+    // A socket never tries TLS, even when the environment asks for it.
+    let mut p = Project::new();
+    p.env("RDEPLOY_STATE", &format!("postgres://postgres@{socket}:{}/postgres", server.port))
+        .env("PGSSLMODE", "require");
+    lease_env(&mut p);
+    p.stack("name: s\nsteps:\n  - name: a\n    tool: shell\n    run: 'true'\n");
+    p.rdeploy(&["up"]).code(0);
     // Mistakes in the settings are bad input, before anything runs.
     run(&url("localhost", "sslmode=verify-full")).1.code(2).stderr_has("needs the root certificate");
     run(&url("localhost", "sslmode=require&sslrootcert=system")).1.code(2).stderr_has("needs sslmode=verify-full");

@@ -227,10 +227,11 @@ impl Tls {
     }
 }
 
-/// rustls for tokio-postgres, also for connections without a host name (a Unix socket, or
-/// only `hostaddr=`): tokio-postgres asks for a TLS connector before it knows whether TLS will
-/// be used and refuses a handshake without a host name itself, so a placeholder name is never
-/// checked against anything.
+/// rustls for tokio-postgres, also for connections without a host name (a Unix socket):
+/// tokio-postgres asks for a TLS connector before it knows whether TLS will be used, and
+/// refuses a handshake without a host name itself. An empty TCP host name does reach the
+/// handshake; the store refuses it with verify-full, the one mode that checks the name, and the
+/// placeholder is a reserved name (RFC 2606) no certificate should carry.
 #[derive(Clone)]
 pub struct Connector(MakeRustlsConnect);
 
@@ -243,7 +244,7 @@ where
     type Error = <MakeRustlsConnect as MakeTlsConnect<S>>::Error;
 
     fn make_tls_connect(&mut self, hostname: &str) -> Result<Self::TlsConnect, Self::Error> {
-        let name = if hostname.is_empty() { "localhost" } else { hostname };
+        let name = if hostname.is_empty() { "rdeploy.invalid" } else { hostname };
         MakeTlsConnect::<S>::make_tls_connect(&mut self.0, name)
     }
 }

@@ -179,6 +179,23 @@ impl PostgresStore {
                 config.host(addr.to_string());
             }
         }
+        let hosts = config.get_hosts();
+        // An empty host name (`postgres://u@:5432/db?hostaddr=...`) leaves verify-full nothing
+        // to check the certificate against.
+        if tls.mode == pg_tls::SslMode::VerifyFull
+            && hosts.iter().any(|h| matches!(h, tokio_postgres::config::Host::Tcp(name) if name.is_empty()))
+        {
+            return Err(Refusal::new(
+                Code::BadInput,
+                format!("`{display}`: sslmode=verify-full needs the host name the server's certificate carries, and the URL gives an empty one"),
+            )
+            .with_hint("name it: `postgres://user@db.internal/rdeploy?hostaddr=10.0.0.5&sslmode=verify-full`")
+            .into());
+        }
+        // libpq never tries TLS over a Unix socket (PostgreSQL offers none there).
+        if !hosts.is_empty() && hosts.iter().all(|h| !matches!(h, tokio_postgres::config::Host::Tcp(_))) {
+            config.ssl_mode(tokio_postgres::config::SslMode::Disable);
+        }
         Ok(PostgresStore {
             shared: Arc::new(Shared {
                 config,
