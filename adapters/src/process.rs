@@ -222,14 +222,8 @@ impl Command {
             cmd.current_dir(dir);
         }
         if self.script.is_some() {
-            // `sh` exports PWD as the directory it runs in (the physical path, as getcwd gives
-            // it), whatever it inherited; a program started without it sees the same.
-            let dir = match &self.cwd {
-                Some(dir) => std::fs::canonicalize(dir),
-                None => std::env::current_dir(),
-            };
-            if let Ok(dir) = dir {
-                cmd.env("PWD", dir);
+            if let Some(pwd) = self.shell_pwd() {
+                cmd.env("PWD", pwd);
             }
         }
         // If rdeploy itself dies (kill -9), its direct child (terraform, ansible-playbook, helm,
@@ -250,6 +244,31 @@ impl Command {
             });
         }
         cmd.spawn()
+    }
+
+    /// The PWD `sh` would export in the child's directory: the inherited one when it is an
+    /// absolute path to that same directory (a logical path through a symlink stays), otherwise
+    /// the physical path, as getcwd gives it.
+    fn shell_pwd(&self) -> Option<PathBuf> {
+        use std::os::unix::fs::MetadataExt;
+        let dir = match &self.cwd {
+            Some(dir) => std::fs::canonicalize(dir).ok()?,
+            None => std::env::current_dir().ok()?,
+        };
+        let inherited = match self.env.iter().rev().find(|(k, _)| k == "PWD") {
+            Some((_, v)) => Some(PathBuf::from(v)),
+            None => std::env::var_os("PWD").map(PathBuf::from),
+        };
+        let same = |a: &Path, b: &Path| match (std::fs::metadata(a), std::fs::metadata(b)) {
+            (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
+            _ => false,
+        };
+        let logical = inherited.filter(|p| {
+            p.is_absolute()
+                && !p.components().any(|c| matches!(c, std::path::Component::ParentDir | std::path::Component::CurDir))
+                && same(p, &dir)
+        });
+        Some(logical.unwrap_or(dir))
     }
 
     /// Starts the child. A `run:` line whose program the kernel would not run itself (a script
@@ -592,11 +611,25 @@ mod tests {
         assert!(outcome.success(), "{lines:?}");
         assert_eq!(lines, [(Stream::Stdout, "no shebang x".to_string())]);
 
-        // PWD is the working directory, as `sh` would export it, not rdeploy's own.
+        // PWD is the working directory, as `sh` would export it, not rdeploy's own; an
+        // inherited PWD naming the same directory through a symlink is kept, as dash keeps it.
         let (outcome, lines) = run(Command::shell("env").cwd(dir.path()).env("PWD", "/elsewhere")).await;
         assert!(outcome.success());
-        let pwd = format!("PWD={}", dir.path().display());
+        let pwd = format!("PWD={}", dir.path().canonicalize().unwrap().display());
         assert!(lines.iter().any(|(_, l)| *l == pwd), "{pwd} in {lines:?}");
+        let link = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(dir.path(), link.path().join("here")).unwrap();
+        let logical = link.path().join("here");
+        let (_, lines) = run(Command::shell("env").cwd(&logical).env("PWD", &logical)).await;
+        let pwd = format!("PWD={}", logical.display());
+        assert!(lines.iter().any(|(_, l)| *l == pwd), "{pwd} in {lines:?}");
+        let sh = std::process::Command::new("/bin/sh")
+            .args(["-c", "echo $PWD"])
+            .current_dir(&logical)
+            .env("PWD", &logical)
+            .output()
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&sh.stdout).trim(), logical.display().to_string(), "sh agrees");
 
         // A binary for another machine: the shell's verdict (126), not glibc's "run it as a script".
         let mut foreign = b"\x7fELF\x02\x01\x01".to_vec();
