@@ -310,11 +310,19 @@ impl Command {
                 None => self.program.clone(),
             }
         } else {
+            // execvp's search, in the child's directory: an empty or relative PATH entry means
+            // a directory relative to it (the `which` crate resolves those against rdeploy's own
+            // directory, and expands `~`, which execvp does not).
+            use std::os::unix::fs::PermissionsExt;
             let path_var = self.env.iter().rev().find(|(k, _)| k == "PATH").map(|(_, v)| v.clone());
-            let cwd = self.cwd.clone().or_else(|| std::env::current_dir().ok()).unwrap_or_default();
-            match which::which_in(&self.program, path_var.or_else(|| std::env::var_os("PATH")), cwd) {
-                Ok(path) => path,
-                Err(_) => return false,
+            let Some(path_var) = path_var.or_else(|| std::env::var_os("PATH")) else { return false };
+            let cwd = self.cwd.clone().unwrap_or_default();
+            let found = std::env::split_paths(&path_var)
+                .map(|entry| cwd.join(entry).join(&self.program))
+                .find(|c| std::fs::metadata(c).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0));
+            match found {
+                Some(path) => path,
+                None => return false,
             }
         };
         match (head(&path), NATIVE.get_or_init(|| head(Path::new("/proc/self/exe")))) {
@@ -630,6 +638,13 @@ mod tests {
             .output()
             .unwrap();
         assert_eq!(String::from_utf8_lossy(&sh.stdout).trim(), logical.display().to_string(), "sh agrees");
+
+        // A relative PATH entry names a directory relative to the step's, as for execvp.
+        std::fs::create_dir(dir.path().join("bin")).unwrap();
+        write("bin/hello", "#!/bin/sh\necho hello from bin\n");
+        let (outcome, lines) = run(Command::shell("hello").cwd(dir.path()).env("PATH", "bin:/usr/bin:/bin")).await;
+        assert!(outcome.success(), "{lines:?}");
+        assert_eq!(lines, [(Stream::Stdout, "hello from bin".to_string())]);
 
         // A binary for another machine: the shell's verdict (126), not glibc's "run it as a script".
         let mut foreign = b"\x7fELF\x02\x01\x01".to_vec();
