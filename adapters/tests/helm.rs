@@ -218,14 +218,18 @@ async fn failed_install_is_reported_and_recovered(major: u32) {
     assert_eq!(sink.failures()[0].0, "web@1");
     assert_eq!(failure.hint.as_deref(), Some("fix the cause, then `rdeploy recover` installs again"));
     assert_eq!(sink.fact("last_deployed_revision"), None);
-    // Nothing was ever deployed: `recover: rollback` cannot help and says so.
-    let mut rollback = s.spec(&[]);
+    // Nothing was ever deployed: `recover: rollback` (with the settings that failed) cannot
+    // help and says so.
+    let mut rollback = s.spec(&[("tier", "not valid!")]);
     rollback.recover = Some("rollback".into());
     let failure = s.recover(&rollback, &[]).await.1.unwrap_err();
     assert!(failure.summary.contains("there is nothing to roll back to"), "{}", failure.summary);
-    // Fixed: an upgrade --install over the failed install.
-    let (sink, result) = s.recover(&s.spec(&[]), &[]).await;
-    result.unwrap();
+    // Fixed: an upgrade --install over the failed install, in rollback mode too, since the
+    // stack now asks for other values than the failed revision has.
+    let mut fixed = s.spec(&[]);
+    fixed.recover = Some("rollback".into());
+    let (sink, result) = s.recover(&fixed, &[]).await;
+    assert_eq!(result.unwrap(), Recovered::Complete);
     assert_eq!(sink.done(), ["web@2"]);
     assert_eq!(s.statuses(), ["superseded", "deployed"]);
 }
