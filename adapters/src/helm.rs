@@ -328,20 +328,15 @@ impl HelmSpec {
         state::wanted_values(&files, &self.set)
     }
 
-    /// Whether the stack asks for another chart or other values than the latest revision has
-    /// (`None` when it cannot tell, e.g. `set` keys with list indexes).
-    fn wants_other_than_latest(&self, ctx: &StepContext, live: &Live) -> Option<bool> {
-        let latest = live.latest()?;
+    /// Whether the stack asks for the latest revision's chart and its values: each `None` when
+    /// it cannot tell (a repository chart without `version:`, `set` keys with list indexes).
+    fn same_as(&self, ctx: &StepContext, live: &Live, latest: &Revision) -> (Option<bool>, Option<bool>) {
         let chart_same = self.wanted_chart(ctx).map(|chart| chart == latest.chart);
         let values_same = match (self.wanted_values(ctx), &live.status) {
             (Some(wanted), Some(status)) => Some(state::same_values(&status.config, &wanted)),
             _ => None,
         };
-        match (chart_same, values_same) {
-            (Some(false), _) | (_, Some(false)) => Some(true),
-            (_, Some(true)) => Some(false),
-            _ => None,
-        }
+        (chart_same, values_same)
     }
 
     /// What `recover` should do, from helm's state. `proc` is where live helm processes are
@@ -353,7 +348,8 @@ impl HelmSpec {
         // `recover: rollback` upgrades after all when the stack already differs from the failed
         // (or stuck) revision: that difference is the fix, and rolling back first would only
         // cost a second recover.
-        let fixed = self.wants_other_than_latest(ctx, live) == Some(true);
+        let (chart_same, values_same) = self.same_as(ctx, live, latest);
+        let fixed = chart_same == Some(false) || values_same == Some(false);
         let rollback_only = self.recover_mode() == RecoverMode::Rollback && !fixed;
         let good = last_deployed(&live.history).map(|r| r.revision);
         if latest.is_pending() {
@@ -437,15 +433,10 @@ impl HelmSpec {
             },
             "failed" => Decision::Upgrade { why: format!("revision {} failed: upgrade again", latest.revision) },
             "deployed" => {
-                let chart_ok = match self.wanted_chart(ctx) {
-                    Some(chart) => chart == latest.chart,
-                    None => true,
-                };
-                let values_ok = match (self.wanted_values(ctx), &live.status) {
-                    (Some(wanted), Some(status)) => state::same_values(&status.config, &wanted),
-                    _ => false,
-                };
-                if chart_ok && values_ok {
+                // Values it cannot compare are upgraded again (safe); an unknown chart version
+                // is taken as the same.
+                let chart_ok = chart_same != Some(false);
+                if chart_ok && values_same == Some(true) {
                     Decision::InPlace { revision: latest.revision }
                 } else {
                     Decision::Upgrade {

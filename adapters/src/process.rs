@@ -246,6 +246,14 @@ impl Command {
         cmd.spawn()
     }
 
+    /// A variable as the child will see it: the command's own setting, else rdeploy's.
+    fn child_env(&self, key: &str) -> Option<OsString> {
+        match self.env.iter().rev().find(|(k, _)| k == key) {
+            Some((_, v)) => Some(v.clone()),
+            None => std::env::var_os(key),
+        }
+    }
+
     /// The PWD `sh` would export in the child's directory: the inherited one when it is an
     /// absolute path to that same directory (a logical path through a symlink stays), otherwise
     /// the physical path, as getcwd gives it.
@@ -255,10 +263,7 @@ impl Command {
             Some(dir) => std::fs::canonicalize(dir).ok()?,
             None => std::env::current_dir().ok()?,
         };
-        let inherited = match self.env.iter().rev().find(|(k, _)| k == "PWD") {
-            Some((_, v)) => Some(PathBuf::from(v)),
-            None => std::env::var_os("PWD").map(PathBuf::from),
-        };
+        let inherited = self.child_env("PWD").map(PathBuf::from);
         let same = |a: &Path, b: &Path| match (std::fs::metadata(a), std::fs::metadata(b)) {
             (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
             _ => false,
@@ -314,8 +319,7 @@ impl Command {
             // a directory relative to it (the `which` crate resolves those against rdeploy's own
             // directory, and expands `~`, which execvp does not).
             use std::os::unix::fs::PermissionsExt;
-            let path_var = self.env.iter().rev().find(|(k, _)| k == "PATH").map(|(_, v)| v.clone());
-            let Some(path_var) = path_var.or_else(|| std::env::var_os("PATH")) else { return false };
+            let Some(path_var) = self.child_env("PATH") else { return false };
             let cwd = self.cwd.clone().unwrap_or_default();
             let found = std::env::split_paths(&path_var)
                 .map(|entry| cwd.join(entry).join(&self.program))

@@ -149,14 +149,12 @@ impl PostgresStore {
                 .with_hint("pass `--state postgres://user@host/db`, or `--state-dir DIR` for a local directory")
                 .into());
         }
-        let (url, tls) = pg_tls::split(url, |k| std::env::var(k).ok()).map_err(|e| {
-            Refusal::new(Code::BadInput, format!("`{display}`: {e}"))
-                .with_hint("TLS settings follow libpq: `?sslmode=verify-full&sslrootcert=/path/to/ca.pem`")
-        })?;
-        let connector = tls.connector().map_err(|e| {
-            Refusal::new(Code::BadInput, format!("`{display}`: {e}"))
-                .with_hint("TLS settings follow libpq: `?sslmode=verify-full&sslrootcert=/path/to/ca.pem`")
-        })?;
+        let (url, tls, connector) = pg_tls::split(url, |k| std::env::var(k).ok())
+            .and_then(|(url, tls)| tls.connector().map(|connector| (url, tls, connector)))
+            .map_err(|e| {
+                Refusal::new(Code::BadInput, format!("`{display}`: {e}"))
+                    .with_hint("TLS settings follow libpq: `?sslmode=verify-full&sslrootcert=/path/to/ca.pem`")
+            })?;
         let mut config: tokio_postgres::Config = url.parse().map_err(|e| {
             Refusal::new(Code::BadInput, format!("`{display}` is not a valid PostgreSQL URL: {e}"))
                 .with_hint("the form is `postgres://user[:password]@host[:port]/database`; the password may come from `PGPASSWORD`")
