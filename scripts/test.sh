@@ -12,5 +12,8 @@ for setup in scripts/fetch-helm.sh scripts/setup-ansible.sh scripts/setup-postgr
   if [ -x "$setup" ]; then "$setup"; fi
 done
 
+# House checks first: formatting and lints are part of the suite.
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets -- -D warnings
 cargo build --workspace --bins
 cargo test --workspace "$@"

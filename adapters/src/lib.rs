@@ -8,6 +8,9 @@
 //! - on `recover` it receives what the checkpoint knows ([`PriorStep`]) and resumes through the
 //!   tool's own recovery path, never re-running a sub-change recorded as done.
 
+// Adapters never print: what they learn reaches the operator through events and errors.
+#![deny(clippy::print_stdout, clippy::print_stderr)]
+
 pub mod ansible;
 pub mod helm;
 pub mod kubectl;
