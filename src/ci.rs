@@ -6,10 +6,12 @@ use std::fmt::Write as _;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
+use rdeploy_adapters::SubStatus;
+
 use crate::checkpoint::{Deploy, DeployState, StepStatus};
 use crate::driver::Session;
 use crate::exit::{Code, Refusal};
-use crate::report::{self, Status, StepReport};
+use crate::report::{self, Status, StepReport, StepView};
 use crate::stack::StackError;
 use crate::ui::Ui;
 
@@ -263,11 +265,11 @@ fn annotate_outcome(session: &Session, status: &Status) {
                 format!("rdeploy: step {} revert failed", s.name),
                 format!("{revert}\nmanual action needed: undo what the revert left, then reconcile"),
             )
-        } else if s.status == "failed" {
+        } else if s.status.is_failed() {
             (format!("rdeploy: step {} ({}) failed", s.name, s.tool), failure_text(s))
-        } else if s.status == "reverted" && s.error.is_some() {
+        } else if s.status == StepView::Reverted && s.error.is_some() {
             (format!("rdeploy: step {} failed and was reverted", s.name), failure_text(s))
-        } else if let Some(how) = s.reverted_how.as_ref().filter(|_| s.status == "reverted") {
+        } else if let Some(how) = s.reverted_how.as_ref().filter(|_| s.status == StepView::Reverted) {
             (format!("rdeploy: step {} ({}) rolled back", s.name, s.tool), how.clone())
         } else {
             continue;
@@ -292,7 +294,7 @@ fn annotate_outcome(session: &Session, status: &Status) {
 /// The tool's message for a failed step: the summary, the failed sub-changes, the command.
 fn failure_text(s: &StepReport) -> String {
     let mut text = s.error.clone().unwrap_or_else(|| "failed".into());
-    for c in s.sub_changes.iter().filter(|c| c.status == "failed") {
+    for c in s.sub_changes.iter().filter(|c| c.status == SubStatus::Failed) {
         if c.error.is_some() && c.error != s.error {
             let _ = write!(text, "\n{}: {}", c.id, c.error.as_deref().unwrap_or("failed"));
         }
@@ -441,20 +443,21 @@ fn junit(session: &Session, deploy: &Deploy, status: &Status) -> String {
             xml_escape(&s.name),
             xml_escape(&s.tool)
         );
-        let done: Vec<&str> = s.sub_changes.iter().filter(|c| c.status == "done").map(|c| c.id.as_str()).collect();
-        let failed_like = s.status == "failed"
-            || s.refused.is_some()
+        let done: Vec<&str> =
+            s.sub_changes.iter().filter(|c| c.status == SubStatus::Done).map(|c| c.id.as_str()).collect();
+        let failed_like = s.status.is_failed()
+            || s.status == StepView::Refused
             || s.revert_error.is_some()
-            || (s.status == "reverted" && (s.error.is_some() || s.reverted_how.is_some()));
+            || (s.status == StepView::Reverted && (s.error.is_some() || s.reverted_how.is_some()));
         if failed_like {
             failures += 1;
-            let kind = if s.refused.is_some() {
+            let kind = if s.status == StepView::Refused {
                 "refused"
             } else if s.revert_error.is_some() {
                 "revert-failed"
-            } else if s.status == "reverted" && s.error.is_none() {
+            } else if s.status == StepView::Reverted && s.error.is_none() {
                 "rolled-back"
-            } else if s.status == "reverted" {
+            } else if s.status == StepView::Reverted {
                 "reverted"
             } else if s.interrupted {
                 "interrupted"
@@ -486,11 +489,11 @@ fn junit(session: &Session, deploy: &Deploy, status: &Status) -> String {
                 xml_escape(&message),
                 xml_text(&body)
             );
-        } else if s.status != "done" {
+        } else if s.status != StepView::Done {
             skipped += 1;
             let why = match s.status {
-                "reverted" => "reverted with the rest of the deploy (on_failure: revert)".to_string(),
-                "skipped" => {
+                StepView::Reverted => "reverted with the rest of the deploy (on_failure: revert)".to_string(),
+                StepView::Skipped => {
                     format!("skipped: {}", s.skipped_because.as_deref().unwrap_or("a step it needs did not finish"))
                 }
                 _ if !s.blocked_by.is_empty() => format!("not run: waits for {}", s.blocked_by.join(", ")),
@@ -502,7 +505,10 @@ fn junit(session: &Session, deploy: &Deploy, status: &Status) -> String {
             let lines: Vec<String> = s
                 .sub_changes
                 .iter()
-                .map(|c| format!("{}: {}", c.id, if c.uncertain { "uncertain" } else { c.status }))
+                .map(|c| match c.status {
+                    SubStatus::Started => format!("{}: uncertain", c.id),
+                    other => format!("{}: {}", c.id, report::sub_word(other)),
+                })
                 .collect();
             let _ = writeln!(cases, "      <system-out>{}</system-out>", xml_text(&lines.join("\n")));
         }
