@@ -1,6 +1,12 @@
 //! The driver: runs a stack's steps in DAG order through their adapters, journals every event
 //! before acting on it, and turns failures into the outcomes of SPEC.md (stop and keep the
 //! checkpoint, complete-or-revert, gates, interrupts).
+//!
+//! The driver decides, the binary presents: every command returns a [`RunReport`] and prints
+//! nothing on stdout (`main.rs` denies `print!` here); `cmd` maps the outcome to the exit code
+//! and renders the report. Progress goes to the [`Ui`] (stderr), the one reporter: it stays a
+//! concrete type in the session rather than a trait, as there is one implementation and the
+//! adapters already report through their own `EventSink`.
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
@@ -13,8 +19,8 @@ use rdeploy_adapters::{
 use tokio::task::JoinSet;
 
 use crate::checkpoint::{Checkpoint, Deploy, DeployState, Record, StepMode, StepStatus};
+use crate::diff::StackDiff;
 use crate::exit::{Code, Refusal};
-use crate::report;
 use crate::stack::{OnFailure, Stack, Step};
 use crate::store::local::StateDir;
 use crate::store::{LockGuard, Store};
@@ -40,9 +46,10 @@ pub struct Session {
     pub force: bool,
 }
 
-/// How a run ended, in the terms of SPEC.md's exit codes.
+/// How a command ended, in the terms of SPEC.md's exit codes (`cmd::exit_code` maps them).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Outcome {
+pub enum Outcome {
+    /// The command did all it was asked (or there was nothing to do).
     Complete,
     Partial,
     StepReverted,
@@ -52,17 +59,6 @@ enum Outcome {
 }
 
 impl Outcome {
-    fn code(self) -> Code {
-        match self {
-            Outcome::Complete => Code::Ok,
-            Outcome::Partial => Code::Partial,
-            Outcome::StepReverted => Code::Reverted,
-            Outcome::Refused => Code::Refused,
-            Outcome::RevertFailed => Code::RevertFailed,
-            Outcome::Interrupted => Code::Interrupted,
-        }
-    }
-
     /// Keeps the most serious outcome when several steps end differently.
     fn worst(self, other: Outcome) -> Outcome {
         // Exit 3 promises "no partial state", so any partial step outranks a clean revert.
@@ -80,6 +76,71 @@ impl Outcome {
             self
         }
     }
+}
+
+/// What a command of the driver did: everything the renderers need, nothing printed.
+#[derive(Debug)]
+pub struct RunReport {
+    pub outcome: Outcome,
+    /// The deploy as the command left it (folded from its journal); for "nothing to recover",
+    /// the last finished one.
+    pub deploy: Option<Deploy>,
+    /// What changed in the stack since the checkpoint this command continued (`recover`).
+    pub diff: Option<StackDiff>,
+    pub ended: Ended,
+}
+
+/// Which way the command ended.
+#[derive(Debug)]
+pub enum Ended {
+    /// Steps ran (`up`, `recover`, `revert`); `deploy` is where they left it.
+    Ran,
+    /// `recover` found no unfinished deploy.
+    NothingToRecover,
+    /// `revert` found neither an unfinished nor a completed deploy of this stack.
+    NothingToRevert,
+    /// `reset` found no unfinished deploy.
+    NothingToReset,
+    /// `reset` forgot `deploy` (kept in the history).
+    Forgot,
+    /// `recover --dry-run`: what recovery would do, step by step in run order.
+    DryRun(Vec<DryRunStep>),
+}
+
+impl RunReport {
+    fn new(outcome: Outcome, deploy: Option<Deploy>, ended: Ended) -> RunReport {
+        RunReport { outcome, deploy, diff: None, ended }
+    }
+}
+
+/// One step of `recover --dry-run`.
+#[derive(Debug)]
+pub struct DryRunStep {
+    pub name: String,
+    pub tool: rdeploy_adapters::Tool,
+    /// Its settings changed since the checkpoint.
+    pub changed: bool,
+    pub plan: DryRunPlan,
+}
+
+#[derive(Debug)]
+pub enum DryRunPlan {
+    /// Done: left as it is.
+    LeftAsIs,
+    /// Not resumable and left half-done: its revert runs, then the step from the start.
+    RevertThenApply { revert: Option<String> },
+    /// Runs from the start; `actions` from the tool's inspection (empty when it could not say).
+    Apply { why: ApplyWhy, actions: Vec<String> },
+    /// Resumes through the tool's recovery path: what the live state says it would do, or why
+    /// the live state could not be inspected.
+    Recover(Result<Vec<String>, String>),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ApplyWhy {
+    Reverted,
+    NotStarted,
+    NotResumable,
 }
 
 /// The scheduler's state while a run is in progress.
@@ -193,7 +254,7 @@ impl Session {
     }
 
     /// `rdeploy up`: a new deploy of every step.
-    pub async fn up(&self) -> anyhow::Result<Code> {
+    pub async fn up(&self) -> anyhow::Result<RunReport> {
         let _lock = self.lock("up")?;
         self.archive_if_finished()?;
         if let Some(deploy) = self.store.load_unfinished()? {
@@ -221,44 +282,41 @@ impl Session {
         cp.record(Checkpoint::run_record(&self.stack, "up", &run_id))?;
         self.ui.info(format!("deploy {run_id} of stack {} ({} steps)", self.stack.name, steps.len()));
         let actions = self.stack.ordered().map(|s| (s.name.clone(), Action::Apply)).collect();
-        self.run(cp, actions, tools).await
+        let (outcome, deploy) = self.run(cp, actions, tools).await?;
+        Ok(RunReport::new(outcome, Some(deploy), Ended::Ran))
     }
 
     /// `rdeploy recover`: resume the unfinished deploy through each tool's recovery path.
-    pub async fn recover(&self, dry_run: bool) -> anyhow::Result<Code> {
+    pub async fn recover(&self, dry_run: bool) -> anyhow::Result<RunReport> {
         let _lock = self.lock(if dry_run { "recover --dry-run" } else { "recover" })?;
         self.archive_if_finished()?;
         // We hold the lock, so steps recorded as running were left by a dead run.
         let holder_alive = false;
         let Some(deploy) = self.store.load_settled(holder_alive)? else {
             let last = self.store.last_finished()?;
-            let said = match last.map(|d| d.state) {
-                Some(DeployState::Complete) => "the last deploy completed",
-                Some(DeployState::Reverted) => "the last deploy was reverted",
-                _ => "no deploy is recorded",
-            };
-            println!("nothing to recover: {said} ({})", self.store.location());
-            return Ok(Code::Ok);
+            return Ok(RunReport::new(Outcome::Complete, last, Ended::NothingToRecover));
         };
         self.check_mapping(&deploy)?;
+        let diff = StackDiff::between(&self.stack, &deploy);
         let actions = self.recovery_actions(&deploy)?;
         let pending: Vec<&Step> = self.stack.ordered().filter(|s| actions.iter().any(|(n, _)| *n == s.name)).collect();
         let tools = self.preflight(&pending).await?;
         if dry_run {
-            return self.dry_run(&deploy, &actions).await;
+            let plan = self.dry_run(&deploy, &diff, &actions).await;
+            return Ok(RunReport {
+                outcome: Outcome::Complete,
+                deploy: Some(deploy),
+                diff: Some(diff),
+                ended: Ended::DryRun(plan),
+            });
         }
         let mut cp = Checkpoint::open(self.store.as_ref(), holder_alive)?;
         let run_id = ulid::Ulid::new().to_string();
         cp.record(Checkpoint::run_record(&self.stack, "recover", &run_id))?;
-        for (name, _) in &actions {
-            if let (Some(step), Some(old)) = (self.stack.step(name), deploy.step(name)) {
-                if step.digest != old.digest {
-                    let message =
-                        format!("step `{name}` changed since the checkpoint; recovering with the new settings");
-                    self.ui.warn(&message);
-                    cp.record(Record::Warning { step: Some(name.clone()), message })?;
-                }
-            }
+        for (name, _) in actions.iter().filter(|(name, _)| diff.settings_changed(name)) {
+            let message = format!("step `{name}` changed since the checkpoint; recovering with the new settings");
+            self.ui.warn(&message);
+            cp.record(Record::Warning { step: Some(name.clone()), message })?;
         }
         let done: Vec<&str> =
             deploy.steps.iter().filter(|s| s.status == StepStatus::Done).map(|s| s.name.as_str()).collect();
@@ -269,7 +327,8 @@ impl Session {
             done.len(),
             if done.is_empty() { String::new() } else { format!(" ({})", done.join(", ")) }
         ));
-        self.run(cp, actions, tools).await
+        let (outcome, deploy) = self.run(cp, actions, tools).await?;
+        Ok(RunReport { outcome, deploy: Some(deploy), diff: Some(diff), ended: Ended::Ran })
     }
 
     /// Refuses (exit 2) when the stack no longer matches the checkpoint's steps.
@@ -306,7 +365,8 @@ impl Session {
     }
 
     /// Refuses (exit 2) a checkpoint written for another stack sharing this state directory.
-    fn check_same_stack(&self, deploy: &Deploy) -> anyhow::Result<()> {
+    /// The one same-stack check: `recover`, `revert` and `ci` all go through it.
+    pub fn check_same_stack(&self, deploy: &Deploy) -> anyhow::Result<()> {
         if deploy.stack.is_empty() || deploy.stack == self.stack.name {
             return Ok(());
         }
@@ -373,54 +433,39 @@ impl Session {
         Ok(actions)
     }
 
-    async fn dry_run(&self, deploy: &Deploy, actions: &[(String, Action)]) -> anyhow::Result<Code> {
-        println!(
-            "recover --dry-run: deploy {} of stack {} (nothing will be changed)",
-            deploy.deploy_id, self.stack.name
-        );
+    /// What recovery would do, from each tool's live state; changes nothing.
+    async fn dry_run(&self, deploy: &Deploy, diff: &StackDiff, actions: &[(String, Action)]) -> Vec<DryRunStep> {
+        let mut plan = Vec::new();
         for step in self.stack.ordered() {
+            let changed = diff.settings_changed(&step.name);
             let Some((_, action)) = actions.iter().find(|(n, _)| *n == step.name) else {
-                println!("\n{} ({}): done, left as it is", step.name, step.tool);
+                plan.push(DryRunStep { name: step.name.clone(), tool: step.tool, changed, plan: DryRunPlan::LeftAsIs });
                 continue;
             };
-            let changed = deploy.step(&step.name).is_some_and(|s| s.digest != step.digest);
-            println!("\n{} ({}){}:", step.name, step.tool, if changed { ", changed since the checkpoint" } else { "" });
             let ctx = self.context(step, self.cancel.child_token());
-            match action {
-                Action::RevertThenApply => {
-                    println!("  not resumable and left half-done: run its revert, then run it again from the start");
-                    if let Some(revert) = &step.revert {
-                        println!("  - revert: `{revert}`");
-                    }
-                }
+            let what = match action {
+                Action::RevertThenApply => DryRunPlan::RevertThenApply { revert: step.revert.clone() },
                 Action::Apply => {
-                    let prior = PriorStep::default();
-                    let reverted = deploy.step(&step.name).is_some_and(|s| s.status == StepStatus::Reverted);
-                    let why = if reverted {
-                        "reverted: runs again from the start"
+                    let why = if deploy.step(&step.name).is_some_and(|s| s.status == StepStatus::Reverted) {
+                        ApplyWhy::Reverted
                     } else if step.resumable {
-                        "not started yet"
+                        ApplyWhy::NotStarted
                     } else {
-                        "not resumable: runs again from the start"
+                        ApplyWhy::NotResumable
                     };
-                    println!("  {why}");
-                    if let Ok(inspection) = step.spec.inspect(&ctx, &prior).await {
-                        for a in inspection.actions {
-                            println!("  - {a}");
-                        }
-                    }
+                    let actions = match step.spec.inspect(&ctx, &PriorStep::default()).await {
+                        Ok(inspection) => inspection.actions,
+                        Err(_) => Vec::new(),
+                    };
+                    DryRunPlan::Apply { why, actions }
                 }
-                Action::Recover(prior) => match step.spec.inspect(&ctx, prior).await {
-                    Ok(inspection) => {
-                        for a in inspection.actions {
-                            println!("  - {a}");
-                        }
-                    }
-                    Err(f) => println!("  could not inspect the live state: {}", f.summary),
-                },
-            }
+                Action::Recover(prior) => {
+                    DryRunPlan::Recover(step.spec.inspect(&ctx, prior).await.map(|i| i.actions).map_err(|f| f.summary))
+                }
+            };
+            plan.push(DryRunStep { name: step.name.clone(), tool: step.tool, changed, plan: what });
         }
-        Ok(Code::Ok)
+        plan
     }
 
     /// Runs the given steps in DAG order, at most `parallel` at once, and settles the outcome.
@@ -429,7 +474,7 @@ impl Session {
         cp: Checkpoint,
         actions: Vec<(String, Action)>,
         tools: HashMap<String, ToolInfo>,
-    ) -> anyhow::Result<Code> {
+    ) -> anyhow::Result<(Outcome, Deploy)> {
         let cp = Arc::new(Mutex::new(cp));
         let done: HashSet<String> = {
             let guard = cp.lock().unwrap_or_else(|e| e.into_inner());
@@ -475,9 +520,7 @@ impl Session {
         let all_done = self.stack.steps.iter().all(|s| run.done.contains(&s.name));
         if outcome == Outcome::Complete && all_done {
             let deploy = take(cp).finish(DeployState::Complete)?;
-            let summary: Vec<String> = deploy.steps.iter().map(report::summarize_step).collect();
-            println!("stack {}: deploy complete\n  {}", deploy.stack, summary.join("\n  "));
-            return Ok(Code::Ok);
+            return Ok((Outcome::Complete, deploy));
         }
         if !all_done && outcome == Outcome::Complete {
             // Nothing failed yet steps are left (a step whose needs never completed).
@@ -492,8 +535,7 @@ impl Session {
             let stranded = self.unrevertable_partial_steps(&cp);
             if reverted == Outcome::StepReverted && stranded.is_empty() {
                 let deploy = take(cp).finish(DeployState::Reverted)?;
-                self.print_report_for(&deploy)?;
-                return Ok(Code::Reverted);
+                return Ok((Outcome::StepReverted, deploy));
             }
             for (step, ids) in &stranded {
                 let message = format!(
@@ -508,8 +550,7 @@ impl Session {
 
         snapshot(&cp);
         let deploy = cp.lock().unwrap_or_else(|e| e.into_inner()).deploy().clone();
-        self.print_report_for(&deploy)?;
-        Ok(outcome.code())
+        Ok((outcome, deploy))
     }
 
     /// Cancels every running step (their tools get SIGINT once) and stops scheduling.
@@ -658,15 +699,6 @@ impl Session {
             .collect()
     }
 
-    fn print_report_for(&self, deploy: &Deploy) -> anyhow::Result<()> {
-        let status = report::from_deploy(&self.stack, &self.state, deploy, &self.stack_arg, None);
-        print!("{}", report::render_text(&status, crate::ui::Paint { enabled: false }));
-        if deploy.state == DeployState::Partial {
-            crate::store::local::write_atomic(&self.state.report_path(), report::render_markdown(&status).as_bytes())?;
-        }
-        Ok(())
-    }
-
     /// Runs one step's `revert`, recording the result.
     async fn revert_step(&self, cp: &Arc<Mutex<Checkpoint>>, step: &Step) -> anyhow::Result<Outcome> {
         let Some(script) = &step.revert else { return Ok(Outcome::StepReverted) };
@@ -719,7 +751,7 @@ impl Session {
     }
 
     /// `rdeploy revert`: undo the completed steps that declare `revert`, newest first.
-    pub async fn revert(&self) -> anyhow::Result<Code> {
+    pub async fn revert(&self) -> anyhow::Result<RunReport> {
         let _lock = self.lock("revert")?;
         self.archive_if_finished()?;
         let cp = if self.store.has_unfinished()? {
@@ -732,11 +764,7 @@ impl Session {
             let Some(last) =
                 self.store.last_finished()?.filter(|d| d.state == DeployState::Complete && d.stack == self.stack.name)
             else {
-                println!(
-                    "nothing to revert: no completed or unfinished deploy is recorded in {}",
-                    self.store.location()
-                );
-                return Ok(Code::Ok);
+                return Ok(RunReport::new(Outcome::Complete, None, Ended::NothingToRevert));
             };
             // Re-open the finished deploy as a new journal so the revert itself is checkpointed.
             let mut cp = Checkpoint::create(self.store.as_ref())?;
@@ -751,35 +779,27 @@ impl Session {
         let cp = Arc::new(Mutex::new(cp));
         let outcome = self.revert_all(&cp).await?;
         if outcome == Outcome::StepReverted {
+            // Reverting is what `revert` was asked to do.
             let deploy = take(cp).finish(DeployState::Reverted)?;
-            self.print_report_for(&deploy)?;
-            Ok(Code::Ok)
+            Ok(RunReport::new(Outcome::Complete, Some(deploy), Ended::Ran))
         } else {
             snapshot(&cp);
             let deploy = cp.lock().unwrap_or_else(|e| e.into_inner()).deploy().clone();
-            self.print_report_for(&deploy)?;
-            Ok(Code::RevertFailed)
+            Ok(RunReport::new(Outcome::RevertFailed, Some(deploy), Ended::Ran))
         }
     }
 
     /// `rdeploy reset --yes`: forget the unfinished deploy (kept in history).
-    pub fn reset(&self) -> anyhow::Result<Code> {
+    pub fn reset(&self) -> anyhow::Result<RunReport> {
         let _lock = self.lock("reset")?;
         self.archive_if_finished()?;
         if !self.store.has_unfinished()? {
-            println!("nothing to reset: no unfinished deploy in {}", self.store.location());
-            return Ok(Code::Ok);
+            return Ok(RunReport::new(Outcome::Complete, None, Ended::NothingToReset));
         }
         let mut cp = Checkpoint::open(self.store.as_ref(), false)?;
         cp.record(Record::Warning { step: None, message: "reset by the operator after manual reconciliation".into() })?;
         let deploy = cp.finish(DeployState::Partial)?;
-        println!(
-            "forgot deploy {} of stack {}; its record is kept in the history of {}; the next `rdeploy up` starts from the top",
-            deploy.deploy_id,
-            deploy.stack,
-            self.store.location()
-        );
-        Ok(Code::Ok)
+        Ok(RunReport::new(Outcome::Complete, Some(deploy), Ended::Forgot))
     }
 }
 

@@ -7,6 +7,7 @@ use rdeploy_adapters::SubStatus;
 use serde::Serialize;
 
 use crate::checkpoint::{Deploy, DeployState, StepState, StepStatus};
+use crate::diff::StackDiff;
 use crate::lock::Holder;
 use crate::stack::Stack;
 use crate::store::local::StateDir;
@@ -252,6 +253,7 @@ pub fn from_deploy(
     lock: Option<Holder>,
 ) -> Status {
     let state = deploy.state;
+    let diff = StackDiff::between(stack, deploy);
     let mut steps = Vec::new();
     for s in &deploy.steps {
         let current = stack.step(&s.name);
@@ -282,7 +284,7 @@ pub fn from_deploy(
         if let Some(reason) = &s.refused {
             r.error.get_or_insert_with(|| format!("gate refused: {reason}"));
         }
-        r.changed_since_checkpoint = current.is_some_and(|c| c.digest != s.digest) || current.is_none();
+        r.changed_since_checkpoint = diff.recorded_step_changed(&s.name);
         if s.status == StepStatus::Pending {
             if let Some(c) = current {
                 r.blocked_by = c
@@ -308,7 +310,7 @@ pub fn from_deploy(
         deploy_id: Some(deploy.deploy_id.clone()),
         started: Some(deploy.started.clone()),
         updated: Some(deploy.updated.clone()),
-        stack_changed: deploy.stack_digest != stack.digest,
+        stack_changed: diff.file_changed,
         steps,
         next: next_command(state, Some(deploy), stack_file),
         interrupted: deploy.interrupted.clone(),
