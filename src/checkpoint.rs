@@ -2,7 +2,7 @@
 //! and [`Checkpoint`], which appends records through a [`Store`](crate::store::Store) (a local
 //! directory or PostgreSQL) and decides which must be durable before the caller goes on.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use rdeploy_adapters::{Failure, PriorStep, PriorSubChange, SubStatus, Tool};
 use serde::{Deserialize, Serialize};
@@ -177,13 +177,74 @@ pub struct SubChangeState {
     pub updated: String,
 }
 
-/// An index derived from `StepState::sub_changes`; it never makes two states differ.
+/// A step's sub-changes in the order first recorded, indexed by id so that folding a record
+/// costs the same however large the deploy grows. The list is the value (equality, JSON, and
+/// reading through `Deref`); the index is a function of it, kept in step by the only two
+/// mutators and rebuilt when a snapshot is loaded.
 #[derive(Clone, Debug, Default)]
-struct SubIndex(std::collections::HashMap<String, usize>);
+pub struct SubChanges {
+    list: Vec<SubChangeState>,
+    index: HashMap<String, usize>,
+}
 
-impl PartialEq for SubIndex {
-    fn eq(&self, _: &SubIndex) -> bool {
-        true
+impl SubChanges {
+    /// The sub-change `id`, recorded as pending at `ts` if it is new; its `updated` becomes `ts`.
+    fn entry(&mut self, id: &str, ts: &str) -> &mut SubChangeState {
+        let pos = match self.index.get(id) {
+            Some(&pos) => pos,
+            None => {
+                self.index.insert(id.to_string(), self.list.len());
+                self.list.push(SubChangeState {
+                    id: id.to_string(),
+                    status: SubStatus::Pending,
+                    error: None,
+                    note: None,
+                    updated: ts.to_string(),
+                });
+                self.list.len() - 1
+            }
+        };
+        let sub = &mut self.list[pos];
+        sub.updated = ts.to_string();
+        sub
+    }
+
+    fn clear(&mut self) {
+        self.list.clear();
+        self.index.clear();
+    }
+}
+
+impl From<Vec<SubChangeState>> for SubChanges {
+    fn from(list: Vec<SubChangeState>) -> SubChanges {
+        let index = list.iter().enumerate().map(|(i, s)| (s.id.clone(), i)).collect();
+        SubChanges { list, index }
+    }
+}
+
+impl std::ops::Deref for SubChanges {
+    type Target = [SubChangeState];
+    fn deref(&self) -> &[SubChangeState] {
+        &self.list
+    }
+}
+
+impl PartialEq for SubChanges {
+    fn eq(&self, other: &SubChanges) -> bool {
+        // The index is derived from the list, so equal lists have equal indexes.
+        self.list == other.list
+    }
+}
+
+impl Serialize for SubChanges {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.list.serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for SubChanges {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<SubChanges, D::Error> {
+        Vec::<SubChangeState>::deserialize(deserializer).map(SubChanges::from)
     }
 }
 
@@ -195,10 +256,7 @@ pub struct StepState {
     pub has_revert: bool,
     pub digest: String,
     pub status: StepStatus,
-    pub sub_changes: Vec<SubChangeState>,
-    /// Position of each sub-change by id; derived, so never stored.
-    #[serde(skip)]
-    index: SubIndex,
+    pub sub_changes: SubChanges,
     pub facts: BTreeMap<String, serde_json::Value>,
     pub failure: Option<Failure>,
     pub revert_failure: Option<Failure>,
@@ -225,8 +283,7 @@ impl StepState {
             has_revert: h.has_revert,
             digest: h.digest.clone(),
             status: StepStatus::Pending,
-            sub_changes: Vec::new(),
-            index: SubIndex::default(),
+            sub_changes: SubChanges::default(),
             facts: BTreeMap::new(),
             failure: None,
             revert_failure: None,
@@ -242,27 +299,7 @@ impl StepState {
     }
 
     fn sub_mut(&mut self, id: &str, ts: &str) -> &mut SubChangeState {
-        // Folding a record must not cost more as the deploy grows: look ids up in an index.
-        if self.index.0.len() != self.sub_changes.len() {
-            self.index.0 = self.sub_changes.iter().enumerate().map(|(i, s)| (s.id.clone(), i)).collect();
-        }
-        let pos = match self.index.0.get(id) {
-            Some(&pos) => pos,
-            None => {
-                self.index.0.insert(id.to_string(), self.sub_changes.len());
-                self.sub_changes.push(SubChangeState {
-                    id: id.to_string(),
-                    status: SubStatus::Pending,
-                    error: None,
-                    note: None,
-                    updated: ts.to_string(),
-                });
-                self.sub_changes.len() - 1
-            }
-        };
-        let sub = &mut self.sub_changes[pos];
-        sub.updated = ts.to_string();
-        sub
+        self.sub_changes.entry(id, ts)
     }
 
     /// What recovery is told about this step.
@@ -411,7 +448,6 @@ impl Deploy {
                 if *mode == StepMode::Apply && !s.resumable {
                     // A non-resumable step starts over: its earlier sub-changes no longer count.
                     s.sub_changes.clear();
-                    s.index.0.clear();
                 }
             }
             Record::Planned { step, ids } => {
@@ -472,7 +508,6 @@ impl Deploy {
                 s.reverted_how = how.clone();
                 s.revert_failure = None;
                 s.sub_changes.clear();
-                s.index.0.clear();
                 s.done_seq = None;
                 s.finished = Some(ts.to_string());
             }
@@ -661,6 +696,25 @@ mod tests {
 
     use std::fs::OpenOptions;
     use std::io::Write;
+
+    #[test]
+    fn sub_changes_compare_and_serialize_as_their_list_and_index_after_loading() {
+        let mut subs = SubChanges::default();
+        subs.entry("a", "t1").status = SubStatus::Done;
+        subs.entry("b", "t1");
+        let json = serde_json::to_value(&subs).unwrap();
+        assert_eq!(json, serde_json::to_value(&subs.list).unwrap(), "the JSON is the plain list");
+        let mut loaded: SubChanges = serde_json::from_value(json).unwrap();
+        assert_eq!(loaded, subs);
+        // The loaded list is indexed: an id it holds is found, not appended again.
+        loaded.entry("a", "t2").status = SubStatus::Failed;
+        assert_eq!(loaded.len(), 2);
+        assert_eq!((loaded[0].status, loaded[0].updated.as_str()), (SubStatus::Failed, "t2"));
+        assert_ne!(loaded, subs, "a different list is a different value");
+        loaded.clear();
+        loaded.entry("c", "t3");
+        assert_eq!(loaded.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(), ["c"]);
+    }
 
     use crate::store::local::StateDir;
 
