@@ -475,11 +475,9 @@ impl Session {
         actions: Vec<(String, Action)>,
         tools: HashMap<String, ToolInfo>,
     ) -> anyhow::Result<(Outcome, Deploy)> {
-        let cp = Arc::new(Mutex::new(cp));
-        let done: HashSet<String> = {
-            let guard = cp.lock().unwrap_or_else(|e| e.into_inner());
-            guard.deploy().steps.iter().filter(|s| s.status == StepStatus::Done).map(|s| s.name.clone()).collect()
-        };
+        let cp = SharedCheckpoint::new(cp);
+        let done: HashSet<String> =
+            cp.read(|d| d.steps.iter().filter(|s| s.status == StepStatus::Done).map(|s| s.name.clone()).collect());
         let mut run =
             RunState { todo: actions, done, running: JoinSet::new(), outcome: Outcome::Complete, stopping: false };
         // A checkpoint that cannot be written stops the run, but never by dropping running
@@ -508,18 +506,18 @@ impl Session {
             }
         }
         if let Some(e) = fatal {
-            snapshot(&cp);
+            cp.snapshot();
             return Err(e.context("the deploy stopped: running tools were interrupted and waited for; `rdeploy recover` resumes once the cause is fixed"));
         }
 
         let mut outcome = run.outcome;
         if let Some(signal) = self.signal.lock().unwrap_or_else(|e| e.into_inner()).clone() {
-            record(&cp, Record::Interrupted { signal })?;
+            cp.record(Record::Interrupted { signal })?;
             outcome = outcome.worst(Outcome::Interrupted);
         }
         let all_done = self.stack.steps.iter().all(|s| run.done.contains(&s.name));
         if outcome == Outcome::Complete && all_done {
-            let deploy = take(cp).finish(DeployState::Complete)?;
+            let deploy = cp.into_inner().finish(DeployState::Complete)?;
             return Ok((Outcome::Complete, deploy));
         }
         if !all_done && outcome == Outcome::Complete {
@@ -534,7 +532,7 @@ impl Session {
             let reverted = self.revert_all(&cp).await?;
             let stranded = self.unrevertable_partial_steps(&cp);
             if reverted == Outcome::StepReverted && stranded.is_empty() {
-                let deploy = take(cp).finish(DeployState::Reverted)?;
+                let deploy = cp.into_inner().finish(DeployState::Reverted)?;
                 return Ok((Outcome::StepReverted, deploy));
             }
             for (step, ids) in &stranded {
@@ -543,13 +541,13 @@ impl Session {
                     ids.join(", ")
                 );
                 self.ui.warn(&message);
-                record(&cp, Record::Warning { step: Some(step.clone()), message })?;
+                cp.record(Record::Warning { step: Some(step.clone()), message })?;
             }
             outcome = outcome.worst(Outcome::RevertFailed);
         }
 
-        snapshot(&cp);
-        let deploy = cp.lock().unwrap_or_else(|e| e.into_inner()).deploy().clone();
+        cp.snapshot();
+        let deploy = cp.read(Deploy::clone);
         Ok((outcome, deploy))
     }
 
@@ -564,7 +562,7 @@ impl Session {
     /// Starts every step whose needs are done, up to the parallelism limit.
     async fn start_ready(
         &self,
-        cp: &Arc<Mutex<Checkpoint>>,
+        cp: &SharedCheckpoint,
         run: &mut RunState,
         tools: &HashMap<String, ToolInfo>,
     ) -> anyhow::Result<()> {
@@ -584,7 +582,7 @@ impl Session {
             if let Some(gate) = &step.gate {
                 if let Err(reason) = crate::gate::evaluate(gate, &self.stack.dir, &self.state.path).await {
                     self.ui.step_finished(&name, &format!("refused by its gate: {reason}"));
-                    record(cp, Record::StepRefused { step: name.clone(), reason })?;
+                    cp.record(Record::StepRefused { step: name.clone(), reason })?;
                     run.outcome = run.outcome.worst(Outcome::Refused);
                     run.stopping = true;
                     break;
@@ -606,7 +604,7 @@ impl Session {
                 _ => (StepMode::Apply, format!("{} apply", step.tool)),
             };
             let tool_version = tools.get(&name).map(|t| t.version.clone());
-            record(cp, Record::StepStarted { step: name.clone(), mode, tool_version })?;
+            cp.record(Record::StepStarted { step: name.clone(), mode, tool_version })?;
             self.ui.step_started(&name, &what);
             let ctx = self.context(&step, self.cancel.child_token());
             let sink = JournalSink::new(name.clone(), cp.clone(), self.ui.clone(), &self.state, ctx.cancel.clone())?;
@@ -631,7 +629,7 @@ impl Session {
     /// Records how a step ended and applies complete-or-revert to a non-resumable failure.
     async fn settle_step(
         &self,
-        cp: &Arc<Mutex<Checkpoint>>,
+        cp: &SharedCheckpoint,
         run: &mut RunState,
         name: String,
         result: Result<Recovered, Failure>,
@@ -639,8 +637,8 @@ impl Session {
         let step = self.stack.step(&name).expect("running steps are stack steps").clone();
         let failure = match result {
             Ok(Recovered::Complete) => {
-                record(cp, Record::StepDone { step: name.clone() })?;
-                snapshot(cp);
+                cp.record(Record::StepDone { step: name.clone() })?;
+                cp.snapshot();
                 self.ui.step_finished(&name, &self.ui.paint.good("done"));
                 run.done.insert(name);
                 return Ok(());
@@ -649,8 +647,8 @@ impl Session {
                 // Back at its last good state, not the stack's: neither done nor half-done.
                 // Steps that need it must not run on top of the old version.
                 let how = format!("`recover: rollback` rolled it back to {to}: the stack's version is not in place");
-                record(cp, Record::StepReverted { step: name.clone(), how: Some(how) })?;
-                snapshot(cp);
+                cp.record(Record::StepReverted { step: name.clone(), how: Some(how) })?;
+                cp.snapshot();
                 self.ui.step_finished(&name, &self.ui.paint.warn(&format!("rolled back to {to}")));
                 run.stopping = true;
                 run.outcome = run.outcome.worst(Outcome::StepReverted);
@@ -661,7 +659,7 @@ impl Session {
         run.stopping = true;
         let interrupted = failure.interrupted || self.cancel.is_cancelled();
         self.ui.step_finished(&name, &format!("{}: {}", self.ui.paint.bad("failed"), failure.summary));
-        record(cp, Record::StepFailed { step: name.clone(), failure: Failure { interrupted, ..failure } })?;
+        cp.record(Record::StepFailed { step: name.clone(), failure: Failure { interrupted, ..failure } })?;
         let step_outcome = if !step.resumable && step.revert.is_some() {
             // Complete or revert, under Ctrl-C too: a step that cannot resume goes back to where
             // it started (uncancellably) before rdeploy exits.
@@ -678,57 +676,55 @@ impl Session {
 
     /// Failed steps without `revert` that left sub-changes in place: a whole-deploy revert
     /// cannot undo them, so the deploy must not be reported as reverted.
-    fn unrevertable_partial_steps(&self, cp: &Arc<Mutex<Checkpoint>>) -> Vec<(String, Vec<String>)> {
-        let guard = cp.lock().unwrap_or_else(|e| e.into_inner());
-        guard
-            .deploy()
-            .steps
-            .iter()
-            .filter(|s| s.status == StepStatus::Failed && !s.has_revert)
-            .filter_map(|s| {
-                let ids: Vec<String> = s
-                    .sub_changes
-                    .iter()
-                    .filter(|c| {
-                        matches!(c.status, rdeploy_adapters::SubStatus::Done | rdeploy_adapters::SubStatus::Started)
-                    })
-                    .map(|c| c.id.clone())
-                    .collect();
-                (!ids.is_empty()).then(|| (s.name.clone(), ids))
-            })
-            .collect()
+    fn unrevertable_partial_steps(&self, cp: &SharedCheckpoint) -> Vec<(String, Vec<String>)> {
+        cp.read(|deploy| {
+            deploy
+                .steps
+                .iter()
+                .filter(|s| s.status == StepStatus::Failed && !s.has_revert)
+                .filter_map(|s| {
+                    let ids: Vec<String> = s
+                        .sub_changes
+                        .iter()
+                        .filter(|c| {
+                            matches!(c.status, rdeploy_adapters::SubStatus::Done | rdeploy_adapters::SubStatus::Started)
+                        })
+                        .map(|c| c.id.clone())
+                        .collect();
+                    (!ids.is_empty()).then(|| (s.name.clone(), ids))
+                })
+                .collect()
+        })
     }
 
     /// Runs one step's `revert`, recording the result.
-    async fn revert_step(&self, cp: &Arc<Mutex<Checkpoint>>, step: &Step) -> anyhow::Result<Outcome> {
+    async fn revert_step(&self, cp: &SharedCheckpoint, step: &Step) -> anyhow::Result<Outcome> {
         let Some(script) = &step.revert else { return Ok(Outcome::StepReverted) };
         self.ui.step_started(&step.name, "revert");
-        record(cp, Record::StepStarted { step: step.name.clone(), mode: StepMode::Revert, tool_version: None })?;
+        cp.record(Record::StepStarted { step: step.name.clone(), mode: StepMode::Revert, tool_version: None })?;
         // A revert must finish even after Ctrl-C or a journal error: a half-reverted step is the third outcome.
         let sink =
             JournalSink::new(step.name.clone(), cp.clone(), self.ui.clone(), &self.state, CancellationToken::new())?;
         let ctx = self.context(step, CancellationToken::new());
         match shell::run_revert(&ctx, script, &sink).await {
             Ok(()) => {
-                record(cp, Record::StepReverted { step: step.name.clone(), how: None })?;
+                cp.record(Record::StepReverted { step: step.name.clone(), how: None })?;
                 self.ui.step_finished(&step.name, &self.ui.paint.warn("reverted"));
                 Ok(Outcome::StepReverted)
             }
             Err(failure) => {
                 self.ui
                     .step_finished(&step.name, &format!("{}: {}", self.ui.paint.bad("revert failed"), failure.summary));
-                record(cp, Record::StepRevertFailed { step: step.name.clone(), failure })?;
+                cp.record(Record::StepRevertFailed { step: step.name.clone(), failure })?;
                 Ok(Outcome::RevertFailed)
             }
         }
     }
 
     /// Reverts every step that changed something and declares `revert`, newest first.
-    async fn revert_all(&self, cp: &Arc<Mutex<Checkpoint>>) -> anyhow::Result<Outcome> {
-        let mut candidates: Vec<(u64, String)> = {
-            let guard = cp.lock().unwrap_or_else(|e| e.into_inner());
-            guard
-                .deploy()
+    async fn revert_all(&self, cp: &SharedCheckpoint) -> anyhow::Result<Outcome> {
+        let mut candidates: Vec<(u64, String)> = cp.read(|deploy| {
+            deploy
                 .steps
                 .iter()
                 .filter(|s| {
@@ -736,7 +732,7 @@ impl Session {
                 })
                 .map(|s| (s.done_seq.unwrap_or(u64::MAX), s.name.clone()))
                 .collect()
-        };
+        });
         // Newest first; a failed step (never done) changed things last.
         candidates.sort_by_key(|c| std::cmp::Reverse(c.0));
         let mut outcome = Outcome::StepReverted;
@@ -776,15 +772,15 @@ impl Session {
             }
             cp
         };
-        let cp = Arc::new(Mutex::new(cp));
+        let cp = SharedCheckpoint::new(cp);
         let outcome = self.revert_all(&cp).await?;
         if outcome == Outcome::StepReverted {
             // Reverting is what `revert` was asked to do.
-            let deploy = take(cp).finish(DeployState::Reverted)?;
+            let deploy = cp.into_inner().finish(DeployState::Reverted)?;
             Ok(RunReport::new(Outcome::Complete, Some(deploy), Ended::Ran))
         } else {
-            snapshot(&cp);
-            let deploy = cp.lock().unwrap_or_else(|e| e.into_inner()).deploy().clone();
+            cp.snapshot();
+            let deploy = cp.read(Deploy::clone);
             Ok(RunReport::new(Outcome::RevertFailed, Some(deploy), Ended::Ran))
         }
     }
@@ -803,19 +799,40 @@ impl Session {
     }
 }
 
-fn record(cp: &Arc<Mutex<Checkpoint>>, record: Record) -> anyhow::Result<()> {
-    cp.lock().unwrap_or_else(|e| e.into_inner()).record(record)
-}
+/// The open checkpoint, shared by the scheduler and the running steps' sinks. A poisoned lock is
+/// used as it is: the checkpoint is whole after every record.
+#[derive(Clone)]
+struct SharedCheckpoint(Arc<Mutex<Checkpoint>>);
 
-fn snapshot(cp: &Arc<Mutex<Checkpoint>>) {
-    // The snapshot is a cache of the journal; failing to write it loses nothing.
-    let _ = cp.lock().unwrap_or_else(|e| e.into_inner()).snapshot();
-}
+impl SharedCheckpoint {
+    fn new(cp: Checkpoint) -> SharedCheckpoint {
+        SharedCheckpoint(Arc::new(Mutex::new(cp)))
+    }
 
-fn take(cp: Arc<Mutex<Checkpoint>>) -> Checkpoint {
-    match Arc::try_unwrap(cp) {
-        Ok(m) => m.into_inner().unwrap_or_else(|e| e.into_inner()),
-        Err(_) => unreachable!("every step task has finished"),
+    fn lock(&self) -> std::sync::MutexGuard<'_, Checkpoint> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn record(&self, record: Record) -> anyhow::Result<()> {
+        self.lock().record(record)
+    }
+
+    /// Saves a snapshot; the snapshot is a cache of the journal, so failing to write it loses nothing.
+    fn snapshot(&self) {
+        let _ = self.lock().snapshot();
+    }
+
+    /// Reads the deploy as folded so far.
+    fn read<T>(&self, f: impl FnOnce(&Deploy) -> T) -> T {
+        f(self.lock().deploy())
+    }
+
+    /// The checkpoint back, once every step task (and its sink) has finished.
+    fn into_inner(self) -> Checkpoint {
+        match Arc::try_unwrap(self.0) {
+            Ok(m) => m.into_inner().unwrap_or_else(|e| e.into_inner()),
+            Err(_) => unreachable!("every step task has finished"),
+        }
     }
 }
 
@@ -823,7 +840,7 @@ fn take(cp: Arc<Mutex<Checkpoint>>) -> Checkpoint {
 /// progress, and writes the tool's output to the step's log.
 struct JournalSink {
     step: String,
-    cp: Arc<Mutex<Checkpoint>>,
+    cp: SharedCheckpoint,
     ui: Arc<Ui>,
     log: Mutex<Option<File>>,
     error: Mutex<Option<String>>,
@@ -835,7 +852,7 @@ struct JournalSink {
 impl JournalSink {
     fn new(
         step: String,
-        cp: Arc<Mutex<Checkpoint>>,
+        cp: SharedCheckpoint,
         ui: Arc<Ui>,
         state: &StateDir,
         stop: CancellationToken,
@@ -853,7 +870,7 @@ impl JournalSink {
     }
 
     fn journal(&self, record: Record) {
-        if let Err(e) = self.cp.lock().unwrap_or_else(|e| e.into_inner()).record(record) {
+        if let Err(e) = self.cp.record(record) {
             self.error.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(|| format!("{e:#}"));
             self.stop.cancel();
         }
