@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use rdeploy_adapters::{Failure, PriorStep, PriorSubChange, SubStatus, Tool};
 use serde::{Deserialize, Serialize};
+use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
 use crate::stack::Stack;
@@ -14,9 +15,35 @@ use crate::store::{JournalWriter, Store};
 pub const FORMAT: &str = "rdeploy-checkpoint";
 pub const VERSION: u32 = 1;
 
-/// Now, as an RFC 3339 UTC timestamp.
-pub fn now() -> String {
-    OffsetDateTime::now_utc().format(&time::format_description::well_known::Rfc3339).unwrap_or_default()
+/// A moment the checkpoint records: UTC, written (in JSON and messages) as RFC 3339, e.g.
+/// `2026-12-01T08:00:55.123456789Z`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Timestamp(#[serde(with = "time::serde::rfc3339")] pub OffsetDateTime);
+
+impl Timestamp {
+    /// Parses an RFC 3339 timestamp (as a store that keeps them as text hands them back).
+    pub fn parse(text: &str) -> anyhow::Result<Timestamp> {
+        OffsetDateTime::parse(text, &Rfc3339)
+            .map(Timestamp)
+            .map_err(|e| anyhow::anyhow!("`{text}` is not an RFC 3339 timestamp: {e}"))
+    }
+
+    /// Seconds from `earlier` to this moment.
+    pub fn seconds_since(self, earlier: Timestamp) -> f64 {
+        (self.0 - earlier.0).as_seconds_f64()
+    }
+}
+
+impl std::fmt::Display for Timestamp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0.format(&Rfc3339).map_err(|_| std::fmt::Error)?)
+    }
+}
+
+/// Now, in UTC.
+pub fn now() -> Timestamp {
+    Timestamp(OffsetDateTime::now_utc())
 }
 
 /// What one journal line records.
@@ -124,7 +151,7 @@ pub enum StepMode {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Entry {
     pub seq: u64,
-    pub ts: String,
+    pub ts: Timestamp,
     #[serde(flatten)]
     pub record: Record,
 }
@@ -174,7 +201,7 @@ pub struct SubChangeState {
     pub error: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
-    pub updated: String,
+    pub updated: Timestamp,
 }
 
 /// A step's sub-changes in the order first recorded, indexed by id so that folding a record
@@ -189,7 +216,7 @@ pub struct SubChanges {
 
 impl SubChanges {
     /// The sub-change `id`, recorded as pending at `ts` if it is new; its `updated` becomes `ts`.
-    fn entry(&mut self, id: &str, ts: &str) -> &mut SubChangeState {
+    fn entry(&mut self, id: &str, ts: &Timestamp) -> &mut SubChangeState {
         let pos = match self.index.get(id) {
             Some(&pos) => pos,
             None => {
@@ -199,13 +226,13 @@ impl SubChanges {
                     status: SubStatus::Pending,
                     error: None,
                     note: None,
-                    updated: ts.to_string(),
+                    updated: *ts,
                 });
                 self.list.len() - 1
             }
         };
         let sub = &mut self.list[pos];
-        sub.updated = ts.to_string();
+        sub.updated = *ts;
         sub
     }
 
@@ -266,8 +293,8 @@ pub struct StepState {
     pub refused: Option<String>,
     pub warnings: Vec<String>,
     pub tool_version: Option<String>,
-    pub started: Option<String>,
-    pub finished: Option<String>,
+    pub started: Option<Timestamp>,
+    pub finished: Option<Timestamp>,
     /// Order in which steps finished, for reverting newest first.
     pub done_seq: Option<u64>,
     /// Set when the step was interrupted by a signal.
@@ -298,7 +325,7 @@ impl StepState {
         }
     }
 
-    fn sub_mut(&mut self, id: &str, ts: &str) -> &mut SubChangeState {
+    fn sub_mut(&mut self, id: &str, ts: &Timestamp) -> &mut SubChangeState {
         self.sub_changes.entry(id, ts)
     }
 
@@ -324,7 +351,7 @@ impl StepState {
 pub struct RunInfo {
     pub run_id: String,
     pub command: String,
-    pub started: String,
+    pub started: Timestamp,
     pub host: String,
     pub pid: u32,
     pub stack_digest: String,
@@ -345,8 +372,8 @@ pub struct Deploy {
     pub warnings: Vec<String>,
     pub interrupted: Option<String>,
     pub state: DeployState,
-    pub started: String,
-    pub updated: String,
+    pub started: Timestamp,
+    pub updated: Timestamp,
     /// The last journal record folded into this state.
     pub seq: u64,
 }
@@ -365,8 +392,9 @@ impl Deploy {
             warnings: Vec::new(),
             interrupted: None,
             state: DeployState::Partial,
-            started: String::new(),
-            updated: String::new(),
+            // Set by the first `run` record, which every journal starts with.
+            started: Timestamp(OffsetDateTime::UNIX_EPOCH),
+            updated: Timestamp(OffsetDateTime::UNIX_EPOCH),
             seq: 0,
         }
     }
@@ -394,14 +422,14 @@ impl Deploy {
     }
 
     /// Folds one record into the state. Pure, so replay equals live.
-    pub(crate) fn apply(&mut self, seq: u64, ts: &str, record: &Record) {
+    pub(crate) fn apply(&mut self, seq: u64, ts: &Timestamp, record: &Record) {
         self.seq = seq;
-        self.updated = ts.to_string();
+        self.updated = *ts;
         match record {
             Record::Run { run_id, command, stack, stack_file, stack_digest, steps, host, pid, .. } => {
                 if self.deploy_id.is_empty() {
                     self.deploy_id = run_id.clone();
-                    self.started = ts.to_string();
+                    self.started = *ts;
                 }
                 self.stack = stack.clone();
                 self.stack_file = stack_file.clone();
@@ -410,7 +438,7 @@ impl Deploy {
                 self.runs.push(RunInfo {
                     run_id: run_id.clone(),
                     command: command.clone(),
-                    started: ts.to_string(),
+                    started: *ts,
                     host: host.clone(),
                     pid: *pid,
                     stack_digest: stack_digest.clone(),
@@ -440,7 +468,7 @@ impl Deploy {
                     s.refused = None;
                     s.interrupted = false;
                 }
-                s.started = Some(ts.to_string());
+                s.started = Some(*ts);
                 s.finished = None;
                 if tool_version.is_some() {
                     s.tool_version = tool_version.clone();
@@ -486,7 +514,7 @@ impl Deploy {
                 let s = self.step_mut(step);
                 s.status = StepStatus::Done;
                 s.failure = None;
-                s.finished = Some(ts.to_string());
+                s.finished = Some(*ts);
                 s.done_seq = Some(seq);
             }
             Record::StepFailed { step, failure } => {
@@ -494,13 +522,13 @@ impl Deploy {
                 s.status = StepStatus::Failed;
                 s.interrupted = failure.interrupted;
                 s.failure = Some(failure.clone());
-                s.finished = Some(ts.to_string());
+                s.finished = Some(*ts);
             }
             Record::StepRefused { step, reason } => {
                 let s = self.step_mut(step);
                 s.status = StepStatus::Refused;
                 s.refused = Some(reason.clone());
-                s.finished = Some(ts.to_string());
+                s.finished = Some(*ts);
             }
             Record::StepReverted { step, how } => {
                 let s = self.step_mut(step);
@@ -509,13 +537,13 @@ impl Deploy {
                 s.revert_failure = None;
                 s.sub_changes.clear();
                 s.done_seq = None;
-                s.finished = Some(ts.to_string());
+                s.finished = Some(*ts);
             }
             Record::StepRevertFailed { step, failure } => {
                 let s = self.step_mut(step);
                 // Stays `Reverting`: half undone is neither in place nor reverted.
                 s.revert_failure = Some(failure.clone());
-                s.finished = Some(ts.to_string());
+                s.finished = Some(*ts);
             }
             Record::Interrupted { signal } => self.interrupted = Some(signal.clone()),
             Record::Finished { state } => self.state = *state,
@@ -698,21 +726,39 @@ mod tests {
     use std::io::Write;
 
     #[test]
+    fn timestamps_are_typed_and_written_as_the_rfc3339_text_they_were_read_from() {
+        for text in ["2026-12-01T08:00:55Z", "2026-12-01T08:00:55.5Z", "2026-12-01T08:00:55.123456789Z"] {
+            let ts = Timestamp::parse(text).unwrap();
+            assert_eq!(ts.to_string(), text);
+            assert_eq!(serde_json::to_string(&ts).unwrap(), format!("\"{text}\""));
+            assert_eq!(serde_json::from_str::<Timestamp>(&format!("\"{text}\"")).unwrap(), ts);
+        }
+        // `now()` reads as the string the checkpoint used to store.
+        let now = now();
+        assert_eq!(now.to_string(), now.0.format(&Rfc3339).unwrap());
+        let later = Timestamp::parse("2026-12-01T08:00:56.5Z").unwrap();
+        assert_eq!(later.seconds_since(Timestamp::parse("2026-12-01T08:00:55Z").unwrap()), 1.5);
+        assert!(Timestamp::parse("not-a-date").is_err());
+    }
+
+    #[test]
     fn sub_changes_compare_and_serialize_as_their_list_and_index_after_loading() {
+        let t = |text: &str| Timestamp::parse(text).unwrap();
+        let (t1, t2) = (t("2026-12-01T08:00:00Z"), t("2026-12-01T08:00:01.5Z"));
         let mut subs = SubChanges::default();
-        subs.entry("a", "t1").status = SubStatus::Done;
-        subs.entry("b", "t1");
+        subs.entry("a", &t1).status = SubStatus::Done;
+        subs.entry("b", &t1);
         let json = serde_json::to_value(&subs).unwrap();
         assert_eq!(json, serde_json::to_value(&subs.list).unwrap(), "the JSON is the plain list");
         let mut loaded: SubChanges = serde_json::from_value(json).unwrap();
         assert_eq!(loaded, subs);
         // The loaded list is indexed: an id it holds is found, not appended again.
-        loaded.entry("a", "t2").status = SubStatus::Failed;
+        loaded.entry("a", &t2).status = SubStatus::Failed;
         assert_eq!(loaded.len(), 2);
-        assert_eq!((loaded[0].status, loaded[0].updated.as_str()), (SubStatus::Failed, "t2"));
+        assert_eq!((loaded[0].status, loaded[0].updated), (SubStatus::Failed, t2));
         assert_ne!(loaded, subs, "a different list is a different value");
         loaded.clear();
-        loaded.entry("c", "t3");
+        loaded.entry("c", &t2);
         assert_eq!(loaded.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(), ["c"]);
     }
 

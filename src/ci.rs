@@ -379,13 +379,6 @@ fn xml_text(s: &str) -> String {
     xml_escape(s).replace("&#10;", "\n")
 }
 
-/// Seconds between two checkpoint timestamps.
-fn seconds(started: Option<&str>, finished: Option<&str>) -> Option<f64> {
-    let parse = |t: &str| time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok();
-    let (a, b) = (parse(started?)?, parse(finished?)?);
-    Some(((b - a).as_seconds_f64()).max(0.0))
-}
-
 /// The JUnit XML report: a test case per step in run order; failures carry the tool's message
 /// and the tail of its stderr, steps that did not run are skipped.
 fn junit(session: &Session, deploy: &Deploy, status: &Status) -> String {
@@ -401,7 +394,7 @@ fn junit(session: &Session, deploy: &Deploy, status: &Status) -> String {
     let (mut failures, mut skipped, mut total_time) = (0, 0, 0.0);
     for s in &ordered {
         let state = deploy.step(&s.name);
-        let time = seconds(state.and_then(|d| d.started.as_deref()), state.and_then(|d| d.finished.as_deref()));
+        let time = state.and_then(|d| Some(d.finished?.seconds_since(d.started?).max(0.0)));
         total_time += time.unwrap_or(0.0);
         let time_attr = time.map(|t| format!(" time=\"{t:.3}\"")).unwrap_or_default();
         let _ = writeln!(
@@ -490,7 +483,7 @@ fn junit(session: &Session, deploy: &Deploy, status: &Status) -> String {
     let _ = writeln!(
         xml,
         "  <testsuite name=\"{suite}\" tests=\"{tests}\" failures=\"{failures}\" errors=\"0\" skipped=\"{skipped}\" time=\"{total_time:.3}\" timestamp=\"{}\">",
-        xml_escape(&deploy.started)
+        xml_escape(&deploy.started.to_string())
     );
     let state =
         serde_json::to_value(status.state).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();

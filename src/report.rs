@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use rdeploy_adapters::SubStatus;
 use serde::Serialize;
 
-use crate::checkpoint::{Deploy, DeployState, StepState, StepStatus};
+use crate::checkpoint::{Deploy, DeployState, StepState, StepStatus, Timestamp};
 use crate::diff::StackDiff;
 use crate::lock::Holder;
 use crate::stack::Stack;
@@ -22,9 +22,9 @@ pub struct Status {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub deploy_id: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub started: Option<String>,
+    pub started: Option<Timestamp>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub updated: Option<String>,
+    pub updated: Option<Timestamp>,
     /// The stack file changed since the checkpoint was written.
     pub stack_changed: bool,
     pub steps: Vec<StepReport>,
@@ -308,8 +308,8 @@ pub fn from_deploy(
         stack: deploy.stack.clone(),
         state,
         deploy_id: Some(deploy.deploy_id.clone()),
-        started: Some(deploy.started.clone()),
-        updated: Some(deploy.updated.clone()),
+        started: Some(deploy.started),
+        updated: Some(deploy.updated),
         stack_changed: diff.file_changed,
         steps,
         next: next_command(state, Some(deploy), stack_file),
