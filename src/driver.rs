@@ -44,6 +44,9 @@ pub struct Session {
     /// `recover --force`: the operator vouches that no other process is working on the
     /// release (helm's stuck pending-* rollback); adapters see `RDEPLOY_FORCE=1`.
     pub force: bool,
+    /// `--keep-going` (or `on_failure: continue`): a failure stops only the steps that need
+    /// the failed one; independent branches run on.
+    pub keep_going: bool,
 }
 
 /// How a command ended, in the terms of SPEC.md's exit codes (`cmd::exit_code` maps them).
@@ -150,6 +153,16 @@ struct RunState {
     running: JoinSet<(String, Result<Recovered, Failure>)>,
     outcome: Outcome,
     stopping: bool,
+}
+
+impl RunState {
+    /// A step failed, was refused or reverted: with `keep_going` only its dependents wait
+    /// (they are never ready, and the report names them skipped); otherwise nothing new starts.
+    fn branch_failed(&mut self, keep_going: bool) {
+        if !keep_going {
+            self.stopping = true;
+        }
+    }
 }
 
 /// What to do with a step in this run.
@@ -584,8 +597,8 @@ impl Session {
                     self.ui.step_finished(&name, &format!("refused by its gate: {reason}"));
                     cp.record(Record::StepRefused { step: name.clone(), reason })?;
                     run.outcome = run.outcome.worst(Outcome::Refused);
-                    run.stopping = true;
-                    break;
+                    run.branch_failed(self.keep_going);
+                    continue;
                 }
             }
             let action = match action {
@@ -650,14 +663,14 @@ impl Session {
                 cp.record(Record::StepReverted { step: name.clone(), how: Some(how) })?;
                 cp.snapshot();
                 self.ui.step_finished(&name, &self.ui.paint.warn(&format!("rolled back to {to}")));
-                run.stopping = true;
+                run.branch_failed(self.keep_going);
                 run.outcome = run.outcome.worst(Outcome::StepReverted);
                 return Ok(());
             }
             Err(failure) => failure,
         };
-        run.stopping = true;
         let interrupted = failure.interrupted || self.cancel.is_cancelled();
+        run.branch_failed(self.keep_going && !interrupted);
         self.ui.step_finished(&name, &format!("{}: {}", self.ui.paint.bad("failed"), failure.summary));
         cp.record(Record::StepFailed { step: name.clone(), failure: Failure { interrupted, ..failure } })?;
         let step_outcome = if !step.resumable && step.revert.is_some() {
@@ -667,6 +680,10 @@ impl Session {
         } else {
             Outcome::Partial
         };
+        if step_outcome == Outcome::RevertFailed {
+            // Manual action is needed: nothing more runs on top of a half-reverted step.
+            run.stopping = true;
+        }
         run.outcome = run.outcome.worst(step_outcome);
         if interrupted {
             run.outcome = run.outcome.worst(Outcome::Interrupted);

@@ -1,0 +1,89 @@
+//! Failures across the DAG (issue 17): `--keep-going` and `on_failure: continue`, `timeout:`
+//! for every tool, `retry:` that resumes a step through its recovery path.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{step, Project};
+
+/// Two branches: `a -> b -> c`, and `d`, `e` standing alone; `a` and `e` fail while their
+/// `fail-*` files exist. Every command appends its name to `out`.
+const BRANCHES: &str = r#"
+name: branches
+steps:
+  - name: a
+    tool: shell
+    sub_changes:
+      - { name: a1, run: echo a1 >> out }
+      - { name: a2, run: "if [ -f fail-a ]; then echo 'a2: quota exceeded' >&2; exit 4; fi; echo a2 >> out" }
+  - name: b
+    tool: shell
+    needs: [a]
+    run: echo b >> out
+  - name: c
+    tool: shell
+    needs: [b]
+    run: echo c >> out
+  - name: d
+    tool: shell
+    run: echo d >> out
+  - name: e
+    tool: shell
+    sub_changes:
+      - { name: e1, run: "if [ -f fail-e ]; then echo 'e1: disk full' >&2; exit 5; fi; echo e1 >> out" }
+"#;
+
+#[test]
+fn keep_going_runs_independent_branches_and_recover_runs_only_what_is_left() {
+    let p = Project::new();
+    p.stack(BRANCHES).file("fail-a", "").file("fail-e", "");
+
+    let run = p.rdeploy(&["up", "--keep-going"]);
+    run.code(1).stdout_has("a2: quota exceeded").stdout_has("e1: disk full");
+    assert_eq!(p.lines("out"), ["a1", "d"], "the independent step ran past the failure, its dependents did not");
+    let status = p.status();
+    assert_eq!(step(&status, "a")["status"], "failed");
+    assert_eq!(step(&status, "e")["status"], "failed");
+    assert_eq!(step(&status, "d")["status"], "done");
+    assert_eq!(step(&status, "b")["status"], "skipped");
+    assert!(step(&status, "b")["skipped_because"].as_str().unwrap().contains("needs `a`, which failed"), "{status}");
+    assert_eq!(step(&status, "c")["status"], "skipped");
+    assert!(step(&status, "c")["skipped_because"].as_str().unwrap().contains("needs `b`, which was skipped"));
+
+    // Recover resumes the failed and skipped steps only: `d` and `a1` never run again.
+    p.remove("fail-a");
+    p.remove("fail-e");
+    p.rdeploy(&["recover"]).code(0).stdout_has("deploy complete");
+    assert_eq!(p.lines("out"), ["a1", "d", "a2", "b", "c", "e1"]);
+}
+
+#[test]
+fn without_keep_going_the_first_failure_stops_every_branch() {
+    let p = Project::new();
+    p.stack(BRANCHES).file("fail-a", "");
+    p.rdeploy(&["up"]).code(1).stdout_has("a2: quota exceeded");
+    assert_eq!(p.lines("out"), ["a1"], "d and e wait for `recover`");
+    let status = p.status();
+    assert_eq!(step(&status, "d")["status"], "pending");
+}
+
+#[test]
+fn on_failure_continue_is_keep_going_by_default() {
+    let p = Project::new();
+    p.stack(&BRANCHES.replace("name: branches\n", "name: branches\non_failure: continue\n")).file("fail-a", "");
+    p.rdeploy(&["up"]).code(1).stdout_has("a2: quota exceeded");
+    assert_eq!(p.lines("out"), ["a1", "d", "e1"]);
+    assert_eq!(step(&p.status(), "b")["status"], "skipped");
+}
+
+#[test]
+fn ci_keep_going_reports_every_failure_in_junit() {
+    let p = Project::new();
+    p.stack(BRANCHES).file("fail-a", "").file("fail-e", "");
+    p.rdeploy(&["ci", "--keep-going", "--junit", "junit.xml"]).code(1);
+    let junit = p.read("junit.xml");
+    assert!(junit.contains("failures=\"2\""), "{junit}");
+    assert!(junit.contains("a2: quota exceeded") && junit.contains("e1: disk full"), "{junit}");
+    assert_eq!(p.lines("out"), ["a1", "d"]);
+}
