@@ -670,6 +670,7 @@ impl Session {
             Err(failure) => failure,
         };
         let interrupted = failure.interrupted || self.cancel.is_cancelled();
+        let failure = self.name_timeout(cp, &step, failure);
         run.branch_failed(self.keep_going && !interrupted);
         self.ui.step_finished(&name, &format!("{}: {}", self.ui.paint.bad("failed"), failure.summary));
         cp.record(Record::StepFailed { step: name.clone(), failure: Failure { interrupted, ..failure } })?;
@@ -689,6 +690,49 @@ impl Session {
             run.outcome = run.outcome.worst(Outcome::Interrupted);
         }
         Ok(())
+    }
+
+    /// Every tool's timeout reads the same: "timed out after D" and what was in flight (the
+    /// sub-changes started and not done, else the command), then the tool's own words.
+    fn name_timeout(&self, cp: &SharedCheckpoint, step: &Step, mut failure: Failure) -> Failure {
+        let (true, Some(limit)) = (failure.timed_out, step.timeout) else { return failure };
+        let in_flight: Vec<String> = cp.read(|deploy| {
+            deploy
+                .step(&step.name)
+                .map(|s| {
+                    s.sub_changes
+                        .iter()
+                        .filter(|c| {
+                            matches!(
+                                c.status,
+                                rdeploy_adapters::SubStatus::Started | rdeploy_adapters::SubStatus::Failed
+                            )
+                        })
+                        .map(|c| format!("`{}`", c.id))
+                        .collect()
+                })
+                .unwrap_or_default()
+        });
+        let what = match (in_flight.is_empty(), &failure.command) {
+            (false, Some(command)) => format!("sub-change {} (`{command}`)", in_flight.join(", ")),
+            (false, None) => format!("sub-change {}", in_flight.join(", ")),
+            (true, Some(command)) => format!("`{command}`"),
+            (true, None) => "the tool".to_string(),
+        };
+        failure.summary = format!(
+            "timed out after {} while running {what} (stopped with SIGINT, then SIGTERM and SIGKILL {}s apart): {}",
+            humantime::format_duration(limit),
+            rdeploy_adapters::process::TIMEOUT_GRACE.as_secs(),
+            failure.summary
+        );
+        if failure.hint.is_none() {
+            failure.hint = Some(format!(
+                "raise the step's `timeout` or find why it hangs (its log: {}), then `rdeploy recover {}`",
+                self.state.log_path(&step.name).display(),
+                self.stack_arg
+            ));
+        }
+        failure
     }
 
     /// Failed steps without `revert` that left sub-changes in place: a whole-deploy revert

@@ -227,7 +227,9 @@ fn check_retry(checker: &mut Checker<'_>, keys: &RetryKeys) -> Option<Retry> {
         match regex::Regex::new(pattern.as_str()) {
             Ok(re) => matching.push(re),
             Err(e) => {
-                let why = e.to_string().lines().last().unwrap_or("invalid").trim().to_string();
+                let text = e.to_string();
+                let last = text.lines().last().unwrap_or("invalid").trim();
+                let why = last.strip_prefix("error: ").unwrap_or(last).to_string();
                 checker.at(
                     pattern.span(),
                     format!(

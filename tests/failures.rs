@@ -87,3 +87,86 @@ fn ci_keep_going_reports_every_failure_in_junit() {
     assert!(junit.contains("a2: quota exceeded") && junit.contains("e1: disk full"), "{junit}");
     assert_eq!(p.lines("out"), ["a1", "d"]);
 }
+
+#[test]
+fn a_timeout_stops_the_hung_sub_change_within_the_grace_period_and_names_it() {
+    let p = Project::new();
+    p.stack(
+        r#"
+name: hang
+steps:
+  - name: hang
+    tool: shell
+    timeout: 2s
+    sub_changes:
+      - { name: first, run: echo first >> out }
+      - { name: stuck, run: "echo stuck >> out; sleep 60" }
+"#,
+    );
+    let started = Instant::now();
+    let run = p.rdeploy(&["up"]);
+    let took = started.elapsed();
+    run.code(1).stdout_has("timed out after 2s while running sub-change `stuck`");
+    // `sleep` dies of the SIGINT at 2s; SIGTERM and SIGKILL would follow 5s and 10s later.
+    assert!(took < Duration::from_secs(2 + 10 + 20), "stopped after {took:?}, the tool slept 60s");
+    let status = p.status();
+    assert_eq!(step(&status, "hang")["status"], "failed");
+    assert!(step(&status, "hang")["error"].as_str().unwrap().starts_with("timed out after 2s"), "{status}");
+    assert_eq!(p.lines("out"), ["first", "stuck"]);
+}
+
+#[test]
+fn the_top_level_timeout_is_every_steps_default_and_a_step_may_raise_it() {
+    let p = Project::new();
+    p.stack(
+        r#"
+name: hang
+timeout: 1s
+steps:
+  - name: patient
+    tool: shell
+    timeout: 30s
+    run: sleep 1.5 && echo patient >> out
+  - name: hung
+    tool: shell
+    run: "trap '' INT; sleep 60"
+"#,
+    );
+    let started = Instant::now();
+    let run = p.rdeploy(&["up", "--keep-going"]);
+    let took = started.elapsed();
+    // `hung` ignores SIGINT: SIGTERM after the grace period stops it.
+    run.code(1).stdout_has("timed out after 1s while running sub-change `run` (`trap '' INT; sleep 60`)");
+    assert!(took < Duration::from_secs(1 + 5 + 30), "stopped after {took:?}");
+    assert_eq!(p.lines("out"), ["patient"]);
+    assert_eq!(step(&p.status(), "hung")["status"], "failed");
+}
+
+#[test]
+fn bad_retry_and_timeout_values_are_refused_at_load_with_their_position() {
+    let p = Project::new();
+    p.stack(
+        r#"
+name: bad
+timeout: soon
+steps:
+  - name: a
+    tool: shell
+    run: echo a
+    retry: { attempts: 0, delay: quick, backoff: 0.5, matching: ["(unclosed"] }
+  - name: b
+    tool: shell
+    run: echo b
+    retry: { attemps: 2 }
+"#,
+    );
+    let run = p.rdeploy(&["validate"]);
+    run.code(2)
+        .stderr_has("stack.yaml:3:10: `timeout: soon` is not a duration")
+        .stderr_has("stack.yaml:8:24: `retry.attempts` is a whole number from 1 to 100, not `0`")
+        .stderr_has("stack.yaml:8:34: `retry.delay: quick` is not a duration")
+        .stderr_has("stack.yaml:8:50: `retry.backoff` is a factor from 1 to 10, not `0.5`")
+        .stderr_has("stack.yaml:8:66: `retry.matching` entry `(unclosed` is not a regular expression: unclosed group")
+        .stderr_has("stack.yaml:12:14: unknown field `attemps`")
+        .stderr_has("did you mean `attempts`?");
+}

@@ -731,6 +731,7 @@ impl<'a> Run<'a> {
             stderr_tail: tail,
             hint: Some(hint),
             interrupted: outcome.interrupted,
+            timed_out: outcome.timed_out,
         }
     }
 
@@ -764,6 +765,7 @@ impl<'a> Run<'a> {
                 shell_quote(&lock.id)
             )),
             interrupted: false,
+            timed_out: false,
         }
     }
 }
