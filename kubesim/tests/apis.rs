@@ -252,3 +252,198 @@ fn unknown_kind_is_a_resource_mapping_error() {
     let v: serde_json::Value = serde_json::from_str(&body).expect("json v2");
     assert_eq!(v["swagger"], "2.0");
 }
+
+const TO_DEFAULT: &str = r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: grafana}
+spec:
+  strategy: {type: RollingUpdate}
+  selector: {matchLabels: {app: grafana}}
+  template:
+    metadata: {labels: {app: grafana}}
+    spec:
+      volumes:
+      - {name: config, configMap: {name: grafana}}
+      - {name: storage}
+      containers:
+      - name: grafana
+        image: grafana/grafana
+        readinessProbe: {httpGet: {port: 3000}}
+        env:
+        - {name: POD_IP, valueFrom: {fieldRef: {fieldPath: status.podIP}}}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: recreate}
+spec:
+  strategy: {type: Recreate}
+  selector: {matchLabels: {app: recreate}}
+  template:
+    metadata: {labels: {app: recreate}}
+    spec:
+      containers: [{name: c, image: "nginx:1.27"}]
+---
+apiVersion: apps/v1
+kind: DaemonSet
+metadata: {name: agent}
+spec:
+  updateStrategy: {type: RollingUpdate}
+  selector: {matchLabels: {app: agent}}
+  template:
+    metadata: {labels: {app: agent}}
+    spec:
+      containers: [{name: c, image: "registry.example/agent@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"}]
+---
+apiVersion: apps/v1
+kind: StatefulSet
+metadata: {name: db}
+spec:
+  serviceName: db
+  selector: {matchLabels: {app: db}}
+  template:
+    metadata: {labels: {app: db}}
+    spec:
+      containers: [{name: c, image: "postgres:16"}]
+---
+apiVersion: batch/v1
+kind: Job
+metadata: {name: migrate}
+spec:
+  template:
+    spec:
+      containers: [{name: c, image: "registry.example/migrate:1"}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  type: NodePort
+  selector: {app: grafana}
+  ports: [{port: 80}]
+"#;
+
+fn get_json(k: &Kubesim, kind: &str, name: &str) -> serde_json::Value {
+    serde_json::from_str(&k.kubectl_ok(&["get", kind, name, "-o", "json"])).unwrap()
+}
+
+/// The API server's defaulting (pkg/apis/apps/v1, batch/v1 and core/v1 defaults.go) for fields
+/// the manifests leave out, nested ones included.
+#[test]
+fn defaults_fill_what_the_api_server_fills() {
+    let k = Kubesim::start("kubesim");
+    let o = k.kubectl_stdin(&["apply", "-f", "-"], TO_DEFAULT);
+    assert!(o.status.success(), "apply: {}", stderr(&o));
+
+    let d = get_json(&k, "deployment", "grafana");
+    assert_eq!(
+        d["spec"]["strategy"],
+        serde_json::json!({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": "25%"}})
+    );
+    assert_eq!(d["spec"]["revisionHistoryLimit"], 10);
+    assert_eq!(d["spec"]["progressDeadlineSeconds"], 600);
+    let pod = &d["spec"]["template"]["spec"];
+    assert_eq!(pod["restartPolicy"], "Always");
+    assert_eq!(pod["dnsPolicy"], "ClusterFirst");
+    assert_eq!(pod["terminationGracePeriodSeconds"], 30);
+    let c = &pod["containers"][0];
+    assert_eq!(c["imagePullPolicy"], "Always", "no tag means latest");
+    assert_eq!(c["terminationMessagePath"], "/dev/termination-log");
+    assert_eq!(c["terminationMessagePolicy"], "File");
+    assert_eq!(
+        c["readinessProbe"],
+        serde_json::json!({"httpGet": {"port": 3000, "path": "/", "scheme": "HTTP"}, "timeoutSeconds": 1, "periodSeconds": 10, "successThreshold": 1, "failureThreshold": 3})
+    );
+    assert_eq!(c["env"][0]["valueFrom"]["fieldRef"]["apiVersion"], "v1");
+    assert_eq!(pod["volumes"][0]["configMap"]["defaultMode"], 420);
+    assert_eq!(pod["volumes"][1]["emptyDir"], serde_json::json!({}));
+
+    let r = get_json(&k, "deployment", "recreate");
+    assert_eq!(r["spec"]["strategy"], serde_json::json!({"type": "Recreate"}), "Recreate has no rollingUpdate");
+    assert_eq!(r["spec"]["template"]["spec"]["containers"][0]["imagePullPolicy"], "IfNotPresent");
+
+    let ds = get_json(&k, "daemonset", "agent");
+    assert_eq!(
+        ds["spec"]["updateStrategy"],
+        serde_json::json!({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}})
+    );
+    assert_eq!(ds["spec"]["template"]["spec"]["containers"][0]["imagePullPolicy"], "IfNotPresent", "a digest");
+
+    let sts = get_json(&k, "statefulset", "db");
+    assert_eq!(
+        sts["spec"]["updateStrategy"],
+        serde_json::json!({"type": "RollingUpdate", "rollingUpdate": {"partition": 0}})
+    );
+    assert_eq!(sts["spec"]["podManagementPolicy"], "OrderedReady");
+    assert_eq!(
+        sts["spec"]["persistentVolumeClaimRetentionPolicy"],
+        serde_json::json!({"whenDeleted": "Retain", "whenScaled": "Retain"})
+    );
+
+    let job = get_json(&k, "job", "migrate");
+    assert_eq!(job["spec"]["backoffLimit"], 6);
+    assert_eq!(job["spec"]["podReplacementPolicy"], "TerminatingOrFailed");
+
+    let svc = get_json(&k, "service", "web");
+    assert_eq!(svc["spec"]["sessionAffinity"], "None");
+    assert_eq!(svc["spec"]["externalTrafficPolicy"], "Cluster");
+    let port = &svc["spec"]["ports"][0];
+    assert_eq!(port["protocol"], "TCP");
+    assert_eq!(port["targetPort"], 80);
+    let node_port = port["nodePort"].as_i64().unwrap();
+    assert!((30000..=32767).contains(&node_port), "{node_port}");
+    assert!(svc["spec"]["clusterIP"].as_str().unwrap().starts_with("10.96."));
+
+    // Re-applying the same manifests stores nothing new. kubectl still sends `$retainKeys`
+    // for `strategy` and `volumes` (their patch strategy) because the live object has the
+    // defaulted fields, so it says "configured" for grafana as against a real cluster; the
+    // server drops the defaulted fields, defaults them again, and the spec does not move
+    // (nor the generation; resourceVersions move with the controller's status writes).
+    let rvs = || {
+        let v: serde_json::Value =
+            serde_json::from_str(&k.kubectl_ok(&["get", "deploy,ds,sts,job,svc", "-o", "json"])).unwrap();
+        let items = v["items"].as_array().unwrap().iter();
+        items.map(|o| (o["metadata"]["generation"].clone(), o["spec"].clone())).collect::<Vec<_>>()
+    };
+    let before = rvs();
+    let again = k.kubectl_stdin(&["apply", "-f", "-"], TO_DEFAULT);
+    assert!(again.status.success(), "{}", stderr(&again));
+    assert_eq!(rvs(), before, "{}", stdout(&again));
+}
+
+/// helm 4 applies `spec: {}` for the namespace `--create-namespace` makes; over a namespace
+/// kubectl applied, that changes nothing, so a real server reports no conflict.
+#[test]
+fn helm4_create_namespace_over_a_kubectl_applied_namespace() {
+    let k = Kubesim::start("kubesim");
+    let o = k.kubectl_stdin(&["apply", "-f", "-"], "apiVersion: v1\nkind: Namespace\nmetadata: {name: shop}\n");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let chart = kubesim::testing::testdata("webapp");
+    k.helm_ok(4, &["install", "web", &chart.to_string_lossy(), "-n", "shop", "--create-namespace"]);
+    assert_eq!(k.helm_statuses(4, "web", "shop"), ["deployed"]);
+}
+
+/// A big CRD: client-side apply stores the whole object in the last-applied annotation and
+/// fails on the 256 KiB annotation limit as on a real cluster; server-side apply succeeds.
+#[test]
+fn big_crd_fails_client_side_and_applies_server_side() {
+    let k = Kubesim::start("kubesim");
+    // A CRD shaped like the big operators' (prometheus-operator, Argo CD): a wide schema.
+    let mut props = String::new();
+    for i in 0..2200 {
+        props.push_str(&format!(
+            "              field{i:04}:\n                type: string\n                description: \"{}\"\n",
+            "x".repeat(100)
+        ));
+    }
+    let crd = format!(
+        "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata: {{name: widgets.example.com}}\nspec:\n  group: example.com\n  scope: Namespaced\n  names: {{plural: widgets, singular: widget, kind: Widget}}\n  versions:\n  - name: v1\n    served: true\n    storage: true\n    schema:\n      openAPIV3Schema:\n        type: object\n        properties:\n          spec:\n            type: object\n            properties:\n{props}"
+    );
+    assert!(crd.len() > 262_144, "the CRD must be over the limit: {}", crd.len());
+    let o = k.kubectl_stdin(&["apply", "-f", "-"], &crd);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("metadata.annotations: Too long: must have at most 262144 bytes"), "{}", stderr(&o));
+    let o = k.kubectl_stdin(&["apply", "--server-side", "-f", "-"], &crd);
+    assert!(o.status.success(), "{}", stderr(&o));
+    k.kubectl_ok(&["get", "crd", "widgets.example.com"]);
+}
