@@ -58,6 +58,10 @@ pub struct Options {
     /// Glob of container images that never become ready.
     #[arg(long, default_value = "*:broken*")]
     pub fail_image: String,
+    /// Glob of PersistentVolumeClaim names whose provisioning fails: they stay Pending, and
+    /// so do the pods that mount them.
+    #[arg(long, default_value = "")]
+    pub fail_pvc: String,
     /// Taint a node so pods that do not tolerate it stay Pending: CLUSTER/NODE (e.g. edge-1/node-3).
     #[arg(long, value_delimiter = ',')]
     pub taint_node: Vec<String>,
@@ -121,8 +125,12 @@ fn build(opts: &Options) -> Result<(Arc<Sim>, Vec<String>)> {
         let (c, n) = t.split_once('/').with_context(|| format!("--taint-node {t:?} must be CLUSTER/NODE"))?;
         taints.push((c.to_string(), n.to_string()));
     }
-    let config =
-        SimConfig { fail_image: opts.fail_image.clone(), pod_startup_ms: opts.pod_startup_ms, nodes: opts.nodes };
+    let config = SimConfig {
+        fail_image: opts.fail_image.clone(),
+        pod_startup_ms: opts.pod_startup_ms,
+        nodes: opts.nodes,
+        fail_pvc: opts.fail_pvc.clone(),
+    };
     let sim = Arc::new(Sim::new(names.clone(), config, &taints));
     for c in &opts.offline {
         if !sim.set_offline(c, true) {

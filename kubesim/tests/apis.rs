@@ -145,7 +145,7 @@ fn names(k: &Kubesim) -> Vec<String> {
     let out = k.kubectl_ok(&["get", SHORT_NAMES, "-o", "name"]);
     let mut v: Vec<String> = out
         .lines()
-        .filter(|l| !l.starts_with("serviceaccount/default"))
+        .filter(|l| !l.starts_with("serviceaccount/default") && *l != "storageclass.storage.k8s.io/standard")
         .map(str::to_string)
         .collect();
     v.sort();
@@ -421,6 +421,71 @@ fn helm4_create_namespace_over_a_kubectl_applied_namespace() {
     let chart = kubesim::testing::testdata("webapp");
     k.helm_ok(4, &["install", "web", &chart.to_string_lossy(), "-n", "shop", "--create-namespace"]);
     assert_eq!(k.helm_statuses(4, "web", "shop"), ["deployed"]);
+}
+
+const CLAIMS: &str = r#"
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: data}
+spec:
+  accessModes: [ReadWriteOnce]
+  resources: {requests: {storage: 2Gi}}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: broken-data}
+spec:
+  accessModes: [ReadWriteOnce]
+  resources: {requests: {storage: 1Gi}}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: db}
+spec:
+  selector: {matchLabels: {app: db}}
+  template:
+    metadata: {labels: {app: db}}
+    spec:
+      volumes: [{name: data, persistentVolumeClaim: {claimName: data}}]
+      containers: [{name: db, image: "postgres:16", volumeMounts: [{name: data, mountPath: /var/lib/postgresql}]}]
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: stuck}
+spec:
+  selector: {matchLabels: {app: stuck}}
+  template:
+    metadata: {labels: {app: stuck}}
+    spec:
+      volumes: [{name: data, persistentVolumeClaim: {claimName: broken-data}}]
+      containers: [{name: c, image: "postgres:16"}]
+"#;
+
+/// A default StorageClass and a provisioner: claims bind (with a PersistentVolume), pods that
+/// mount them run; a claim matching `--fail-pvc` stays Pending and so does its pod.
+#[test]
+fn claims_bind_through_the_default_storage_class_unless_provisioning_fails() {
+    let k = Kubesim::start_with("kubesim", &["--fail-pvc", "broken-*", "--pod-startup-ms", "50"]);
+    let sc = k.kubectl_ok(&["get", "storageclass", "-o", "jsonpath={.items[*].metadata.name}"]);
+    assert_eq!(sc, "standard");
+    let o = k.kubectl_stdin(&["apply", "-f", "-"], CLAIMS);
+    assert!(o.status.success(), "{}", stderr(&o));
+    k.kubectl_ok(&["wait", "--for=jsonpath={.status.phase}=Bound", "pvc/data", "--timeout=30s"]);
+    let pvc = get_json(&k, "pvc", "data");
+    assert_eq!(pvc["spec"]["storageClassName"], "standard");
+    let pv_name = pvc["spec"]["volumeName"].as_str().expect("volumeName").to_string();
+    assert_eq!(pvc["status"]["capacity"]["storage"], "2Gi");
+    let pv = get_json(&k, "pv", &pv_name);
+    assert_eq!(pv["status"]["phase"], "Bound");
+    assert_eq!(pv["spec"]["claimRef"]["name"], "data");
+    k.kubectl_ok(&["rollout", "status", "deployment/db", "--timeout=30s"]);
+
+    let o = k.kubectl(&["rollout", "status", "deployment/stuck", "--timeout=2s"]);
+    assert!(!o.status.success(), "a deployment on an unprovisioned claim must not roll out");
+    assert_eq!(get_json(&k, "pvc", "broken-data")["status"]["phase"], "Pending");
+    let pods =
+        k.kubectl_ok(&["get", "pods", "-l", "app=stuck", "-o", "jsonpath={.items[0].status.conditions[0].message}"]);
+    assert!(pods.contains("pod has unbound immediate PersistentVolumeClaims"), "{pods}");
 }
 
 /// A big CRD: client-side apply stores the whole object in the last-applied annotation and
