@@ -512,3 +512,22 @@ fn big_crd_fails_client_side_and_applies_server_side() {
     assert!(o.status.success(), "{}", stderr(&o));
     k.kubectl_ok(&["get", "crd", "widgets.example.com"]);
 }
+
+/// kubectl's imperative generators send protobuf bodies: a Deployment and a Service.
+#[test]
+fn kubectl_create_deployment_and_service_send_protobuf() {
+    let k = Kubesim::start_with("kubesim", &["--pod-startup-ms", "50"]);
+    k.kubectl_ok(&["create", "deployment", "web", "--image=nginx:1.27", "--replicas=2", "--port=8080"]);
+    k.kubectl_ok(&["create", "service", "clusterip", "web", "--tcp=80:8080"]);
+    let d = get_json(&k, "deployment", "web");
+    assert_eq!(d["spec"]["replicas"], 2);
+    assert_eq!(d["spec"]["selector"]["matchLabels"]["app"], "web");
+    let c = &d["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(c["image"], "nginx:1.27");
+    assert_eq!(c["ports"][0]["containerPort"], 8080);
+    let s = get_json(&k, "service", "web");
+    assert_eq!(s["spec"]["ports"][0]["port"], 80);
+    assert_eq!(s["spec"]["ports"][0]["targetPort"], 8080);
+    assert_eq!(s["spec"]["selector"]["app"], "web");
+    k.kubectl_ok(&["rollout", "status", "deployment/web", "--timeout=30s"]);
+}
