@@ -150,7 +150,7 @@ impl Session {
         match self.store.lock(command) {
             Ok(lock) => {
                 if let Some(dead) = lock.took_over_from() {
-                    if dead.host == crate::lock::hostname() && !dead.is_alive_here() {
+                    if dead.host == crate::store::hostname() && !dead.is_alive_here() {
                         self.ui.warn(format!(
                             "took over the lock of a run that died without releasing it: {dead}; its checkpoint is used as it was left"
                         ));
@@ -183,12 +183,12 @@ impl Session {
                 rdeploy_adapters::process::note_running_children_in(running);
                 Ok(lock)
             }
-            Err(crate::lock::LockError::Held { dir, holder }) => {
+            Err(crate::store::LockError::Held { dir, holder }) => {
                 Err(Refusal::new(Code::Locked, format!("another run holds the lock on {dir}: {holder}"))
                     .with_hint("wait for it to finish; `rdeploy status` shows its progress")
                     .into())
             }
-            Err(crate::lock::LockError::Io(e)) => Err(e),
+            Err(crate::store::LockError::Io(e)) => Err(e),
         }
     }
 
@@ -247,7 +247,7 @@ impl Session {
         if dry_run {
             return self.dry_run(&deploy, &actions).await;
         }
-        let mut cp = Checkpoint::open(self.store.as_ref(), holder_alive)?;
+        let mut cp = Checkpoint::resume(self.store.as_ref())?;
         let run_id = ulid::Ulid::new().to_string();
         cp.record(Checkpoint::run_record(&self.stack, "recover", &run_id))?;
         for (name, _) in &actions {
@@ -328,7 +328,7 @@ impl Session {
     fn archive_if_finished(&self) -> anyhow::Result<()> {
         if let Some(deploy) = self.store.load_unfinished()? {
             if deploy.state != DeployState::Partial {
-                Checkpoint::open(self.store.as_ref(), false)?.archive_finished()?;
+                Checkpoint::reopen_as_is(self.store.as_ref())?.archive_finished()?;
             }
         }
         Ok(())
@@ -662,7 +662,7 @@ impl Session {
         let status = report::from_deploy(&self.stack, &self.state, deploy, &self.stack_arg, None);
         print!("{}", report::render_text(&status, crate::ui::Paint { enabled: false }));
         if deploy.state == DeployState::Partial {
-            crate::store::local::write_atomic(&self.state.report_path(), report::render_markdown(&status).as_bytes())?;
+            self.state.write_atomic(&self.state.report_path(), report::render_markdown(&status).as_bytes())?;
         }
         Ok(())
     }
@@ -725,7 +725,7 @@ impl Session {
         let cp = if self.store.has_unfinished()? {
             let deploy = self.store.load_settled(false)?.expect("journal exists");
             self.check_mapping(&deploy)?;
-            let mut cp = Checkpoint::open(self.store.as_ref(), false)?;
+            let mut cp = Checkpoint::resume(self.store.as_ref())?;
             cp.record(Checkpoint::run_record(&self.stack, "revert", &ulid::Ulid::new().to_string()))?;
             cp
         } else {
@@ -770,7 +770,7 @@ impl Session {
             println!("nothing to reset: no unfinished deploy in {}", self.store.location());
             return Ok(Code::Ok);
         }
-        let mut cp = Checkpoint::open(self.store.as_ref(), false)?;
+        let mut cp = Checkpoint::reopen_as_is(self.store.as_ref())?;
         cp.record(Record::Warning { step: None, message: "reset by the operator after manual reconciliation".into() })?;
         let deploy = cp.finish(DeployState::Partial)?;
         println!(
@@ -820,11 +820,15 @@ impl JournalSink {
         state: &StateDir,
         stop: CancellationToken,
     ) -> anyhow::Result<JournalSink> {
-        let path = state.log_path(&step);
-        if let Some(dir) = path.parent() {
-            fs_err::create_dir_all(dir)?;
-        }
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(&path).ok();
+        // 0600, never through a symlink planted at its name (a refusal is a warning: the step
+        // runs, its output still reaches the terminal).
+        let log = match state.create_file(&state.log_path(&step)) {
+            Ok(file) => Some(file),
+            Err(e) => {
+                ui.warn(format!("{step}: not writing the step's log: {e:#}"));
+                None
+            }
+        };
         Ok(JournalSink { step, cp, ui, log: Mutex::new(log), error: Mutex::new(None), stop })
     }
 

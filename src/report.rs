@@ -7,9 +7,9 @@ use rdeploy_adapters::SubStatus;
 use serde::Serialize;
 
 use crate::checkpoint::{Deploy, DeployState, StepState, StepStatus};
-use crate::lock::Holder;
 use crate::stack::Stack;
 use crate::store::local::StateDir;
+use crate::store::Holder;
 use crate::store::Store;
 use crate::ui::Paint;
 

@@ -42,10 +42,10 @@ use tokio_postgres::{Client, Statement};
 
 use super::local::StateDir;
 use super::pg_tls;
+use super::{hostname, Holder, LockError};
 use super::{JournalWriter, LockGuard, Store};
 use crate::checkpoint::{now, Deploy, Entry, Record, FORMAT, VERSION};
 use crate::exit::{Code, Refusal};
-use crate::lock::{hostname, Holder, LockError};
 
 /// Timings, from the environment so tests can shorten them.
 #[derive(Clone, Copy, Debug)]
@@ -443,6 +443,23 @@ fn round(x: f64) -> f64 {
 }
 
 impl Store for PostgresStore {
+    fn entries(&self) -> anyhow::Result<Option<Vec<Entry>>> {
+        PostgresStore::entries(self)
+    }
+
+    fn history(&self) -> anyhow::Result<Vec<Deploy>> {
+        PostgresStore::history(self)
+    }
+
+    fn import_history(&self, deploys: &[Deploy]) -> anyhow::Result<()> {
+        PostgresStore::import_history(self, deploys)
+    }
+
+    fn retire_unfinished(&self) -> anyhow::Result<String> {
+        self.remove_unfinished()?;
+        Ok("the source journal was removed from the database".into())
+    }
+
     fn location(&self) -> String {
         format!("{} (stack {})", self.shared.display, self.shared.stack)
     }
