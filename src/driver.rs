@@ -765,12 +765,24 @@ impl Session {
     /// `rdeploy reset --yes`: forget the unfinished deploy (kept in history).
     pub fn reset(&self) -> anyhow::Result<Code> {
         let _lock = self.lock("reset")?;
-        self.archive_if_finished()?;
+        // `reset --yes` always works: a journal that cannot be read at all is moved aside.
+        let archived = self.archive_if_finished();
         if !self.store.has_unfinished()? {
+            archived?;
             println!("nothing to reset: no unfinished deploy in {}", self.store.location());
             return Ok(Code::Ok);
         }
-        let mut cp = Checkpoint::reopen_as_is(self.store.as_ref())?;
+        let mut cp = match Checkpoint::reopen_as_is(self.store.as_ref()) {
+            Ok(cp) => cp,
+            Err(e) => {
+                let said = self.store.retire_unfinished()?;
+                println!(
+                    "forgot the unfinished deploy in {}: its journal could not be read ({e:#}); {said}; the next `rdeploy up` starts from the top",
+                    self.store.location()
+                );
+                return Ok(Code::Ok);
+            }
+        };
         cp.record(Record::Warning { step: None, message: "reset by the operator after manual reconciliation".into() })?;
         let deploy = cp.finish(DeployState::Partial)?;
         println!(

@@ -127,6 +127,23 @@ fn reset_works_on_a_journal_with_an_unreadable_line() {
     assert!(!p.exists(".rdeploy/journal.jsonl"));
 }
 
+#[test]
+fn reset_works_on_a_journal_it_cannot_read_at_all() {
+    let p = four_done();
+    std::fs::write(
+        p.path(".rdeploy/journal.jsonl"),
+        "{\"format\":\"rdeploy-checkpoint\",\"version\":99,\"created\":\"x\"}\n",
+    )
+    .unwrap();
+    p.rdeploy(&["recover"]).code(1).stderr_has("version 99 is not supported");
+    p.rdeploy(&["reset", "--yes"])
+        .code(0)
+        .stdout_has("its journal could not be read")
+        .stdout_has("the journal is kept as");
+    assert!(!p.exists(".rdeploy/journal.jsonl"));
+    p.rdeploy(&["up"]).code(0);
+}
+
 /// A tmpfs mounted at a path for the test's lifetime (tests run as root).
 struct Mount(std::path::PathBuf);
 

@@ -152,13 +152,10 @@ pub fn full(store: &dyn Store, reopen: &dyn Fn() -> Box<dyn Store>) {
     assert!(again.took_over_from().is_none(), "a clean release leaves no holder behind");
 }
 
-/// The integration tests' throwaway PostgreSQL server.
-#[path = "../../tests/common/postgres.rs"]
-mod pg;
-
 mod tests {
-    use super::{full, pg};
+    use super::full;
     use crate::store::local::LocalStore;
+    use crate::store::postgres::test_server as pg;
     use crate::store::postgres::PostgresStore;
     use crate::store::Store;
 

@@ -422,9 +422,7 @@ impl Store for LocalStore {
             let mut journal = self.open_writer(file, Mark { written: known, synced: known })?;
             replay = self.replay()?;
             // Said once, durably, as warning records.
-            let mut seq = known;
-            for message in said {
-                seq += 1;
+            for (seq, message) in (known + 1..).zip(said) {
                 let entry = Entry { seq, ts: now(), record: Record::Warning { step: None, message } };
                 journal.append(&entry)?;
                 replay.deploy.apply(entry.seq, &entry.ts, &entry.record);
@@ -471,7 +469,7 @@ impl Store for LocalStore {
         fs_err::rename(self.dir.journal_path(), &moved)?;
         let _ = fs_err::remove_file(self.dir.snapshot_path());
         let _ = fs_err::remove_file(self.mark_path());
-        Ok(format!("the source journal is kept as {}", moved.display()))
+        Ok(format!("the journal is kept as {}", moved.display()))
     }
 }
 

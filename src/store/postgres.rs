@@ -457,7 +457,7 @@ impl Store for PostgresStore {
 
     fn retire_unfinished(&self) -> anyhow::Result<String> {
         self.remove_unfinished()?;
-        Ok("the source journal was removed from the database".into())
+        Ok("the journal was removed from the database".into())
     }
 
     fn location(&self) -> String {
@@ -1144,7 +1144,7 @@ impl Drop for Worker {
 
 #[cfg(test)]
 #[path = "../../tests/common/postgres.rs"]
-mod test_server;
+pub(crate) mod test_server;
 
 #[cfg(test)]
 mod tests {
