@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use rdeploy_adapters::fold::{fold_sub_change, SubChangeEvent, SubChangeFields};
 use rdeploy_adapters::{Failure, PriorStep, PriorSubChange, SubStatus, Tool};
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
@@ -177,6 +178,16 @@ pub struct SubChangeState {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
     pub updated: String,
+}
+
+impl SubChangeState {
+    /// The one sub-change fold, shared with the adapters' test `Recorder`.
+    fn fold(&mut self, event: SubChangeEvent<'_>) {
+        fold_sub_change(
+            SubChangeFields { status: &mut self.status, error: &mut self.error, note: &mut self.note },
+            event,
+        );
+    }
 }
 
 /// An index derived from `StepState::sub_changes`; it never makes two states differ.
@@ -419,29 +430,18 @@ impl Deploy {
             Record::Planned { step, ids } => {
                 let s = self.step_mut(step);
                 for id in ids {
-                    s.sub_mut(id, ts);
+                    s.sub_mut(id, ts).fold(SubChangeEvent::Planned);
                 }
             }
-            Record::SubStarted { step, id } => {
-                let sub = self.step_mut(step).sub_mut(id, ts);
-                sub.status = SubStatus::Started;
-                sub.error = None;
-            }
+            Record::SubStarted { step, id } => self.step_mut(step).sub_mut(id, ts).fold(SubChangeEvent::Started),
             Record::SubDone { step, id, note } => {
-                let sub = self.step_mut(step).sub_mut(id, ts);
-                sub.status = SubStatus::Done;
-                sub.error = None;
-                sub.note = note.clone();
+                self.step_mut(step).sub_mut(id, ts).fold(SubChangeEvent::Done { note: note.as_deref() })
             }
             Record::SubFailed { step, id, error } => {
-                let sub = self.step_mut(step).sub_mut(id, ts);
-                sub.status = SubStatus::Failed;
-                sub.error = Some(error.clone());
+                self.step_mut(step).sub_mut(id, ts).fold(SubChangeEvent::Failed { error })
             }
             Record::SubPending { step, id, reason } => {
-                let sub = self.step_mut(step).sub_mut(id, ts);
-                sub.status = SubStatus::Pending;
-                sub.note = Some(reason.clone());
+                self.step_mut(step).sub_mut(id, ts).fold(SubChangeEvent::Pending { reason })
             }
             Record::Fact { step, key, value } => {
                 self.step_mut(step).facts.insert(key.clone(), value.clone());
@@ -759,6 +759,41 @@ mod tests {
         let text = fs_err::read_to_string(dir.dir().journal_path()).unwrap();
         assert!(text.lines().all(|l| serde_json::from_str::<serde_json::Value>(l).is_ok()));
         assert_eq!(dir.load_unfinished().unwrap().unwrap().seq, 7);
+    }
+
+    #[test]
+    fn the_adapters_test_recorder_folds_events_as_the_journal_does() {
+        use rdeploy_adapters::testing::Recorder;
+        use rdeploy_adapters::{Event, EventSink};
+        let events = vec![
+            Event::Planned { ids: vec!["a".into(), "b".into(), "c".into()] },
+            Event::Started { id: "a".into() },
+            Event::Done { id: "a".into(), note: Some("made".into()) },
+            Event::Started { id: "b".into() },
+            Event::Failed { id: "b".into(), error: "boom".into() },
+            // A failed sub-change put back to pending keeps its error, in both.
+            Event::Pending { id: "b".into(), reason: "retry later".into() },
+            Event::Fact { key: "k".into(), value: serde_json::json!(1) },
+            Event::Started { id: "d".into() },
+        ];
+        let recorder = Recorder::default();
+        let mut deploy = Deploy::empty();
+        deploy.apply(1, "t", &run(&["seed"]));
+        for (i, event) in events.into_iter().enumerate() {
+            let step = "seed".to_string();
+            let record = match event.clone() {
+                Event::Planned { ids } => Record::Planned { step, ids },
+                Event::Started { id } => Record::SubStarted { step, id },
+                Event::Done { id, note } => Record::SubDone { step, id, note },
+                Event::Failed { id, error } => Record::SubFailed { step, id, error },
+                Event::Pending { id, reason } => Record::SubPending { step, id, reason },
+                Event::Fact { key, value } => Record::Fact { step, key, value },
+                _ => unreachable!(),
+            };
+            deploy.apply(i as u64 + 2, "t", &record);
+            recorder.emit(event);
+        }
+        assert_eq!(recorder.prior(), deploy.step("seed").unwrap().prior());
     }
 
     #[test]
