@@ -180,6 +180,8 @@ impl Session {
                     ))
                     .into());
                 }
+                // 0700 before process.rs writes its notes there.
+                self.state.create_dir(&running)?;
                 rdeploy_adapters::process::note_running_children_in(running);
                 Ok(lock)
             }
@@ -569,7 +571,8 @@ impl Session {
             self.ui.step_started(&name, &what);
             let ctx = self.context(&step, self.cancel.child_token());
             let sink = JournalSink::new(name.clone(), cp.clone(), self.ui.clone(), &self.state, ctx.cancel.clone())?;
-            fs_err::create_dir_all(&ctx.work_dir)?;
+            // 0700: the tools' files in it (terraform's saved plan) are nobody else's to read.
+            self.state.create_dir(&ctx.work_dir)?;
             run.running.spawn(async move {
                 let result = match &action {
                     Action::Recover(prior) => step.spec.recover(&ctx, prior, &sink).await,

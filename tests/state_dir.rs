@@ -240,16 +240,25 @@ fn a_state_dir_of_another_user_or_writable_by_all_is_refused() {
 }
 
 /// Every directory rdeploy made under `.rdeploy/` is 0700 and every file 0600, even under
-/// umask 000 (tools' own files under `steps/`, and `running/`, are not rdeploy's writes).
+/// umask 000. The tools' own files under `steps/<step>/` and process.rs's notes in `running/`
+/// are not written by the state dir's code: only their directories are checked (0700 hides them).
 fn assert_private(dir: &Path) {
     for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
         let name = path.file_name().unwrap().to_string_lossy().into_owned();
-        if name == "running" || name == "steps" {
-            continue;
-        }
         let meta = std::fs::symlink_metadata(&path).unwrap();
         let mode = meta.mode() & 0o777;
+        if name == "running" || name == "steps" {
+            assert_eq!(mode, 0o700, "{} is {mode:o}", path.display());
+            for inner in std::fs::read_dir(&path).unwrap() {
+                let inner = inner.unwrap().path();
+                if inner.is_dir() {
+                    let mode = std::fs::metadata(&inner).unwrap().mode() & 0o777;
+                    assert_eq!(mode, 0o700, "{} is {mode:o}", inner.display());
+                }
+            }
+            continue;
+        }
         if meta.is_dir() {
             assert_eq!(mode, 0o700, "{} is {mode:o}", path.display());
             assert_private(&path);
@@ -276,7 +285,9 @@ fn everything_rdeploy_writes_in_the_state_dir_is_private_whatever_the_umask() {
         Run::from(cmd.output().unwrap(), args)
     };
     run(&["up"]).code(1);
-    assert!(p.exists(".rdeploy/logs/seed.log") && p.exists(".rdeploy/report.md") && p.exists(".rdeploy/snapshot.json"));
+    for made in ["logs/seed.log", "report.md", "snapshot.json", "journal.seq", "steps/seed", "running"] {
+        assert!(p.exists(&format!(".rdeploy/{made}")), "{made} was written");
+    }
     assert_private(&p.path(".rdeploy"));
     assert_eq!(std::fs::metadata(p.path(".rdeploy")).unwrap().mode() & 0o777, 0o700);
     p.remove("fail-five");
