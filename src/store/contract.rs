@@ -6,7 +6,7 @@
 use rdeploy_adapters::{SubStatus, Tool};
 
 use super::{LockError, Store};
-use crate::checkpoint::{Deploy, DeployState, Entry, Record, StepHeader, StepMode};
+use crate::checkpoint::{Deploy, DeployState, Entry, Record, StepHeader, StepMode, Timestamp};
 
 fn run_record(run_id: &str) -> Record {
     Record::Run {
@@ -43,8 +43,12 @@ fn entries(run_id: &str) -> Vec<Entry> {
     records
         .into_iter()
         .enumerate()
-        .map(|(i, record)| Entry { seq: i as u64 + 1, ts: format!("2026-01-01T00:00:{i:02}Z"), record })
+        .map(|(i, record)| Entry { seq: i as u64 + 1, ts: ts(&format!("2026-01-01T00:00:{i:02}Z")), record })
         .collect()
+}
+
+fn ts(text: &str) -> Timestamp {
+    Timestamp::parse(text).expect("a test timestamp")
 }
 
 fn fold(entries: &[Entry]) -> Deploy {
@@ -103,12 +107,12 @@ pub fn full(store: &dyn Store, reopen: &dyn Fn() -> Box<dyn Store>) {
     assert!(journal.lost().is_none());
     let next = Entry {
         seq: 7,
-        ts: "2026-01-01T00:00:07Z".into(),
+        ts: ts("2026-01-01T00:00:07Z"),
         record: Record::SubDone { step: "seed".into(), id: "b".into(), note: None },
     };
     journal.append(&next).unwrap();
     let finished =
-        Entry { seq: 8, ts: "2026-01-01T00:00:08Z".into(), record: Record::Finished { state: DeployState::Complete } };
+        Entry { seq: 8, ts: ts("2026-01-01T00:00:08Z"), record: Record::Finished { state: DeployState::Complete } };
     journal.append(&finished).unwrap();
     journal.sync().unwrap();
     let mut all = all;
@@ -128,7 +132,7 @@ pub fn full(store: &dyn Store, reopen: &dyn Fn() -> Box<dyn Store>) {
     // Imported history comes after, oldest first.
     let mut later = fold(&entries("r2"));
     later.state = DeployState::Reverted;
-    later.updated = "2026-01-02T00:00:00Z".into();
+    later.updated = ts("2026-01-02T00:00:00Z");
     store.import_history(std::slice::from_ref(&later)).unwrap();
     assert_eq!(store.history().unwrap(), vec![done, later.clone()]);
     assert_eq!(store.last_finished().unwrap().as_ref(), Some(&later));

@@ -192,7 +192,7 @@ impl LocalStore {
     fn write_history(&self, deploy: &Deploy) -> anyhow::Result<()> {
         let history = self.dir.history_dir();
         self.dir.create_dir(&history)?;
-        let stamp = deploy.updated.replace([':', '-'], "");
+        let stamp = deploy.updated.to_string().replace([':', '-'], "");
         let name = format!("{stamp}-{}.json", deploy.deploy_id);
         write_atomic(&history.join(name), serde_json::to_string_pretty(deploy)?.as_bytes())
     }
@@ -387,7 +387,7 @@ impl Store for LocalStore {
                 _ => {}
             }
             let mut file = open_private(&path, OpenOptions::new().create_new(true).append(true))?;
-            let header = Header { format: FORMAT.into(), version: VERSION, created: now() };
+            let header = Header { format: FORMAT.into(), version: VERSION, created: now().to_string() };
             writeln!(file, "{}", serde_json::to_string(&header)?)?;
             file.sync_all()?;
             let journal = self.open_writer(file, Mark::default())?;
@@ -465,7 +465,7 @@ impl Store for LocalStore {
 
     fn retire_unfinished(&self) -> anyhow::Result<String> {
         // Kept under another name rather than deleted: the operator may want to look.
-        let moved = self.dir.path.join(format!("journal.jsonl.moved-{}", now().replace([':', '-'], "")));
+        let moved = self.dir.path.join(format!("journal.jsonl.moved-{}", now().to_string().replace([':', '-'], "")));
         fs_err::rename(self.dir.journal_path(), &moved)?;
         let _ = fs_err::remove_file(self.dir.snapshot_path());
         let _ = fs_err::remove_file(self.mark_path());

@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use super::{is_url, PostgresStore};
-use crate::checkpoint::{Deploy, Entry};
+use crate::checkpoint::{Deploy, Entry, Timestamp};
 use crate::exit::{Code, Refusal};
 use crate::store::local::LocalStore;
 use crate::store::{LockError, LockGuard, Store};
@@ -113,9 +113,10 @@ pub fn migrate(from: &str, to: &str, stack: Option<&str>) -> anyhow::Result<Stri
     }
 
     // History: skip what the destination already has, so moving back and forth adds nothing.
-    let known: Vec<(String, String)> = dest.store().history()?.into_iter().map(|d| (d.deploy_id, d.updated)).collect();
+    let known: Vec<(String, Timestamp)> =
+        dest.store().history()?.into_iter().map(|d| (d.deploy_id, d.updated)).collect();
     let new_history: Vec<Deploy> =
-        history.into_iter().filter(|d| !known.contains(&(d.deploy_id.clone(), d.updated.clone()))).collect();
+        history.into_iter().filter(|d| !known.contains(&(d.deploy_id.clone(), d.updated))).collect();
     dest.store().import_history(&new_history)?;
 
     let mut said = vec![format!("{} finished deploy(s) copied to the history", new_history.len())];
