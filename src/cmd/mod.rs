@@ -28,7 +28,7 @@ pub fn present(session: &Session, report: &RunReport) -> anyhow::Result<Code> {
     let (text, markdown) = render(session, report);
     print!("{text}");
     if let Some(markdown) = markdown {
-        crate::store::local::write_atomic(&session.state.report_path(), markdown.as_bytes())?;
+        session.state.write_atomic(&session.state.report_path(), markdown.as_bytes())?;
     }
     Ok(exit_code(report.outcome))
 }
