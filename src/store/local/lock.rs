@@ -1,66 +1,18 @@
-//! The state directory's lock: one run at a time. An `flock` on `lock` is the truth (the
-//! kernel drops it when its holder dies, even on kill -9); the file's content names the holder
-//! so a second run can say who, and a lock left by a dead holder is reported when taken over.
+//! The local store's lock: one run at a time. An `flock` on `lock` is the truth (the kernel
+//! drops it when its holder dies, even on kill -9); the file's content names the holder so a
+//! second run can say who, and a lock left by a dead holder is reported when taken over.
+//!
+//! The file is opened with `O_NOFOLLOW` and never truncated before it is locked and checked to
+//! be a regular file of ours: a symlink planted at `.rdeploy/lock` is refused, not followed.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::path::Path;
 
 use anyhow::Context as _;
 use nix::fcntl::{Flock, FlockArg};
-use serde::{Deserialize, Serialize};
 
-/// Who holds (or held) the lock.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Holder {
-    pub pid: u32,
-    pub host: String,
-    pub started: String,
-    pub command: String,
-    /// A shared store's lock is a lease the holder keeps renewing: when it runs out, in RFC 3339.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lease_expires: Option<String>,
-    /// Seconds since the holder last renewed its lease (its heartbeat); large means stuck or gone.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lease_age: Option<f64>,
-    /// Seconds left before the lease runs out and another run may take over.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lease_expires_in: Option<f64>,
-}
-
-impl std::fmt::Display for Holder {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "`rdeploy {}` (pid {} on {}, since {}", self.command, self.pid, self.host, self.started)?;
-        match (self.lease_age, self.lease_expires_in) {
-            (Some(age), Some(left)) if left >= 0.0 => {
-                write!(f, "; lease renewed {age:.1}s ago, expires in {left:.1}s")?
-            }
-            (Some(age), Some(left)) => write!(f, "; lease renewed {age:.1}s ago, expired {:.1}s ago", -left)?,
-            _ => {}
-        }
-        write!(f, ")")
-    }
-}
-
-impl Holder {
-    /// Whether this holder is a live process on this host.
-    pub fn is_alive_here(&self) -> bool {
-        self.host == hostname() && nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid as i32), None).is_ok()
-    }
-}
-
-pub fn hostname() -> String {
-    gethostname::gethostname().to_string_lossy().into_owned()
-}
-
-/// Why the lock could not be taken.
-#[derive(Debug, thiserror::Error)]
-pub enum LockError {
-    #[error("another run holds the lock on {dir}: {holder}")]
-    Held { dir: String, holder: String },
-    #[error(transparent)]
-    Io(#[from] anyhow::Error),
-}
+use crate::store::state_dir::{open_private, StateDir};
+use crate::store::{hostname, Holder, LockError};
 
 /// The held lock; released on drop.
 pub struct Lock {
@@ -71,16 +23,19 @@ pub struct Lock {
 
 impl Lock {
     /// Takes the lock or says who has it. Never waits.
-    pub fn acquire(dir: &Path, command: &str) -> Result<Lock, LockError> {
-        fs_err::create_dir_all(dir).map_err(anyhow::Error::from)?;
-        let path = dir.join("lock");
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .with_context(|| format!("opening {}", path.display()))?;
+    pub fn acquire(dir: &StateDir, command: &str) -> Result<Lock, LockError> {
+        dir.ensure()?;
+        let path = dir.lock_path();
+        let file = open_private(&path, OpenOptions::new().read(true).write(true).create(true).truncate(false))
+            .map_err(|e| match e.downcast_ref::<std::io::Error>() {
+                Some(_) => dir.unwritable(&path, &format!("{e:#}")),
+                None => e,
+            })?;
+        let meta = file.metadata().with_context(|| format!("reading {}", path.display()))?;
+        if !meta.is_file() {
+            return Err(LockError::Io(anyhow::anyhow!("{} is not a regular file", path.display())));
+        }
+        dir.check_owner(&path)?;
         let mut file = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
             Ok(locked) => locked,
             Err((_, errno)) if errno != nix::errno::Errno::EWOULDBLOCK => {
@@ -90,7 +45,7 @@ impl Lock {
                 let holder = read_holder(&mut file)
                     .map(|h| h.to_string())
                     .unwrap_or_else(|| "a process that has not written its name yet".into());
-                return Err(LockError::Held { dir: dir.display().to_string(), holder });
+                return Err(LockError::Held { dir: dir.path.display().to_string(), holder });
             }
         };
         // We hold the flock: any name still in the file belongs to a run that died holding it.
@@ -104,15 +59,15 @@ impl Lock {
             lease_age: None,
             lease_expires_in: None,
         };
-        write_holder(&mut file, Some(&me)).context("writing the lock holder")?;
+        write_holder(&mut file, Some(&me)).map_err(|e| dir.unwritable(&path, &e))?;
         Ok(Lock { file, took_over_from })
     }
 
     /// Who holds the lock now, without taking it (for `status`).
-    pub fn current_holder(dir: &Path) -> Option<Holder> {
+    pub fn current_holder(dir: &StateDir) -> Option<Holder> {
         // Read-only: taking even a shared flock here could make a concurrent `up` see the
         // lock as held. A name in the file is a holder unless it is a dead process on this host.
-        let mut file = OpenOptions::new().read(true).open(dir.join("lock")).ok()?;
+        let mut file = open_private(&dir.lock_path(), OpenOptions::new().read(true)).ok()?;
         let holder = read_holder(&mut file)?;
         let dead_here = holder.host == hostname() && !holder.is_alive_here();
         (!dead_here).then_some(holder)
@@ -149,17 +104,17 @@ mod tests {
     #[test]
     fn a_second_holder_is_refused_and_told_who() {
         let tmp = tempfile::tempdir().unwrap();
-        let first = Lock::acquire(tmp.path(), "up").unwrap();
+        let first = Lock::acquire(&StateDir::new(tmp.path()), "up").unwrap();
         assert!(first.took_over_from.is_none());
-        match Lock::acquire(tmp.path(), "recover") {
+        match Lock::acquire(&StateDir::new(tmp.path()), "recover") {
             Err(LockError::Held { holder, .. }) => {
                 assert!(holder.contains(&format!("pid {}", std::process::id())), "{holder}")
             }
             _ => panic!("second lock must be refused"),
         }
-        assert_eq!(Lock::current_holder(tmp.path()).unwrap().command, "up");
+        assert_eq!(Lock::current_holder(&StateDir::new(tmp.path())).unwrap().command, "up");
         drop(first);
-        let again = Lock::acquire(tmp.path(), "up").unwrap();
+        let again = Lock::acquire(&StateDir::new(tmp.path()), "up").unwrap();
         assert!(again.took_over_from.is_none(), "a clean release leaves no holder behind");
     }
 
@@ -177,7 +132,7 @@ mod tests {
         };
         fs_err::write(tmp.path().join("lock"), serde_json::to_string(&dead).unwrap()).unwrap();
         assert!(!dead.is_alive_here());
-        let lock = Lock::acquire(tmp.path(), "recover").unwrap();
+        let lock = Lock::acquire(&StateDir::new(tmp.path()), "recover").unwrap();
         assert_eq!(lock.took_over_from, Some(dead));
     }
 }
