@@ -12,6 +12,7 @@
 #![deny(clippy::print_stdout, clippy::print_stderr)]
 
 pub mod ansible;
+pub mod fold;
 pub mod helm;
 pub mod kubectl;
 pub mod process;
