@@ -21,7 +21,7 @@ use tokio::task::JoinSet;
 use crate::checkpoint::{Checkpoint, Deploy, DeployState, Record, StepMode, StepStatus};
 use crate::diff::StackDiff;
 use crate::exit::{Code, Refusal};
-use crate::stack::{OnFailure, Stack, Step};
+use crate::stack::{OnFailure, Retry, Stack, Step};
 use crate::store::local::StateDir;
 use crate::store::{LockGuard, Store};
 use crate::ui::Ui;
@@ -621,23 +621,20 @@ impl Session {
                 _ => (StepMode::Apply, format!("{} apply", step.tool)),
             };
             let tool_version = tools.get(&name).map(|t| t.version.clone());
-            cp.record(Record::StepStarted { step: name.clone(), mode, tool_version })?;
+            // A step that cannot resume completes or reverts: it is never retried.
+            let retry = step.retry.clone().filter(|_| step.resumable);
+            if let Some(retry) = &retry {
+                cp.record(Record::Attempt { step: name.clone(), attempt: 1, of: retry.attempts })?;
+            }
+            cp.record(Record::StepStarted { step: name.clone(), mode, tool_version: tool_version.clone() })?;
             self.ui.step_started(&name, &what);
             let ctx = self.context(&step, self.cancel.child_token());
             let sink = JournalSink::new(name.clone(), cp.clone(), self.ui.clone(), &self.state, ctx.cancel.clone())?;
             // 0700: the tools' files in it (terraform's saved plan) are nobody else's to read.
             self.state.create_dir(&ctx.work_dir)?;
+            let attempts = Attempts { retry, cp: cp.clone(), ui: self.ui.clone(), tool_version };
             run.running.spawn(async move {
-                let result = match &action {
-                    Action::Recover(prior) => step.spec.recover(&ctx, prior, &sink).await,
-                    _ => step.spec.apply(&ctx, &sink).await.map(|()| Recovered::Complete),
-                };
-                let result = match (result, sink.journal_error()) {
-                    (_, Some(e)) => Err(Failure::new(format!("the checkpoint could not be written: {e}")).with_hint(
-                        "free disk space or fix permissions on the state directory, then `rdeploy recover`",
-                    )),
-                    (r, None) => r,
-                };
+                let result = attempts.run(&step, &ctx, action, &sink).await;
                 (step.name.clone(), result)
             });
         }
@@ -875,6 +872,109 @@ impl Session {
         let deploy = cp.finish(DeployState::Partial)?;
         Ok(RunReport::new(Outcome::Complete, Some(deploy), Ended::Forgot))
     }
+}
+
+/// One step's attempts: the first as the scheduler chose it, then under `retry:` each further
+/// one through the adapter's recover path, so completed sub-changes never run again. Every
+/// attempt is journaled (its failure, then `Attempt` and `StepStarted`) before it starts.
+struct Attempts {
+    retry: Option<Retry>,
+    cp: SharedCheckpoint,
+    ui: Arc<Ui>,
+    tool_version: Option<String>,
+}
+
+impl Attempts {
+    async fn run(
+        &self,
+        step: &Step,
+        ctx: &StepContext,
+        mut action: Action,
+        sink: &JournalSink,
+    ) -> Result<Recovered, Failure> {
+        let mut attempt = 1;
+        loop {
+            let result = match &action {
+                Action::Recover(prior) => step.spec.recover(ctx, prior, sink).await,
+                _ => step.spec.apply(ctx, sink).await.map(|()| Recovered::Complete),
+            };
+            let failure = match (result, sink.journal_error()) {
+                (_, Some(e)) => return Err(journal_failure(e)),
+                (Ok(done), None) => {
+                    if let Some(retry) = self.retry.as_ref().filter(|_| attempt > 1) {
+                        self.ui.info(format!("{}: succeeded on attempt {attempt} of {}", step.name, retry.attempts));
+                    }
+                    return Ok(done);
+                }
+                (Err(failure), None) => failure,
+            };
+            let Some(retry) = &self.retry else { return Err(failure) };
+            // Never retried: an interrupt, the last attempt, a failure nobody called transient.
+            if failure.interrupted || ctx.cancel.is_cancelled() || attempt >= retry.attempts {
+                return Err(failure);
+            }
+            let Some(why) = retry_reason(retry, step.tool, &failure) else { return Err(failure) };
+            let delay = retry.delay_before(attempt + 1);
+            let summary = failure.summary.clone();
+            if let Err(e) = self.cp.record(Record::StepFailed { step: step.name.clone(), failure }) {
+                return Err(journal_failure(format!("{e:#}")));
+            }
+            self.ui.step_finished(
+                &step.name,
+                &format!(
+                    "{} ({why}): {summary}; attempt {}/{} in {}",
+                    self.ui.paint.warn(&format!("attempt {attempt}/{} failed", retry.attempts)),
+                    attempt + 1,
+                    retry.attempts,
+                    humantime::format_duration(delay)
+                ),
+            );
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = ctx.cancel.cancelled() => {
+                    return Err(Failure { interrupted: true, ..Failure::new(format!("stopped before attempt {} of {}", attempt + 1, retry.attempts)) });
+                }
+            }
+            attempt += 1;
+            let prior = self.cp.read(|d| d.step(&step.name).map(|s| s.prior()).unwrap_or_default());
+            let records = [
+                Record::Attempt { step: step.name.clone(), attempt, of: retry.attempts },
+                Record::StepStarted {
+                    step: step.name.clone(),
+                    mode: StepMode::Recover,
+                    tool_version: self.tool_version.clone(),
+                },
+            ];
+            for record in records {
+                if let Err(e) = self.cp.record(record) {
+                    return Err(journal_failure(format!("{e:#}")));
+                }
+            }
+            self.ui.step_started(&step.name, &format!("{} recover (attempt {attempt}/{})", step.tool, retry.attempts));
+            action = Action::Recover(prior);
+        }
+    }
+}
+
+/// Why a failure is worth another attempt, or `None`: one of `matching` matched its message or
+/// the tool's stderr tail, or it is one of the tool's known transient errors (unless
+/// `transient: false`).
+fn retry_reason(retry: &Retry, tool: rdeploy_adapters::Tool, failure: &Failure) -> Option<String> {
+    let lines = || std::iter::once(failure.summary.as_str()).chain(failure.stderr_tail.iter().map(String::as_str));
+    if let Some(re) = retry.matching.iter().find(|re| lines().any(|l| re.is_match(l))) {
+        return Some(format!("matches `{}`", re.as_str()));
+    }
+    if retry.transient {
+        if let Some(class) = rdeploy_adapters::transient::classify(tool, failure) {
+            return Some(format!("transient: {}", class.describe()));
+        }
+    }
+    None
+}
+
+fn journal_failure(error: String) -> Failure {
+    Failure::new(format!("the checkpoint could not be written: {error}"))
+        .with_hint("free disk space or fix permissions on the state directory, then `rdeploy recover`")
 }
 
 /// The open checkpoint, shared by the scheduler and the running steps' sinks. A poisoned lock is

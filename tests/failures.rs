@@ -170,3 +170,79 @@ steps:
         .stderr_has("stack.yaml:12:14: unknown field `attemps`")
         .stderr_has("did you mean `attempts`?");
 }
+
+/// `flaky` fails twice with a matching message, then succeeds; `strict` fails with a message
+/// that does not match. Every run of a command appends a line to a count file.
+const RETRIES: &str = r#"
+name: retries
+steps:
+  - name: flaky
+    tool: shell
+    retry: { attempts: 3, delay: 100ms, backoff: 2, matching: ["service unavailable"] }
+    sub_changes:
+      - { name: first, run: echo first >> first.count }
+      - name: second
+        run: "echo x >> second.count; if [ $(wc -l < second.count) -lt 3 ]; then echo 'upstream: 503 service unavailable' >&2; exit 1; fi"
+  - name: strict
+    tool: shell
+    retry: { attempts: 3, delay: 100ms, matching: ["service unavailable"] }
+    sub_changes:
+      - { name: only, run: "echo x >> strict.count; echo 'permission denied' >&2; exit 1" }
+"#;
+
+#[test]
+fn a_matching_failure_is_retried_through_recover_and_succeeds_on_attempt_3() {
+    let p = Project::new();
+    p.stack(RETRIES);
+    let run = p.rdeploy(&["up", "--keep-going"]);
+    run.code(1)
+        .stdout_has("flaky (shell): first, second (succeeded on attempt 3 of 3)")
+        .stderr_has("attempt 1/3 failed (matches `service unavailable`)")
+        .stderr_has("flaky: shell recover (attempt 2/3)")
+        .stderr_has("flaky: shell recover (attempt 3/3)");
+    // Completed sub-changes never run again across attempts; the failing one ran three times.
+    assert_eq!(p.lines("first.count").len(), 1);
+    assert_eq!(p.lines("second.count").len(), 3);
+    // A failure that does not match runs once.
+    assert_eq!(p.lines("strict.count").len(), 1);
+
+    let status = p.status();
+    let flaky = step(&status, "flaky");
+    assert_eq!(flaky["status"], "done");
+    assert_eq!(flaky["attempts"], 3);
+    assert_eq!(flaky["max_attempts"], 3);
+    let errors = flaky["attempt_errors"].as_array().unwrap();
+    assert_eq!(errors.len(), 2, "{flaky}");
+    assert!(errors[0].as_str().unwrap().contains("503 service unavailable"), "{flaky}");
+    let strict = step(&status, "strict");
+    assert_eq!(strict["status"], "failed");
+    assert!(strict.get("attempts").is_none(), "not retried: {strict}");
+}
+
+#[test]
+fn ci_junit_says_which_attempt_succeeded() {
+    let p = Project::new();
+    p.stack(&RETRIES.split("  - name: strict").next().unwrap().to_string());
+    p.rdeploy(&["ci", "--junit", "junit.xml"]).code(0);
+    let junit = p.read("junit.xml");
+    assert!(junit.contains("succeeded on attempt 3 of 3"), "{junit}");
+    assert_eq!(p.lines("first.count").len(), 1);
+}
+
+#[test]
+fn a_non_resumable_step_is_never_retried() {
+    let p = Project::new();
+    p.stack(
+        r#"
+name: once
+steps:
+  - name: migrate
+    tool: shell
+    retry: { attempts: 3, delay: 10ms, matching: ["."] }
+    run: "echo x >> count; echo 'deadlock detected' >&2; exit 1"
+    revert: echo reverted >> count
+"#,
+    );
+    p.rdeploy(&["up"]).code(3);
+    assert_eq!(p.lines("count"), ["x", "reverted"], "it completes or reverts, never runs twice");
+}
