@@ -1,12 +1,12 @@
 //! The stack file: parsing `stack.yaml` into a validated plan, with every error located at
-//! file:line:column and a suggestion. This is the only module that knows YAML.
+//! file:line:column and a suggestion. The YAML itself is read by `rdeploy_adapters::yaml`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use marked_yaml::{Marker, Node, Span, Spanned};
+use rdeploy_adapters::yaml::{self, Location, Node, Span, Spanned};
 use rdeploy_adapters::{FieldPath, PathSegment, Tool, ToolSpec};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -173,15 +173,19 @@ impl Checker<'_> {
         self.problems.push(Problem { file: self.file.to_path_buf(), line, column, message: message.into(), hint });
     }
 
-    fn at_marker(&mut self, marker: Option<Marker>, message: impl Into<String>, hint: Option<String>) {
-        let span = marker.map(Span::new_start).unwrap_or_else(Span::new_blank);
-        self.at(&span, message, hint);
+    fn at_location(&mut self, at: Option<Location>, message: impl Into<String>, hint: Option<String>) {
+        let Location { line, column } = at.unwrap_or(Location { line: 1, column: 1 });
+        self.problems.push(Problem { file: self.file.to_path_buf(), line, column, message: message.into(), hint });
     }
 }
 
 /// Reads and validates a stack file. Errors name file, line and column.
 pub fn load(file: &Path) -> anyhow::Result<Stack> {
-    let text = fs_err::read_to_string(file)?;
+    let text = yaml::decode_utf8(fs_err::read(file)?).map_err(|e| {
+        let mut checker = Checker { file, problems: Vec::new() };
+        checker.at_location(e.at, e.message, Some("save the stack file as UTF-8".into()));
+        StackError { problems: checker.problems }
+    })?;
     Ok(parse(file, &text)?)
 }
 
@@ -194,13 +198,12 @@ pub fn parse(file: &Path, text: &str) -> Result<Stack, StackError> {
     };
     let digest = hex::encode(Sha256::digest(text.as_bytes()));
 
-    let root = match marked_yaml::parse_yaml(0, text) {
+    let root = match yaml::parse_located(text) {
         Ok(node) => node,
         Err(e) => {
-            let (marker, message) = describe_load_error(&e);
-            checker.at_marker(
-                marker,
-                message,
+            checker.at_location(
+                e.at,
+                e.message,
                 Some("the stack file must be a YAML mapping with `name` and `steps`".into()),
             );
             return Err(StackError { problems: checker.problems });
@@ -403,7 +406,7 @@ fn parse_step(checker: &mut Checker<'_>, dir: &Path, node: &Node) -> Option<Pars
     }
     let common_node = Node::Mapping(common);
     let own_node = Node::Mapping(own);
-    let keys = match marked_yaml::from_node::<CommonKeys>(&common_node) {
+    let keys = match yaml::from_node::<CommonKeys>(&common_node) {
         Ok(keys) => keys,
         Err(e) => {
             report_serde_error(checker, map.span(), e, COMMON_KEYS);
@@ -411,11 +414,11 @@ fn parse_step(checker: &mut Checker<'_>, dir: &Path, node: &Node) -> Option<Pars
         }
     };
     let spec = match tool {
-        Tool::Terraform => marked_yaml::from_node(&own_node).map(ToolSpec::Terraform),
-        Tool::Ansible => marked_yaml::from_node(&own_node).map(ToolSpec::Ansible),
-        Tool::Helm => marked_yaml::from_node(&own_node).map(ToolSpec::Helm),
-        Tool::Kubectl => marked_yaml::from_node(&own_node).map(ToolSpec::Kubectl),
-        Tool::Shell => marked_yaml::from_node(&own_node).map(ToolSpec::Shell),
+        Tool::Terraform => yaml::from_node(&own_node).map(ToolSpec::Terraform),
+        Tool::Ansible => yaml::from_node(&own_node).map(ToolSpec::Ansible),
+        Tool::Helm => yaml::from_node(&own_node).map(ToolSpec::Helm),
+        Tool::Kubectl => yaml::from_node(&own_node).map(ToolSpec::Kubectl),
+        Tool::Shell => yaml::from_node(&own_node).map(ToolSpec::Shell),
     };
     let spec = match spec {
         Ok(spec) => spec,
@@ -480,7 +483,7 @@ fn parse_step(checker: &mut Checker<'_>, dir: &Path, node: &Node) -> Option<Pars
             Some("declare `sub_changes` (each checkpointed, with an optional `check`), or give it a `revert`".into()),
         );
     }
-    let digest = hex::encode(Sha256::digest(node_to_json(node).to_string().as_bytes()));
+    let digest = hex::encode(Sha256::digest(yaml::node_to_json(node).to_string().as_bytes()));
     let line = map.span().start().map(|m| m.line()).unwrap_or(0);
     let step = Step {
         name,
@@ -499,25 +502,20 @@ fn parse_step(checker: &mut Checker<'_>, dir: &Path, node: &Node) -> Option<Pars
     Some((step, *keys.name.span(), keys.needs, keys.phase.map(|p| *p.span())))
 }
 
-/// Turns a serde error from `marked_yaml` into a located problem.
-fn report_serde_error(checker: &mut Checker<'_>, fallback: &Span, e: marked_yaml::FromNodeError, keys: &[&str]) {
-    let marker = e.start_mark();
-    let path = e.path().map(str::to_string);
-    let hint = match &*e {
-        marked_yaml::Error::UnknownFieldError(field, expected, _) => {
-            // Inside a nested mapping (`gate.inventory.namespce`) the candidates are that
-            // mapping's own fields, not the step's keys.
-            let nested = path.as_deref().is_some_and(|p| p.contains('.'));
-            suggest(field, if nested { expected } else { keys }).map(|s| format!("did you mean `{s}`?"))
-        }
-        _ => None,
+/// Turns a deserialize error into a located problem.
+fn report_serde_error(checker: &mut Checker<'_>, fallback: &Span, e: yaml::DecodeError, keys: &[&str]) {
+    let hint = e.unknown_field.as_ref().and_then(|(field, expected)| {
+        // Inside a nested mapping (`gate.inventory.namespce`) the candidates are that
+        // mapping's own fields, not the step's keys.
+        let nested = e.path.as_deref().is_some_and(|p| p.contains('.'));
+        suggest(field, if nested { expected } else { keys }).map(|s| format!("did you mean `{s}`?"))
+    });
+    let message = match &e.path {
+        Some(path) => format!("{} (at `{path}`)", e.message),
+        None => e.message,
     };
-    let mut message = lowercase_first(&e.into_inner().to_string());
-    if let Some(path) = path.filter(|p| !p.is_empty() && p != ".") {
-        message = format!("{message} (at `{path}`)");
-    }
-    match marker {
-        Some(m) => checker.at_marker(Some(m), message, hint),
+    match e.at {
+        Some(at) => checker.at_location(Some(at), message, hint),
         None => checker.at(fallback, message, hint),
     }
 }
@@ -614,41 +612,6 @@ fn check_phases(checker: &mut Checker<'_>, steps: &[Step], order: &[usize], phas
     }
 }
 
-/// A YAML node as JSON, for digests (scalars stay strings: digests only need stability).
-fn node_to_json(node: &Node) -> serde_json::Value {
-    match node {
-        Node::Scalar(s) => serde_json::Value::String(s.as_str().to_string()),
-        Node::Sequence(seq) => serde_json::Value::Array(seq.iter().map(node_to_json).collect()),
-        Node::Mapping(map) => {
-            let sorted: BTreeMap<String, serde_json::Value> =
-                map.iter().map(|(k, v)| (k.as_str().to_string(), node_to_json(v))).collect();
-            serde_json::to_value(sorted).unwrap_or_default()
-        }
-    }
-}
-
-fn describe_load_error(e: &marked_yaml::LoadError) -> (Option<Marker>, String) {
-    use marked_yaml::LoadError::*;
-    match e {
-        TopLevelMustBeMapping(m) => (Some(*m), "the stack file must be a mapping".into()),
-        TopLevelMustBeSequence(m) => (Some(*m), "unexpected top-level sequence".into()),
-        UnexpectedAnchor(m) => (Some(*m), "YAML anchors and aliases are not supported in stack files".into()),
-        MappingKeyMustBeScalar(m) => (Some(*m), "mapping keys must be plain strings".into()),
-        UnexpectedTag(m) => (Some(*m), "YAML tags are not supported in stack files".into()),
-        ScanError(m, err) => (Some(*m), format!("invalid YAML: {}", err.info())),
-        DuplicateKey(inner) => (
-            inner.key.span().start().copied(),
-            format!(
-                "key `{}` appears twice in the same mapping (first on line {})",
-                inner.key.as_str(),
-                inner.prev_key.span().start().map(|m| m.line()).unwrap_or(0)
-            ),
-        ),
-        #[allow(unreachable_patterns)]
-        _ => (None, "invalid YAML".into()),
-    }
-}
-
 /// The nearest valid word, if one is close enough to be a likely typo.
 pub fn suggest<'a>(word: &str, candidates: &[&'a str]) -> Option<&'a str> {
     // Edit distance catches transpositions in short keys (`rnu`), Jaro-Winkler catches
@@ -670,14 +633,6 @@ fn quoted(keys: &[&str]) -> String {
 
 fn tool_list() -> String {
     quoted(&Tool::ALL.map(|t| t.as_str()))
-}
-
-fn lowercase_first(s: &str) -> String {
-    let mut chars = s.chars();
-    match chars.next() {
-        Some(c) => c.to_lowercase().chain(chars).collect(),
-        None => String::new(),
-    }
 }
 
 impl Stack {
@@ -805,5 +760,38 @@ mod tests {
         let c = parse(Path::new("s.yaml"), "name: s\nsteps:\n  - name: a\n    tool: shell\n    run: y\n").unwrap();
         assert_eq!(a.steps[0].digest, b.steps[0].digest);
         assert_ne!(a.steps[0].digest, c.steps[0].digest);
+    }
+
+    #[test]
+    fn a_duplicate_key_is_an_error_naming_both_lines() {
+        let p = problems("name: s\nsteps:\n  - name: a\n    tool: shell\n    run: x\n    run: y\n");
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert_eq!((p[0].line, p[0].column), (6, 5));
+        assert_eq!(p[0].message, "key `run` appears twice in the same mapping (first on line 5)");
+    }
+
+    #[test]
+    fn a_second_document_is_an_error_naming_its_line() {
+        let p = problems("name: s\nsteps:\n  - name: a\n    tool: shell\n    run: x\n---\nname: t\n");
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert_eq!(p[0].line, 6);
+        assert!(p[0].message.contains("second YAML document"), "{}", p[0].message);
+    }
+
+    #[test]
+    fn a_byte_order_mark_is_accepted() {
+        let stack =
+            parse(Path::new("s.yaml"), "\u{feff}name: s\nsteps:\n  - name: a\n    tool: shell\n    run: x\n").unwrap();
+        assert_eq!(stack.name, "s");
+    }
+
+    #[test]
+    fn invalid_utf8_is_located() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("stack.yaml");
+        std::fs::write(&file, b"name: s\nsteps:\n  - name: a\xff\n    tool: shell\n    run: x\n").unwrap();
+        let err = load(&file).unwrap_err().downcast::<StackError>().unwrap();
+        assert_eq!((err.problems[0].line, err.problems[0].column), (3, 12));
+        assert!(err.problems[0].message.contains("not valid UTF-8"), "{}", err.problems[0].message);
     }
 }
