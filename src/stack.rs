@@ -386,6 +386,22 @@ fn parse_step(checker: &mut Checker<'_>, dir: &Path, node: &Node) -> Option<Pars
         return None;
     };
     let Some(tool_node) = map.get_scalar("tool") else {
+        // A misspelt common key (`tol: shell`) is named as such: "no `tool`" alone would
+        // leave the reader looking for what is missing rather than what is wrong.
+        let mut misspelt = false;
+        if map.get_node("tool").is_none() {
+            for key in map.keys() {
+                let k = key.as_str();
+                let known = COMMON_KEYS.contains(&k) || Tool::ALL.iter().any(|t| ToolSpec::keys(*t).contains(&k));
+                if let Some(s) = suggest(k, COMMON_KEYS).filter(|_| !known) {
+                    checker.at(key.span(), format!("unknown key `{k}`"), Some(format!("did you mean `{s}`?")));
+                    misspelt = true;
+                }
+            }
+        }
+        if misspelt {
+            return None;
+        }
         let span = map.get_node("tool").map(|n| *n.span()).unwrap_or(*map.span());
         checker.at(&span, "this step has no `tool`", Some(format!("add `tool:` with one of {}", tool_list())));
         return None;
@@ -877,6 +893,18 @@ mod tests {
         assert_eq!(p.len(), 1, "{p:?}");
         assert_eq!((p[0].line, p[0].column), (14, 22));
         assert_eq!(p[0].message, "the exception for `edge-9`: `expires: not-a-date` is not a date");
+    }
+
+    #[test]
+    fn a_misspelt_common_key_is_named_with_a_suggestion() {
+        let p = problems("name: s\nsteps:\n  - name: a\n    tol: shell\n    run: x\n");
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert_eq!((p[0].line, p[0].column), (4, 5));
+        assert_eq!(p[0].message, "unknown key `tol`");
+        assert_eq!(p[0].hint.as_deref(), Some("did you mean `tool`?"));
+        // With no key close to a common one, the missing `tool` is what is reported.
+        let p = problems("name: s\nsteps:\n  - name: a\n    run: x\n");
+        assert_eq!(p[0].message, "this step has no `tool`");
     }
 
     #[test]
