@@ -1,6 +1,6 @@
 //! The driver: runs a stack's steps in DAG order through their adapters, journals every event
-//! before acting on it, and turns failures into the outcomes of SPEC.md (stop and keep the
-//! checkpoint, complete-or-revert, gates, interrupts).
+//! before acting on it, and turns failures into the outcomes of docs/exit-codes.md (stop and
+//! keep the checkpoint, complete-or-revert, gates, interrupts).
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
@@ -40,7 +40,7 @@ pub struct Session {
     pub force: bool,
 }
 
-/// How a run ended, in the terms of SPEC.md's exit codes.
+/// How a run ended, in the terms of the exit codes (docs/exit-codes.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Outcome {
     Complete,

@@ -13,7 +13,7 @@ use crate::store::local::StateDir;
 use crate::store::Store;
 use crate::ui::Paint;
 
-/// `status --json`: the fields of SPEC.md plus detail scripts may use.
+/// `status --json`: the fields docs/status-json.md documents.
 #[derive(Debug, Serialize)]
 pub struct Status {
     pub stack: String,
