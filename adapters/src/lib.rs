@@ -86,7 +86,8 @@ impl std::fmt::Display for Tool {
     }
 }
 
-/// A step's tool-specific settings, deserialized from the stack file.
+/// A step's tool-specific settings, deserialized from the stack file. The stack module hands
+/// each tool's spec a node of just its own keys, so `deny_unknown_fields` names the offending key.
 #[derive(Clone, Debug)]
 pub enum ToolSpec {
     Terraform(terraform::TerraformSpec),
@@ -110,8 +111,7 @@ macro_rules! dispatch {
 }
 
 impl ToolSpec {
-    /// Deserializes the tool-specific keys of a step. The stack module hands over a
-    /// deserializer for just those keys, so `deny_unknown_fields` names the offending key.
+    /// The tool these settings are for.
     pub fn tool(&self) -> Tool {
         match self {
             ToolSpec::Terraform(_) => Tool::Terraform,
