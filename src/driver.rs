@@ -1,6 +1,6 @@
 //! The driver: runs a stack's steps in DAG order through their adapters, journals every event
-//! before acting on it, and turns failures into the outcomes of SPEC.md (stop and keep the
-//! checkpoint, complete-or-revert, gates, interrupts).
+//! before acting on it, and turns failures into the outcomes of docs/exit-codes.md (stop and
+//! keep the checkpoint, complete-or-revert, gates, interrupts).
 //!
 //! The driver decides, the binary presents: every command returns a [`RunReport`] and prints
 //! nothing on stdout (`main.rs` denies `print!` here); `cmd` maps the outcome to the exit code
@@ -46,7 +46,8 @@ pub struct Session {
     pub force: bool,
 }
 
-/// How a command ended, in the terms of SPEC.md's exit codes (`cmd::exit_code` maps them).
+/// How a command ended, in the terms of the exit codes (docs/exit-codes.md; `cmd::exit_code` maps
+/// them).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {
     /// The command did all it was asked (or there was nothing to do).

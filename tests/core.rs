@@ -639,3 +639,24 @@ fn top_level_settings_must_be_single_values_and_a_bare_run_cannot_be_resumable()
     p.stack("name: s\nsteps:\n  - name: a\n    tool: shell\n    run: x\n");
     p.rdeploy(&["validate"]).code(0).stderr_has("is not resumable and declares no `revert`");
 }
+
+#[test]
+fn bad_gate_values_and_bad_bytes_are_bad_input_at_validate_with_their_place() {
+    let p = Project::new();
+    let gated = "name: s\nsteps:\n  - name: a\n    tool: shell\n    run: x\n    gate:\n      inventory:\n        contexts: [c]\n        image: r/a\n        version: \"2\"\n";
+    p.stack(&format!("{gated}        kinds: [Deploymnt]\n"));
+    p.rdeploy(&["validate"])
+        .code(2)
+        .stderr_has("stack.yaml:11:17: unknown workload kind `Deploymnt` in `gate.inventory.kinds`")
+        .stderr_has("did you mean `Deployment`?");
+    p.stack(&format!("{gated}        exceptions:\n          - {{cluster: e, reason: r, expires: not-a-date}}\n"));
+    p.rdeploy(&["validate"])
+        .code(2)
+        .stderr_has("stack.yaml:12:46: the exception for `e`: `expires: not-a-date` is not a date");
+    std::fs::write(p.path("stack.yaml"), b"name: s\nsteps:\n  - name: \xe9\n").unwrap();
+    p.rdeploy(&["validate"]).code(2).stderr_has("stack.yaml:3:11: the file is not valid UTF-8 (byte 0xe9)");
+    p.stack("name: s\nsteps:\n  - name: a\n    tool: shell\n    run: x\n    run: y\n");
+    p.rdeploy(&["validate"])
+        .code(2)
+        .stderr_has("stack.yaml:6:5: key `run` appears twice in the same mapping (first on line 5)");
+}

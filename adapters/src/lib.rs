@@ -19,6 +19,7 @@ pub mod process;
 pub mod shell;
 pub mod terraform;
 pub mod testing;
+pub mod yaml;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

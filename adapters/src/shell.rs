@@ -59,12 +59,31 @@ impl ShellSpec {
             _ => {}
         }
         if let Some(subs) = &self.sub_changes {
+            // Each name's first item: a scan of the earlier items made this quadratic.
+            let mut first_of: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
             for (i, sub) in subs.iter().enumerate() {
-                if let Some(first) = subs[..i].iter().position(|s| s.name == sub.name) {
+                let first = *first_of.entry(sub.name.as_str()).or_insert(i);
+                if first != i {
                     problems.push(SpecProblem {
                         at: vec![PathSegment::Key("sub_changes"), PathSegment::Index(i), PathSegment::Key("name")],
                         message: format!("sub-change `{}` is declared twice (first as item {})", sub.name, first + 1),
                         hint: Some("give every sub-change a unique name: it is its checkpoint key".into()),
+                    });
+                }
+                // A name is printed raw in reports, logs and commands: a newline in it would
+                // forge a line there, so control characters are refused at load.
+                if let Some(c) = sub.name.chars().find(|c| c.is_control()) {
+                    problems.push(SpecProblem {
+                        at: vec![PathSegment::Key("sub_changes"), PathSegment::Index(i), PathSegment::Key("name")],
+                        message: format!(
+                            "sub-change name {:?} holds a control character ({})",
+                            sub.name,
+                            c.escape_unicode()
+                        ),
+                        hint: Some(
+                            "a name is printed in reports and commands: use letters, digits, spaces and punctuation"
+                                .into(),
+                        ),
                     });
                 }
                 if sub.name.trim().is_empty() {
@@ -347,6 +366,21 @@ mod tests {
         assert_eq!(std::fs::read_to_string(dir.path().join("log")).unwrap(), "c\n");
         let inspection = spec.inspect(&prior);
         assert_eq!(inspection.remaining, vec!["b".to_string(), "c".to_string()]);
+    }
+
+    #[test]
+    fn a_control_character_in_a_sub_change_name_is_refused() {
+        let problems = spec(&[("users\nstep `x`: done", "true", None)]).problems();
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert_eq!(
+            problems[0].message,
+            "sub-change name \"users\\nstep `x`: done\" holds a control character (\\u{a})"
+        );
+        assert!(!problems[0].message.contains('\n'));
+        // Twenty thousand distinct names are checked in one pass (this was a scan per item).
+        let names: Vec<String> = (0..20_000).map(|i| format!("s{i}")).collect();
+        let many: Vec<(&str, &str, Option<&str>)> = names.iter().map(|n| (n.as_str(), "true", None)).collect();
+        assert!(spec(&many).problems().is_empty());
     }
 
     #[test]
