@@ -55,6 +55,7 @@ impl Setup {
             env: self.sim.env().into_iter().collect(),
             timeout: Some(timeout),
             cancel: CancellationToken::new(),
+            processes: Default::default(),
         }
     }
 

@@ -50,6 +50,7 @@ impl Fixture {
             env: BTreeMap::new(),
             timeout: Some(Duration::from_secs(240)),
             cancel: CancellationToken::new(),
+            processes: Default::default(),
         }
     }
 
