@@ -137,3 +137,40 @@ fn sigint_mid_apply_is_exit_130_and_recover_finishes() {
         assert_eq!(runs(&p, &format!("a{i}")), 1, "a{i}");
     }
 }
+
+/// kill -9 of rdeploy mid-apply: terraform gets SIGINT (its graceful stop) and its output is a
+/// file, not a pipe whose reader died, so it stops cleanly and writes its state. The next
+/// `recover` waits for it, converges, and no resource is created twice.
+#[test]
+fn kill_9_mid_apply_keeps_terraforms_state_and_recover_creates_nothing_twice() {
+    let p = chain_project();
+    p.file("chain/slow-a3", "");
+    let mut child = p.spawn(&["up"]);
+    p.wait_for("chain/runs/a3.started", Duration::from_secs(60));
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL).unwrap();
+    child.wait().unwrap();
+
+    // terraform outlives rdeploy: it got one SIGINT, stops the provisioner in flight (a3),
+    // starts nothing more, writes its state and ends on its own.
+    let running = p.path(".rdeploy/running");
+    let start = std::time::Instant::now();
+    while !rdeploy_adapters::process::surviving_children(&running).is_empty() {
+        assert!(start.elapsed() < Duration::from_secs(120), "terraform never ended after its SIGINT");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let stream = p.read(".rdeploy/steps/network/apply.jsonl");
+    assert_eq!(stream.matches("Interrupt received").count(), 1, "one graceful interrupt: {stream}");
+    assert!(!stream.contains("Two interrupts received"), "{stream}");
+    let state: serde_json::Value = serde_json::from_str(&p.read("chain/terraform.tfstate"))
+        .unwrap_or_else(|e| panic!("terraform.tfstate is not JSON after the kill: {e}"));
+    let names: Vec<&str> = state["resources"].as_array().unwrap().iter().map(|r| r["name"].as_str().unwrap()).collect();
+    assert_eq!(names[..2], ["a1", "a2"], "the resources terraform completed are in state: {names:?}");
+    assert_eq!(runs(&p, "a4"), 0, "terraform started nothing after its SIGINT");
+
+    p.remove("chain/slow-a3");
+    p.rdeploy(&["recover"]).code(0).stdout_has("deploy complete");
+    for i in 1..=6 {
+        assert_eq!(runs(&p, &format!("a{i}")), 1, "a{i} was created exactly once");
+    }
+    assert!(!p.exists(".rdeploy/steps/network/apply.jsonl"), "an apply seen to its end leaves no stream file");
+}

@@ -213,17 +213,24 @@ impl Command {
         if let Some(dir) = &self.cwd {
             cmd.current_dir(dir);
         }
-        // If rdeploy itself dies (kill -9), its direct child (terraform, ansible-playbook, helm,
-        // kubectl, a shell step's `sh` or program) gets the tool's graceful signal rather than
-        // working on unobserved; terraform treats SIGINT like Ctrl-C: it finishes the resources
-        // in flight and writes its state, to a file nobody needs to read. Whatever still
-        // survives is noted below and the next run waits for it. The price is a fork instead of
-        // a vfork per child (pre_exec), measured in benches/core.sh.
+        // If rdeploy itself dies (kill -9), the tool gets its graceful signal rather than
+        // working on unobserved: a shell step's `sh` or program its SIGTERM straight from the
+        // kernel (pdeathsig), a tool with a graceful signal of its own (terraform's SIGINT, as
+        // Ctrl-C) exactly once, for its whole group, through a relay (see
+        // [`relay_one_death_signal`]); terraform then stops, writes its state (to a file nobody
+        // needs to read) and ends. Whatever still survives is noted below and the next run waits
+        // for it. The price is a fork instead of a vfork per child (pre_exec), and one fork more
+        // for a relayed tool, measured in benches/core.sh.
         let parent = nix::unistd::getpid();
         let signal = self.death_signal;
-        // SAFETY: prctl and getppid are async-signal-safe and touch no memory of the parent.
+        let relay = signal != Signal::SIGTERM && signal != Signal::SIGKILL;
+        // SAFETY: only async-signal-safe calls (prctl, getppid, fork, sigprocmask, waitpid,
+        // sigwaitinfo, close_range, kill, _exit), touching no memory of the parent.
         unsafe {
             cmd.pre_exec(move || {
+                if relay {
+                    return relay_one_death_signal(parent, signal);
+                }
                 nix::sys::prctl::set_pdeathsig(signal).map_err(std::io::Error::from)?;
                 // The parent may have died between fork and prctl; then no signal would come.
                 if nix::unistd::getppid() != parent {
@@ -348,6 +355,86 @@ impl Command {
             tail.pop_front();
         }
         tail.push_back(line);
+    }
+}
+
+/// In the forked child: makes sure the tool's group gets `signal` once when rdeploy dies, as a
+/// terminal's Ctrl-C would send it.
+///
+/// The kernel sends a pdeathsig each time the child's parent *thread* exits and the child passes
+/// to another thread of the same process: a kill -9 of multi-threaded rdeploy gave terraform two
+/// SIGINTs, the second of which means "exit immediately, data loss may occur". And a pdeathsig
+/// reaches only the direct child, while terraform's provisioners run on in its group. So the
+/// tool is started one level down: this process forks again and stays as a single-threaded
+/// relay. Its own pdeathsig (SIGUSR1, however often it comes) makes it send `signal` to the
+/// whole group once; it blocks the terminal signals (so cancellation and timeouts, sent to the
+/// group, reach only the tool), holds no file open, and exits with the tool's status.
+///
+/// # Safety
+/// Only in a child forked from rdeploy (a `pre_exec` closure): it forks and may `_exit`.
+unsafe fn relay_one_death_signal(rdeploy: Pid, signal: Signal) -> std::io::Result<()> {
+    use nix::libc;
+    // SAFETY: the caller is a child forked from rdeploy, before exec; every call below is
+    // async-signal-safe.
+    unsafe {
+        let mut blocked: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut blocked);
+        for sig in [libc::SIGCHLD, libc::SIGUSR1, libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
+            libc::sigaddset(&mut blocked, sig);
+        }
+        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGUSR1 as libc::c_ulong) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // The parent may have died between fork and prctl; then no signal would come.
+        if libc::getppid() != rdeploy.as_raw() {
+            return Err(std::io::Error::other("rdeploy exited before the tool started"));
+        }
+        libc::sigprocmask(libc::SIG_BLOCK, &blocked, std::ptr::null_mut());
+        match libc::fork() {
+            -1 => Err(std::io::Error::last_os_error()),
+            0 => {
+                // The tool starts with no signal blocked, as std would start it.
+                let mut none: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut none);
+                libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+                Ok(())
+            }
+            tool => {
+                // Above all not the pipe through which the spawn learns whether exec worked.
+                if libc::syscall(libc::SYS_close_range, 0u32, u32::MAX, 0u32) != 0 {
+                    for fd in 0..4096 {
+                        libc::close(fd);
+                    }
+                }
+                let mut waited: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut waited);
+                libc::sigaddset(&mut waited, libc::SIGCHLD);
+                libc::sigaddset(&mut waited, libc::SIGUSR1);
+                let mut sent = false;
+                let mut status = 0;
+                loop {
+                    if libc::waitpid(tool, &mut status, libc::WNOHANG) == tool {
+                        break;
+                    }
+                    let got = libc::sigwaitinfo(&waited, std::ptr::null_mut());
+                    if got == libc::SIGUSR1 && !sent {
+                        sent = true;
+                        libc::kill(0, signal as libc::c_int);
+                    }
+                }
+                if libc::WIFSIGNALED(status) {
+                    let sig = libc::WTERMSIG(status);
+                    libc::signal(sig, libc::SIG_DFL);
+                    let mut only: libc::sigset_t = std::mem::zeroed();
+                    libc::sigemptyset(&mut only);
+                    libc::sigaddset(&mut only, sig);
+                    libc::sigprocmask(libc::SIG_UNBLOCK, &only, std::ptr::null_mut());
+                    libc::kill(libc::getpid(), sig);
+                    libc::_exit(128 + sig);
+                }
+                libc::_exit(libc::WEXITSTATUS(status));
+            }
+        }
     }
 }
 
