@@ -692,3 +692,49 @@ fn top_level_settings_must_be_single_values_and_a_bare_run_cannot_be_resumable()
     p.stack("name: s\nsteps:\n  - name: a\n    tool: shell\n    run: x\n");
     p.rdeploy(&["validate"]).code(0).stderr_has("is not resumable and declares no `revert`");
 }
+
+/// A few rounds of benches/crash-loop.sh: kill -9 at a random moment of `up` (and of a
+/// `recover`), then one `recover`: it converges at once (no refusal, no human step) and no
+/// sub-change whose effect landed runs again.
+#[test]
+fn crash_loop_kill_9_during_up_and_recover_converges_without_double_applies() {
+    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
+    let mut rng = seed;
+    let mut next = |n: usize| {
+        rng = rng.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+        (rng >> 16) as usize % n
+    };
+    let names: Vec<String> = (1..=6).map(|i| format!("s{i}")).collect();
+    let mut stack = "name: s\nsteps:\n  - name: seed\n    tool: shell\n    sub_changes:\n".to_string();
+    for name in &names {
+        stack.push_str(&format!(
+            "      - {{ name: {name}, run: \"sleep 0.05; echo {name} >> effects\", check: \"grep -qx {name} effects\" }}\n"
+        ));
+    }
+    for round in 0..4 {
+        let p = Project::new();
+        p.stack(&stack);
+        let landed = |p: &Project| if p.exists("effects") { p.lines("effects").len() } else { 0 };
+        let kill_when = |p: &Project, args: &[&str], at: usize| {
+            let mut child = p.spawn(args);
+            let start = std::time::Instant::now();
+            while landed(p) < at && child.try_wait().unwrap().is_none() {
+                assert!(start.elapsed() < Duration::from_secs(60), "seed {seed}: {args:?} never reached {at}");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL);
+            child.wait().unwrap();
+        };
+        let at = next(names.len());
+        kill_when(&p, &["up"], at);
+        if round % 2 == 1 {
+            kill_when(&p, &["recover"], at + next(names.len() - at));
+        }
+        let run = p.rdeploy(&["recover"]);
+        run.code(0);
+        assert_eq!(p.status()["state"], "complete", "seed {seed}, round {round}");
+        let mut effects = p.lines("effects");
+        effects.sort();
+        assert_eq!(effects, names, "seed {seed}, round {round}: each sub-change applied exactly once");
+    }
+}

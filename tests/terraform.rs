@@ -174,3 +174,39 @@ fn kill_9_mid_apply_keeps_terraforms_state_and_recover_creates_nothing_twice() {
     }
     assert!(!p.exists(".rdeploy/steps/network/apply.jsonl"), "an apply seen to its end leaves no stream file");
 }
+
+/// A few rounds of benches/crash-loop.sh for terraform: kill -9 once a random resource of the
+/// chain has started (during `up`, then during a `recover`), then one `recover`: it converges
+/// at once and every resource was created exactly once.
+#[test]
+fn crash_loop_kill_9_during_apply_and_recover_converges_without_double_applies() {
+    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
+    let mut rng = seed;
+    let mut next = |n: usize| {
+        rng = rng.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+        (rng >> 16) as usize % n + 1
+    };
+    for round in 0..3 {
+        let p = chain_project();
+        let kill_when = |p: &Project, args: &[&str], resource: usize| {
+            let mut child = p.spawn(args);
+            let start = std::time::Instant::now();
+            while !p.exists(&format!("chain/runs/a{resource}.started")) && child.try_wait().unwrap().is_none() {
+                assert!(start.elapsed() < Duration::from_secs(120), "seed {seed}: {args:?} never started a{resource}");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL);
+            child.wait().unwrap();
+        };
+        let first = next(6);
+        kill_when(&p, &["up"], first);
+        if round == 1 {
+            kill_when(&p, &["recover"], first + next(6 - first + 1) - 1);
+        }
+        p.rdeploy(&["recover"]).code(0);
+        assert_eq!(p.status()["state"], "complete", "seed {seed}, round {round}");
+        for i in 1..=6 {
+            assert_eq!(runs(&p, &format!("a{i}")), 1, "seed {seed}, round {round}: a{i} created exactly once");
+        }
+    }
+}

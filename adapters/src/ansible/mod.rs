@@ -160,8 +160,8 @@ impl AnsibleSpec {
     }
 
     fn command(&self, ctx: &StepContext, binary: &Path) -> Command {
-        // ansible-playbook stops on SIGINT as on Ctrl-C: it ends the running task and exits 99 (a
-        // SIGTERM only reaches the parent, which dies without a word from its workers).
+        // ansible-playbook stops on SIGINT as on Ctrl-C ("User interrupted execution", exit 99,
+        // no further task); a SIGTERM ends it at once without a word (exit 143): checked here.
         Command::new(binary)
             .cwd(&ctx.stack_dir)
             .envs(ctx.env.iter().map(|(k, v)| (k.clone(), v.clone())))
