@@ -9,7 +9,8 @@
 #   3. `rdeploy recover` to the end (a refusal, exit 5, is counted and retried, at most 3 times);
 # converged = the last recover exits 0 and `status --json` says complete; a double apply = a
 # side effect recorded more than once (each sub-change appends its name to a file in one
-# write, and its `check`, or terraform's state, says whether it landed).
+# write, and its `check`, or terraform's state, says whether it landed). A run killed before
+# the deploy was recorded leaves nothing to recover: `up` again, counted as up-again.
 #
 # Tools: shell (10 sub-changes of 50-150 ms, each with a check) and terraform (the chain fixture:
 # six terraform_data resources in a chain, each local-exec appending to runs/aN.log). ansible,
@@ -64,9 +65,9 @@ killed() {
   wait "$pid" 2>/dev/null || true
 }
 
-printf '%-10s %5s %10s %14s %9s\n' tool runs converged double-applies refusals
+printf '%-10s %5s %10s %14s %9s %9s\n' tool runs converged double-applies refusals up-again
 for tool in $TOOLS; do
-  runs=0 converged=0 doubles=0 refusals=0
+  runs=0 converged=0 doubles=0 refusals=0 restarts=0
   for r in $(seq 1 "$N"); do
     d=$work/$tool-$r
     mkdir -p "$d"
@@ -82,6 +83,13 @@ for tool in $TOOLS; do
       tries=$((tries + 1))
     done
     state=$( cd "$d" && "$RDEPLOY" status --json stack.yaml 2>/dev/null | sed -n 's/.*"state": *"\([a-z_]*\)".*/\1/p' | head -1 )
+    if [ "$state" = none ]; then
+      # Killed before the deploy was recorded: nothing to recover, `up` again.
+      restarts=$((restarts + 1))
+      code=0
+      ( cd "$d" && "$RDEPLOY" -q --no-progress up stack.yaml ) > "$d/recover.out" 2>&1 || code=$?
+      state=$( cd "$d" && "$RDEPLOY" status --json stack.yaml 2>/dev/null | sed -n 's/.*"state": *"\([a-z_]*\)".*/\1/p' | head -1 )
+    fi
     runs=$((runs + 1))
     if [ "$code" -eq 0 ] && [ "$state" = complete ]; then converged=$((converged + 1)); else
       echo "  $tool run $r: recover exit $code, state ${state:-?}: $(tail -3 "$d/recover.out" | tr '\n' ' ')" >&2
@@ -89,5 +97,5 @@ for tool in $TOOLS; do
     dup=$("effects_$tool" "$d")
     if [ "$dup" -gt 0 ]; then doubles=$((doubles + 1)); echo "  $tool run $r: $dup side effects applied twice" >&2; fi
   done
-  printf '%-10s %5d %10d %14d %9d\n' "$tool" "$runs" "$converged" "$doubles" "$refusals"
+  printf '%-10s %5d %10d %14d %9d %9d\n' "$tool" "$runs" "$converged" "$doubles" "$refusals" "$restarts"
 done

@@ -725,7 +725,8 @@ fn crash_loop_kill_9_during_up_and_recover_converges_without_double_applies() {
             let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL);
             child.wait().unwrap();
         };
-        let at = next(names.len());
+        // After at least one landed effect, so there is a deploy to recover.
+        let at = 1 + next(names.len() - 1);
         kill_when(&p, &["up"], at);
         if round % 2 == 1 {
             kill_when(&p, &["recover"], at + next(names.len() - at));
