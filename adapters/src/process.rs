@@ -71,17 +71,15 @@ pub struct Command {
 /// Where a child's output is written while rdeploy follows it.
 #[derive(Clone, Debug, Default)]
 enum Output {
-    /// Unnamed files (`O_TMPFILE`) in this directory, else in the temporary directory: gone
-    /// once the child and rdeploy have both closed them.
+    /// Unnamed files (`O_TMPFILE` where the filesystem has it) in the temporary directory:
+    /// gone once the child and rdeploy have both closed them.
     #[default]
     Unnamed,
+    /// The same in this directory (the step's work directory), else in the temporary one.
     UnnamedIn(PathBuf),
     /// Files that stay after the child ends, so a later run can read what it did (terraform's
     /// JSON stream of an apply that outlived a killed rdeploy).
-    Files {
-        stdout: PathBuf,
-        stderr: PathBuf,
-    },
+    Files { stdout: PathBuf, stderr: PathBuf },
 }
 
 /// A started child and the read ends of its output files.
