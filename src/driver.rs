@@ -44,7 +44,13 @@ pub struct Session {
     /// `recover --force`: the operator vouches that no other process is working on the
     /// release (helm's stuck pending-* rollback); adapters see `RDEPLOY_FORCE=1`.
     pub force: bool,
+    /// Notes every tool this run starts while it runs (under the state dir's `running/`).
+    pub processes: rdeploy_adapters::process::ProcessTracker,
 }
+
+/// How long a run waits for a tool a dead run left running (terraform finishing the resources
+/// in flight after its SIGINT) before it refuses to start beside it.
+const SURVIVOR_WAIT: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// How a command ended, in the terms of the exit codes (docs/exit-codes.md; `cmd::exit_code` maps
 /// them).
@@ -179,6 +185,7 @@ impl Session {
             env,
             timeout: step.timeout,
             cancel,
+            processes: self.processes.clone(),
         }
     }
 
@@ -229,14 +236,26 @@ impl Session {
                 // belongs to a run that died (a grandchild outlives the pdeathsig): running the
                 // same sub-change again now would interleave with it.
                 let running = self.state.path.join("running");
-                let alive = rdeploy_adapters::process::surviving_children(&running);
+                let alive = rdeploy_adapters::process::wait_for_survivors(&running, SURVIVOR_WAIT, |alive| {
+                    let list: Vec<String> =
+                        alive.iter().map(|(pgid, cmd)| format!("process group {pgid} (`{cmd}`)")).collect();
+                    self.ui.warn(format!(
+                        "waiting for a tool started by a run that died to finish (up to {} s): {}",
+                        SURVIVOR_WAIT.as_secs(),
+                        list.join(", ")
+                    ));
+                });
                 if !alive.is_empty() {
                     let list: Vec<String> =
                         alive.iter().map(|(pgid, cmd)| format!("process group {pgid} (`{cmd}`)")).collect();
                     let kill: Vec<String> = alive.iter().map(|(pgid, _)| format!("kill -TERM -- -{pgid}")).collect();
                     return Err(Refusal::new(
                         Code::Locked,
-                        format!("a tool started by a run that died is still running: {}", list.join(", ")),
+                        format!(
+                            "a tool started by a run that died is still running after {} s: {}",
+                            SURVIVOR_WAIT.as_secs(),
+                            list.join(", ")
+                        ),
                     )
                     .with_hint(format!(
                         "wait for it to finish, or stop it with `{}`, then run this again",
@@ -246,7 +265,6 @@ impl Session {
                 }
                 // 0700 before process.rs writes its notes there.
                 self.state.create_dir(&running)?;
-                rdeploy_adapters::process::note_running_children_in(running);
                 Ok(lock)
             }
             Err(crate::store::LockError::Held { dir, holder }) => {

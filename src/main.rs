@@ -358,6 +358,7 @@ fn session(stack_path: &Path, global: &Global, ui: Arc<Ui>, parallel: usize) -> 
     let cancel = CancellationToken::new();
     let signal = Arc::new(Mutex::new(None));
     watch_signals(cancel.clone(), signal.clone(), ui.clone());
+    let processes = rdeploy_adapters::process::ProcessTracker::in_dir(state.path.join("running"));
     Ok(driver::Session {
         stack: Arc::new(stack),
         store,
@@ -368,6 +369,7 @@ fn session(stack_path: &Path, global: &Global, ui: Arc<Ui>, parallel: usize) -> 
         signal,
         parallel,
         force: false,
+        processes,
     })
 }
 

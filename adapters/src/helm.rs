@@ -15,7 +15,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use self::state::{last_deployed, ReleaseStatus, Revision};
-use crate::process::{capture, Command, Outcome, StdoutLog};
+use crate::process::{capture, Captured, Command, Outcome, Signal, StdoutLog};
 use crate::{
     display_command, shell_quote, AdapterError, DescribeContext, Event, EventSink, Failure, FieldPath, Inspection,
     PathSegment, PriorStep, Recovered, RecoveryDoc, SpecProblem, StepContext, ToolInfo,
@@ -203,7 +203,13 @@ impl HelmSpec {
     }
 
     fn command(&self, ctx: &StepContext, binary: &Path) -> Command {
-        Command::new(binary).cwd(&ctx.stack_dir).envs(ctx.env.iter().map(|(k, v)| (k.clone(), v.clone())))
+        // helm install/upgrade catch SIGINT (and SIGTERM) and mark the release failed rather than
+        // leave it pending.
+        Command::new(binary)
+            .cwd(&ctx.stack_dir)
+            .envs(ctx.env.iter().map(|(k, v)| (k.clone(), v.clone())))
+            .in_step(ctx)
+            .on_rdeploy_death(Signal::SIGINT)
     }
 
     pub async fn preflight(&self, ctx: &StepContext) -> Result<ToolInfo, AdapterError> {
@@ -215,7 +221,7 @@ impl HelmSpec {
     /// `helm version --short` and its major version (3 or 4: their flags differ).
     async fn version(&self, ctx: &StepContext, binary: &Path) -> Result<(String, u32), AdapterError> {
         let cmd = self.command(ctx, binary).args(["version", "--short"]);
-        let (outcome, stdout, _) = capture(&cmd, ctx, Some(QUICK), None, StdoutLog::UnlessJson).await?;
+        let Captured { outcome, stdout, .. } = capture(&cmd, ctx, Some(QUICK), None, StdoutLog::UnlessJson).await?;
         let version = stdout.first().map(|s| s.trim().to_string()).unwrap_or_default();
         match state::parse_major(&version) {
             Some(major @ (3 | 4)) if outcome.success() => Ok((version, major)),
@@ -236,7 +242,7 @@ impl HelmSpec {
             .command(ctx, binary)
             .args(["history", &self.release, "-o", "json", "--max", "256"])
             .args(self.cluster_args(Some(ctx)));
-        let (outcome, stdout, stderr) =
+        let Captured { outcome, stdout, stderr } =
             capture(&history_cmd, ctx, Some(QUICK), sink, StdoutLog::UnlessJson).await.map_err(Failure::from)?;
         if !outcome.success() {
             if state::is_not_found(&stderr) {
@@ -248,7 +254,7 @@ impl HelmSpec {
         let history = state::parse_history(&stdout.join("\n")).map_err(Failure::new)?;
         let status_cmd =
             self.command(ctx, binary).args(["status", &self.release, "-o", "json"]).args(self.cluster_args(Some(ctx)));
-        let (outcome, stdout, stderr) =
+        let Captured { outcome, stdout, stderr } =
             capture(&status_cmd, ctx, Some(QUICK), None, StdoutLog::UnlessJson).await.map_err(Failure::from)?;
         let status = if outcome.success() {
             Some(state::parse_status(&stdout.join("\n")).map_err(Failure::new)?)
@@ -640,7 +646,7 @@ impl HelmSpec {
         sink.emit(Event::Started { id: self.id(expected) });
         let cmd = self.command(ctx, binary).args(&words);
         let backstop = ctx.timeout.map(|t| t + BACKSTOP);
-        let (outcome, _, stderr) =
+        let Captured { outcome, stderr, .. } =
             capture(&cmd, ctx, backstop, Some(sink), StdoutLog::UnlessJson).await.map_err(Failure::from)?;
         // Read helm's state even after an interrupt: the revision may be written already.
         let after = match self.live(ctx, binary, Some(sink)).await {
@@ -804,6 +810,7 @@ mod tests {
             env: Default::default(),
             timeout: Some(Duration::from_secs(90)),
             cancel: CancellationToken::new(),
+            processes: Default::default(),
         }
     }
 

@@ -15,7 +15,7 @@ use serde::Deserialize;
 
 use self::manifest::{CrdScopes, KubeObject};
 use self::output::{attribute_errors, is_error_line, match_results, parse_apply_line, parse_diff, rollout_progress};
-use crate::process::{capture, Command, Outcome, StdoutLog};
+use crate::process::{capture, Captured, Command, Outcome, StdoutLog};
 use crate::{
     display_command, shell_quote, AdapterError, DescribeContext, Event, EventSink, Failure, FieldPath, Inspection,
     PathSegment, PriorStep, RecoveryDoc, SpecProblem, StepContext, SubStatus, ToolInfo,
@@ -154,6 +154,7 @@ impl KubectlSpec {
             .cwd(&ctx.stack_dir)
             .envs(ctx.env.iter().map(|(k, v)| (k.clone(), v.clone())))
             .args(self.cluster_args(Some(ctx)))
+            .in_step(ctx)
     }
 
     pub async fn preflight(&self, ctx: &StepContext) -> Result<ToolInfo, AdapterError> {
@@ -161,7 +162,7 @@ impl KubectlSpec {
         let cmd = Command::new(&binary)
             .envs(ctx.env.iter().map(|(k, v)| (k.clone(), v.clone())))
             .args(["version", "--client", "-o", "json"]);
-        let (outcome, stdout, _) = capture(&cmd, ctx, Some(QUICK), None, StdoutLog::Lines).await?;
+        let Captured { outcome, stdout, .. } = capture(&cmd, ctx, Some(QUICK), None, StdoutLog::Lines).await?;
         let version = serde_json::from_str::<serde_json::Value>(&stdout.join("\n"))
             .ok()
             .and_then(|v| v.pointer("/clientVersion/gitVersion").and_then(|g| g.as_str()).map(str::to_string));
@@ -181,7 +182,7 @@ impl KubectlSpec {
         }
         let cmd = self.command(ctx, binary).args(["config", "view", "--minify", "-o", "jsonpath={..namespace}"]);
         match capture(&cmd, ctx, Some(QUICK), None, StdoutLog::Lines).await {
-            Ok((outcome, stdout, _)) if outcome.success() => {
+            Ok(Captured { outcome, stdout, .. }) if outcome.success() => {
                 stdout.join("").split_whitespace().next().unwrap_or("default").to_string()
             }
             _ => "default".to_string(),
@@ -195,7 +196,7 @@ impl KubectlSpec {
             let path = ctx.resolve(manifest);
             if path.is_dir() && manifest::is_kustomization(&path) {
                 let cmd = self.command(ctx, binary).arg("kustomize").arg(&path);
-                let (outcome, stdout, _) =
+                let Captured { outcome, stdout, .. } =
                     capture(&cmd, ctx, Some(QUICK), None, StdoutLog::Lines).await.map_err(Failure::from)?;
                 if !outcome.success() {
                     return Err(Failure::from_process(&cmd.display(), &outcome)
@@ -360,9 +361,10 @@ impl KubectlSpec {
             cmd = cmd.arg("--server-side");
         }
         let cmd = cmd.arg("-f").arg(&dir);
-        let (outcome, stdout, stderr) = capture(&cmd, ctx, Some(ctx.timeout.unwrap_or(QUICK)), sink, StdoutLog::Lines)
-            .await
-            .map_err(Failure::from)?;
+        let Captured { outcome, stdout, stderr } =
+            capture(&cmd, ctx, Some(ctx.timeout.unwrap_or(QUICK)), sink, StdoutLog::Lines)
+                .await
+                .map_err(Failure::from)?;
         if outcome.interrupted {
             return Err(Failure::from_process(&cmd.display(), &outcome));
         }
@@ -465,7 +467,7 @@ impl KubectlSpec {
         for &i in batch {
             sink.emit(Event::Started { id: objects[i].id() });
         }
-        let (outcome, stdout, stderr) =
+        let Captured { outcome, stdout, stderr } =
             capture(&cmd, ctx, ctx.timeout, Some(sink), StdoutLog::Lines).await.map_err(Failure::from)?;
         let results: Vec<_> = stdout.iter().filter_map(|l| parse_apply_line(l)).collect();
         let refs: Vec<&KubeObject> = batch.iter().map(|&i| &objects[i]).collect();
@@ -541,7 +543,7 @@ impl KubectlSpec {
             }
             let cmd = cmd.arg(format!("--timeout={}s", left.as_secs()));
             // kubectl enforces its own --timeout; ours is a backstop a little later.
-            let (outcome, stdout, _) =
+            let Captured { outcome, stdout, .. } =
                 capture(&cmd, ctx, Some(left + Duration::from_secs(30)), Some(sink), StdoutLog::Lines)
                     .await
                     .map_err(Failure::from)?;

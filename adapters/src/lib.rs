@@ -249,6 +249,9 @@ pub struct StepContext {
     /// Cancelled on SIGINT/SIGTERM or when the checkpoint cannot be written; adapters forward it
     /// to their child once and wait for it.
     pub cancel: CancellationToken,
+    /// Notes the tool's processes while they run, so a run taking over after a crash can wait
+    /// for one that outlived this run. The driver makes one per run; the default notes nothing.
+    pub processes: process::ProcessTracker,
 }
 
 impl StepContext {

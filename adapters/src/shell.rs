@@ -272,6 +272,7 @@ impl ShellSpec {
             .env("RDEPLOY_STACK", &ctx.stack)
             .env("RDEPLOY_STEP", &ctx.step)
             .env("RDEPLOY_SUB_CHANGE", id)
+            .in_step(ctx)
     }
 }
 
@@ -282,6 +283,7 @@ pub async fn run_revert(ctx: &StepContext, script: &str, sink: &dyn EventSink) -
         .envs(ctx.env.iter().map(|(k, v)| (k.clone(), v.clone())))
         .env("RDEPLOY_STACK", &ctx.stack)
         .env("RDEPLOY_STEP", &ctx.step)
+        .in_step(ctx)
         .run(&ctx.cancel, ctx.timeout, &mut forward_output(sink))
         .await
         .map_err(|e| Failure::new(e.to_string()))?;
@@ -307,6 +309,7 @@ mod tests {
             env: Default::default(),
             timeout: None,
             cancel: CancellationToken::new(),
+            processes: Default::default(),
         }
     }
 

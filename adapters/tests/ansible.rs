@@ -87,6 +87,7 @@ impl Stack {
             env: BTreeMap::from([("PATH".to_string(), path), ("ANSIBLE_NOCOLOR".to_string(), "1".to_string())]),
             timeout: Some(std::time::Duration::from_secs(300)),
             cancel: CancellationToken::new(),
+            processes: Default::default(),
         }
     }
 }

@@ -54,6 +54,7 @@ impl Setup {
             env,
             timeout: Some(Duration::from_secs(30)),
             cancel: CancellationToken::new(),
+            processes: Default::default(),
         }
     }
 

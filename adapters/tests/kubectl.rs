@@ -52,6 +52,7 @@ impl Setup {
             env: self.sim.env().into_iter().collect(),
             timeout: Some(timeout),
             cancel: CancellationToken::new(),
+            processes: Default::default(),
         }
     }
 

@@ -14,7 +14,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use self::callback::{parse_line, HostOutcome, HostTracker, Tail};
-use crate::process::{Command, Outcome};
+use crate::process::{Command, Outcome, Signal};
 use crate::{
     display_command, shell_quote, AdapterError, DescribeContext, Event, EventSink, Failure, FieldPath, Inspection,
     PathSegment, PriorStep, RecoveryDoc, SpecProblem, StepContext, Stream, SubStatus, ToolInfo,
@@ -160,7 +160,13 @@ impl AnsibleSpec {
     }
 
     fn command(&self, ctx: &StepContext, binary: &Path) -> Command {
-        Command::new(binary).cwd(&ctx.stack_dir).envs(ctx.env.iter().map(|(k, v)| (k.clone(), v.clone())))
+        // ansible-playbook stops on SIGINT as on Ctrl-C ("User interrupted execution", exit 99,
+        // no further task); a SIGTERM ends it at once without a word (exit 143): checked here.
+        Command::new(binary)
+            .cwd(&ctx.stack_dir)
+            .envs(ctx.env.iter().map(|(k, v)| (k.clone(), v.clone())))
+            .in_step(ctx)
+            .on_rdeploy_death(Signal::SIGINT)
     }
 
     /// The hosts the playbook targets under `limit`, from `ansible-playbook --list-hosts`.

@@ -22,7 +22,7 @@ use serde::Deserialize;
 use self::events::{parse_line, ApplyTracker, Diagnostic, PlanReport, PlannedChange, Progress, UiLine, UiMessage};
 use self::lock::{parse_lock_diagnostic, LockInfo};
 use self::state::InState;
-use crate::process::{redact_line, Command, Outcome};
+use crate::process::{redact_line, Command, Outcome, Signal};
 use crate::{
     display_command, shell_quote, AdapterError, CancellationToken, DescribeContext, Event, EventSink, Failure,
     FieldPath, Inspection, PathSegment, PriorStep, RecoveryDoc, SpecProblem, StepContext, Stream, SubStatus, ToolInfo,
@@ -165,6 +165,19 @@ impl TerraformSpec {
 
     pub async fn recover(&self, ctx: &StepContext, prior: &PriorStep, sink: &dyn EventSink) -> Result<(), Failure> {
         let mut run = Run::new(self, ctx, sink)?;
+        // The apply of a run that died went on without it (it got SIGINT and finished what was
+        // in flight); its stream says what it completed after the checkpoint last heard.
+        let mut settled = std::collections::HashSet::new();
+        let (stream_file, _) = apply_output_files(&ctx.work_dir);
+        for addr in applied_in_stream(&stream_file) {
+            if prior.sub_changes.iter().any(|s| s.id == addr && s.status != SubStatus::Done) {
+                sink.emit(Event::Done {
+                    id: addr.clone(),
+                    note: Some("completed by the apply of the run that died (its output file says so)".into()),
+                });
+                settled.insert(addr);
+            }
+        }
         let plan_file = ctx.work_dir.join(PLAN_FILE);
         let plan = run.plan(&plan_file, Workspace::Create).await?;
         // The plan went through, so whatever held the lock has let go of it.
@@ -179,7 +192,10 @@ impl TerraformSpec {
         // Recorded as not done, yet terraform has nothing to do for them: they are in place
         // (applied after all, or dropped from the configuration by the fix).
         for sub in &prior.sub_changes {
-            if sub.status != SubStatus::Done && !plan.changes.iter().any(|c| c.addr == sub.id) {
+            if sub.status != SubStatus::Done
+                && !settled.contains(&sub.id)
+                && !plan.changes.iter().any(|c| c.addr == sub.id)
+            {
                 sink.emit(Event::Done {
                     id: sub.id.clone(),
                     note: Some("terraform plans no change for it now".into()),
@@ -272,6 +288,24 @@ impl TerraformSpec {
 }
 
 /// The lock recorded by an earlier run, if it is still recorded.
+/// Where `apply` writes terraform's JSON stream and its stderr (in the step's work directory):
+/// the files stay only when the rdeploy that started the apply died before it ended.
+pub fn apply_output_files(work_dir: &Path) -> (PathBuf, PathBuf) {
+    (work_dir.join("apply.jsonl"), work_dir.join("apply.stderr"))
+}
+
+/// The resource addresses an apply's JSON stream reports complete.
+fn applied_in_stream(file: &Path) -> Vec<String> {
+    let Ok(text) = std::fs::read_to_string(file) else { return Vec::new() };
+    text.lines()
+        .filter_map(parse_line)
+        .filter_map(|ui| match ui.body {
+            UiMessage::ApplyComplete { addr, .. } => Some(addr),
+            _ => None,
+        })
+        .collect()
+}
+
 fn prior_lock(prior: &PriorStep) -> Option<LockInfo> {
     if let Some(lock) = prior.facts.get(FACT_LOCK).and_then(|v| serde_json::from_value::<LockInfo>(v.clone()).ok()) {
         return Some(lock);
@@ -400,12 +434,7 @@ impl<'a> Run<'a> {
         self.deadline.map(|d| d.saturating_duration_since(Instant::now()))
     }
 
-    async fn exec(
-        &self,
-        args: &[String],
-        cancel: &CancellationToken,
-        on_line: &mut (dyn FnMut(Stream, &str) + Send),
-    ) -> Result<Outcome, Failure> {
+    fn command(&self, args: &[String]) -> Command {
         Command::new(&self.binary)
             .args(args)
             .cwd(&self.dir)
@@ -413,20 +442,39 @@ impl<'a> Run<'a> {
             .env("TF_IN_AUTOMATION", "1")
             .env("TF_INPUT", "0")
             .redact(self.secrets.iter().cloned())
-            .run(cancel, self.remaining(), on_line)
-            .await
-            .map_err(|e| Failure::new(e.to_string()))
+            .in_step(self.ctx)
+            // terraform stops gracefully on SIGINT: it finishes the resources in flight, writes
+            // its state and releases its lock.
+            .on_rdeploy_death(Signal::SIGINT)
+    }
+
+    async fn exec(
+        &self,
+        args: &[String],
+        cancel: &CancellationToken,
+        on_line: &mut (dyn FnMut(Stream, &str) + Send),
+    ) -> Result<Outcome, Failure> {
+        self.exec_command(self.command(args), cancel, on_line).await
+    }
+
+    async fn exec_command(
+        &self,
+        command: Command,
+        cancel: &CancellationToken,
+        on_line: &mut (dyn FnMut(Stream, &str) + Send),
+    ) -> Result<Outcome, Failure> {
+        command.run(cancel, self.remaining(), on_line).await.map_err(|e| Failure::new(e.to_string()))
     }
 
     /// Runs a `-json` command: every line goes to the sink as output (terraform's human text for
     /// JSON lines) and each parsed message to `on_message`.
     async fn exec_json(
         &self,
-        args: &[String],
+        command: Command,
         on_message: &mut (dyn FnMut(&UiLine) + Send),
     ) -> Result<Outcome, Failure> {
         let sink = self.sink;
-        self.exec(args, &self.ctx.cancel, &mut |stream, line| match (stream, parse_line(line)) {
+        self.exec_command(command, &self.ctx.cancel, &mut |stream, line| match (stream, parse_line(line)) {
             (Stream::Stdout, Some(ui)) => {
                 for text in ui.message.lines().filter(|l| !l.trim().is_empty()) {
                     sink.emit(Event::Output { stream, line: text.to_string() });
@@ -548,7 +596,7 @@ impl<'a> Run<'a> {
         let mut initialized = false;
         let plan = loop {
             let mut plan = PlanReport::default();
-            let outcome = self.exec_json(&args, &mut |ui| plan.observe(&ui.body)).await?;
+            let outcome = self.exec_json(self.command(&args), &mut |ui| plan.observe(&ui.body)).await?;
             let errors: Vec<Diagnostic> = plan.diagnostics.iter().filter(|d| d.is_error()).cloned().collect();
             if outcome.success() {
                 break plan;
@@ -606,9 +654,17 @@ impl<'a> Run<'a> {
             });
         }
         let mut tracker = ApplyTracker::new(&plan.changes);
+        // The stream goes to a file that stays if rdeploy dies: terraform then finishes on its
+        // own, and the next `recover` reads there what it completed. Seen to the end here, the
+        // file has told everything and goes.
+        let (stream_file, stderr_file) = apply_output_files(&self.ctx.work_dir);
+        let command = self.command(&args).output_files(&stream_file, &stderr_file);
         let outcome = self
-            .exec_json(&args, &mut |ui| tracker.observe(&ui.body, &ui.message, &mut |event| sink.emit(event)))
-            .await?;
+            .exec_json(command, &mut |ui| tracker.observe(&ui.body, &ui.message, &mut |event| sink.emit(event)))
+            .await;
+        let _ = std::fs::remove_file(&stream_file);
+        let _ = std::fs::remove_file(&stderr_file);
+        let outcome = outcome?;
         tracker.finish(&mut |event| sink.emit(event));
         for warning in &tracker.warnings {
             sink.emit(Event::Warning { message: format!("terraform: {}", warning.one_line()) });
