@@ -194,7 +194,10 @@ pub fn parse(file: &Path, text: &str) -> Result<Stack, StackError> {
     };
     let digest = hex::encode(Sha256::digest(text.as_bytes()));
 
-    let root = match marked_yaml::parse_yaml(0, text) {
+    // Quoted scalars are marked, so values handed to a tool keep their YAML type
+    // ([`typed_json`]); serde deserializes from [`coercible`] copies, as before.
+    let options = marked_yaml::LoaderOptions::default().prevent_coercion(true);
+    let root = match marked_yaml::parse_yaml_with_options(0, text, options) {
         Ok(node) => node,
         Err(e) => {
             let (marker, message) = describe_load_error(&e);
@@ -401,7 +404,7 @@ fn parse_step(checker: &mut Checker<'_>, dir: &Path, node: &Node) -> Option<Pars
     if unknown {
         return None;
     }
-    let common_node = Node::Mapping(common);
+    let common_node = coercible(Node::Mapping(common));
     let own_node = Node::Mapping(own);
     let keys = match marked_yaml::from_node::<CommonKeys>(&common_node) {
         Ok(keys) => keys,
@@ -410,20 +413,29 @@ fn parse_step(checker: &mut Checker<'_>, dir: &Path, node: &Node) -> Option<Pars
             return None;
         }
     };
+    let own_coercible = coercible(own_node.clone());
     let spec = match tool {
-        Tool::Terraform => marked_yaml::from_node(&own_node).map(ToolSpec::Terraform),
-        Tool::Ansible => marked_yaml::from_node(&own_node).map(ToolSpec::Ansible),
-        Tool::Helm => marked_yaml::from_node(&own_node).map(ToolSpec::Helm),
-        Tool::Kubectl => marked_yaml::from_node(&own_node).map(ToolSpec::Kubectl),
-        Tool::Shell => marked_yaml::from_node(&own_node).map(ToolSpec::Shell),
+        Tool::Terraform => marked_yaml::from_node(&own_coercible).map(ToolSpec::Terraform),
+        Tool::Ansible => marked_yaml::from_node(&own_coercible).map(ToolSpec::Ansible),
+        Tool::Helm => marked_yaml::from_node(&own_coercible).map(ToolSpec::Helm),
+        Tool::Kubectl => marked_yaml::from_node(&own_coercible).map(ToolSpec::Kubectl),
+        Tool::Shell => marked_yaml::from_node(&own_coercible).map(ToolSpec::Shell),
     };
-    let spec = match spec {
+    let mut spec = match spec {
         Ok(spec) => spec,
         Err(e) => {
             report_serde_error(checker, map.span(), e, tool_keys);
             return None;
         }
     };
+    // serde sees every YAML scalar as a string; values handed to the tool keep their YAML type.
+    if let Some((key, values)) = spec.typed_values_mut() {
+        if let Some(node) = own_node.as_mapping().and_then(|m| m.get_mapping(key)) {
+            for (k, v) in node.iter() {
+                values.insert(k.as_str().to_string(), typed_json(v));
+            }
+        }
+    }
 
     let name = keys.name.as_str().to_string();
     if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
@@ -627,6 +639,66 @@ fn node_to_json(node: &Node) -> serde_json::Value {
     }
 }
 
+/// `node` with every scalar readable as a boolean or number, whether quoted or not, as serde
+/// reads the stack's own keys (`wait: "true"` is a boolean there).
+fn coercible(mut node: Node) -> Node {
+    fn walk(node: &mut Node) {
+        match node {
+            Node::Scalar(s) => s.set_coerce(true),
+            Node::Sequence(seq) => seq.iter_mut().for_each(walk),
+            Node::Mapping(map) => map.values_mut().for_each(walk),
+        }
+    }
+    walk(&mut node);
+    node
+}
+
+/// A YAML node as JSON with its YAML type: a plain scalar is null, a boolean, an integer or a
+/// float when it reads as one (YAML 1.2's core schema), a quoted scalar is always a string.
+fn typed_json(node: &Node) -> serde_json::Value {
+    use serde_json::Value;
+    match node {
+        Node::Scalar(s) if !s.may_coerce() => Value::String(s.as_str().to_string()),
+        Node::Scalar(s) => {
+            let text = s.as_str();
+            let digits = |t: &str| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit());
+            let unsigned = text.strip_prefix(['-', '+']).unwrap_or(text);
+            let float_like = {
+                let (mantissa, exponent) = match unsigned.split_once(['e', 'E']) {
+                    Some((m, e)) => (m, Some(e.strip_prefix(['-', '+']).unwrap_or(e))),
+                    None => (unsigned, None),
+                };
+                let mantissa_ok = match mantissa.split_once('.') {
+                    Some((int, frac)) => {
+                        (int.is_empty() || digits(int)) && (digits(frac) || (frac.is_empty() && digits(int)))
+                    }
+                    None => digits(mantissa),
+                };
+                mantissa_ok && exponent.is_none_or(digits)
+            };
+            match text {
+                "" | "~" | "null" | "Null" | "NULL" => Value::Null,
+                "true" | "True" | "TRUE" => Value::Bool(true),
+                "false" | "False" | "FALSE" => Value::Bool(false),
+                _ if digits(unsigned) => text
+                    .trim_start_matches('+')
+                    .parse::<i64>()
+                    .map(Value::from)
+                    .or_else(|_| text.trim_start_matches('+').parse::<u64>().map(Value::from))
+                    .unwrap_or_else(|_| Value::String(text.to_string())),
+                _ if float_like => text
+                    .parse::<f64>()
+                    .ok()
+                    .and_then(serde_json::Number::from_f64)
+                    .map_or_else(|| Value::String(text.to_string()), Value::Number),
+                _ => Value::String(text.to_string()),
+            }
+        }
+        Node::Sequence(seq) => Value::Array(seq.iter().map(typed_json).collect()),
+        Node::Mapping(map) => Value::Object(map.iter().map(|(k, v)| (k.as_str().to_string(), typed_json(v))).collect()),
+    }
+}
+
 fn describe_load_error(e: &marked_yaml::LoadError) -> (Option<Marker>, String) {
     use marked_yaml::LoadError::*;
     match e {
@@ -770,6 +842,44 @@ mod tests {
         assert_eq!(p[0].line, 5);
         let p = problems("name: s\nsteps:\n  - name: a\n    tool: shell\n    timeout: soon\n    run: x\n");
         assert_eq!((p[0].line, p[0].column), (5, 14));
+    }
+
+    #[test]
+    fn values_for_the_tool_keep_their_yaml_type() {
+        let text = r#"
+name: s
+steps:
+  - name: chart
+    tool: helm
+    release: web
+    chart: repo/web
+    set: { service.enabled: false, replicaCount: 2, ratio: 0.5, tag: "1.10", quoted: "false", none: ~, empty: ,
+           list: [1, "2", true], map: { a: null, b: 'x' }, word: yes, big: 18446744073709551615, neg: -3 }
+  - name: play
+    tool: ansible
+    playbook: site.yml
+    inventory: hosts.ini
+    extra_vars: { flag: false, name: "false", n: 07 }
+"#;
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("site.yml"), "").unwrap();
+        std::fs::write(dir.path().join("hosts.ini"), "").unwrap();
+        let stack = parse(&dir.path().join("stack.yaml"), text).unwrap();
+        let ToolSpec::Helm(helm) = &stack.steps[0].spec else { panic!("helm") };
+        let set = serde_json::to_value(&helm.set).unwrap();
+        assert_eq!(
+            set,
+            serde_json::json!({
+                "service.enabled": false, "replicaCount": 2, "ratio": 0.5, "tag": "1.10", "quoted": "false",
+                "none": null, "empty": null, "list": [1, "2", true], "map": { "a": null, "b": "x" },
+                "word": "yes", "big": 18446744073709551615u64, "neg": -3
+            })
+        );
+        let ToolSpec::Ansible(play) = &stack.steps[1].spec else { panic!("ansible") };
+        assert_eq!(
+            serde_json::to_value(&play.extra_vars).unwrap(),
+            serde_json::json!({ "flag": false, "name": "false", "n": 7 })
+        );
     }
 
     #[test]

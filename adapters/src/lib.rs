@@ -140,6 +140,18 @@ impl ToolSpec {
         }
     }
 
+    /// The step's key whose values reach the tool with their YAML types (helm `set`, ansible
+    /// `extra_vars`, terraform `vars`), and those values. serde reads every YAML scalar as a
+    /// string, so the stack module, which sees the YAML nodes, writes the typed values here.
+    pub fn typed_values_mut(&mut self) -> Option<(&'static str, &mut BTreeMap<String, serde_json::Value>)> {
+        match self {
+            ToolSpec::Terraform(s) => Some(("vars", &mut s.vars)),
+            ToolSpec::Ansible(s) => Some(("extra_vars", &mut s.extra_vars)),
+            ToolSpec::Helm(s) => Some(("set", &mut s.set)),
+            ToolSpec::Kubectl(_) | ToolSpec::Shell(_) => None,
+        }
+    }
+
     /// Problems a stack file can have that serde cannot see (exclusive keys, empty lists).
     pub fn problems(&self) -> Vec<SpecProblem> {
         dispatch!(self, s => s.problems())
