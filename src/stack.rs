@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use marked_yaml::{Marker, Node, Span, Spanned};
-use rdeploy_adapters::{FieldPath, PathSegment, Tool, ToolSpec};
+use rdeploy_adapters::{Adapter, FieldPath, PathSegment, Tool, ToolSpec};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 

@@ -3,7 +3,7 @@
 //! status and history read before and after. Recovery decides from helm's own state: deployed at
 //! the wanted chart and values, failed (upgrade again, or roll back to the last deployed revision,
 //! always named), or stuck in `pending-*` (rolled back only when no helm process for the release
-//! is alive, or when the operator forces it with `RDEPLOY_FORCE=1`).
+//! is alive, or when the operator forces it with `rdeploy recover --force`, [`StepContext::force`]).
 
 pub mod state;
 
@@ -17,8 +17,8 @@ use serde_json::Value;
 use self::state::{last_deployed, ReleaseStatus, Revision};
 use crate::process::{capture, Command, Outcome, StdoutLog};
 use crate::{
-    display_command, shell_quote, AdapterError, DescribeContext, Event, EventSink, Failure, FieldPath, Inspection,
-    PathSegment, PriorStep, Recovered, RecoveryDoc, SpecProblem, StepContext, ToolInfo,
+    display_command, shell_quote, Adapter, AdapterError, DescribeContext, Event, EventSink, Failure, FieldPath,
+    Inspection, PathSegment, PriorStep, Recovered, RecoveryDoc, SpecProblem, StepContext, ToolInfo,
 };
 
 const DEFAULT_BINARY: &str = "helm";
@@ -28,9 +28,6 @@ const INSTALL_HINT: &str =
 const QUICK: Duration = Duration::from_secs(120);
 /// Beyond helm's own `--timeout`, how long before rdeploy stops a helm that hangs.
 const BACKSTOP: Duration = Duration::from_secs(60);
-/// The environment variable an operator sets to let recover roll back a stuck release even
-/// though a helm process for it looks alive.
-pub const FORCE_ENV: &str = "RDEPLOY_FORCE";
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -113,57 +110,6 @@ impl HelmSpec {
         "recover",
     ];
 
-    pub fn problems(&self) -> Vec<SpecProblem> {
-        let mut problems = Vec::new();
-        if let Some(mode) = &self.recover {
-            if !matches!(mode.as_str(), "upgrade" | "rollback") {
-                problems.push(SpecProblem {
-                    at: vec![PathSegment::Key("recover")],
-                    message: format!("`recover: {mode}` is not a recovery mode of helm steps"),
-                    hint: Some("use `upgrade` (upgrade again once the cause is fixed) or `rollback` (to the last deployed revision)".into()),
-                });
-            }
-        }
-        let valid = |s: &str| {
-            !s.is_empty()
-                && s.len() <= 53
-                && s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-        };
-        if !valid(&self.release) {
-            problems.push(SpecProblem {
-                at: vec![PathSegment::Key("release")],
-                message: format!("`{}` is not a valid helm release name", self.release),
-                hint: Some("use at most 53 lower-case letters, digits and `-`".into()),
-            });
-        }
-        for (i, key) in self.set.keys().enumerate() {
-            if key.trim().is_empty() || key.contains('=') {
-                problems.push(SpecProblem {
-                    at: vec![PathSegment::Key("set"), PathSegment::Index(i)],
-                    message: format!("`{key}` is not a value path"),
-                    hint: Some("write dotted paths such as `image.tag`".into()),
-                });
-            }
-        }
-        problems
-    }
-
-    pub fn referenced_paths(&self) -> Vec<(FieldPath, PathBuf)> {
-        let mut paths: Vec<(FieldPath, PathBuf)> = self
-            .values
-            .iter()
-            .enumerate()
-            .map(|(i, p)| (vec![PathSegment::Key("values"), PathSegment::Index(i)], p.clone()))
-            .collect();
-        if self.is_local_chart() {
-            paths.push((vec![PathSegment::Key("chart")], PathBuf::from(&self.chart)));
-        }
-        if let Some(k) = &self.kubeconfig {
-            paths.push((vec![PathSegment::Key("kubeconfig")], k.clone()));
-        }
-        paths
-    }
-
     /// Whether the stack file plainly names a chart directory (`./x`, `/x`, `a/b/c`): helm
     /// tries a local path before a `repo/name`, so `a/b` is only known from the disk.
     fn is_local_chart(&self) -> bool {
@@ -204,12 +150,6 @@ impl HelmSpec {
 
     fn command(&self, ctx: &StepContext, binary: &Path) -> Command {
         Command::new(binary).cwd(&ctx.stack_dir).envs(ctx.env.iter().map(|(k, v)| (k.clone(), v.clone())))
-    }
-
-    pub async fn preflight(&self, ctx: &StepContext) -> Result<ToolInfo, AdapterError> {
-        let binary = crate::resolve_binary(ctx, self.binary_name(), INSTALL_HINT)?;
-        let (version, _) = self.version(ctx, &binary).await?;
-        Ok(ToolInfo { binary, version })
     }
 
     /// `helm version --short` and its major version (3 or 4: their flags differ).
@@ -359,9 +299,9 @@ impl HelmSpec {
                 .unwrap_or_default();
             let stuck =
                 format!("release {} is stuck in {} at revision {}{age}", self.release, latest.status, latest.revision);
-            // Only the operator's `rdeploy recover --force` (or the step's own `env:`) forces it:
-            // an exported variable in a CI environment must not force every recover.
-            let forced = ctx.env.get(FORCE_ENV).is_some_and(|v| v == "1");
+            // Only the operator's `rdeploy recover --force` forces it (never an environment
+            // variable, which a CI environment may export to every recover).
+            let forced = ctx.force;
             if let Some((pid, cmdline)) = state::live_helm_for(&self.release, proc).filter(|_| !forced) {
                 let mut failure = Failure::new(format!(
                     "{stuck}, and a helm process for it is still running (pid {pid}: `{cmdline}`)"
@@ -462,124 +402,6 @@ impl HelmSpec {
         let mut words = vec![self.binary_name().to_string()];
         words.extend(rest);
         words
-    }
-
-    pub async fn apply(&self, ctx: &StepContext, sink: &dyn EventSink) -> Result<(), Failure> {
-        let binary = crate::resolve_binary(ctx, self.binary_name(), INSTALL_HINT).map_err(Failure::from)?;
-        let (_, major) = self.version(ctx, &binary).await.map_err(Failure::from)?;
-        let before = self.live(ctx, &binary, Some(sink)).await?;
-        if let Some(latest) = before.latest().filter(|r| r.is_pending()) {
-            // helm itself would refuse ("another operation is in progress"); say why plainly.
-            let id = self.id(before.next_revision());
-            sink.emit(Event::Planned { ids: vec![id.clone()] });
-            let error =
-                format!("release {} is stuck in {} at revision {}", self.release, latest.status, latest.revision);
-            sink.emit(Event::Failed { id, error: error.clone() });
-            return Err(Failure::new(error).with_hint(
-                "`rdeploy recover` rolls it back to the last deployed revision once no helm process for it is alive",
-            ));
-        }
-        sink.emit(Event::Planned { ids: vec![self.id(before.next_revision())] });
-        self.upgrade(ctx, sink, &binary, major, &before).await
-    }
-
-    pub async fn recover(
-        &self,
-        ctx: &StepContext,
-        _prior: &PriorStep,
-        sink: &dyn EventSink,
-    ) -> Result<Recovered, Failure> {
-        let binary = crate::resolve_binary(ctx, self.binary_name(), INSTALL_HINT).map_err(Failure::from)?;
-        let (_, major) = self.version(ctx, &binary).await.map_err(Failure::from)?;
-        let live = self.live(ctx, &binary, Some(sink)).await?;
-        self.record_facts(&live, sink);
-        match self.decide(ctx, &live, major, Path::new("/proc")) {
-            Decision::InPlace { revision } => {
-                let id = self.id(revision);
-                sink.emit(Event::Planned { ids: vec![id.clone()] });
-                sink.emit(Event::Done { id, note: Some("already deployed at the wanted chart and values".into()) });
-                Ok(Recovered::Complete)
-            }
-            Decision::Upgrade { why } => {
-                sink.emit(Event::Planned { ids: vec![self.id(live.next_revision())] });
-                sink.emit(Event::Warning { message: format!("{why}; running `helm upgrade --install`") });
-                self.upgrade(ctx, sink, &binary, major, &live).await.map(|()| Recovered::Complete)
-            }
-            Decision::Rollback { to, why, then_upgrade } => {
-                let mut ids = vec![self.id(live.next_revision())];
-                if then_upgrade {
-                    ids.push(self.id(live.next_revision() + 1));
-                }
-                sink.emit(Event::Planned { ids });
-                sink.emit(Event::Warning { message: format!("{why}; rolling back to revision {to}") });
-                let after = self.rollback(ctx, sink, &binary, major, &live, to).await?;
-                if then_upgrade {
-                    self.upgrade(ctx, sink, &binary, major, &after).await.map(|()| Recovered::Complete)
-                } else {
-                    sink.emit(Event::Warning {
-                        message: format!(
-                            "`recover: rollback`: {} runs revision {to}'s chart and values again, not the stack's; `rdeploy recover` upgrades to them once the cause is fixed",
-                            self.release
-                        ),
-                    });
-                    Ok(Recovered::RolledBack { to: format!("{} revision {to}", self.release) })
-                }
-            }
-            Decision::Refuse { failure } => {
-                if let Some(latest) = live.latest() {
-                    sink.emit(Event::Planned { ids: vec![self.id(latest.revision)] });
-                    sink.emit(Event::Failed { id: self.id(latest.revision), error: failure.summary.clone() });
-                }
-                Err(failure)
-            }
-        }
-    }
-
-    pub async fn inspect(&self, ctx: &StepContext, _prior: &PriorStep) -> Result<Inspection, Failure> {
-        let binary = crate::resolve_binary(ctx, self.binary_name(), INSTALL_HINT).map_err(Failure::from)?;
-        let (_, major) = self.version(ctx, &binary).await.map_err(Failure::from)?;
-        let live = self.live(ctx, &binary, None).await?;
-        let mut inspection = Inspection::default();
-        if let Some(latest) = live.latest() {
-            inspection.actions.push(format!(
-                "helm: {} is at revision {} ({}: {}){}",
-                self.release,
-                latest.revision,
-                latest.status,
-                latest.description,
-                last_deployed(&live.history)
-                    .map(|r| format!("; last deployed revision {}", r.revision))
-                    .unwrap_or_default()
-            ));
-        }
-        let upgrade = display_command(&self.helm_words(self.upgrade_words(major, Some(ctx))));
-        match self.decide(ctx, &live, major, Path::new("/proc")) {
-            Decision::InPlace { revision } => {
-                inspection.actions.push(format!("keep {}: deployed at the wanted chart and values", self.id(revision)))
-            }
-            Decision::Upgrade { why } => {
-                inspection.actions.push(format!("{why}: `{upgrade}`"));
-                inspection.remaining.push(self.id(live.next_revision()));
-            }
-            Decision::Rollback { to, why, then_upgrade } => {
-                inspection.actions.push(format!(
-                    "{why}: `{}`",
-                    display_command(&self.helm_words(self.rollback_words(major, to, Some(ctx))))
-                ));
-                inspection.remaining.push(self.id(live.next_revision()));
-                if then_upgrade {
-                    inspection.actions.push(format!("then upgrade to the stack's values: `{upgrade}`"));
-                    inspection.remaining.push(self.id(live.next_revision() + 1));
-                }
-            }
-            Decision::Refuse { failure } => {
-                inspection.actions.push(format!("cannot recover now: {}", failure.summary));
-                if let Some(hint) = failure.hint {
-                    inspection.actions.push(format!("hint: {hint}"));
-                }
-            }
-        }
-        Ok(inspection)
     }
 
     fn record_facts(&self, live: &Live, sink: &dyn EventSink) {
@@ -713,8 +535,180 @@ impl HelmSpec {
             (_, None) => "fix the cause, then `rdeploy recover` installs again".into(),
         }
     }
+}
 
-    pub fn describe_recovery(&self, ctx: &DescribeContext<'_>, prior: Option<&PriorStep>) -> RecoveryDoc {
+impl Adapter for HelmSpec {
+    fn problems(&self) -> Vec<SpecProblem> {
+        let mut problems = Vec::new();
+        if let Some(mode) = &self.recover {
+            if !matches!(mode.as_str(), "upgrade" | "rollback") {
+                problems.push(SpecProblem {
+                    at: vec![PathSegment::Key("recover")],
+                    message: format!("`recover: {mode}` is not a recovery mode of helm steps"),
+                    hint: Some("use `upgrade` (upgrade again once the cause is fixed) or `rollback` (to the last deployed revision)".into()),
+                });
+            }
+        }
+        let valid = |s: &str| {
+            !s.is_empty()
+                && s.len() <= 53
+                && s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        };
+        if !valid(&self.release) {
+            problems.push(SpecProblem {
+                at: vec![PathSegment::Key("release")],
+                message: format!("`{}` is not a valid helm release name", self.release),
+                hint: Some("use at most 53 lower-case letters, digits and `-`".into()),
+            });
+        }
+        for (i, key) in self.set.keys().enumerate() {
+            if key.trim().is_empty() || key.contains('=') {
+                problems.push(SpecProblem {
+                    at: vec![PathSegment::Key("set"), PathSegment::Index(i)],
+                    message: format!("`{key}` is not a value path"),
+                    hint: Some("write dotted paths such as `image.tag`".into()),
+                });
+            }
+        }
+        problems
+    }
+
+    fn referenced_paths(&self) -> Vec<(FieldPath, PathBuf)> {
+        let mut paths: Vec<(FieldPath, PathBuf)> = self
+            .values
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (vec![PathSegment::Key("values"), PathSegment::Index(i)], p.clone()))
+            .collect();
+        if self.is_local_chart() {
+            paths.push((vec![PathSegment::Key("chart")], PathBuf::from(&self.chart)));
+        }
+        if let Some(k) = &self.kubeconfig {
+            paths.push((vec![PathSegment::Key("kubeconfig")], k.clone()));
+        }
+        paths
+    }
+
+    async fn preflight(&self, ctx: &StepContext) -> Result<ToolInfo, AdapterError> {
+        let binary = crate::resolve_binary(ctx, self.binary_name(), INSTALL_HINT)?;
+        let (version, _) = self.version(ctx, &binary).await?;
+        Ok(ToolInfo { binary, version })
+    }
+
+    async fn apply(&self, ctx: &StepContext, sink: &dyn EventSink) -> Result<(), Failure> {
+        let binary = crate::resolve_binary(ctx, self.binary_name(), INSTALL_HINT).map_err(Failure::from)?;
+        let (_, major) = self.version(ctx, &binary).await.map_err(Failure::from)?;
+        let before = self.live(ctx, &binary, Some(sink)).await?;
+        if let Some(latest) = before.latest().filter(|r| r.is_pending()) {
+            // helm itself would refuse ("another operation is in progress"); say why plainly.
+            let id = self.id(before.next_revision());
+            sink.emit(Event::Planned { ids: vec![id.clone()] });
+            let error =
+                format!("release {} is stuck in {} at revision {}", self.release, latest.status, latest.revision);
+            sink.emit(Event::Failed { id, error: error.clone() });
+            return Err(Failure::new(error).with_hint(
+                "`rdeploy recover` rolls it back to the last deployed revision once no helm process for it is alive",
+            ));
+        }
+        sink.emit(Event::Planned { ids: vec![self.id(before.next_revision())] });
+        self.upgrade(ctx, sink, &binary, major, &before).await
+    }
+
+    async fn recover(&self, ctx: &StepContext, _prior: &PriorStep, sink: &dyn EventSink) -> Result<Recovered, Failure> {
+        let binary = crate::resolve_binary(ctx, self.binary_name(), INSTALL_HINT).map_err(Failure::from)?;
+        let (_, major) = self.version(ctx, &binary).await.map_err(Failure::from)?;
+        let live = self.live(ctx, &binary, Some(sink)).await?;
+        self.record_facts(&live, sink);
+        match self.decide(ctx, &live, major, Path::new("/proc")) {
+            Decision::InPlace { revision } => {
+                let id = self.id(revision);
+                sink.emit(Event::Planned { ids: vec![id.clone()] });
+                sink.emit(Event::Done { id, note: Some("already deployed at the wanted chart and values".into()) });
+                Ok(Recovered::Complete)
+            }
+            Decision::Upgrade { why } => {
+                sink.emit(Event::Planned { ids: vec![self.id(live.next_revision())] });
+                sink.emit(Event::Warning { message: format!("{why}; running `helm upgrade --install`") });
+                self.upgrade(ctx, sink, &binary, major, &live).await.map(|()| Recovered::Complete)
+            }
+            Decision::Rollback { to, why, then_upgrade } => {
+                let mut ids = vec![self.id(live.next_revision())];
+                if then_upgrade {
+                    ids.push(self.id(live.next_revision() + 1));
+                }
+                sink.emit(Event::Planned { ids });
+                sink.emit(Event::Warning { message: format!("{why}; rolling back to revision {to}") });
+                let after = self.rollback(ctx, sink, &binary, major, &live, to).await?;
+                if then_upgrade {
+                    self.upgrade(ctx, sink, &binary, major, &after).await.map(|()| Recovered::Complete)
+                } else {
+                    sink.emit(Event::Warning {
+                        message: format!(
+                            "`recover: rollback`: {} runs revision {to}'s chart and values again, not the stack's; `rdeploy recover` upgrades to them once the cause is fixed",
+                            self.release
+                        ),
+                    });
+                    Ok(Recovered::RolledBack { to: format!("{} revision {to}", self.release) })
+                }
+            }
+            Decision::Refuse { failure } => {
+                if let Some(latest) = live.latest() {
+                    sink.emit(Event::Planned { ids: vec![self.id(latest.revision)] });
+                    sink.emit(Event::Failed { id: self.id(latest.revision), error: failure.summary.clone() });
+                }
+                Err(failure)
+            }
+        }
+    }
+
+    async fn inspect(&self, ctx: &StepContext, _prior: &PriorStep) -> Result<Inspection, Failure> {
+        let binary = crate::resolve_binary(ctx, self.binary_name(), INSTALL_HINT).map_err(Failure::from)?;
+        let (_, major) = self.version(ctx, &binary).await.map_err(Failure::from)?;
+        let live = self.live(ctx, &binary, None).await?;
+        let mut inspection = Inspection::default();
+        if let Some(latest) = live.latest() {
+            inspection.actions.push(format!(
+                "helm: {} is at revision {} ({}: {}){}",
+                self.release,
+                latest.revision,
+                latest.status,
+                latest.description,
+                last_deployed(&live.history)
+                    .map(|r| format!("; last deployed revision {}", r.revision))
+                    .unwrap_or_default()
+            ));
+        }
+        let upgrade = display_command(&self.helm_words(self.upgrade_words(major, Some(ctx))));
+        match self.decide(ctx, &live, major, Path::new("/proc")) {
+            Decision::InPlace { revision } => {
+                inspection.actions.push(format!("keep {}: deployed at the wanted chart and values", self.id(revision)))
+            }
+            Decision::Upgrade { why } => {
+                inspection.actions.push(format!("{why}: `{upgrade}`"));
+                inspection.remaining.push(self.id(live.next_revision()));
+            }
+            Decision::Rollback { to, why, then_upgrade } => {
+                inspection.actions.push(format!(
+                    "{why}: `{}`",
+                    display_command(&self.helm_words(self.rollback_words(major, to, Some(ctx))))
+                ));
+                inspection.remaining.push(self.id(live.next_revision()));
+                if then_upgrade {
+                    inspection.actions.push(format!("then upgrade to the stack's values: `{upgrade}`"));
+                    inspection.remaining.push(self.id(live.next_revision() + 1));
+                }
+            }
+            Decision::Refuse { failure } => {
+                inspection.actions.push(format!("cannot recover now: {}", failure.summary));
+                if let Some(hint) = failure.hint {
+                    inspection.actions.push(format!("hint: {hint}"));
+                }
+            }
+        }
+        Ok(inspection)
+    }
+
+    fn describe_recovery(&self, ctx: &DescribeContext<'_>, prior: Option<&PriorStep>) -> RecoveryDoc {
         let cd = format!("cd {}", shell_quote(ctx.stack_dir));
         let mut doc = RecoveryDoc::default();
         let mut status = vec!["status".to_string(), self.release.clone()];
@@ -753,6 +747,10 @@ impl HelmSpec {
         }
         doc.verify.push(display_command(&self.helm_words(status)));
         doc
+    }
+
+    fn typed_values_mut(&mut self) -> Option<(&'static str, &mut BTreeMap<String, serde_json::Value>)> {
+        Some(("set", &mut self.set))
     }
 }
 
@@ -804,6 +802,7 @@ mod tests {
             env: Default::default(),
             timeout: Some(Duration::from_secs(90)),
             cancel: CancellationToken::new(),
+            force: false,
         }
     }
 
