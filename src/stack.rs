@@ -845,6 +845,22 @@ mod tests {
     }
 
     #[test]
+    fn a_helm_recover_mode_is_one_of_its_modes() {
+        let text = "name: s\nsteps:\n  - name: app\n    tool: helm\n    release: web\n    chart: repo/web\n    recover: retry\n";
+        let problems = problems(text);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert_eq!(problems[0].line, 7);
+        assert!(
+            problems[0].message.contains("unknown variant `retry`, expected `upgrade` or `rollback`"),
+            "{problems:?}"
+        );
+        assert!(problems[0].message.contains("`recover`"), "names the key: {problems:?}");
+        let ok = parse(Path::new("stack.yaml"), &text.replace("retry", "rollback")).unwrap();
+        let ToolSpec::Helm(helm) = &ok.steps[0].spec else { panic!("helm") };
+        assert_eq!(helm.recover, Some(rdeploy_adapters::helm::RecoverMode::Rollback));
+    }
+
+    #[test]
     fn values_for_the_tool_keep_their_yaml_type() {
         let text = r#"
 name: s

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use kubesim::{helm_bin, kubectl_bin, workspace_root, Kubesim};
-use rdeploy_adapters::helm::HelmSpec;
+use rdeploy_adapters::helm::{HelmSpec, RecoverMode};
 use rdeploy_adapters::testing::Recorder;
 use rdeploy_adapters::{Adapter, CancellationToken, Event, Failure, PriorStep, Recovered, StepContext, ToolSpec};
 
@@ -140,7 +140,7 @@ async fn failed_upgrade_recovered_by_rollback(major: u32) {
     let s = Setup::new(major);
     s.installed_then_failed_upgrade().await;
     let mut spec = s.spec(&[("color", "red"), ("tier", "not valid!")]);
-    spec.recover = Some("rollback".into());
+    spec.recover = Some(RecoverMode::Rollback);
     let inspection = ToolSpec::Helm(spec.clone()).inspect(&s.ctx(false), &PriorStep::default()).await.unwrap();
     assert!(inspection.actions.iter().any(|a| a.contains("helm rollback web 1")), "{:?}", inspection.actions);
     let (sink, result) = s.recover(&spec, false).await;
@@ -222,13 +222,13 @@ async fn failed_install_is_reported_and_recovered(major: u32) {
     // Nothing was ever deployed: `recover: rollback` (with the settings that failed) cannot
     // help and says so.
     let mut rollback = s.spec(&[("tier", "not valid!")]);
-    rollback.recover = Some("rollback".into());
+    rollback.recover = Some(RecoverMode::Rollback);
     let failure = s.recover(&rollback, false).await.1.unwrap_err();
     assert!(failure.summary.contains("there is nothing to roll back to"), "{}", failure.summary);
     // Fixed: an upgrade --install over the failed install, in rollback mode too, since the
     // stack now asks for other values than the failed revision has.
     let mut fixed = s.spec(&[]);
-    fixed.recover = Some("rollback".into());
+    fixed.recover = Some(RecoverMode::Rollback);
     let (sink, result) = s.recover(&fixed, false).await;
     assert_eq!(result.unwrap(), Recovered::Complete);
     assert_eq!(sink.done(), ["web@2"]);
