@@ -2,10 +2,11 @@
 //! and [`Checkpoint`], which appends records through a [`Store`](crate::store::Store) (a local
 //! directory or PostgreSQL) and decides which must be durable before the caller goes on.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use rdeploy_adapters::{Failure, PriorStep, PriorSubChange, SubStatus, Tool};
 use serde::{Deserialize, Serialize};
+use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
 use crate::stack::Stack;
@@ -14,9 +15,35 @@ use crate::store::{JournalWriter, Store};
 pub const FORMAT: &str = "rdeploy-checkpoint";
 pub const VERSION: u32 = 1;
 
-/// Now, as an RFC 3339 UTC timestamp.
-pub fn now() -> String {
-    OffsetDateTime::now_utc().format(&time::format_description::well_known::Rfc3339).unwrap_or_default()
+/// A moment the checkpoint records: UTC, written (in JSON and messages) as RFC 3339, e.g.
+/// `2026-12-01T08:00:55.123456789Z`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Timestamp(#[serde(with = "time::serde::rfc3339")] pub OffsetDateTime);
+
+impl Timestamp {
+    /// Parses an RFC 3339 timestamp (as a store that keeps them as text hands them back).
+    pub fn parse(text: &str) -> anyhow::Result<Timestamp> {
+        OffsetDateTime::parse(text, &Rfc3339)
+            .map(Timestamp)
+            .map_err(|e| anyhow::anyhow!("`{text}` is not an RFC 3339 timestamp: {e}"))
+    }
+
+    /// Seconds from `earlier` to this moment.
+    pub fn seconds_since(self, earlier: Timestamp) -> f64 {
+        (self.0 - earlier.0).as_seconds_f64()
+    }
+}
+
+impl std::fmt::Display for Timestamp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0.format(&Rfc3339).map_err(|_| std::fmt::Error)?)
+    }
+}
+
+/// Now, in UTC.
+pub fn now() -> Timestamp {
+    Timestamp(OffsetDateTime::now_utc())
 }
 
 /// What one journal line records.
@@ -124,7 +151,7 @@ pub enum StepMode {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Entry {
     pub seq: u64,
-    pub ts: String,
+    pub ts: Timestamp,
     #[serde(flatten)]
     pub record: Record,
 }
@@ -174,16 +201,77 @@ pub struct SubChangeState {
     pub error: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
-    pub updated: String,
+    pub updated: Timestamp,
 }
 
-/// An index derived from `StepState::sub_changes`; it never makes two states differ.
+/// A step's sub-changes in the order first recorded, indexed by id so that folding a record
+/// costs the same however large the deploy grows. The list is the value (equality, JSON, and
+/// reading through `Deref`); the index is a function of it, kept in step by the only two
+/// mutators and rebuilt when a snapshot is loaded.
 #[derive(Clone, Debug, Default)]
-struct SubIndex(std::collections::HashMap<String, usize>);
+pub struct SubChanges {
+    list: Vec<SubChangeState>,
+    index: HashMap<String, usize>,
+}
 
-impl PartialEq for SubIndex {
-    fn eq(&self, _: &SubIndex) -> bool {
-        true
+impl SubChanges {
+    /// The sub-change `id`, recorded as pending at `ts` if it is new; its `updated` becomes `ts`.
+    fn entry(&mut self, id: &str, ts: &Timestamp) -> &mut SubChangeState {
+        let pos = match self.index.get(id) {
+            Some(&pos) => pos,
+            None => {
+                self.index.insert(id.to_string(), self.list.len());
+                self.list.push(SubChangeState {
+                    id: id.to_string(),
+                    status: SubStatus::Pending,
+                    error: None,
+                    note: None,
+                    updated: *ts,
+                });
+                self.list.len() - 1
+            }
+        };
+        let sub = &mut self.list[pos];
+        sub.updated = *ts;
+        sub
+    }
+
+    fn clear(&mut self) {
+        self.list.clear();
+        self.index.clear();
+    }
+}
+
+impl From<Vec<SubChangeState>> for SubChanges {
+    fn from(list: Vec<SubChangeState>) -> SubChanges {
+        let index = list.iter().enumerate().map(|(i, s)| (s.id.clone(), i)).collect();
+        SubChanges { list, index }
+    }
+}
+
+impl std::ops::Deref for SubChanges {
+    type Target = [SubChangeState];
+    fn deref(&self) -> &[SubChangeState] {
+        &self.list
+    }
+}
+
+impl PartialEq for SubChanges {
+    fn eq(&self, other: &SubChanges) -> bool {
+        // The index is derived from the list, so equal lists have equal indexes.
+        self.list == other.list
+    }
+}
+
+impl Serialize for SubChanges {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.list.serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for SubChanges {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<SubChanges, D::Error> {
+        Vec::<SubChangeState>::deserialize(deserializer).map(SubChanges::from)
     }
 }
 
@@ -195,10 +283,7 @@ pub struct StepState {
     pub has_revert: bool,
     pub digest: String,
     pub status: StepStatus,
-    pub sub_changes: Vec<SubChangeState>,
-    /// Position of each sub-change by id; derived, so never stored.
-    #[serde(skip)]
-    index: SubIndex,
+    pub sub_changes: SubChanges,
     pub facts: BTreeMap<String, serde_json::Value>,
     pub failure: Option<Failure>,
     pub revert_failure: Option<Failure>,
@@ -208,8 +293,8 @@ pub struct StepState {
     pub refused: Option<String>,
     pub warnings: Vec<String>,
     pub tool_version: Option<String>,
-    pub started: Option<String>,
-    pub finished: Option<String>,
+    pub started: Option<Timestamp>,
+    pub finished: Option<Timestamp>,
     /// Order in which steps finished, for reverting newest first.
     pub done_seq: Option<u64>,
     /// Set when the step was interrupted by a signal.
@@ -225,8 +310,7 @@ impl StepState {
             has_revert: h.has_revert,
             digest: h.digest.clone(),
             status: StepStatus::Pending,
-            sub_changes: Vec::new(),
-            index: SubIndex::default(),
+            sub_changes: SubChanges::default(),
             facts: BTreeMap::new(),
             failure: None,
             revert_failure: None,
@@ -241,28 +325,8 @@ impl StepState {
         }
     }
 
-    fn sub_mut(&mut self, id: &str, ts: &str) -> &mut SubChangeState {
-        // Folding a record must not cost more as the deploy grows: look ids up in an index.
-        if self.index.0.len() != self.sub_changes.len() {
-            self.index.0 = self.sub_changes.iter().enumerate().map(|(i, s)| (s.id.clone(), i)).collect();
-        }
-        let pos = match self.index.0.get(id) {
-            Some(&pos) => pos,
-            None => {
-                self.index.0.insert(id.to_string(), self.sub_changes.len());
-                self.sub_changes.push(SubChangeState {
-                    id: id.to_string(),
-                    status: SubStatus::Pending,
-                    error: None,
-                    note: None,
-                    updated: ts.to_string(),
-                });
-                self.sub_changes.len() - 1
-            }
-        };
-        let sub = &mut self.sub_changes[pos];
-        sub.updated = ts.to_string();
-        sub
+    fn sub_mut(&mut self, id: &str, ts: &Timestamp) -> &mut SubChangeState {
+        self.sub_changes.entry(id, ts)
     }
 
     /// What recovery is told about this step.
@@ -287,7 +351,7 @@ impl StepState {
 pub struct RunInfo {
     pub run_id: String,
     pub command: String,
-    pub started: String,
+    pub started: Timestamp,
     pub host: String,
     pub pid: u32,
     pub stack_digest: String,
@@ -308,8 +372,8 @@ pub struct Deploy {
     pub warnings: Vec<String>,
     pub interrupted: Option<String>,
     pub state: DeployState,
-    pub started: String,
-    pub updated: String,
+    pub started: Timestamp,
+    pub updated: Timestamp,
     /// The last journal record folded into this state.
     pub seq: u64,
 }
@@ -328,8 +392,9 @@ impl Deploy {
             warnings: Vec::new(),
             interrupted: None,
             state: DeployState::Partial,
-            started: String::new(),
-            updated: String::new(),
+            // Set by the first `run` record, which every journal starts with.
+            started: Timestamp(OffsetDateTime::UNIX_EPOCH),
+            updated: Timestamp(OffsetDateTime::UNIX_EPOCH),
             seq: 0,
         }
     }
@@ -357,14 +422,14 @@ impl Deploy {
     }
 
     /// Folds one record into the state. Pure, so replay equals live.
-    pub(crate) fn apply(&mut self, seq: u64, ts: &str, record: &Record) {
+    pub(crate) fn apply(&mut self, seq: u64, ts: &Timestamp, record: &Record) {
         self.seq = seq;
-        self.updated = ts.to_string();
+        self.updated = *ts;
         match record {
             Record::Run { run_id, command, stack, stack_file, stack_digest, steps, host, pid, .. } => {
                 if self.deploy_id.is_empty() {
                     self.deploy_id = run_id.clone();
-                    self.started = ts.to_string();
+                    self.started = *ts;
                 }
                 self.stack = stack.clone();
                 self.stack_file = stack_file.clone();
@@ -373,7 +438,7 @@ impl Deploy {
                 self.runs.push(RunInfo {
                     run_id: run_id.clone(),
                     command: command.clone(),
-                    started: ts.to_string(),
+                    started: *ts,
                     host: host.clone(),
                     pid: *pid,
                     stack_digest: stack_digest.clone(),
@@ -403,7 +468,7 @@ impl Deploy {
                     s.refused = None;
                     s.interrupted = false;
                 }
-                s.started = Some(ts.to_string());
+                s.started = Some(*ts);
                 s.finished = None;
                 if tool_version.is_some() {
                     s.tool_version = tool_version.clone();
@@ -411,7 +476,6 @@ impl Deploy {
                 if *mode == StepMode::Apply && !s.resumable {
                     // A non-resumable step starts over: its earlier sub-changes no longer count.
                     s.sub_changes.clear();
-                    s.index.0.clear();
                 }
             }
             Record::Planned { step, ids } => {
@@ -450,7 +514,7 @@ impl Deploy {
                 let s = self.step_mut(step);
                 s.status = StepStatus::Done;
                 s.failure = None;
-                s.finished = Some(ts.to_string());
+                s.finished = Some(*ts);
                 s.done_seq = Some(seq);
             }
             Record::StepFailed { step, failure } => {
@@ -458,13 +522,13 @@ impl Deploy {
                 s.status = StepStatus::Failed;
                 s.interrupted = failure.interrupted;
                 s.failure = Some(failure.clone());
-                s.finished = Some(ts.to_string());
+                s.finished = Some(*ts);
             }
             Record::StepRefused { step, reason } => {
                 let s = self.step_mut(step);
                 s.status = StepStatus::Refused;
                 s.refused = Some(reason.clone());
-                s.finished = Some(ts.to_string());
+                s.finished = Some(*ts);
             }
             Record::StepReverted { step, how } => {
                 let s = self.step_mut(step);
@@ -472,15 +536,14 @@ impl Deploy {
                 s.reverted_how = how.clone();
                 s.revert_failure = None;
                 s.sub_changes.clear();
-                s.index.0.clear();
                 s.done_seq = None;
-                s.finished = Some(ts.to_string());
+                s.finished = Some(*ts);
             }
             Record::StepRevertFailed { step, failure } => {
                 let s = self.step_mut(step);
                 // Stays `Reverting`: half undone is neither in place nor reverted.
                 s.revert_failure = Some(failure.clone());
-                s.finished = Some(ts.to_string());
+                s.finished = Some(*ts);
             }
             Record::Interrupted { signal } => self.interrupted = Some(signal.clone()),
             Record::Finished { state } => self.state = *state,
@@ -661,6 +724,43 @@ mod tests {
 
     use std::fs::OpenOptions;
     use std::io::Write;
+
+    #[test]
+    fn timestamps_are_typed_and_written_as_the_rfc3339_text_they_were_read_from() {
+        for text in ["2026-12-01T08:00:55Z", "2026-12-01T08:00:55.5Z", "2026-12-01T08:00:55.123456789Z"] {
+            let ts = Timestamp::parse(text).unwrap();
+            assert_eq!(ts.to_string(), text);
+            assert_eq!(serde_json::to_string(&ts).unwrap(), format!("\"{text}\""));
+            assert_eq!(serde_json::from_str::<Timestamp>(&format!("\"{text}\"")).unwrap(), ts);
+        }
+        // `now()` reads as the string the checkpoint used to store.
+        let now = now();
+        assert_eq!(now.to_string(), now.0.format(&Rfc3339).unwrap());
+        let later = Timestamp::parse("2026-12-01T08:00:56.5Z").unwrap();
+        assert_eq!(later.seconds_since(Timestamp::parse("2026-12-01T08:00:55Z").unwrap()), 1.5);
+        assert!(Timestamp::parse("not-a-date").is_err());
+    }
+
+    #[test]
+    fn sub_changes_compare_and_serialize_as_their_list_and_index_after_loading() {
+        let t = |text: &str| Timestamp::parse(text).unwrap();
+        let (t1, t2) = (t("2026-12-01T08:00:00Z"), t("2026-12-01T08:00:01.5Z"));
+        let mut subs = SubChanges::default();
+        subs.entry("a", &t1).status = SubStatus::Done;
+        subs.entry("b", &t1);
+        let json = serde_json::to_value(&subs).unwrap();
+        assert_eq!(json, serde_json::to_value(&subs.list).unwrap(), "the JSON is the plain list");
+        let mut loaded: SubChanges = serde_json::from_value(json).unwrap();
+        assert_eq!(loaded, subs);
+        // The loaded list is indexed: an id it holds is found, not appended again.
+        loaded.entry("a", &t2).status = SubStatus::Failed;
+        assert_eq!(loaded.len(), 2);
+        assert_eq!((loaded[0].status, loaded[0].updated), (SubStatus::Failed, t2));
+        assert_ne!(loaded, subs, "a different list is a different value");
+        loaded.clear();
+        loaded.entry("c", &t2);
+        assert_eq!(loaded.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(), ["c"]);
+    }
 
     use crate::store::local::StateDir;
 

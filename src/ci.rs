@@ -6,10 +6,13 @@ use std::fmt::Write as _;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
+use rdeploy_adapters::SubStatus;
+
 use crate::checkpoint::{Deploy, DeployState, StepStatus};
+use crate::diff::{Change, StackDiff, StepDiff};
 use crate::driver::Session;
 use crate::exit::{Code, Refusal};
-use crate::report::{self, Status, StepReport};
+use crate::report::{self, Status, StepReport, StepView};
 use crate::stack::StackError;
 use crate::ui::Ui;
 
@@ -33,18 +36,6 @@ impl Outputs {
     }
 }
 
-/// How a step of the stack differs from what the unfinished checkpoint recorded.
-#[derive(Debug, PartialEq, Eq)]
-enum Change {
-    /// Settings changed; `done` steps are not run again by recover.
-    Changed {
-        done: bool,
-    },
-    Added,
-    /// Removed from the stack before it ran (a removed step that ran is refused by recover).
-    RemovedPending,
-}
-
 /// What `ci` decided to run.
 enum Mode {
     Up,
@@ -54,7 +45,6 @@ enum Mode {
 /// Runs the CI wrapper and returns the exit code of SPEC.md.
 pub async fn run(session: &Session, outputs: &Outputs) -> anyhow::Result<Code> {
     let unfinished = session.store.load_unfinished()?;
-    let mut changes = Vec::new();
     let mode = match &unfinished {
         None => {
             session.ui.info(format!(
@@ -65,23 +55,10 @@ pub async fn run(session: &Session, outputs: &Outputs) -> anyhow::Result<Code> {
             Mode::Up
         }
         Some(deploy) => {
-            if !deploy.stack.is_empty() && deploy.stack != session.stack.name {
-                let err = anyhow::Error::from(
-                    Refusal::new(
-                        Code::BadInput,
-                        format!(
-                            "the unfinished deploy in {} belongs to stack `{}`, not `{}`",
-                            session.store.location(),
-                            deploy.stack,
-                            session.stack.name
-                        ),
-                    )
-                    .with_hint("give each stack its own `--state-dir`, or `rdeploy reset --yes` the other stack's checkpoint after reconciling it"),
-                );
+            if let Err(err) = session.check_same_stack(deploy) {
                 return Err(refused(session, outputs, err));
             }
-            changes = stack_changes(session, deploy);
-            report_changes(session, outputs, &changes);
+            report_changes(session, outputs, &reported_changes(StackDiff::between(&session.stack, deploy)));
             let done: Vec<String> =
                 deploy.steps.iter().filter(|s| s.status == StepStatus::Done).map(|s| s.name.clone()).collect();
             session.ui.info(format!(
@@ -98,27 +75,25 @@ pub async fn run(session: &Session, outputs: &Outputs) -> anyhow::Result<Code> {
         Mode::Up => session.up().await,
         Mode::Recover { .. } => session.recover(false).await,
     };
-    let code = match result {
-        Ok(code) => code,
+    let (code, report) = match result.and_then(|report| Ok((crate::cmd::present(session, &report)?, report))) {
+        Ok(done) => done,
         Err(err) => return Err(refused(session, outputs, err)),
     };
-    let deploy = match session.store.load_settled(false)? {
-        Some(deploy) => Some(deploy),
-        None => session.store.last_finished()?,
-    };
-    let Some(deploy) = deploy else { return Ok(code) };
-    let status = report::from_deploy(&session.stack, &session.state, &deploy, &session.stack_arg, None);
+    let Some(deploy) = &report.deploy else { return Ok(code) };
+    let status = report::from_deploy(&session.stack, &session.state, deploy, &session.stack_arg, None);
     if outputs.annotations {
         annotate_outcome(session, &status);
     }
     if let Some(path) = &outputs.step_summary {
+        // What the run itself picked up (recover's diff against the checkpoint it continued).
+        let changes = report.diff.clone().map(reported_changes).unwrap_or_default();
         let text = summary(session, &status, code, &mode, &changes);
         if let Err(e) = append(path, &text) {
             session.ui.warn(format!("could not append to $GITHUB_STEP_SUMMARY ({}): {e:#}", path.display()));
         }
     }
     if let Some(path) = &outputs.junit {
-        let xml = junit(session, &deploy, &status);
+        let xml = junit(session, deploy, &status);
         if let Err(e) = write_file(path, &xml) {
             session.ui.warn(format!("could not write the JUnit report {}: {e:#}", path.display()));
         }
@@ -126,48 +101,42 @@ pub async fn run(session: &Session, outputs: &Outputs) -> anyhow::Result<Code> {
     Ok(code)
 }
 
-/// Compares the stack with the checkpoint's steps: the fix committed between the failed job
-/// and the retry is the normal case, so this is reported, not refused.
-fn stack_changes(session: &Session, deploy: &Deploy) -> Vec<(String, Change)> {
-    let mut out = Vec::new();
-    for step in session.stack.ordered() {
-        match deploy.step(&step.name) {
-            None => out.push((step.name.clone(), Change::Added)),
-            Some(old) if old.tool == step.tool && old.digest != step.digest => {
-                out.push((step.name.clone(), Change::Changed { done: old.status == StepStatus::Done }))
-            }
-            Some(_) => {}
-        }
-    }
-    for old in &deploy.steps {
-        if session.stack.step(&old.name).is_none() && old.status == StepStatus::Pending {
-            out.push((old.name.clone(), Change::RemovedPending));
-        }
-    }
-    out
+/// The changes `ci` reports: the fix committed between the failed job and the retry is the
+/// normal case, so it is reported, not refused (recover refuses the ones it cannot map: a step
+/// that ran and was removed, or given another tool).
+fn reported_changes(diff: StackDiff) -> Vec<StepDiff> {
+    diff.steps
+        .into_iter()
+        .filter(|s| {
+            matches!(
+                s.change,
+                Change::Changed { tool_changed: false, .. } | Change::Added | Change::Removed { ran: false }
+            )
+        })
+        .collect()
 }
 
 fn change_text(name: &str, change: &Change) -> String {
     match change {
-        Change::Changed { done: false } => format!("step `{name}` changed since the failure; recover uses the new settings"),
-        Change::Changed { done: true } => format!(
+        Change::Changed { done: false, .. } => format!("step `{name}` changed since the failure; recover uses the new settings"),
+        Change::Changed { done: true, .. } => format!(
             "step `{name}` changed after it completed; recover does not run done steps again: run `rdeploy up` once this deploy completes to apply the change"
         ),
         Change::Added => format!("step `{name}` was added since the failure; recover runs it in its place in the order"),
-        Change::RemovedPending => format!("step `{name}` was removed from the stack before it ran; it will not run"),
+        Change::Removed { .. } => format!("step `{name}` was removed from the stack before it ran; it will not run"),
     }
 }
 
-fn report_changes(session: &Session, outputs: &Outputs, changes: &[(String, Change)]) {
+fn report_changes(session: &Session, outputs: &Outputs, changes: &[StepDiff]) {
     if changes.is_empty() {
         session.ui.info("ci: no step changed since the checkpoint");
         return;
     }
-    for (name, change) in changes {
+    for StepDiff { name, change } in changes {
         let text = change_text(name, change);
         match change {
             // The driver warns about these itself when it recovers the step.
-            Change::Changed { done: false } => session.ui.info(format!("ci: {text}")),
+            Change::Changed { done: false, .. } => session.ui.info(format!("ci: {text}")),
             _ => session.ui.warn(format!("ci: {text}")),
         }
         if outputs.annotations {
@@ -263,11 +232,11 @@ fn annotate_outcome(session: &Session, status: &Status) {
                 format!("rdeploy: step {} revert failed", s.name),
                 format!("{revert}\nmanual action needed: undo what the revert left, then reconcile"),
             )
-        } else if s.status == "failed" {
+        } else if s.status.is_failed() {
             (format!("rdeploy: step {} ({}) failed", s.name, s.tool), failure_text(s))
-        } else if s.status == "reverted" && s.error.is_some() {
+        } else if s.status == StepView::Reverted && s.error.is_some() {
             (format!("rdeploy: step {} failed and was reverted", s.name), failure_text(s))
-        } else if let Some(how) = s.reverted_how.as_ref().filter(|_| s.status == "reverted") {
+        } else if let Some(how) = s.reverted_how.as_ref().filter(|_| s.status == StepView::Reverted) {
             (format!("rdeploy: step {} ({}) rolled back", s.name, s.tool), how.clone())
         } else {
             continue;
@@ -292,7 +261,7 @@ fn annotate_outcome(session: &Session, status: &Status) {
 /// The tool's message for a failed step: the summary, the failed sub-changes, the command.
 fn failure_text(s: &StepReport) -> String {
     let mut text = s.error.clone().unwrap_or_else(|| "failed".into());
-    for c in s.sub_changes.iter().filter(|c| c.status == "failed") {
+    for c in s.sub_changes.iter().filter(|c| c.status == SubStatus::Failed) {
         if c.error.is_some() && c.error != s.error {
             let _ = write!(text, "\n{}: {}", c.id, c.error.as_deref().unwrap_or("failed"));
         }
@@ -336,7 +305,7 @@ fn code_meaning(code: Code) -> &'static str {
 
 /// The markdown for `$GITHUB_STEP_SUMMARY`: the partial-state report or the success summary,
 /// then what this CI run did.
-fn summary(session: &Session, status: &Status, code: Code, mode: &Mode, changes: &[(String, Change)]) -> String {
+fn summary(session: &Session, status: &Status, code: Code, mode: &Mode, changes: &[StepDiff]) -> String {
     let mut text = report::render_markdown(status);
     let _ = writeln!(text, "\n## CI run\n");
     let _ = writeln!(text, "- exit code: **{}** ({})", code as i32, code_meaning(code));
@@ -359,7 +328,7 @@ fn summary(session: &Session, status: &Status, code: Code, mode: &Mode, changes:
     }
     if !changes.is_empty() {
         let _ = writeln!(text, "- changed since the failure:");
-        for (name, change) in changes {
+        for StepDiff { name, change } in changes {
             let _ = writeln!(text, "  - {}", change_text(name, change));
         }
     }
@@ -410,13 +379,6 @@ fn xml_text(s: &str) -> String {
     xml_escape(s).replace("&#10;", "\n")
 }
 
-/// Seconds between two checkpoint timestamps.
-fn seconds(started: Option<&str>, finished: Option<&str>) -> Option<f64> {
-    let parse = |t: &str| time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok();
-    let (a, b) = (parse(started?)?, parse(finished?)?);
-    Some(((b - a).as_seconds_f64()).max(0.0))
-}
-
 /// The JUnit XML report: a test case per step in run order; failures carry the tool's message
 /// and the tail of its stderr, steps that did not run are skipped.
 fn junit(session: &Session, deploy: &Deploy, status: &Status) -> String {
@@ -432,7 +394,7 @@ fn junit(session: &Session, deploy: &Deploy, status: &Status) -> String {
     let (mut failures, mut skipped, mut total_time) = (0, 0, 0.0);
     for s in &ordered {
         let state = deploy.step(&s.name);
-        let time = seconds(state.and_then(|d| d.started.as_deref()), state.and_then(|d| d.finished.as_deref()));
+        let time = state.and_then(|d| Some(d.finished?.seconds_since(d.started?).max(0.0)));
         total_time += time.unwrap_or(0.0);
         let time_attr = time.map(|t| format!(" time=\"{t:.3}\"")).unwrap_or_default();
         let _ = writeln!(
@@ -441,20 +403,21 @@ fn junit(session: &Session, deploy: &Deploy, status: &Status) -> String {
             xml_escape(&s.name),
             xml_escape(&s.tool)
         );
-        let done: Vec<&str> = s.sub_changes.iter().filter(|c| c.status == "done").map(|c| c.id.as_str()).collect();
-        let failed_like = s.status == "failed"
-            || s.refused.is_some()
+        let done: Vec<&str> =
+            s.sub_changes.iter().filter(|c| c.status == SubStatus::Done).map(|c| c.id.as_str()).collect();
+        let failed_like = s.status.is_failed()
+            || s.status == StepView::Refused
             || s.revert_error.is_some()
-            || (s.status == "reverted" && (s.error.is_some() || s.reverted_how.is_some()));
+            || (s.status == StepView::Reverted && (s.error.is_some() || s.reverted_how.is_some()));
         if failed_like {
             failures += 1;
-            let kind = if s.refused.is_some() {
+            let kind = if s.status == StepView::Refused {
                 "refused"
             } else if s.revert_error.is_some() {
                 "revert-failed"
-            } else if s.status == "reverted" && s.error.is_none() {
+            } else if s.status == StepView::Reverted && s.error.is_none() {
                 "rolled-back"
-            } else if s.status == "reverted" {
+            } else if s.status == StepView::Reverted {
                 "reverted"
             } else if s.interrupted {
                 "interrupted"
@@ -486,11 +449,11 @@ fn junit(session: &Session, deploy: &Deploy, status: &Status) -> String {
                 xml_escape(&message),
                 xml_text(&body)
             );
-        } else if s.status != "done" {
+        } else if s.status != StepView::Done {
             skipped += 1;
             let why = match s.status {
-                "reverted" => "reverted with the rest of the deploy (on_failure: revert)".to_string(),
-                "skipped" => {
+                StepView::Reverted => "reverted with the rest of the deploy (on_failure: revert)".to_string(),
+                StepView::Skipped => {
                     format!("skipped: {}", s.skipped_because.as_deref().unwrap_or("a step it needs did not finish"))
                 }
                 _ if !s.blocked_by.is_empty() => format!("not run: waits for {}", s.blocked_by.join(", ")),
@@ -502,7 +465,10 @@ fn junit(session: &Session, deploy: &Deploy, status: &Status) -> String {
             let lines: Vec<String> = s
                 .sub_changes
                 .iter()
-                .map(|c| format!("{}: {}", c.id, if c.uncertain { "uncertain" } else { c.status }))
+                .map(|c| match c.status {
+                    SubStatus::Started => format!("{}: uncertain", c.id),
+                    other => format!("{}: {}", c.id, report::sub_word(other)),
+                })
                 .collect();
             let _ = writeln!(cases, "      <system-out>{}</system-out>", xml_text(&lines.join("\n")));
         }
@@ -517,7 +483,7 @@ fn junit(session: &Session, deploy: &Deploy, status: &Status) -> String {
     let _ = writeln!(
         xml,
         "  <testsuite name=\"{suite}\" tests=\"{tests}\" failures=\"{failures}\" errors=\"0\" skipped=\"{skipped}\" time=\"{total_time:.3}\" timestamp=\"{}\">",
-        xml_escape(&deploy.started)
+        xml_escape(&deploy.started.to_string())
     );
     let state =
         serde_json::to_value(status.state).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();

@@ -1,6 +1,12 @@
 //! The driver: runs a stack's steps in DAG order through their adapters, journals every event
 //! before acting on it, and turns failures into the outcomes of SPEC.md (stop and keep the
 //! checkpoint, complete-or-revert, gates, interrupts).
+//!
+//! The driver decides, the binary presents: every command returns a [`RunReport`] and prints
+//! nothing on stdout (`main.rs` denies `print!` here); `cmd` maps the outcome to the exit code
+//! and renders the report. Progress goes to the [`Ui`] (stderr), the one reporter: it stays a
+//! concrete type in the session rather than a trait, as there is one implementation and the
+//! adapters already report through their own `EventSink`.
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
@@ -13,8 +19,8 @@ use rdeploy_adapters::{
 use tokio::task::JoinSet;
 
 use crate::checkpoint::{Checkpoint, Deploy, DeployState, Record, StepMode, StepStatus};
+use crate::diff::StackDiff;
 use crate::exit::{Code, Refusal};
-use crate::report;
 use crate::stack::{OnFailure, Stack, Step};
 use crate::store::local::StateDir;
 use crate::store::{LockGuard, Store};
@@ -40,9 +46,10 @@ pub struct Session {
     pub force: bool,
 }
 
-/// How a run ended, in the terms of SPEC.md's exit codes.
+/// How a command ended, in the terms of SPEC.md's exit codes (`cmd::exit_code` maps them).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Outcome {
+pub enum Outcome {
+    /// The command did all it was asked (or there was nothing to do).
     Complete,
     Partial,
     StepReverted,
@@ -52,17 +59,6 @@ enum Outcome {
 }
 
 impl Outcome {
-    fn code(self) -> Code {
-        match self {
-            Outcome::Complete => Code::Ok,
-            Outcome::Partial => Code::Partial,
-            Outcome::StepReverted => Code::Reverted,
-            Outcome::Refused => Code::Refused,
-            Outcome::RevertFailed => Code::RevertFailed,
-            Outcome::Interrupted => Code::Interrupted,
-        }
-    }
-
     /// Keeps the most serious outcome when several steps end differently.
     fn worst(self, other: Outcome) -> Outcome {
         // Exit 3 promises "no partial state", so any partial step outranks a clean revert.
@@ -80,6 +76,71 @@ impl Outcome {
             self
         }
     }
+}
+
+/// What a command of the driver did: everything the renderers need, nothing printed.
+#[derive(Debug)]
+pub struct RunReport {
+    pub outcome: Outcome,
+    /// The deploy as the command left it (folded from its journal); for "nothing to recover",
+    /// the last finished one.
+    pub deploy: Option<Deploy>,
+    /// What changed in the stack since the checkpoint this command continued (`recover`).
+    pub diff: Option<StackDiff>,
+    pub ended: Ended,
+}
+
+/// Which way the command ended.
+#[derive(Debug)]
+pub enum Ended {
+    /// Steps ran (`up`, `recover`, `revert`); `deploy` is where they left it.
+    Ran,
+    /// `recover` found no unfinished deploy.
+    NothingToRecover,
+    /// `revert` found neither an unfinished nor a completed deploy of this stack.
+    NothingToRevert,
+    /// `reset` found no unfinished deploy.
+    NothingToReset,
+    /// `reset` forgot `deploy` (kept in the history).
+    Forgot,
+    /// `recover --dry-run`: what recovery would do, step by step in run order.
+    DryRun(Vec<DryRunStep>),
+}
+
+impl RunReport {
+    fn new(outcome: Outcome, deploy: Option<Deploy>, ended: Ended) -> RunReport {
+        RunReport { outcome, deploy, diff: None, ended }
+    }
+}
+
+/// One step of `recover --dry-run`.
+#[derive(Debug)]
+pub struct DryRunStep {
+    pub name: String,
+    pub tool: rdeploy_adapters::Tool,
+    /// Its settings changed since the checkpoint.
+    pub changed: bool,
+    pub plan: DryRunPlan,
+}
+
+#[derive(Debug)]
+pub enum DryRunPlan {
+    /// Done: left as it is.
+    LeftAsIs,
+    /// Not resumable and left half-done: its revert runs, then the step from the start.
+    RevertThenApply { revert: Option<String> },
+    /// Runs from the start; `actions` from the tool's inspection (empty when it could not say).
+    Apply { why: ApplyWhy, actions: Vec<String> },
+    /// Resumes through the tool's recovery path: what the live state says it would do, or why
+    /// the live state could not be inspected.
+    Recover(Result<Vec<String>, String>),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ApplyWhy {
+    Reverted,
+    NotStarted,
+    NotResumable,
 }
 
 /// The scheduler's state while a run is in progress.
@@ -190,7 +251,7 @@ impl Session {
     }
 
     /// `rdeploy up`: a new deploy of every step.
-    pub async fn up(&self) -> anyhow::Result<Code> {
+    pub async fn up(&self) -> anyhow::Result<RunReport> {
         let _lock = self.lock("up")?;
         self.archive_if_finished()?;
         if let Some(deploy) = self.store.load_unfinished()? {
@@ -218,44 +279,41 @@ impl Session {
         cp.record(Checkpoint::run_record(&self.stack, "up", &run_id))?;
         self.ui.info(format!("deploy {run_id} of stack {} ({} steps)", self.stack.name, steps.len()));
         let actions = self.stack.ordered().map(|s| (s.name.clone(), Action::Apply)).collect();
-        self.run(cp, actions, tools).await
+        let (outcome, deploy) = self.run(cp, actions, tools).await?;
+        Ok(RunReport::new(outcome, Some(deploy), Ended::Ran))
     }
 
     /// `rdeploy recover`: resume the unfinished deploy through each tool's recovery path.
-    pub async fn recover(&self, dry_run: bool) -> anyhow::Result<Code> {
+    pub async fn recover(&self, dry_run: bool) -> anyhow::Result<RunReport> {
         let _lock = self.lock(if dry_run { "recover --dry-run" } else { "recover" })?;
         self.archive_if_finished()?;
         // We hold the lock, so steps recorded as running were left by a dead run.
         let holder_alive = false;
         let Some(deploy) = self.store.load_settled(holder_alive)? else {
             let last = self.store.last_finished()?;
-            let said = match last.map(|d| d.state) {
-                Some(DeployState::Complete) => "the last deploy completed",
-                Some(DeployState::Reverted) => "the last deploy was reverted",
-                _ => "no deploy is recorded",
-            };
-            println!("nothing to recover: {said} ({})", self.store.location());
-            return Ok(Code::Ok);
+            return Ok(RunReport::new(Outcome::Complete, last, Ended::NothingToRecover));
         };
         self.check_mapping(&deploy)?;
+        let diff = StackDiff::between(&self.stack, &deploy);
         let actions = self.recovery_actions(&deploy)?;
         let pending: Vec<&Step> = self.stack.ordered().filter(|s| actions.iter().any(|(n, _)| *n == s.name)).collect();
         let tools = self.preflight(&pending).await?;
         if dry_run {
-            return self.dry_run(&deploy, &actions).await;
+            let plan = self.dry_run(&deploy, &diff, &actions).await;
+            return Ok(RunReport {
+                outcome: Outcome::Complete,
+                deploy: Some(deploy),
+                diff: Some(diff),
+                ended: Ended::DryRun(plan),
+            });
         }
         let mut cp = Checkpoint::open(self.store.as_ref(), holder_alive)?;
         let run_id = ulid::Ulid::new().to_string();
         cp.record(Checkpoint::run_record(&self.stack, "recover", &run_id))?;
-        for (name, _) in &actions {
-            if let (Some(step), Some(old)) = (self.stack.step(name), deploy.step(name)) {
-                if step.digest != old.digest {
-                    let message =
-                        format!("step `{name}` changed since the checkpoint; recovering with the new settings");
-                    self.ui.warn(&message);
-                    cp.record(Record::Warning { step: Some(name.clone()), message })?;
-                }
-            }
+        for (name, _) in actions.iter().filter(|(name, _)| diff.settings_changed(name)) {
+            let message = format!("step `{name}` changed since the checkpoint; recovering with the new settings");
+            self.ui.warn(&message);
+            cp.record(Record::Warning { step: Some(name.clone()), message })?;
         }
         let done: Vec<&str> =
             deploy.steps.iter().filter(|s| s.status == StepStatus::Done).map(|s| s.name.as_str()).collect();
@@ -266,7 +324,8 @@ impl Session {
             done.len(),
             if done.is_empty() { String::new() } else { format!(" ({})", done.join(", ")) }
         ));
-        self.run(cp, actions, tools).await
+        let (outcome, deploy) = self.run(cp, actions, tools).await?;
+        Ok(RunReport { outcome, deploy: Some(deploy), diff: Some(diff), ended: Ended::Ran })
     }
 
     /// Refuses (exit 2) when the stack no longer matches the checkpoint's steps.
@@ -303,7 +362,8 @@ impl Session {
     }
 
     /// Refuses (exit 2) a checkpoint written for another stack sharing this state directory.
-    fn check_same_stack(&self, deploy: &Deploy) -> anyhow::Result<()> {
+    /// The one same-stack check: `recover`, `revert` and `ci` all go through it.
+    pub fn check_same_stack(&self, deploy: &Deploy) -> anyhow::Result<()> {
         if deploy.stack.is_empty() || deploy.stack == self.stack.name {
             return Ok(());
         }
@@ -370,54 +430,39 @@ impl Session {
         Ok(actions)
     }
 
-    async fn dry_run(&self, deploy: &Deploy, actions: &[(String, Action)]) -> anyhow::Result<Code> {
-        println!(
-            "recover --dry-run: deploy {} of stack {} (nothing will be changed)",
-            deploy.deploy_id, self.stack.name
-        );
+    /// What recovery would do, from each tool's live state; changes nothing.
+    async fn dry_run(&self, deploy: &Deploy, diff: &StackDiff, actions: &[(String, Action)]) -> Vec<DryRunStep> {
+        let mut plan = Vec::new();
         for step in self.stack.ordered() {
+            let changed = diff.settings_changed(&step.name);
             let Some((_, action)) = actions.iter().find(|(n, _)| *n == step.name) else {
-                println!("\n{} ({}): done, left as it is", step.name, step.tool);
+                plan.push(DryRunStep { name: step.name.clone(), tool: step.tool, changed, plan: DryRunPlan::LeftAsIs });
                 continue;
             };
-            let changed = deploy.step(&step.name).is_some_and(|s| s.digest != step.digest);
-            println!("\n{} ({}){}:", step.name, step.tool, if changed { ", changed since the checkpoint" } else { "" });
             let ctx = self.context(step, self.cancel.child_token());
-            match action {
-                Action::RevertThenApply => {
-                    println!("  not resumable and left half-done: run its revert, then run it again from the start");
-                    if let Some(revert) = &step.revert {
-                        println!("  - revert: `{revert}`");
-                    }
-                }
+            let what = match action {
+                Action::RevertThenApply => DryRunPlan::RevertThenApply { revert: step.revert.clone() },
                 Action::Apply => {
-                    let prior = PriorStep::default();
-                    let reverted = deploy.step(&step.name).is_some_and(|s| s.status == StepStatus::Reverted);
-                    let why = if reverted {
-                        "reverted: runs again from the start"
+                    let why = if deploy.step(&step.name).is_some_and(|s| s.status == StepStatus::Reverted) {
+                        ApplyWhy::Reverted
                     } else if step.resumable {
-                        "not started yet"
+                        ApplyWhy::NotStarted
                     } else {
-                        "not resumable: runs again from the start"
+                        ApplyWhy::NotResumable
                     };
-                    println!("  {why}");
-                    if let Ok(inspection) = step.spec.inspect(&ctx, &prior).await {
-                        for a in inspection.actions {
-                            println!("  - {a}");
-                        }
-                    }
+                    let actions = match step.spec.inspect(&ctx, &PriorStep::default()).await {
+                        Ok(inspection) => inspection.actions,
+                        Err(_) => Vec::new(),
+                    };
+                    DryRunPlan::Apply { why, actions }
                 }
-                Action::Recover(prior) => match step.spec.inspect(&ctx, prior).await {
-                    Ok(inspection) => {
-                        for a in inspection.actions {
-                            println!("  - {a}");
-                        }
-                    }
-                    Err(f) => println!("  could not inspect the live state: {}", f.summary),
-                },
-            }
+                Action::Recover(prior) => {
+                    DryRunPlan::Recover(step.spec.inspect(&ctx, prior).await.map(|i| i.actions).map_err(|f| f.summary))
+                }
+            };
+            plan.push(DryRunStep { name: step.name.clone(), tool: step.tool, changed, plan: what });
         }
-        Ok(Code::Ok)
+        plan
     }
 
     /// Runs the given steps in DAG order, at most `parallel` at once, and settles the outcome.
@@ -426,12 +471,10 @@ impl Session {
         cp: Checkpoint,
         actions: Vec<(String, Action)>,
         tools: HashMap<String, ToolInfo>,
-    ) -> anyhow::Result<Code> {
-        let cp = Arc::new(Mutex::new(cp));
-        let done: HashSet<String> = {
-            let guard = cp.lock().unwrap_or_else(|e| e.into_inner());
-            guard.deploy().steps.iter().filter(|s| s.status == StepStatus::Done).map(|s| s.name.clone()).collect()
-        };
+    ) -> anyhow::Result<(Outcome, Deploy)> {
+        let cp = SharedCheckpoint::new(cp);
+        let done: HashSet<String> =
+            cp.read(|d| d.steps.iter().filter(|s| s.status == StepStatus::Done).map(|s| s.name.clone()).collect());
         let mut run =
             RunState { todo: actions, done, running: JoinSet::new(), outcome: Outcome::Complete, stopping: false };
         // A checkpoint that cannot be written stops the run, but never by dropping running
@@ -460,21 +503,19 @@ impl Session {
             }
         }
         if let Some(e) = fatal {
-            snapshot(&cp);
+            cp.snapshot();
             return Err(e.context("the deploy stopped: running tools were interrupted and waited for; `rdeploy recover` resumes once the cause is fixed"));
         }
 
         let mut outcome = run.outcome;
         if let Some(signal) = self.signal.lock().unwrap_or_else(|e| e.into_inner()).clone() {
-            record(&cp, Record::Interrupted { signal })?;
+            cp.record(Record::Interrupted { signal })?;
             outcome = outcome.worst(Outcome::Interrupted);
         }
         let all_done = self.stack.steps.iter().all(|s| run.done.contains(&s.name));
         if outcome == Outcome::Complete && all_done {
-            let deploy = take(cp).finish(DeployState::Complete)?;
-            let summary: Vec<String> = deploy.steps.iter().map(report::summarize_step).collect();
-            println!("stack {}: deploy complete\n  {}", deploy.stack, summary.join("\n  "));
-            return Ok(Code::Ok);
+            let deploy = cp.into_inner().finish(DeployState::Complete)?;
+            return Ok((Outcome::Complete, deploy));
         }
         if !all_done && outcome == Outcome::Complete {
             // Nothing failed yet steps are left (a step whose needs never completed).
@@ -488,9 +529,8 @@ impl Session {
             let reverted = self.revert_all(&cp).await?;
             let stranded = self.unrevertable_partial_steps(&cp);
             if reverted == Outcome::StepReverted && stranded.is_empty() {
-                let deploy = take(cp).finish(DeployState::Reverted)?;
-                self.print_report_for(&deploy)?;
-                return Ok(Code::Reverted);
+                let deploy = cp.into_inner().finish(DeployState::Reverted)?;
+                return Ok((Outcome::StepReverted, deploy));
             }
             for (step, ids) in &stranded {
                 let message = format!(
@@ -498,15 +538,14 @@ impl Session {
                     ids.join(", ")
                 );
                 self.ui.warn(&message);
-                record(&cp, Record::Warning { step: Some(step.clone()), message })?;
+                cp.record(Record::Warning { step: Some(step.clone()), message })?;
             }
             outcome = outcome.worst(Outcome::RevertFailed);
         }
 
-        snapshot(&cp);
-        let deploy = cp.lock().unwrap_or_else(|e| e.into_inner()).deploy().clone();
-        self.print_report_for(&deploy)?;
-        Ok(outcome.code())
+        cp.snapshot();
+        let deploy = cp.read(Deploy::clone);
+        Ok((outcome, deploy))
     }
 
     /// Cancels every running step (their tools get SIGINT once) and stops scheduling.
@@ -520,7 +559,7 @@ impl Session {
     /// Starts every step whose needs are done, up to the parallelism limit.
     async fn start_ready(
         &self,
-        cp: &Arc<Mutex<Checkpoint>>,
+        cp: &SharedCheckpoint,
         run: &mut RunState,
         tools: &HashMap<String, ToolInfo>,
     ) -> anyhow::Result<()> {
@@ -540,7 +579,7 @@ impl Session {
             if let Some(gate) = &step.gate {
                 if let Err(reason) = crate::gate::evaluate(gate, &self.stack.dir, &self.state.path).await {
                     self.ui.step_finished(&name, &format!("refused by its gate: {reason}"));
-                    record(cp, Record::StepRefused { step: name.clone(), reason })?;
+                    cp.record(Record::StepRefused { step: name.clone(), reason })?;
                     run.outcome = run.outcome.worst(Outcome::Refused);
                     run.stopping = true;
                     break;
@@ -562,7 +601,7 @@ impl Session {
                 _ => (StepMode::Apply, format!("{} apply", step.tool)),
             };
             let tool_version = tools.get(&name).map(|t| t.version.clone());
-            record(cp, Record::StepStarted { step: name.clone(), mode, tool_version })?;
+            cp.record(Record::StepStarted { step: name.clone(), mode, tool_version })?;
             self.ui.step_started(&name, &what);
             let ctx = self.context(&step, self.cancel.child_token());
             let sink = JournalSink::new(name.clone(), cp.clone(), self.ui.clone(), &self.state, ctx.cancel.clone())?;
@@ -587,7 +626,7 @@ impl Session {
     /// Records how a step ended and applies complete-or-revert to a non-resumable failure.
     async fn settle_step(
         &self,
-        cp: &Arc<Mutex<Checkpoint>>,
+        cp: &SharedCheckpoint,
         run: &mut RunState,
         name: String,
         result: Result<Recovered, Failure>,
@@ -595,8 +634,8 @@ impl Session {
         let step = self.stack.step(&name).expect("running steps are stack steps").clone();
         let failure = match result {
             Ok(Recovered::Complete) => {
-                record(cp, Record::StepDone { step: name.clone() })?;
-                snapshot(cp);
+                cp.record(Record::StepDone { step: name.clone() })?;
+                cp.snapshot();
                 self.ui.step_finished(&name, &self.ui.paint.good("done"));
                 run.done.insert(name);
                 return Ok(());
@@ -605,8 +644,8 @@ impl Session {
                 // Back at its last good state, not the stack's: neither done nor half-done.
                 // Steps that need it must not run on top of the old version.
                 let how = format!("`recover: rollback` rolled it back to {to}: the stack's version is not in place");
-                record(cp, Record::StepReverted { step: name.clone(), how: Some(how) })?;
-                snapshot(cp);
+                cp.record(Record::StepReverted { step: name.clone(), how: Some(how) })?;
+                cp.snapshot();
                 self.ui.step_finished(&name, &self.ui.paint.warn(&format!("rolled back to {to}")));
                 run.stopping = true;
                 run.outcome = run.outcome.worst(Outcome::StepReverted);
@@ -617,7 +656,7 @@ impl Session {
         run.stopping = true;
         let interrupted = failure.interrupted || self.cancel.is_cancelled();
         self.ui.step_finished(&name, &format!("{}: {}", self.ui.paint.bad("failed"), failure.summary));
-        record(cp, Record::StepFailed { step: name.clone(), failure: Failure { interrupted, ..failure } })?;
+        cp.record(Record::StepFailed { step: name.clone(), failure: Failure { interrupted, ..failure } })?;
         let step_outcome = if !step.resumable && step.revert.is_some() {
             // Complete or revert, under Ctrl-C too: a step that cannot resume goes back to where
             // it started (uncancellably) before rdeploy exits.
@@ -634,66 +673,55 @@ impl Session {
 
     /// Failed steps without `revert` that left sub-changes in place: a whole-deploy revert
     /// cannot undo them, so the deploy must not be reported as reverted.
-    fn unrevertable_partial_steps(&self, cp: &Arc<Mutex<Checkpoint>>) -> Vec<(String, Vec<String>)> {
-        let guard = cp.lock().unwrap_or_else(|e| e.into_inner());
-        guard
-            .deploy()
-            .steps
-            .iter()
-            .filter(|s| s.status == StepStatus::Failed && !s.has_revert)
-            .filter_map(|s| {
-                let ids: Vec<String> = s
-                    .sub_changes
-                    .iter()
-                    .filter(|c| {
-                        matches!(c.status, rdeploy_adapters::SubStatus::Done | rdeploy_adapters::SubStatus::Started)
-                    })
-                    .map(|c| c.id.clone())
-                    .collect();
-                (!ids.is_empty()).then(|| (s.name.clone(), ids))
-            })
-            .collect()
-    }
-
-    fn print_report_for(&self, deploy: &Deploy) -> anyhow::Result<()> {
-        let status = report::from_deploy(&self.stack, &self.state, deploy, &self.stack_arg, None);
-        print!("{}", report::render_text(&status, crate::ui::Paint { enabled: false }));
-        if deploy.state == DeployState::Partial {
-            crate::store::local::write_atomic(&self.state.report_path(), report::render_markdown(&status).as_bytes())?;
-        }
-        Ok(())
+    fn unrevertable_partial_steps(&self, cp: &SharedCheckpoint) -> Vec<(String, Vec<String>)> {
+        cp.read(|deploy| {
+            deploy
+                .steps
+                .iter()
+                .filter(|s| s.status == StepStatus::Failed && !s.has_revert)
+                .filter_map(|s| {
+                    let ids: Vec<String> = s
+                        .sub_changes
+                        .iter()
+                        .filter(|c| {
+                            matches!(c.status, rdeploy_adapters::SubStatus::Done | rdeploy_adapters::SubStatus::Started)
+                        })
+                        .map(|c| c.id.clone())
+                        .collect();
+                    (!ids.is_empty()).then(|| (s.name.clone(), ids))
+                })
+                .collect()
+        })
     }
 
     /// Runs one step's `revert`, recording the result.
-    async fn revert_step(&self, cp: &Arc<Mutex<Checkpoint>>, step: &Step) -> anyhow::Result<Outcome> {
+    async fn revert_step(&self, cp: &SharedCheckpoint, step: &Step) -> anyhow::Result<Outcome> {
         let Some(script) = &step.revert else { return Ok(Outcome::StepReverted) };
         self.ui.step_started(&step.name, "revert");
-        record(cp, Record::StepStarted { step: step.name.clone(), mode: StepMode::Revert, tool_version: None })?;
+        cp.record(Record::StepStarted { step: step.name.clone(), mode: StepMode::Revert, tool_version: None })?;
         // A revert must finish even after Ctrl-C or a journal error: a half-reverted step is the third outcome.
         let sink =
             JournalSink::new(step.name.clone(), cp.clone(), self.ui.clone(), &self.state, CancellationToken::new())?;
         let ctx = self.context(step, CancellationToken::new());
         match shell::run_revert(&ctx, script, &sink).await {
             Ok(()) => {
-                record(cp, Record::StepReverted { step: step.name.clone(), how: None })?;
+                cp.record(Record::StepReverted { step: step.name.clone(), how: None })?;
                 self.ui.step_finished(&step.name, &self.ui.paint.warn("reverted"));
                 Ok(Outcome::StepReverted)
             }
             Err(failure) => {
                 self.ui
                     .step_finished(&step.name, &format!("{}: {}", self.ui.paint.bad("revert failed"), failure.summary));
-                record(cp, Record::StepRevertFailed { step: step.name.clone(), failure })?;
+                cp.record(Record::StepRevertFailed { step: step.name.clone(), failure })?;
                 Ok(Outcome::RevertFailed)
             }
         }
     }
 
     /// Reverts every step that changed something and declares `revert`, newest first.
-    async fn revert_all(&self, cp: &Arc<Mutex<Checkpoint>>) -> anyhow::Result<Outcome> {
-        let mut candidates: Vec<(u64, String)> = {
-            let guard = cp.lock().unwrap_or_else(|e| e.into_inner());
-            guard
-                .deploy()
+    async fn revert_all(&self, cp: &SharedCheckpoint) -> anyhow::Result<Outcome> {
+        let mut candidates: Vec<(u64, String)> = cp.read(|deploy| {
+            deploy
                 .steps
                 .iter()
                 .filter(|s| {
@@ -701,7 +729,7 @@ impl Session {
                 })
                 .map(|s| (s.done_seq.unwrap_or(u64::MAX), s.name.clone()))
                 .collect()
-        };
+        });
         // Newest first; a failed step (never done) changed things last.
         candidates.sort_by_key(|c| std::cmp::Reverse(c.0));
         let mut outcome = Outcome::StepReverted;
@@ -716,7 +744,7 @@ impl Session {
     }
 
     /// `rdeploy revert`: undo the completed steps that declare `revert`, newest first.
-    pub async fn revert(&self) -> anyhow::Result<Code> {
+    pub async fn revert(&self) -> anyhow::Result<RunReport> {
         let _lock = self.lock("revert")?;
         self.archive_if_finished()?;
         let cp = if self.store.has_unfinished()? {
@@ -729,11 +757,7 @@ impl Session {
             let Some(last) =
                 self.store.last_finished()?.filter(|d| d.state == DeployState::Complete && d.stack == self.stack.name)
             else {
-                println!(
-                    "nothing to revert: no completed or unfinished deploy is recorded in {}",
-                    self.store.location()
-                );
-                return Ok(Code::Ok);
+                return Ok(RunReport::new(Outcome::Complete, None, Ended::NothingToRevert));
             };
             // Re-open the finished deploy as a new journal so the revert itself is checkpointed.
             let mut cp = Checkpoint::create(self.store.as_ref())?;
@@ -745,54 +769,67 @@ impl Session {
             }
             cp
         };
-        let cp = Arc::new(Mutex::new(cp));
+        let cp = SharedCheckpoint::new(cp);
         let outcome = self.revert_all(&cp).await?;
         if outcome == Outcome::StepReverted {
-            let deploy = take(cp).finish(DeployState::Reverted)?;
-            self.print_report_for(&deploy)?;
-            Ok(Code::Ok)
+            // Reverting is what `revert` was asked to do.
+            let deploy = cp.into_inner().finish(DeployState::Reverted)?;
+            Ok(RunReport::new(Outcome::Complete, Some(deploy), Ended::Ran))
         } else {
-            snapshot(&cp);
-            let deploy = cp.lock().unwrap_or_else(|e| e.into_inner()).deploy().clone();
-            self.print_report_for(&deploy)?;
-            Ok(Code::RevertFailed)
+            cp.snapshot();
+            let deploy = cp.read(Deploy::clone);
+            Ok(RunReport::new(Outcome::RevertFailed, Some(deploy), Ended::Ran))
         }
     }
 
     /// `rdeploy reset --yes`: forget the unfinished deploy (kept in history).
-    pub fn reset(&self) -> anyhow::Result<Code> {
+    pub fn reset(&self) -> anyhow::Result<RunReport> {
         let _lock = self.lock("reset")?;
         self.archive_if_finished()?;
         if !self.store.has_unfinished()? {
-            println!("nothing to reset: no unfinished deploy in {}", self.store.location());
-            return Ok(Code::Ok);
+            return Ok(RunReport::new(Outcome::Complete, None, Ended::NothingToReset));
         }
         let mut cp = Checkpoint::open(self.store.as_ref(), false)?;
         cp.record(Record::Warning { step: None, message: "reset by the operator after manual reconciliation".into() })?;
         let deploy = cp.finish(DeployState::Partial)?;
-        println!(
-            "forgot deploy {} of stack {}; its record is kept in the history of {}; the next `rdeploy up` starts from the top",
-            deploy.deploy_id,
-            deploy.stack,
-            self.store.location()
-        );
-        Ok(Code::Ok)
+        Ok(RunReport::new(Outcome::Complete, Some(deploy), Ended::Forgot))
     }
 }
 
-fn record(cp: &Arc<Mutex<Checkpoint>>, record: Record) -> anyhow::Result<()> {
-    cp.lock().unwrap_or_else(|e| e.into_inner()).record(record)
-}
+/// The open checkpoint, shared by the scheduler and the running steps' sinks. A poisoned lock is
+/// used as it is: the checkpoint is whole after every record.
+#[derive(Clone)]
+struct SharedCheckpoint(Arc<Mutex<Checkpoint>>);
 
-fn snapshot(cp: &Arc<Mutex<Checkpoint>>) {
-    // The snapshot is a cache of the journal; failing to write it loses nothing.
-    let _ = cp.lock().unwrap_or_else(|e| e.into_inner()).snapshot();
-}
+impl SharedCheckpoint {
+    fn new(cp: Checkpoint) -> SharedCheckpoint {
+        SharedCheckpoint(Arc::new(Mutex::new(cp)))
+    }
 
-fn take(cp: Arc<Mutex<Checkpoint>>) -> Checkpoint {
-    match Arc::try_unwrap(cp) {
-        Ok(m) => m.into_inner().unwrap_or_else(|e| e.into_inner()),
-        Err(_) => unreachable!("every step task has finished"),
+    fn lock(&self) -> std::sync::MutexGuard<'_, Checkpoint> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn record(&self, record: Record) -> anyhow::Result<()> {
+        self.lock().record(record)
+    }
+
+    /// Saves a snapshot; the snapshot is a cache of the journal, so failing to write it loses nothing.
+    fn snapshot(&self) {
+        let _ = self.lock().snapshot();
+    }
+
+    /// Reads the deploy as folded so far.
+    fn read<T>(&self, f: impl FnOnce(&Deploy) -> T) -> T {
+        f(self.lock().deploy())
+    }
+
+    /// The checkpoint back, once every step task (and its sink) has finished.
+    fn into_inner(self) -> Checkpoint {
+        match Arc::try_unwrap(self.0) {
+            Ok(m) => m.into_inner().unwrap_or_else(|e| e.into_inner()),
+            Err(_) => unreachable!("every step task has finished"),
+        }
     }
 }
 
@@ -800,7 +837,7 @@ fn take(cp: Arc<Mutex<Checkpoint>>) -> Checkpoint {
 /// progress, and writes the tool's output to the step's log.
 struct JournalSink {
     step: String,
-    cp: Arc<Mutex<Checkpoint>>,
+    cp: SharedCheckpoint,
     ui: Arc<Ui>,
     log: Mutex<Option<File>>,
     error: Mutex<Option<String>>,
@@ -812,7 +849,7 @@ struct JournalSink {
 impl JournalSink {
     fn new(
         step: String,
-        cp: Arc<Mutex<Checkpoint>>,
+        cp: SharedCheckpoint,
         ui: Arc<Ui>,
         state: &StateDir,
         stop: CancellationToken,
@@ -830,7 +867,7 @@ impl JournalSink {
     }
 
     fn journal(&self, record: Record) {
-        if let Err(e) = self.cp.lock().unwrap_or_else(|e| e.into_inner()).record(record) {
+        if let Err(e) = self.cp.record(record) {
             self.error.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(|| format!("{e:#}"));
             self.stop.cancel();
         }

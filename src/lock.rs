@@ -98,7 +98,7 @@ impl Lock {
         let me = Holder {
             pid: std::process::id(),
             host: hostname(),
-            started: crate::checkpoint::now(),
+            started: crate::checkpoint::now().to_string(),
             command: command.to_string(),
             lease_expires: None,
             lease_age: None,

@@ -1,8 +1,13 @@
 //! rdeploy: resumable multi-tool deploys. This file owns the command line and the mapping of
-//! errors to exit codes; the work happens in `driver`.
+//! errors to exit codes; the work happens in `driver`, which returns a `RunReport` that `cmd`
+//! turns into output and an exit code.
 
 mod checkpoint;
 mod ci;
+mod cmd;
+mod diff;
+// The driver decides and the binary presents: it returns a `RunReport` and never prints.
+#[deny(clippy::print_stdout, clippy::print_stderr)]
 mod driver;
 mod exit;
 mod fleet;
@@ -402,13 +407,19 @@ fn watch_signals(cancel: CancellationToken, signal: Arc<Mutex<Option<String>>>, 
 async fn run(cli: Cli, ui: Arc<Ui>) -> anyhow::Result<Code> {
     let global = &cli.global;
     match &cli.command {
-        Command::Up { stack, parallel } => session(stack, global, ui, *parallel)?.up().await,
+        Command::Up { stack, parallel } => {
+            let s = session(stack, global, ui, *parallel)?;
+            cmd::present(&s, &s.up().await?)
+        }
         Command::Recover { stack, dry_run, parallel, force } => {
             let mut s = session(stack, global, ui, *parallel)?;
             s.force = *force;
-            s.recover(*dry_run).await
+            cmd::present(&s, &s.recover(*dry_run).await?)
         }
-        Command::Revert { stack } => session(stack, global, ui, 1)?.revert().await,
+        Command::Revert { stack } => {
+            let s = session(stack, global, ui, 1)?;
+            cmd::present(&s, &s.revert().await?)
+        }
         Command::Reset { stack, yes } => {
             if !yes {
                 return Err(Refusal::new(
@@ -418,7 +429,8 @@ async fn run(cli: Cli, ui: Arc<Ui>) -> anyhow::Result<Code> {
                 .with_hint(format!("reconcile by hand first (`rdeploy status {}`), then pass `--yes`", stack.display()))
                 .into());
             }
-            session(stack, global, ui, 1)?.reset()
+            let s = session(stack, global, ui, 1)?;
+            cmd::present(&s, &s.reset()?)
         }
         Command::Status { stack, json } => {
             let s = session(stack, global, ui.clone(), 1)?;

@@ -6,7 +6,8 @@ use std::fmt::Write as _;
 use rdeploy_adapters::SubStatus;
 use serde::Serialize;
 
-use crate::checkpoint::{Deploy, DeployState, StepState, StepStatus};
+use crate::checkpoint::{Deploy, DeployState, StepState, StepStatus, Timestamp};
+use crate::diff::StackDiff;
 use crate::lock::Holder;
 use crate::stack::Stack;
 use crate::store::local::StateDir;
@@ -21,9 +22,9 @@ pub struct Status {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub deploy_id: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub started: Option<String>,
+    pub started: Option<Timestamp>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub updated: Option<String>,
+    pub updated: Option<Timestamp>,
     /// The stack file changed since the checkpoint was written.
     pub stack_changed: bool,
     pub steps: Vec<StepReport>,
@@ -39,8 +40,8 @@ pub struct Status {
 pub struct StepReport {
     pub name: String,
     pub tool: String,
-    /// done | failed | pending | skipped | reverted
-    pub status: &'static str,
+    /// done | failed | pending | skipped | reverted in the JSON; the variant keeps the truth.
+    pub status: StepView,
     pub resumable: bool,
     pub sub_changes: Vec<SubReport>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -80,8 +81,9 @@ pub struct StepReport {
 #[derive(Debug, Serialize)]
 pub struct SubReport {
     pub id: String,
-    /// done | failed | pending
-    pub status: &'static str,
+    /// done | failed | pending in the JSON (`started` shows as `pending` with `uncertain`).
+    #[serde(serialize_with = "serialize_sub_word")]
+    pub status: SubStatus,
     /// Started but never confirmed: a crash left it uncertain; recovery lets the tool decide.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub uncertain: bool,
@@ -91,7 +93,67 @@ pub struct SubReport {
     pub note: Option<String>,
 }
 
-fn sub_status(s: SubStatus) -> &'static str {
+/// A step's status as the report shows it. Several variants share a word in `status --json`
+/// (SPEC.md's five), but renderers match on the variant, so nothing is rebuilt from flags.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StepView {
+    Pending,
+    /// Recorded as running: by a live run (the lock says so), or by one that died.
+    #[serde(rename = "pending")]
+    Running,
+    /// Its gate refused it; it did not run.
+    #[serde(rename = "pending")]
+    Refused,
+    Done,
+    Failed,
+    /// Its `revert` started and did not finish: neither in place nor undone.
+    #[serde(rename = "failed")]
+    Reverting,
+    Reverted,
+    /// Never ran because a step it needs failed, was refused or reverted.
+    Skipped,
+}
+
+impl StepView {
+    /// The word `status --json` prints for this status.
+    pub fn word(self) -> &'static str {
+        match self {
+            StepView::Pending | StepView::Running | StepView::Refused => "pending",
+            StepView::Done => "done",
+            StepView::Failed | StepView::Reverting => "failed",
+            StepView::Reverted => "reverted",
+            StepView::Skipped => "skipped",
+        }
+    }
+
+    /// Failed, or stuck half-reverted: the report's "failed" section.
+    pub fn is_failed(self) -> bool {
+        matches!(self, StepView::Failed | StepView::Reverting)
+    }
+
+    /// Not run (yet): pending, recorded running, or skipped; a refusal is reported as a failure.
+    pub fn is_missing(self) -> bool {
+        matches!(self, StepView::Pending | StepView::Running | StepView::Skipped)
+    }
+}
+
+impl From<StepStatus> for StepView {
+    fn from(s: StepStatus) -> StepView {
+        match s {
+            StepStatus::Pending => StepView::Pending,
+            StepStatus::Running => StepView::Running,
+            StepStatus::Refused => StepView::Refused,
+            StepStatus::Done => StepView::Done,
+            StepStatus::Failed => StepView::Failed,
+            StepStatus::Reverting => StepView::Reverting,
+            StepStatus::Reverted => StepView::Reverted,
+        }
+    }
+}
+
+/// The word `status --json` prints for a sub-change: a started one is `pending` (and `uncertain`).
+pub fn sub_word(s: SubStatus) -> &'static str {
     match s {
         SubStatus::Done => "done",
         SubStatus::Failed => "failed",
@@ -99,14 +161,8 @@ fn sub_status(s: SubStatus) -> &'static str {
     }
 }
 
-fn step_status(s: StepStatus) -> &'static str {
-    match s {
-        StepStatus::Done => "done",
-        StepStatus::Failed => "failed",
-        StepStatus::Reverting => "failed",
-        StepStatus::Reverted => "reverted",
-        StepStatus::Pending | StepStatus::Running | StepStatus::Refused => "pending",
-    }
+fn serialize_sub_word<S: serde::Serializer>(s: &SubStatus, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(sub_word(*s))
 }
 
 /// The command that continues from `state`, as the operator should type it.
@@ -168,7 +224,7 @@ fn pending_step(name: String, tool: String, resumable: bool) -> StepReport {
     StepReport {
         name,
         tool,
-        status: "pending",
+        status: StepView::Pending,
         resumable,
         sub_changes: Vec::new(),
         error: None,
@@ -197,17 +253,18 @@ pub fn from_deploy(
     lock: Option<Holder>,
 ) -> Status {
     let state = deploy.state;
+    let diff = StackDiff::between(stack, deploy);
     let mut steps = Vec::new();
     for s in &deploy.steps {
         let current = stack.step(&s.name);
         let mut r = pending_step(s.name.clone(), s.tool.to_string(), s.resumable);
-        r.status = step_status(s.status);
+        r.status = s.status.into();
         r.sub_changes = s
             .sub_changes
             .iter()
             .map(|c| SubReport {
                 id: c.id.clone(),
-                status: sub_status(c.status),
+                status: c.status,
                 uncertain: c.status == SubStatus::Started,
                 error: c.error.clone(),
                 note: c.note.clone(),
@@ -227,7 +284,7 @@ pub fn from_deploy(
         if let Some(reason) = &s.refused {
             r.error.get_or_insert_with(|| format!("gate refused: {reason}"));
         }
-        r.changed_since_checkpoint = current.is_some_and(|c| c.digest != s.digest) || current.is_none();
+        r.changed_since_checkpoint = diff.recorded_step_changed(&s.name);
         if s.status == StepStatus::Pending {
             if let Some(c) = current {
                 r.blocked_by = c
@@ -251,9 +308,9 @@ pub fn from_deploy(
         stack: deploy.stack.clone(),
         state,
         deploy_id: Some(deploy.deploy_id.clone()),
-        started: Some(deploy.started.clone()),
-        updated: Some(deploy.updated.clone()),
-        stack_changed: deploy.stack_digest != stack.digest,
+        started: Some(deploy.started),
+        updated: Some(deploy.updated),
+        stack_changed: diff.file_changed,
         steps,
         next: next_command(state, Some(deploy), stack_file),
         interrupted: deploy.interrupted.clone(),
@@ -267,29 +324,29 @@ pub fn from_deploy(
 fn mark_skipped(stack: &Stack, steps: &mut [StepReport]) {
     for current in stack.ordered() {
         let Some(i) = steps.iter().position(|r| r.name == current.name) else { continue };
-        if steps[i].status != "pending" || steps[i].refused.is_some() {
+        if !matches!(steps[i].status, StepView::Pending | StepView::Running) {
             continue;
         }
         let why = current.needs.iter().find_map(|need| {
             let r = steps.iter().find(|r| &r.name == need)?;
             let what = match r.status {
-                _ if r.refused.is_some() => "was refused by its gate",
-                "failed" if r.interrupted => "was interrupted",
-                "failed" => "failed",
-                "reverted" => "was reverted",
-                "skipped" => "was skipped",
-                _ => return None,
+                StepView::Refused => "was refused by its gate",
+                StepView::Failed | StepView::Reverting if r.interrupted => "was interrupted",
+                StepView::Failed | StepView::Reverting => "failed",
+                StepView::Reverted => "was reverted",
+                StepView::Skipped => "was skipped",
+                StepView::Pending | StepView::Running | StepView::Done => return None,
             };
             Some(format!("needs `{need}`, which {what}"))
         });
         if let Some(why) = why {
-            steps[i].status = "skipped";
+            steps[i].status = StepView::Skipped;
             steps[i].skipped_because = Some(why);
         }
     }
 }
 
-fn sub_list(step: &StepReport, status: &str) -> Vec<String> {
+fn sub_list(step: &StepReport, status: SubStatus) -> Vec<String> {
     step.sub_changes.iter().filter(|c| c.status == status).map(|c| c.id.clone()).collect()
 }
 
@@ -334,17 +391,16 @@ pub fn render_text(status: &Status, paint: Paint) -> String {
         return out;
     }
 
-    let in_place: Vec<&StepReport> = status.steps.iter().filter(|s| s.status == "done").collect();
+    let in_place: Vec<&StepReport> = status.steps.iter().filter(|s| s.status == StepView::Done).collect();
     let failed: Vec<&StepReport> =
-        status.steps.iter().filter(|s| s.status == "failed" || s.refused.is_some()).collect();
-    let missing: Vec<&StepReport> =
-        status.steps.iter().filter(|s| matches!(s.status, "pending" | "skipped") && s.refused.is_none()).collect();
-    let reverted: Vec<&StepReport> = status.steps.iter().filter(|s| s.status == "reverted").collect();
+        status.steps.iter().filter(|s| s.status.is_failed() || s.status == StepView::Refused).collect();
+    let missing: Vec<&StepReport> = status.steps.iter().filter(|s| s.status.is_missing()).collect();
+    let reverted: Vec<&StepReport> = status.steps.iter().filter(|s| s.status == StepView::Reverted).collect();
 
     if !in_place.is_empty() {
         let _ = writeln!(out, "\n{}", paint.strong("in place:"));
         for s in &in_place {
-            let done = sub_list(s, "done");
+            let done = sub_list(s, SubStatus::Done);
             let detail = if done.is_empty() { String::new() } else { format!(": {}", ellipsize(&done, 8)) };
             let _ = writeln!(out, "  {} {} ({}){detail}", paint.good("✓"), s.name, s.tool);
         }
@@ -354,14 +410,15 @@ pub fn render_text(status: &Status, paint: Paint) -> String {
     }
     for s in &failed {
         let _ = writeln!(out, "  {} {} ({})", paint.bad("✗"), s.name, s.tool);
-        let done = sub_list(s, "done");
+        let done = sub_list(s, SubStatus::Done);
         if !done.is_empty() {
             let _ = writeln!(out, "      in place: {}", ellipsize(&done, 8));
         }
-        for c in s.sub_changes.iter().filter(|c| c.status == "failed") {
+        for c in s.sub_changes.iter().filter(|c| c.status == SubStatus::Failed) {
             let _ = writeln!(out, "      failed:   {}: {}", c.id, c.error.as_deref().unwrap_or("failed"));
         }
-        let uncertain: Vec<String> = s.sub_changes.iter().filter(|c| c.uncertain).map(|c| c.id.clone()).collect();
+        let uncertain: Vec<String> =
+            s.sub_changes.iter().filter(|c| c.status == SubStatus::Started).map(|c| c.id.clone()).collect();
         if !uncertain.is_empty() {
             let _ = writeln!(
                 out,
@@ -370,7 +427,7 @@ pub fn render_text(status: &Status, paint: Paint) -> String {
             );
         }
         let pending: Vec<String> =
-            s.sub_changes.iter().filter(|c| c.status == "pending" && !c.uncertain).map(|c| c.id.clone()).collect();
+            s.sub_changes.iter().filter(|c| c.status == SubStatus::Pending).map(|c| c.id.clone()).collect();
         if !pending.is_empty() {
             let _ = writeln!(out, "      missing:  {}", ellipsize(&pending, 8));
         }
@@ -457,25 +514,29 @@ pub fn render_markdown(status: &Status) -> String {
     let _ = writeln!(out, "\n| step | tool | status | done | failed | pending | resumable |");
     let _ = writeln!(out, "| --- | --- | --- | --- | --- | --- | --- |");
     for s in &status.steps {
-        let count = |st: &str| s.sub_changes.iter().filter(|c| c.status == st).count();
+        let count = |wanted: &[SubStatus]| s.sub_changes.iter().filter(|c| wanted.contains(&c.status)).count();
         let _ = writeln!(
             out,
             "| {} | {} | {} | {} | {} | {} | {} |",
             s.name,
             s.tool,
-            s.status,
-            count("done"),
-            count("failed"),
-            count("pending"),
+            s.status.word(),
+            count(&[SubStatus::Done]),
+            count(&[SubStatus::Failed]),
+            count(&[SubStatus::Pending, SubStatus::Started]),
             if s.resumable { "yes" } else { "no" }
         );
     }
-    for s in status.steps.iter().filter(|s| s.status == "failed" || s.refused.is_some() || s.revert_error.is_some()) {
+    for s in status
+        .steps
+        .iter()
+        .filter(|s| s.status.is_failed() || s.status == StepView::Refused || s.revert_error.is_some())
+    {
         let _ = writeln!(out, "\n## {} ({})\n", s.name, s.tool);
         if let Some(e) = &s.error {
             let _ = writeln!(out, "{e}\n");
         }
-        let failed: Vec<&SubReport> = s.sub_changes.iter().filter(|c| c.status == "failed").collect();
+        let failed: Vec<&SubReport> = s.sub_changes.iter().filter(|c| c.status == SubStatus::Failed).collect();
         if !failed.is_empty() {
             let _ = writeln!(out, "| sub-change | error |\n| --- | --- |");
             for c in failed {
@@ -483,7 +544,13 @@ pub fn render_markdown(status: &Status) -> String {
             }
             let _ = writeln!(out);
         }
-        let missing = sub_list(s, "pending");
+        // A started sub-change is missing too until the tool confirms it.
+        let missing: Vec<String> = s
+            .sub_changes
+            .iter()
+            .filter(|c| matches!(c.status, SubStatus::Pending | SubStatus::Started))
+            .map(|c| c.id.clone())
+            .collect();
         if !missing.is_empty() {
             let _ =
                 writeln!(out, "Missing: {}\n", missing.iter().map(|m| format!("`{m}`")).collect::<Vec<_>>().join(", "));
@@ -498,7 +565,7 @@ pub fn render_markdown(status: &Status) -> String {
             let _ = writeln!(out, "Hint: {h}\n");
         }
     }
-    for s in status.steps.iter().filter(|s| s.status == "reverted") {
+    for s in status.steps.iter().filter(|s| s.status == StepView::Reverted) {
         if let Some(how) = &s.reverted_how {
             let _ = writeln!(out, "\n## {} ({}): reverted\n\n{how}\n", s.name, s.tool);
         }
@@ -511,4 +578,38 @@ pub fn summarize_step(s: &StepState) -> String {
     let total = s.sub_changes.len();
     let done = s.count(SubStatus::Done);
     format!("{}: {} ({done}/{total} {})", s.name, s.status.as_str(), s.tool.sub_change_plural())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn typed_statuses_keep_the_json_words() {
+        let words: Vec<String> = [
+            StepView::Pending,
+            StepView::Running,
+            StepView::Refused,
+            StepView::Done,
+            StepView::Failed,
+            StepView::Reverting,
+            StepView::Reverted,
+            StepView::Skipped,
+        ]
+        .iter()
+        .map(|v| {
+            let json = serde_json::to_value(v).unwrap();
+            assert_eq!(json.as_str(), Some(v.word()), "{v:?}");
+            v.word().to_string()
+        })
+        .collect();
+        assert_eq!(words, ["pending", "pending", "pending", "done", "failed", "failed", "reverted", "skipped"]);
+        let sub = |status| {
+            let r =
+                SubReport { id: "a".into(), status, uncertain: status == SubStatus::Started, error: None, note: None };
+            serde_json::to_string(&r).unwrap()
+        };
+        assert_eq!(sub(SubStatus::Started), r#"{"id":"a","status":"pending","uncertain":true}"#);
+        assert_eq!(sub(SubStatus::Done), r#"{"id":"a","status":"done"}"#);
+    }
 }

@@ -6,11 +6,11 @@
 
 use std::fmt::Write as _;
 
-use rdeploy_adapters::{Adapter, DescribeContext, PriorStep, RecoveryDoc, ToolSpec};
+use rdeploy_adapters::{Adapter, DescribeContext, PriorStep, RecoveryDoc, SubStatus, ToolSpec};
 
 use crate::checkpoint::{Deploy, DeployState, StepStatus};
 use crate::lock::Holder;
-use crate::report::{self, StepReport};
+use crate::report::{self, StepReport, StepView};
 use crate::stack::{OnFailure, Stack, Step};
 use crate::store::local::StateDir;
 use crate::store::Store;
@@ -195,22 +195,22 @@ fn render_finished(out: &mut String, deploy: &Deploy) {
 }
 
 fn status_word(step: &StepReport) -> String {
-    if step.refused.is_some() {
-        return "refused by its gate".into();
-    }
     match step.status {
-        "skipped" => {
+        StepView::Refused => "refused by its gate".into(),
+        StepView::Skipped => {
             format!("skipped ({})", step.skipped_because.as_deref().unwrap_or("a step it needs did not finish"))
         }
-        "pending" if !step.blocked_by.is_empty() => format!("not run (waits for {})", step.blocked_by.join(", ")),
-        "pending" => "not run".into(),
-        "failed" if step.interrupted => "interrupted".into(),
-        other => other.to_string(),
+        StepView::Pending | StepView::Running if !step.blocked_by.is_empty() => {
+            format!("not run (waits for {})", step.blocked_by.join(", "))
+        }
+        StepView::Pending | StepView::Running => "not run".into(),
+        StepView::Failed | StepView::Reverting if step.interrupted => "interrupted".into(),
+        other @ (StepView::Done | StepView::Failed | StepView::Reverting | StepView::Reverted) => other.word().into(),
     }
 }
 
-fn ids(step: &StepReport, status: &str, uncertain: bool) -> Vec<String> {
-    step.sub_changes.iter().filter(|c| c.status == status && c.uncertain == uncertain).map(|c| code(&c.id)).collect()
+fn ids(step: &StepReport, status: SubStatus) -> Vec<String> {
+    step.sub_changes.iter().filter(|c| c.status == status).map(|c| code(&c.id)).collect()
 }
 
 fn render_live(
@@ -257,10 +257,10 @@ fn render_live(
             s.name,
             s.tool,
             cell(&status_word(s)),
-            list(ids(s, "done", false)),
-            list(ids(s, "failed", false)),
-            list(ids(s, "pending", true)),
-            list(ids(s, "pending", false)),
+            list(ids(s, SubStatus::Done)),
+            list(ids(s, SubStatus::Failed)),
+            list(ids(s, SubStatus::Started)),
+            list(ids(s, SubStatus::Pending)),
         );
     }
     let _ = writeln!(out);
@@ -268,7 +268,7 @@ fn render_live(
     let troubled: Vec<&StepReport> = status
         .steps
         .iter()
-        .filter(|s| s.status == "failed" || s.refused.is_some() || s.revert_error.is_some())
+        .filter(|s| s.status.is_failed() || s.status == StepView::Refused || s.revert_error.is_some())
         .collect();
     if !troubled.is_empty() {
         let _ = writeln!(out, "### What failed and why\n");
@@ -278,7 +278,7 @@ fn render_live(
         if let Some(e) = &s.error {
             let _ = writeln!(out, "- why: {e}");
         }
-        for c in s.sub_changes.iter().filter(|c| c.status == "failed") {
+        for c in s.sub_changes.iter().filter(|c| c.status == SubStatus::Failed) {
             if c.error.is_some() && c.error != s.error {
                 let _ = writeln!(out, "- `{}`: {}", c.id, c.error.as_deref().unwrap_or("failed"));
             }

@@ -95,7 +95,7 @@ impl Ui {
                 let _ = mp.println(text);
             }
             None => {
-                let ts = crate::checkpoint::now();
+                let ts = crate::checkpoint::now().to_string();
                 let _ = writeln!(std::io::stderr().lock(), "{} {text}", self.paint.dim(&ts));
             }
         }

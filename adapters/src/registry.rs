@@ -71,7 +71,8 @@ impl std::fmt::Display for Tool {
     }
 }
 
-/// A step's tool-specific settings, deserialized from the stack file.
+/// A step's tool-specific settings, deserialized from the stack file. The stack module hands
+/// each tool's spec a node of just its own keys, so `deny_unknown_fields` names the offending key.
 #[derive(Clone, Debug)]
 pub enum ToolSpec {
     Terraform(terraform::TerraformSpec),
@@ -95,6 +96,7 @@ macro_rules! dispatch {
 }
 
 impl ToolSpec {
+    /// The tool these settings are for.
     pub fn tool(&self) -> Tool {
         match self {
             ToolSpec::Terraform(_) => Tool::Terraform,
@@ -105,9 +107,7 @@ impl ToolSpec {
         }
     }
 
-    /// The keys this tool accepts on a step (besides the common ones), for suggestions. The
-    /// stack module hands each tool's spec a deserializer for just those keys, so
-    /// `deny_unknown_fields` names the offending key.
+    /// The keys this tool accepts on a step (besides the common ones), for suggestions.
     pub fn keys(tool: Tool) -> &'static [&'static str] {
         match tool {
             Tool::Terraform => terraform::TerraformSpec::KEYS,

@@ -125,7 +125,7 @@ impl StateDir {
     fn archive(&self, deploy: &Deploy) -> anyhow::Result<()> {
         let history = self.history_dir();
         fs_err::create_dir_all(&history)?;
-        let stamp = deploy.updated.replace([':', '-'], "");
+        let stamp = deploy.updated.to_string().replace([':', '-'], "");
         let name = format!("{stamp}-{}.json", deploy.deploy_id);
         write_atomic(&history.join(name), serde_json::to_string_pretty(deploy)?.as_bytes())?;
         // The snapshot goes first: a snapshot must never outlive its journal (see read_journal).
@@ -238,7 +238,7 @@ impl Store for StateDir {
             .append(true)
             .open(&path)
             .with_context(|| format!("creating {}", path.display()))?;
-        let header = Header { format: FORMAT.into(), version: VERSION, created: now() };
+        let header = Header { format: FORMAT.into(), version: VERSION, created: now().to_string() };
         writeln!(file, "{}", serde_json::to_string(&header)?)?;
         file.sync_all()?;
         sync_dir(&self.path)?;

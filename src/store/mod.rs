@@ -1,5 +1,5 @@
 //! Where checkpoints live. [`Store`] is the one interface the driver, reports and runbooks use;
-//! [`local::LocalStore`] keeps them in a state directory beside the stack (the default).
+//! [`local::StateDir`] keeps them in a state directory beside the stack (the default).
 //! [`postgres::PostgresStore`] keeps many stacks' checkpoints in one shared database (`--state postgres://`).
 //! Each store keeps a deploy's journal, its snapshot, the history of finished deploys and the
 //! lock that lets one run at a time write.

@@ -43,7 +43,7 @@ use tokio_postgres::{Client, Statement};
 use super::local::StateDir;
 use super::pg_tls;
 use super::{JournalWriter, LockGuard, Store};
-use crate::checkpoint::{now, Deploy, Entry, Record, FORMAT, VERSION};
+use crate::checkpoint::{now, Deploy, Entry, Record, Timestamp, FORMAT, VERSION};
 use crate::exit::{Code, Refusal};
 use crate::lock::{hostname, Holder, LockError};
 
@@ -301,6 +301,7 @@ impl PostgresStore {
                     let (seq, ts, record): (i64, String, Value) = (row.get(0), row.get(1), row.get(2));
                     let record: Record = serde_json::from_value(record)
                         .map_err(|e| OpError::Other(anyhow::anyhow!("journal record {seq} is unreadable: {e}")))?;
+                    let ts = Timestamp::parse(&ts).map_err(|e| OpError::Other(e.context(format!("journal record {seq}"))))?;
                     deploy.apply(seq as u64, &ts, &record);
                 }
                 tx.commit().await?;
@@ -330,7 +331,8 @@ impl PostgresStore {
                     let Some(seq) = row.get::<_, Option<i64>>(0) else { continue };
                     let record: Record = serde_json::from_value(row.get(2))
                         .map_err(|e| OpError::Other(anyhow::anyhow!("journal record {seq} is unreadable: {e}")))?;
-                    entries.push(Entry { seq: seq as u64, ts: row.get(1), record });
+                    let ts = Timestamp::parse(row.get(1)).map_err(|e| OpError::Other(e.context(format!("journal record {seq}"))))?;
+                    entries.push(Entry { seq: seq as u64, ts, record });
                 }
                 Ok(Some(entries))
             })
@@ -449,7 +451,7 @@ impl Store for PostgresStore {
 
     fn lock(&self, command: &str) -> Result<Box<dyn LockGuard>, LockError> {
         let token = ulid::Ulid::new().to_string();
-        let me = (std::process::id() as i32, hostname(), command.to_string(), now());
+        let me = (std::process::id() as i32, hostname(), command.to_string(), now().to_string());
         let stack = self.shared.stack.clone();
         let lease_secs = self.shared.settings.lease.as_secs_f64();
         let took = {
@@ -563,7 +565,7 @@ impl Store for PostgresStore {
     fn create_journal(&self) -> anyhow::Result<Box<dyn JournalWriter>> {
         let lease = self.lease()?;
         let stack = self.shared.stack.clone();
-        let created = now();
+        let created = now().to_string();
         let token = lease.token.clone();
         let id = self
             .retried(Line::Lease, move |c| {
@@ -756,7 +758,7 @@ impl PostgresJournal {
 impl JournalWriter for PostgresJournal {
     fn append(&mut self, entry: &Entry) -> anyhow::Result<()> {
         self.check_lease()?;
-        let row = (entry.seq as i64, entry.ts.clone(), serde_json::to_value(&entry.record)?);
+        let row = (entry.seq as i64, entry.ts.to_string(), serde_json::to_value(&entry.record)?);
         let (stack, token, id) = (self.store.shared.stack.clone(), self.lease.token.clone(), self.journal_id);
         let written = row.clone();
         let result = self.store.within(self.budget(), Line::Journal, move |c| {

@@ -8,7 +8,7 @@ use std::path::Path;
 use anyhow::Context as _;
 
 use super::{is_url, PostgresStore};
-use crate::checkpoint::{Deploy, Entry};
+use crate::checkpoint::{Deploy, Entry, Timestamp};
 use crate::exit::{Code, Refusal};
 use crate::store::local::{write_atomic, StateDir};
 use crate::store::{LockGuard, Store};
@@ -48,7 +48,7 @@ impl Side {
                 fs_err::create_dir_all(&history)?;
                 for d in deploys {
                     // The local store's own naming, so its newest-first order holds.
-                    let name = format!("{}-{}.json", d.updated.replace([':', '-'], ""), d.deploy_id);
+                    let name = format!("{}-{}.json", d.updated.to_string().replace([':', '-'], ""), d.deploy_id);
                     write_atomic(&history.join(name), serde_json::to_string_pretty(d)?.as_bytes())?;
                 }
                 Ok(())
@@ -62,8 +62,10 @@ impl Side {
         match self {
             Side::Local(dir) => {
                 // Kept under another name rather than deleted: the operator may want to look.
-                let moved =
-                    dir.path.join(format!("journal.jsonl.moved-{}", crate::checkpoint::now().replace([':', '-'], "")));
+                let moved = dir.path.join(format!(
+                    "journal.jsonl.moved-{}",
+                    crate::checkpoint::now().to_string().replace([':', '-'], "")
+                ));
                 fs_err::rename(dir.journal_path(), &moved)?;
                 let _ = fs_err::remove_file(dir.snapshot_path());
                 Ok(format!("the source journal is kept as {}", moved.display()))
@@ -207,9 +209,9 @@ pub fn migrate(from: &str, to: &str, stack: Option<&str>) -> anyhow::Result<Stri
     }
 
     // History: skip what the destination already has, so moving back and forth adds nothing.
-    let known: Vec<(String, String)> = dest.history()?.into_iter().map(|d| (d.deploy_id, d.updated)).collect();
+    let known: Vec<(String, Timestamp)> = dest.history()?.into_iter().map(|d| (d.deploy_id, d.updated)).collect();
     let new_history: Vec<Deploy> =
-        history.into_iter().filter(|d| !known.contains(&(d.deploy_id.clone(), d.updated.clone()))).collect();
+        history.into_iter().filter(|d| !known.contains(&(d.deploy_id.clone(), d.updated))).collect();
     dest.add_history(&new_history)?;
 
     let mut said = vec![format!("{} finished deploy(s) copied to the history", new_history.len())];

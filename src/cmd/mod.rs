@@ -1,0 +1,128 @@
+//! The binary's side of the deploy commands (`up`, `recover`, `revert`, `reset`, and `ci`
+//! through them): the driver returns a [`RunReport`]; this maps its outcome to the exit code of
+//! SPEC.md and prints it. Nothing here decides anything about the deploy.
+
+use std::fmt::Write as _;
+
+use crate::checkpoint::DeployState;
+use crate::driver::{ApplyWhy, DryRunPlan, DryRunStep, Ended, Outcome, RunReport, Session};
+use crate::exit::Code;
+use crate::report;
+use crate::ui::Paint;
+
+/// The exit code of SPEC.md for how a command ended.
+pub fn exit_code(outcome: Outcome) -> Code {
+    match outcome {
+        Outcome::Complete => Code::Ok,
+        Outcome::Partial => Code::Partial,
+        Outcome::StepReverted => Code::Reverted,
+        Outcome::Refused => Code::Refused,
+        Outcome::RevertFailed => Code::RevertFailed,
+        Outcome::Interrupted => Code::Interrupted,
+    }
+}
+
+/// Prints what a deploy command did on stdout (and keeps the markdown report of a deploy that
+/// stopped part-way in the state directory), then gives its exit code.
+pub fn present(session: &Session, report: &RunReport) -> anyhow::Result<Code> {
+    let (text, markdown) = render(session, report);
+    print!("{text}");
+    if let Some(markdown) = markdown {
+        crate::store::local::write_atomic(&session.state.report_path(), markdown.as_bytes())?;
+    }
+    Ok(exit_code(report.outcome))
+}
+
+/// The text [`present`] prints, and the markdown report it keeps for a deploy that stopped
+/// part-way.
+fn render(session: &Session, run: &RunReport) -> (String, Option<String>) {
+    let mut markdown = None;
+    let location = session.store.location();
+    let mut out = String::new();
+    match (&run.ended, &run.deploy) {
+        (Ended::NothingToRecover, last) => {
+            let said = match last.as_ref().map(|d| d.state) {
+                Some(DeployState::Complete) => "the last deploy completed",
+                Some(DeployState::Reverted) => "the last deploy was reverted",
+                _ => "no deploy is recorded",
+            };
+            let _ = writeln!(out, "nothing to recover: {said} ({location})");
+        }
+        (Ended::NothingToRevert, _) => {
+            let _ = writeln!(out, "nothing to revert: no completed or unfinished deploy is recorded in {location}");
+        }
+        (Ended::NothingToReset, _) => {
+            let _ = writeln!(out, "nothing to reset: no unfinished deploy in {location}");
+        }
+        (Ended::Forgot, Some(deploy)) => {
+            let _ = writeln!(
+                out,
+                "forgot deploy {} of stack {}; its record is kept in the history of {location}; the next `rdeploy up` starts from the top",
+                deploy.deploy_id, deploy.stack
+            );
+        }
+        (Ended::DryRun(plan), Some(deploy)) => {
+            let _ = writeln!(
+                out,
+                "recover --dry-run: deploy {} of stack {} (nothing will be changed)",
+                deploy.deploy_id, session.stack.name
+            );
+            for step in plan {
+                dry_run_step(&mut out, step);
+            }
+        }
+        (Ended::Ran, Some(deploy)) if deploy.state == DeployState::Complete => {
+            let summary: Vec<String> = deploy.steps.iter().map(report::summarize_step).collect();
+            let _ = writeln!(out, "stack {}: deploy complete\n  {}", deploy.stack, summary.join("\n  "));
+        }
+        (Ended::Ran, Some(deploy)) => {
+            let status = report::from_deploy(&session.stack, &session.state, deploy, &session.stack_arg, None);
+            out.push_str(&report::render_text(&status, Paint { enabled: false }));
+            if deploy.state == DeployState::Partial {
+                markdown = Some(report::render_markdown(&status));
+            }
+        }
+        (Ended::Forgot | Ended::DryRun(_) | Ended::Ran, None) => {
+            unreachable!("the driver reports the deploy it ran, forgot or planned")
+        }
+    }
+    (out, markdown)
+}
+
+fn dry_run_step(out: &mut String, step: &DryRunStep) {
+    let (name, tool) = (&step.name, step.tool);
+    if let DryRunPlan::LeftAsIs = step.plan {
+        let _ = writeln!(out, "\n{name} ({tool}): done, left as it is");
+        return;
+    }
+    let _ = writeln!(out, "\n{name} ({tool}){}:", if step.changed { ", changed since the checkpoint" } else { "" });
+    match &step.plan {
+        DryRunPlan::LeftAsIs => {}
+        DryRunPlan::RevertThenApply { revert } => {
+            let _ =
+                writeln!(out, "  not resumable and left half-done: run its revert, then run it again from the start");
+            if let Some(revert) = revert {
+                let _ = writeln!(out, "  - revert: `{revert}`");
+            }
+        }
+        DryRunPlan::Apply { why, actions } => {
+            let why = match why {
+                ApplyWhy::Reverted => "reverted: runs again from the start",
+                ApplyWhy::NotStarted => "not started yet",
+                ApplyWhy::NotResumable => "not resumable: runs again from the start",
+            };
+            let _ = writeln!(out, "  {why}");
+            for a in actions {
+                let _ = writeln!(out, "  - {a}");
+            }
+        }
+        DryRunPlan::Recover(Ok(actions)) => {
+            for a in actions {
+                let _ = writeln!(out, "  - {a}");
+            }
+        }
+        DryRunPlan::Recover(Err(why)) => {
+            let _ = writeln!(out, "  could not inspect the live state: {why}");
+        }
+    }
+}
