@@ -4,12 +4,15 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use rdeploy_adapters::fold::{fold_sub_change, SubChangeEvent, SubChangeFields};
 use rdeploy_adapters::{Failure, PriorStep, PriorSubChange, SubStatus, Tool};
 use serde::{Deserialize, Serialize};
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
+use crate::exit::{Code, Refusal};
 use crate::stack::Stack;
+use crate::store::local::JournalGone;
 use crate::store::{JournalWriter, Store};
 
 pub const FORMAT: &str = "rdeploy-checkpoint";
@@ -202,6 +205,16 @@ pub struct SubChangeState {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
     pub updated: Timestamp,
+}
+
+impl SubChangeState {
+    /// The one sub-change fold, shared with the adapters' test `Recorder`.
+    fn fold(&mut self, event: SubChangeEvent<'_>) {
+        fold_sub_change(
+            SubChangeFields { status: &mut self.status, error: &mut self.error, note: &mut self.note },
+            event,
+        );
+    }
 }
 
 /// A step's sub-changes in the order first recorded, indexed by id so that folding a record
@@ -481,29 +494,18 @@ impl Deploy {
             Record::Planned { step, ids } => {
                 let s = self.step_mut(step);
                 for id in ids {
-                    s.sub_mut(id, ts);
+                    s.sub_mut(id, ts).fold(SubChangeEvent::Planned);
                 }
             }
-            Record::SubStarted { step, id } => {
-                let sub = self.step_mut(step).sub_mut(id, ts);
-                sub.status = SubStatus::Started;
-                sub.error = None;
-            }
+            Record::SubStarted { step, id } => self.step_mut(step).sub_mut(id, ts).fold(SubChangeEvent::Started),
             Record::SubDone { step, id, note } => {
-                let sub = self.step_mut(step).sub_mut(id, ts);
-                sub.status = SubStatus::Done;
-                sub.error = None;
-                sub.note = note.clone();
+                self.step_mut(step).sub_mut(id, ts).fold(SubChangeEvent::Done { note: note.as_deref() })
             }
             Record::SubFailed { step, id, error } => {
-                let sub = self.step_mut(step).sub_mut(id, ts);
-                sub.status = SubStatus::Failed;
-                sub.error = Some(error.clone());
+                self.step_mut(step).sub_mut(id, ts).fold(SubChangeEvent::Failed { error })
             }
             Record::SubPending { step, id, reason } => {
-                let sub = self.step_mut(step).sub_mut(id, ts);
-                sub.status = SubStatus::Pending;
-                sub.note = Some(reason.clone());
+                self.step_mut(step).sub_mut(id, ts).fold(SubChangeEvent::Pending { reason })
             }
             Record::Fact { step, key, value } => {
                 self.step_mut(step).facts.insert(key.clone(), value.clone());
@@ -608,11 +610,27 @@ impl Checkpoint {
         Ok(Checkpoint { journal: store.create_journal()?, deploy: Deploy::empty(), unsynced: false })
     }
 
-    /// Opens the unfinished deploy for more records. `holder_alive` is false when the caller
-    /// holds the lock: steps left running were left by a dead run.
-    pub fn open(store: &dyn Store, holder_alive: bool) -> anyhow::Result<Checkpoint> {
+    /// Opens the unfinished deploy to go on with it (`recover`, `revert`). The caller holds the
+    /// lock, so steps recorded as running were left by a dead run and are settled as failed.
+    /// A journal that lost records is refused: what they said is unknown, and going on could
+    /// apply completed work again.
+    pub fn resume(store: &dyn Store) -> anyhow::Result<Checkpoint> {
+        let cp = Checkpoint::reopen_as_is(store)?;
+        if let Some(lost) = cp.journal.lost() {
+            return Err(Refusal::new(Code::BadInput, format!("{lost}; nothing was run"))
+                .with_hint(
+                    "check what each tool's own state holds (`rdeploy status` shows what the journal still says), then `rdeploy reset --yes` to forget this deploy, or restore the state directory from a backup",
+                )
+                .into());
+        }
+        Ok(cp)
+    }
+
+    /// Opens the unfinished deploy to close it (`reset`, archiving a finished deploy), even when
+    /// its journal is damaged: these only add a record and move it to history.
+    pub fn reopen_as_is(store: &dyn Store) -> anyhow::Result<Checkpoint> {
         let (journal, mut deploy) = store.open_journal()?;
-        deploy.settle_after_load(holder_alive);
+        deploy.settle_after_load(false);
         Ok(Checkpoint { journal, deploy, unsynced: false })
     }
 
@@ -625,14 +643,58 @@ impl Checkpoint {
     pub fn record(&mut self, record: Record) -> anyhow::Result<()> {
         let entry = Entry { seq: self.deploy.seq + 1, ts: now(), record };
         tracing::trace!(seq = entry.seq, record = ?entry.record, "journal");
-        self.journal.append(&entry)?;
+        if let Err(e) = self.journal.append(&entry) {
+            return Err(self.explain(e));
+        }
         if entry.record.needs_sync() {
-            self.sync()?;
+            if let Err(e) = self.sync() {
+                return Err(self.explain(e));
+            }
         } else {
             self.unsynced = true;
         }
         self.deploy.apply(entry.seq, &entry.ts, &entry.record);
         Ok(())
+    }
+
+    /// Says what a failure to record means for the operator.
+    fn explain(&mut self, e: anyhow::Error) -> anyhow::Error {
+        if self.deploy.seq == 0 {
+            // The first record: nothing ran, and no half-made journal is left behind.
+            let _ = self.journal.discard_empty();
+            return Refusal::new(
+                Code::BadInput,
+                format!("could not write the first checkpoint record ({e:#}); nothing ran, no checkpoint was started"),
+            )
+            .with_hint("make the state directory writable (free space, a writable mount) or pass another `--state-dir`, then run this again")
+            .into();
+        }
+        if e.downcast_ref::<JournalGone>().is_none() {
+            return e;
+        }
+        let mut done = Vec::new();
+        for s in &self.deploy.steps {
+            let subs: Vec<&str> =
+                s.sub_changes.iter().filter(|c| c.status == SubStatus::Done).map(|c| c.id.as_str()).collect();
+            let started: Vec<&str> =
+                s.sub_changes.iter().filter(|c| c.status == SubStatus::Started).map(|c| c.id.as_str()).collect();
+            let mut said = match s.status {
+                StepStatus::Done => format!("step `{}` done", s.name),
+                StepStatus::Pending if subs.is_empty() && started.is_empty() => continue,
+                other => format!("step `{}` {}", s.name, other.as_str()),
+            };
+            if !subs.is_empty() && s.status != StepStatus::Done {
+                said.push_str(&format!(" (sub-changes done: {})", subs.join(", ")));
+            }
+            if !started.is_empty() {
+                said.push_str(&format!(" (started, outcome unknown: {})", started.join(", ")));
+            }
+            done.push(said);
+        }
+        let done = if done.is_empty() { "nothing had completed".to_string() } else { done.join("; ") };
+        anyhow::anyhow!(
+            "{e}; rdeploy stops rather than record into a deleted file. What this deploy had done: {done}. No checkpoint remembers it now: `rdeploy status` will show nothing deployed and `rdeploy up` would run everything again\n  hint: restore the state directory from a backup, or check each tool's own state before running `rdeploy up` again; keep cleanup jobs away from .rdeploy/ while rdeploy runs"
+        )
     }
 
     /// Makes every record written so far durable.
@@ -669,7 +731,7 @@ impl Checkpoint {
                     has_revert: s.revert.is_some(),
                 })
                 .collect(),
-            host: crate::lock::hostname(),
+            host: crate::store::hostname(),
             pid: std::process::id(),
             rdeploy_version: env!("CARGO_PKG_VERSION").to_string(),
         }
@@ -762,12 +824,12 @@ mod tests {
         assert_eq!(loaded.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(), ["c"]);
     }
 
-    use crate::store::local::StateDir;
+    use crate::store::local::LocalStore;
 
     #[test]
     fn journal_replays_to_the_live_state_and_survives_a_torn_line() {
         let tmp = tempfile::tempdir().unwrap();
-        let dir = StateDir::new(tmp.path().join(".rdeploy"));
+        let dir = LocalStore::at_path(tmp.path().join(".rdeploy"));
         let mut cp = Checkpoint::create(&dir).unwrap();
         cp.record(run(&["seed"])).unwrap();
         cp.record(Record::StepStarted { step: "seed".into(), mode: StepMode::Apply, tool_version: None }).unwrap();
@@ -780,7 +842,7 @@ mod tests {
         drop(cp);
 
         // A crash mid-append leaves half a line.
-        let mut f = OpenOptions::new().append(true).open(dir.journal_path()).unwrap();
+        let mut f = OpenOptions::new().append(true).open(dir.dir().journal_path()).unwrap();
         f.write_all(b"{\"seq\":7,\"ts\":\"x\",\"type\":\"sub_do").unwrap();
         drop(f);
 
@@ -791,18 +853,54 @@ mod tests {
         assert_eq!(seed.sub_changes[1].status, SubStatus::Started);
 
         // Reopening for writing drops the torn line and goes on from the right sequence.
-        let mut cp = Checkpoint::open(&dir, false).unwrap();
+        let mut cp = Checkpoint::resume(&dir).unwrap();
         assert_eq!(cp.deploy().step("seed").unwrap().status, StepStatus::Failed, "a dead run's step is failed");
         cp.record(Record::SubDone { step: "seed".into(), id: "b".into(), note: None }).unwrap();
-        let text = fs_err::read_to_string(dir.journal_path()).unwrap();
+        let text = fs_err::read_to_string(dir.dir().journal_path()).unwrap();
         assert!(text.lines().all(|l| serde_json::from_str::<serde_json::Value>(l).is_ok()));
         assert_eq!(dir.load_unfinished().unwrap().unwrap().seq, 7);
     }
 
     #[test]
+    fn the_adapters_test_recorder_folds_events_as_the_journal_does() {
+        use rdeploy_adapters::testing::Recorder;
+        use rdeploy_adapters::{Event, EventSink};
+        let events = vec![
+            Event::Planned { ids: vec!["a".into(), "b".into(), "c".into()] },
+            Event::Started { id: "a".into() },
+            Event::Done { id: "a".into(), note: Some("made".into()) },
+            Event::Started { id: "b".into() },
+            Event::Failed { id: "b".into(), error: "boom".into() },
+            // A failed sub-change put back to pending keeps its error, in both.
+            Event::Pending { id: "b".into(), reason: "retry later".into() },
+            Event::Fact { key: "k".into(), value: serde_json::json!(1) },
+            Event::Started { id: "d".into() },
+        ];
+        let recorder = Recorder::default();
+        let t = Timestamp::parse("2026-12-01T08:00:00Z").unwrap();
+        let mut deploy = Deploy::empty();
+        deploy.apply(1, &t, &run(&["seed"]));
+        for (i, event) in events.into_iter().enumerate() {
+            let step = "seed".to_string();
+            let record = match event.clone() {
+                Event::Planned { ids } => Record::Planned { step, ids },
+                Event::Started { id } => Record::SubStarted { step, id },
+                Event::Done { id, note } => Record::SubDone { step, id, note },
+                Event::Failed { id, error } => Record::SubFailed { step, id, error },
+                Event::Pending { id, reason } => Record::SubPending { step, id, reason },
+                Event::Fact { key, value } => Record::Fact { step, key, value },
+                _ => unreachable!(),
+            };
+            deploy.apply(i as u64 + 2, &t, &record);
+            recorder.emit(event);
+        }
+        assert_eq!(recorder.prior(), deploy.step("seed").unwrap().prior());
+    }
+
+    #[test]
     fn finish_archives_and_clears() {
         let tmp = tempfile::tempdir().unwrap();
-        let dir = StateDir::new(tmp.path().join(".rdeploy"));
+        let dir = LocalStore::at_path(tmp.path().join(".rdeploy"));
         let mut cp = Checkpoint::create(&dir).unwrap();
         cp.record(run(&["a"])).unwrap();
         cp.record(Record::StepDone { step: "a".into() }).unwrap();
@@ -815,9 +913,12 @@ mod tests {
     #[test]
     fn a_newer_format_is_refused() {
         let tmp = tempfile::tempdir().unwrap();
-        let dir = StateDir::new(tmp.path());
-        fs_err::write(dir.journal_path(), "{\"format\":\"rdeploy-checkpoint\",\"version\":99,\"created\":\"x\"}\n")
-            .unwrap();
+        let dir = LocalStore::at_path(tmp.path());
+        fs_err::write(
+            dir.dir().journal_path(),
+            "{\"format\":\"rdeploy-checkpoint\",\"version\":99,\"created\":\"x\"}\n",
+        )
+        .unwrap();
         let err = dir.load_unfinished().unwrap_err().to_string();
         assert!(err.contains("version 99 is not supported"), "{err}");
     }

@@ -89,7 +89,7 @@ mod tests {
             "name: s\nsteps:\n  - name: a\n    tool: shell\n    run: echo a\n  - name: b\n    tool: shell\n    run: echo b\n  - name: gone\n    tool: shell\n    run: echo g\n  - name: ran\n    tool: shell\n    run: echo r\n",
         );
         let tmp = tempfile::tempdir().unwrap();
-        let dir = crate::store::local::StateDir::new(tmp.path().join(".rdeploy"));
+        let dir = crate::store::local::LocalStore::at_path(tmp.path().join(".rdeploy"));
         let mut cp = Checkpoint::create(&dir).unwrap();
         cp.record(Checkpoint::run_record(&old, "up", "r1")).unwrap();
         cp.record(Record::StepDone { step: "a".into() }).unwrap();

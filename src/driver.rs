@@ -103,6 +103,8 @@ pub enum Ended {
     NothingToReset,
     /// `reset` forgot `deploy` (kept in the history).
     Forgot,
+    /// `reset` moved aside a journal it could not read at all: why, and where it went.
+    ForgotUnreadable { error: String, kept: String },
     /// `recover --dry-run`: what recovery would do, step by step in run order.
     DryRun(Vec<DryRunStep>),
 }
@@ -208,7 +210,7 @@ impl Session {
         match self.store.lock(command) {
             Ok(lock) => {
                 if let Some(dead) = lock.took_over_from() {
-                    if dead.host == crate::lock::hostname() && !dead.is_alive_here() {
+                    if dead.host == crate::store::hostname() && !dead.is_alive_here() {
                         self.ui.warn(format!(
                             "took over the lock of a run that died without releasing it: {dead}; its checkpoint is used as it was left"
                         ));
@@ -238,15 +240,17 @@ impl Session {
                     ))
                     .into());
                 }
+                // 0700 before process.rs writes its notes there.
+                self.state.create_dir(&running)?;
                 rdeploy_adapters::process::note_running_children_in(running);
                 Ok(lock)
             }
-            Err(crate::lock::LockError::Held { dir, holder }) => {
+            Err(crate::store::LockError::Held { dir, holder }) => {
                 Err(Refusal::new(Code::Locked, format!("another run holds the lock on {dir}: {holder}"))
                     .with_hint("wait for it to finish; `rdeploy status` shows its progress")
                     .into())
             }
-            Err(crate::lock::LockError::Io(e)) => Err(e),
+            Err(crate::store::LockError::Io(e)) => Err(e),
         }
     }
 
@@ -307,7 +311,7 @@ impl Session {
                 ended: Ended::DryRun(plan),
             });
         }
-        let mut cp = Checkpoint::open(self.store.as_ref(), holder_alive)?;
+        let mut cp = Checkpoint::resume(self.store.as_ref())?;
         let run_id = ulid::Ulid::new().to_string();
         cp.record(Checkpoint::run_record(&self.stack, "recover", &run_id))?;
         for (name, _) in actions.iter().filter(|(name, _)| diff.settings_changed(name)) {
@@ -385,7 +389,7 @@ impl Session {
     fn archive_if_finished(&self) -> anyhow::Result<()> {
         if let Some(deploy) = self.store.load_unfinished()? {
             if deploy.state != DeployState::Partial {
-                Checkpoint::open(self.store.as_ref(), false)?.archive_finished()?;
+                Checkpoint::reopen_as_is(self.store.as_ref())?.archive_finished()?;
             }
         }
         Ok(())
@@ -605,7 +609,8 @@ impl Session {
             self.ui.step_started(&name, &what);
             let ctx = self.context(&step, self.cancel.child_token());
             let sink = JournalSink::new(name.clone(), cp.clone(), self.ui.clone(), &self.state, ctx.cancel.clone())?;
-            fs_err::create_dir_all(&ctx.work_dir)?;
+            // 0700: the tools' files in it (terraform's saved plan) are nobody else's to read.
+            self.state.create_dir(&ctx.work_dir)?;
             run.running.spawn(async move {
                 let result = match &action {
                     Action::Recover(prior) => step.spec.recover(&ctx, prior, &sink).await,
@@ -750,7 +755,7 @@ impl Session {
         let cp = if self.store.has_unfinished()? {
             let deploy = self.store.load_settled(false)?.expect("journal exists");
             self.check_mapping(&deploy)?;
-            let mut cp = Checkpoint::open(self.store.as_ref(), false)?;
+            let mut cp = Checkpoint::resume(self.store.as_ref())?;
             cp.record(Checkpoint::run_record(&self.stack, "revert", &ulid::Ulid::new().to_string()))?;
             cp
         } else {
@@ -785,11 +790,23 @@ impl Session {
     /// `rdeploy reset --yes`: forget the unfinished deploy (kept in history).
     pub fn reset(&self) -> anyhow::Result<RunReport> {
         let _lock = self.lock("reset")?;
-        self.archive_if_finished()?;
+        // `reset --yes` always works: a journal that cannot be read at all is moved aside.
+        let archived = self.archive_if_finished();
         if !self.store.has_unfinished()? {
+            archived?;
             return Ok(RunReport::new(Outcome::Complete, None, Ended::NothingToReset));
         }
-        let mut cp = Checkpoint::open(self.store.as_ref(), false)?;
+        let mut cp = match Checkpoint::reopen_as_is(self.store.as_ref()) {
+            Ok(cp) => cp,
+            Err(e) => {
+                let kept = self.store.retire_unfinished()?;
+                return Ok(RunReport::new(
+                    Outcome::Complete,
+                    None,
+                    Ended::ForgotUnreadable { error: format!("{e:#}"), kept },
+                ));
+            }
+        };
         cp.record(Record::Warning { step: None, message: "reset by the operator after manual reconciliation".into() })?;
         let deploy = cp.finish(DeployState::Partial)?;
         Ok(RunReport::new(Outcome::Complete, Some(deploy), Ended::Forgot))
@@ -854,11 +871,15 @@ impl JournalSink {
         state: &StateDir,
         stop: CancellationToken,
     ) -> anyhow::Result<JournalSink> {
-        let path = state.log_path(&step);
-        if let Some(dir) = path.parent() {
-            fs_err::create_dir_all(dir)?;
-        }
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(&path).ok();
+        // 0600, never through a symlink planted at its name (a refusal is a warning: the step
+        // runs, its output still reaches the terminal).
+        let log = match state.create_file(&state.log_path(&step)) {
+            Ok(file) => Some(file),
+            Err(e) => {
+                ui.warn(format!("{step}: not writing the step's log: {e:#}"));
+                None
+            }
+        };
         Ok(JournalSink { step, cp, ui, log: Mutex::new(log), error: Mutex::new(None), stop })
     }
 

@@ -12,7 +12,6 @@ mod driver;
 mod exit;
 mod fleet;
 mod gate;
-mod lock;
 mod report;
 mod runbook;
 mod stack;
@@ -28,7 +27,7 @@ use rdeploy_adapters::CancellationToken;
 
 use crate::exit::{Code, Refusal};
 use crate::stack::StackError;
-use crate::store::local::StateDir;
+use crate::store::StateDir;
 use crate::ui::{ColorChoice, Ui};
 
 #[derive(Parser)]
@@ -354,7 +353,7 @@ fn session(stack_path: &Path, global: &Global, ui: Arc<Ui>, parallel: usize) -> 
     let state = StateDir::new(global.state_dir.clone().unwrap_or_else(|| stack.dir.join(".rdeploy")));
     let store: Arc<dyn store::Store> = match global.state.as_deref().or(stack.state.as_deref()) {
         Some(url) => Arc::new(store::postgres::PostgresStore::open(url, &stack.name, Some(state.clone()))?),
-        None => Arc::new(state.clone()),
+        None => Arc::new(store::local::LocalStore::new(state.clone())),
     };
     let cancel = CancellationToken::new();
     let signal = Arc::new(Mutex::new(None));

@@ -8,9 +8,9 @@ use serde::Serialize;
 
 use crate::checkpoint::{Deploy, DeployState, StepState, StepStatus, Timestamp};
 use crate::diff::StackDiff;
-use crate::lock::Holder;
 use crate::stack::Stack;
 use crate::store::local::StateDir;
+use crate::store::Holder;
 use crate::store::Store;
 use crate::ui::Paint;
 

@@ -9,10 +9,10 @@ use std::fmt::Write as _;
 use rdeploy_adapters::{Adapter, DescribeContext, PriorStep, RecoveryDoc, SubStatus, ToolSpec};
 
 use crate::checkpoint::{Deploy, DeployState, StepStatus};
-use crate::lock::Holder;
 use crate::report::{self, StepReport, StepView};
 use crate::stack::{OnFailure, Stack, Step};
 use crate::store::local::StateDir;
+use crate::store::Holder;
 use crate::store::Store;
 
 /// What a step without `revert` says in its revert section (SPEC.md: complete or revert).

@@ -4,13 +4,11 @@
 //! and the rollout-completion SLO is computed on recorded rollout starts.
 
 mod common;
-#[path = "common/kubesim.rs"]
-mod kubesim;
 
 use std::time::{Duration, Instant};
 
 use common::{step, Project, Run};
-use kubesim::Kubesim;
+use kubesim::testing::Kubesim;
 use serde_json::Value;
 
 const AGENT: &str = "registry.example/node-agent";

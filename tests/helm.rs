@@ -2,11 +2,9 @@
 //! per test: a failed upgrade stops the deploy naming the revision, and recover upgrades again.
 
 mod common;
-#[path = "common/kubesim.rs"]
-mod kubesim;
 
 use common::{step, sub_statuses, Project};
-use kubesim::{helm_bin, workspace_root, Kubesim};
+use kubesim::testing::{helm_bin, testdata, Kubesim};
 
 fn stack(major: u32, tier: &str) -> String {
     stack_with(major, tier, "")
@@ -33,7 +31,7 @@ steps:
     needs: [app]
     run: echo after >> after.log
 "#,
-        chart = workspace_root().join("fixtures/kubesim/testdata/webapp").display(),
+        chart = testdata("webapp").display(),
         helm = helm_bin(major).display(),
         extra = extra.lines().map(|l| format!("    {l}\n")).collect::<String>(),
     )

@@ -2,11 +2,9 @@
 //! one object of five fails, status names it, and recover applies only that object.
 
 mod common;
-#[path = "common/kubesim.rs"]
-mod kubesim;
 
 use common::{step, sub_statuses, Project};
-use kubesim::{kubectl_bin, Kubesim};
+use kubesim::testing::{kubectl_bin, Kubesim};
 
 fn project(sim: &Kubesim) -> Project {
     let mut p = Project::new();

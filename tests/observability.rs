@@ -8,8 +8,6 @@
 //! (`scripts/setup-observability.sh` installs them).
 
 mod common;
-#[path = "common/kubesim.rs"]
-mod kubesim;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -18,7 +16,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{require_tool, Project};
-use kubesim::Kubesim;
+use kubesim::testing::Kubesim;
 use serde_json::{json, Value};
 
 const SETUP: &str = "run scripts/setup-observability.sh (Debian: apt-get install prometheus chromium)";

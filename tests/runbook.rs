@@ -24,7 +24,7 @@ fn every_tool() -> Project {
     p.file("infra/chain/prod.tfvars", "rev = \"3\"\n");
     p.copy_fixture("ansible", "ansible");
     let _ = std::fs::remove_dir_all(p.path("ansible/captured"));
-    p.copy_fixture("kubesim/testdata/webapp", "charts/shop");
+    common::copy_dir(&kubesim::testing::testdata("webapp"), &p.path("charts/shop"));
     p.file("values/prod.yaml", "replicas: 3\n");
     p.file("k8s/extras.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata: { name: extras }\n");
     p.stack(

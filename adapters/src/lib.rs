@@ -14,6 +14,7 @@
 pub mod ansible;
 pub mod binary;
 pub mod contract;
+pub mod fold;
 pub mod helm;
 pub mod kubectl;
 pub mod process;

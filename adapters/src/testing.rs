@@ -1,10 +1,11 @@
 //! Test support for adapter tests: an [`EventSink`] that records what an adapter reports and
-//! folds it the way the driver's journal does, so a test can feed `recover` a realistic
+//! folds it with the driver's own sub-change fold ([`crate::fold`]), so a test can feed `recover` a realistic
 //! [`PriorStep`]. Used by the unit tests and by `adapters/tests/*`.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
+use crate::fold::{fold_sub_change, SubChangeEvent, SubChangeFields};
 use crate::{Event, EventSink, PriorStep, PriorSubChange, SubStatus};
 
 /// Records every event; output lines are kept apart from sub-change events.
@@ -118,39 +119,24 @@ impl Recorder {
     /// word on each sub-change, in the order they first appeared, and the latest facts.
     pub fn prior(&self) -> PriorStep {
         let mut order: Vec<String> = Vec::new();
-        let mut state: BTreeMap<String, (SubStatus, Option<String>)> = BTreeMap::new();
+        let mut state: BTreeMap<String, (SubStatus, Option<String>, Option<String>)> = BTreeMap::new();
         let mut facts = BTreeMap::new();
-        let see = |id: &str, order: &mut Vec<String>| {
+        let mut fold = |id: &str, event: SubChangeEvent<'_>| {
             if !order.iter().any(|o| o == id) {
                 order.push(id.to_string());
             }
+            let (status, error, note) = state.entry(id.to_string()).or_insert((SubStatus::Pending, None, None));
+            fold_sub_change(SubChangeFields { status, error, note }, event);
         };
         for event in self.events() {
-            match event {
-                Event::Planned { ids } => {
-                    for id in ids {
-                        see(&id, &mut order);
-                        state.entry(id).or_insert((SubStatus::Pending, None));
-                    }
-                }
-                Event::Started { id } => {
-                    see(&id, &mut order);
-                    state.insert(id, (SubStatus::Started, None));
-                }
-                Event::Done { id, .. } => {
-                    see(&id, &mut order);
-                    state.insert(id, (SubStatus::Done, None));
-                }
-                Event::Failed { id, error } => {
-                    see(&id, &mut order);
-                    state.insert(id, (SubStatus::Failed, Some(error)));
-                }
-                Event::Pending { id, .. } => {
-                    see(&id, &mut order);
-                    state.insert(id, (SubStatus::Pending, None));
-                }
+            match &event {
+                Event::Planned { ids } => ids.iter().for_each(|id| fold(id, SubChangeEvent::Planned)),
+                Event::Started { id } => fold(id, SubChangeEvent::Started),
+                Event::Done { id, note } => fold(id, SubChangeEvent::Done { note: note.as_deref() }),
+                Event::Failed { id, error } => fold(id, SubChangeEvent::Failed { error }),
+                Event::Pending { id, reason } => fold(id, SubChangeEvent::Pending { reason }),
                 Event::Fact { key, value } => {
-                    facts.insert(key, value);
+                    facts.insert(key.clone(), value.clone());
                 }
                 Event::Output { .. } | Event::Warning { .. } => {}
             }
@@ -159,7 +145,7 @@ impl Recorder {
             sub_changes: order
                 .into_iter()
                 .map(|id| {
-                    let (status, error) = state[&id].clone();
+                    let (status, error, _) = state[&id].clone();
                     PriorSubChange { id, status, error }
                 })
                 .collect(),

@@ -2,13 +2,10 @@
 //! per test. Each case runs with both majors: a failed upgrade recovered by upgrade and by
 //! rollback, a release stranded in pending-upgrade by a killed helm, and a failed install.
 
-#[path = "../../tests/common/kubesim.rs"]
-mod kubesim;
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use kubesim::{helm_bin, kubectl_bin, workspace_root, Kubesim};
+use kubesim::testing::{helm_bin, kubectl_bin, testdata, Kubesim};
 use rdeploy_adapters::helm::{HelmSpec, RecoverMode};
 use rdeploy_adapters::testing::Recorder;
 use rdeploy_adapters::{Adapter, CancellationToken, Event, Failure, PriorStep, Recovered, StepContext, ToolSpec};
@@ -31,7 +28,7 @@ impl Setup {
     fn spec(&self, set: &[(&str, &str)]) -> HelmSpec {
         HelmSpec {
             release: "web".into(),
-            chart: workspace_root().join("fixtures/kubesim/testdata/webapp").to_string_lossy().into_owned(),
+            chart: testdata("webapp").to_string_lossy().into_owned(),
             namespace: Some(NS.into()),
             values: vec![],
             set: set.iter().map(|(k, v)| (k.to_string(), serde_json::json!(v))).collect::<BTreeMap<_, _>>(),

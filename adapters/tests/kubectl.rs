@@ -2,13 +2,10 @@
 //! test. Per-object checkpoints from apply's results and errors, rollout waits on a broken
 //! image, and recovery by `kubectl diff` then an apply of only what is missing or differs.
 
-#[path = "../../tests/common/kubesim.rs"]
-mod kubesim;
-
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use kubesim::{kubectl_bin, workspace_root, Kubesim};
+use kubesim::testing::{kubectl_bin, workspace_root, Kubesim};
 use rdeploy_adapters::kubectl::KubectlSpec;
 use rdeploy_adapters::testing::Recorder;
 use rdeploy_adapters::{

@@ -28,7 +28,7 @@ pub fn present(session: &Session, report: &RunReport) -> anyhow::Result<Code> {
     let (text, markdown) = render(session, report);
     print!("{text}");
     if let Some(markdown) = markdown {
-        crate::store::local::write_atomic(&session.state.report_path(), markdown.as_bytes())?;
+        session.state.write_atomic(&session.state.report_path(), markdown.as_bytes())?;
     }
     Ok(exit_code(report.outcome))
 }
@@ -59,6 +59,12 @@ fn render(session: &Session, run: &RunReport) -> (String, Option<String>) {
                 out,
                 "forgot deploy {} of stack {}; its record is kept in the history of {location}; the next `rdeploy up` starts from the top",
                 deploy.deploy_id, deploy.stack
+            );
+        }
+        (Ended::ForgotUnreadable { error, kept }, _) => {
+            let _ = writeln!(
+                out,
+                "forgot the unfinished deploy in {location}: its journal could not be read ({error}); {kept}; the next `rdeploy up` starts from the top"
             );
         }
         (Ended::DryRun(plan), Some(deploy)) => {

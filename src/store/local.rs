@@ -1,30 +1,44 @@
 //! The local store: a deploy's checkpoint in the state directory beside the stack.
 //!
-//! Layout:
+//! Layout (every directory 0700, every file 0600, see [`StateDir`]):
 //! - `journal.jsonl`: one JSON record per line, the first a header with the format version.
 //!   Each record is one `write` (a kill leaves whole lines, or a torn last line that is
-//!   ignored and trimmed); `sync` is fdatasync.
+//!   ignored and trimmed); `sync` is fdatasync. Before each record the journal open for
+//!   writing is checked to still be the file at its path (device and inode), so a state
+//!   directory deleted under a running deploy stops it instead of recording into the void.
+//!   An unreadable line in the middle (garbage, NUL padding, a flipped bit) is reported with
+//!   its line number and, when the journal is next opened for writing, moved to
+//!   `journal.jsonl.quarantine` with a warning record saying what it leaves uncertain.
+//! - `journal.seq`: how many records were written and synced, rewritten in place after each
+//!   record; with the snapshot's sequence it tells a journal that lost records (cut short,
+//!   truncated) from one that ended with a crash.
 //! - `snapshot.json`: the [`Deploy`] state up to a sequence number, rewritten atomically at
 //!   step boundaries, so loading does not replay a long journal; later records replay on top.
+//!   It is a cache: when it cannot be read, the journal is replayed from the start.
 //! - `history/<time>-<deploy>.json`: the final state of each finished deploy.
-//! - `lock`: flock'ed by the running process, naming it.
+//! - `lock`: flock'ed by the running process, naming it (see [`lock`]).
 //! - `steps/<step>/`: adapters' scratch files; `logs/<step>.log`: the tools' output;
 //!   `report.md`: the last partial-state report.
 
+pub mod lock;
+
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Seek, SeekFrom, Write};
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 use serde::{Deserialize, Serialize};
 
-use super::{JournalWriter, LockGuard, Store};
+use super::state_dir::{open_private, sync_dir};
+pub use super::state_dir::{write_atomic, StateDir};
+use super::{Holder, JournalWriter, LockError, LockGuard, Store};
 use crate::checkpoint::{now, Deploy, Entry, Record, FORMAT, VERSION};
-use crate::lock::{Holder, Lock, LockError};
+use crate::exit::Refusal;
+use lock::Lock;
 
-const JOURNAL: &str = "journal.jsonl";
-const SNAPSHOT: &str = "snapshot.json";
-const HISTORY: &str = "history";
+const MARK: &str = "journal.seq";
+const QUARANTINE: &str = "journal.jsonl.quarantine";
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 struct Header {
@@ -33,45 +47,111 @@ struct Header {
     created: String,
 }
 
-/// The state directory of a stack: its local checkpoint store, and the scratch files every
-/// store needs on the machine that runs the tools (logs, adapters' work dirs, the report).
-#[derive(Clone, Debug)]
-pub struct StateDir {
-    pub path: PathBuf,
+/// The journal open for writing is no longer the file at its path: the state directory (or
+/// the journal) was deleted or replaced while this run used it.
+#[derive(Debug, thiserror::Error)]
+#[error("the checkpoint journal {path} was deleted or replaced while this run was using it (a cleanup job or a cache eviction?)")]
+pub struct JournalGone {
+    pub path: String,
 }
 
-impl StateDir {
-    pub fn new(path: impl Into<PathBuf>) -> StateDir {
-        StateDir { path: path.into() }
+/// A stack's checkpoint in its state directory.
+#[derive(Clone, Debug)]
+pub struct LocalStore {
+    dir: StateDir,
+}
+
+/// What `journal.seq` says: records written and records synced, by sequence number.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+struct Mark {
+    written: u64,
+    synced: u64,
+}
+
+/// A line of the journal that could not be read.
+struct BadLine {
+    line_no: usize,
+    bytes: Vec<u8>,
+    /// The sequence of the last good record before it, and of the first after it.
+    after: u64,
+    before: Option<u64>,
+    error: String,
+}
+
+/// The journal read back.
+struct Replay {
+    deploy: Deploy,
+    entries: Vec<Entry>,
+    /// Byte length of the lines up to the last complete one (a torn last line is dropped).
+    good_len: u64,
+    /// The last record read, by sequence.
+    last_seq: u64,
+    bad: Vec<BadLine>,
+    /// Records known to have been written that the journal no longer holds.
+    lost: Option<(u64, u64)>,
+}
+
+impl LocalStore {
+    pub fn new(dir: StateDir) -> LocalStore {
+        LocalStore { dir }
     }
 
-    pub fn journal_path(&self) -> PathBuf {
-        self.path.join(JOURNAL)
+    #[cfg(test)]
+    pub fn dir(&self) -> &StateDir {
+        &self.dir
     }
 
-    pub fn snapshot_path(&self) -> PathBuf {
-        self.path.join(SNAPSHOT)
+    fn mark_path(&self) -> PathBuf {
+        self.dir.path.join(MARK)
     }
 
-    pub fn report_path(&self) -> PathBuf {
-        self.path.join("report.md")
-    }
-
-    pub fn step_dir(&self, step: &str) -> PathBuf {
-        self.path.join("steps").join(step)
-    }
-
-    pub fn log_path(&self, step: &str) -> PathBuf {
-        self.path.join("logs").join(format!("{step}.log"))
-    }
-
-    pub fn history_dir(&self) -> PathBuf {
-        self.path.join(HISTORY)
+    fn read_mark(&self) -> Option<Mark> {
+        let bytes = std::fs::read(self.mark_path()).ok()?;
+        serde_json::from_slice(bytes.trim_ascii()).ok()
     }
 
     /// Whether an unfinished deploy is recorded.
     fn journal_exists(&self) -> bool {
-        self.journal_path().exists()
+        self.dir.journal_path().exists()
+    }
+
+    fn replay(&self) -> anyhow::Result<Replay> {
+        let snapshot = self.read_snapshot();
+        let snap_seq = snapshot.as_ref().map_or(0, |s| s.seq);
+        let mut replay = read_journal(&self.dir.journal_path(), snapshot)?;
+        // Records that were written (so acknowledged to the caller) but are gone now.
+        let written = self.read_mark().map_or(0, |m| m.written).max(snap_seq);
+        // An unreadable line after the last good record is a record too (reported as such).
+        let trailing = replay.bad.iter().filter(|b| b.before.is_none() && b.line_no > 1).count() as u64;
+        let known = replay.last_seq.max(replay.deploy.seq) + trailing;
+        if written > known {
+            replay.lost = Some((known + 1, written));
+        }
+        let mut warnings = self.bad_line_warnings(&replay.bad);
+        if let Some((from, to)) = replay.lost {
+            warnings.push(lost_message(&self.dir.journal_path(), &self.mark_path(), from, to));
+        }
+        replay.deploy.warnings.extend(warnings);
+        Ok(replay)
+    }
+
+    /// What each unreadable line means, in words (written as warning records when the journal
+    /// is quarantined).
+    fn bad_line_warnings(&self, bad: &[BadLine]) -> Vec<String> {
+        let journal = self.dir.journal_path();
+        let mut said = Vec::new();
+        for bad in bad {
+            let next = bad.before.map(|b| format!(" and record {b}")).unwrap_or_default();
+            said.push(format!(
+                "{}:{}: an unreadable journal line ({}) was set aside in {}: the record between record {}{next} is lost, so what it said (a sub-change started or finished, a step's end) is uncertain; `rdeploy recover` lets each tool's own state and each sub-change's `check` decide",
+                journal.display(),
+                bad.line_no,
+                bad.error,
+                self.dir.path.join(QUARANTINE).display(),
+                bad.after,
+            ));
+        }
+        said
     }
 
     /// Reads the unfinished deploy, if there is one (read-only: never truncates or locks).
@@ -79,112 +159,179 @@ impl StateDir {
         if !self.journal_exists() {
             return Ok(None);
         }
-        let (deploy, _) = read_journal(&self.journal_path(), self.read_snapshot()?)?;
-        Ok(Some(deploy))
+        Ok(Some(self.replay()?.deploy))
     }
 
-    /// The most recent finished deploy, from history.
-    fn read_last_finished(&self) -> anyhow::Result<Option<Deploy>> {
-        let dir = self.history_dir();
+    fn history_files(&self) -> anyhow::Result<Vec<PathBuf>> {
+        let dir = self.dir.history_dir();
         if !dir.exists() {
-            return Ok(None);
+            return Ok(Vec::new());
         }
-        let mut newest: Option<(String, PathBuf)> = None;
-        for entry in fs_err::read_dir(&dir)? {
-            let path = entry?.path();
-            if path.extension().is_some_and(|e| e == "json") {
-                let name = path.file_name().unwrap_or_default().to_string_lossy().into_owned();
-                if newest.as_ref().is_none_or(|(n, _)| name > *n) {
-                    newest = Some((name, path));
-                }
-            }
-        }
-        match newest {
-            Some((_, path)) => {
-                let text = fs_err::read_to_string(&path)?;
-                Ok(Some(serde_json::from_str(&text).with_context(|| format!("reading {}", path.display()))?))
-            }
-            None => Ok(None),
+        let mut files: Vec<PathBuf> = fs_err::read_dir(&dir)?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|e| e == "json"))
+            .collect();
+        files.sort();
+        Ok(files)
+    }
+
+    fn read_history_file(path: &Path) -> anyhow::Result<Deploy> {
+        let bytes = fs_err::read(path)?;
+        serde_json::from_slice(&bytes).with_context(|| format!("reading {}", path.display()))
+    }
+
+    /// A snapshot is only a cache of the journal: when it is unreadable, replay all.
+    fn read_snapshot(&self) -> Option<Deploy> {
+        let bytes = std::fs::read(self.dir.snapshot_path()).ok()?;
+        match serde_json::from_slice::<Deploy>(&bytes) {
+            Ok(d) if d.version == VERSION => Some(d),
+            _ => None,
         }
     }
 
-    fn read_snapshot(&self) -> anyhow::Result<Option<Deploy>> {
-        let path = self.snapshot_path();
-        if !path.exists() {
-            return Ok(None);
-        }
-        let text = fs_err::read_to_string(&path)?;
-        match serde_json::from_str::<Deploy>(&text) {
-            Ok(d) if d.version == VERSION => Ok(Some(d)),
-            // A snapshot is only a cache of the journal: when it is unreadable, replay all.
-            _ => Ok(None),
-        }
+    fn write_history(&self, deploy: &Deploy) -> anyhow::Result<()> {
+        let history = self.dir.history_dir();
+        self.dir.create_dir(&history)?;
+        let stamp = deploy.updated.to_string().replace([':', '-'], "");
+        let name = format!("{stamp}-{}.json", deploy.deploy_id);
+        write_atomic(&history.join(name), serde_json::to_string_pretty(deploy)?.as_bytes())
     }
 
     /// Forgets the unfinished deploy, keeping its final state in history.
     fn archive(&self, deploy: &Deploy) -> anyhow::Result<()> {
-        let history = self.history_dir();
-        fs_err::create_dir_all(&history)?;
-        let stamp = deploy.updated.to_string().replace([':', '-'], "");
-        let name = format!("{stamp}-{}.json", deploy.deploy_id);
-        write_atomic(&history.join(name), serde_json::to_string_pretty(deploy)?.as_bytes())?;
+        self.write_history(deploy)?;
         // The snapshot goes first: a snapshot must never outlive its journal (see read_journal).
-        for path in [self.snapshot_path(), self.journal_path()] {
+        for path in [self.dir.snapshot_path(), self.dir.journal_path(), self.mark_path()] {
             if path.exists() {
                 fs_err::remove_file(&path)?;
             }
         }
-        let steps = self.path.join("steps");
+        let steps = self.dir.path.join("steps");
         if steps.exists() {
             fs_err::remove_dir_all(&steps)?;
         }
-        sync_dir(&self.path)?;
+        sync_dir(&self.dir.path)?;
         Ok(())
+    }
+
+    /// Opens the journal for appending, remembering which file it is.
+    fn open_writer(&self, file: File, mark: Mark) -> anyhow::Result<LocalJournal> {
+        let meta = file.metadata()?;
+        let mark_file = open_private(&self.mark_path(), OpenOptions::new().read(true).write(true).create(true))?;
+        let mut journal = LocalJournal {
+            store: self.clone(),
+            path: self.dir.journal_path(),
+            file,
+            id: (meta.dev(), meta.ino()),
+            mark_file,
+            mark,
+            lost: None,
+        };
+        journal.write_mark()?;
+        Ok(journal)
+    }
+
+    /// Moves unreadable lines out of the journal (into the quarantine file) and rewrites it
+    /// without them, so the next record starts clean and the damage is said once, durably.
+    fn quarantine(&self, bad: &[BadLine]) -> anyhow::Result<()> {
+        let path = self.dir.journal_path();
+        let mut q = self.dir.create_file(&self.dir.path.join(QUARANTINE))?;
+        for b in bad {
+            writeln!(q, "# {}:{} ({}), set aside at {}", path.display(), b.line_no, b.error, now())?;
+            q.write_all(&b.bytes)?;
+            if !b.bytes.ends_with(b"\n") {
+                q.write_all(b"\n")?;
+            }
+        }
+        q.sync_all()?;
+        let text = fs_err::read(&path)?;
+        let skip: Vec<usize> = bad.iter().map(|b| b.line_no).collect();
+        let mut kept = Vec::with_capacity(text.len());
+        for (i, line) in text.split_inclusive(|&b| b == b'\n').enumerate() {
+            if !skip.contains(&(i + 1)) {
+                kept.extend_from_slice(line);
+            }
+        }
+        write_atomic(&path, &kept)
     }
 }
 
-/// Replays the journal on top of a snapshot. Returns the state and the byte length of the
-/// complete records (a torn last line from a crash mid-write is ignored).
-fn read_journal(path: &Path, snapshot: Option<Deploy>) -> anyhow::Result<(Deploy, u64)> {
+fn lost_message(journal: &Path, mark: &Path, from: u64, to: u64) -> String {
+    let which = if from == to { format!("record {from}") } else { format!("records {from} to {to}") };
+    format!(
+        "{} lost records: {} ends before record {from}, but {} says {to} were written; what {which} said is unknown, so `recover` could apply completed sub-changes again",
+        journal.display(),
+        journal.file_name().unwrap_or_default().to_string_lossy(),
+        mark.display(),
+    )
+}
+
+/// Replays the journal on top of a snapshot. A torn last line (a crash mid-write) is ignored;
+/// an unreadable line elsewhere is skipped and reported.
+fn read_journal(path: &Path, snapshot: Option<Deploy>) -> anyhow::Result<Replay> {
     let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
     let mut reader = BufReader::new(file);
-    let mut line = String::new();
+    let mut line = Vec::new();
     let mut good_len = 0u64;
     let mut deploy = snapshot.unwrap_or_else(Deploy::empty);
     let mut from_seq = deploy.seq;
-    let mut first = true;
     let mut line_no = 0;
+    let mut last_seq = 0;
+    let mut entries = Vec::new();
+    let mut bad: Vec<BadLine> = Vec::new();
     loop {
         line.clear();
-        let n = reader.read_line(&mut line).with_context(|| format!("reading {}", path.display()))?;
+        let n = reader.read_until(b'\n', &mut line).with_context(|| format!("reading {}", path.display()))?;
         if n == 0 {
             break;
         }
         line_no += 1;
-        if !line.ends_with('\n') {
+        if !line.ends_with(b"\n") {
             // Torn write: the process died mid-append. The record was never acknowledged.
             break;
         }
-        if first {
-            first = false;
-            let header: Header = serde_json::from_str(&line)
-                .with_context(|| format!("{}:1: not an rdeploy journal header", path.display()))?;
-            if header.format != FORMAT || header.version != VERSION {
-                anyhow::bail!(
+        good_len += n as u64;
+        if line_no == 1 {
+            match serde_json::from_slice::<Header>(&line) {
+                Ok(header) if header.format != FORMAT || header.version != VERSION => anyhow::bail!(
                     "{}: journal format {} version {} is not supported by this rdeploy (wants {FORMAT} {VERSION})",
                     path.display(),
                     header.format,
                     header.version
-                );
+                ),
+                Ok(_) => continue,
+                // A damaged header: the records after it may still be readable.
+                Err(_) if serde_json::from_slice::<Entry>(&line).is_err() => {
+                    bad.push(BadLine {
+                        line_no,
+                        bytes: line.clone(),
+                        after: 0,
+                        before: None,
+                        error: "not an rdeploy journal header".into(),
+                    });
+                    continue;
+                }
+                Err(_) => anyhow::bail!("{}:1: not an rdeploy journal header", path.display()),
             }
-            good_len += n as u64;
-            continue;
         }
-        let entry: Entry = match serde_json::from_str(&line) {
+        let entry: Entry = match serde_json::from_slice(&line) {
             Ok(entry) => entry,
-            Err(e) => anyhow::bail!("{}:{line_no}: unreadable journal record: {e}", path.display()),
+            Err(e) => {
+                let error = if line.iter().all(|&b| b == 0 || b == b'\n') {
+                    "NUL bytes".to_string()
+                } else if std::str::from_utf8(&line).is_err() {
+                    "not UTF-8".to_string()
+                } else {
+                    format!("not a journal record: {e}")
+                };
+                bad.push(BadLine { line_no, bytes: line.clone(), after: last_seq, before: None, error });
+                continue;
+            }
         };
-        good_len += n as u64;
+        for b in bad.iter_mut().filter(|b| b.before.is_none() && b.line_no > 1) {
+            b.before = Some(entry.seq);
+        }
+        last_seq = entry.seq;
         if let (1, Record::Run { run_id, .. }) = (entry.seq, &entry.record) {
             if from_seq > 0 && deploy.deploy_id != *run_id {
                 // The snapshot belongs to another deploy (a crash between archiving one deploy
@@ -196,21 +343,22 @@ fn read_journal(path: &Path, snapshot: Option<Deploy>) -> anyhow::Result<(Deploy
         if entry.seq > from_seq {
             deploy.apply(entry.seq, &entry.ts, &entry.record);
         }
+        entries.push(entry);
     }
-    Ok((deploy, good_len))
+    Ok(Replay { deploy, entries, good_len, last_seq, bad, lost: None })
 }
 
-impl Store for StateDir {
+impl Store for LocalStore {
     fn location(&self) -> String {
-        self.path.display().to_string()
+        self.dir.path.display().to_string()
     }
 
     fn lock(&self, command: &str) -> Result<Box<dyn LockGuard>, LockError> {
-        Ok(Box::new(Lock::acquire(&self.path, command)?))
+        Ok(Box::new(Lock::acquire(&self.dir, command)?))
     }
 
     fn holder(&self) -> Option<Holder> {
-        Lock::current_holder(&self.path)
+        Lock::current_holder(&self.dir)
     }
 
     fn load_unfinished(&self) -> anyhow::Result<Option<Deploy>> {
@@ -218,7 +366,10 @@ impl Store for StateDir {
     }
 
     fn last_finished(&self) -> anyhow::Result<Option<Deploy>> {
-        self.read_last_finished()
+        match self.history_files()?.last() {
+            Some(path) => Ok(Some(Self::read_history_file(path)?)),
+            None => Ok(None),
+        }
     }
 
     fn has_unfinished(&self) -> anyhow::Result<bool> {
@@ -226,37 +377,99 @@ impl Store for StateDir {
     }
 
     fn create_journal(&self) -> anyhow::Result<Box<dyn JournalWriter>> {
-        fs_err::create_dir_all(&self.path)?;
-        // A snapshot left by an earlier deploy must not be read with the new journal.
-        match fs_err::remove_file(self.snapshot_path()) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
-            _ => {}
+        let dir = &self.dir;
+        dir.ensure()?;
+        let path = dir.journal_path();
+        let start = || -> anyhow::Result<LocalJournal> {
+            // A snapshot left by an earlier deploy must not be read with the new journal.
+            match fs_err::remove_file(dir.snapshot_path()) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
+                _ => {}
+            }
+            let mut file = open_private(&path, OpenOptions::new().create_new(true).append(true))?;
+            let header = Header { format: FORMAT.into(), version: VERSION, created: now().to_string() };
+            writeln!(file, "{}", serde_json::to_string(&header)?)?;
+            file.sync_all()?;
+            let journal = self.open_writer(file, Mark::default())?;
+            sync_dir(&dir.path)?;
+            Ok(journal)
+        };
+        match start() {
+            Ok(journal) => Ok(Box::new(journal)),
+            Err(e) => {
+                // Nothing is recorded: leave no half-made journal that would look unfinished.
+                let _ = std::fs::remove_file(&path);
+                if e.downcast_ref::<Refusal>().is_some() {
+                    return Err(e);
+                }
+                Err(dir.unwritable(&path, &format!("{e:#}")))
+            }
         }
-        let path = self.journal_path();
-        let mut file = OpenOptions::new()
-            .create_new(true)
-            .append(true)
-            .open(&path)
-            .with_context(|| format!("creating {}", path.display()))?;
-        let header = Header { format: FORMAT.into(), version: VERSION, created: now().to_string() };
-        writeln!(file, "{}", serde_json::to_string(&header)?)?;
-        file.sync_all()?;
-        sync_dir(&self.path)?;
-        Ok(Box::new(LocalJournal { dir: self.clone(), file }))
     }
 
     fn open_journal(&self) -> anyhow::Result<(Box<dyn JournalWriter>, Deploy)> {
-        let path = self.journal_path();
-        let (deploy, good_len) = read_journal(&path, self.read_snapshot()?)?;
-        let mut file =
-            OpenOptions::new().append(true).open(&path).with_context(|| format!("opening {}", path.display()))?;
-        if file.metadata()?.len() != good_len {
+        let path = self.dir.journal_path();
+        let mut replay = self.replay()?;
+        // A journal that lost records is left as it is, so every later look says so too (only
+        // `reset` goes on, and archives it).
+        if !replay.bad.is_empty() && replay.lost.is_none() {
+            let said = self.bad_line_warnings(&replay.bad);
+            let trailing = replay.bad.iter().filter(|b| b.before.is_none() && b.line_no > 1).count() as u64;
+            let known = replay.last_seq.max(replay.deploy.seq) + trailing;
+            self.quarantine(&replay.bad)?;
+            let file = open_private(&path, OpenOptions::new().append(true))?;
+            // The set-aside lines are accounted for: they are not records the journal lost.
+            let mut journal = self.open_writer(file, Mark { written: known, synced: known })?;
+            replay = self.replay()?;
+            // Said once, durably, as warning records.
+            for (seq, message) in (known + 1..).zip(said) {
+                let entry = Entry { seq, ts: now(), record: Record::Warning { step: None, message } };
+                journal.append(&entry)?;
+                replay.deploy.apply(entry.seq, &entry.ts, &entry.record);
+            }
+            journal.sync()?;
+            return Ok((Box::new(journal), replay.deploy));
+        }
+        let mut file = open_private(&path, OpenOptions::new().append(true))?;
+        if file.metadata()?.len() != replay.good_len {
             // Drop the torn last line a crash left, so the next record starts on its own line.
-            file.set_len(good_len)?;
+            file.set_len(replay.good_len)?;
             file.seek(SeekFrom::End(0))?;
             file.sync_all()?;
         }
-        Ok((Box::new(LocalJournal { dir: self.clone(), file }), deploy))
+        let written = self.read_mark().map_or(0, |m| m.written).max(replay.deploy.seq);
+        let mut journal = self.open_writer(file, Mark { written, synced: written })?;
+        journal.lost = replay.lost.map(|(a, b)| lost_message(&path, &self.mark_path(), a, b));
+        Ok((Box::new(journal), replay.deploy))
+    }
+
+    fn entries(&self) -> anyhow::Result<Option<Vec<Entry>>> {
+        if !self.journal_exists() {
+            return Ok(None);
+        }
+        let replay = self.replay()?;
+        if let Some((from, to)) = replay.lost {
+            anyhow::bail!(lost_message(&self.dir.journal_path(), &self.mark_path(), from, to));
+        }
+        Ok(Some(replay.entries))
+    }
+
+    fn history(&self) -> anyhow::Result<Vec<Deploy>> {
+        self.history_files()?.iter().map(|p| Self::read_history_file(p)).collect()
+    }
+
+    fn import_history(&self, deploys: &[Deploy]) -> anyhow::Result<()> {
+        // The local store's own naming, so its newest-first order holds.
+        deploys.iter().try_for_each(|d| self.write_history(d))
+    }
+
+    fn retire_unfinished(&self) -> anyhow::Result<String> {
+        // Kept under another name rather than deleted: the operator may want to look.
+        let moved = self.dir.path.join(format!("journal.jsonl.moved-{}", now().to_string().replace([':', '-'], "")));
+        fs_err::rename(self.dir.journal_path(), &moved)?;
+        let _ = fs_err::remove_file(self.dir.snapshot_path());
+        let _ = fs_err::remove_file(self.mark_path());
+        Ok(format!("the journal is kept as {}", moved.display()))
     }
 }
 
@@ -268,45 +481,80 @@ impl LockGuard for Lock {
 
 /// The journal file of the unfinished deploy, open for appending.
 struct LocalJournal {
-    dir: StateDir,
+    store: LocalStore,
+    path: PathBuf,
     file: File,
+    /// Device and inode of the journal when it was opened.
+    id: (u64, u64),
+    /// `journal.seq`, rewritten in place after each record.
+    mark_file: File,
+    mark: Mark,
+    /// Records the journal lost before it was opened, in words.
+    lost: Option<String>,
+}
+
+impl LocalJournal {
+    /// Fails when the journal at the path is no longer the file this run writes (one stat).
+    fn check_still_there(&self) -> anyhow::Result<()> {
+        match std::fs::symlink_metadata(&self.path) {
+            Ok(meta) if (meta.dev(), meta.ino()) == self.id => Ok(()),
+            _ => Err(JournalGone { path: self.path.display().to_string() }.into()),
+        }
+    }
+
+    fn write_mark(&mut self) -> anyhow::Result<()> {
+        // Fixed width, written in place: one pwrite, never a torn or shorter file.
+        let mut text = format!("{{\"written\":{},\"synced\":{}}}", self.mark.written, self.mark.synced).into_bytes();
+        text.resize(63, b' ');
+        text.push(b'\n');
+        self.mark_file.write_all_at(&text, 0).context("writing the checkpoint's record count")
+    }
 }
 
 impl JournalWriter for LocalJournal {
     fn append(&mut self, entry: &Entry) -> anyhow::Result<()> {
+        self.check_still_there()?;
         let mut line = serde_json::to_vec(entry)?;
         line.push(b'\n');
         // One write per record: a crash leaves a whole line or a torn last line.
-        self.file.write_all(&line).context("writing the checkpoint journal")
+        self.file.write_all(&line).context("writing the checkpoint journal")?;
+        self.mark.written = self.mark.written.max(entry.seq);
+        self.write_mark()
     }
 
     fn sync(&mut self) -> anyhow::Result<()> {
-        self.file.sync_data().context("syncing the checkpoint journal")
+        self.file.sync_data().context("syncing the checkpoint journal")?;
+        self.mark.synced = self.mark.written;
+        self.write_mark()
     }
 
     fn snapshot(&mut self, deploy: &Deploy) -> anyhow::Result<()> {
-        write_atomic(&self.dir.snapshot_path(), serde_json::to_string(deploy)?.as_bytes())
+        self.check_still_there()?;
+        write_atomic(&self.store.dir.snapshot_path(), serde_json::to_string(deploy)?.as_bytes())
     }
 
     fn archive(&mut self, deploy: &Deploy) -> anyhow::Result<()> {
+        self.check_still_there()?;
         self.file.sync_data()?;
-        self.dir.archive(deploy)
+        self.store.archive(deploy)
+    }
+
+    fn discard_empty(&mut self) -> anyhow::Result<()> {
+        if self.mark.written == 0 && self.check_still_there().is_ok() {
+            fs_err::remove_file(&self.path)?;
+            let _ = fs_err::remove_file(self.store.mark_path());
+        }
+        Ok(())
+    }
+
+    fn lost(&self) -> Option<&str> {
+        self.lost.as_deref()
     }
 }
 
-/// Writes a file so that readers see the old or the new content, never a mix.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let tmp = dir.join(format!(".{}.tmp", path.file_name().unwrap_or_default().to_string_lossy()));
-    {
-        let mut f = File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
+impl LocalStore {
+    /// The local store in the state directory at `path`.
+    pub fn at_path(path: impl Into<PathBuf>) -> LocalStore {
+        LocalStore::new(StateDir::new(path))
     }
-    fs_err::rename(&tmp, path)?;
-    sync_dir(dir)
-}
-
-fn sync_dir(dir: &Path) -> anyhow::Result<()> {
-    File::open(dir).and_then(|d| d.sync_all()).with_context(|| format!("syncing directory {}", dir.display()))
 }

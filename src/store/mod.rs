@@ -1,15 +1,25 @@
-//! Where checkpoints live. [`Store`] is the one interface the driver, reports and runbooks use;
-//! [`local::StateDir`] keeps them in a state directory beside the stack (the default).
-//! [`postgres::PostgresStore`] keeps many stacks' checkpoints in one shared database (`--state postgres://`).
-//! Each store keeps a deploy's journal, its snapshot, the history of finished deploys and the
-//! lock that lets one run at a time write.
+//! Where checkpoints live. [`Store`] is the one interface the driver, reports, runbooks and
+//! `state migrate` use; [`local::LocalStore`] keeps them in the state directory beside the
+//! stack (the default); [`postgres::PostgresStore`] keeps many stacks' checkpoints in one shared
+//! database (`--state postgres://`). Each store keeps a deploy's journal, its snapshot, the
+//! history of finished deploys and the lock that lets one run at a time write.
+//!
+//! [`StateDir`] is the scratch directory every store uses on the machine that runs the tools
+//! (logs, adapters' work dirs, the report); the local store also keeps its files there.
+//! Every backend passes the same contract suite (`contract::full`).
 
+#[cfg(test)]
+mod contract;
 pub mod local;
 pub mod pg_tls;
 pub mod postgres;
+pub mod state_dir;
+
+pub use state_dir::StateDir;
+
+use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::{Deploy, Entry};
-use crate::lock::{Holder, LockError};
 
 /// A place that holds one stack's checkpoint.
 pub trait Store: Send + Sync {
@@ -27,6 +37,15 @@ pub trait Store: Send + Sync {
     fn create_journal(&self) -> anyhow::Result<Box<dyn JournalWriter>>;
     /// Opens the unfinished deploy's journal for appending, with its state so far.
     fn open_journal(&self) -> anyhow::Result<(Box<dyn JournalWriter>, Deploy)>;
+    /// Every record of the unfinished deploy, in order (`None` when there is none).
+    fn entries(&self) -> anyhow::Result<Option<Vec<Entry>>>;
+    /// Every finished deploy, oldest first.
+    fn history(&self) -> anyhow::Result<Vec<Deploy>>;
+    /// Adds finished deploys to the history (needs the lock).
+    fn import_history(&self, deploys: &[Deploy]) -> anyhow::Result<()>;
+    /// Retires the unfinished journal once it lives in another store, so the deploy cannot be
+    /// resumed twice (needs the lock). Returns what became of it, in words.
+    fn retire_unfinished(&self) -> anyhow::Result<String>;
 
     fn has_unfinished(&self) -> anyhow::Result<bool> {
         Ok(self.load_unfinished()?.is_some())
@@ -51,10 +70,71 @@ pub trait JournalWriter: Send {
     fn snapshot(&mut self, deploy: &Deploy) -> anyhow::Result<()>;
     /// Moves the finished deploy to history and removes the journal.
     fn archive(&mut self, deploy: &Deploy) -> anyhow::Result<()>;
+    /// Removes a journal that holds no record yet (its first record could not be written), so
+    /// a failed start leaves no "unfinished deploy" behind.
+    fn discard_empty(&mut self) -> anyhow::Result<()> {
+        Ok(())
+    }
+    /// When the journal was opened: the records it lost (known written, now missing), in words.
+    fn lost(&self) -> Option<&str> {
+        None
+    }
 }
 
 /// A held lock; released on drop.
 pub trait LockGuard: Send + Sync {
     /// A holder that died holding the lock, if this run took it over.
     fn took_over_from(&self) -> Option<&Holder>;
+}
+
+/// Who holds (or held) the lock.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Holder {
+    pub pid: u32,
+    pub host: String,
+    pub started: String,
+    pub command: String,
+    /// A shared store's lock is a lease the holder keeps renewing: when it runs out, in RFC 3339.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_expires: Option<String>,
+    /// Seconds since the holder last renewed its lease (its heartbeat); large means stuck or gone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_age: Option<f64>,
+    /// Seconds left before the lease runs out and another run may take over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_expires_in: Option<f64>,
+}
+
+impl std::fmt::Display for Holder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "`rdeploy {}` (pid {} on {}, since {}", self.command, self.pid, self.host, self.started)?;
+        match (self.lease_age, self.lease_expires_in) {
+            (Some(age), Some(left)) if left >= 0.0 => {
+                write!(f, "; lease renewed {age:.1}s ago, expires in {left:.1}s")?
+            }
+            (Some(age), Some(left)) => write!(f, "; lease renewed {age:.1}s ago, expired {:.1}s ago", -left)?,
+            _ => {}
+        }
+        write!(f, ")")
+    }
+}
+
+impl Holder {
+    /// Whether this holder is a live process on this host.
+    pub fn is_alive_here(&self) -> bool {
+        self.host == hostname() && nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid as i32), None).is_ok()
+    }
+}
+
+pub fn hostname() -> String {
+    gethostname::gethostname().to_string_lossy().into_owned()
+}
+
+/// Why the lock could not be taken.
+#[derive(Debug, thiserror::Error)]
+pub enum LockError {
+    #[error("another run holds the lock on {dir}: {holder}")]
+    Held { dir: String, holder: String },
+    #[error(transparent)]
+    Io(#[from] anyhow::Error),
 }

@@ -42,10 +42,10 @@ use tokio_postgres::{Client, Statement};
 
 use super::local::StateDir;
 use super::pg_tls;
+use super::{hostname, Holder, LockError};
 use super::{JournalWriter, LockGuard, Store};
 use crate::checkpoint::{now, Deploy, Entry, Record, Timestamp, FORMAT, VERSION};
 use crate::exit::{Code, Refusal};
-use crate::lock::{hostname, Holder, LockError};
 
 /// Timings, from the environment so tests can shorten them.
 #[derive(Clone, Copy, Debug)]
@@ -445,6 +445,23 @@ fn round(x: f64) -> f64 {
 }
 
 impl Store for PostgresStore {
+    fn entries(&self) -> anyhow::Result<Option<Vec<Entry>>> {
+        PostgresStore::entries(self)
+    }
+
+    fn history(&self) -> anyhow::Result<Vec<Deploy>> {
+        PostgresStore::history(self)
+    }
+
+    fn import_history(&self, deploys: &[Deploy]) -> anyhow::Result<()> {
+        PostgresStore::import_history(self, deploys)
+    }
+
+    fn retire_unfinished(&self) -> anyhow::Result<String> {
+        self.remove_unfinished()?;
+        Ok("the journal was removed from the database".into())
+    }
+
     fn location(&self) -> String {
         format!("{} (stack {})", self.shared.display, self.shared.stack)
     }
@@ -1129,7 +1146,7 @@ impl Drop for Worker {
 
 #[cfg(test)]
 #[path = "../../tests/common/postgres.rs"]
-mod test_server;
+pub(crate) mod test_server;
 
 #[cfg(test)]
 mod tests {

@@ -8,7 +8,7 @@ use rdeploy_adapters::Tool;
 
 use super::{is_url, PostgresStore};
 use crate::checkpoint::{Checkpoint, DeployState, Record, StepHeader, StepMode};
-use crate::store::local::StateDir;
+use crate::store::local::LocalStore;
 use crate::store::Store;
 
 /// Records `sub_changes` sub-changes (two records each) in a fresh deploy; returns one JSON line.
@@ -18,7 +18,7 @@ pub fn run(to: &str, sub_changes: usize) -> anyhow::Result<String> {
     let store: Box<dyn Store> = if is_url(to) {
         Box::new(PostgresStore::open(to, &stack, None)?)
     } else {
-        Box::new(StateDir::new(std::path::Path::new(to).join(&stack)))
+        Box::new(LocalStore::at_path(std::path::Path::new(to).join(&stack)))
     };
     let lock = store.lock("state bench").map_err(|e| anyhow::anyhow!("{e}"))?;
     let mut cp = Checkpoint::create(store.as_ref())?;
@@ -35,7 +35,7 @@ pub fn run(to: &str, sub_changes: usize) -> anyhow::Result<String> {
             digest: String::new(),
             has_revert: false,
         }],
-        host: crate::lock::hostname(),
+        host: crate::store::hostname(),
         pid: std::process::id(),
         rdeploy_version: env!("CARGO_PKG_VERSION").into(),
     })?;

@@ -5,126 +5,30 @@
 
 use std::path::Path;
 
-use anyhow::Context as _;
-
 use super::{is_url, PostgresStore};
 use crate::checkpoint::{Deploy, Entry, Timestamp};
 use crate::exit::{Code, Refusal};
-use crate::store::local::{write_atomic, StateDir};
-use crate::store::{LockGuard, Store};
+use crate::store::local::LocalStore;
+use crate::store::{LockError, LockGuard, Store};
 
-/// One side of a migration.
-enum Side {
-    Local(StateDir),
-    Postgres(PostgresStore),
-}
+/// One side of a migration: any store, through the [`Store`] contract.
+struct Side(Box<dyn Store>);
 
 impl Side {
     fn store(&self) -> &dyn Store {
-        match self {
-            Side::Local(dir) => dir,
-            Side::Postgres(pg) => pg,
-        }
-    }
-
-    fn entries(&self) -> anyhow::Result<Option<Vec<Entry>>> {
-        match self {
-            Side::Local(dir) => local_entries(dir),
-            Side::Postgres(pg) => pg.entries(),
-        }
-    }
-
-    fn history(&self) -> anyhow::Result<Vec<Deploy>> {
-        match self {
-            Side::Local(dir) => local_history(dir),
-            Side::Postgres(pg) => pg.history(),
-        }
-    }
-
-    fn add_history(&self, deploys: &[Deploy]) -> anyhow::Result<()> {
-        match self {
-            Side::Local(dir) => {
-                let history = dir.history_dir();
-                fs_err::create_dir_all(&history)?;
-                for d in deploys {
-                    // The local store's own naming, so its newest-first order holds.
-                    let name = format!("{}-{}.json", d.updated.to_string().replace([':', '-'], ""), d.deploy_id);
-                    write_atomic(&history.join(name), serde_json::to_string_pretty(d)?.as_bytes())?;
-                }
-                Ok(())
-            }
-            Side::Postgres(pg) => pg.import_history(deploys),
-        }
-    }
-
-    /// Retires the unfinished journal once it lives elsewhere.
-    fn retire_unfinished(&self) -> anyhow::Result<String> {
-        match self {
-            Side::Local(dir) => {
-                // Kept under another name rather than deleted: the operator may want to look.
-                let moved = dir.path.join(format!(
-                    "journal.jsonl.moved-{}",
-                    crate::checkpoint::now().to_string().replace([':', '-'], "")
-                ));
-                fs_err::rename(dir.journal_path(), &moved)?;
-                let _ = fs_err::remove_file(dir.snapshot_path());
-                Ok(format!("the source journal is kept as {}", moved.display()))
-            }
-            Side::Postgres(pg) => {
-                pg.remove_unfinished()?;
-                Ok("the source journal was removed from the database".into())
-            }
-        }
+        self.0.as_ref()
     }
 
     fn lock(&self) -> anyhow::Result<Box<dyn LockGuard>> {
         self.store().lock("state migrate").map_err(|e| match e {
-            crate::lock::LockError::Held { dir, holder } => {
+            LockError::Held { dir, holder } => {
                 Refusal::new(Code::Locked, format!("another run holds the lock on {dir}: {holder}"))
                     .with_hint("wait for it to finish, then migrate")
                     .into()
             }
-            crate::lock::LockError::Io(e) => e,
+            LockError::Io(e) => e,
         })
     }
-}
-
-/// Reads every record of a local journal (a torn last line from a crash is ignored, as the
-/// local store does).
-fn local_entries(dir: &StateDir) -> anyhow::Result<Option<Vec<Entry>>> {
-    let path = dir.journal_path();
-    if !path.exists() {
-        return Ok(None);
-    }
-    let text = fs_err::read_to_string(&path)?;
-    let mut entries = Vec::new();
-    for (i, line) in text.split_inclusive('\n').enumerate().skip(1) {
-        if !line.ends_with('\n') {
-            break;
-        }
-        let entry: Entry = serde_json::from_str(line)
-            .with_context(|| format!("{}:{}: unreadable journal record", path.display(), i + 1))?;
-        entries.push(entry);
-    }
-    // The header and its version check are the local store's: loading through it validates.
-    dir.load_unfinished()?;
-    Ok(Some(entries))
-}
-
-fn local_history(dir: &StateDir) -> anyhow::Result<Vec<Deploy>> {
-    let history = dir.history_dir();
-    if !history.exists() {
-        return Ok(Vec::new());
-    }
-    let mut files: Vec<_> = fs_err::read_dir(&history)?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|e| e == "json"))
-        .collect();
-    files.sort();
-    files
-        .iter()
-        .map(|p| serde_json::from_str(&fs_err::read_to_string(p)?).with_context(|| format!("reading {}", p.display())))
-        .collect()
 }
 
 /// Folds records as loading does.
@@ -137,7 +41,7 @@ fn fold(entries: &[Entry]) -> Deploy {
 }
 
 /// The stack a local directory's checkpoint belongs to, from its records.
-fn local_stack_name(dir: &StateDir) -> anyhow::Result<Option<String>> {
+fn local_stack_name(dir: &LocalStore) -> anyhow::Result<Option<String>> {
     if let Some(d) = dir.load_unfinished()? {
         return Ok(Some(d.stack));
     }
@@ -155,7 +59,7 @@ pub fn migrate(from: &str, to: &str, stack: Option<&str>) -> anyhow::Result<Stri
     let name = match (stack, is_url(from)) {
         (Some(name), _) => {
             if !is_url(from) {
-                if let Some(recorded) = local_stack_name(&StateDir::new(from))? {
+                if let Some(recorded) = local_stack_name(&LocalStore::at_path(from))? {
                     if recorded != name {
                         return Err(bad(
                             format!("{from} holds the checkpoint of stack `{recorded}`, not `{name}`"),
@@ -166,7 +70,7 @@ pub fn migrate(from: &str, to: &str, stack: Option<&str>) -> anyhow::Result<Stri
             }
             name.to_string()
         }
-        (None, false) => local_stack_name(&StateDir::new(from))?.ok_or_else(|| {
+        (None, false) => local_stack_name(&LocalStore::at_path(from))?.ok_or_else(|| {
             bad(
                 format!("no checkpoint is recorded in {from}"),
                 "name the state directory of a stack that has run (`.rdeploy/` beside its stack file)",
@@ -181,7 +85,7 @@ pub fn migrate(from: &str, to: &str, stack: Option<&str>) -> anyhow::Result<Stri
     };
     let side = |s: &str| -> anyhow::Result<Side> {
         Ok(if is_url(s) {
-            Side::Postgres(PostgresStore::open(s, &name, None)?)
+            Side(Box::new(PostgresStore::open(s, &name, None)?))
         } else {
             if !Path::new(s).exists() && s == from {
                 return Err(bad(
@@ -189,15 +93,15 @@ pub fn migrate(from: &str, to: &str, stack: Option<&str>) -> anyhow::Result<Stri
                     "pass the state directory (`.rdeploy/` beside the stack file)",
                 ));
             }
-            Side::Local(StateDir::new(s))
+            Side(Box::new(LocalStore::at_path(s)))
         })
     };
     let (source, dest) = (side(from)?, side(to)?);
     let _source_lock = source.lock()?;
     let _dest_lock = dest.lock()?;
 
-    let entries = source.entries()?;
-    let history = source.history()?;
+    let entries = source.store().entries()?;
+    let history = source.store().history()?;
     if entries.is_none() && history.is_empty() {
         return Ok(format!("nothing to migrate: no checkpoint of stack `{name}` in {}", source.store().location()));
     }
@@ -209,10 +113,11 @@ pub fn migrate(from: &str, to: &str, stack: Option<&str>) -> anyhow::Result<Stri
     }
 
     // History: skip what the destination already has, so moving back and forth adds nothing.
-    let known: Vec<(String, Timestamp)> = dest.history()?.into_iter().map(|d| (d.deploy_id, d.updated)).collect();
+    let known: Vec<(String, Timestamp)> =
+        dest.store().history()?.into_iter().map(|d| (d.deploy_id, d.updated)).collect();
     let new_history: Vec<Deploy> =
         history.into_iter().filter(|d| !known.contains(&(d.deploy_id.clone(), d.updated))).collect();
-    dest.add_history(&new_history)?;
+    dest.store().import_history(&new_history)?;
 
     let mut said = vec![format!("{} finished deploy(s) copied to the history", new_history.len())];
     if let Some(entries) = entries {
@@ -232,7 +137,7 @@ pub fn migrate(from: &str, to: &str, stack: Option<&str>) -> anyhow::Result<Stri
             );
         }
         said.push(format!("unfinished deploy {} moved ({} records)", expected.deploy_id, entries.len()));
-        said.push(source.retire_unfinished()?);
+        said.push(source.store().retire_unfinished()?);
     }
     Ok(format!(
         "migrated stack `{name}` from {} to {}: {}",

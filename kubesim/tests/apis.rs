@@ -1,0 +1,533 @@
+//! The API groups charts use beyond the workloads (issue 20), through the real kubectl: each
+//! kind is discovered, applied client-side and server-side, read back by its short name, and an
+//! unknown kind fails as on a real cluster.
+
+use kubesim::testing::{stderr, stdout, Kubesim};
+
+/// One object of each kind, shaped as popular charts render them.
+const CHART_KINDS: &str = r#"
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: app}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: app}
+rules:
+- apiGroups: [""]
+  resources: [configmaps, secrets]
+  verbs: [get, list, watch]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: app}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: app}
+subjects:
+- {kind: ServiceAccount, name: app, namespace: default}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: app-reader}
+rules:
+- apiGroups: [""]
+  resources: [nodes]
+  verbs: [get, list]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: app-reader}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: app-reader}
+subjects:
+- {kind: ServiceAccount, name: app, namespace: default}
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: app}
+spec:
+  podSelector:
+    matchLabels: {app: web}
+  policyTypes: [Ingress]
+  ingress:
+  - ports: [{port: 8080, protocol: TCP}]
+---
+apiVersion: networking.k8s.io/v1
+kind: IngressClass
+metadata:
+  name: nginx
+  annotations: {ingressclass.kubernetes.io/is-default-class: "true"}
+spec: {controller: k8s.io/ingress-nginx}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: app}
+spec:
+  ingressClassName: nginx
+  rules:
+  - host: app.example.com
+    http:
+      paths:
+      - {path: /, pathType: Prefix, backend: {service: {name: app, port: {number: 80}}}}
+---
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata: {name: app}
+spec:
+  minAvailable: 1
+  selector:
+    matchLabels: {app: web}
+---
+apiVersion: autoscaling/v2
+kind: HorizontalPodAutoscaler
+metadata: {name: app}
+spec:
+  scaleTargetRef: {apiVersion: apps/v1, kind: Deployment, name: app}
+  minReplicas: 1
+  maxReplicas: 5
+  metrics:
+  - type: Resource
+    resource: {name: cpu, target: {type: Utilization, averageUtilization: 80}}
+---
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: {name: fast}
+provisioner: kubernetes.io/no-provisioner
+volumeBindingMode: WaitForFirstConsumer
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingWebhookConfiguration
+metadata: {name: app}
+webhooks:
+- name: validate.app.example.com
+  admissionReviewVersions: [v1]
+  sideEffects: None
+  clientConfig: {service: {name: app, namespace: default, path: /validate}}
+  rules:
+  - {apiGroups: [apps], apiVersions: [v1], operations: [CREATE, UPDATE], resources: [deployments]}
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: MutatingWebhookConfiguration
+metadata: {name: app}
+webhooks:
+- name: mutate.app.example.com
+  admissionReviewVersions: [v1]
+  sideEffects: None
+  clientConfig: {service: {name: app, namespace: default, path: /mutate}}
+  rules:
+  - {apiGroups: [""], apiVersions: [v1], operations: [CREATE], resources: [pods]}
+---
+apiVersion: apiregistration.k8s.io/v1
+kind: APIService
+metadata: {name: v1beta1.metrics.k8s.io}
+spec:
+  group: metrics.k8s.io
+  version: v1beta1
+  groupPriorityMinimum: 100
+  versionPriority: 100
+  insecureSkipTLSVerify: true
+  service: {name: metrics-server, namespace: kube-system}
+---
+apiVersion: scheduling.k8s.io/v1
+kind: PriorityClass
+metadata: {name: app-critical}
+value: 1000000
+globalDefault: false
+description: for the app
+---
+apiVersion: coordination.k8s.io/v1
+kind: Lease
+metadata: {name: app-leader}
+spec: {holderIdentity: app-0, leaseDurationSeconds: 15}
+"#;
+
+const SHORT_NAMES: &str = "sa,role,rolebinding,clusterrole,clusterrolebinding,netpol,ingressclass,ing,pdb,hpa,sc,validatingwebhookconfiguration,mutatingwebhookconfiguration,apiservice,pc,lease";
+
+fn names(k: &Kubesim) -> Vec<String> {
+    let out = k.kubectl_ok(&["get", SHORT_NAMES, "-o", "name"]);
+    let mut v: Vec<String> = out
+        .lines()
+        .filter(|l| !l.starts_with("serviceaccount/default") && *l != "storageclass.storage.k8s.io/standard")
+        .map(str::to_string)
+        .collect();
+    v.sort();
+    v
+}
+
+const EXPECTED: &[&str] = &[
+    "apiservice.apiregistration.k8s.io/v1beta1.metrics.k8s.io",
+    "clusterrole.rbac.authorization.k8s.io/app-reader",
+    "clusterrolebinding.rbac.authorization.k8s.io/app-reader",
+    "horizontalpodautoscaler.autoscaling/app",
+    "ingress.networking.k8s.io/app",
+    "ingressclass.networking.k8s.io/nginx",
+    "lease.coordination.k8s.io/app-leader",
+    "mutatingwebhookconfiguration.admissionregistration.k8s.io/app",
+    "networkpolicy.networking.k8s.io/app",
+    "poddisruptionbudget.policy/app",
+    "priorityclass.scheduling.k8s.io/app-critical",
+    "role.rbac.authorization.k8s.io/app",
+    "rolebinding.rbac.authorization.k8s.io/app",
+    "serviceaccount/app",
+    "storageclass.storage.k8s.io/fast",
+    "validatingwebhookconfiguration.admissionregistration.k8s.io/app",
+];
+
+#[test]
+fn chart_kinds_apply_client_side_and_read_back_by_short_name() {
+    let k = Kubesim::start("kubesim");
+    let o = k.kubectl_stdin(&["apply", "-f", "-"], CHART_KINDS);
+    assert!(o.status.success(), "apply: {}\n{}", stderr(&o), stdout(&o));
+    assert_eq!(names(&k), EXPECTED);
+    // A second apply changes nothing; diff agrees. kubectl always sends a PDB's selector
+    // (its patch strategy is `replace`), so it says "configured" there, as on a real cluster,
+    // but the stored object does not move.
+    let rv = k.kubectl_ok(&["get", "pdb", "app", "-o", "jsonpath={.metadata.resourceVersion}"]);
+    let again = k.kubectl_stdin(&["apply", "-f", "-"], CHART_KINDS);
+    let out = stdout(&again);
+    assert!(
+        out.lines().all(|l| l.ends_with(" unchanged") || l == "poddisruptionbudget.policy/app configured"),
+        "{out}"
+    );
+    assert_eq!(k.kubectl_ok(&["get", "pdb", "app", "-o", "jsonpath={.metadata.resourceVersion}"]), rv);
+    assert_eq!(k.kubectl_stdin(&["diff", "-f", "-"], CHART_KINDS).status.code(), Some(0));
+    let o = k.kubectl_stdin(&["delete", "-f", "-"], CHART_KINDS);
+    assert!(o.status.success(), "delete: {}", stderr(&o));
+    assert!(names(&k).is_empty());
+}
+
+#[test]
+fn chart_kinds_apply_server_side() {
+    let k = Kubesim::start("kubesim");
+    let o = k.kubectl_stdin(&["apply", "--server-side", "-f", "-"], CHART_KINDS);
+    assert!(o.status.success(), "apply: {}\n{}", stderr(&o), stdout(&o));
+    assert_eq!(names(&k), EXPECTED);
+    let hpa = k.kubectl_ok(&[
+        "get",
+        "hpa",
+        "app",
+        "-o",
+        "jsonpath={.apiVersion} {.spec.metrics[0].resource.target.averageUtilization}",
+    ]);
+    assert_eq!(hpa, "autoscaling/v2 80");
+    let d = k.kubectl_stdin(&["diff", "--server-side", "-f", "-"], CHART_KINDS);
+    assert_eq!(d.status.code(), Some(0), "{}{}", stdout(&d), stderr(&d));
+}
+
+#[test]
+fn discovery_lists_the_groups_at_their_1_32_versions() {
+    let k = Kubesim::start("kubesim");
+    let out = k.kubectl_ok(&["api-versions"]);
+    for gv in [
+        "admissionregistration.k8s.io/v1",
+        "apiregistration.k8s.io/v1",
+        "autoscaling/v2",
+        "coordination.k8s.io/v1",
+        "networking.k8s.io/v1",
+        "policy/v1",
+        "rbac.authorization.k8s.io/v1",
+        "scheduling.k8s.io/v1",
+        "storage.k8s.io/v1",
+    ] {
+        assert!(out.lines().any(|l| l == gv), "{gv} missing from api-versions:\n{out}");
+    }
+}
+
+/// An unknown kind: kubectl falls back from OpenAPI v3 to v2 for it, and with v2 served it
+/// reaches the REST mapping and reports what a real cluster reports.
+#[test]
+fn unknown_kind_is_a_resource_mapping_error() {
+    let k = Kubesim::start("kubesim");
+    let o = k.kubectl_stdin(
+        &["apply", "-f", "-"],
+        "apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: w}\nspec: {size: 3}\n",
+    );
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(err.contains("resource mapping not found for name: \"w\""), "{err}");
+    assert!(err.contains("no matches for kind \"Widget\" in version \"example.com/v1\""), "{err}");
+    assert!(err.contains("ensure CRDs are installed first"), "{err}");
+    assert!(!err.contains("error validating data"), "{err}");
+    // The JSON form for clients that ask for it.
+    let (code, body) = k.http("GET", "/clusters/kubesim/openapi/v2");
+    assert_eq!(code, 200);
+    let v: serde_json::Value = serde_json::from_str(&body).expect("json v2");
+    assert_eq!(v["swagger"], "2.0");
+}
+
+const TO_DEFAULT: &str = r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: grafana}
+spec:
+  strategy: {type: RollingUpdate}
+  selector: {matchLabels: {app: grafana}}
+  template:
+    metadata: {labels: {app: grafana}}
+    spec:
+      volumes:
+      - {name: config, configMap: {name: grafana}}
+      - {name: storage}
+      containers:
+      - name: grafana
+        image: grafana/grafana
+        readinessProbe: {httpGet: {port: 3000}}
+        env:
+        - {name: POD_IP, valueFrom: {fieldRef: {fieldPath: status.podIP}}}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: recreate}
+spec:
+  strategy: {type: Recreate}
+  selector: {matchLabels: {app: recreate}}
+  template:
+    metadata: {labels: {app: recreate}}
+    spec:
+      containers: [{name: c, image: "nginx:1.27"}]
+---
+apiVersion: apps/v1
+kind: DaemonSet
+metadata: {name: agent}
+spec:
+  updateStrategy: {type: RollingUpdate}
+  selector: {matchLabels: {app: agent}}
+  template:
+    metadata: {labels: {app: agent}}
+    spec:
+      containers: [{name: c, image: "registry.example/agent@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"}]
+---
+apiVersion: apps/v1
+kind: StatefulSet
+metadata: {name: db}
+spec:
+  serviceName: db
+  selector: {matchLabels: {app: db}}
+  template:
+    metadata: {labels: {app: db}}
+    spec:
+      containers: [{name: c, image: "postgres:16"}]
+---
+apiVersion: batch/v1
+kind: Job
+metadata: {name: migrate}
+spec:
+  template:
+    spec:
+      containers: [{name: c, image: "registry.example/migrate:1"}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  type: NodePort
+  selector: {app: grafana}
+  ports: [{port: 80}]
+"#;
+
+fn get_json(k: &Kubesim, kind: &str, name: &str) -> serde_json::Value {
+    serde_json::from_str(&k.kubectl_ok(&["get", kind, name, "-o", "json"])).unwrap()
+}
+
+/// The API server's defaulting (pkg/apis/apps/v1, batch/v1 and core/v1 defaults.go) for fields
+/// the manifests leave out, nested ones included.
+#[test]
+fn defaults_fill_what_the_api_server_fills() {
+    let k = Kubesim::start("kubesim");
+    let o = k.kubectl_stdin(&["apply", "-f", "-"], TO_DEFAULT);
+    assert!(o.status.success(), "apply: {}", stderr(&o));
+
+    let d = get_json(&k, "deployment", "grafana");
+    assert_eq!(
+        d["spec"]["strategy"],
+        serde_json::json!({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": "25%"}})
+    );
+    assert_eq!(d["spec"]["revisionHistoryLimit"], 10);
+    assert_eq!(d["spec"]["progressDeadlineSeconds"], 600);
+    let pod = &d["spec"]["template"]["spec"];
+    assert_eq!(pod["restartPolicy"], "Always");
+    assert_eq!(pod["dnsPolicy"], "ClusterFirst");
+    assert_eq!(pod["terminationGracePeriodSeconds"], 30);
+    let c = &pod["containers"][0];
+    assert_eq!(c["imagePullPolicy"], "Always", "no tag means latest");
+    assert_eq!(c["terminationMessagePath"], "/dev/termination-log");
+    assert_eq!(c["terminationMessagePolicy"], "File");
+    assert_eq!(
+        c["readinessProbe"],
+        serde_json::json!({"httpGet": {"port": 3000, "path": "/", "scheme": "HTTP"}, "timeoutSeconds": 1, "periodSeconds": 10, "successThreshold": 1, "failureThreshold": 3})
+    );
+    assert_eq!(c["env"][0]["valueFrom"]["fieldRef"]["apiVersion"], "v1");
+    assert_eq!(pod["volumes"][0]["configMap"]["defaultMode"], 420);
+    assert_eq!(pod["volumes"][1]["emptyDir"], serde_json::json!({}));
+
+    let r = get_json(&k, "deployment", "recreate");
+    assert_eq!(r["spec"]["strategy"], serde_json::json!({"type": "Recreate"}), "Recreate has no rollingUpdate");
+    assert_eq!(r["spec"]["template"]["spec"]["containers"][0]["imagePullPolicy"], "IfNotPresent");
+
+    let ds = get_json(&k, "daemonset", "agent");
+    assert_eq!(
+        ds["spec"]["updateStrategy"],
+        serde_json::json!({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}})
+    );
+    assert_eq!(ds["spec"]["template"]["spec"]["containers"][0]["imagePullPolicy"], "IfNotPresent", "a digest");
+
+    let sts = get_json(&k, "statefulset", "db");
+    assert_eq!(
+        sts["spec"]["updateStrategy"],
+        serde_json::json!({"type": "RollingUpdate", "rollingUpdate": {"partition": 0}})
+    );
+    assert_eq!(sts["spec"]["podManagementPolicy"], "OrderedReady");
+    assert_eq!(
+        sts["spec"]["persistentVolumeClaimRetentionPolicy"],
+        serde_json::json!({"whenDeleted": "Retain", "whenScaled": "Retain"})
+    );
+
+    let job = get_json(&k, "job", "migrate");
+    assert_eq!(job["spec"]["backoffLimit"], 6);
+    assert_eq!(job["spec"]["podReplacementPolicy"], "TerminatingOrFailed");
+
+    let svc = get_json(&k, "service", "web");
+    assert_eq!(svc["spec"]["sessionAffinity"], "None");
+    assert_eq!(svc["spec"]["externalTrafficPolicy"], "Cluster");
+    let port = &svc["spec"]["ports"][0];
+    assert_eq!(port["protocol"], "TCP");
+    assert_eq!(port["targetPort"], 80);
+    let node_port = port["nodePort"].as_i64().unwrap();
+    assert!((30000..=32767).contains(&node_port), "{node_port}");
+    assert!(svc["spec"]["clusterIP"].as_str().unwrap().starts_with("10.96."));
+
+    // Re-applying the same manifests stores nothing new. kubectl still sends `$retainKeys`
+    // for `strategy` and `volumes` (their patch strategy) because the live object has the
+    // defaulted fields, so it says "configured" for grafana as against a real cluster; the
+    // server drops the defaulted fields, defaults them again, and the spec does not move
+    // (nor the generation; resourceVersions move with the controller's status writes).
+    let rvs = || {
+        let v: serde_json::Value =
+            serde_json::from_str(&k.kubectl_ok(&["get", "deploy,ds,sts,job,svc", "-o", "json"])).unwrap();
+        let items = v["items"].as_array().unwrap().iter();
+        items.map(|o| (o["metadata"]["generation"].clone(), o["spec"].clone())).collect::<Vec<_>>()
+    };
+    let before = rvs();
+    let again = k.kubectl_stdin(&["apply", "-f", "-"], TO_DEFAULT);
+    assert!(again.status.success(), "{}", stderr(&again));
+    assert_eq!(rvs(), before, "{}", stdout(&again));
+}
+
+/// helm 4 applies `spec: {}` for the namespace `--create-namespace` makes; over a namespace
+/// kubectl applied, that changes nothing, so a real server reports no conflict.
+#[test]
+fn helm4_create_namespace_over_a_kubectl_applied_namespace() {
+    let k = Kubesim::start("kubesim");
+    let o = k.kubectl_stdin(&["apply", "-f", "-"], "apiVersion: v1\nkind: Namespace\nmetadata: {name: shop}\n");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let chart = kubesim::testing::testdata("webapp");
+    k.helm_ok(4, &["install", "web", &chart.to_string_lossy(), "-n", "shop", "--create-namespace"]);
+    assert_eq!(k.helm_statuses(4, "web", "shop"), ["deployed"]);
+}
+
+const CLAIMS: &str = r#"
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: data}
+spec:
+  accessModes: [ReadWriteOnce]
+  resources: {requests: {storage: 2Gi}}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: broken-data}
+spec:
+  accessModes: [ReadWriteOnce]
+  resources: {requests: {storage: 1Gi}}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: db}
+spec:
+  selector: {matchLabels: {app: db}}
+  template:
+    metadata: {labels: {app: db}}
+    spec:
+      volumes: [{name: data, persistentVolumeClaim: {claimName: data}}]
+      containers: [{name: db, image: "postgres:16", volumeMounts: [{name: data, mountPath: /var/lib/postgresql}]}]
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: stuck}
+spec:
+  selector: {matchLabels: {app: stuck}}
+  template:
+    metadata: {labels: {app: stuck}}
+    spec:
+      volumes: [{name: data, persistentVolumeClaim: {claimName: broken-data}}]
+      containers: [{name: c, image: "postgres:16"}]
+"#;
+
+/// A default StorageClass and a provisioner: claims bind (with a PersistentVolume), pods that
+/// mount them run; a claim matching `--fail-pvc` stays Pending and so does its pod.
+#[test]
+fn claims_bind_through_the_default_storage_class_unless_provisioning_fails() {
+    let k = Kubesim::start_with("kubesim", &["--fail-pvc", "broken-*", "--pod-startup-ms", "50"]);
+    let sc = k.kubectl_ok(&["get", "storageclass", "-o", "jsonpath={.items[*].metadata.name}"]);
+    assert_eq!(sc, "standard");
+    let o = k.kubectl_stdin(&["apply", "-f", "-"], CLAIMS);
+    assert!(o.status.success(), "{}", stderr(&o));
+    k.kubectl_ok(&["wait", "--for=jsonpath={.status.phase}=Bound", "pvc/data", "--timeout=30s"]);
+    let pvc = get_json(&k, "pvc", "data");
+    assert_eq!(pvc["spec"]["storageClassName"], "standard");
+    let pv_name = pvc["spec"]["volumeName"].as_str().expect("volumeName").to_string();
+    assert_eq!(pvc["status"]["capacity"]["storage"], "2Gi");
+    let pv = get_json(&k, "pv", &pv_name);
+    assert_eq!(pv["status"]["phase"], "Bound");
+    assert_eq!(pv["spec"]["claimRef"]["name"], "data");
+    k.kubectl_ok(&["rollout", "status", "deployment/db", "--timeout=30s"]);
+
+    let o = k.kubectl(&["rollout", "status", "deployment/stuck", "--timeout=2s"]);
+    assert!(!o.status.success(), "a deployment on an unprovisioned claim must not roll out");
+    assert_eq!(get_json(&k, "pvc", "broken-data")["status"]["phase"], "Pending");
+    let pods =
+        k.kubectl_ok(&["get", "pods", "-l", "app=stuck", "-o", "jsonpath={.items[0].status.conditions[0].message}"]);
+    assert!(pods.contains("pod has unbound immediate PersistentVolumeClaims"), "{pods}");
+}
+
+/// A big CRD: client-side apply stores the whole object in the last-applied annotation and
+/// fails on the 256 KiB annotation limit as on a real cluster; server-side apply succeeds.
+#[test]
+fn big_crd_fails_client_side_and_applies_server_side() {
+    let k = Kubesim::start("kubesim");
+    // A CRD shaped like the big operators' (prometheus-operator, Argo CD): a wide schema.
+    let mut props = String::new();
+    for i in 0..2200 {
+        props.push_str(&format!(
+            "              field{i:04}:\n                type: string\n                description: \"{}\"\n",
+            "x".repeat(100)
+        ));
+    }
+    let crd = format!(
+        "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata: {{name: widgets.example.com}}\nspec:\n  group: example.com\n  scope: Namespaced\n  names: {{plural: widgets, singular: widget, kind: Widget}}\n  versions:\n  - name: v1\n    served: true\n    storage: true\n    schema:\n      openAPIV3Schema:\n        type: object\n        properties:\n          spec:\n            type: object\n            properties:\n{props}"
+    );
+    assert!(crd.len() > 262_144, "the CRD must be over the limit: {}", crd.len());
+    let o = k.kubectl_stdin(&["apply", "-f", "-"], &crd);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("metadata.annotations: Too long: must have at most 262144 bytes"), "{}", stderr(&o));
+    let o = k.kubectl_stdin(&["apply", "--server-side", "-f", "-"], &crd);
+    assert!(o.status.success(), "{}", stderr(&o));
+    k.kubectl_ok(&["get", "crd", "widgets.example.com"]);
+}
+
+/// kubectl's imperative generators send protobuf bodies: a Deployment and a Service.
+#[test]
+fn kubectl_create_deployment_and_service_send_protobuf() {
+    let k = Kubesim::start_with("kubesim", &["--pod-startup-ms", "50"]);
+    k.kubectl_ok(&["create", "deployment", "web", "--image=nginx:1.27", "--replicas=2", "--port=8080"]);
+    k.kubectl_ok(&["create", "service", "clusterip", "web", "--tcp=80:8080"]);
+    let d = get_json(&k, "deployment", "web");
+    assert_eq!(d["spec"]["replicas"], 2);
+    assert_eq!(d["spec"]["selector"]["matchLabels"]["app"], "web");
+    let c = &d["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(c["image"], "nginx:1.27");
+    assert_eq!(c["ports"][0]["containerPort"], 8080);
+    let s = get_json(&k, "service", "web");
+    assert_eq!(s["spec"]["ports"][0]["port"], 80);
+    assert_eq!(s["spec"]["ports"][0]["targetPort"], 8080);
+    assert_eq!(s["spec"]["selector"]["app"], "web");
+    k.kubectl_ok(&["rollout", "status", "deployment/web", "--timeout=30s"]);
+}

@@ -1,0 +1,297 @@
+//! Hostile or careless state directories, on the real binary: deleted mid-run, a journal cut
+//! short or with an unreadable line, no space or read-only before anything is recorded,
+//! planted symlinks, another user's directory, and the modes of what rdeploy writes.
+
+mod common;
+
+use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::process::Command;
+
+use common::{Project, Run, FIVE};
+
+/// A shell step whose second sub-change deletes the whole state directory, as a cleanup job
+/// would while the deploy runs.
+const CLEANUP_MID_RUN: &str = r#"
+name: wiped
+steps:
+  - name: seed
+    tool: shell
+    sub_changes:
+      - { name: one, run: echo one >> out }
+      - { name: two, run: "echo two >> out; rm -rf .rdeploy" }
+      - { name: three, run: echo three >> out }
+  - name: after
+    tool: shell
+    needs: [seed]
+    run: echo after >> out
+"#;
+
+#[test]
+fn a_state_dir_deleted_mid_run_stops_the_deploy_loudly_naming_what_completed() {
+    let p = Project::new();
+    p.stack(CLEANUP_MID_RUN);
+    let run = p.rdeploy(&["up"]);
+    run.code(1).stderr_has("was deleted or replaced while this run was using it").stderr_has(
+        "What this deploy had done: step `seed` running (sub-changes done: one) (started, outcome unknown: two)",
+    );
+    assert_eq!(p.lines("out"), ["one", "two"], "nothing runs once the checkpoint is gone");
+    assert!(!p.exists(".rdeploy/journal.jsonl"), "no journal was recreated to record into");
+}
+
+/// `up` of FIVE with the fifth failing: four sub-changes done, the checkpoint kept.
+fn four_done() -> Project {
+    let p = Project::new();
+    p.stack(FIVE).file("fail-five", "");
+    p.rdeploy(&["up"]).code(1);
+    assert_eq!(p.lines("out"), ["one", "two", "three", "four"]);
+    p.remove("fail-five");
+    p
+}
+
+fn journal_lines(p: &Project) -> Vec<Vec<u8>> {
+    let bytes = std::fs::read(p.path(".rdeploy/journal.jsonl")).unwrap();
+    bytes.split_inclusive(|&b| b == b'\n').map(<[u8]>::to_vec).collect()
+}
+
+fn warnings(p: &Project) -> String {
+    p.status()["warnings"].to_string()
+}
+
+#[test]
+fn a_journal_cut_short_without_a_snapshot_is_said_and_not_run_again() {
+    for cut in ["at a line boundary", "mid-line"] {
+        let p = four_done();
+        let lines = journal_lines(&p);
+        // Keep the header and the first six records (up to `two` started), drop the rest.
+        let mut kept: Vec<u8> = lines[..7].concat();
+        if cut == "mid-line" {
+            kept.extend_from_slice(&lines[7][..lines[7].len() / 2]);
+        }
+        std::fs::write(p.path(".rdeploy/journal.jsonl"), kept).unwrap();
+        p.remove(".rdeploy/snapshot.json");
+
+        assert!(warnings(&p).contains("lost records"), "{cut}: status says so: {}", warnings(&p));
+        let run = p.rdeploy(&["recover"]);
+        run.code(2).stderr_has("lost records").stderr_has("nothing was run").stderr_has("rdeploy reset --yes");
+        assert_eq!(p.lines("out"), ["one", "two", "three", "four"], "{cut}: no completed sub-change runs again");
+        // A dry run does not hide it either, and reset always works.
+        p.rdeploy(&["reset", "--yes"]).code(0).stdout_has("forgot deploy");
+        assert!(!p.exists(".rdeploy/journal.jsonl"));
+    }
+}
+
+#[test]
+fn an_unreadable_journal_line_is_reported_quarantined_and_recover_goes_on() {
+    for (what, garbage) in [
+        ("garbage", b"{\"seq\":4,\"ts\xff\xfe garbage\n".to_vec()),
+        ("nul padding", vec![0u8; 40].into_iter().chain([b'\n']).collect()),
+        ("a flipped bit", Vec::new()),
+    ] {
+        let p = four_done();
+        let mut lines = journal_lines(&p);
+        // Line 4 is the `planned` record; `status` and `recover` must get past it.
+        lines[3] = if garbage.is_empty() {
+            let mut l = lines[3].clone();
+            l[0] ^= 0x40; // `{` becomes `;`
+            l
+        } else {
+            garbage
+        };
+        std::fs::write(p.path(".rdeploy/journal.jsonl"), lines.concat()).unwrap();
+        // One bad byte in the snapshot too: it is a cache, so loading replays the journal.
+        let mut snap = std::fs::read(p.path(".rdeploy/snapshot.json")).unwrap();
+        snap[10] = 0xff;
+        std::fs::write(p.path(".rdeploy/snapshot.json"), snap).unwrap();
+
+        let said = warnings(&p);
+        assert!(said.contains("journal.jsonl:4: an unreadable journal line"), "{what}: {said}");
+        assert!(said.contains("is uncertain"), "{what}: {said}");
+        p.rdeploy(&["recover"]).code(0).stdout_has("deploy complete");
+        assert_eq!(p.lines("out"), ["one", "two", "three", "four", "five", "after"], "{what}");
+        let quarantined = std::fs::read(p.path(".rdeploy/journal.jsonl.quarantine")).unwrap();
+        assert!(String::from_utf8_lossy(&quarantined).contains("journal.jsonl:4"), "{what}: the line is kept aside");
+        // The finished deploy's history keeps the warning.
+        let history = std::fs::read_dir(p.path(".rdeploy/history")).unwrap().next().unwrap().unwrap().path();
+        assert!(std::fs::read_to_string(history).unwrap().contains("an unreadable journal line"), "{what}");
+    }
+}
+
+#[test]
+fn reset_works_on_a_journal_with_an_unreadable_line() {
+    let p = four_done();
+    let mut lines = journal_lines(&p);
+    lines[5] = b"\xde\xad\xbe\xef\n".to_vec();
+    std::fs::write(p.path(".rdeploy/journal.jsonl"), lines.concat()).unwrap();
+    p.rdeploy(&["reset", "--yes"]).code(0).stdout_has("forgot deploy");
+    assert!(!p.exists(".rdeploy/journal.jsonl"));
+}
+
+#[test]
+fn reset_works_on_a_journal_it_cannot_read_at_all() {
+    let p = four_done();
+    std::fs::write(
+        p.path(".rdeploy/journal.jsonl"),
+        "{\"format\":\"rdeploy-checkpoint\",\"version\":99,\"created\":\"x\"}\n",
+    )
+    .unwrap();
+    p.rdeploy(&["recover"]).code(1).stderr_has("version 99 is not supported");
+    p.rdeploy(&["reset", "--yes"])
+        .code(0)
+        .stdout_has("its journal could not be read")
+        .stdout_has("the journal is kept as");
+    assert!(!p.exists(".rdeploy/journal.jsonl"));
+    p.rdeploy(&["up"]).code(0);
+}
+
+/// A tmpfs mounted at a path for the test's lifetime (tests run as root).
+struct Mount(std::path::PathBuf);
+
+impl Mount {
+    fn tmpfs(at: &Path, options: &str) -> Mount {
+        std::fs::create_dir_all(at).unwrap();
+        let out = Command::new("mount").args(["-t", "tmpfs", "-o", options, "tmpfs"]).arg(at).output().unwrap();
+        assert!(
+            out.status.success(),
+            "this test needs `mount -t tmpfs` (root with CAP_SYS_ADMIN): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Mount(at.to_path_buf())
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+fn nothing_ran(run: &Run, p: &Project) {
+    run.code(2).stderr_has("could not write").stderr_has("nothing ran");
+    assert!(!p.exists("out"), "no step ran:\n{}", run.stderr);
+}
+
+#[test]
+fn a_state_dir_that_cannot_be_written_is_exit_2_and_says_nothing_ran() {
+    // A file where the directory should be.
+    let p = Project::new();
+    p.stack(FIVE).file(".rdeploy", "not a directory");
+    nothing_ran(&p.rdeploy(&["up"]), &p);
+
+    // A read-only mount.
+    let p = Project::new();
+    p.stack(FIVE);
+    let _ro = Mount::tmpfs(&p.path(".rdeploy"), "ro,mode=700");
+    nothing_ran(&p.rdeploy(&["up"]), &p);
+
+    // No space left: one page, which the lock's holder takes.
+    let p = Project::new();
+    p.stack(FIVE);
+    let _full = Mount::tmpfs(&p.path(".rdeploy"), "size=4k,mode=700");
+    let run = p.rdeploy(&["up"]);
+    nothing_ran(&run, &p);
+    drop(_full);
+    // Once there is room, `up` starts cleanly: the failed start left no unfinished deploy.
+    p.rdeploy(&["up"]).code(0);
+}
+
+#[test]
+fn symlinks_planted_in_the_state_dir_are_never_followed() {
+    let p = Project::new();
+    p.stack(FIVE).file("victim", "precious\n");
+    std::fs::create_dir_all(p.path(".rdeploy/logs")).unwrap();
+    std::fs::set_permissions(p.path(".rdeploy"), std::fs::Permissions::from_mode(0o700)).unwrap();
+    symlink(p.path("victim"), p.path(".rdeploy/lock")).unwrap();
+    p.rdeploy(&["up"]).code(2).stderr_has(".rdeploy/lock is a symbolic link");
+    assert_eq!(p.read("victim"), "precious\n");
+    assert!(!p.exists("out"));
+
+    // The old predictable temporary names of atomic writes, and a step's log.
+    std::fs::remove_file(p.path(".rdeploy/lock")).unwrap();
+    for name in [".snapshot.json.tmp", ".report.md.tmp", "logs/seed.log"] {
+        symlink(p.path("victim"), p.path(&format!(".rdeploy/{name}"))).unwrap();
+    }
+    p.file("fail-five", "");
+    p.rdeploy(&["up"]).code(1).stderr_has("not writing the step's log");
+    assert!(p.exists(".rdeploy/snapshot.json") && p.exists(".rdeploy/report.md"));
+    assert_eq!(p.read("victim"), "precious\n", "nothing was written through a planted link");
+}
+
+#[test]
+fn a_state_dir_of_another_user_or_writable_by_all_is_refused() {
+    let p = Project::new();
+    p.stack(FIVE);
+    std::fs::create_dir_all(p.path(".rdeploy")).unwrap();
+    std::os::unix::fs::chown(p.path(".rdeploy"), Some(4242), Some(4242)).unwrap();
+    p.rdeploy(&["up"]).code(2).stderr_has("belongs to uid 4242, not to the user running rdeploy");
+    assert!(!p.exists("out"));
+
+    std::os::unix::fs::chown(p.path(".rdeploy"), Some(0), Some(0)).unwrap();
+    std::fs::set_permissions(p.path(".rdeploy"), std::fs::Permissions::from_mode(0o777)).unwrap();
+    p.rdeploy(&["up"]).code(2).stderr_has("is writable by every user");
+    assert!(!p.exists("out"));
+
+    // A lock file another user planted.
+    std::fs::set_permissions(p.path(".rdeploy"), std::fs::Permissions::from_mode(0o700)).unwrap();
+    p.file(".rdeploy/lock", "");
+    std::os::unix::fs::chown(p.path(".rdeploy/lock"), Some(4242), None).unwrap();
+    p.rdeploy(&["up"]).code(2).stderr_has("lock belongs to uid 4242");
+    assert!(!p.exists("out"));
+}
+
+/// Every directory rdeploy made under `.rdeploy/` is 0700 and every file 0600, even under
+/// umask 000. The tools' own files under `steps/<step>/` and process.rs's notes in `running/`
+/// are not written by the state dir's code: only their directories are checked (0700 hides them).
+fn assert_private(dir: &Path) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        let meta = std::fs::symlink_metadata(&path).unwrap();
+        let mode = meta.mode() & 0o777;
+        if name == "running" || name == "steps" {
+            assert_eq!(mode, 0o700, "{} is {mode:o}", path.display());
+            for inner in std::fs::read_dir(&path).unwrap() {
+                let inner = inner.unwrap().path();
+                if inner.is_dir() {
+                    let mode = std::fs::metadata(&inner).unwrap().mode() & 0o777;
+                    assert_eq!(mode, 0o700, "{} is {mode:o}", inner.display());
+                }
+            }
+            continue;
+        }
+        if meta.is_dir() {
+            assert_eq!(mode, 0o700, "{} is {mode:o}", path.display());
+            assert_private(&path);
+        } else {
+            assert_eq!(mode, 0o600, "{} is {mode:o}", path.display());
+        }
+    }
+}
+
+#[test]
+fn everything_rdeploy_writes_in_the_state_dir_is_private_whatever_the_umask() {
+    use std::os::unix::process::CommandExt;
+    let p = Project::new();
+    p.stack(FIVE).file("fail-five", "");
+    let run = |args: &[&str]| {
+        let mut cmd = p.command(args);
+        // SAFETY: umask is async-signal-safe and touches only the child's own process state.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::umask(0);
+                Ok(())
+            });
+        }
+        Run::from(cmd.output().unwrap(), args)
+    };
+    run(&["up"]).code(1);
+    for made in ["logs/seed.log", "report.md", "snapshot.json", "journal.seq", "steps/seed", "running"] {
+        assert!(p.exists(&format!(".rdeploy/{made}")), "{made} was written");
+    }
+    assert_private(&p.path(".rdeploy"));
+    assert_eq!(std::fs::metadata(p.path(".rdeploy")).unwrap().mode() & 0o777, 0o700);
+    p.remove("fail-five");
+    run(&["recover"]).code(0);
+    assert!(p.exists(".rdeploy/history"));
+    assert_private(&p.path(".rdeploy"));
+}
