@@ -14,7 +14,7 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 
 use rdeploy_adapters::{
-    shell, CancellationToken, Event, EventSink, Failure, PriorStep, Recovered, StepContext, ToolInfo,
+    shell, Adapter, CancellationToken, Event, EventSink, Failure, PriorStep, Recovered, StepContext, ToolInfo,
 };
 use tokio::task::JoinSet;
 
@@ -42,7 +42,7 @@ pub struct Session {
     pub signal: Arc<Mutex<Option<String>>>,
     pub parallel: usize,
     /// `recover --force`: the operator vouches that no other process is working on the
-    /// release (helm's stuck pending-* rollback); adapters see `RDEPLOY_FORCE=1`.
+    /// release (helm's stuck pending-* rollback); adapters see it as `StepContext::force`.
     pub force: bool,
     /// Notes every tool this run starts while it runs (under the state dir's `running/`).
     pub processes: rdeploy_adapters::process::ProcessTracker,
@@ -173,19 +173,16 @@ enum Action {
 
 impl Session {
     fn context(&self, step: &Step, cancel: CancellationToken) -> StepContext {
-        let mut env = step.env.clone();
-        if self.force {
-            env.insert(rdeploy_adapters::helm::FORCE_ENV.to_string(), "1".to_string());
-        }
         StepContext {
             step: step.name.clone(),
             stack: self.stack.name.clone(),
             stack_dir: self.stack.dir.clone(),
             work_dir: self.state.step_dir(&step.name),
-            env,
+            env: step.env.clone(),
             timeout: step.timeout,
             cancel,
             processes: self.processes.clone(),
+            force: self.force,
         }
     }
 

@@ -6,7 +6,7 @@
 
 use std::fmt::Write as _;
 
-use rdeploy_adapters::{DescribeContext, PriorStep, RecoveryDoc, SubStatus, ToolSpec};
+use rdeploy_adapters::{Adapter, DescribeContext, PriorStep, RecoveryDoc, SubStatus, ToolSpec};
 
 use crate::checkpoint::{Deploy, DeployState, StepStatus};
 use crate::report::{self, StepReport, StepView};

@@ -9,7 +9,7 @@ use std::time::Duration;
 use rdeploy_adapters::yaml::{self, Location, Node, Span, Spanned};
 
 use crate::fleet::model::Kind;
-use rdeploy_adapters::{FieldPath, PathSegment, Tool, ToolSpec};
+use rdeploy_adapters::{Adapter, FieldPath, PathSegment, Tool, ToolSpec};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -226,6 +226,8 @@ pub fn parse(file: &Path, text: &str) -> Result<Stack, StackError> {
     };
     let digest = hex::encode(Sha256::digest(text.as_bytes()));
 
+    // Quoted scalars are marked, so values handed to a tool keep their YAML type
+    // ([`yaml::typed_json`]); serde deserializes from [`yaml::coercible`] copies, as before.
     let root = match yaml::parse_located(text) {
         Ok(node) => node,
         Err(e) => {
@@ -453,7 +455,7 @@ fn parse_step(checker: &mut Checker<'_>, dir: &Path, node: &Node) -> Option<Pars
     if unknown {
         return None;
     }
-    let common_node = Node::Mapping(common);
+    let common_node = yaml::coercible(Node::Mapping(common));
     let own_node = Node::Mapping(own);
     let keys = match yaml::from_node::<CommonKeys>(&common_node) {
         Ok(keys) => keys,
@@ -462,20 +464,29 @@ fn parse_step(checker: &mut Checker<'_>, dir: &Path, node: &Node) -> Option<Pars
             return None;
         }
     };
+    let own_coercible = yaml::coercible(own_node.clone());
     let spec = match tool {
-        Tool::Terraform => yaml::from_node(&own_node).map(ToolSpec::Terraform),
-        Tool::Ansible => yaml::from_node(&own_node).map(ToolSpec::Ansible),
-        Tool::Helm => yaml::from_node(&own_node).map(ToolSpec::Helm),
-        Tool::Kubectl => yaml::from_node(&own_node).map(ToolSpec::Kubectl),
-        Tool::Shell => yaml::from_node(&own_node).map(ToolSpec::Shell),
+        Tool::Terraform => yaml::from_node(&own_coercible).map(ToolSpec::Terraform),
+        Tool::Ansible => yaml::from_node(&own_coercible).map(ToolSpec::Ansible),
+        Tool::Helm => yaml::from_node(&own_coercible).map(ToolSpec::Helm),
+        Tool::Kubectl => yaml::from_node(&own_coercible).map(ToolSpec::Kubectl),
+        Tool::Shell => yaml::from_node(&own_coercible).map(ToolSpec::Shell),
     };
-    let spec = match spec {
+    let mut spec = match spec {
         Ok(spec) => spec,
         Err(e) => {
             report_serde_error(checker, map.span(), e, tool_keys);
             return None;
         }
     };
+    // serde sees every YAML scalar as a string; values handed to the tool keep their YAML type.
+    if let Some((key, values)) = spec.typed_values_mut() {
+        if let Some(node) = own_node.as_mapping().and_then(|m| m.get_mapping(key)) {
+            for (k, v) in node.iter() {
+                values.insert(k.as_str().to_string(), yaml::typed_json(v));
+            }
+        }
+    }
 
     let name = keys.name.as_str().to_string();
     if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
@@ -841,6 +852,60 @@ mod tests {
         assert_eq!(p[0].line, 5);
         let p = problems("name: s\nsteps:\n  - name: a\n    tool: shell\n    timeout: soon\n    run: x\n");
         assert_eq!((p[0].line, p[0].column), (5, 14));
+    }
+
+    #[test]
+    fn a_helm_recover_mode_is_one_of_its_modes() {
+        let text = "name: s\nsteps:\n  - name: app\n    tool: helm\n    release: web\n    chart: repo/web\n    recover: retry\n";
+        let problems = problems(text);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert_eq!(problems[0].line, 7);
+        assert!(
+            problems[0].message.contains("unknown variant `retry`, expected `upgrade` or `rollback`"),
+            "{problems:?}"
+        );
+        assert!(problems[0].message.contains("`recover`"), "names the key: {problems:?}");
+        let ok = parse(Path::new("stack.yaml"), &text.replace("retry", "rollback")).unwrap();
+        let ToolSpec::Helm(helm) = &ok.steps[0].spec else { panic!("helm") };
+        assert_eq!(helm.recover, Some(rdeploy_adapters::helm::RecoverMode::Rollback));
+    }
+
+    #[test]
+    fn values_for_the_tool_keep_their_yaml_type() {
+        let text = r#"
+name: s
+steps:
+  - name: chart
+    tool: helm
+    release: web
+    chart: repo/web
+    set: { service.enabled: false, replicaCount: 2, ratio: 0.5, tag: "1.10", quoted: "false", none: ~, empty: ,
+           list: [1, "2", true], map: { a: null, b: 'x' }, word: yes, big: 18446744073709551615, neg: -3 }
+  - name: play
+    tool: ansible
+    playbook: site.yml
+    inventory: hosts.ini
+    extra_vars: { flag: false, name: "false", n: 07 }
+"#;
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("site.yml"), "").unwrap();
+        std::fs::write(dir.path().join("hosts.ini"), "").unwrap();
+        let stack = parse(&dir.path().join("stack.yaml"), text).unwrap();
+        let ToolSpec::Helm(helm) = &stack.steps[0].spec else { panic!("helm") };
+        let set = serde_json::to_value(&helm.set).unwrap();
+        assert_eq!(
+            set,
+            serde_json::json!({
+                "service.enabled": false, "replicaCount": 2, "ratio": 0.5, "tag": "1.10", "quoted": "false",
+                "none": null, "empty": null, "list": [1, "2", true], "map": { "a": null, "b": "x" },
+                "word": "yes", "big": 18446744073709551615u64, "neg": -3
+            })
+        );
+        let ToolSpec::Ansible(play) = &stack.steps[1].spec else { panic!("ansible") };
+        assert_eq!(
+            serde_json::to_value(&play.extra_vars).unwrap(),
+            serde_json::json!({ "flag": false, "name": "false", "n": 7 })
+        );
     }
 
     #[test]

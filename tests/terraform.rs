@@ -210,3 +210,49 @@ fn crash_loop_kill_9_during_apply_and_recover_converges_without_double_applies()
         }
     }
 }
+
+/// `vars:` reach terraform with their YAML types: a map's number stays a number and a boolean a
+/// boolean, as terraform's own type of an `any` variable shows.
+#[test]
+fn typed_vars_reach_terraform_with_their_types() {
+    let terraform =
+        require_tool("terraform", "install terraform v1.11 (https://developer.hashicorp.com/terraform/install)");
+    let p = Project::new();
+    p.file(
+        "typed/main.tf",
+        r#"
+variable "flag" {
+  type = bool
+}
+variable "settings" {
+  type = any
+}
+output "flag_is_false" {
+  value = var.flag == false
+}
+output "settings" {
+  value = var.settings
+}
+"#,
+    );
+    p.stack(
+        r#"
+name: infra
+steps:
+  - name: typed
+    tool: terraform
+    dir: typed
+    vars: { flag: false, settings: { n: 2, on: true, name: "2", list: [1, "a"] } }
+"#,
+    );
+    p.rdeploy(&["up"]).code(0);
+    let out =
+        std::process::Command::new(terraform).args(["output", "-json"]).current_dir(p.path("typed")).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let outputs: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(outputs["flag_is_false"]["value"], true);
+    assert_eq!(
+        outputs["settings"]["type"],
+        serde_json::json!(["object", { "list": ["tuple", ["number", "string"]], "n": "number", "name": "string", "on": "bool" }])
+    );
+}

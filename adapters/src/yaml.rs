@@ -81,10 +81,11 @@ pub fn decode_utf8(bytes: Vec<u8>) -> Result<String, LoadError> {
 
 /// Parses one YAML document whose top is a mapping, keeping every node's position. A second
 /// document, a duplicate key in any mapping, anchors and tags are errors; a leading byte-order
-/// mark is skipped.
+/// mark is skipped. Quoted scalars are marked as such: read values through [`coercible`] for
+/// serde, and through [`typed_json`] where the YAML type must reach a tool.
 pub fn parse_located(text: &str) -> Result<Node, LoadError> {
     let text = text.strip_prefix(BOM).unwrap_or(text);
-    let options = marked_yaml::LoaderOptions::default().error_on_duplicate_keys(true);
+    let options = marked_yaml::LoaderOptions::default().error_on_duplicate_keys(true).prevent_coercion(true);
     let node = marked_yaml::parse_yaml_with_options(0, text, options).map_err(|e| describe(&e))?;
     if let Some(at) = second_document(text) {
         return Err(LoadError {
@@ -208,6 +209,66 @@ fn lowercase_first(s: &str) -> String {
     match chars.next() {
         Some(c) => c.to_lowercase().chain(chars).collect(),
         None => String::new(),
+    }
+}
+
+/// `node` with every scalar readable as a boolean or number, whether quoted or not, as serde
+/// reads the stack's own keys (`wait: "true"` is a boolean there).
+pub fn coercible(mut node: Node) -> Node {
+    fn walk(node: &mut Node) {
+        match node {
+            Node::Scalar(s) => s.set_coerce(true),
+            Node::Sequence(seq) => seq.iter_mut().for_each(walk),
+            Node::Mapping(map) => map.values_mut().for_each(walk),
+        }
+    }
+    walk(&mut node);
+    node
+}
+
+/// A YAML node as JSON with its YAML type: a plain scalar is null, a boolean, an integer or a
+/// float when it reads as one (YAML 1.2's core schema), a quoted scalar is always a string.
+pub fn typed_json(node: &Node) -> serde_json::Value {
+    use serde_json::Value;
+    match node {
+        Node::Scalar(s) if !s.may_coerce() => Value::String(s.as_str().to_string()),
+        Node::Scalar(s) => {
+            let text = s.as_str();
+            let digits = |t: &str| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit());
+            let unsigned = text.strip_prefix(['-', '+']).unwrap_or(text);
+            let float_like = {
+                let (mantissa, exponent) = match unsigned.split_once(['e', 'E']) {
+                    Some((m, e)) => (m, Some(e.strip_prefix(['-', '+']).unwrap_or(e))),
+                    None => (unsigned, None),
+                };
+                let mantissa_ok = match mantissa.split_once('.') {
+                    Some((int, frac)) => {
+                        (int.is_empty() || digits(int)) && (digits(frac) || (frac.is_empty() && digits(int)))
+                    }
+                    None => digits(mantissa),
+                };
+                mantissa_ok && exponent.is_none_or(digits)
+            };
+            match text {
+                "" | "~" | "null" | "Null" | "NULL" => Value::Null,
+                "true" | "True" | "TRUE" => Value::Bool(true),
+                "false" | "False" | "FALSE" => Value::Bool(false),
+                _ if digits(unsigned) => text
+                    .trim_start_matches('+')
+                    .parse::<i64>()
+                    .map(Value::from)
+                    .or_else(|_| text.trim_start_matches('+').parse::<u64>().map(Value::from))
+                    .unwrap_or_else(|_| Value::String(text.to_string())),
+                _ if float_like => text
+                    .parse::<f64>()
+                    .ok()
+                    .and_then(serde_json::Number::from_f64)
+                    .map_or_else(|| Value::String(text.to_string()), Value::Number),
+                _ => Value::String(text.to_string()),
+            }
+        }
+        Node::Sequence(seq) => Value::Array(seq.iter().map(typed_json).collect()),
+        Node::Mapping(map) => Value::Object(map.iter().map(|(k, v)| (k.as_str().to_string(), typed_json(v))).collect()),
     }
 }
 

@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 
 use rdeploy_adapters::terraform::{TerraformSpec, FACT_LOCK_ID};
 use rdeploy_adapters::testing::Recorder;
-use rdeploy_adapters::{CancellationToken, Event, Failure, PriorStep, Recovered, StepContext, SubStatus, ToolSpec};
+use rdeploy_adapters::{
+    Adapter, CancellationToken, Event, Failure, PriorStep, Recovered, StepContext, SubStatus, ToolSpec,
+};
 
 /// Fails loudly: these tests exist to run real terraform.
 fn require_terraform() {
@@ -50,6 +52,7 @@ impl Fixture {
             env: BTreeMap::new(),
             timeout: Some(Duration::from_secs(240)),
             cancel: CancellationToken::new(),
+            force: false,
             processes: Default::default(),
         }
     }

@@ -24,8 +24,9 @@ use self::lock::{parse_lock_diagnostic, LockInfo};
 use self::state::InState;
 use crate::process::{redact_line, Command, Outcome, Signal};
 use crate::{
-    display_command, shell_quote, AdapterError, CancellationToken, DescribeContext, Event, EventSink, Failure,
-    FieldPath, Inspection, PathSegment, PriorStep, RecoveryDoc, SpecProblem, StepContext, Stream, SubStatus, ToolInfo,
+    display_command, shell_quote, Adapter, AdapterError, CancellationToken, DescribeContext, Event, EventSink, Failure,
+    FieldPath, Inspection, PathSegment, PriorStep, Recovered, RecoveryDoc, SpecProblem, StepContext, Stream, SubStatus,
+    ToolInfo,
 };
 
 /// Facts kept in the checkpoint when another process holds the state lock.
@@ -60,7 +61,19 @@ pub struct TerraformSpec {
 impl TerraformSpec {
     pub const KEYS: &'static [&'static str] = &["dir", "vars", "var_files", "workspace", "binary", "lock_timeout"];
 
-    pub fn problems(&self) -> Vec<SpecProblem> {
+    /// `terraform` or `tofu`, as an operator types it.
+    fn tool_word(&self) -> String {
+        let binary = self.binary.as_deref().unwrap_or("terraform");
+        Path::new(binary).file_name().map_or_else(|| binary.to_string(), |n| n.to_string_lossy().into_owned())
+    }
+
+    fn resolve_binary(&self, ctx: &StepContext) -> Result<PathBuf, AdapterError> {
+        crate::resolve_binary(ctx, self.binary.as_deref().unwrap_or("terraform"), INSTALL_HINT)
+    }
+}
+
+impl Adapter for TerraformSpec {
+    fn problems(&self) -> Vec<SpecProblem> {
         let mut problems = Vec::new();
         if let Some(binary) = &self.binary {
             if !binary.contains('/') && !matches!(binary.as_str(), "terraform" | "tofu") {
@@ -101,7 +114,7 @@ impl TerraformSpec {
         problems
     }
 
-    pub fn referenced_paths(&self) -> Vec<(FieldPath, PathBuf)> {
+    fn referenced_paths(&self) -> Vec<(FieldPath, PathBuf)> {
         let mut paths = vec![(vec![PathSegment::Key("dir")], self.dir.clone())];
         for (i, file) in self.var_files.iter().enumerate() {
             paths.push((vec![PathSegment::Key("var_files"), PathSegment::Index(i)], file.clone()));
@@ -109,17 +122,7 @@ impl TerraformSpec {
         paths
     }
 
-    /// `terraform` or `tofu`, as an operator types it.
-    fn tool_word(&self) -> String {
-        let binary = self.binary.as_deref().unwrap_or("terraform");
-        Path::new(binary).file_name().map_or_else(|| binary.to_string(), |n| n.to_string_lossy().into_owned())
-    }
-
-    fn resolve_binary(&self, ctx: &StepContext) -> Result<PathBuf, AdapterError> {
-        crate::resolve_binary(ctx, self.binary.as_deref().unwrap_or("terraform"), INSTALL_HINT)
-    }
-
-    pub async fn preflight(&self, ctx: &StepContext) -> Result<ToolInfo, AdapterError> {
+    async fn preflight(&self, ctx: &StepContext) -> Result<ToolInfo, AdapterError> {
         let binary = self.resolve_binary(ctx)?;
         let command = format!("{} version -json", self.tool_word());
         let mut stdout = String::new();
@@ -156,14 +159,14 @@ impl TerraformSpec {
         Ok(ToolInfo { binary, version })
     }
 
-    pub async fn apply(&self, ctx: &StepContext, sink: &dyn EventSink) -> Result<(), Failure> {
+    async fn apply(&self, ctx: &StepContext, sink: &dyn EventSink) -> Result<(), Failure> {
         let mut run = Run::new(self, ctx, sink)?;
         let plan_file = ctx.work_dir.join(PLAN_FILE);
         let plan = run.plan(&plan_file, Workspace::Create).await?;
         run.apply_saved(&plan, &plan_file).await
     }
 
-    pub async fn recover(&self, ctx: &StepContext, prior: &PriorStep, sink: &dyn EventSink) -> Result<(), Failure> {
+    async fn recover(&self, ctx: &StepContext, prior: &PriorStep, sink: &dyn EventSink) -> Result<Recovered, Failure> {
         let mut run = Run::new(self, ctx, sink)?;
         // The apply of a run that died went on without it (it got SIGINT and finished what was
         // in flight); its stream says what it completed after the checkpoint last heard.
@@ -202,10 +205,10 @@ impl TerraformSpec {
                 });
             }
         }
-        run.apply_saved(&plan, &plan_file).await
+        run.apply_saved(&plan, &plan_file).await.map(|()| Recovered::Complete)
     }
 
-    pub async fn inspect(&self, ctx: &StepContext, prior: &PriorStep) -> Result<Inspection, Failure> {
+    async fn inspect(&self, ctx: &StepContext, prior: &PriorStep) -> Result<Inspection, Failure> {
         let sink = Collect::default();
         let mut run = Run::new(self, ctx, &sink)?;
         let plan = run.plan(&ctx.work_dir.join(INSPECT_PLAN_FILE), Workspace::Existing).await?;
@@ -224,7 +227,7 @@ impl TerraformSpec {
         Ok(inspection)
     }
 
-    pub fn describe_recovery(&self, ctx: &DescribeContext<'_>, prior: Option<&PriorStep>) -> RecoveryDoc {
+    fn describe_recovery(&self, ctx: &DescribeContext<'_>, prior: Option<&PriorStep>) -> RecoveryDoc {
         let tf = self.tool_word();
         let dir = Path::new(ctx.stack_dir).join(&self.dir);
         let cd = format!("cd {}", shell_quote(&dir.to_string_lossy()));
@@ -284,6 +287,10 @@ impl TerraformSpec {
             }
         }
         doc
+    }
+
+    fn typed_values_mut(&mut self) -> Option<(&'static str, &mut BTreeMap<String, serde_json::Value>)> {
+        Some(("vars", &mut self.vars))
     }
 }
 
