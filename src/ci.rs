@@ -42,7 +42,7 @@ enum Mode {
     Recover { deploy_id: String, done: Vec<String> },
 }
 
-/// Runs the CI wrapper and returns the exit code of SPEC.md.
+/// Runs the CI wrapper and returns its exit code (docs/exit-codes.md).
 pub async fn run(session: &Session, outputs: &Outputs) -> anyhow::Result<Code> {
     let unfinished = session.store.load_unfinished()?;
     let mode = match &unfinished {

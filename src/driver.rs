@@ -1,6 +1,6 @@
 //! The driver: runs a stack's steps in DAG order through their adapters, journals every event
-//! before acting on it, and turns failures into the outcomes of SPEC.md (stop and keep the
-//! checkpoint, complete-or-revert, gates, interrupts).
+//! before acting on it, and turns failures into the outcomes of docs/exit-codes.md (stop and
+//! keep the checkpoint, complete-or-revert, gates, interrupts).
 //!
 //! The driver decides, the binary presents: every command returns a [`RunReport`] and prints
 //! nothing on stdout (`main.rs` denies `print!` here); `cmd` maps the outcome to the exit code
@@ -14,7 +14,7 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 
 use rdeploy_adapters::{
-    shell, CancellationToken, Event, EventSink, Failure, PriorStep, Recovered, StepContext, ToolInfo,
+    shell, Adapter, CancellationToken, Event, EventSink, Failure, PriorStep, Recovered, StepContext, ToolInfo,
 };
 use tokio::task::JoinSet;
 
@@ -42,14 +42,21 @@ pub struct Session {
     pub signal: Arc<Mutex<Option<String>>>,
     pub parallel: usize,
     /// `recover --force`: the operator vouches that no other process is working on the
-    /// release (helm's stuck pending-* rollback); adapters see `RDEPLOY_FORCE=1`.
+    /// release (helm's stuck pending-* rollback); adapters see it as `StepContext::force`.
     pub force: bool,
     /// `--keep-going` (or `on_failure: continue`): a failure stops only the steps that need
     /// the failed one; independent branches run on.
     pub keep_going: bool,
+    /// Notes every tool this run starts while it runs (under the state dir's `running/`).
+    pub processes: rdeploy_adapters::process::ProcessTracker,
 }
 
-/// How a command ended, in the terms of SPEC.md's exit codes (`cmd::exit_code` maps them).
+/// How long a run waits for a tool a dead run left running (terraform finishing the resources
+/// in flight after its SIGINT) before it refuses to start beside it.
+const SURVIVOR_WAIT: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// How a command ended, in the terms of the exit codes (docs/exit-codes.md; `cmd::exit_code` maps
+/// them).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {
     /// The command did all it was asked (or there was nothing to do).
@@ -179,18 +186,16 @@ enum Action {
 
 impl Session {
     fn context(&self, step: &Step, cancel: CancellationToken) -> StepContext {
-        let mut env = step.env.clone();
-        if self.force {
-            env.insert(rdeploy_adapters::helm::FORCE_ENV.to_string(), "1".to_string());
-        }
         StepContext {
             step: step.name.clone(),
             stack: self.stack.name.clone(),
             stack_dir: self.stack.dir.clone(),
             work_dir: self.state.step_dir(&step.name),
-            env,
+            env: step.env.clone(),
             timeout: step.timeout,
             cancel,
+            processes: self.processes.clone(),
+            force: self.force,
         }
     }
 
@@ -241,14 +246,26 @@ impl Session {
                 // belongs to a run that died (a grandchild outlives the pdeathsig): running the
                 // same sub-change again now would interleave with it.
                 let running = self.state.path.join("running");
-                let alive = rdeploy_adapters::process::surviving_children(&running);
+                let alive = rdeploy_adapters::process::wait_for_survivors(&running, SURVIVOR_WAIT, |alive| {
+                    let list: Vec<String> =
+                        alive.iter().map(|(pgid, cmd)| format!("process group {pgid} (`{cmd}`)")).collect();
+                    self.ui.warn(format!(
+                        "waiting for a tool started by a run that died to finish (up to {} s): {}",
+                        SURVIVOR_WAIT.as_secs(),
+                        list.join(", ")
+                    ));
+                });
                 if !alive.is_empty() {
                     let list: Vec<String> =
                         alive.iter().map(|(pgid, cmd)| format!("process group {pgid} (`{cmd}`)")).collect();
                     let kill: Vec<String> = alive.iter().map(|(pgid, _)| format!("kill -TERM -- -{pgid}")).collect();
                     return Err(Refusal::new(
                         Code::Locked,
-                        format!("a tool started by a run that died is still running: {}", list.join(", ")),
+                        format!(
+                            "a tool started by a run that died is still running after {} s: {}",
+                            SURVIVOR_WAIT.as_secs(),
+                            list.join(", ")
+                        ),
                     )
                     .with_hint(format!(
                         "wait for it to finish, or stop it with `{}`, then run this again",
@@ -258,7 +275,6 @@ impl Session {
                 }
                 // 0700 before process.rs writes its notes there.
                 self.state.create_dir(&running)?;
-                rdeploy_adapters::process::note_running_children_in(running);
                 Ok(lock)
             }
             Err(crate::store::LockError::Held { dir, holder }) => {

@@ -1,4 +1,4 @@
-//! Exit codes as SPEC.md fixes them, and the error that carries one to `main`.
+//! Exit codes as docs/exit-codes.md documents them, and the error that carries one to `main`.
 
 use std::fmt;
 

@@ -371,6 +371,7 @@ fn session(stack_path: &Path, global: &Global, ui: Arc<Ui>, parallel: usize) -> 
     let signal = Arc::new(Mutex::new(None));
     watch_signals(cancel.clone(), signal.clone(), ui.clone());
     let keep_going = stack.on_failure == stack::OnFailure::Continue;
+    let processes = rdeploy_adapters::process::ProcessTracker::in_dir(state.path.join("running"));
     Ok(driver::Session {
         stack: Arc::new(stack),
         store,
@@ -382,6 +383,7 @@ fn session(stack_path: &Path, global: &Global, ui: Arc<Ui>, parallel: usize) -> 
         parallel,
         force: false,
         keep_going,
+        processes,
     })
 }
 

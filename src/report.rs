@@ -14,7 +14,7 @@ use crate::store::Holder;
 use crate::store::Store;
 use crate::ui::Paint;
 
-/// `status --json`: the fields of SPEC.md plus detail scripts may use.
+/// `status --json`: the fields docs/status-json.md documents.
 #[derive(Debug, Serialize)]
 pub struct Status {
     pub stack: String,
@@ -115,7 +115,7 @@ pub struct SubReport {
 }
 
 /// A step's status as the report shows it. Several variants share a word in `status --json`
-/// (SPEC.md's five), but renderers match on the variant, so nothing is rebuilt from flags.
+/// (the five of docs/status-json.md), but renderers match on the variant, so nothing is rebuilt from flags.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum StepView {

@@ -6,7 +6,7 @@
 
 use std::fmt::Write as _;
 
-use rdeploy_adapters::{DescribeContext, PriorStep, RecoveryDoc, SubStatus, ToolSpec};
+use rdeploy_adapters::{Adapter, DescribeContext, PriorStep, RecoveryDoc, SubStatus, ToolSpec};
 
 use crate::checkpoint::{Deploy, DeployState, StepStatus};
 use crate::report::{self, StepReport, StepView};
@@ -15,7 +15,7 @@ use crate::store::local::StateDir;
 use crate::store::Holder;
 use crate::store::Store;
 
-/// What a step without `revert` says in its revert section (SPEC.md: complete or revert).
+/// What a step without `revert` says in its revert section (complete or revert: docs/stack-file.md, `revert`).
 pub const NO_REVERT: &str = "none: complete or revert is not possible, escalate";
 
 /// Renders the runbook of a stack, with the live part read from its state directory.

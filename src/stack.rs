@@ -1,13 +1,15 @@
 //! The stack file: parsing `stack.yaml` into a validated plan, with every error located at
-//! file:line:column and a suggestion. This is the only module that knows YAML.
+//! file:line:column and a suggestion. The YAML itself is read by `rdeploy_adapters::yaml`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use marked_yaml::{Marker, Node, Span, Spanned};
-use rdeploy_adapters::{FieldPath, PathSegment, Tool, ToolSpec};
+use rdeploy_adapters::yaml::{self, Location, Node, Span, Spanned};
+
+use crate::fleet::model::Kind;
+use rdeploy_adapters::{Adapter, FieldPath, PathSegment, Tool, ToolSpec};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -76,16 +78,15 @@ pub struct Step {
     pub digest: String,
 }
 
-/// A precondition evaluated right before a step runs.
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
-#[serde(deny_unknown_fields)]
+/// A precondition evaluated right before a step runs. Its values are parsed when the stack
+/// loads, so a bad kind, timeout or date is bad input at `validate`, not a refusal mid-deploy.
+#[derive(Clone, Debug, PartialEq)]
 pub struct Gate {
     pub inventory: InventoryGate,
 }
 
 /// Refuse the step unless every cluster in scope runs the wanted version.
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
-#[serde(deny_unknown_fields)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct InventoryGate {
     pub contexts: Vec<String>,
     pub namespace: Option<String>,
@@ -93,23 +94,50 @@ pub struct InventoryGate {
     pub image: String,
     pub version: String,
     pub kubeconfig: Option<PathBuf>,
-    #[serde(default)]
     pub exceptions: Vec<GateException>,
-    /// Only these workload kinds (Deployment, DaemonSet, StatefulSet, CronJob, Job, Pod); all when empty.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub kinds: Vec<String>,
-    /// Per-cluster time to answer before it counts as absent (default 5s).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub timeout: Option<String>,
+    /// Only these workload kinds; all when empty.
+    pub kinds: Vec<Kind>,
+    /// Per-cluster time to answer before it counts as absent (`None`: the gate's default).
+    pub timeout: Option<Duration>,
 }
 
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
-#[serde(deny_unknown_fields)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct GateException {
     pub cluster: String,
     pub reason: String,
-    /// The exception stops applying after this date (YYYY-MM-DD).
-    pub expires: String,
+    /// The exception applies through the day before this date.
+    pub expires: time::Date,
+}
+
+/// `gate:` as written, with the positions of the values parsed at load.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawGate {
+    inventory: RawInventoryGate,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawInventoryGate {
+    contexts: Vec<String>,
+    namespace: Option<String>,
+    selector: Option<String>,
+    image: String,
+    version: String,
+    kubeconfig: Option<PathBuf>,
+    #[serde(default)]
+    exceptions: Vec<RawGateException>,
+    #[serde(default)]
+    kinds: Vec<Spanned<String>>,
+    timeout: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawGateException {
+    cluster: String,
+    reason: String,
+    expires: Spanned<String>,
 }
 
 /// The common keys of a step, deserialized with their positions.
@@ -123,7 +151,7 @@ struct CommonKeys {
     needs: Vec<Spanned<String>>,
     resumable: Option<bool>,
     revert: Option<String>,
-    gate: Option<Gate>,
+    gate: Option<RawGate>,
     timeout: Option<Spanned<String>>,
     #[serde(default)]
     env: BTreeMap<String, String>,
@@ -232,11 +260,7 @@ fn check_retry(checker: &mut Checker<'_>, keys: &RetryKeys) -> Option<Retry> {
                 let why = last.strip_prefix("error: ").unwrap_or(last).to_string();
                 checker.at(
                     pattern.span(),
-                    format!(
-                        "`retry.matching` entry `{}` is not a regular expression: {}",
-                        pattern.as_str(),
-                        lowercase_first(&why)
-                    ),
+                    format!("`retry.matching` entry `{}` is not a regular expression: {}", pattern.as_str(), why),
                     Some("the syntax is Rust's `regex` crate; escape `(`, `[`, `.` with `\\`".into()),
                 );
             }
@@ -301,15 +325,19 @@ impl Checker<'_> {
         self.problems.push(Problem { file: self.file.to_path_buf(), line, column, message: message.into(), hint });
     }
 
-    fn at_marker(&mut self, marker: Option<Marker>, message: impl Into<String>, hint: Option<String>) {
-        let span = marker.map(Span::new_start).unwrap_or_else(Span::new_blank);
-        self.at(&span, message, hint);
+    fn at_location(&mut self, at: Option<Location>, message: impl Into<String>, hint: Option<String>) {
+        let Location { line, column } = at.unwrap_or(Location { line: 1, column: 1 });
+        self.problems.push(Problem { file: self.file.to_path_buf(), line, column, message: message.into(), hint });
     }
 }
 
 /// Reads and validates a stack file. Errors name file, line and column.
 pub fn load(file: &Path) -> anyhow::Result<Stack> {
-    let text = fs_err::read_to_string(file)?;
+    let text = yaml::decode_utf8(fs_err::read(file)?).map_err(|e| {
+        let mut checker = Checker { file, problems: Vec::new() };
+        checker.at_location(e.at, e.message, Some("save the stack file as UTF-8".into()));
+        StackError { problems: checker.problems }
+    })?;
     Ok(parse(file, &text)?)
 }
 
@@ -322,13 +350,14 @@ pub fn parse(file: &Path, text: &str) -> Result<Stack, StackError> {
     };
     let digest = hex::encode(Sha256::digest(text.as_bytes()));
 
-    let root = match marked_yaml::parse_yaml(0, text) {
+    // Quoted scalars are marked, so values handed to a tool keep their YAML type
+    // ([`yaml::typed_json`]); serde deserializes from [`yaml::coercible`] copies, as before.
+    let root = match yaml::parse_located(text) {
         Ok(node) => node,
         Err(e) => {
-            let (marker, message) = describe_load_error(&e);
-            checker.at_marker(
-                marker,
-                message,
+            checker.at_location(
+                e.at,
+                e.message,
                 Some("the stack file must be a YAML mapping with `name` and `steps`".into()),
             );
             return Err(StackError { problems: checker.problems });
@@ -405,19 +434,23 @@ pub fn parse(file: &Path, text: &str) -> Result<Stack, StackError> {
 
     let mut steps = Vec::new();
     let mut name_spans: Vec<(String, Span)> = Vec::new();
+    // Each name's first step, so that checking names and `needs` stays linear in the steps
+    // (a 100,000-step stack was quadratic here).
+    let mut first_by_name: HashMap<String, usize> = HashMap::new();
     let mut needs_spans: Vec<Vec<Spanned<String>>> = Vec::new();
     let mut phase_spans: Vec<Option<Span>> = Vec::new();
     for node in step_nodes.iter() {
         if let Some((mut step, name_span, needs, phase_span)) = parse_step(&mut checker, &dir, node) {
             step.timeout = step.timeout.or(default_timeout);
-            if let Some((_, first)) = name_spans.iter().find(|(n, _)| *n == step.name) {
-                let first_line = first.start().map(|m| m.line()).unwrap_or(0);
+            if let Some(&first) = first_by_name.get(&step.name) {
+                let first_line = name_spans[first].1.start().map(|m| m.line()).unwrap_or(0);
                 checker.at(
                     &name_span,
                     format!("step name `{}` is used twice (first on line {first_line})", step.name),
                     Some("step names are checkpoint keys: give each step a unique name".into()),
                 );
             }
+            first_by_name.entry(step.name.clone()).or_insert(name_spans.len());
             name_spans.push((step.name.clone(), name_span));
             needs_spans.push(needs);
             phase_spans.push(phase_span);
@@ -430,6 +463,7 @@ pub fn parse(file: &Path, text: &str) -> Result<Stack, StackError> {
 
     // `needs` must name existing steps.
     let names: Vec<&str> = steps.iter().map(|s| s.name.as_str()).collect();
+    let known: std::collections::HashSet<&str> = names.iter().copied().collect();
     for (i, needs) in needs_spans.iter().enumerate() {
         for need in needs {
             if need.as_str() == steps[i].name {
@@ -438,7 +472,7 @@ pub fn parse(file: &Path, text: &str) -> Result<Stack, StackError> {
                     format!("step `{}` needs itself", steps[i].name),
                     Some("remove it from `needs`".into()),
                 );
-            } else if !names.contains(&need.as_str()) {
+            } else if !known.contains(need.as_str()) {
                 let hint = suggest(need.as_str(), &names).map(|s| format!("did you mean `{s}`?"));
                 checker.at(
                     need.span(),
@@ -489,6 +523,22 @@ fn parse_step(checker: &mut Checker<'_>, dir: &Path, node: &Node) -> Option<Pars
         return None;
     };
     let Some(tool_node) = map.get_scalar("tool") else {
+        // A misspelt common key (`tol: shell`) is named as such: "no `tool`" alone would
+        // leave the reader looking for what is missing rather than what is wrong.
+        let mut misspelt = false;
+        if map.get_node("tool").is_none() {
+            for key in map.keys() {
+                let k = key.as_str();
+                let known = COMMON_KEYS.contains(&k) || Tool::ALL.iter().any(|t| ToolSpec::keys(*t).contains(&k));
+                if let Some(s) = suggest(k, COMMON_KEYS).filter(|_| !known) {
+                    checker.at(key.span(), format!("unknown key `{k}`"), Some(format!("did you mean `{s}`?")));
+                    misspelt = true;
+                }
+            }
+        }
+        if misspelt {
+            return None;
+        }
         let span = map.get_node("tool").map(|n| *n.span()).unwrap_or(*map.span());
         checker.at(&span, "this step has no `tool`", Some(format!("add `tool:` with one of {}", tool_list())));
         return None;
@@ -535,29 +585,38 @@ fn parse_step(checker: &mut Checker<'_>, dir: &Path, node: &Node) -> Option<Pars
     if unknown {
         return None;
     }
-    let common_node = Node::Mapping(common);
+    let common_node = yaml::coercible(Node::Mapping(common));
     let own_node = Node::Mapping(own);
-    let keys = match marked_yaml::from_node::<CommonKeys>(&common_node) {
+    let keys = match yaml::from_node::<CommonKeys>(&common_node) {
         Ok(keys) => keys,
         Err(e) => {
             report_serde_error(checker, map.span(), e, COMMON_KEYS);
             return None;
         }
     };
+    let own_coercible = yaml::coercible(own_node.clone());
     let spec = match tool {
-        Tool::Terraform => marked_yaml::from_node(&own_node).map(ToolSpec::Terraform),
-        Tool::Ansible => marked_yaml::from_node(&own_node).map(ToolSpec::Ansible),
-        Tool::Helm => marked_yaml::from_node(&own_node).map(ToolSpec::Helm),
-        Tool::Kubectl => marked_yaml::from_node(&own_node).map(ToolSpec::Kubectl),
-        Tool::Shell => marked_yaml::from_node(&own_node).map(ToolSpec::Shell),
+        Tool::Terraform => yaml::from_node(&own_coercible).map(ToolSpec::Terraform),
+        Tool::Ansible => yaml::from_node(&own_coercible).map(ToolSpec::Ansible),
+        Tool::Helm => yaml::from_node(&own_coercible).map(ToolSpec::Helm),
+        Tool::Kubectl => yaml::from_node(&own_coercible).map(ToolSpec::Kubectl),
+        Tool::Shell => yaml::from_node(&own_coercible).map(ToolSpec::Shell),
     };
-    let spec = match spec {
+    let mut spec = match spec {
         Ok(spec) => spec,
         Err(e) => {
             report_serde_error(checker, map.span(), e, tool_keys);
             return None;
         }
     };
+    // serde sees every YAML scalar as a string; values handed to the tool keep their YAML type.
+    if let Some((key, values)) = spec.typed_values_mut() {
+        if let Some(node) = own_node.as_mapping().and_then(|m| m.get_mapping(key)) {
+            for (k, v) in node.iter() {
+                values.insert(k.as_str().to_string(), yaml::typed_json(v));
+            }
+        }
+    }
 
     let name = keys.name.as_str().to_string();
     if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
@@ -605,7 +664,7 @@ fn parse_step(checker: &mut Checker<'_>, dir: &Path, node: &Node) -> Option<Pars
             Some("declare `sub_changes` (each checkpointed, with an optional `check`), or give it a `revert`".into()),
         );
     }
-    let digest = hex::encode(Sha256::digest(node_to_json(node).to_string().as_bytes()));
+    let digest = hex::encode(Sha256::digest(yaml::node_to_json(node).to_string().as_bytes()));
     let line = map.span().start().map(|m| m.line()).unwrap_or(0);
     let step = Step {
         name,
@@ -613,7 +672,7 @@ fn parse_step(checker: &mut Checker<'_>, dir: &Path, node: &Node) -> Option<Pars
         needs: keys.needs.iter().map(|n| n.as_str().to_string()).collect(),
         resumable,
         revert: keys.revert,
-        gate: keys.gate,
+        gate: keys.gate.map(|g| check_gate(checker, g)),
         timeout,
         retry,
         env: keys.env,
@@ -625,25 +684,81 @@ fn parse_step(checker: &mut Checker<'_>, dir: &Path, node: &Node) -> Option<Pars
     Some((step, *keys.name.span(), keys.needs, keys.phase.map(|p| *p.span())))
 }
 
-/// Turns a serde error from `marked_yaml` into a located problem.
-fn report_serde_error(checker: &mut Checker<'_>, fallback: &Span, e: marked_yaml::FromNodeError, keys: &[&str]) {
-    let marker = e.start_mark();
-    let path = e.path().map(str::to_string);
-    let hint = match &*e {
-        marked_yaml::Error::UnknownFieldError(field, expected, _) => {
-            // Inside a nested mapping (`gate.inventory.namespce`) the candidates are that
-            // mapping's own fields, not the step's keys.
-            let nested = path.as_deref().is_some_and(|p| p.contains('.'));
-            suggest(field, if nested { expected } else { keys }).map(|s| format!("did you mean `{s}`?"))
+/// The gate with its values parsed; a value that does not parse is a located problem.
+fn check_gate(checker: &mut Checker<'_>, raw: RawGate) -> Gate {
+    let inv = raw.inventory;
+    let mut kinds = Vec::new();
+    for k in &inv.kinds {
+        match Kind::parse(k.as_str()) {
+            Some(kind) => kinds.push(kind),
+            None => {
+                let names = Kind::ALL.map(Kind::name);
+                let hint = suggest(k.as_str(), &names)
+                    .map(|s| format!("did you mean `{s}`?"))
+                    .unwrap_or_else(|| format!("use one of {}", quoted(&names)));
+                checker.at(
+                    k.span(),
+                    format!("unknown workload kind `{}` in `gate.inventory.kinds`", k.as_str()),
+                    Some(hint),
+                );
+            }
         }
-        _ => None,
-    };
-    let mut message = lowercase_first(&e.into_inner().to_string());
-    if let Some(path) = path.filter(|p| !p.is_empty() && p != ".") {
-        message = format!("{message} (at `{path}`)");
     }
-    match marker {
-        Some(m) => checker.at_marker(Some(m), message, hint),
+    let timeout = inv.timeout.and_then(|t| match humantime::parse_duration(t.as_str()) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            checker.at(
+                t.span(),
+                format!("`gate.inventory.timeout: {}` is not a duration: {e}", t.as_str()),
+                Some("write it like `5s`, `30s` or `2m`".into()),
+            );
+            None
+        }
+    });
+    let format = time::macros::format_description!("[year]-[month]-[day]");
+    let exceptions = inv
+        .exceptions
+        .into_iter()
+        .filter_map(|e| match time::Date::parse(e.expires.as_str().trim(), &format) {
+            Ok(expires) => Some(GateException { cluster: e.cluster, reason: e.reason, expires }),
+            Err(_) => {
+                checker.at(
+                    e.expires.span(),
+                    format!("the exception for `{}`: `expires: {}` is not a date", e.cluster, e.expires.as_str()),
+                    Some("write the date like `2026-12-31` (the exception holds until the day before)".into()),
+                );
+                None
+            }
+        })
+        .collect();
+    let inventory = InventoryGate {
+        contexts: inv.contexts,
+        namespace: inv.namespace,
+        selector: inv.selector,
+        image: inv.image,
+        version: inv.version,
+        kubeconfig: inv.kubeconfig,
+        exceptions,
+        kinds,
+        timeout,
+    };
+    Gate { inventory }
+}
+
+/// Turns a deserialize error into a located problem.
+fn report_serde_error(checker: &mut Checker<'_>, fallback: &Span, e: yaml::DecodeError, keys: &[&str]) {
+    let hint = e.unknown_field.as_ref().and_then(|(field, expected)| {
+        // Inside a nested mapping (`gate.inventory.namespce`) the candidates are that
+        // mapping's own fields, not the step's keys.
+        let nested = e.path.as_deref().is_some_and(|p| p.contains('.'));
+        suggest(field, if nested { expected } else { keys }).map(|s| format!("did you mean `{s}`?"))
+    });
+    let message = match &e.path {
+        Some(path) => format!("{} (at `{path}`)", e.message),
+        None => e.message,
+    };
+    match e.at {
+        Some(at) => checker.at_location(Some(at), message, hint),
         None => checker.at(fallback, message, hint),
     }
 }
@@ -689,6 +804,9 @@ fn run_order(steps: &[Step]) -> Result<Vec<usize>, Vec<usize>> {
     // Walk `needs` from a step left over until a step repeats: that is the cycle.
     let start = (0..steps.len()).find(|&i| indegree[i] > 0).expect("a step is left over");
     let mut path = vec![start];
+    // Where each step sits on the path, so finding the repeat is not a scan of the path.
+    let mut on_path = vec![usize::MAX; steps.len()];
+    on_path[start] = 0;
     let mut current = start;
     loop {
         let next = steps[current]
@@ -697,11 +815,12 @@ fn run_order(steps: &[Step]) -> Result<Vec<usize>, Vec<usize>> {
             .map(|n| index[n.as_str()])
             .find(|&j| indegree[j] > 0)
             .expect("a left-over step needs another left-over step");
-        if let Some(pos) = path.iter().position(|&p| p == next) {
-            let mut cycle = path.split_off(pos);
+        if on_path[next] != usize::MAX {
+            let mut cycle = path.split_off(on_path[next]);
             cycle.reverse();
             return Err(cycle);
         }
+        on_path[next] = path.len();
         path.push(next);
         current = next;
     }
@@ -716,6 +835,7 @@ fn check_phases(checker: &mut Checker<'_>, steps: &[Step], order: &[usize], phas
         }
         pos
     };
+    let expand: Vec<usize> = (0..steps.len()).filter(|&j| steps[j].phase == Some(Phase::Expand)).collect();
     for (i, step) in steps.iter().enumerate() {
         if step.phase != Some(Phase::Contract) {
             continue;
@@ -728,8 +848,9 @@ fn check_phases(checker: &mut Checker<'_>, steps: &[Step], order: &[usize], phas
                 Some("a contract step assumes every cluster upgraded: add `gate: { inventory: ... }` so rdeploy can check".into()),
             );
         }
-        for (j, other) in steps.iter().enumerate() {
-            if other.phase == Some(Phase::Expand) && position[j] > position[i] {
+        for &j in &expand {
+            let other = &steps[j];
+            if position[j] > position[i] {
                 checker.at(
                     &span,
                     format!("contract step `{}` runs before expand step `{}`", step.name, other.name),
@@ -737,41 +858,6 @@ fn check_phases(checker: &mut Checker<'_>, steps: &[Step], order: &[usize], phas
                 );
             }
         }
-    }
-}
-
-/// A YAML node as JSON, for digests (scalars stay strings: digests only need stability).
-fn node_to_json(node: &Node) -> serde_json::Value {
-    match node {
-        Node::Scalar(s) => serde_json::Value::String(s.as_str().to_string()),
-        Node::Sequence(seq) => serde_json::Value::Array(seq.iter().map(node_to_json).collect()),
-        Node::Mapping(map) => {
-            let sorted: BTreeMap<String, serde_json::Value> =
-                map.iter().map(|(k, v)| (k.as_str().to_string(), node_to_json(v))).collect();
-            serde_json::to_value(sorted).unwrap_or_default()
-        }
-    }
-}
-
-fn describe_load_error(e: &marked_yaml::LoadError) -> (Option<Marker>, String) {
-    use marked_yaml::LoadError::*;
-    match e {
-        TopLevelMustBeMapping(m) => (Some(*m), "the stack file must be a mapping".into()),
-        TopLevelMustBeSequence(m) => (Some(*m), "unexpected top-level sequence".into()),
-        UnexpectedAnchor(m) => (Some(*m), "YAML anchors and aliases are not supported in stack files".into()),
-        MappingKeyMustBeScalar(m) => (Some(*m), "mapping keys must be plain strings".into()),
-        UnexpectedTag(m) => (Some(*m), "YAML tags are not supported in stack files".into()),
-        ScanError(m, err) => (Some(*m), format!("invalid YAML: {}", err.info())),
-        DuplicateKey(inner) => (
-            inner.key.span().start().copied(),
-            format!(
-                "key `{}` appears twice in the same mapping (first on line {})",
-                inner.key.as_str(),
-                inner.prev_key.span().start().map(|m| m.line()).unwrap_or(0)
-            ),
-        ),
-        #[allow(unreachable_patterns)]
-        _ => (None, "invalid YAML".into()),
     }
 }
 
@@ -796,14 +882,6 @@ fn quoted(keys: &[&str]) -> String {
 
 fn tool_list() -> String {
     quoted(&Tool::ALL.map(|t| t.as_str()))
-}
-
-fn lowercase_first(s: &str) -> String {
-    let mut chars = s.chars();
-    match chars.next() {
-        Some(c) => c.to_lowercase().chain(chars).collect(),
-        None => String::new(),
-    }
 }
 
 impl Stack {
@@ -899,6 +977,60 @@ mod tests {
     }
 
     #[test]
+    fn a_helm_recover_mode_is_one_of_its_modes() {
+        let text = "name: s\nsteps:\n  - name: app\n    tool: helm\n    release: web\n    chart: repo/web\n    recover: retry\n";
+        let problems = problems(text);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert_eq!(problems[0].line, 7);
+        assert!(
+            problems[0].message.contains("unknown variant `retry`, expected `upgrade` or `rollback`"),
+            "{problems:?}"
+        );
+        assert!(problems[0].message.contains("`recover`"), "names the key: {problems:?}");
+        let ok = parse(Path::new("stack.yaml"), &text.replace("retry", "rollback")).unwrap();
+        let ToolSpec::Helm(helm) = &ok.steps[0].spec else { panic!("helm") };
+        assert_eq!(helm.recover, Some(rdeploy_adapters::helm::RecoverMode::Rollback));
+    }
+
+    #[test]
+    fn values_for_the_tool_keep_their_yaml_type() {
+        let text = r#"
+name: s
+steps:
+  - name: chart
+    tool: helm
+    release: web
+    chart: repo/web
+    set: { service.enabled: false, replicaCount: 2, ratio: 0.5, tag: "1.10", quoted: "false", none: ~, empty: ,
+           list: [1, "2", true], map: { a: null, b: 'x' }, word: yes, big: 18446744073709551615, neg: -3 }
+  - name: play
+    tool: ansible
+    playbook: site.yml
+    inventory: hosts.ini
+    extra_vars: { flag: false, name: "false", n: 07 }
+"#;
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("site.yml"), "").unwrap();
+        std::fs::write(dir.path().join("hosts.ini"), "").unwrap();
+        let stack = parse(&dir.path().join("stack.yaml"), text).unwrap();
+        let ToolSpec::Helm(helm) = &stack.steps[0].spec else { panic!("helm") };
+        let set = serde_json::to_value(&helm.set).unwrap();
+        assert_eq!(
+            set,
+            serde_json::json!({
+                "service.enabled": false, "replicaCount": 2, "ratio": 0.5, "tag": "1.10", "quoted": "false",
+                "none": null, "empty": null, "list": [1, "2", true], "map": { "a": null, "b": "x" },
+                "word": "yes", "big": 18446744073709551615u64, "neg": -3
+            })
+        );
+        let ToolSpec::Ansible(play) = &stack.steps[1].spec else { panic!("ansible") };
+        assert_eq!(
+            serde_json::to_value(&play.extra_vars).unwrap(),
+            serde_json::json!({ "flag": false, "name": "false", "n": 7 })
+        );
+    }
+
+    #[test]
     fn invalid_yaml_is_located() {
         let p = problems("name: s\nsteps:\n  - name: a\n   tool: shell\n");
         assert_eq!(p.len(), 1);
@@ -931,5 +1063,109 @@ mod tests {
         let c = parse(Path::new("s.yaml"), "name: s\nsteps:\n  - name: a\n    tool: shell\n    run: y\n").unwrap();
         assert_eq!(a.steps[0].digest, b.steps[0].digest);
         assert_ne!(a.steps[0].digest, c.steps[0].digest);
+    }
+
+    const GATED: &str = "name: s\nsteps:\n  - name: a\n    tool: shell\n    run: echo\n    gate:\n      inventory:\n        contexts: [c]\n        image: r/a\n        version: \"2\"\n";
+
+    #[test]
+    fn gate_values_are_parsed_at_load() {
+        let stack = parse(Path::new("stack.yaml"), &format!("{GATED}        kinds: [Deployment, daemonsets]\n        timeout: 2s\n        exceptions:\n          - {{ cluster: edge-3, reason: works, expires: 2026-06-10 }}\n")).unwrap();
+        let inv = &stack.steps[0].gate.as_ref().unwrap().inventory;
+        assert_eq!(inv.kinds, [Kind::Deployment, Kind::DaemonSet]);
+        assert_eq!(inv.timeout, Some(Duration::from_secs(2)));
+        assert_eq!(inv.exceptions[0].expires, time::macros::date!(2026 - 06 - 10));
+
+        let p = problems(&format!("{GATED}        kinds: [Deploymnt]\n"));
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert_eq!((p[0].line, p[0].column), (11, 17));
+        assert_eq!(p[0].message, "unknown workload kind `Deploymnt` in `gate.inventory.kinds`");
+        assert_eq!(p[0].hint.as_deref(), Some("did you mean `Deployment`?"));
+
+        let p = problems(&format!("{GATED}        timeout: soon\n"));
+        assert_eq!((p[0].line, p[0].column), (11, 18));
+        assert!(p[0].message.starts_with("`gate.inventory.timeout: soon` is not a duration"), "{}", p[0].message);
+
+        let p = problems(&format!(
+            "{GATED}        exceptions:\n          - cluster: edge-9\n            reason: x\n            expires: not-a-date\n"
+        ));
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert_eq!((p[0].line, p[0].column), (14, 22));
+        assert_eq!(p[0].message, "the exception for `edge-9`: `expires: not-a-date` is not a date");
+    }
+
+    #[test]
+    fn a_misspelt_common_key_is_named_with_a_suggestion() {
+        let p = problems("name: s\nsteps:\n  - name: a\n    tol: shell\n    run: x\n");
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert_eq!((p[0].line, p[0].column), (4, 5));
+        assert_eq!(p[0].message, "unknown key `tol`");
+        assert_eq!(p[0].hint.as_deref(), Some("did you mean `tool`?"));
+        // With no key close to a common one, the missing `tool` is what is reported.
+        let p = problems("name: s\nsteps:\n  - name: a\n    run: x\n");
+        assert_eq!(p[0].message, "this step has no `tool`");
+    }
+
+    #[test]
+    fn a_duplicate_key_is_an_error_naming_both_lines() {
+        let p = problems("name: s\nsteps:\n  - name: a\n    tool: shell\n    run: x\n    run: y\n");
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert_eq!((p[0].line, p[0].column), (6, 5));
+        assert_eq!(p[0].message, "key `run` appears twice in the same mapping (first on line 5)");
+    }
+
+    #[test]
+    fn a_second_document_is_an_error_naming_its_line() {
+        let p = problems("name: s\nsteps:\n  - name: a\n    tool: shell\n    run: x\n---\nname: t\n");
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert_eq!(p[0].line, 6);
+        assert!(p[0].message.contains("second YAML document"), "{}", p[0].message);
+    }
+
+    #[test]
+    fn a_byte_order_mark_is_accepted() {
+        let stack =
+            parse(Path::new("s.yaml"), "\u{feff}name: s\nsteps:\n  - name: a\n    tool: shell\n    run: x\n").unwrap();
+        assert_eq!(stack.name, "s");
+    }
+
+    #[test]
+    fn invalid_utf8_is_located() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("stack.yaml");
+        std::fs::write(&file, b"name: s\nsteps:\n  - name: a\xff\n    tool: shell\n    run: x\n").unwrap();
+        let err = load(&file).unwrap_err().downcast::<StackError>().unwrap();
+        assert_eq!((err.problems[0].line, err.problems[0].column), (3, 12));
+        assert!(err.problems[0].message.contains("not valid UTF-8"), "{}", err.problems[0].message);
+    }
+
+    fn chain(n: usize, cycle: bool) -> String {
+        let mut text = String::from("name: s\nsteps:\n");
+        for i in 0..n {
+            let need = if i > 0 {
+                format!("s{}", i - 1)
+            } else if cycle {
+                format!("s{}", n - 1)
+            } else {
+                String::new()
+            };
+            text += &format!("  - name: s{i}\n    tool: shell\n    run: x\n    revert: y\n    needs: [{need}]\n");
+        }
+        text
+    }
+
+    #[test]
+    fn a_long_chain_is_ordered_and_a_long_cycle_named() {
+        // The name, `needs` and cycle checks look names up in maps, not in lists (linear, not
+        // quadratic, in the steps): 20,000 steps in a chain, then 5,000 closed into a cycle.
+        let stack = parse(Path::new("s.yaml"), &chain(20_000, false)).unwrap();
+        assert_eq!(stack.order, (0..20_000).collect::<Vec<_>>());
+        let p = problems(&chain(5_000, true));
+        assert_eq!(p.len(), 1, "{:?}", &p[..p.len().min(3)]);
+        assert!(
+            p[0].message.starts_with("the steps' `needs` form a cycle: s0 -> s1 -> s2 ->"),
+            "{}",
+            &p[0].message[..80]
+        );
+        assert!(p[0].message.ends_with("s4998 -> s4999 -> s0"));
     }
 }

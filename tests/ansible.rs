@@ -91,3 +91,45 @@ fn an_aborted_play_leaves_unreached_hosts_pending_and_unreachable_is_named() {
         assert!(!log(&p, host).contains(&"second fatal".to_string()));
     }
 }
+
+/// `extra_vars:` reach ansible with their YAML types (`-e '{"flag": false}'`), and a quoted
+/// `"false"` stays a string: the play's asserts check both.
+#[test]
+fn extra_vars_keep_their_yaml_types() {
+    let p = Project::new();
+    p.file("inventory.ini", "local ansible_connection=local\n");
+    p.file(
+        "typed.yml",
+        r#"- hosts: all
+  gather_facts: false
+  tasks:
+    - ansible.builtin.assert:
+        that:
+          - flag is sameas false
+          - label is string
+          - label == "false"
+          - replicas == 2
+          - replicas is number
+          - ratio == 0.5
+          - nothing is none
+          - ports == [80, 443]
+          - tags.on is sameas true
+"#,
+    );
+    p.stack(&format!(
+        r#"
+name: fleet
+steps:
+  - name: typed
+    tool: ansible
+    playbook: typed.yml
+    inventory: inventory.ini
+    extra_vars: {{ flag: false, label: "false", replicas: 2, ratio: 0.5, nothing: null, ports: [80, 443], tags: {{ on: true }} }}
+    binary: {binary}
+    env: {{ ANSIBLE_NOCOLOR: "1" }}
+"#,
+        binary = ansible_playbook()
+    ));
+    p.rdeploy(&["up"]).code(0);
+    assert_eq!(sub_statuses(&p.status(), "typed"), pairs(&[("local", "done")]));
+}

@@ -503,7 +503,7 @@ steps:
 }
 
 #[test]
-fn a_tool_that_outlives_a_killed_rdeploy_blocks_recover_until_it_ends() {
+fn a_tool_that_outlives_a_killed_rdeploy_makes_recover_wait_until_it_ends() {
     let p = Project::new();
     // The sub-change runs a separate program under `sh` (a list, so the shell forks it rather
     // than exec it): pdeathsig stops only the `sh`, the program lives on.
@@ -521,15 +521,68 @@ fn a_tool_that_outlives_a_killed_rdeploy_blocks_recover_until_it_ends() {
     p.wait_for("b-started", Duration::from_secs(20));
     kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL).unwrap();
     child.wait().unwrap();
-    std::thread::sleep(Duration::from_millis(300));
 
-    p.rdeploy(&["recover"]).code(5).stderr_has("still running").stderr_has("./work.sh").stderr_has("kill -TERM -- -");
+    // recover waits for the old tool, saying what it waits for, and runs nothing meanwhile.
+    let mut recover = p.spawn(&["recover"]);
+    let mut stderr = std::io::BufReader::new(recover.stderr.take().unwrap());
+    let mut seen = String::new();
+    loop {
+        let mut line = String::new();
+        assert_ne!(std::io::BufRead::read_line(&mut stderr, &mut line).unwrap(), 0, "recover never waited: {seen}");
+        seen.push_str(&line);
+        if line.contains("waiting for a tool started by a run that died") {
+            assert!(line.contains("./work.sh"), "{line}");
+            break;
+        }
+    }
     assert_eq!(p.lines("out"), ["a"], "nothing ran while the old tool was alive");
 
     p.remove("hold");
-    p.wait_for("b-done", Duration::from_secs(10));
-    recover_after_crash(&p).code(0);
+    std::io::Read::read_to_string(&mut stderr, &mut seen).unwrap();
+    let status = recover.wait().unwrap();
+    assert_eq!(status.code(), Some(0), "{seen}");
     assert_eq!(p.lines("out"), ["a", "b", "c", "d"], "b landed once (its check saw it) and the rest ran");
+}
+
+/// After kill -9 the dead run's tool (here the program itself: `exec sleep`) exits on its
+/// pdeathsig and stays a zombie until PID 1 reaps it, which here takes seconds: a zombie is not
+/// a running tool, so a `recover` at once proceeds.
+#[test]
+fn recover_right_after_a_kill_9_is_not_stopped_by_the_dead_runs_zombie() {
+    let p = Project::new();
+    p.file("slow", "#!/bin/sh\nif [ -f started ]; then echo s >> out; exit 0; fi\ntouch started\nexec sleep 60\n");
+    std::fs::set_permissions(p.path("slow"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    p.stack(
+        r#"
+name: s
+steps:
+  - name: seed
+    tool: shell
+    sub_changes:
+      - { name: a, run: ./slow }
+      - { name: b, run: echo b >> out }
+"#,
+    );
+    let mut child = p.spawn(&["up"]);
+    p.wait_for("started", Duration::from_secs(20));
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL).unwrap();
+    child.wait().unwrap();
+    let running = p.path(".rdeploy/running");
+    let notes: String =
+        std::fs::read_dir(&running).unwrap().map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap()).collect();
+    let pid: i32 = notes.split('\t').next().unwrap().parse().unwrap_or_else(|_| panic!("notes: {notes:?}"));
+    // Wait until the tool has exited (a zombie, or already reaped), as the next command would find it.
+    let start = std::time::Instant::now();
+    while std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|stat| !stat[stat.rfind(')').unwrap() + 1..].trim_start().starts_with('Z'))
+    {
+        assert!(start.elapsed() < Duration::from_secs(30), "the tool never got its pdeathsig");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let run = p.rdeploy(&["recover"]);
+    run.code(0);
+    assert!(!run.stderr.contains("waiting for"), "{}", run.stderr);
+    assert_eq!(p.lines("out"), ["s", "b"]);
 }
 
 #[test]
@@ -619,11 +672,24 @@ steps:
     assert_eq!(status["state"], "partial");
     assert!(step(&status, "a")["revert_error"].as_str().unwrap().contains("stopped while this step's revert ran"));
     assert!(status["next"].as_str().unwrap().starts_with("rdeploy revert stack.yaml"));
-    // The revert script outlived rdeploy: nothing may run until it ends.
-    p.rdeploy(&["recover"]).code(5).stderr_has("still running");
+    // The revert script outlived rdeploy: recover waits for it, saying so, before it decides.
+    let mut recover = p.spawn(&["recover"]);
+    let mut stderr = std::io::BufReader::new(recover.stderr.take().unwrap());
+    let mut seen = String::new();
+    loop {
+        let mut line = String::new();
+        assert_ne!(std::io::BufRead::read_line(&mut stderr, &mut line).unwrap(), 0, "recover never waited: {seen}");
+        seen.push_str(&line);
+        if line.contains("waiting for a tool started by a run that died") {
+            break;
+        }
+    }
+    assert!(p.exists("a"), "nothing was reverted or run while the old revert was alive");
 
     p.remove("hold");
-    recover_after_crash(&p).code(2).stderr_has("was being reverted").stderr_has("rdeploy revert stack.yaml");
+    std::io::Read::read_to_string(&mut stderr, &mut seen).unwrap();
+    assert_eq!(recover.wait().unwrap().code(), Some(2), "{seen}");
+    assert!(seen.contains("was being reverted") && seen.contains("rdeploy revert stack.yaml"), "{seen}");
     p.rdeploy(&["revert"]).code(0);
     assert!(!p.exists("a"));
     assert_eq!(p.status()["state"], "reverted");
@@ -638,4 +704,72 @@ fn top_level_settings_must_be_single_values_and_a_bare_run_cannot_be_resumable()
     p.rdeploy(&["validate"]).code(2).stderr_has("a bare `run` cannot be resumable");
     p.stack("name: s\nsteps:\n  - name: a\n    tool: shell\n    run: x\n");
     p.rdeploy(&["validate"]).code(0).stderr_has("is not resumable and declares no `revert`");
+}
+
+#[test]
+fn bad_gate_values_and_bad_bytes_are_bad_input_at_validate_with_their_place() {
+    let p = Project::new();
+    let gated = "name: s\nsteps:\n  - name: a\n    tool: shell\n    run: x\n    gate:\n      inventory:\n        contexts: [c]\n        image: r/a\n        version: \"2\"\n";
+    p.stack(&format!("{gated}        kinds: [Deploymnt]\n"));
+    p.rdeploy(&["validate"])
+        .code(2)
+        .stderr_has("stack.yaml:11:17: unknown workload kind `Deploymnt` in `gate.inventory.kinds`")
+        .stderr_has("did you mean `Deployment`?");
+    p.stack(&format!("{gated}        exceptions:\n          - {{cluster: e, reason: r, expires: not-a-date}}\n"));
+    p.rdeploy(&["validate"])
+        .code(2)
+        .stderr_has("stack.yaml:12:46: the exception for `e`: `expires: not-a-date` is not a date");
+    std::fs::write(p.path("stack.yaml"), b"name: s\nsteps:\n  - name: \xe9\n").unwrap();
+    p.rdeploy(&["validate"]).code(2).stderr_has("stack.yaml:3:11: the file is not valid UTF-8 (byte 0xe9)");
+    p.stack("name: s\nsteps:\n  - name: a\n    tool: shell\n    run: x\n    run: y\n");
+    p.rdeploy(&["validate"])
+        .code(2)
+        .stderr_has("stack.yaml:6:5: key `run` appears twice in the same mapping (first on line 5)");
+}
+
+/// A few rounds of benches/crash-loop.sh: kill -9 at a random moment of `up` (and of a
+/// `recover`), then one `recover`: it converges at once (no refusal, no human step) and no
+/// sub-change whose effect landed runs again.
+#[test]
+fn crash_loop_kill_9_during_up_and_recover_converges_without_double_applies() {
+    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
+    let mut rng = seed;
+    let mut next = |n: usize| {
+        rng = rng.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+        (rng >> 16) as usize % n
+    };
+    let names: Vec<String> = (1..=6).map(|i| format!("s{i}")).collect();
+    let mut stack = "name: s\nsteps:\n  - name: seed\n    tool: shell\n    sub_changes:\n".to_string();
+    for name in &names {
+        stack.push_str(&format!(
+            "      - {{ name: {name}, run: \"sleep 0.05; echo {name} >> effects\", check: \"grep -qx {name} effects\" }}\n"
+        ));
+    }
+    for round in 0..4 {
+        let p = Project::new();
+        p.stack(&stack);
+        let landed = |p: &Project| if p.exists("effects") { p.lines("effects").len() } else { 0 };
+        let kill_when = |p: &Project, args: &[&str], at: usize| {
+            let mut child = p.spawn(args);
+            let start = std::time::Instant::now();
+            while landed(p) < at && child.try_wait().unwrap().is_none() {
+                assert!(start.elapsed() < Duration::from_secs(60), "seed {seed}: {args:?} never reached {at}");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL);
+            child.wait().unwrap();
+        };
+        // After at least one landed effect, so there is a deploy to recover.
+        let at = 1 + next(names.len() - 1);
+        kill_when(&p, &["up"], at);
+        if round % 2 == 1 {
+            kill_when(&p, &["recover"], at + next(names.len() - at));
+        }
+        let run = p.rdeploy(&["recover"]);
+        run.code(0);
+        assert_eq!(p.status()["state"], "complete", "seed {seed}, round {round}");
+        let mut effects = p.lines("effects");
+        effects.sort();
+        assert_eq!(effects, names, "seed {seed}, round {round}: each sub-change applied exactly once");
+    }
 }

@@ -121,3 +121,51 @@ fn helm4_recover_rollback_reverts_the_step_and_the_next_recover_upgrades() {
     assert_eq!(sim.helm_statuses(major, "web", "shop").last().map(String::as_str), Some("deployed"));
     assert_eq!(sim.helm_statuses(major, "web", "shop").len(), 6, "one upgrade, no rollback");
 }
+
+/// `set:` values reach helm with their YAML types (`--set-json 'service.enabled=false'`): a
+/// template's `if` sees a false boolean, so the Service is not created, a number is a number,
+/// and a quoted `"false"` stays a string.
+#[test]
+fn helm4_set_values_keep_their_yaml_types() {
+    let major = 4;
+    let sim = Kubesim::start("c1");
+    let mut p = Project::new();
+    for (k, v) in sim.env() {
+        p.env(&k, &v);
+    }
+    p.file("chart/Chart.yaml", "apiVersion: v2\nname: toggles\nversion: 0.1.0\n");
+    p.file("chart/values.yaml", "service:\n  enabled: true\nreplicaCount: 1\nlabel: x\n");
+    p.file(
+        "chart/templates/configmap.yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: kinds\ndata:\n  enabled: {{ kindOf .Values.service.enabled | quote }}\n  replicas: {{ kindOf .Values.replicaCount | quote }}\n  label: {{ kindOf .Values.label | quote }}\n  two: {{ eq (int .Values.replicaCount) 2 | quote }}\n",
+    );
+    p.file(
+        "chart/templates/service.yaml",
+        "{{ if .Values.service.enabled }}\napiVersion: v1\nkind: Service\nmetadata:\n  name: web\nspec:\n  ports:\n    - port: 80\n{{ end }}\n",
+    );
+    p.stack(&format!(
+        r#"
+name: app
+steps:
+  - name: app
+    tool: helm
+    release: web
+    chart: ./chart
+    namespace: shop
+    context: c1
+    set: {{ service.enabled: false, replicaCount: 2, label: "false" }}
+    binary: {helm}
+"#,
+        helm = helm_bin(major).display(),
+    ));
+    p.rdeploy(&["up"]).code(0);
+    let get = |field: &str| {
+        sim.kubectl_ok(&["get", "cm", "kinds", "-n", "shop", "-o", &format!("jsonpath={{.data.{field}}}")])
+    };
+    assert_eq!(get("enabled"), "bool");
+    assert_ne!(get("replicas"), "string");
+    assert_eq!(get("two"), "true");
+    assert_eq!(get("label"), "string");
+    let services = sim.kubectl_ok(&["get", "services", "-n", "shop", "-o", "name"]);
+    assert!(!services.contains("service/web"), "`service.enabled: false` must not create the Service: {services}");
+}

@@ -137,3 +137,122 @@ fn sigint_mid_apply_is_exit_130_and_recover_finishes() {
         assert_eq!(runs(&p, &format!("a{i}")), 1, "a{i}");
     }
 }
+
+/// kill -9 of rdeploy mid-apply: terraform gets SIGINT (its graceful stop) and its output is a
+/// file, not a pipe whose reader died, so it stops cleanly and writes its state. The next
+/// `recover` waits for it, converges, and no resource is created twice.
+#[test]
+fn kill_9_mid_apply_keeps_terraforms_state_and_recover_creates_nothing_twice() {
+    let p = chain_project();
+    p.file("chain/slow-a3", "");
+    let mut child = p.spawn(&["up"]);
+    p.wait_for("chain/runs/a3.started", Duration::from_secs(60));
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL).unwrap();
+    child.wait().unwrap();
+
+    // terraform outlives rdeploy: it got one SIGINT, stops the provisioner in flight (a3),
+    // starts nothing more, writes its state and ends on its own.
+    let running = p.path(".rdeploy/running");
+    let start = std::time::Instant::now();
+    while !rdeploy_adapters::process::surviving_children(&running).is_empty() {
+        assert!(start.elapsed() < Duration::from_secs(120), "terraform never ended after its SIGINT");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let stream = p.read(".rdeploy/steps/network/apply.jsonl");
+    assert_eq!(stream.matches("Interrupt received").count(), 1, "one graceful interrupt: {stream}");
+    assert!(!stream.contains("Two interrupts received"), "{stream}");
+    let state: serde_json::Value = serde_json::from_str(&p.read("chain/terraform.tfstate"))
+        .unwrap_or_else(|e| panic!("terraform.tfstate is not JSON after the kill: {e}"));
+    let names: Vec<&str> = state["resources"].as_array().unwrap().iter().map(|r| r["name"].as_str().unwrap()).collect();
+    assert_eq!(names[..2], ["a1", "a2"], "the resources terraform completed are in state: {names:?}");
+    assert_eq!(runs(&p, "a4"), 0, "terraform started nothing after its SIGINT");
+
+    p.remove("chain/slow-a3");
+    p.rdeploy(&["recover"]).code(0).stdout_has("deploy complete");
+    for i in 1..=6 {
+        assert_eq!(runs(&p, &format!("a{i}")), 1, "a{i} was created exactly once");
+    }
+    assert!(!p.exists(".rdeploy/steps/network/apply.jsonl"), "an apply seen to its end leaves no stream file");
+}
+
+/// A few rounds of benches/crash-loop.sh for terraform: kill -9 once a random resource of the
+/// chain has started (during `up`, then during a `recover`), then one `recover`: it converges
+/// at once and every resource was created exactly once.
+#[test]
+fn crash_loop_kill_9_during_apply_and_recover_converges_without_double_applies() {
+    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
+    let mut rng = seed;
+    let mut next = |n: usize| {
+        rng = rng.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+        (rng >> 16) as usize % n + 1
+    };
+    for round in 0..3 {
+        let p = chain_project();
+        let kill_when = |p: &Project, args: &[&str], resource: usize| {
+            let mut child = p.spawn(args);
+            let start = std::time::Instant::now();
+            while !p.exists(&format!("chain/runs/a{resource}.started")) && child.try_wait().unwrap().is_none() {
+                assert!(start.elapsed() < Duration::from_secs(120), "seed {seed}: {args:?} never started a{resource}");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL);
+            child.wait().unwrap();
+        };
+        let first = next(6);
+        kill_when(&p, &["up"], first);
+        if round == 1 {
+            kill_when(&p, &["recover"], first + next(6 - first + 1) - 1);
+        }
+        p.rdeploy(&["recover"]).code(0);
+        assert_eq!(p.status()["state"], "complete", "seed {seed}, round {round}");
+        for i in 1..=6 {
+            assert_eq!(runs(&p, &format!("a{i}")), 1, "seed {seed}, round {round}: a{i} created exactly once");
+        }
+    }
+}
+
+/// `vars:` reach terraform with their YAML types: a map's number stays a number and a boolean a
+/// boolean, as terraform's own type of an `any` variable shows.
+#[test]
+fn typed_vars_reach_terraform_with_their_types() {
+    let terraform =
+        require_tool("terraform", "install terraform v1.11 (https://developer.hashicorp.com/terraform/install)");
+    let p = Project::new();
+    p.file(
+        "typed/main.tf",
+        r#"
+variable "flag" {
+  type = bool
+}
+variable "settings" {
+  type = any
+}
+output "flag_is_false" {
+  value = var.flag == false
+}
+output "settings" {
+  value = var.settings
+}
+"#,
+    );
+    p.stack(
+        r#"
+name: infra
+steps:
+  - name: typed
+    tool: terraform
+    dir: typed
+    vars: { flag: false, settings: { n: 2, on: true, name: "2", list: [1, "a"] } }
+"#,
+    );
+    p.rdeploy(&["up"]).code(0);
+    let out =
+        std::process::Command::new(terraform).args(["output", "-json"]).current_dir(p.path("typed")).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let outputs: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(outputs["flag_is_false"]["value"], true);
+    assert_eq!(
+        outputs["settings"]["type"],
+        serde_json::json!(["object", { "list": ["tuple", ["number", "string"]], "n": "number", "name": "string", "on": "bool" }])
+    );
+}

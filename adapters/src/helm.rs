@@ -3,7 +3,7 @@
 //! status and history read before and after. Recovery decides from helm's own state: deployed at
 //! the wanted chart and values, failed (upgrade again, or roll back to the last deployed revision,
 //! always named), or stuck in `pending-*` (rolled back only when no helm process for the release
-//! is alive, or when the operator forces it with `RDEPLOY_FORCE=1`).
+//! is alive, or when the operator forces it with `rdeploy recover --force`, [`StepContext::force`]).
 
 pub mod state;
 
@@ -14,11 +14,11 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::Value;
 
-use self::state::{last_deployed, ReleaseStatus, Revision};
-use crate::process::{capture, Command, Outcome, StdoutLog};
+use self::state::{last_deployed, ReleaseStatus, Revision, Status};
+use crate::process::{capture, Captured, Command, Outcome, Signal, StdoutLog};
 use crate::{
-    display_command, shell_quote, AdapterError, DescribeContext, Event, EventSink, Failure, FieldPath, Inspection,
-    PathSegment, PriorStep, Recovered, RecoveryDoc, SpecProblem, StepContext, ToolInfo,
+    display_command, shell_quote, Adapter, AdapterError, DescribeContext, Event, EventSink, Failure, FieldPath,
+    Inspection, PathSegment, PriorStep, Recovered, RecoveryDoc, SpecProblem, StepContext, ToolInfo,
 };
 
 const DEFAULT_BINARY: &str = "helm";
@@ -28,9 +28,6 @@ const INSTALL_HINT: &str =
 const QUICK: Duration = Duration::from_secs(120);
 /// Beyond helm's own `--timeout`, how long before rdeploy stops a helm that hangs.
 const BACKSTOP: Duration = Duration::from_secs(60);
-/// The environment variable an operator sets to let recover roll back a stuck release even
-/// though a helm process for it looks alive.
-pub const FORCE_ENV: &str = "RDEPLOY_FORCE";
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -56,11 +53,13 @@ pub struct HelmSpec {
     pub force: Option<bool>,
     pub binary: Option<String>,
     /// `upgrade` (default) or `rollback`.
-    pub recover: Option<String>,
+    pub recover: Option<RecoverMode>,
 }
 
-/// How `recover` resumes a failed release.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// How `recover` resumes a failed release: `upgrade` again once the cause is fixed, or
+/// `rollback` to the last deployed revision.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum RecoverMode {
     Upgrade,
     Rollback,
@@ -113,57 +112,6 @@ impl HelmSpec {
         "recover",
     ];
 
-    pub fn problems(&self) -> Vec<SpecProblem> {
-        let mut problems = Vec::new();
-        if let Some(mode) = &self.recover {
-            if !matches!(mode.as_str(), "upgrade" | "rollback") {
-                problems.push(SpecProblem {
-                    at: vec![PathSegment::Key("recover")],
-                    message: format!("`recover: {mode}` is not a recovery mode of helm steps"),
-                    hint: Some("use `upgrade` (upgrade again once the cause is fixed) or `rollback` (to the last deployed revision)".into()),
-                });
-            }
-        }
-        let valid = |s: &str| {
-            !s.is_empty()
-                && s.len() <= 53
-                && s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-        };
-        if !valid(&self.release) {
-            problems.push(SpecProblem {
-                at: vec![PathSegment::Key("release")],
-                message: format!("`{}` is not a valid helm release name", self.release),
-                hint: Some("use at most 53 lower-case letters, digits and `-`".into()),
-            });
-        }
-        for (i, key) in self.set.keys().enumerate() {
-            if key.trim().is_empty() || key.contains('=') {
-                problems.push(SpecProblem {
-                    at: vec![PathSegment::Key("set"), PathSegment::Index(i)],
-                    message: format!("`{key}` is not a value path"),
-                    hint: Some("write dotted paths such as `image.tag`".into()),
-                });
-            }
-        }
-        problems
-    }
-
-    pub fn referenced_paths(&self) -> Vec<(FieldPath, PathBuf)> {
-        let mut paths: Vec<(FieldPath, PathBuf)> = self
-            .values
-            .iter()
-            .enumerate()
-            .map(|(i, p)| (vec![PathSegment::Key("values"), PathSegment::Index(i)], p.clone()))
-            .collect();
-        if self.is_local_chart() {
-            paths.push((vec![PathSegment::Key("chart")], PathBuf::from(&self.chart)));
-        }
-        if let Some(k) = &self.kubeconfig {
-            paths.push((vec![PathSegment::Key("kubeconfig")], k.clone()));
-        }
-        paths
-    }
-
     /// Whether the stack file plainly names a chart directory (`./x`, `/x`, `a/b/c`): helm
     /// tries a local path before a `repo/name`, so `a/b` is only known from the disk.
     fn is_local_chart(&self) -> bool {
@@ -172,10 +120,7 @@ impl HelmSpec {
     }
 
     pub fn recover_mode(&self) -> RecoverMode {
-        match self.recover.as_deref() {
-            Some("rollback") => RecoverMode::Rollback,
-            _ => RecoverMode::Upgrade,
-        }
+        self.recover.unwrap_or(RecoverMode::Upgrade)
     }
 
     fn binary_name(&self) -> &str {
@@ -200,64 +145,6 @@ impl HelmSpec {
             args.extend(["--kubeconfig".to_string(), path.to_string_lossy().into_owned()]);
         }
         args
-    }
-
-    fn command(&self, ctx: &StepContext, binary: &Path) -> Command {
-        Command::new(binary).cwd(&ctx.stack_dir).envs(ctx.env.iter().map(|(k, v)| (k.clone(), v.clone())))
-    }
-
-    pub async fn preflight(&self, ctx: &StepContext) -> Result<ToolInfo, AdapterError> {
-        let binary = crate::resolve_binary(ctx, self.binary_name(), INSTALL_HINT)?;
-        let (version, _) = self.version(ctx, &binary).await?;
-        Ok(ToolInfo { binary, version })
-    }
-
-    /// `helm version --short` and its major version (3 or 4: their flags differ).
-    async fn version(&self, ctx: &StepContext, binary: &Path) -> Result<(String, u32), AdapterError> {
-        let cmd = self.command(ctx, binary).args(["version", "--short"]);
-        let (outcome, stdout, _) = capture(&cmd, ctx, Some(QUICK), None, StdoutLog::UnlessJson).await?;
-        let version = stdout.first().map(|s| s.trim().to_string()).unwrap_or_default();
-        match state::parse_major(&version) {
-            Some(major @ (3 | 4)) if outcome.success() => Ok((version, major)),
-            Some(major) if outcome.success() => Err(AdapterError::ToolUnusable {
-                command: cmd.display(),
-                detail: format!("helm {major} is not supported (helm 3 or 4 is)"),
-            }),
-            _ => Err(AdapterError::ToolUnusable {
-                command: cmd.display(),
-                detail: outcome.last_error_line().unwrap_or_else(|| outcome.describe_status()),
-            }),
-        }
-    }
-
-    /// `helm history` and `helm status`; a release that does not exist is an empty state.
-    async fn live(&self, ctx: &StepContext, binary: &Path, sink: Option<&dyn EventSink>) -> Result<Live, Failure> {
-        let history_cmd = self
-            .command(ctx, binary)
-            .args(["history", &self.release, "-o", "json", "--max", "256"])
-            .args(self.cluster_args(Some(ctx)));
-        let (outcome, stdout, stderr) =
-            capture(&history_cmd, ctx, Some(QUICK), sink, StdoutLog::UnlessJson).await.map_err(Failure::from)?;
-        if !outcome.success() {
-            if state::is_not_found(&stderr) {
-                return Ok(Live::default());
-            }
-            return Err(helm_failure(&history_cmd.display(), &outcome, &stderr)
-                .with_hint("check that the cluster is reachable"));
-        }
-        let history = state::parse_history(&stdout.join("\n")).map_err(Failure::new)?;
-        let status_cmd =
-            self.command(ctx, binary).args(["status", &self.release, "-o", "json"]).args(self.cluster_args(Some(ctx)));
-        let (outcome, stdout, stderr) =
-            capture(&status_cmd, ctx, Some(QUICK), None, StdoutLog::UnlessJson).await.map_err(Failure::from)?;
-        let status = if outcome.success() {
-            Some(state::parse_status(&stdout.join("\n")).map_err(Failure::new)?)
-        } else if state::is_not_found(&stderr) {
-            None
-        } else {
-            return Err(helm_failure(&status_cmd.display(), &outcome, &stderr));
-        };
-        Ok(Live { history, status })
     }
 
     /// `upgrade --install R CHART ...` with the flags of helm `major`.
@@ -339,37 +226,155 @@ impl HelmSpec {
         (chart_same, values_same)
     }
 
+    fn uninstall_words(&self) -> Vec<String> {
+        let mut words = vec!["uninstall".to_string(), self.release.clone()];
+        words.extend(self.cluster_args(None));
+        words
+    }
+
+    fn helm_words(&self, rest: Vec<String>) -> Vec<String> {
+        let mut words = vec![self.binary_name().to_string()];
+        words.extend(rest);
+        words
+    }
+
+    fn record_facts(&self, live: &Live, sink: &dyn EventSink) {
+        if let Some(latest) = live.latest() {
+            sink.emit(Event::Fact { key: "revision".into(), value: latest.revision.into() });
+            sink.emit(Event::Fact { key: "status".into(), value: latest.status.as_str().into() });
+        }
+        if let Some(good) = last_deployed(&live.history) {
+            sink.emit(Event::Fact { key: "last_deployed_revision".into(), value: good.revision.into() });
+        }
+    }
+
+    fn failure_hint(&self, after: &Live) -> String {
+        match (self.recover_mode(), last_deployed(&after.history)) {
+            (RecoverMode::Rollback, Some(good)) => format!(
+                "`rdeploy recover` rolls {} back to revision {} (`recover: rollback`) and marks the step reverted; once the cause is fixed, the next `rdeploy recover` upgrades",
+                self.release, good.revision
+            ),
+            (_, Some(good)) => format!(
+                "fix the cause, then `rdeploy recover` upgrades again; revision {} is the last deployed one (`{}`)",
+                good.revision,
+                display_command(&self.helm_words(self.rollback_words(4, good.revision, None)))
+            ),
+            (_, None) => "fix the cause, then `rdeploy recover` installs again".into(),
+        }
+    }
+}
+
+/// One helm step against its release: the spec, the step's context, and the helm binary with
+/// its major version (3 or 4: their flags differ), found once per run.
+struct Release<'a> {
+    spec: &'a HelmSpec,
+    ctx: &'a StepContext,
+    binary: PathBuf,
+    major: u32,
+    /// `helm version --short`, for preflight.
+    version: String,
+}
+
+impl<'a> Release<'a> {
+    /// Finds helm and asks its version.
+    async fn open(spec: &'a HelmSpec, ctx: &'a StepContext) -> Result<Release<'a>, AdapterError> {
+        let binary = crate::resolve_binary(ctx, spec.binary_name(), INSTALL_HINT)?;
+        let mut release = Release { spec, ctx, binary, major: 0, version: String::new() };
+        let cmd = release.command().args(["version", "--short"]);
+        let Captured { outcome, stdout, .. } = capture(&cmd, ctx, Some(QUICK), None, StdoutLog::UnlessJson).await?;
+        let version = stdout.first().map(|s| s.trim().to_string()).unwrap_or_default();
+        match state::parse_major(&version) {
+            Some(major @ (3 | 4)) if outcome.success() => {
+                release.major = major;
+                release.version = version;
+                Ok(release)
+            }
+            Some(major) if outcome.success() => Err(AdapterError::ToolUnusable {
+                command: cmd.display(),
+                detail: format!("helm {major} is not supported (helm 3 or 4 is)"),
+            }),
+            _ => Err(AdapterError::ToolUnusable {
+                command: cmd.display(),
+                detail: outcome.last_error_line().unwrap_or_else(|| outcome.describe_status()),
+            }),
+        }
+    }
+
+    fn command(&self) -> Command {
+        // helm install/upgrade catch SIGINT (and SIGTERM) and mark the release failed rather than
+        // leave it pending.
+        Command::new(&self.binary)
+            .cwd(&self.ctx.stack_dir)
+            .envs(self.ctx.env.iter().map(|(k, v)| (k.clone(), v.clone())))
+            .in_step(self.ctx)
+            .on_rdeploy_death(Signal::SIGINT)
+    }
+
+    /// `helm history` and `helm status`; a release that does not exist is an empty state.
+    async fn live(&self, sink: Option<&dyn EventSink>) -> Result<Live, Failure> {
+        let history_cmd = self
+            .command()
+            .args(["history", &self.spec.release, "-o", "json", "--max", "256"])
+            .args(self.spec.cluster_args(Some(self.ctx)));
+        let Captured { outcome, stdout, stderr } =
+            capture(&history_cmd, self.ctx, Some(QUICK), sink, StdoutLog::UnlessJson).await.map_err(Failure::from)?;
+        if !outcome.success() {
+            if state::is_not_found(&stderr) {
+                return Ok(Live::default());
+            }
+            return Err(helm_failure(&history_cmd.display(), &outcome, &stderr)
+                .with_hint("check that the cluster is reachable"));
+        }
+        let history = state::parse_history(&stdout.join("\n")).map_err(Failure::new)?;
+        let status_cmd = self
+            .command()
+            .args(["status", &self.spec.release, "-o", "json"])
+            .args(self.spec.cluster_args(Some(self.ctx)));
+        let Captured { outcome, stdout, stderr } =
+            capture(&status_cmd, self.ctx, Some(QUICK), None, StdoutLog::UnlessJson).await.map_err(Failure::from)?;
+        let status = if outcome.success() {
+            Some(state::parse_status(&stdout.join("\n")).map_err(Failure::new)?)
+        } else if state::is_not_found(&stderr) {
+            None
+        } else {
+            return Err(helm_failure(&status_cmd.display(), &outcome, &stderr));
+        };
+        Ok(Live { history, status })
+    }
+
     /// What `recover` should do, from helm's state. `proc` is where live helm processes are
     /// looked for (`/proc`; a test passes its own).
-    fn decide(&self, ctx: &StepContext, live: &Live, major: u32, proc: &Path) -> Decision {
+    fn decide(&self, live: &Live, proc: &Path) -> Decision {
         let Some(latest) = live.latest() else {
-            return Decision::Upgrade { why: format!("release {} is not installed", self.release) };
+            return Decision::Upgrade { why: format!("release {} is not installed", self.spec.release) };
         };
         // `recover: rollback` upgrades after all when the stack already differs from the failed
         // (or stuck) revision: that difference is the fix, and rolling back first would only
         // cost a second recover.
-        let (chart_same, values_same) = self.same_as(ctx, live, latest);
+        let (chart_same, values_same) = self.spec.same_as(self.ctx, live, latest);
         let fixed = chart_same == Some(false) || values_same == Some(false);
-        let rollback_only = self.recover_mode() == RecoverMode::Rollback && !fixed;
+        let rollback_only = self.spec.recover_mode() == RecoverMode::Rollback && !fixed;
         let good = last_deployed(&live.history).map(|r| r.revision);
         if latest.is_pending() {
             let age = state::parse_rfc3339(&latest.updated)
                 .map(|t| state::human_age(now_secs() - t))
                 .map(|a| format!(" for {a}"))
                 .unwrap_or_default();
-            let stuck =
-                format!("release {} is stuck in {} at revision {}{age}", self.release, latest.status, latest.revision);
-            // Only the operator's `rdeploy recover --force` (or the step's own `env:`) forces it:
-            // an exported variable in a CI environment must not force every recover.
-            let forced = ctx.env.get(FORCE_ENV).is_some_and(|v| v == "1");
-            if let Some((pid, cmdline)) = state::live_helm_for(&self.release, proc).filter(|_| !forced) {
+            let stuck = format!(
+                "release {} is stuck in {} at revision {}{age}",
+                self.spec.release, latest.status, latest.revision
+            );
+            // Only the operator's `rdeploy recover --force` forces it (never an environment
+            // variable, which a CI environment may export to every recover).
+            let forced = self.ctx.force;
+            if let Some((pid, cmdline)) = state::live_helm_for(&self.spec.release, proc).filter(|_| !forced) {
                 let mut failure = Failure::new(format!(
                     "{stuck}, and a helm process for it is still running (pid {pid}: `{cmdline}`)"
                 ));
                 failure.hint = Some(match good {
                     Some(good) => format!(
                         "let it finish, or stop it, then `rdeploy recover`; to roll back now anyway: `rdeploy recover --force` (runs `{}`)",
-                        display_command(&self.helm_words(self.rollback_words(major, good, None)))
+                        display_command(&self.spec.helm_words(self.spec.rollback_words(self.major, good, None)))
                     ),
                     None => "let it finish, or stop it, then `rdeploy recover`".into(),
                 });
@@ -377,7 +382,7 @@ impl HelmSpec {
             }
             // /proc only shows this machine: a helm on another runner may still be working on
             // a revision younger than helm's own timeout, so that is refused too.
-            let window = ctx.timeout.unwrap_or(Duration::from_secs(300)).as_secs() as i64;
+            let window = self.ctx.timeout.unwrap_or(Duration::from_secs(300)).as_secs() as i64;
             let young = state::parse_rfc3339(&latest.updated).is_some_and(|t| now_secs() - t < window);
             if young && !forced {
                 let mut failure = Failure::new(format!(
@@ -402,13 +407,13 @@ impl HelmSpec {
                     failure: Failure::new(format!("{stuck}, and it has no deployed revision to roll back to"))
                         .with_hint(format!(
                             "uninstall the half-installed release, then `rdeploy recover` installs it again: `{}`",
-                            display_command(&self.helm_words(self.uninstall_words()))
+                            display_command(&self.spec.helm_words(self.spec.uninstall_words()))
                         )),
                 },
             };
         }
-        match latest.status.as_str() {
-            "failed" if rollback_only => match good {
+        match &latest.status {
+            Status::Failed if rollback_only => match good {
                 Some(to) => Decision::Rollback {
                     to,
                     why: format!("revision {} failed; `recover: rollback`", latest.revision),
@@ -417,22 +422,22 @@ impl HelmSpec {
                 None => Decision::Refuse {
                     failure: Failure::new(format!(
                         "revision {} of {} failed and no revision was ever deployed: there is nothing to roll back to",
-                        latest.revision, self.release
+                        latest.revision, self.spec.release
                     ))
                     .with_hint(format!(
                         "fix the cause and set `recover: upgrade`, or uninstall: `{}`",
-                        display_command(&self.helm_words(self.uninstall_words()))
+                        display_command(&self.spec.helm_words(self.spec.uninstall_words()))
                     )),
                 },
             },
-            "failed" if self.recover_mode() == RecoverMode::Rollback => Decision::Upgrade {
+            Status::Failed if self.spec.recover_mode() == RecoverMode::Rollback => Decision::Upgrade {
                 why: format!(
                     "revision {} failed, and the stack now asks for other values or another chart: upgrading to them rather than rolling back",
                     latest.revision
                 ),
             },
-            "failed" => Decision::Upgrade { why: format!("revision {} failed: upgrade again", latest.revision) },
-            "deployed" => {
+            Status::Failed => Decision::Upgrade { why: format!("revision {} failed: upgrade again", latest.revision) },
+            Status::Deployed => {
                 // Values it cannot compare are upgraded again (safe); an unknown chart version
                 // is taken as the same.
                 let chart_ok = chart_same != Some(false);
@@ -452,22 +457,147 @@ impl HelmSpec {
         }
     }
 
-    fn uninstall_words(&self) -> Vec<String> {
-        let mut words = vec!["uninstall".to_string(), self.release.clone()];
-        words.extend(self.cluster_args(None));
-        words
+    /// One `helm upgrade --install`, settled from history: the first new revision is ours.
+    async fn upgrade(&self, sink: &dyn EventSink, before: &Live) -> Result<(), Failure> {
+        let words = self.spec.upgrade_words(self.major, Some(self.ctx));
+        let what = format!("`helm upgrade --install {}`", self.spec.release);
+        self.run_revision(sink, before, words, &what, None).await.map(|_| ())
     }
 
-    fn helm_words(&self, rest: Vec<String>) -> Vec<String> {
-        let mut words = vec![self.binary_name().to_string()];
-        words.extend(rest);
-        words
+    async fn rollback(&self, sink: &dyn EventSink, before: &Live, to: u64) -> Result<Live, Failure> {
+        let words = self.spec.rollback_words(self.major, to, Some(self.ctx));
+        let what = format!("`helm rollback {} {to}`", self.spec.release);
+        self.run_revision(sink, before, words, &what, Some(to)).await
     }
 
-    pub async fn apply(&self, ctx: &StepContext, sink: &dyn EventSink) -> Result<(), Failure> {
-        let binary = crate::resolve_binary(ctx, self.binary_name(), INSTALL_HINT).map_err(Failure::from)?;
-        let (_, major) = self.version(ctx, &binary).await.map_err(Failure::from)?;
-        let before = self.live(ctx, &binary, Some(sink)).await?;
+    /// Runs a helm command that writes one revision, then reads history and status again and
+    /// settles the revision it wrote as Done (deployed) or Failed.
+    async fn run_revision(
+        &self,
+        sink: &dyn EventSink,
+        before: &Live,
+        words: Vec<String>,
+        what: &str,
+        rollback_to: Option<u64>,
+    ) -> Result<Live, Failure> {
+        if self.ctx.cancel.is_cancelled() {
+            return Err(Failure { interrupted: true, ..Failure::new(format!("stopped before {what}")) });
+        }
+        let expected = before.next_revision();
+        sink.emit(Event::Started { id: self.spec.id(expected) });
+        let cmd = self.command().args(&words);
+        let backstop = self.ctx.timeout.map(|t| t + BACKSTOP);
+        let Captured { outcome, stderr, .. } =
+            capture(&cmd, self.ctx, backstop, Some(sink), StdoutLog::UnlessJson).await.map_err(Failure::from)?;
+        // Read helm's state even after an interrupt: the revision may be written already.
+        let after = match self.live(Some(sink)).await {
+            Ok(after) => after,
+            Err(e) if outcome.interrupted => return Err(Failure { interrupted: true, ..e }),
+            Err(e) => return Err(e),
+        };
+        self.spec.record_facts(&after, sink);
+        let last_before = before.latest().map_or(0, |r| r.revision);
+        let created: Vec<&Revision> = after.history.iter().filter(|r| r.revision > last_before).collect();
+        let Some(ours) = created.first() else {
+            // helm stopped before it wrote a revision (chart not found, cluster unreachable).
+            let failure = helm_failure(&cmd.display(), &outcome, &stderr);
+            if !outcome.interrupted {
+                sink.emit(Event::Failed { id: self.spec.id(expected), error: failure.summary.clone() });
+            }
+            return Err(failure.with_hint(self.spec.failure_hint(&after)));
+        };
+        if ours.revision != expected {
+            sink.emit(Event::Warning {
+                message: format!(
+                    "helm wrote revision {} (expected {expected}): another client changed the release",
+                    ours.revision
+                ),
+            });
+            sink.emit(Event::Pending {
+                id: self.spec.id(expected),
+                reason: format!("helm wrote revision {} instead", ours.revision),
+            });
+            sink.emit(Event::Started { id: self.spec.id(ours.revision) });
+        }
+        let id = self.spec.id(ours.revision);
+        let newest = created.last().expect("non-empty");
+        if ours.status == Status::Deployed && outcome.success() {
+            let note = match rollback_to {
+                Some(to) => format!("rollback to revision {to} deployed"),
+                None => format!("revision {} deployed ({})", ours.revision, ours.chart),
+            };
+            sink.emit(Event::Done { id, note: Some(note) });
+            return Ok(after);
+        }
+        if ours.is_pending() && outcome.interrupted {
+            // helm was stopped mid-way: the revision stays uncertain, recover reads helm's state.
+            return Err(Failure::from_process(&cmd.display(), &outcome)
+                .with_hint("`rdeploy recover` reads helm's state and resumes"));
+        }
+        let reason = if ours.description.is_empty() { ours.status.to_string() } else { ours.description.clone() };
+        let mut error = format!("revision {} {}: {reason}", ours.revision, ours.status);
+        if newest.revision != ours.revision {
+            // --atomic / --rollback-on-failure rolled it back at once.
+            error.push_str(&format!(" (then revision {}: {})", newest.revision, newest.description));
+        }
+        sink.emit(Event::Failed { id, error: error.clone() });
+        let mut failure = helm_failure(&cmd.display(), &outcome, &stderr);
+        failure.summary = format!("{what} failed: {error}");
+        Err(failure.with_hint(self.spec.failure_hint(&after)))
+    }
+}
+
+impl Adapter for HelmSpec {
+    fn problems(&self) -> Vec<SpecProblem> {
+        let mut problems = Vec::new();
+        let valid = |s: &str| {
+            !s.is_empty()
+                && s.len() <= 53
+                && s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        };
+        if !valid(&self.release) {
+            problems.push(SpecProblem {
+                at: vec![PathSegment::Key("release")],
+                message: format!("`{}` is not a valid helm release name", self.release),
+                hint: Some("use at most 53 lower-case letters, digits and `-`".into()),
+            });
+        }
+        for (i, key) in self.set.keys().enumerate() {
+            if key.trim().is_empty() || key.contains('=') {
+                problems.push(SpecProblem {
+                    at: vec![PathSegment::Key("set"), PathSegment::Index(i)],
+                    message: format!("`{key}` is not a value path"),
+                    hint: Some("write dotted paths such as `image.tag`".into()),
+                });
+            }
+        }
+        problems
+    }
+
+    fn referenced_paths(&self) -> Vec<(FieldPath, PathBuf)> {
+        let mut paths: Vec<(FieldPath, PathBuf)> = self
+            .values
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (vec![PathSegment::Key("values"), PathSegment::Index(i)], p.clone()))
+            .collect();
+        if self.is_local_chart() {
+            paths.push((vec![PathSegment::Key("chart")], PathBuf::from(&self.chart)));
+        }
+        if let Some(k) = &self.kubeconfig {
+            paths.push((vec![PathSegment::Key("kubeconfig")], k.clone()));
+        }
+        paths
+    }
+
+    async fn preflight(&self, ctx: &StepContext) -> Result<ToolInfo, AdapterError> {
+        let release = Release::open(self, ctx).await?;
+        Ok(ToolInfo { binary: release.binary, version: release.version })
+    }
+
+    async fn apply(&self, ctx: &StepContext, sink: &dyn EventSink) -> Result<(), Failure> {
+        let release = Release::open(self, ctx).await?;
+        let before = release.live(Some(sink)).await?;
         if let Some(latest) = before.latest().filter(|r| r.is_pending()) {
             // helm itself would refuse ("another operation is in progress"); say why plainly.
             let id = self.id(before.next_revision());
@@ -480,20 +610,14 @@ impl HelmSpec {
             ));
         }
         sink.emit(Event::Planned { ids: vec![self.id(before.next_revision())] });
-        self.upgrade(ctx, sink, &binary, major, &before).await
+        release.upgrade(sink, &before).await
     }
 
-    pub async fn recover(
-        &self,
-        ctx: &StepContext,
-        _prior: &PriorStep,
-        sink: &dyn EventSink,
-    ) -> Result<Recovered, Failure> {
-        let binary = crate::resolve_binary(ctx, self.binary_name(), INSTALL_HINT).map_err(Failure::from)?;
-        let (_, major) = self.version(ctx, &binary).await.map_err(Failure::from)?;
-        let live = self.live(ctx, &binary, Some(sink)).await?;
+    async fn recover(&self, ctx: &StepContext, _prior: &PriorStep, sink: &dyn EventSink) -> Result<Recovered, Failure> {
+        let release = Release::open(self, ctx).await?;
+        let live = release.live(Some(sink)).await?;
         self.record_facts(&live, sink);
-        match self.decide(ctx, &live, major, Path::new("/proc")) {
+        match release.decide(&live, Path::new("/proc")) {
             Decision::InPlace { revision } => {
                 let id = self.id(revision);
                 sink.emit(Event::Planned { ids: vec![id.clone()] });
@@ -503,7 +627,7 @@ impl HelmSpec {
             Decision::Upgrade { why } => {
                 sink.emit(Event::Planned { ids: vec![self.id(live.next_revision())] });
                 sink.emit(Event::Warning { message: format!("{why}; running `helm upgrade --install`") });
-                self.upgrade(ctx, sink, &binary, major, &live).await.map(|()| Recovered::Complete)
+                release.upgrade(sink, &live).await.map(|()| Recovered::Complete)
             }
             Decision::Rollback { to, why, then_upgrade } => {
                 let mut ids = vec![self.id(live.next_revision())];
@@ -512,9 +636,9 @@ impl HelmSpec {
                 }
                 sink.emit(Event::Planned { ids });
                 sink.emit(Event::Warning { message: format!("{why}; rolling back to revision {to}") });
-                let after = self.rollback(ctx, sink, &binary, major, &live, to).await?;
+                let after = release.rollback(sink, &live, to).await?;
                 if then_upgrade {
-                    self.upgrade(ctx, sink, &binary, major, &after).await.map(|()| Recovered::Complete)
+                    release.upgrade(sink, &after).await.map(|()| Recovered::Complete)
                 } else {
                     sink.emit(Event::Warning {
                         message: format!(
@@ -535,10 +659,10 @@ impl HelmSpec {
         }
     }
 
-    pub async fn inspect(&self, ctx: &StepContext, _prior: &PriorStep) -> Result<Inspection, Failure> {
-        let binary = crate::resolve_binary(ctx, self.binary_name(), INSTALL_HINT).map_err(Failure::from)?;
-        let (_, major) = self.version(ctx, &binary).await.map_err(Failure::from)?;
-        let live = self.live(ctx, &binary, None).await?;
+    async fn inspect(&self, ctx: &StepContext, _prior: &PriorStep) -> Result<Inspection, Failure> {
+        let release = Release::open(self, ctx).await?;
+        let major = release.major;
+        let live = release.live(None).await?;
         let mut inspection = Inspection::default();
         if let Some(latest) = live.latest() {
             inspection.actions.push(format!(
@@ -553,7 +677,7 @@ impl HelmSpec {
             ));
         }
         let upgrade = display_command(&self.helm_words(self.upgrade_words(major, Some(ctx))));
-        match self.decide(ctx, &live, major, Path::new("/proc")) {
+        match release.decide(&live, Path::new("/proc")) {
             Decision::InPlace { revision } => {
                 inspection.actions.push(format!("keep {}: deployed at the wanted chart and values", self.id(revision)))
             }
@@ -582,139 +706,7 @@ impl HelmSpec {
         Ok(inspection)
     }
 
-    fn record_facts(&self, live: &Live, sink: &dyn EventSink) {
-        if let Some(latest) = live.latest() {
-            sink.emit(Event::Fact { key: "revision".into(), value: latest.revision.into() });
-            sink.emit(Event::Fact { key: "status".into(), value: latest.status.clone().into() });
-        }
-        if let Some(good) = last_deployed(&live.history) {
-            sink.emit(Event::Fact { key: "last_deployed_revision".into(), value: good.revision.into() });
-        }
-    }
-
-    /// One `helm upgrade --install`, settled from history: the first new revision is ours.
-    async fn upgrade(
-        &self,
-        ctx: &StepContext,
-        sink: &dyn EventSink,
-        binary: &Path,
-        major: u32,
-        before: &Live,
-    ) -> Result<(), Failure> {
-        let words = self.upgrade_words(major, Some(ctx));
-        let what = format!("`helm upgrade --install {}`", self.release);
-        self.run_revision(ctx, sink, binary, before, words, &what, None).await.map(|_| ())
-    }
-
-    async fn rollback(
-        &self,
-        ctx: &StepContext,
-        sink: &dyn EventSink,
-        binary: &Path,
-        major: u32,
-        before: &Live,
-        to: u64,
-    ) -> Result<Live, Failure> {
-        let words = self.rollback_words(major, to, Some(ctx));
-        let what = format!("`helm rollback {} {to}`", self.release);
-        self.run_revision(ctx, sink, binary, before, words, &what, Some(to)).await
-    }
-
-    /// Runs a helm command that writes one revision, then reads history and status again and
-    /// settles the revision it wrote as Done (deployed) or Failed.
-    #[allow(clippy::too_many_arguments)]
-    async fn run_revision(
-        &self,
-        ctx: &StepContext,
-        sink: &dyn EventSink,
-        binary: &Path,
-        before: &Live,
-        words: Vec<String>,
-        what: &str,
-        rollback_to: Option<u64>,
-    ) -> Result<Live, Failure> {
-        if ctx.cancel.is_cancelled() {
-            return Err(Failure { interrupted: true, ..Failure::new(format!("stopped before {what}")) });
-        }
-        let expected = before.next_revision();
-        sink.emit(Event::Started { id: self.id(expected) });
-        let cmd = self.command(ctx, binary).args(&words);
-        let backstop = ctx.timeout.map(|t| t + BACKSTOP);
-        let (outcome, _, stderr) =
-            capture(&cmd, ctx, backstop, Some(sink), StdoutLog::UnlessJson).await.map_err(Failure::from)?;
-        // Read helm's state even after an interrupt: the revision may be written already.
-        let after = match self.live(ctx, binary, Some(sink)).await {
-            Ok(after) => after,
-            Err(e) if outcome.interrupted => return Err(Failure { interrupted: true, ..e }),
-            Err(e) => return Err(e),
-        };
-        self.record_facts(&after, sink);
-        let last_before = before.latest().map_or(0, |r| r.revision);
-        let created: Vec<&Revision> = after.history.iter().filter(|r| r.revision > last_before).collect();
-        let Some(ours) = created.first() else {
-            // helm stopped before it wrote a revision (chart not found, cluster unreachable).
-            let failure = helm_failure(&cmd.display(), &outcome, &stderr);
-            if !outcome.interrupted {
-                sink.emit(Event::Failed { id: self.id(expected), error: failure.summary.clone() });
-            }
-            return Err(failure.with_hint(self.failure_hint(&after)));
-        };
-        if ours.revision != expected {
-            sink.emit(Event::Warning {
-                message: format!(
-                    "helm wrote revision {} (expected {expected}): another client changed the release",
-                    ours.revision
-                ),
-            });
-            sink.emit(Event::Pending {
-                id: self.id(expected),
-                reason: format!("helm wrote revision {} instead", ours.revision),
-            });
-            sink.emit(Event::Started { id: self.id(ours.revision) });
-        }
-        let id = self.id(ours.revision);
-        let newest = created.last().expect("non-empty");
-        if ours.status == "deployed" && outcome.success() {
-            let note = match rollback_to {
-                Some(to) => format!("rollback to revision {to} deployed"),
-                None => format!("revision {} deployed ({})", ours.revision, ours.chart),
-            };
-            sink.emit(Event::Done { id, note: Some(note) });
-            return Ok(after);
-        }
-        if ours.is_pending() && outcome.interrupted {
-            // helm was stopped mid-way: the revision stays uncertain, recover reads helm's state.
-            return Err(Failure::from_process(&cmd.display(), &outcome)
-                .with_hint("`rdeploy recover` reads helm's state and resumes"));
-        }
-        let reason = if ours.description.is_empty() { ours.status.clone() } else { ours.description.clone() };
-        let mut error = format!("revision {} {}: {reason}", ours.revision, ours.status);
-        if newest.revision != ours.revision {
-            // --atomic / --rollback-on-failure rolled it back at once.
-            error.push_str(&format!(" (then revision {}: {})", newest.revision, newest.description));
-        }
-        sink.emit(Event::Failed { id, error: error.clone() });
-        let mut failure = helm_failure(&cmd.display(), &outcome, &stderr);
-        failure.summary = format!("{what} failed: {error}");
-        Err(failure.with_hint(self.failure_hint(&after)))
-    }
-
-    fn failure_hint(&self, after: &Live) -> String {
-        match (self.recover_mode(), last_deployed(&after.history)) {
-            (RecoverMode::Rollback, Some(good)) => format!(
-                "`rdeploy recover` rolls {} back to revision {} (`recover: rollback`) and marks the step reverted; once the cause is fixed, the next `rdeploy recover` upgrades",
-                self.release, good.revision
-            ),
-            (_, Some(good)) => format!(
-                "fix the cause, then `rdeploy recover` upgrades again; revision {} is the last deployed one (`{}`)",
-                good.revision,
-                display_command(&self.helm_words(self.rollback_words(4, good.revision, None)))
-            ),
-            (_, None) => "fix the cause, then `rdeploy recover` installs again".into(),
-        }
-    }
-
-    pub fn describe_recovery(&self, ctx: &DescribeContext<'_>, prior: Option<&PriorStep>) -> RecoveryDoc {
+    fn describe_recovery(&self, ctx: &DescribeContext<'_>, prior: Option<&PriorStep>) -> RecoveryDoc {
         let cd = format!("cd {}", shell_quote(ctx.stack_dir));
         let mut doc = RecoveryDoc::default();
         let mut status = vec!["status".to_string(), self.release.clone()];
@@ -753,6 +745,10 @@ impl HelmSpec {
         }
         doc.verify.push(display_command(&self.helm_words(status)));
         doc
+    }
+
+    fn typed_values_mut(&mut self) -> Option<(&'static str, &mut BTreeMap<String, serde_json::Value>)> {
+        Some(("set", &mut self.set))
     }
 }
 
@@ -804,6 +800,8 @@ mod tests {
             env: Default::default(),
             timeout: Some(Duration::from_secs(90)),
             cancel: CancellationToken::new(),
+            force: false,
+            processes: Default::default(),
         }
     }
 
@@ -828,7 +826,8 @@ mod tests {
         /// (another test) cannot make a release look busy.
         fn decide_v4(&self, ctx: &StepContext, live: &Live) -> Decision {
             let no_processes = tempfile::tempdir().unwrap();
-            self.decide(ctx, live, 4, no_processes.path())
+            let release = Release { spec: self, ctx, binary: DEFAULT_BINARY.into(), major: 4, version: String::new() };
+            release.decide(live, no_processes.path())
         }
     }
 
@@ -852,7 +851,7 @@ mod tests {
             Decision::Upgrade { .. }
         ));
         let mut rb = spec();
-        rb.recover = Some("rollback".into());
+        rb.recover = Some(RecoverMode::Rollback);
         assert_eq!(
             rb.decide_v4(&ctx(), &live(vec![rev(1, "superseded"), rev(2, "deployed"), rev(3, "failed")])),
             Decision::Rollback { to: 2, why: "revision 3 failed; `recover: rollback`".into(), then_upgrade: false }
@@ -918,8 +917,7 @@ mod tests {
     fn spec_problems() {
         let mut s = spec();
         s.release = "Web_1".into();
-        s.recover = Some("retry".into());
-        assert_eq!(s.problems().len(), 2);
+        assert_eq!(s.problems().len(), 1);
         assert!(spec().problems().is_empty());
     }
 }

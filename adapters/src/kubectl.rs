@@ -15,10 +15,10 @@ use serde::Deserialize;
 
 use self::manifest::{CrdScopes, KubeObject};
 use self::output::{attribute_errors, is_error_line, match_results, parse_apply_line, parse_diff, rollout_progress};
-use crate::process::{capture, Command, Outcome, StdoutLog};
+use crate::process::{capture, Captured, Command, Outcome, StdoutLog};
 use crate::{
-    display_command, shell_quote, AdapterError, DescribeContext, Event, EventSink, Failure, FieldPath, Inspection,
-    PathSegment, PriorStep, RecoveryDoc, SpecProblem, StepContext, SubStatus, ToolInfo,
+    display_command, shell_quote, Adapter, AdapterError, DescribeContext, Event, EventSink, Failure, FieldPath,
+    Inspection, PathSegment, PriorStep, Recovered, RecoveryDoc, SpecProblem, StepContext, SubStatus, ToolInfo,
 };
 
 const DEFAULT_BINARY: &str = "kubectl";
@@ -88,40 +88,6 @@ impl KubectlSpec {
     pub const KEYS: &'static [&'static str] =
         &["manifests", "namespace", "context", "kubeconfig", "server_side", "wait", "binary"];
 
-    pub fn problems(&self) -> Vec<SpecProblem> {
-        let mut problems = Vec::new();
-        if self.manifests.is_empty() {
-            problems.push(SpecProblem {
-                at: vec![PathSegment::Key("manifests")],
-                message: "`manifests` is empty".into(),
-                hint: Some("list at least one manifest file or directory".into()),
-            });
-        }
-        for (key, value) in [("namespace", &self.namespace), ("context", &self.context)] {
-            if value.as_deref().is_some_and(|v| v.trim().is_empty()) {
-                problems.push(SpecProblem {
-                    at: vec![PathSegment::Key(key)],
-                    message: format!("`{key}` is empty"),
-                    hint: Some("remove it to use the kubeconfig's default".into()),
-                });
-            }
-        }
-        problems
-    }
-
-    pub fn referenced_paths(&self) -> Vec<(FieldPath, PathBuf)> {
-        let mut paths: Vec<(FieldPath, PathBuf)> = self
-            .manifests
-            .iter()
-            .enumerate()
-            .map(|(i, p)| (vec![PathSegment::Key("manifests"), PathSegment::Index(i)], p.clone()))
-            .collect();
-        if let Some(k) = &self.kubeconfig {
-            paths.push((vec![PathSegment::Key("kubeconfig")], k.clone()));
-        }
-        paths
-    }
-
     fn server_side(&self) -> bool {
         self.server_side.unwrap_or(false)
     }
@@ -154,24 +120,7 @@ impl KubectlSpec {
             .cwd(&ctx.stack_dir)
             .envs(ctx.env.iter().map(|(k, v)| (k.clone(), v.clone())))
             .args(self.cluster_args(Some(ctx)))
-    }
-
-    pub async fn preflight(&self, ctx: &StepContext) -> Result<ToolInfo, AdapterError> {
-        let binary = self.resolve_binary(ctx)?;
-        let cmd = Command::new(&binary)
-            .envs(ctx.env.iter().map(|(k, v)| (k.clone(), v.clone())))
-            .args(["version", "--client", "-o", "json"]);
-        let (outcome, stdout, _) = capture(&cmd, ctx, Some(QUICK), None, StdoutLog::Lines).await?;
-        let version = serde_json::from_str::<serde_json::Value>(&stdout.join("\n"))
-            .ok()
-            .and_then(|v| v.pointer("/clientVersion/gitVersion").and_then(|g| g.as_str()).map(str::to_string));
-        match version {
-            Some(version) if outcome.success() => Ok(ToolInfo { binary, version }),
-            _ => Err(AdapterError::ToolUnusable {
-                command: cmd.display(),
-                detail: outcome.last_error_line().unwrap_or_else(|| outcome.describe_status()),
-            }),
-        }
+            .in_step(ctx)
     }
 
     /// The namespace given to namespaced objects that name none: the step's, else the context's.
@@ -181,7 +130,7 @@ impl KubectlSpec {
         }
         let cmd = self.command(ctx, binary).args(["config", "view", "--minify", "-o", "jsonpath={..namespace}"]);
         match capture(&cmd, ctx, Some(QUICK), None, StdoutLog::Lines).await {
-            Ok((outcome, stdout, _)) if outcome.success() => {
+            Ok(Captured { outcome, stdout, .. }) if outcome.success() => {
                 stdout.join("").split_whitespace().next().unwrap_or("default").to_string()
             }
             _ => "default".to_string(),
@@ -195,7 +144,7 @@ impl KubectlSpec {
             let path = ctx.resolve(manifest);
             if path.is_dir() && manifest::is_kustomization(&path) {
                 let cmd = self.command(ctx, binary).arg("kustomize").arg(&path);
-                let (outcome, stdout, _) =
+                let Captured { outcome, stdout, .. } =
                     capture(&cmd, ctx, Some(QUICK), None, StdoutLog::Lines).await.map_err(Failure::from)?;
                 if !outcome.success() {
                     return Err(Failure::from_process(&cmd.display(), &outcome)
@@ -242,94 +191,6 @@ impl KubectlSpec {
         Ok(objects)
     }
 
-    pub async fn apply(&self, ctx: &StepContext, sink: &dyn EventSink) -> Result<(), Failure> {
-        let binary = self.resolve_binary(ctx).map_err(Failure::from)?;
-        let objects = self.objects(ctx, &binary).await?;
-        sink.emit(Event::Planned { ids: objects.iter().map(KubeObject::id).collect() });
-        let all: Vec<usize> = (0..objects.len()).collect();
-        self.apply_objects(ctx, sink, &binary, &objects, &all, "apply").await
-    }
-
-    pub async fn recover(&self, ctx: &StepContext, prior: &PriorStep, sink: &dyn EventSink) -> Result<(), Failure> {
-        let binary = self.resolve_binary(ctx).map_err(Failure::from)?;
-        let objects = self.objects(ctx, &binary).await?;
-        sink.emit(Event::Planned { ids: objects.iter().map(KubeObject::id).collect() });
-        self.warn_gone(&objects, prior, sink);
-        let plan = self.plan_recovery(ctx, &binary, &objects, prior, Some(sink)).await?;
-        if let Some(error) = &plan.diff_error {
-            sink.emit(Event::Warning {
-                message: format!("`kubectl diff` failed ({error}); applying every object not recorded done"),
-            });
-        }
-        let mut waits = Vec::new();
-        for &i in &plan.in_place {
-            if self.wait.unwrap_or(false) && objects[i].is_workload() {
-                waits.push(i);
-            } else {
-                sink.emit(Event::Done {
-                    id: objects[i].id(),
-                    note: Some("already in place: `kubectl diff` shows no difference".into()),
-                });
-            }
-        }
-        let to_apply: Vec<usize> = plan.apply.iter().map(|(i, _)| *i).collect();
-        let result = if to_apply.is_empty() {
-            Ok(())
-        } else {
-            self.apply_objects(ctx, sink, &binary, &objects, &to_apply, "recover").await
-        };
-        // Workloads already in place that a failed rollout left not done: wait for them again.
-        let waited = if waits.is_empty() {
-            Ok(())
-        } else {
-            for &i in &waits {
-                sink.emit(Event::Started { id: objects[i].id() });
-            }
-            let deadline = Instant::now() + ctx.timeout.unwrap_or(DEFAULT_ROLLOUT_TIMEOUT);
-            let failed = self.wait_rollouts(ctx, sink, &binary, &objects, &waits, deadline).await?;
-            if failed.is_empty() {
-                Ok(())
-            } else {
-                Err(summarize(&failed, objects.len(), None))
-            }
-        };
-        result.and(waited)
-    }
-
-    pub async fn inspect(&self, ctx: &StepContext, prior: &PriorStep) -> Result<Inspection, Failure> {
-        let binary = self.resolve_binary(ctx).map_err(Failure::from)?;
-        let objects = self.objects(ctx, &binary).await?;
-        let plan = self.plan_recovery(ctx, &binary, &objects, prior, None).await?;
-        let mut inspection = Inspection::default();
-        if let Some(error) = &plan.diff_error {
-            inspection.actions.push(format!("`kubectl diff` failed ({error}): the checkpoint decides alone"));
-        }
-        for (i, reason) in &plan.apply {
-            inspection.actions.push(format!("apply {} ({})", objects[*i].id(), reason.words()));
-            inspection.remaining.push(objects[*i].id());
-        }
-        for &i in &plan.in_place {
-            if self.wait.unwrap_or(false) && objects[i].is_workload() {
-                inspection
-                    .actions
-                    .push(format!("wait for the rollout of {} (in place, not recorded done)", objects[i].id()));
-                inspection.remaining.push(objects[i].id());
-            } else {
-                inspection
-                    .actions
-                    .push(format!("mark {} done: in place, `kubectl diff` shows no difference", objects[i].id()));
-            }
-        }
-        for &i in &plan.keep {
-            inspection.actions.push(format!("keep {}: done and unchanged", objects[i].id()));
-        }
-        let ids: HashSet<String> = objects.iter().map(KubeObject::id).collect();
-        for gone in prior.sub_changes.iter().filter(|s| !ids.contains(&s.id)) {
-            inspection.actions.push(format!("leave {} alone: no longer in the manifests", gone.id));
-        }
-        Ok(inspection)
-    }
-
     fn warn_gone(&self, objects: &[KubeObject], prior: &PriorStep, sink: &dyn EventSink) {
         let ids: HashSet<String> = objects.iter().map(KubeObject::id).collect();
         let gone: Vec<&str> =
@@ -360,9 +221,10 @@ impl KubectlSpec {
             cmd = cmd.arg("--server-side");
         }
         let cmd = cmd.arg("-f").arg(&dir);
-        let (outcome, stdout, stderr) = capture(&cmd, ctx, Some(ctx.timeout.unwrap_or(QUICK)), sink, StdoutLog::Lines)
-            .await
-            .map_err(Failure::from)?;
+        let Captured { outcome, stdout, stderr } =
+            capture(&cmd, ctx, Some(ctx.timeout.unwrap_or(QUICK)), sink, StdoutLog::Lines)
+                .await
+                .map_err(Failure::from)?;
         if outcome.interrupted {
             return Err(Failure::from_process(&cmd.display(), &outcome));
         }
@@ -465,7 +327,7 @@ impl KubectlSpec {
         for &i in batch {
             sink.emit(Event::Started { id: objects[i].id() });
         }
-        let (outcome, stdout, stderr) =
+        let Captured { outcome, stdout, stderr } =
             capture(&cmd, ctx, ctx.timeout, Some(sink), StdoutLog::Lines).await.map_err(Failure::from)?;
         let results: Vec<_> = stdout.iter().filter_map(|l| parse_apply_line(l)).collect();
         let refs: Vec<&KubeObject> = batch.iter().map(|&i| &objects[i]).collect();
@@ -541,7 +403,7 @@ impl KubectlSpec {
             }
             let cmd = cmd.arg(format!("--timeout={}s", left.as_secs()));
             // kubectl enforces its own --timeout; ours is a backstop a little later.
-            let (outcome, stdout, _) =
+            let Captured { outcome, stdout, .. } =
                 capture(&cmd, ctx, Some(left + Duration::from_secs(30)), Some(sink), StdoutLog::Lines)
                     .await
                     .map_err(Failure::from)?;
@@ -584,7 +446,163 @@ impl KubectlSpec {
         words
     }
 
-    pub fn describe_recovery(&self, ctx: &DescribeContext<'_>, prior: Option<&PriorStep>) -> RecoveryDoc {
+    /// `kubectl rollout status deployment/web -n shop` for a workload id.
+    fn rollout_words(&self, id: &str) -> Option<Vec<String>> {
+        let mut parts = id.split('/');
+        let (kind, ns, name) = (parts.next()?, parts.next()?, parts.next()?);
+        if !manifest::WORKLOADS.contains(&kind) {
+            return None;
+        }
+        let mut words = vec![self.binary_name().to_string(), "rollout".into(), "status".into()];
+        words.push(format!("{}/{name}", kind.to_lowercase()));
+        words.extend(["-n".to_string(), ns.to_string()]);
+        words.extend(self.cluster_args(None));
+        Some(words)
+    }
+}
+
+impl Adapter for KubectlSpec {
+    fn problems(&self) -> Vec<SpecProblem> {
+        let mut problems = Vec::new();
+        if self.manifests.is_empty() {
+            problems.push(SpecProblem {
+                at: vec![PathSegment::Key("manifests")],
+                message: "`manifests` is empty".into(),
+                hint: Some("list at least one manifest file or directory".into()),
+            });
+        }
+        for (key, value) in [("namespace", &self.namespace), ("context", &self.context)] {
+            if value.as_deref().is_some_and(|v| v.trim().is_empty()) {
+                problems.push(SpecProblem {
+                    at: vec![PathSegment::Key(key)],
+                    message: format!("`{key}` is empty"),
+                    hint: Some("remove it to use the kubeconfig's default".into()),
+                });
+            }
+        }
+        problems
+    }
+
+    fn referenced_paths(&self) -> Vec<(FieldPath, PathBuf)> {
+        let mut paths: Vec<(FieldPath, PathBuf)> = self
+            .manifests
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (vec![PathSegment::Key("manifests"), PathSegment::Index(i)], p.clone()))
+            .collect();
+        if let Some(k) = &self.kubeconfig {
+            paths.push((vec![PathSegment::Key("kubeconfig")], k.clone()));
+        }
+        paths
+    }
+
+    async fn preflight(&self, ctx: &StepContext) -> Result<ToolInfo, AdapterError> {
+        let binary = self.resolve_binary(ctx)?;
+        let cmd = Command::new(&binary)
+            .envs(ctx.env.iter().map(|(k, v)| (k.clone(), v.clone())))
+            .args(["version", "--client", "-o", "json"]);
+        let Captured { outcome, stdout, .. } = capture(&cmd, ctx, Some(QUICK), None, StdoutLog::Lines).await?;
+        let version = serde_json::from_str::<serde_json::Value>(&stdout.join("\n"))
+            .ok()
+            .and_then(|v| v.pointer("/clientVersion/gitVersion").and_then(|g| g.as_str()).map(str::to_string));
+        match version {
+            Some(version) if outcome.success() => Ok(ToolInfo { binary, version }),
+            _ => Err(AdapterError::ToolUnusable {
+                command: cmd.display(),
+                detail: outcome.last_error_line().unwrap_or_else(|| outcome.describe_status()),
+            }),
+        }
+    }
+
+    async fn apply(&self, ctx: &StepContext, sink: &dyn EventSink) -> Result<(), Failure> {
+        let binary = self.resolve_binary(ctx).map_err(Failure::from)?;
+        let objects = self.objects(ctx, &binary).await?;
+        sink.emit(Event::Planned { ids: objects.iter().map(KubeObject::id).collect() });
+        let all: Vec<usize> = (0..objects.len()).collect();
+        self.apply_objects(ctx, sink, &binary, &objects, &all, "apply").await
+    }
+
+    async fn recover(&self, ctx: &StepContext, prior: &PriorStep, sink: &dyn EventSink) -> Result<Recovered, Failure> {
+        let binary = self.resolve_binary(ctx).map_err(Failure::from)?;
+        let objects = self.objects(ctx, &binary).await?;
+        sink.emit(Event::Planned { ids: objects.iter().map(KubeObject::id).collect() });
+        self.warn_gone(&objects, prior, sink);
+        let plan = self.plan_recovery(ctx, &binary, &objects, prior, Some(sink)).await?;
+        if let Some(error) = &plan.diff_error {
+            sink.emit(Event::Warning {
+                message: format!("`kubectl diff` failed ({error}); applying every object not recorded done"),
+            });
+        }
+        let mut waits = Vec::new();
+        for &i in &plan.in_place {
+            if self.wait.unwrap_or(false) && objects[i].is_workload() {
+                waits.push(i);
+            } else {
+                sink.emit(Event::Done {
+                    id: objects[i].id(),
+                    note: Some("already in place: `kubectl diff` shows no difference".into()),
+                });
+            }
+        }
+        let to_apply: Vec<usize> = plan.apply.iter().map(|(i, _)| *i).collect();
+        let result = if to_apply.is_empty() {
+            Ok(())
+        } else {
+            self.apply_objects(ctx, sink, &binary, &objects, &to_apply, "recover").await
+        };
+        // Workloads already in place that a failed rollout left not done: wait for them again.
+        let waited = if waits.is_empty() {
+            Ok(())
+        } else {
+            for &i in &waits {
+                sink.emit(Event::Started { id: objects[i].id() });
+            }
+            let deadline = Instant::now() + ctx.timeout.unwrap_or(DEFAULT_ROLLOUT_TIMEOUT);
+            let failed = self.wait_rollouts(ctx, sink, &binary, &objects, &waits, deadline).await?;
+            if failed.is_empty() {
+                Ok(())
+            } else {
+                Err(summarize(&failed, objects.len(), None))
+            }
+        };
+        result.and(waited).map(|()| Recovered::Complete)
+    }
+
+    async fn inspect(&self, ctx: &StepContext, prior: &PriorStep) -> Result<Inspection, Failure> {
+        let binary = self.resolve_binary(ctx).map_err(Failure::from)?;
+        let objects = self.objects(ctx, &binary).await?;
+        let plan = self.plan_recovery(ctx, &binary, &objects, prior, None).await?;
+        let mut inspection = Inspection::default();
+        if let Some(error) = &plan.diff_error {
+            inspection.actions.push(format!("`kubectl diff` failed ({error}): the checkpoint decides alone"));
+        }
+        for (i, reason) in &plan.apply {
+            inspection.actions.push(format!("apply {} ({})", objects[*i].id(), reason.words()));
+            inspection.remaining.push(objects[*i].id());
+        }
+        for &i in &plan.in_place {
+            if self.wait.unwrap_or(false) && objects[i].is_workload() {
+                inspection
+                    .actions
+                    .push(format!("wait for the rollout of {} (in place, not recorded done)", objects[i].id()));
+                inspection.remaining.push(objects[i].id());
+            } else {
+                inspection
+                    .actions
+                    .push(format!("mark {} done: in place, `kubectl diff` shows no difference", objects[i].id()));
+            }
+        }
+        for &i in &plan.keep {
+            inspection.actions.push(format!("keep {}: done and unchanged", objects[i].id()));
+        }
+        let ids: HashSet<String> = objects.iter().map(KubeObject::id).collect();
+        for gone in prior.sub_changes.iter().filter(|s| !ids.contains(&s.id)) {
+            inspection.actions.push(format!("leave {} alone: no longer in the manifests", gone.id));
+        }
+        Ok(inspection)
+    }
+
+    fn describe_recovery(&self, ctx: &DescribeContext<'_>, prior: Option<&PriorStep>) -> RecoveryDoc {
         let cd = format!("cd {}", shell_quote(ctx.stack_dir));
         let mut doc = RecoveryDoc::default();
         doc.inspect.push(format!(
@@ -626,20 +644,6 @@ impl KubectlSpec {
             ));
         }
         doc
-    }
-
-    /// `kubectl rollout status deployment/web -n shop` for a workload id.
-    fn rollout_words(&self, id: &str) -> Option<Vec<String>> {
-        let mut parts = id.split('/');
-        let (kind, ns, name) = (parts.next()?, parts.next()?, parts.next()?);
-        if !manifest::WORKLOADS.contains(&kind) {
-            return None;
-        }
-        let mut words = vec![self.binary_name().to_string(), "rollout".into(), "status".into()];
-        words.push(format!("{}/{name}", kind.to_lowercase()));
-        words.extend(["-n".to_string(), ns.to_string()]);
-        words.extend(self.cluster_args(None));
-        Some(words)
     }
 }
 

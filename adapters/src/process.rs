@@ -1,19 +1,30 @@
-//! The one place that spawns a child: its own process group, stdout and stderr streamed line
-//! by line without deadlock, a bounded tail for error messages, secrets redacted, and SIGINT
-//! forwarded once on cancellation so the tool can stop cleanly (terraform releases its lock).
+//! The one place that spawns a child: its own process group, stdout and stderr written to files
+//! and followed line by line (so a tool outlives a killed rdeploy without dying of a broken
+//! pipe), a bounded tail for error messages, secrets redacted, SIGINT forwarded once on
+//! cancellation so the tool can stop cleanly (terraform releases its lock), and every live child
+//! noted so a run that takes over after a crash can wait for a tool the dead run left behind.
+//!
+//! cargo's `ProcessBuilder` is the model: a [`Command`] with documented fields, shown as the
+//! shell would print it, and one error ([`AdapterError::Spawn`]). The `sh -c` fast path for
+//! `run:` lines lives apart, in [`shell_line`].
 
-use std::collections::VecDeque;
+mod shell_line;
+
+use std::collections::{BTreeMap, VecDeque};
 use std::ffi::OsString;
+use std::fmt;
+use std::fs::File;
+use std::io::Read;
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::Mutex;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use nix::sys::signal::{killpg, Signal};
+use nix::sys::signal::killpg;
+pub use nix::sys::signal::Signal;
 use nix::unistd::Pid;
-use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::{AdapterError, Stream};
@@ -23,106 +34,60 @@ const TAIL_LINES: usize = 20;
 /// After a timeout the group gets SIGINT (the tool's own clean stop: terraform releases its
 /// lock), then SIGTERM after this grace period, then SIGKILL after it again.
 pub const TIMEOUT_GRACE: Duration = Duration::from_secs(5);
-/// After the child exits, how long to wait for grandchildren still holding its pipes.
-const DRAIN_GRACE: Duration = Duration::from_secs(3);
-
-/// The process groups of this run's live children, noted in `running/<rdeploy pid>` so a run
-/// that takes over after a crash can tell whether a tool of the dead run still lives (a tool
-/// outlives a killed rdeploy: it finishes its work unobserved, and the next run waits for it).
-struct RunningNotes {
-    file: PathBuf,
-    groups: std::collections::BTreeMap<i32, String>,
-}
-
-static RUNNING: Mutex<Option<RunningNotes>> = Mutex::new(None);
-
-impl RunningNotes {
-    fn save(&self) {
-        // One file rewritten in place: creating and deleting a file per child costs more than
-        // the child on ext4.
-        let text: String = self.groups.iter().map(|(pgid, cmd)| format!("{pgid}\t{cmd}\n")).collect();
-        let _ = std::fs::write(&self.file, text);
-    }
-}
-
-fn note_group(pgid: Pid, command: impl FnOnce() -> String) {
-    if let Some(notes) = RUNNING.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
-        notes.groups.insert(pgid.as_raw(), command());
-        notes.save();
-    }
-}
-
-fn forget_group(pgid: Pid) {
-    if let Some(notes) = RUNNING.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
-        if notes.groups.remove(&pgid.as_raw()).is_some() {
-            notes.save();
-        }
-    }
-}
-
-/// Notes every child's process group under `dir` while it runs. Called once by the driver.
-pub fn note_running_children_in(dir: PathBuf) {
-    let _ = std::fs::create_dir_all(&dir);
-    let file = dir.join(std::process::id().to_string());
-    *RUNNING.lock().unwrap_or_else(|e| e.into_inner()) = Some(RunningNotes { file, groups: Default::default() });
-}
-
-/// Process groups noted by earlier runs that are still alive: `(pgid, command)`. Notes whose
-/// groups are all gone are removed.
-pub fn surviving_children(dir: &Path) -> Vec<(i32, String)> {
-    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
-    let mut alive = Vec::new();
-    for entry in entries.flatten() {
-        let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
-        let live: Vec<(i32, String)> = text
-            .lines()
-            .filter_map(|l| l.split_once('\t'))
-            .filter_map(|(pgid, cmd)| Some((pgid.parse::<i32>().ok()?, cmd.to_string())))
-            .filter(|(pgid, _)| killpg(Pid::from_raw(*pgid), None).is_ok())
-            .collect();
-        if live.is_empty() {
-            let _ = std::fs::remove_file(entry.path());
-        }
-        alive.extend(live);
-    }
-    alive
-}
+/// How often the output files are read while the child runs and writes nothing: a line reaches
+/// the adapter's parser at most this late. A read finds every byte written so far.
+const FOLLOW_INTERVAL: Duration = Duration::from_millis(10);
+/// Most bytes read from one output file per poll, so one chatty stream cannot starve the other.
+const READ_PER_POLL: usize = 1 << 20;
 
 /// A command to run, built like `std::process::Command` but with what rdeploy needs.
 #[derive(Clone, Debug)]
 pub struct Command {
+    /// The program: a path (relative ones name a file in `cwd`, as for `sh -c`) or a name
+    /// searched in `PATH`.
     program: PathBuf,
+    /// Its arguments after the program.
     args: Vec<OsString>,
+    /// Its working directory; rdeploy's own when unset.
     cwd: Option<PathBuf>,
+    /// Variables set on top of rdeploy's own environment, later ones winning.
     env: Vec<(OsString, OsString)>,
+    /// Values replaced by `***` in every line handed out, kept or displayed.
     redact: Vec<String>,
-    /// Set when a `run:` line is started without the shell (see [`Command::shell`]): if the
-    /// program cannot be started, the shell runs the line instead, so it fails (or, for a
-    /// script without `#!`, succeeds) exactly as `sh -c` would.
+    /// What the child gets when rdeploy dies before it (`PR_SET_PDEATHSIG`): the tool's graceful
+    /// stop, so it ends its work and persists its state rather than stopping mid-write.
+    death_signal: Signal,
+    /// Where the child's stdout and stderr go. They are never pipes: a pipe whose reader died
+    /// kills the writer (SIGPIPE) on its next line, which for terraform may be mid-way through
+    /// rewriting its state.
+    output: Output,
+    /// Where the child's process group is noted while it runs.
+    tracker: ProcessTracker,
+    /// Set when a `run:` line is started without the shell ([`Command::shell`]): if the program
+    /// cannot be started, the shell runs the line instead, so it fails (or, for a script
+    /// without `#!`, succeeds) exactly as `sh -c` would.
     script: Option<String>,
 }
 
-/// The shell's own commands and keywords (dash and POSIX): a line starting with one of these
-/// always goes to the shell, even when `/usr/bin` has a program of the same name.
-const SHELL_WORDS: &[&str] = &[
-    ".", ":", "[", "alias", "bg", "break", "case", "cd", "chdir", "command", "continue", "do", "done", "echo", "elif",
-    "else", "esac", "eval", "exec", "exit", "export", "false", "fc", "fg", "fi", "for", "function", "getopts", "hash",
-    "if", "in", "jobs", "kill", "local", "printf", "pwd", "read", "readonly", "return", "select", "set", "shift",
-    "test", "then", "times", "trap", "true", "type", "ulimit", "umask", "unalias", "unset", "until", "wait", "while",
-];
+/// Where a child's output is written while rdeploy follows it.
+#[derive(Clone, Debug, Default)]
+enum Output {
+    /// Unnamed files (`O_TMPFILE` where the filesystem has it) in the temporary directory:
+    /// gone once the child and rdeploy have both closed them.
+    #[default]
+    Unnamed,
+    /// The same in this directory (the step's work directory), else in the temporary one.
+    UnnamedIn(PathBuf),
+    /// Files that stay after the child ends, so a later run can read what it did (terraform's
+    /// JSON stream of an apply that outlived a killed rdeploy).
+    Files { stdout: PathBuf, stderr: PathBuf },
+}
 
-/// The words of `script` when it is one simple command the shell would only split on spaces
-/// and run: nothing but letters, digits, spaces and `_ . / : , + @ % = -` (no quoting,
-/// expansion, globbing, redirection, operators or comments), not starting with an assignment
-/// or a shell word. `sh -c` would exec exactly these words, so rdeploy can skip the shell.
-fn simple_command(script: &str) -> Option<Vec<&str>> {
-    let plain = |c: char| c == ' ' || c.is_ascii_alphanumeric() || "_./:,+@%=-".contains(c);
-    if !script.chars().all(plain) {
-        return None;
-    }
-    let words: Vec<&str> = script.split(' ').filter(|w| !w.is_empty()).collect();
-    let first = *words.first()?;
-    (!first.contains('=') && !SHELL_WORDS.contains(&first)).then_some(words)
+/// A started child and the read ends of its output files.
+struct Started {
+    child: tokio::process::Child,
+    stdout: File,
+    stderr: File,
 }
 
 impl Command {
@@ -133,26 +98,17 @@ impl Command {
             cwd: None,
             env: Vec::new(),
             redact: Vec::new(),
+            death_signal: Signal::SIGTERM,
+            output: Output::default(),
+            tracker: ProcessTracker::default(),
             script: None,
         }
     }
 
-    /// `sh -c script`, the way stack files mean their `run:` lines. A line that is one simple
-    /// command (`./migrate.sh up 42`) is started directly, as make does: the same program with
-    /// the same arguments, one exec of the shell fewer per sub-change.
+    /// `sh -c script`, the way stack files mean their `run:` lines (a simple command skips the
+    /// shell: see [`shell_line`]).
     pub fn shell(script: &str) -> Command {
-        match simple_command(script) {
-            Some(words) => {
-                let mut cmd = Command::new(words[0]).args(&words[1..]);
-                cmd.script = Some(script.to_string());
-                cmd
-            }
-            None => Command::sh(script),
-        }
-    }
-
-    fn sh(script: &str) -> Command {
-        Command::new("/bin/sh").arg("-c").arg(script)
+        shell_line::command(script)
     }
 
     pub fn arg(mut self, arg: impl Into<OsString>) -> Command {
@@ -199,44 +155,82 @@ impl Command {
         self
     }
 
-    /// The command line as an operator would type it (redacted).
-    pub fn display(&self) -> String {
-        let mut words = vec![self.program.to_string_lossy().into_owned()];
-        words.extend(self.args.iter().map(|a| a.to_string_lossy().into_owned()));
-        redact_line(&crate::display_command(&words), &self.redact)
+    /// Runs as part of a step: the child is noted in the step's process tracker while it runs
+    /// and its output files live in the step's work directory.
+    pub fn in_step(mut self, ctx: &crate::StepContext) -> Command {
+        self.tracker = ctx.processes.clone();
+        if !matches!(self.output, Output::Files { .. }) {
+            self.output = Output::UnnamedIn(ctx.work_dir.clone());
+        }
+        self
     }
 
-    /// Starts the child in its own process group, with piped output.
-    fn spawn(&self) -> std::io::Result<tokio::process::Child> {
+    /// The signal the child gets if rdeploy dies first (SIGTERM unless set): the one the tool
+    /// stops gracefully on, finishing what it started and saving its state.
+    pub fn on_rdeploy_death(mut self, signal: Signal) -> Command {
+        self.death_signal = signal;
+        self
+    }
+
+    /// Writes the child's stdout and stderr to these files (created 0600, truncated) and keeps
+    /// them, so a later run can read what a child that outlived rdeploy did.
+    pub fn output_files(mut self, stdout: impl Into<PathBuf>, stderr: impl Into<PathBuf>) -> Command {
+        self.output = Output::Files { stdout: stdout.into(), stderr: stderr.into() };
+        self
+    }
+
+    /// The command line as an operator would type it (redacted); the same as its `Display`.
+    pub fn display(&self) -> String {
+        self.to_string()
+    }
+
+    /// Starts the child (through the shell when its `run:` line needs it).
+    fn start(&self) -> Result<Started, AdapterError> {
+        let started = match &self.script {
+            Some(script) => shell_line::start(self, script),
+            None => self.start_plain(&[]),
+        };
+        started.map_err(|source| AdapterError::Spawn { command: self.display(), source })
+    }
+
+    /// Starts exactly this program in its own process group, output to files, with `extra_env`
+    /// on top of the command's own.
+    fn start_plain(&self, extra_env: &[(OsString, OsString)]) -> std::io::Result<Started> {
+        let (stdout, stdout_read) = self.output_file(Stream::Stdout)?;
+        let (stderr, stderr_read) = self.output_file(Stream::Stderr)?;
         // A relative path names a file in the child's directory, as it does for `sh -c`: the
         // child changes directory before it execs (the fork path pre_exec implies; a test holds
         // this), and the interpreter of a `#!` script sees the path as written in `$0`.
         let mut cmd = tokio::process::Command::new(&self.program);
         cmd.args(&self.args)
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .envs(self.env.iter().chain(extra_env).map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
+            .stdout(Stdio::from(stdout))
+            .stderr(Stdio::from(stderr))
             .process_group(0)
             .kill_on_drop(true);
         if let Some(dir) = &self.cwd {
             cmd.current_dir(dir);
         }
-        if self.script.is_some() {
-            if let Some(pwd) = self.shell_pwd() {
-                cmd.env("PWD", pwd);
-            }
-        }
-        // If rdeploy itself dies (kill -9), its direct child (terraform, ansible-playbook, helm,
-        // kubectl, a shell step's `sh` or program) gets SIGTERM rather than working on unobserved;
-        // terraform treats it like Ctrl-C and writes its state. Whatever still survives (a
-        // grandchild) is noted below and blocks the next run until it is gone. The price is a
-        // fork instead of a vfork per child (pre_exec), measured in benches/core.sh.
+        // If rdeploy itself dies (kill -9), the tool gets its graceful signal rather than
+        // working on unobserved: a shell step's `sh` or program its SIGTERM straight from the
+        // kernel (pdeathsig), a tool with a graceful signal of its own (terraform's SIGINT, as
+        // Ctrl-C) exactly once, for its whole group, through a relay (see
+        // [`relay_one_death_signal`]); terraform then stops, writes its state (to a file nobody
+        // needs to read) and ends. Whatever still survives is noted below and the next run waits
+        // for it. The price is a fork instead of a vfork per child (pre_exec), and one fork more
+        // for a relayed tool, measured in benches/core.sh.
         let parent = nix::unistd::getpid();
-        // SAFETY: prctl and getppid are async-signal-safe and touch no memory of the parent.
+        let signal = self.death_signal;
+        let relay = signal != Signal::SIGTERM && signal != Signal::SIGKILL;
+        // SAFETY: only async-signal-safe calls (prctl, getppid, fork, sigprocmask, waitpid,
+        // sigwaitinfo, close_range, kill, _exit), touching no memory of the parent.
         unsafe {
             cmd.pre_exec(move || {
-                nix::sys::prctl::set_pdeathsig(Signal::SIGTERM).map_err(std::io::Error::from)?;
+                if relay {
+                    return relay_one_death_signal(parent, signal);
+                }
+                nix::sys::prctl::set_pdeathsig(signal).map_err(std::io::Error::from)?;
                 // The parent may have died between fork and prctl; then no signal would come.
                 if nix::unistd::getppid() != parent {
                     return Err(std::io::Error::other("rdeploy exited before the tool started"));
@@ -244,98 +238,37 @@ impl Command {
                 Ok(())
             });
         }
-        cmd.spawn()
+        let child = cmd.spawn()?;
+        Ok(Started { child, stdout: stdout_read, stderr: stderr_read })
     }
 
-    /// A variable as the child will see it: the command's own setting, else rdeploy's.
-    fn child_env(&self, key: &str) -> Option<OsString> {
-        match self.env.iter().rev().find(|(k, _)| k == key) {
-            Some((_, v)) => Some(v.clone()),
-            None => std::env::var_os(key),
-        }
-    }
-
-    /// The PWD `sh` would export in the child's directory: the inherited one when it is an
-    /// absolute path to that same directory (a logical path through a symlink stays), otherwise
-    /// the physical path, as getcwd gives it.
-    fn shell_pwd(&self) -> Option<PathBuf> {
-        use std::os::unix::fs::MetadataExt;
-        let dir = match &self.cwd {
-            Some(dir) => std::fs::canonicalize(dir).ok()?,
-            None => std::env::current_dir().ok()?,
+    /// One output file: the end the child writes and the end rdeploy reads (a separate open
+    /// file description, so reading never moves the child's write offset).
+    fn output_file(&self, stream: Stream) -> std::io::Result<(File, File)> {
+        let unnamed = |dir: &Path| -> std::io::Result<(File, File)> {
+            let write = tempfile::tempfile_in(dir)?;
+            let read = File::open(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&write)))?;
+            Ok((write, read))
         };
-        let inherited = self.child_env("PWD").map(PathBuf::from);
-        let same = |a: &Path, b: &Path| match (std::fs::metadata(a), std::fs::metadata(b)) {
-            (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
-            _ => false,
-        };
-        let logical = inherited.filter(|p| {
-            p.is_absolute()
-                && !p.components().any(|c| matches!(c, std::path::Component::ParentDir | std::path::Component::CurDir))
-                && same(p, &dir)
-        });
-        Some(logical.unwrap_or(dir))
-    }
-
-    /// Starts the child. A `run:` line whose program the kernel would not run itself (a script
-    /// without `#!`, a foreign binary), or that cannot be started (missing, not executable), goes
-    /// to the shell instead, which runs or rejects it as it always would.
-    fn spawn_or_shell(&self) -> Result<tokio::process::Child, AdapterError> {
-        let through_shell = |script: &str| {
-            let sh = Command::sh(script);
-            Command { program: sh.program, args: sh.args, script: None, ..self.clone() }.spawn()
-        };
-        let result = match &self.script {
-            // glibc's execvp hands a file the kernel rejects to `sh` as a script, where dash
-            // would say "Exec format error": only what the kernel runs itself skips the shell.
-            Some(script) if !self.kernel_runs() => through_shell(script),
-            Some(script) => self.spawn().or_else(|source| {
-                tracing::debug!(command = %self.display(), error = %source, "running it through the shell");
-                through_shell(script)
-            }),
-            None => self.spawn(),
-        };
-        result.map_err(|source| AdapterError::Spawn { command: self.display(), source })
-    }
-
-    /// Whether the kernel itself runs this program: a `#!` script, or an ELF file for this
-    /// machine (class, byte order and architecture as rdeploy's own).
-    fn kernel_runs(&self) -> bool {
-        static NATIVE: std::sync::OnceLock<Option<[u8; 20]>> = std::sync::OnceLock::new();
-        let head = |path: &Path| -> Option<[u8; 20]> {
-            let mut read = Vec::with_capacity(20);
-            std::io::Read::read_to_end(&mut std::io::Read::take(std::fs::File::open(path).ok()?, 20), &mut read)
-                .ok()?;
-            let mut head = [0u8; 20];
-            head[..read.len()].copy_from_slice(&read);
-            Some(head)
-        };
-        let path = if self.program.components().count() > 1 {
-            match &self.cwd {
-                Some(dir) => dir.join(&self.program),
-                None => self.program.clone(),
+        match &self.output {
+            Output::Unnamed => unnamed(&std::env::temp_dir()),
+            // The step's directory is made before the step runs; a preflight runs earlier.
+            Output::UnnamedIn(dir) => unnamed(dir).or_else(|_| unnamed(&std::env::temp_dir())),
+            Output::Files { stdout, stderr } => {
+                let path = match stream {
+                    Stream::Stdout => stdout,
+                    Stream::Stderr => stderr,
+                };
+                let write = std::fs::OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(true)
+                    .mode(0o600)
+                    .custom_flags(nix::libc::O_NOFOLLOW)
+                    .open(path)?;
+                let read = std::fs::OpenOptions::new().read(true).custom_flags(nix::libc::O_NOFOLLOW).open(path)?;
+                Ok((write, read))
             }
-        } else {
-            // execvp's search, in the child's directory: an empty or relative PATH entry means
-            // a directory relative to it (the `which` crate resolves those against rdeploy's own
-            // directory, and expands `~`, which execvp does not).
-            use std::os::unix::fs::PermissionsExt;
-            let Some(path_var) = self.child_env("PATH") else { return false };
-            let cwd = self.cwd.clone().unwrap_or_default();
-            let found = std::env::split_paths(&path_var)
-                .map(|entry| cwd.join(entry).join(&self.program))
-                .find(|c| std::fs::metadata(c).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0));
-            match found {
-                Some(path) => path,
-                None => return false,
-            }
-        };
-        match (head(&path), NATIVE.get_or_init(|| head(Path::new("/proc/self/exe")))) {
-            (Some(h), _) if h.starts_with(b"#!") => true,
-            (Some(h), Some(native)) => {
-                h.starts_with(b"\x7fELF") && h[4..6] == native[4..6] && h[18..20] == native[18..20]
-            }
-            _ => false,
         }
     }
 
@@ -350,45 +283,44 @@ impl Command {
         timeout: Option<Duration>,
         on_line: &mut (dyn FnMut(Stream, &str) + Send),
     ) -> Result<Outcome, AdapterError> {
-        let mut child = self.spawn_or_shell()?;
-        let pgid = child.id().map(|id| Pid::from_raw(id as i32));
-        tracing::debug!(command = %self.display(), pid = ?child.id(), cwd = ?self.cwd, "spawned");
-        if let Some(pgid) = pgid {
-            note_group(pgid, || self.display());
+        let Started { mut child, stdout, stderr } = self.start()?;
+        let pid = child.id();
+        let pgid = pid.map(|id| Pid::from_raw(id as i32));
+        tracing::debug!(command = %self, pid = ?pid, cwd = ?self.cwd, "spawned");
+        if let Some(pid) = pid {
+            self.tracker.note(pid, || self.display());
         }
-        let (tx, mut rx) = mpsc::channel::<(Stream, String)>(256);
-        let readers = [
-            child.stdout.take().map(|out| tokio::spawn(forward_lines(out, Stream::Stdout, tx.clone()))),
-            child.stderr.take().map(|err| tokio::spawn(forward_lines(err, Stream::Stderr, tx.clone()))),
-        ];
-        drop(tx);
-
+        let mut followers = [Follower::new(stdout, Stream::Stdout), Follower::new(stderr, Stream::Stderr)];
         let mut outcome = Outcome::default();
+        let mut follow = |outcome: &mut Outcome, followers: &mut [Follower; 2]| {
+            for follower in followers.iter_mut() {
+                follower.read(&mut |stream, line| self.deliver(outcome, stream, line, on_line));
+            }
+        };
+
+        let mut poll = tokio::time::interval(FOLLOW_INTERVAL);
+        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
         // The next signal of a timeout's escalation, and when to send it.
         let mut escalate: Option<(tokio::time::Instant, Signal)> = None;
-        let mut streams_open = true;
         let status = loop {
             tokio::select! {
-                line = rx.recv(), if streams_open => match line {
-                    Some((stream, line)) => self.deliver(&mut outcome, stream, line, on_line),
-                    None => streams_open = false,
-                },
                 status = child.wait() => break status.map_err(|source| AdapterError::Spawn { command: self.display(), source })?,
+                _ = poll.tick() => follow(&mut outcome, &mut followers),
                 _ = cancel.cancelled(), if !outcome.interrupted => {
-                    tracing::debug!(command = %self.display(), "forwarding SIGINT to the process group");
+                    tracing::debug!(command = %self, "forwarding SIGINT to the process group");
                     outcome.interrupted = true;
                     signal_group(pgid, Signal::SIGINT);
                 }
                 _ = sleep_until(deadline), if deadline.is_some() && !outcome.timed_out => {
-                    tracing::debug!(command = %self.display(), "timed out: SIGINT to the process group");
+                    tracing::debug!(command = %self, "timed out: SIGINT to the process group");
                     outcome.timed_out = true;
                     signal_group(pgid, Signal::SIGINT);
                     escalate = Some((tokio::time::Instant::now() + TIMEOUT_GRACE, Signal::SIGTERM));
                 }
                 _ = sleep_until(escalate.map(|(at, _)| at)), if escalate.is_some() => {
                     let (_, signal) = escalate.take().expect("guarded by is_some");
-                    tracing::debug!(command = %self.display(), ?signal, "still running after a timeout");
+                    tracing::debug!(command = %self, ?signal, "still running after a timeout");
                     signal_group(pgid, signal);
                     if signal == Signal::SIGTERM {
                         escalate = Some((tokio::time::Instant::now() + TIMEOUT_GRACE, Signal::SIGKILL));
@@ -396,25 +328,19 @@ impl Command {
                 }
             }
         };
-        // The child is gone; collect what it wrote, but do not wait forever on a grandchild
-        // that inherited the pipes.
-        let drain = async {
-            while let Some((stream, line)) = rx.recv().await {
-                self.deliver(&mut outcome, stream, line, on_line);
-            }
-        };
-        if tokio::time::timeout(DRAIN_GRACE, drain).await.is_err() {
-            for reader in readers.into_iter().flatten() {
-                reader.abort();
-            }
+        // The child is gone: what it wrote is all in the files (a grandchild that keeps writing
+        // is not waited for), the last line perhaps without its newline.
+        follow(&mut outcome, &mut followers);
+        for follower in &mut followers {
+            follower.finish(&mut |stream, line| self.deliver(&mut outcome, stream, line, on_line));
         }
         // Reaped: only a run that dies before this line leaves its note behind.
-        if let Some(pgid) = pgid {
-            forget_group(pgid);
+        if let Some(pid) = pid {
+            self.tracker.forget(pid);
         }
         outcome.code = status.code();
         outcome.signal = status.signal();
-        tracing::debug!(command = %self.display(), code = ?outcome.code, signal = ?outcome.signal, interrupted = outcome.interrupted, "exited");
+        tracing::debug!(command = %self, code = ?outcome.code, signal = ?outcome.signal, interrupted = outcome.interrupted, "exited");
         Ok(outcome)
     }
 
@@ -438,6 +364,162 @@ impl Command {
     }
 }
 
+/// In the forked child: makes sure the tool's group gets `signal` once when rdeploy dies, as a
+/// terminal's Ctrl-C would send it.
+///
+/// The kernel sends a pdeathsig each time the child's parent *thread* exits and the child passes
+/// to another thread of the same process: a kill -9 of multi-threaded rdeploy gave terraform two
+/// SIGINTs, the second of which means "exit immediately, data loss may occur". And a pdeathsig
+/// reaches only the direct child, while terraform's provisioners run on in its group. So the
+/// tool is started one level down: this process forks again and stays as a single-threaded
+/// relay. Its own pdeathsig (SIGUSR1, however often it comes) makes it send `signal` to the
+/// whole group once; it blocks the terminal signals (so cancellation and timeouts, sent to the
+/// group, reach only the tool), holds no file open, and exits with the tool's status.
+///
+/// # Safety
+/// Only in a child forked from rdeploy (a `pre_exec` closure): it forks and may `_exit`.
+unsafe fn relay_one_death_signal(rdeploy: Pid, signal: Signal) -> std::io::Result<()> {
+    use nix::libc;
+    // SAFETY: the caller is a child forked from rdeploy, before exec; every call below is
+    // async-signal-safe.
+    unsafe {
+        let mut blocked: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut blocked);
+        for sig in [libc::SIGCHLD, libc::SIGUSR1, libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
+            libc::sigaddset(&mut blocked, sig);
+        }
+        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGUSR1 as libc::c_ulong) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // The parent may have died between fork and prctl; then no signal would come.
+        if libc::getppid() != rdeploy.as_raw() {
+            return Err(std::io::Error::other("rdeploy exited before the tool started"));
+        }
+        libc::sigprocmask(libc::SIG_BLOCK, &blocked, std::ptr::null_mut());
+        match libc::fork() {
+            -1 => Err(std::io::Error::last_os_error()),
+            0 => {
+                // The tool starts with no signal blocked, as std would start it.
+                let mut none: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut none);
+                libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+                Ok(())
+            }
+            tool => {
+                // Above all not the pipe through which the spawn learns whether exec worked.
+                if libc::syscall(libc::SYS_close_range, 0u32, u32::MAX, 0u32) != 0 {
+                    for fd in 0..4096 {
+                        libc::close(fd);
+                    }
+                }
+                let mut waited: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut waited);
+                libc::sigaddset(&mut waited, libc::SIGCHLD);
+                libc::sigaddset(&mut waited, libc::SIGUSR1);
+                let mut sent = false;
+                let mut status = 0;
+                loop {
+                    if libc::waitpid(tool, &mut status, libc::WNOHANG) == tool {
+                        break;
+                    }
+                    let got = libc::sigwaitinfo(&waited, std::ptr::null_mut());
+                    if got == libc::SIGUSR1 && !sent {
+                        sent = true;
+                        libc::kill(0, signal as libc::c_int);
+                    }
+                }
+                if libc::WIFSIGNALED(status) {
+                    let sig = libc::WTERMSIG(status);
+                    libc::signal(sig, libc::SIG_DFL);
+                    let mut only: libc::sigset_t = std::mem::zeroed();
+                    libc::sigemptyset(&mut only);
+                    libc::sigaddset(&mut only, sig);
+                    libc::sigprocmask(libc::SIG_UNBLOCK, &only, std::ptr::null_mut());
+                    libc::kill(libc::getpid(), sig);
+                    libc::_exit(128 + sig);
+                }
+                libc::_exit(libc::WEXITSTATUS(status));
+            }
+        }
+    }
+}
+
+/// The command line as the shell would print it for an operator to type, secrets redacted.
+impl fmt::Display for Command {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut words = vec![self.program.to_string_lossy().into_owned()];
+        words.extend(self.args.iter().map(|a| a.to_string_lossy().into_owned()));
+        f.write_str(&redact_line(&crate::display_command(&words), &self.redact))
+    }
+}
+
+/// Reads one output file as it grows and cuts it into lines; a line split across reads is put
+/// back together.
+struct Follower {
+    file: File,
+    stream: Stream,
+    /// Bytes read after the last newline.
+    partial: Vec<u8>,
+    /// How much of `partial` is known to hold no newline.
+    scanned: usize,
+    buf: Box<[u8]>,
+}
+
+impl Follower {
+    fn new(file: File, stream: Stream) -> Follower {
+        Follower { file, stream, partial: Vec::new(), scanned: 0, buf: vec![0; 64 * 1024].into_boxed_slice() }
+    }
+
+    /// Hands out every full line written so far.
+    fn read(&mut self, emit: &mut dyn FnMut(Stream, String)) {
+        let mut total = 0;
+        while total < READ_PER_POLL {
+            match self.file.read(&mut self.buf) {
+                Ok(0) => return,
+                Ok(n) => {
+                    total += n;
+                    self.partial.extend_from_slice(&self.buf[..n]);
+                    self.split(emit);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    tracing::debug!(error = %e, "could not read the child's output");
+                    return;
+                }
+            }
+        }
+    }
+
+    fn split(&mut self, emit: &mut dyn FnMut(Stream, String)) {
+        let mut start = 0;
+        let mut from = self.scanned;
+        while let Some(offset) = self.partial[from..].iter().position(|&b| b == b'\n') {
+            let end = from + offset;
+            emit(self.stream, line_text(&self.partial[start..end]));
+            start = end + 1;
+            from = start;
+        }
+        self.partial.drain(..start);
+        self.scanned = self.partial.len();
+    }
+
+    /// The last line, when the child ended without a newline after it.
+    fn finish(&mut self, emit: &mut dyn FnMut(Stream, String)) {
+        if !self.partial.is_empty() {
+            emit(self.stream, line_text(&self.partial));
+            self.partial.clear();
+            self.scanned = 0;
+        }
+    }
+}
+
+fn line_text(mut line: &[u8]) -> String {
+    while let [rest @ .., b'\r' | b'\n'] = line {
+        line = rest;
+    }
+    String::from_utf8_lossy(line).into_owned()
+}
+
 async fn sleep_until(at: Option<tokio::time::Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
@@ -452,24 +534,164 @@ fn signal_group(pgid: Option<Pid>, signal: Signal) {
     }
 }
 
-async fn forward_lines<R: AsyncRead + Unpin>(reader: R, stream: Stream, tx: mpsc::Sender<(Stream, String)>) {
-    let mut reader = BufReader::new(reader);
-    let mut buf = Vec::with_capacity(256);
-    loop {
-        buf.clear();
-        match reader.read_until(b'\n', &mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(_) => {
-                while matches!(buf.last(), Some(b'\n' | b'\r')) {
-                    buf.pop();
-                }
-                let line = String::from_utf8_lossy(&buf).into_owned();
-                if tx.send((stream, line)).await.is_err() {
-                    return;
-                }
+/// The process groups of a run's live children, noted in `running/<rdeploy pid>` (one line per
+/// child: its pid, which is its group, its start time from `/proc/PID/stat` and its command) so
+/// a run that takes over after a crash can tell whether a tool of the dead run still lives: a
+/// tool outlives a killed rdeploy, finishes its work unobserved, and the next run waits for it.
+/// Created once by the driver and handed to every step in its [`crate::StepContext`]; the
+/// default notes nothing.
+#[derive(Clone, Debug, Default)]
+pub struct ProcessTracker {
+    notes: Option<Arc<Mutex<RunningNotes>>>,
+}
+
+#[derive(Debug)]
+struct RunningNotes {
+    file: PathBuf,
+    /// pid -> (start time, command)
+    groups: BTreeMap<u32, (u64, String)>,
+}
+
+impl RunningNotes {
+    fn save(&self) {
+        // One file rewritten in place: creating and deleting a file per child costs more than
+        // the child on ext4.
+        let text: String = self
+            .groups
+            .iter()
+            .map(|(pid, (start, cmd))| format!("{pid}\t{start}\t{}\n", cmd.replace(['\n', '\r'], " ")))
+            .collect();
+        if std::fs::write(&self.file, &text).is_err() {
+            if let Some(dir) = self.file.parent() {
+                let _ = std::fs::create_dir_all(dir);
             }
+            let _ = std::fs::write(&self.file, text);
         }
     }
+}
+
+impl ProcessTracker {
+    /// Notes every child of this rdeploy process under `dir` while it runs.
+    /// Nothing is written until a child starts.
+    pub fn in_dir(dir: PathBuf) -> ProcessTracker {
+        let file = dir.join(std::process::id().to_string());
+        ProcessTracker { notes: Some(Arc::new(Mutex::new(RunningNotes { file, groups: BTreeMap::new() }))) }
+    }
+
+    fn note(&self, pid: u32, command: impl FnOnce() -> String) {
+        let Some(notes) = &self.notes else { return };
+        // Read before the child is reaped: even a child that already exited (a zombie) still
+        // has its start time.
+        let start = proc_stat(pid as i32).map_or(0, |s| s.start);
+        let mut notes = notes.lock().unwrap_or_else(|e| e.into_inner());
+        notes.groups.insert(pid, (start, command()));
+        notes.save();
+    }
+
+    fn forget(&self, pid: u32) {
+        let Some(notes) = &self.notes else { return };
+        let mut notes = notes.lock().unwrap_or_else(|e| e.into_inner());
+        if notes.groups.remove(&pid).is_some() {
+            notes.save();
+        }
+    }
+}
+
+/// What `/proc/PID/stat` says of a process.
+#[derive(Clone, Copy, Debug)]
+struct ProcStat {
+    /// `R`, `S`, `D`, `Z` (a zombie: exited, not yet reaped), ...
+    state: char,
+    pgrp: i32,
+    /// Clock ticks after boot (field 22): with the pid, it names one process for good.
+    start: u64,
+}
+
+impl ProcStat {
+    /// A zombie has exited: it only waits for its parent (or a slow PID 1) to reap it.
+    fn lives(&self) -> bool {
+        !matches!(self.state, 'Z' | 'X' | 'x')
+    }
+}
+
+fn proc_stat(pid: i32) -> Option<ProcStat> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces and parentheses itself.
+    let fields: Vec<&str> = text[text.rfind(')')? + 1..].split_whitespace().collect();
+    Some(ProcStat {
+        state: fields.first()?.chars().next()?,
+        pgrp: fields.get(2)?.parse().ok()?,
+        start: fields.get(19)?.parse().ok()?,
+    })
+}
+
+/// Whether the process group a tool was started in still has a live process of that tool. The
+/// leader (the noted pid) counts if it is no zombie and started when noted (else its pid was
+/// reused). When it is gone or a zombie, any live member of its group counts: a group's number
+/// is not handed out again while any member lives.
+fn group_lives(pgid: i32, start: Option<u64>) -> bool {
+    match proc_stat(pgid) {
+        Some(leader) if start.is_some_and(|s| s != leader.start) => return false,
+        Some(leader) if leader.lives() => return true,
+        _ => {}
+    }
+    let Ok(entries) = std::fs::read_dir("/proc") else { return false };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&pid| pid != pgid)
+        .filter_map(proc_stat)
+        .any(|s| s.pgrp == pgid && s.lives() && start.is_none_or(|start| s.start >= start))
+}
+
+/// Process groups noted by earlier runs that are still alive: `(pgid, command)`. Zombies and
+/// reused pids are not the tool. Notes whose groups are all gone are removed.
+pub fn surviving_children(dir: &Path) -> Vec<(i32, String)> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    let mut alive = Vec::new();
+    for entry in entries.flatten() {
+        let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+        let live: Vec<(i32, String)> = text
+            .lines()
+            .filter_map(parse_note)
+            .filter(|(pgid, start, _)| group_lives(*pgid, *start))
+            .map(|(pgid, _, cmd)| (pgid, cmd))
+            .collect();
+        if live.is_empty() {
+            let _ = std::fs::remove_file(entry.path());
+        }
+        alive.extend(live);
+    }
+    alive
+}
+
+/// `pid \t start \t command`, or the older `pid \t command` (no start time known).
+fn parse_note(line: &str) -> Option<(i32, Option<u64>, String)> {
+    let (pgid, rest) = line.split_once('\t')?;
+    let pgid = pgid.parse().ok()?;
+    match rest.split_once('\t') {
+        Some((start, cmd)) if start.parse::<u64>().is_ok() => {
+            let start = start.parse::<u64>().ok().filter(|&s| s != 0);
+            Some((pgid, start, cmd.to_string()))
+        }
+        _ => Some((pgid, None, rest.to_string())),
+    }
+}
+
+/// Waits, up to `bound`, for the tools earlier runs left running under `dir` to end; `waiting`
+/// is told what is waited for, once, before the first wait. Returns those still alive.
+pub fn wait_for_survivors(dir: &Path, bound: Duration, waiting: impl FnOnce(&[(i32, String)])) -> Vec<(i32, String)> {
+    let mut alive = surviving_children(dir);
+    if alive.is_empty() {
+        return alive;
+    }
+    waiting(&alive);
+    let until = Instant::now() + bound;
+    while !alive.is_empty() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(50));
+        alive = surviving_children(dir);
+    }
+    alive
 }
 
 /// Which stdout lines [`capture`] copies to the step's log.
@@ -481,15 +703,25 @@ pub enum StdoutLog {
     UnlessJson,
 }
 
-/// Runs a command to completion, keeping its stdout and stderr for parsing and copying them
-/// to the step's log through `sink`.
+/// What [`capture`] kept of a finished command.
+#[derive(Clone, Debug, Default)]
+pub struct Captured {
+    pub outcome: Outcome,
+    /// Every stdout line, redacted.
+    pub stdout: Vec<String>,
+    /// Every stderr line, redacted.
+    pub stderr: Vec<String>,
+}
+
+/// Runs a command of a step to completion, keeping its stdout and stderr for parsing and
+/// copying them to the step's log through `sink`.
 pub async fn capture(
     cmd: &Command,
     ctx: &crate::StepContext,
     timeout: Option<Duration>,
     sink: Option<&dyn crate::EventSink>,
     log_stdout: StdoutLog,
-) -> Result<(Outcome, Vec<String>, Vec<String>), AdapterError> {
+) -> Result<Captured, AdapterError> {
     let log = |stream, line: &str| {
         if let Some(sink) = sink {
             sink.emit(crate::Event::Output { stream, line: line.to_string() });
@@ -498,6 +730,8 @@ pub async fn capture(
     let mut stdout = Vec::new();
     let mut stderr = Vec::new();
     let outcome = cmd
+        .clone()
+        .in_step(ctx)
         .run(&ctx.cancel, timeout, &mut |stream, line| match stream {
             Stream::Stdout => {
                 if log_stdout == StdoutLog::Lines {
@@ -517,7 +751,7 @@ pub async fn capture(
             log(Stream::Stdout, line);
         }
     }
-    Ok((outcome, stdout, stderr))
+    Ok(Captured { outcome, stdout, stderr })
 }
 
 /// Replaces every secret in `line` by `***`.
@@ -571,110 +805,14 @@ impl Outcome {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    async fn run(cmd: Command) -> (Outcome, Vec<(Stream, String)>) {
+    pub(crate) async fn run(cmd: Command) -> (Outcome, Vec<(Stream, String)>) {
         let mut lines = Vec::new();
         let outcome =
             cmd.run(&CancellationToken::new(), None, &mut |s, l| lines.push((s, l.to_string()))).await.unwrap();
         (outcome, lines)
-    }
-
-    #[test]
-    fn only_a_plain_simple_command_skips_the_shell() {
-        assert_eq!(simple_command("./migrate.sh up 42"), Some(vec!["./migrate.sh", "up", "42"]));
-        assert_eq!(
-            simple_command("  kubectl  rollout status deploy/web --timeout=60s "),
-            Some(vec!["kubectl", "rollout", "status", "deploy/web", "--timeout=60s"])
-        );
-        for shell_needed in [
-            "echo a >> out",
-            "a && b",
-            "a; b",
-            "a | b",
-            "echo $HOME",
-            "ls *.yaml",
-            "cat ~/.x",
-            "run 'quoted arg'",
-            "FOO=1 ./x",
-            "cd dir",
-            "true",
-            "test -f x",
-            "a\tb",
-            "a # comment",
-            "if",
-            "",
-        ] {
-            assert_eq!(simple_command(shell_needed), None, "{shell_needed:?}");
-        }
-    }
-
-    /// A line started without the shell behaves as `sh -c` would: a relative program resolves in
-    /// the working directory, argv[0] is the word as written, and what cannot be started (a
-    /// missing program, a script without `#!`) gets the shell's own verdict.
-    #[tokio::test]
-    async fn a_simple_line_runs_directly_and_falls_back_to_the_shell() {
-        let dir = tempfile::tempdir().unwrap();
-        let write = |name: &str, text: &str| {
-            let path = dir.path().join(name);
-            std::fs::write(&path, text).unwrap();
-            std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-        };
-        write("args.sh", "#!/bin/sh\necho \"$0|$1|$2\"\n");
-        write("bare.sh", "echo no shebang $1\n");
-        let (outcome, lines) = run(Command::shell("./args.sh a b").cwd(dir.path())).await;
-        assert!(outcome.success());
-        assert_eq!(lines, [(Stream::Stdout, "./args.sh|a|b".to_string())]);
-
-        let (outcome, lines) = run(Command::shell("./bare.sh x").cwd(dir.path())).await;
-        assert!(outcome.success(), "{lines:?}");
-        assert_eq!(lines, [(Stream::Stdout, "no shebang x".to_string())]);
-
-        // PWD is the working directory, as `sh` would export it, not rdeploy's own; an
-        // inherited PWD naming the same directory through a symlink is kept, as dash keeps it.
-        let (outcome, lines) = run(Command::shell("env").cwd(dir.path()).env("PWD", "/elsewhere")).await;
-        assert!(outcome.success());
-        let pwd = format!("PWD={}", dir.path().canonicalize().unwrap().display());
-        assert!(lines.iter().any(|(_, l)| *l == pwd), "{pwd} in {lines:?}");
-        let link = tempfile::tempdir().unwrap();
-        std::os::unix::fs::symlink(dir.path(), link.path().join("here")).unwrap();
-        let logical = link.path().join("here");
-        let (_, lines) = run(Command::shell("env").cwd(&logical).env("PWD", &logical)).await;
-        let pwd = format!("PWD={}", logical.display());
-        assert!(lines.iter().any(|(_, l)| *l == pwd), "{pwd} in {lines:?}");
-        let sh = std::process::Command::new("/bin/sh")
-            .args(["-c", "echo $PWD"])
-            .current_dir(&logical)
-            .env("PWD", &logical)
-            .output()
-            .unwrap();
-        assert_eq!(String::from_utf8_lossy(&sh.stdout).trim(), logical.display().to_string(), "sh agrees");
-
-        // A relative PATH entry names a directory relative to the step's, as for execvp.
-        std::fs::create_dir(dir.path().join("bin")).unwrap();
-        write("bin/hello", "#!/bin/sh\necho hello from bin\n");
-        let (outcome, lines) = run(Command::shell("hello").cwd(dir.path()).env("PATH", "bin:/usr/bin:/bin")).await;
-        assert!(outcome.success(), "{lines:?}");
-        assert_eq!(lines, [(Stream::Stdout, "hello from bin".to_string())]);
-
-        // A binary for another machine: the shell's verdict (126), not glibc's "run it as a script".
-        let mut foreign = b"\x7fELF\x02\x01\x01".to_vec();
-        foreign.resize(64, 0);
-        foreign[18] = 0xb7; // EM_AARCH64 (or, on an arm64 host, read as foreign anyway below)
-        if std::fs::read("/proc/self/exe").unwrap()[18] == 0xb7 {
-            foreign[18] = 0x3e; // EM_X86_64
-        }
-        std::fs::write(dir.path().join("foreign"), &foreign).unwrap();
-        std::fs::set_permissions(dir.path().join("foreign"), std::os::unix::fs::PermissionsExt::from_mode(0o755))
-            .unwrap();
-        let (outcome, lines) = run(Command::shell("./foreign").cwd(dir.path())).await;
-        assert_eq!(outcome.code, Some(126), "{lines:?}");
-        assert!(lines.iter().any(|(_, l)| l.contains("Exec format error")), "{lines:?}");
-
-        let (outcome, lines) = run(Command::shell("./missing.sh").cwd(dir.path())).await;
-        assert_eq!(outcome.code, Some(127));
-        assert!(lines.iter().any(|(s, l)| *s == Stream::Stderr && l.contains("not found")), "{lines:?}");
     }
 
     #[tokio::test]
@@ -760,5 +898,149 @@ mod tests {
         let err =
             Command::new("/nonexistent/tool").run(&CancellationToken::new(), None, &mut |_, _| {}).await.unwrap_err();
         assert!(matches!(err, AdapterError::Spawn { .. }));
+    }
+
+    /// Lines reach the caller while the child still runs (the child here waits for the file the
+    /// caller writes when it sees `ready`), and a line written in two pieces arrives whole.
+    #[tokio::test]
+    async fn output_is_followed_while_the_child_runs_and_split_lines_are_joined() {
+        let dir = tempfile::tempdir().unwrap();
+        let go = dir.path().join("go");
+        let script = "printf 'par'; sleep 0.2; printf 'tial\\n'; echo ready; \
+                      while [ ! -f go ]; do sleep 0.01; done; echo err >&2; printf 'no newline'";
+        let cmd = Command::shell(script).cwd(dir.path());
+        let mut lines = Vec::new();
+        let outcome = cmd
+            .run(&CancellationToken::new(), Some(Duration::from_secs(60)), &mut |s, l| {
+                if l == "ready" {
+                    std::fs::write(&go, "").unwrap();
+                }
+                lines.push((s, l.to_string()));
+            })
+            .await
+            .unwrap();
+        assert!(outcome.success() && !outcome.timed_out, "{lines:?}");
+        assert_eq!(
+            lines,
+            [
+                (Stream::Stdout, "partial".to_string()),
+                (Stream::Stdout, "ready".to_string()),
+                (Stream::Stderr, "err".to_string()),
+                (Stream::Stdout, "no newline".to_string()),
+            ]
+        );
+    }
+
+    /// Named output files stay after the child, for a later run to read.
+    #[tokio::test]
+    async fn named_output_files_are_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let (out, err) = (dir.path().join("out"), dir.path().join("err"));
+        std::fs::write(&out, "an older run's line\n").unwrap();
+        let (outcome, lines) = run(Command::shell("echo one; echo two >&2").output_files(&out, &err)).await;
+        assert!(outcome.success());
+        assert_eq!(lines.len(), 2);
+        assert_eq!(std::fs::read_to_string(&out).unwrap(), "one\n", "truncated, then written by the child");
+        assert_eq!(std::fs::read_to_string(&err).unwrap(), "two\n");
+    }
+
+    fn note(dir: &Path, lines: &[(u32, u64, &str)]) {
+        let text: String = lines.iter().map(|(pid, start, cmd)| format!("{pid}\t{start}\t{cmd}\n")).collect();
+        std::fs::write(dir.join("1"), text).unwrap();
+    }
+
+    fn wait_for_state(pid: u32, zombie: bool) -> ProcStat {
+        let start = Instant::now();
+        loop {
+            let stat = proc_stat(pid as i32).unwrap();
+            if stat.lives() != zombie {
+                return stat;
+            }
+            assert!(start.elapsed() < Duration::from_secs(30), "process {pid} never reached the state");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn spawn_group(args: &[&str]) -> std::process::Child {
+        use std::os::unix::process::CommandExt;
+        std::process::Command::new(args[0]).args(&args[1..]).process_group(0).spawn().unwrap()
+    }
+
+    /// A zombie is not alive (PID 1 may take seconds to reap one); a pid whose start time
+    /// differs from the noted one was reused; a group whose leader is a zombie but whose member
+    /// lives is alive.
+    #[test]
+    fn zombies_and_reused_pids_are_not_survivors() {
+        let dir = tempfile::tempdir().unwrap();
+
+        // Not waited for: a zombie until reaped below.
+        let mut zombie = spawn_group(&["true"]);
+        let stat = wait_for_state(zombie.id(), true);
+        assert!(killpg(Pid::from_raw(zombie.id() as i32), None).is_ok(), "kill(-pgid, 0) believes a zombie lives");
+        note(dir.path(), &[(zombie.id(), stat.start, "true")]);
+        assert_eq!(surviving_children(dir.path()), []);
+        assert!(!dir.path().join("1").exists(), "a note with nothing alive is removed");
+
+        let mut live = spawn_group(&["sleep", "60"]);
+        let stat = wait_for_state(live.id(), false);
+        note(dir.path(), &[(live.id(), stat.start, "sleep 60")]);
+        assert_eq!(surviving_children(dir.path()), [(live.id() as i32, "sleep 60".to_string())]);
+        note(dir.path(), &[(live.id(), stat.start + 1, "sleep 60")]);
+        assert_eq!(surviving_children(dir.path()), [], "the pid belongs to another process now");
+
+        // The leader exits (a zombie, not waited for), its background child lives on in the group.
+        let mut leader = spawn_group(&["sh", "-c", "sleep 60 & echo $! > member"]);
+        let _ = leader.id();
+        let stat = proc_stat(leader.id() as i32).unwrap();
+        wait_for_state(leader.id(), true);
+        note(dir.path(), &[(leader.id(), stat.start, "sh")]);
+        assert_eq!(surviving_children(dir.path()), [(leader.id() as i32, "sh".to_string())]);
+
+        for child in [&mut zombie, &mut live, &mut leader] {
+            let _ = killpg(Pid::from_raw(child.id() as i32), Signal::SIGKILL);
+            child.wait().unwrap();
+        }
+    }
+
+    /// The death signal is the one set on the command: a child whose parent dies gets it.
+    #[test]
+    fn a_dying_parent_sends_the_commands_signal() {
+        let dir = tempfile::tempdir().unwrap();
+        // An intermediate process that starts the tool through this very code, then dies.
+        let exe = std::env::current_exe().unwrap();
+        let mut parent = std::process::Command::new(exe)
+            .args(["--exact", "process::tests::death_signal_helper", "--nocapture", "--include-ignored"])
+            .env("RDEPLOY_TEST_DEATH_DIR", dir.path())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let ready = dir.path().join("ready");
+        let start = Instant::now();
+        while !ready.exists() {
+            assert!(start.elapsed() < Duration::from_secs(60), "the helper never started its child");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        parent.kill().unwrap();
+        parent.wait().unwrap();
+        let got = dir.path().join("got");
+        let start = Instant::now();
+        while std::fs::read_to_string(&got).unwrap_or_default().is_empty() {
+            assert!(start.elapsed() < Duration::from_secs(60), "the child never heard of its parent's death");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(std::fs::read_to_string(&got).unwrap().trim(), "INT");
+    }
+
+    #[tokio::test]
+    #[ignore = "run by a_dying_parent_sends_the_commands_signal"]
+    async fn death_signal_helper() {
+        let Some(dir) = std::env::var_os("RDEPLOY_TEST_DEATH_DIR") else { return };
+        let script = "trap 'echo INT > got; exit 0' INT; trap 'echo TERM > got; exit 0' TERM; touch ready; \
+                      while :; do sleep 0.05; done";
+        let _ = Command::shell(script)
+            .cwd(dir)
+            .on_rdeploy_death(Signal::SIGINT)
+            .run(&CancellationToken::new(), None, &mut |_, _| {})
+            .await;
     }
 }

@@ -8,8 +8,8 @@ use serde::Deserialize;
 
 use crate::process::Command;
 use crate::{
-    forward_output, shell_quote, AdapterError, DescribeContext, Event, EventSink, Failure, FieldPath, Inspection,
-    PathSegment, PriorStep, RecoveryDoc, SpecProblem, StepContext, SubStatus, ToolInfo,
+    forward_output, shell_quote, Adapter, AdapterError, DescribeContext, Event, EventSink, Failure, FieldPath,
+    Inspection, PathSegment, PriorStep, Recovered, RecoveryDoc, SpecProblem, StepContext, SubStatus, ToolInfo,
 };
 
 /// The sub-change id of a bare `run` step.
@@ -38,62 +38,6 @@ pub struct ShellSubChange {
 impl ShellSpec {
     pub const KEYS: &'static [&'static str] = &["run", "sub_changes", "dir"];
 
-    pub fn problems(&self) -> Vec<SpecProblem> {
-        let mut problems = Vec::new();
-        match (&self.run, &self.sub_changes) {
-            (Some(_), Some(_)) => problems.push(SpecProblem {
-                at: vec![PathSegment::Key("sub_changes")],
-                message: "a shell step has either `run` or `sub_changes`, not both".into(),
-                hint: Some("put the single command in a sub-change of its own".into()),
-            }),
-            (None, None) => problems.push(SpecProblem {
-                at: vec![],
-                message: "a shell step needs `run` or `sub_changes`".into(),
-                hint: Some("add `run: ./script.sh`, or `sub_changes:` with `name` and `run` each".into()),
-            }),
-            (None, Some(subs)) if subs.is_empty() => problems.push(SpecProblem {
-                at: vec![PathSegment::Key("sub_changes")],
-                message: "`sub_changes` is empty".into(),
-                hint: Some("list at least one `{ name: ..., run: ... }`".into()),
-            }),
-            _ => {}
-        }
-        if let Some(subs) = &self.sub_changes {
-            for (i, sub) in subs.iter().enumerate() {
-                if let Some(first) = subs[..i].iter().position(|s| s.name == sub.name) {
-                    problems.push(SpecProblem {
-                        at: vec![PathSegment::Key("sub_changes"), PathSegment::Index(i), PathSegment::Key("name")],
-                        message: format!("sub-change `{}` is declared twice (first as item {})", sub.name, first + 1),
-                        hint: Some("give every sub-change a unique name: it is its checkpoint key".into()),
-                    });
-                }
-                if sub.name.trim().is_empty() {
-                    problems.push(SpecProblem {
-                        at: vec![PathSegment::Key("sub_changes"), PathSegment::Index(i), PathSegment::Key("name")],
-                        message: "a sub-change name is empty".into(),
-                        hint: None,
-                    });
-                }
-            }
-        }
-        problems
-    }
-
-    pub fn referenced_paths(&self) -> Vec<(FieldPath, PathBuf)> {
-        self.dir.iter().map(|d| (vec![PathSegment::Key("dir")], d.clone())).collect()
-    }
-
-    pub async fn preflight(&self, _ctx: &StepContext) -> Result<ToolInfo, AdapterError> {
-        let binary = PathBuf::from("/bin/sh");
-        if !binary.exists() {
-            return Err(AdapterError::ToolMissing {
-                tool: "sh".into(),
-                hint: "install a POSIX shell at /bin/sh".into(),
-            });
-        }
-        Ok(ToolInfo { binary, version: "posix sh".into() })
-    }
-
     /// The sub-changes in declaration order: `(id, command, check)`.
     fn planned(&self) -> Vec<(&str, &str, Option<&str>)> {
         match (&self.sub_changes, &self.run) {
@@ -101,97 +45,6 @@ impl ShellSpec {
             (None, Some(run)) => vec![(RUN_ID, run.as_str(), None)],
             (None, None) => Vec::new(),
         }
-    }
-
-    pub async fn apply(&self, ctx: &StepContext, sink: &dyn EventSink) -> Result<(), Failure> {
-        let planned = self.planned();
-        sink.emit(Event::Planned { ids: planned.iter().map(|(id, ..)| id.to_string()).collect() });
-        for (id, run, _) in planned {
-            self.run_sub_change(ctx, sink, id, run).await?;
-        }
-        Ok(())
-    }
-
-    pub async fn recover(&self, ctx: &StepContext, prior: &PriorStep, sink: &dyn EventSink) -> Result<(), Failure> {
-        let planned = self.planned();
-        sink.emit(Event::Planned { ids: planned.iter().map(|(id, ..)| id.to_string()).collect() });
-        for (id, run, check) in planned {
-            match prior.status_of(id) {
-                Some(SubStatus::Done) => continue,
-                Some(SubStatus::Started) => {
-                    if let Some(check) = check {
-                        if self.check_in_place(ctx, sink, id, check).await? {
-                            continue;
-                        }
-                    }
-                }
-                _ => {}
-            }
-            self.run_sub_change(ctx, sink, id, run).await?;
-        }
-        Ok(())
-    }
-
-    pub fn inspect(&self, prior: &PriorStep) -> Inspection {
-        let mut inspection = Inspection::default();
-        for (id, run, check) in self.planned() {
-            match (prior.status_of(id), check) {
-                (Some(SubStatus::Done), _) => inspection.actions.push(format!("keep {id}: done")),
-                (Some(SubStatus::Started), Some(check)) => {
-                    inspection.actions.push(format!(
-                        "check {id} (uncertain after a crash): `{check}`, then run `{run}` if it is not in place"
-                    ));
-                    inspection.remaining.push(id.to_string());
-                }
-                (Some(SubStatus::Started), None) => {
-                    inspection
-                        .actions
-                        .push(format!("run {id} again (uncertain after a crash, no `check` declared): `{run}`"));
-                    inspection.remaining.push(id.to_string());
-                }
-                _ if id == RUN_ID => {
-                    inspection.actions.push(format!("run `{run}`"));
-                    inspection.remaining.push(id.to_string());
-                }
-                _ => {
-                    inspection.actions.push(format!("run {id}: `{run}`"));
-                    inspection.remaining.push(id.to_string());
-                }
-            }
-        }
-        inspection
-    }
-
-    pub fn describe_recovery(&self, ctx: &DescribeContext<'_>, prior: Option<&PriorStep>) -> RecoveryDoc {
-        let cd = match &self.dir {
-            Some(dir) => format!("cd {}", shell_quote(&PathBuf::from(ctx.stack_dir).join(dir).to_string_lossy())),
-            None => format!("cd {}", shell_quote(ctx.stack_dir)),
-        };
-        let mut doc = RecoveryDoc::default();
-        let planned = self.planned();
-        let left: Vec<_> =
-            planned.iter().filter(|(id, ..)| prior.is_none_or(|p| p.status_of(id) != Some(SubStatus::Done))).collect();
-        for (id, _, check) in &planned {
-            if let Some(check) = check {
-                doc.inspect.push(format!("{check}    # exits 0 when `{id}` is in place"));
-            }
-        }
-        doc.recover.push(format!("rdeploy recover {}", shell_quote(ctx.stack_file)));
-        if !left.is_empty() {
-            doc.notes.push(format!(
-                "by hand, run what is not done yet, in order, from `{cd}`: {}",
-                left.iter().map(|(id, run, _)| format!("`{run}` ({id})")).collect::<Vec<_>>().join(", ")
-            ));
-        }
-        if planned.iter().all(|(_, _, check)| check.is_none()) {
-            doc.notes.push("no `check` commands are declared: verify by the scripts' own effects".into());
-        } else {
-            doc.verify.extend(planned.iter().filter_map(|(_, _, c)| c.map(str::to_string)));
-        }
-        if !ctx.resumable {
-            doc.notes.push("a bare `run` is not resumable: it completes or its `revert` runs".into());
-        }
-        doc
     }
 
     async fn run_sub_change(
@@ -253,6 +106,179 @@ impl ShellSpec {
             .env("RDEPLOY_STACK", &ctx.stack)
             .env("RDEPLOY_STEP", &ctx.step)
             .env("RDEPLOY_SUB_CHANGE", id)
+            .in_step(ctx)
+    }
+}
+
+impl Adapter for ShellSpec {
+    fn problems(&self) -> Vec<SpecProblem> {
+        let mut problems = Vec::new();
+        match (&self.run, &self.sub_changes) {
+            (Some(_), Some(_)) => problems.push(SpecProblem {
+                at: vec![PathSegment::Key("sub_changes")],
+                message: "a shell step has either `run` or `sub_changes`, not both".into(),
+                hint: Some("put the single command in a sub-change of its own".into()),
+            }),
+            (None, None) => problems.push(SpecProblem {
+                at: vec![],
+                message: "a shell step needs `run` or `sub_changes`".into(),
+                hint: Some("add `run: ./script.sh`, or `sub_changes:` with `name` and `run` each".into()),
+            }),
+            (None, Some(subs)) if subs.is_empty() => problems.push(SpecProblem {
+                at: vec![PathSegment::Key("sub_changes")],
+                message: "`sub_changes` is empty".into(),
+                hint: Some("list at least one `{ name: ..., run: ... }`".into()),
+            }),
+            _ => {}
+        }
+        if let Some(subs) = &self.sub_changes {
+            // Each name's first item: a scan of the earlier items made this quadratic.
+            let mut first_of: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+            for (i, sub) in subs.iter().enumerate() {
+                let first = *first_of.entry(sub.name.as_str()).or_insert(i);
+                if first != i {
+                    problems.push(SpecProblem {
+                        at: vec![PathSegment::Key("sub_changes"), PathSegment::Index(i), PathSegment::Key("name")],
+                        message: format!("sub-change `{}` is declared twice (first as item {})", sub.name, first + 1),
+                        hint: Some("give every sub-change a unique name: it is its checkpoint key".into()),
+                    });
+                }
+                // A name is printed raw in reports, logs and commands: a newline in it would
+                // forge a line there, so control characters are refused at load.
+                if let Some(c) = sub.name.chars().find(|c| c.is_control()) {
+                    problems.push(SpecProblem {
+                        at: vec![PathSegment::Key("sub_changes"), PathSegment::Index(i), PathSegment::Key("name")],
+                        message: format!(
+                            "sub-change name {:?} holds a control character ({})",
+                            sub.name,
+                            c.escape_unicode()
+                        ),
+                        hint: Some(
+                            "a name is printed in reports and commands: use letters, digits, spaces and punctuation"
+                                .into(),
+                        ),
+                    });
+                }
+                if sub.name.trim().is_empty() {
+                    problems.push(SpecProblem {
+                        at: vec![PathSegment::Key("sub_changes"), PathSegment::Index(i), PathSegment::Key("name")],
+                        message: "a sub-change name is empty".into(),
+                        hint: None,
+                    });
+                }
+            }
+        }
+        problems
+    }
+
+    fn referenced_paths(&self) -> Vec<(FieldPath, PathBuf)> {
+        self.dir.iter().map(|d| (vec![PathSegment::Key("dir")], d.clone())).collect()
+    }
+
+    async fn preflight(&self, _ctx: &StepContext) -> Result<ToolInfo, AdapterError> {
+        let binary = PathBuf::from("/bin/sh");
+        if !binary.exists() {
+            return Err(AdapterError::ToolMissing {
+                tool: "sh".into(),
+                hint: "install a POSIX shell at /bin/sh".into(),
+            });
+        }
+        Ok(ToolInfo { binary, version: "posix sh".into() })
+    }
+
+    async fn apply(&self, ctx: &StepContext, sink: &dyn EventSink) -> Result<(), Failure> {
+        let planned = self.planned();
+        sink.emit(Event::Planned { ids: planned.iter().map(|(id, ..)| id.to_string()).collect() });
+        for (id, run, _) in planned {
+            self.run_sub_change(ctx, sink, id, run).await?;
+        }
+        Ok(())
+    }
+
+    async fn recover(&self, ctx: &StepContext, prior: &PriorStep, sink: &dyn EventSink) -> Result<Recovered, Failure> {
+        let planned = self.planned();
+        sink.emit(Event::Planned { ids: planned.iter().map(|(id, ..)| id.to_string()).collect() });
+        for (id, run, check) in planned {
+            match prior.status_of(id) {
+                Some(SubStatus::Done) => continue,
+                Some(SubStatus::Started) => {
+                    if let Some(check) = check {
+                        if self.check_in_place(ctx, sink, id, check).await? {
+                            continue;
+                        }
+                    }
+                }
+                _ => {}
+            }
+            self.run_sub_change(ctx, sink, id, run).await?;
+        }
+        Ok(Recovered::Complete)
+    }
+
+    async fn inspect(&self, _ctx: &StepContext, prior: &PriorStep) -> Result<Inspection, Failure> {
+        let mut inspection = Inspection::default();
+        for (id, run, check) in self.planned() {
+            match (prior.status_of(id), check) {
+                (Some(SubStatus::Done), _) => inspection.actions.push(format!("keep {id}: done")),
+                (Some(SubStatus::Started), Some(check)) => {
+                    inspection.actions.push(format!(
+                        "check {id} (uncertain after a crash): `{check}`, then run `{run}` if it is not in place"
+                    ));
+                    inspection.remaining.push(id.to_string());
+                }
+                (Some(SubStatus::Started), None) => {
+                    inspection
+                        .actions
+                        .push(format!("run {id} again (uncertain after a crash, no `check` declared): `{run}`"));
+                    inspection.remaining.push(id.to_string());
+                }
+                _ if id == RUN_ID => {
+                    inspection.actions.push(format!("run `{run}`"));
+                    inspection.remaining.push(id.to_string());
+                }
+                _ => {
+                    inspection.actions.push(format!("run {id}: `{run}`"));
+                    inspection.remaining.push(id.to_string());
+                }
+            }
+        }
+        Ok(inspection)
+    }
+
+    fn describe_recovery(&self, ctx: &DescribeContext<'_>, prior: Option<&PriorStep>) -> RecoveryDoc {
+        let cd = match &self.dir {
+            Some(dir) => format!("cd {}", shell_quote(&PathBuf::from(ctx.stack_dir).join(dir).to_string_lossy())),
+            None => format!("cd {}", shell_quote(ctx.stack_dir)),
+        };
+        let mut doc = RecoveryDoc::default();
+        let planned = self.planned();
+        let left: Vec<_> =
+            planned.iter().filter(|(id, ..)| prior.is_none_or(|p| p.status_of(id) != Some(SubStatus::Done))).collect();
+        for (id, _, check) in &planned {
+            if let Some(check) = check {
+                doc.inspect.push(format!("{check}    # exits 0 when `{id}` is in place"));
+            }
+        }
+        doc.recover.push(format!("rdeploy recover {}", shell_quote(ctx.stack_file)));
+        if !left.is_empty() {
+            doc.notes.push(format!(
+                "by hand, run what is not done yet, in order, from `{cd}`: {}",
+                left.iter().map(|(id, run, _)| format!("`{run}` ({id})")).collect::<Vec<_>>().join(", ")
+            ));
+        }
+        if planned.iter().all(|(_, _, check)| check.is_none()) {
+            doc.notes.push("no `check` commands are declared: verify by the scripts' own effects".into());
+        } else {
+            doc.verify.extend(planned.iter().filter_map(|(_, _, c)| c.map(str::to_string)));
+        }
+        if !ctx.resumable {
+            doc.notes.push("a bare `run` is not resumable: it completes or its `revert` runs".into());
+        }
+        doc
+    }
+
+    fn default_resumable(&self) -> bool {
+        self.sub_changes.is_some()
     }
 }
 
@@ -263,6 +289,7 @@ pub async fn run_revert(ctx: &StepContext, script: &str, sink: &dyn EventSink) -
         .envs(ctx.env.iter().map(|(k, v)| (k.clone(), v.clone())))
         .env("RDEPLOY_STACK", &ctx.stack)
         .env("RDEPLOY_STEP", &ctx.step)
+        .in_step(ctx)
         .run(&ctx.cancel, ctx.timeout, &mut forward_output(sink))
         .await
         .map_err(|e| Failure::new(e.to_string()))?;
@@ -288,6 +315,8 @@ mod tests {
             env: Default::default(),
             timeout: None,
             cancel: CancellationToken::new(),
+            force: false,
+            processes: Default::default(),
         }
     }
 
@@ -345,8 +374,23 @@ mod tests {
         let sink = Recorder::default();
         spec.recover(&ctx(dir.path()), &prior, &sink).await.unwrap();
         assert_eq!(std::fs::read_to_string(dir.path().join("log")).unwrap(), "c\n");
-        let inspection = spec.inspect(&prior);
+        let inspection = spec.inspect(&ctx(dir.path()), &prior).await.unwrap();
         assert_eq!(inspection.remaining, vec!["b".to_string(), "c".to_string()]);
+    }
+
+    #[test]
+    fn a_control_character_in_a_sub_change_name_is_refused() {
+        let problems = spec(&[("users\nstep `x`: done", "true", None)]).problems();
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert_eq!(
+            problems[0].message,
+            "sub-change name \"users\\nstep `x`: done\" holds a control character (\\u{a})"
+        );
+        assert!(!problems[0].message.contains('\n'));
+        // Twenty thousand distinct names are checked in one pass (this was a scan per item).
+        let names: Vec<String> = (0..20_000).map(|i| format!("s{i}")).collect();
+        let many: Vec<(&str, &str, Option<&str>)> = names.iter().map(|n| (n.as_str(), "true", None)).collect();
+        assert!(spec(&many).problems().is_empty());
     }
 
     #[test]

@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 
 use rdeploy_adapters::ansible::AnsibleSpec;
 use rdeploy_adapters::testing::Recorder;
-use rdeploy_adapters::{CancellationToken, Event, Failure, PriorStep, Recovered, StepContext, SubStatus, ToolSpec};
+use rdeploy_adapters::{
+    Adapter, CancellationToken, Event, Failure, PriorStep, Recovered, StepContext, SubStatus, ToolSpec,
+};
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
@@ -87,6 +89,8 @@ impl Stack {
             env: BTreeMap::from([("PATH".to_string(), path), ("ANSIBLE_NOCOLOR".to_string(), "1".to_string())]),
             timeout: Some(std::time::Duration::from_secs(300)),
             cancel: CancellationToken::new(),
+            force: false,
+            processes: Default::default(),
         }
     }
 }

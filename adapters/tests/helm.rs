@@ -6,9 +6,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use kubesim::testing::{helm_bin, kubectl_bin, testdata, Kubesim};
-use rdeploy_adapters::helm::HelmSpec;
+use rdeploy_adapters::helm::{HelmSpec, RecoverMode};
 use rdeploy_adapters::testing::Recorder;
-use rdeploy_adapters::{CancellationToken, Event, Failure, PriorStep, Recovered, StepContext, ToolSpec};
+use rdeploy_adapters::{Adapter, CancellationToken, Event, Failure, PriorStep, Recovered, StepContext, ToolSpec};
 
 struct Setup {
     sim: Kubesim,
@@ -43,9 +43,9 @@ impl Setup {
         }
     }
 
-    fn ctx(&self, extra_env: &[(&str, &str)]) -> StepContext {
-        let mut env: BTreeMap<String, String> = self.sim.env().into_iter().collect();
-        env.extend(extra_env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    /// `force` is the operator's `rdeploy recover --force`.
+    fn ctx(&self, force: bool) -> StepContext {
+        let env: BTreeMap<String, String> = self.sim.env().into_iter().collect();
         StepContext {
             step: "app".into(),
             stack: "test".into(),
@@ -54,18 +54,20 @@ impl Setup {
             env,
             timeout: Some(Duration::from_secs(30)),
             cancel: CancellationToken::new(),
+            force,
+            processes: Default::default(),
         }
     }
 
     async fn apply(&self, spec: &HelmSpec) -> (Recorder, Result<(), Failure>) {
         let sink = Recorder::default();
-        let result = ToolSpec::Helm(spec.clone()).apply(&self.ctx(&[]), &sink).await;
+        let result = ToolSpec::Helm(spec.clone()).apply(&self.ctx(false), &sink).await;
         (sink, result)
     }
 
-    async fn recover(&self, spec: &HelmSpec, env: &[(&str, &str)]) -> (Recorder, Result<Recovered, Failure>) {
+    async fn recover(&self, spec: &HelmSpec, force: bool) -> (Recorder, Result<Recovered, Failure>) {
         let sink = Recorder::default();
-        let result = ToolSpec::Helm(spec.clone()).recover(&self.ctx(env), &PriorStep::default(), &sink).await;
+        let result = ToolSpec::Helm(spec.clone()).recover(&self.ctx(force), &PriorStep::default(), &sink).await;
         (sink, result)
     }
 
@@ -115,15 +117,15 @@ async fn failed_upgrade_recovered_by_upgrade(major: u32) {
     s.installed_then_failed_upgrade().await;
     // The cause is fixed in the stack: recover upgrades again.
     let fixed = s.spec(&[("color", "red")]);
-    let inspection = ToolSpec::Helm(fixed.clone()).inspect(&s.ctx(&[]), &PriorStep::default()).await.unwrap();
+    let inspection = ToolSpec::Helm(fixed.clone()).inspect(&s.ctx(false), &PriorStep::default()).await.unwrap();
     assert_eq!(inspection.remaining, ["web@3"]);
-    let (sink, result) = s.recover(&fixed, &[]).await;
+    let (sink, result) = s.recover(&fixed, false).await;
     result.unwrap();
     assert_eq!(sink.done(), ["web@3"]);
     assert_eq!(s.statuses(), ["superseded", "failed", "deployed"]);
     assert_eq!(s.color(), "red");
     // Recovering again finds it deployed at the wanted values: nothing runs.
-    let (sink, result) = s.recover(&fixed, &[]).await;
+    let (sink, result) = s.recover(&fixed, false).await;
     result.unwrap();
     assert!(sink.events().contains(&Event::Done {
         id: "web@3".into(),
@@ -136,10 +138,10 @@ async fn failed_upgrade_recovered_by_rollback(major: u32) {
     let s = Setup::new(major);
     s.installed_then_failed_upgrade().await;
     let mut spec = s.spec(&[("color", "red"), ("tier", "not valid!")]);
-    spec.recover = Some("rollback".into());
-    let inspection = ToolSpec::Helm(spec.clone()).inspect(&s.ctx(&[]), &PriorStep::default()).await.unwrap();
+    spec.recover = Some(RecoverMode::Rollback);
+    let inspection = ToolSpec::Helm(spec.clone()).inspect(&s.ctx(false), &PriorStep::default()).await.unwrap();
     assert!(inspection.actions.iter().any(|a| a.contains("helm rollback web 1")), "{:?}", inspection.actions);
-    let (sink, result) = s.recover(&spec, &[]).await;
+    let (sink, result) = s.recover(&spec, false).await;
     assert_eq!(result.unwrap(), Recovered::RolledBack { to: "web revision 1".into() });
     assert!(sink
         .events()
@@ -169,7 +171,7 @@ async fn pending_upgrade_is_detected_and_recovered(major: u32) {
     std::fs::write(&fake, "#!/bin/sh\nsleep 30\n").unwrap();
     std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let mut alive = std::process::Command::new(&fake).args(["upgrade", "web"]).spawn().unwrap();
-    let (sink, result) = s.recover(&spec, &[]).await;
+    let (sink, result) = s.recover(&spec, false).await;
     let failure = result.unwrap_err();
     assert!(
         failure.summary.starts_with("release web is stuck in pending-upgrade at revision 2 for "),
@@ -189,7 +191,7 @@ async fn pending_upgrade_is_detected_and_recovered(major: u32) {
     let _ = alive.wait();
     // (The helm 3 and helm 4 cases run at once with the same release name, so the other
     // case's helm may be the live process seen here; either way recover must refuse.)
-    let (_, result) = s.recover(&spec, &[]).await;
+    let (_, result) = s.recover(&spec, false).await;
     let failure = result.unwrap_err();
     assert!(
         failure.summary.contains("younger than helm's timeout")
@@ -200,7 +202,7 @@ async fn pending_upgrade_is_detected_and_recovered(major: u32) {
     assert_eq!(s.statuses(), ["deployed", "pending-upgrade"]);
 
     // The operator forces it (`rdeploy recover --force`): roll back to 1, then upgrade.
-    let (sink, result) = s.recover(&spec, &[("RDEPLOY_FORCE", "1")]).await;
+    let (sink, result) = s.recover(&spec, true).await;
     result.unwrap();
     assert_eq!(sink.done(), ["web@3", "web@4"]);
     assert_eq!(s.statuses(), ["superseded", "pending-upgrade", "superseded", "deployed"]);
@@ -218,14 +220,14 @@ async fn failed_install_is_reported_and_recovered(major: u32) {
     // Nothing was ever deployed: `recover: rollback` (with the settings that failed) cannot
     // help and says so.
     let mut rollback = s.spec(&[("tier", "not valid!")]);
-    rollback.recover = Some("rollback".into());
-    let failure = s.recover(&rollback, &[]).await.1.unwrap_err();
+    rollback.recover = Some(RecoverMode::Rollback);
+    let failure = s.recover(&rollback, false).await.1.unwrap_err();
     assert!(failure.summary.contains("there is nothing to roll back to"), "{}", failure.summary);
     // Fixed: an upgrade --install over the failed install, in rollback mode too, since the
     // stack now asks for other values than the failed revision has.
     let mut fixed = s.spec(&[]);
-    fixed.recover = Some("rollback".into());
-    let (sink, result) = s.recover(&fixed, &[]).await;
+    fixed.recover = Some(RecoverMode::Rollback);
+    let (sink, result) = s.recover(&fixed, false).await;
     assert_eq!(result.unwrap(), Recovered::Complete);
     assert_eq!(sink.done(), ["web@2"]);
     assert_eq!(s.statuses(), ["superseded", "deployed"]);

@@ -8,7 +8,9 @@ use std::time::Duration;
 use kubesim::testing::{kubectl_bin, workspace_root, Kubesim};
 use rdeploy_adapters::kubectl::KubectlSpec;
 use rdeploy_adapters::testing::Recorder;
-use rdeploy_adapters::{CancellationToken, Event, Failure, PriorStep, Recovered, StepContext, SubStatus, ToolSpec};
+use rdeploy_adapters::{
+    Adapter, CancellationToken, Event, Failure, PriorStep, Recovered, StepContext, SubStatus, ToolSpec,
+};
 
 struct Setup {
     sim: Kubesim,
@@ -52,6 +54,8 @@ impl Setup {
             env: self.sim.env().into_iter().collect(),
             timeout: Some(timeout),
             cancel: CancellationToken::new(),
+            force: false,
+            processes: Default::default(),
         }
     }
 

@@ -1,6 +1,6 @@
 //! The binary's side of the deploy commands (`up`, `recover`, `revert`, `reset`, and `ci`
-//! through them): the driver returns a [`RunReport`]; this maps its outcome to the exit code of
-//! SPEC.md and prints it. Nothing here decides anything about the deploy.
+//! through them): the driver returns a [`RunReport`]; this maps its outcome to the exit code
+//! (docs/exit-codes.md) and prints it. Nothing here decides anything about the deploy.
 
 use std::fmt::Write as _;
 
@@ -10,7 +10,7 @@ use crate::exit::Code;
 use crate::report;
 use crate::ui::Paint;
 
-/// The exit code of SPEC.md for how a command ended.
+/// The exit code (docs/exit-codes.md) for how a command ended.
 pub fn exit_code(outcome: Outcome) -> Code {
     match outcome {
         Outcome::Complete => Code::Ok,

@@ -36,7 +36,7 @@ pub struct FleetFile {
 impl FleetFile {
     pub fn load(path: &Path) -> anyhow::Result<FleetFile> {
         let text = fs_err::read_to_string(path)?;
-        marked_yaml::from_yaml(0, &text)
+        rdeploy_adapters::yaml::from_str_located(&text)
             .with_context(|| format!("{}: not a fleet file (`clusters: {{name: {{label: value}}}}`)", path.display()))
     }
 }
@@ -165,7 +165,8 @@ mod tests {
     fn a_fleet_file_defines_membership_and_labels() {
         let kc = kubeconfig(&["edge-1", "edge-2", "core-1"]);
         let fleet: FleetFile =
-            marked_yaml::from_yaml(0, "clusters:\n  edge-1: {site: lyon}\n  edge-3: {site: oslo}\n").unwrap();
+            rdeploy_adapters::yaml::from_str_located("clusters:\n  edge-1: {site: lyon}\n  edge-3: {site: oslo}\n")
+                .unwrap();
         let s = Scope::select(kc, "k".into(), &[], Some(&fleet)).unwrap();
         assert_eq!(names(&s), ["edge-1", "edge-3"]);
         assert_eq!(s.clusters[0].labels["site"], "lyon");

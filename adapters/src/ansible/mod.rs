@@ -14,10 +14,10 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use self::callback::{parse_line, HostOutcome, HostTracker, Tail};
-use crate::process::{Command, Outcome};
+use crate::process::{Command, Outcome, Signal};
 use crate::{
-    display_command, shell_quote, AdapterError, DescribeContext, Event, EventSink, Failure, FieldPath, Inspection,
-    PathSegment, PriorStep, RecoveryDoc, SpecProblem, StepContext, Stream, SubStatus, ToolInfo,
+    display_command, shell_quote, Adapter, AdapterError, DescribeContext, Event, EventSink, Failure, FieldPath,
+    Inspection, PathSegment, PriorStep, Recovered, RecoveryDoc, SpecProblem, StepContext, Stream, SubStatus, ToolInfo,
 };
 
 /// The plugin's name, as `ANSIBLE_CALLBACKS_ENABLED` lists it.
@@ -65,45 +65,6 @@ impl AnsibleSpec {
     pub const KEYS: &'static [&'static str] =
         &["playbook", "inventory", "limit", "extra_vars", "tags", "binary", "recover"];
 
-    pub fn problems(&self) -> Vec<SpecProblem> {
-        let mut problems = Vec::new();
-        if let Some(mode) = &self.recover {
-            if !matches!(mode.as_str(), "limit" | "rerun") {
-                problems.push(SpecProblem {
-                    at: vec![PathSegment::Key("recover")],
-                    message: format!("`recover: {mode}` is not a recovery mode of ansible steps"),
-                    hint: Some("use `limit` (re-run only the hosts not done) or `rerun` (the whole playbook)".into()),
-                });
-            }
-        }
-        if self.limit.as_deref().is_some_and(|l| l.trim().is_empty()) {
-            problems.push(SpecProblem {
-                at: vec![PathSegment::Key("limit")],
-                message: "`limit` is empty".into(),
-                hint: Some("remove it to target every host the playbook names".into()),
-            });
-        }
-        for (i, tag) in self.tags.iter().enumerate() {
-            if tag.trim().is_empty() || tag.contains(',') {
-                problems.push(SpecProblem {
-                    at: vec![PathSegment::Key("tags"), PathSegment::Index(i)],
-                    message: format!("tag `{tag}` is empty or contains a comma"),
-                    hint: Some("list one tag per item".into()),
-                });
-            }
-        }
-        problems
-    }
-
-    pub fn referenced_paths(&self) -> Vec<(FieldPath, PathBuf)> {
-        let mut paths = vec![(vec![PathSegment::Key("playbook")], self.playbook.clone())];
-        // `host1,host2,` is an inline inventory, not a file.
-        if !self.inventory.to_string_lossy().contains(',') {
-            paths.push((vec![PathSegment::Key("inventory")], self.inventory.clone()));
-        }
-        paths
-    }
-
     pub fn recover_mode(&self) -> RecoverMode {
         match self.recover.as_deref() {
             Some("rerun") => RecoverMode::Rerun,
@@ -117,27 +78,6 @@ impl AnsibleSpec {
 
     fn resolve_binary(&self, ctx: &StepContext) -> Result<PathBuf, AdapterError> {
         crate::resolve_binary(ctx, self.binary_name(), INSTALL_HINT)
-    }
-
-    pub async fn preflight(&self, ctx: &StepContext) -> Result<ToolInfo, AdapterError> {
-        let binary = self.resolve_binary(ctx)?;
-        let cmd = self.command(ctx, &binary).arg("--version");
-        let mut first = None;
-        let outcome = cmd
-            .run(&ctx.cancel, Some(Duration::from_secs(60)), &mut |stream, line| {
-                if stream == Stream::Stdout && first.is_none() {
-                    first = Some(line.to_string());
-                }
-            })
-            .await?;
-        let version = first.as_deref().and_then(parse_version);
-        match version {
-            Some(version) if outcome.success() => Ok(ToolInfo { binary, version }),
-            _ => Err(AdapterError::ToolUnusable {
-                command: cmd.display(),
-                detail: outcome.last_error_line().unwrap_or_else(|| outcome.describe_status()),
-            }),
-        }
     }
 
     /// `-i INV PLAYBOOK [-e JSON] [--tags T]`, as the operator would type them in the stack dir.
@@ -160,7 +100,13 @@ impl AnsibleSpec {
     }
 
     fn command(&self, ctx: &StepContext, binary: &Path) -> Command {
-        Command::new(binary).cwd(&ctx.stack_dir).envs(ctx.env.iter().map(|(k, v)| (k.clone(), v.clone())))
+        // ansible-playbook stops on SIGINT as on Ctrl-C ("User interrupted execution", exit 99,
+        // no further task); a SIGTERM ends it at once without a word (exit 143): checked here.
+        Command::new(binary)
+            .cwd(&ctx.stack_dir)
+            .envs(ctx.env.iter().map(|(k, v)| (k.clone(), v.clone())))
+            .in_step(ctx)
+            .on_rdeploy_death(Signal::SIGINT)
     }
 
     /// The hosts the playbook targets under `limit`, from `ansible-playbook --list-hosts`.
@@ -259,38 +205,6 @@ impl AnsibleSpec {
         parse_callback_config(&stdout).ok_or_else(|| format!("`{}` printed no callback settings", cmd.display()))
     }
 
-    pub async fn apply(&self, ctx: &StepContext, sink: &dyn EventSink) -> Result<(), Failure> {
-        let binary = self.resolve_binary(ctx).map_err(Failure::from)?;
-        let planned = self.list_hosts(ctx, &binary, self.limit.as_deref()).await?;
-        sink.emit(Event::Planned { ids: planned.clone() });
-        self.run_playbook(ctx, sink, &binary, self.limit.as_deref(), planned, "apply").await
-    }
-
-    pub async fn recover(&self, ctx: &StepContext, prior: &PriorStep, sink: &dyn EventSink) -> Result<(), Failure> {
-        if self.recover_mode() == RecoverMode::Rerun {
-            return self.apply(ctx, sink).await;
-        }
-        let binary = self.resolve_binary(ctx).map_err(Failure::from)?;
-        let planned = self.list_hosts(ctx, &binary, self.limit.as_deref()).await?;
-        sink.emit(Event::Planned { ids: planned.clone() });
-        let selection = select_targets(&planned, prior);
-        if !selection.gone.is_empty() {
-            sink.emit(Event::Warning {
-                message: format!(
-                    "{} not done but no longer targeted by the playbook and `limit`; left alone",
-                    name_hosts(&selection.gone)
-                ),
-            });
-        }
-        if selection.targets.is_empty() {
-            return Ok(());
-        }
-        // `targets` is a subset of what the step's own `limit` selects (list-hosts applied it),
-        // so a plain host list is already the intersection.
-        let limit = self.limit_arg(ctx, &selection.targets)?;
-        self.run_playbook(ctx, sink, &binary, Some(&limit), selection.targets, "recover").await
-    }
-
     /// `h1,h2` or, for long lists, `@file` with one host per line in the work dir.
     fn limit_arg(&self, ctx: &StepContext, hosts: &[String]) -> Result<String, Failure> {
         if hosts.len() <= LIMIT_FILE_ABOVE {
@@ -303,42 +217,6 @@ impl AnsibleSpec {
         Ok(format!("@{}", path.display()))
     }
 
-    pub async fn inspect(&self, ctx: &StepContext, prior: &PriorStep) -> Result<Inspection, Failure> {
-        let binary = self.resolve_binary(ctx).map_err(Failure::from)?;
-        let planned = self.list_hosts(ctx, &binary, self.limit.as_deref()).await?;
-        let mut inspection = Inspection::default();
-        if self.recover_mode() == RecoverMode::Rerun {
-            inspection.actions.push(format!(
-                "re-run the whole playbook (`recover: rerun`): `{}`",
-                display_command(&self.runbook_words(None))
-            ));
-            inspection.remaining = planned;
-            return Ok(inspection);
-        }
-        let selection = select_targets(&planned, prior);
-        for host in &planned {
-            match prior.sub_changes.iter().find(|s| &s.id == host) {
-                Some(s) if s.status == SubStatus::Done => inspection.actions.push(format!("keep {host}: done")),
-                Some(s) => inspection.actions.push(match &s.error {
-                    Some(error) => format!("re-run on {host} ({}): {error}", s.status.as_str()),
-                    None => format!("re-run on {host} ({})", s.status.as_str()),
-                }),
-                None => inspection.actions.push(format!("run on {host} (not recorded yet)")),
-            }
-        }
-        if !selection.gone.is_empty() {
-            inspection.actions.push(format!("leave {} alone: no longer targeted", name_hosts(&selection.gone)));
-        }
-        if !selection.targets.is_empty() {
-            inspection.actions.push(format!(
-                "command: `{}`",
-                display_command(&self.runbook_words(Some(&selection.targets.join(","))))
-            ));
-        }
-        inspection.remaining = selection.targets;
-        Ok(inspection)
-    }
-
     /// `ansible-playbook -i INV PB [-e JSON] [--tags T] [--limit L]` with the paths of the stack file.
     fn runbook_words(&self, limit: Option<&str>) -> Vec<String> {
         let mut words = vec![self.binary_name().to_string()];
@@ -348,45 +226,6 @@ impl AnsibleSpec {
             words.push(limit.to_string());
         }
         words
-    }
-
-    pub fn describe_recovery(&self, ctx: &DescribeContext<'_>, prior: Option<&PriorStep>) -> RecoveryDoc {
-        let mut doc = RecoveryDoc::default();
-        let cd = format!("cd {}", shell_quote(ctx.stack_dir));
-        doc.inspect.push(format!("{cd} && {} --list-hosts", display_command(&self.runbook_words(None))));
-        doc.recover.push(format!("rdeploy recover {}", shell_quote(ctx.stack_file)));
-        let remaining: Vec<String> = prior
-            .map(|p| p.sub_changes.iter().filter(|s| s.status != SubStatus::Done).map(|s| s.id.clone()).collect())
-            .unwrap_or_default();
-        match (self.recover_mode(), prior) {
-            (RecoverMode::Rerun, _) => doc.notes.push(format!(
-                "`recover: rerun`: recovery re-runs the whole playbook; by hand: `{cd} && {}`",
-                display_command(&self.runbook_words(None))
-            )),
-            (RecoverMode::Limit, Some(_)) if !remaining.is_empty() => {
-                // The one command an operator can paste: the same run, only where it is not done.
-                doc.notes.push(format!(
-                    "by hand, re-run only the hosts not done ({}): `{cd} && {}`",
-                    remaining.len(),
-                    display_command(&self.runbook_words(Some(&remaining.join(","))))
-                ));
-                let failed: Vec<String> = prior
-                    .into_iter()
-                    .flat_map(|p| p.sub_changes.iter())
-                    .filter(|s| s.status == SubStatus::Failed)
-                    .map(|s| format!("{}: {}", s.id, s.error.as_deref().unwrap_or("failed")))
-                    .collect();
-                doc.notes.extend(failed);
-            }
-            (RecoverMode::Limit, Some(_)) => doc.notes.push("every host is done".into()),
-            (RecoverMode::Limit, None) => doc.notes.push(format!(
-                "recovery re-runs the playbook with `--limit` set to the failed, unreachable and pending hosts (`rdeploy status {}` names them): `{cd} && {} --limit HOST1,HOST2`",
-                shell_quote(ctx.stack_file),
-                display_command(&self.runbook_words(None).into_iter().filter(|w| w != "--limit" && Some(w) != self.limit.as_ref()).collect::<Vec<_>>())
-            )),
-        }
-        doc.verify.push(format!("{cd} && {} --check --diff", display_command(&self.runbook_words(None))));
-        doc
     }
 
     /// Runs the playbook once with the plugin enabled, checkpointing each host as it settles.
@@ -532,6 +371,181 @@ impl AnsibleSpec {
             format!("`rdeploy recover` re-runs the playbook with {}", limit_words(&not_done))
         });
         Err(failure)
+    }
+}
+
+impl Adapter for AnsibleSpec {
+    fn problems(&self) -> Vec<SpecProblem> {
+        let mut problems = Vec::new();
+        if let Some(mode) = &self.recover {
+            if !matches!(mode.as_str(), "limit" | "rerun") {
+                problems.push(SpecProblem {
+                    at: vec![PathSegment::Key("recover")],
+                    message: format!("`recover: {mode}` is not a recovery mode of ansible steps"),
+                    hint: Some("use `limit` (re-run only the hosts not done) or `rerun` (the whole playbook)".into()),
+                });
+            }
+        }
+        if self.limit.as_deref().is_some_and(|l| l.trim().is_empty()) {
+            problems.push(SpecProblem {
+                at: vec![PathSegment::Key("limit")],
+                message: "`limit` is empty".into(),
+                hint: Some("remove it to target every host the playbook names".into()),
+            });
+        }
+        for (i, tag) in self.tags.iter().enumerate() {
+            if tag.trim().is_empty() || tag.contains(',') {
+                problems.push(SpecProblem {
+                    at: vec![PathSegment::Key("tags"), PathSegment::Index(i)],
+                    message: format!("tag `{tag}` is empty or contains a comma"),
+                    hint: Some("list one tag per item".into()),
+                });
+            }
+        }
+        problems
+    }
+
+    fn referenced_paths(&self) -> Vec<(FieldPath, PathBuf)> {
+        let mut paths = vec![(vec![PathSegment::Key("playbook")], self.playbook.clone())];
+        // `host1,host2,` is an inline inventory, not a file.
+        if !self.inventory.to_string_lossy().contains(',') {
+            paths.push((vec![PathSegment::Key("inventory")], self.inventory.clone()));
+        }
+        paths
+    }
+
+    async fn preflight(&self, ctx: &StepContext) -> Result<ToolInfo, AdapterError> {
+        let binary = self.resolve_binary(ctx)?;
+        let cmd = self.command(ctx, &binary).arg("--version");
+        let mut first = None;
+        let outcome = cmd
+            .run(&ctx.cancel, Some(Duration::from_secs(60)), &mut |stream, line| {
+                if stream == Stream::Stdout && first.is_none() {
+                    first = Some(line.to_string());
+                }
+            })
+            .await?;
+        let version = first.as_deref().and_then(parse_version);
+        match version {
+            Some(version) if outcome.success() => Ok(ToolInfo { binary, version }),
+            _ => Err(AdapterError::ToolUnusable {
+                command: cmd.display(),
+                detail: outcome.last_error_line().unwrap_or_else(|| outcome.describe_status()),
+            }),
+        }
+    }
+
+    async fn apply(&self, ctx: &StepContext, sink: &dyn EventSink) -> Result<(), Failure> {
+        let binary = self.resolve_binary(ctx).map_err(Failure::from)?;
+        let planned = self.list_hosts(ctx, &binary, self.limit.as_deref()).await?;
+        sink.emit(Event::Planned { ids: planned.clone() });
+        self.run_playbook(ctx, sink, &binary, self.limit.as_deref(), planned, "apply").await
+    }
+
+    async fn recover(&self, ctx: &StepContext, prior: &PriorStep, sink: &dyn EventSink) -> Result<Recovered, Failure> {
+        if self.recover_mode() == RecoverMode::Rerun {
+            return self.apply(ctx, sink).await.map(|()| Recovered::Complete);
+        }
+        let binary = self.resolve_binary(ctx).map_err(Failure::from)?;
+        let planned = self.list_hosts(ctx, &binary, self.limit.as_deref()).await?;
+        sink.emit(Event::Planned { ids: planned.clone() });
+        let selection = select_targets(&planned, prior);
+        if !selection.gone.is_empty() {
+            sink.emit(Event::Warning {
+                message: format!(
+                    "{} not done but no longer targeted by the playbook and `limit`; left alone",
+                    name_hosts(&selection.gone)
+                ),
+            });
+        }
+        if selection.targets.is_empty() {
+            return Ok(Recovered::Complete);
+        }
+        // `targets` is a subset of what the step's own `limit` selects (list-hosts applied it),
+        // so a plain host list is already the intersection.
+        let limit = self.limit_arg(ctx, &selection.targets)?;
+        self.run_playbook(ctx, sink, &binary, Some(&limit), selection.targets, "recover")
+            .await
+            .map(|()| Recovered::Complete)
+    }
+
+    async fn inspect(&self, ctx: &StepContext, prior: &PriorStep) -> Result<Inspection, Failure> {
+        let binary = self.resolve_binary(ctx).map_err(Failure::from)?;
+        let planned = self.list_hosts(ctx, &binary, self.limit.as_deref()).await?;
+        let mut inspection = Inspection::default();
+        if self.recover_mode() == RecoverMode::Rerun {
+            inspection.actions.push(format!(
+                "re-run the whole playbook (`recover: rerun`): `{}`",
+                display_command(&self.runbook_words(None))
+            ));
+            inspection.remaining = planned;
+            return Ok(inspection);
+        }
+        let selection = select_targets(&planned, prior);
+        for host in &planned {
+            match prior.sub_changes.iter().find(|s| &s.id == host) {
+                Some(s) if s.status == SubStatus::Done => inspection.actions.push(format!("keep {host}: done")),
+                Some(s) => inspection.actions.push(match &s.error {
+                    Some(error) => format!("re-run on {host} ({}): {error}", s.status.as_str()),
+                    None => format!("re-run on {host} ({})", s.status.as_str()),
+                }),
+                None => inspection.actions.push(format!("run on {host} (not recorded yet)")),
+            }
+        }
+        if !selection.gone.is_empty() {
+            inspection.actions.push(format!("leave {} alone: no longer targeted", name_hosts(&selection.gone)));
+        }
+        if !selection.targets.is_empty() {
+            inspection.actions.push(format!(
+                "command: `{}`",
+                display_command(&self.runbook_words(Some(&selection.targets.join(","))))
+            ));
+        }
+        inspection.remaining = selection.targets;
+        Ok(inspection)
+    }
+
+    fn describe_recovery(&self, ctx: &DescribeContext<'_>, prior: Option<&PriorStep>) -> RecoveryDoc {
+        let mut doc = RecoveryDoc::default();
+        let cd = format!("cd {}", shell_quote(ctx.stack_dir));
+        doc.inspect.push(format!("{cd} && {} --list-hosts", display_command(&self.runbook_words(None))));
+        doc.recover.push(format!("rdeploy recover {}", shell_quote(ctx.stack_file)));
+        let remaining: Vec<String> = prior
+            .map(|p| p.sub_changes.iter().filter(|s| s.status != SubStatus::Done).map(|s| s.id.clone()).collect())
+            .unwrap_or_default();
+        match (self.recover_mode(), prior) {
+            (RecoverMode::Rerun, _) => doc.notes.push(format!(
+                "`recover: rerun`: recovery re-runs the whole playbook; by hand: `{cd} && {}`",
+                display_command(&self.runbook_words(None))
+            )),
+            (RecoverMode::Limit, Some(_)) if !remaining.is_empty() => {
+                // The one command an operator can paste: the same run, only where it is not done.
+                doc.notes.push(format!(
+                    "by hand, re-run only the hosts not done ({}): `{cd} && {}`",
+                    remaining.len(),
+                    display_command(&self.runbook_words(Some(&remaining.join(","))))
+                ));
+                let failed: Vec<String> = prior
+                    .into_iter()
+                    .flat_map(|p| p.sub_changes.iter())
+                    .filter(|s| s.status == SubStatus::Failed)
+                    .map(|s| format!("{}: {}", s.id, s.error.as_deref().unwrap_or("failed")))
+                    .collect();
+                doc.notes.extend(failed);
+            }
+            (RecoverMode::Limit, Some(_)) => doc.notes.push("every host is done".into()),
+            (RecoverMode::Limit, None) => doc.notes.push(format!(
+                "recovery re-runs the playbook with `--limit` set to the failed, unreachable and pending hosts (`rdeploy status {}` names them): `{cd} && {} --limit HOST1,HOST2`",
+                shell_quote(ctx.stack_file),
+                display_command(&self.runbook_words(None).into_iter().filter(|w| w != "--limit" && Some(w) != self.limit.as_ref()).collect::<Vec<_>>())
+            )),
+        }
+        doc.verify.push(format!("{cd} && {} --check --diff", display_command(&self.runbook_words(None))));
+        doc
+    }
+
+    fn typed_values_mut(&mut self) -> Option<(&'static str, &mut BTreeMap<String, serde_json::Value>)> {
+        Some(("extra_vars", &mut self.extra_vars))
     }
 }
 

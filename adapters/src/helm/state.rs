@@ -7,13 +7,86 @@ use std::path::Path;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
+/// A release revision's status as helm prints it (`helm/pkg/release/common/status.go`); a
+/// status a newer helm adds is kept as [`Status::Other`] with helm's own word.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(from = "String")]
+pub enum Status {
+    Unknown,
+    Deployed,
+    Uninstalled,
+    Superseded,
+    Failed,
+    Uninstalling,
+    PendingInstall,
+    PendingUpgrade,
+    PendingRollback,
+    Other(String),
+}
+
+impl Status {
+    pub fn as_str(&self) -> &str {
+        match self {
+            Status::Unknown => "unknown",
+            Status::Deployed => "deployed",
+            Status::Uninstalled => "uninstalled",
+            Status::Superseded => "superseded",
+            Status::Failed => "failed",
+            Status::Uninstalling => "uninstalling",
+            Status::PendingInstall => "pending-install",
+            Status::PendingUpgrade => "pending-upgrade",
+            Status::PendingRollback => "pending-rollback",
+            Status::Other(word) => word,
+        }
+    }
+
+    /// `pending-install`, `pending-upgrade`, `pending-rollback` (or a newer helm's `pending-*`):
+    /// a helm operation that has not finished (or never will: the helm running it was killed).
+    pub fn is_pending(&self) -> bool {
+        match self {
+            Status::PendingInstall | Status::PendingUpgrade | Status::PendingRollback => true,
+            Status::Other(word) => word.starts_with("pending-"),
+            _ => false,
+        }
+    }
+}
+
+impl From<String> for Status {
+    fn from(word: String) -> Status {
+        match word.as_str() {
+            "unknown" => Status::Unknown,
+            "deployed" => Status::Deployed,
+            "uninstalled" => Status::Uninstalled,
+            "superseded" => Status::Superseded,
+            "failed" => Status::Failed,
+            "uninstalling" => Status::Uninstalling,
+            "pending-install" => Status::PendingInstall,
+            "pending-upgrade" => Status::PendingUpgrade,
+            "pending-rollback" => Status::PendingRollback,
+            _ => Status::Other(word),
+        }
+    }
+}
+
+impl From<&str> for Status {
+    fn from(word: &str) -> Status {
+        Status::from(word.to_string())
+    }
+}
+
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// One entry of `helm history R -o json`.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 pub struct Revision {
     pub revision: u64,
     #[serde(default)]
     pub updated: String,
-    pub status: String,
+    pub status: Status,
     /// `name-version`, e.g. `webapp-0.1.0`.
     #[serde(default)]
     pub chart: String,
@@ -23,7 +96,7 @@ pub struct Revision {
 
 impl Revision {
     pub fn is_pending(&self) -> bool {
-        self.status.starts_with("pending-")
+        self.status.is_pending()
     }
 }
 
@@ -43,7 +116,7 @@ pub struct ReleaseStatus {
 
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 pub struct StatusInfo {
-    pub status: String,
+    pub status: Status,
     #[serde(default)]
     pub description: String,
 }
@@ -66,7 +139,7 @@ pub fn is_not_found(stderr: &[String]) -> bool {
 
 /// The newest revision whose status is `deployed`: what a rollback returns to.
 pub fn last_deployed(history: &[Revision]) -> Option<&Revision> {
-    history.iter().rev().find(|r| r.status == "deployed")
+    history.iter().rev().find(|r| r.status == Status::Deployed)
 }
 
 /// `v3.17.3+ge4da497` -> 3.
@@ -227,8 +300,23 @@ mod tests {
         let history = parse_history(&captured("helm4-history-pending.json")).unwrap();
         let last = history.last().unwrap();
         assert!(last.is_pending(), "{last:?}");
-        assert_eq!(last.status, "pending-upgrade");
+        assert_eq!(last.status, Status::PendingUpgrade);
         assert!(parse_rfc3339(&last.updated).is_some());
+    }
+
+    #[test]
+    fn statuses_keep_helms_words() {
+        for word in ["deployed", "failed", "superseded", "pending-install", "pending-upgrade", "pending-rollback"] {
+            let status = Status::from(word);
+            assert!(!matches!(status, Status::Other(_)), "{word}");
+            assert_eq!(status.as_str(), word);
+        }
+        // A status this rdeploy does not know stays helm's word; a `pending-*` one is pending.
+        let history = parse_history(r#"[{"revision":1,"status":"pending-frobnicate","chart":"c-1"}]"#).unwrap();
+        assert_eq!(history[0].status, Status::Other("pending-frobnicate".into()));
+        assert_eq!(history[0].status.to_string(), "pending-frobnicate");
+        assert!(history[0].is_pending());
+        assert!(!Status::from("archived").is_pending());
     }
 
     #[test]

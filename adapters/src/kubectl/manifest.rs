@@ -1,12 +1,10 @@
 //! Manifests into objects: multi-document YAML (and `List` kinds) parsed into one
 //! [`KubeObject`] each, with its checkpoint id `Kind/namespace/name`, and the apply order
-//! (Namespaces and CRDs first). The only YAML parsing of the kubectl and helm adapters lives
-//! here, so swapping the YAML crate touches one file.
+//! (Namespaces and CRDs first). The YAML itself is read by [`crate::yaml`].
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
 use serde_json::Value;
 
 /// Kinds of the built-in API that are not namespaced. Kinds defined by a CRD in the same
@@ -105,25 +103,8 @@ impl KubeObject {
     }
 }
 
-/// Parses a multi-document YAML (or JSON) text into JSON values, skipping empty documents.
-pub fn parse_documents(text: &str) -> Result<Vec<Value>, String> {
-    let mut docs = Vec::new();
-    for doc in serde_norway::Deserializer::from_str(text) {
-        let value = Value::deserialize(doc).map_err(|e| e.to_string())?;
-        if !value.is_null() {
-            docs.push(value);
-        }
-    }
-    Ok(docs)
-}
-
-/// Parses one YAML document (a helm values file) into a JSON value.
-pub fn parse_yaml(text: &str) -> Result<Value, String> {
-    match serde_norway::from_str::<Value>(text) {
-        Ok(Value::Null) => Ok(Value::Object(Default::default())),
-        other => other.map_err(|e| e.to_string()),
-    }
-}
+/// Manifests parse in the crate's one YAML module; these are its names here.
+pub use crate::yaml::{documents as parse_documents, value as parse_yaml};
 
 /// Turns parsed documents into objects; `default_ns` fills in namespaced objects without one.
 pub fn objects_from_documents(

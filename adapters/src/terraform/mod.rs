@@ -22,10 +22,11 @@ use serde::Deserialize;
 use self::events::{parse_line, ApplyTracker, Diagnostic, PlanReport, PlannedChange, Progress, UiLine, UiMessage};
 use self::lock::{parse_lock_diagnostic, LockInfo};
 use self::state::InState;
-use crate::process::{redact_line, Command, Outcome};
+use crate::process::{redact_line, Command, Outcome, Signal};
 use crate::{
-    display_command, shell_quote, AdapterError, CancellationToken, DescribeContext, Event, EventSink, Failure,
-    FieldPath, Inspection, PathSegment, PriorStep, RecoveryDoc, SpecProblem, StepContext, Stream, SubStatus, ToolInfo,
+    display_command, shell_quote, Adapter, AdapterError, CancellationToken, DescribeContext, Event, EventSink, Failure,
+    FieldPath, Inspection, PathSegment, PriorStep, Recovered, RecoveryDoc, SpecProblem, StepContext, Stream, SubStatus,
+    ToolInfo,
 };
 
 /// Facts kept in the checkpoint when another process holds the state lock.
@@ -60,7 +61,19 @@ pub struct TerraformSpec {
 impl TerraformSpec {
     pub const KEYS: &'static [&'static str] = &["dir", "vars", "var_files", "workspace", "binary", "lock_timeout"];
 
-    pub fn problems(&self) -> Vec<SpecProblem> {
+    /// `terraform` or `tofu`, as an operator types it.
+    fn tool_word(&self) -> String {
+        let binary = self.binary.as_deref().unwrap_or("terraform");
+        Path::new(binary).file_name().map_or_else(|| binary.to_string(), |n| n.to_string_lossy().into_owned())
+    }
+
+    fn resolve_binary(&self, ctx: &StepContext) -> Result<PathBuf, AdapterError> {
+        crate::resolve_binary(ctx, self.binary.as_deref().unwrap_or("terraform"), INSTALL_HINT)
+    }
+}
+
+impl Adapter for TerraformSpec {
+    fn problems(&self) -> Vec<SpecProblem> {
         let mut problems = Vec::new();
         if let Some(binary) = &self.binary {
             if !binary.contains('/') && !matches!(binary.as_str(), "terraform" | "tofu") {
@@ -101,7 +114,7 @@ impl TerraformSpec {
         problems
     }
 
-    pub fn referenced_paths(&self) -> Vec<(FieldPath, PathBuf)> {
+    fn referenced_paths(&self) -> Vec<(FieldPath, PathBuf)> {
         let mut paths = vec![(vec![PathSegment::Key("dir")], self.dir.clone())];
         for (i, file) in self.var_files.iter().enumerate() {
             paths.push((vec![PathSegment::Key("var_files"), PathSegment::Index(i)], file.clone()));
@@ -109,17 +122,7 @@ impl TerraformSpec {
         paths
     }
 
-    /// `terraform` or `tofu`, as an operator types it.
-    fn tool_word(&self) -> String {
-        let binary = self.binary.as_deref().unwrap_or("terraform");
-        Path::new(binary).file_name().map_or_else(|| binary.to_string(), |n| n.to_string_lossy().into_owned())
-    }
-
-    fn resolve_binary(&self, ctx: &StepContext) -> Result<PathBuf, AdapterError> {
-        crate::resolve_binary(ctx, self.binary.as_deref().unwrap_or("terraform"), INSTALL_HINT)
-    }
-
-    pub async fn preflight(&self, ctx: &StepContext) -> Result<ToolInfo, AdapterError> {
+    async fn preflight(&self, ctx: &StepContext) -> Result<ToolInfo, AdapterError> {
         let binary = self.resolve_binary(ctx)?;
         let command = format!("{} version -json", self.tool_word());
         let mut stdout = String::new();
@@ -156,15 +159,28 @@ impl TerraformSpec {
         Ok(ToolInfo { binary, version })
     }
 
-    pub async fn apply(&self, ctx: &StepContext, sink: &dyn EventSink) -> Result<(), Failure> {
+    async fn apply(&self, ctx: &StepContext, sink: &dyn EventSink) -> Result<(), Failure> {
         let mut run = Run::new(self, ctx, sink)?;
         let plan_file = ctx.work_dir.join(PLAN_FILE);
         let plan = run.plan(&plan_file, Workspace::Create).await?;
         run.apply_saved(&plan, &plan_file).await
     }
 
-    pub async fn recover(&self, ctx: &StepContext, prior: &PriorStep, sink: &dyn EventSink) -> Result<(), Failure> {
+    async fn recover(&self, ctx: &StepContext, prior: &PriorStep, sink: &dyn EventSink) -> Result<Recovered, Failure> {
         let mut run = Run::new(self, ctx, sink)?;
+        // The apply of a run that died went on without it (it got SIGINT and finished what was
+        // in flight); its stream says what it completed after the checkpoint last heard.
+        let mut settled = std::collections::HashSet::new();
+        let (stream_file, _) = apply_output_files(&ctx.work_dir);
+        for addr in applied_in_stream(&stream_file) {
+            if prior.sub_changes.iter().any(|s| s.id == addr && s.status != SubStatus::Done) {
+                sink.emit(Event::Done {
+                    id: addr.clone(),
+                    note: Some("completed by the apply of the run that died (its output file says so)".into()),
+                });
+                settled.insert(addr);
+            }
+        }
         let plan_file = ctx.work_dir.join(PLAN_FILE);
         let plan = run.plan(&plan_file, Workspace::Create).await?;
         // The plan went through, so whatever held the lock has let go of it.
@@ -179,17 +195,20 @@ impl TerraformSpec {
         // Recorded as not done, yet terraform has nothing to do for them: they are in place
         // (applied after all, or dropped from the configuration by the fix).
         for sub in &prior.sub_changes {
-            if sub.status != SubStatus::Done && !plan.changes.iter().any(|c| c.addr == sub.id) {
+            if sub.status != SubStatus::Done
+                && !settled.contains(&sub.id)
+                && !plan.changes.iter().any(|c| c.addr == sub.id)
+            {
                 sink.emit(Event::Done {
                     id: sub.id.clone(),
                     note: Some("terraform plans no change for it now".into()),
                 });
             }
         }
-        run.apply_saved(&plan, &plan_file).await
+        run.apply_saved(&plan, &plan_file).await.map(|()| Recovered::Complete)
     }
 
-    pub async fn inspect(&self, ctx: &StepContext, prior: &PriorStep) -> Result<Inspection, Failure> {
+    async fn inspect(&self, ctx: &StepContext, prior: &PriorStep) -> Result<Inspection, Failure> {
         let sink = Collect::default();
         let mut run = Run::new(self, ctx, &sink)?;
         let plan = run.plan(&ctx.work_dir.join(INSPECT_PLAN_FILE), Workspace::Existing).await?;
@@ -208,7 +227,7 @@ impl TerraformSpec {
         Ok(inspection)
     }
 
-    pub fn describe_recovery(&self, ctx: &DescribeContext<'_>, prior: Option<&PriorStep>) -> RecoveryDoc {
+    fn describe_recovery(&self, ctx: &DescribeContext<'_>, prior: Option<&PriorStep>) -> RecoveryDoc {
         let tf = self.tool_word();
         let dir = Path::new(ctx.stack_dir).join(&self.dir);
         let cd = format!("cd {}", shell_quote(&dir.to_string_lossy()));
@@ -269,9 +288,31 @@ impl TerraformSpec {
         }
         doc
     }
+
+    fn typed_values_mut(&mut self) -> Option<(&'static str, &mut BTreeMap<String, serde_json::Value>)> {
+        Some(("vars", &mut self.vars))
+    }
 }
 
 /// The lock recorded by an earlier run, if it is still recorded.
+/// Where `apply` writes terraform's JSON stream and its stderr (in the step's work directory):
+/// the files stay only when the rdeploy that started the apply died before it ended.
+pub fn apply_output_files(work_dir: &Path) -> (PathBuf, PathBuf) {
+    (work_dir.join("apply.jsonl"), work_dir.join("apply.stderr"))
+}
+
+/// The resource addresses an apply's JSON stream reports complete.
+fn applied_in_stream(file: &Path) -> Vec<String> {
+    let Ok(text) = std::fs::read_to_string(file) else { return Vec::new() };
+    text.lines()
+        .filter_map(parse_line)
+        .filter_map(|ui| match ui.body {
+            UiMessage::ApplyComplete { addr, .. } => Some(addr),
+            _ => None,
+        })
+        .collect()
+}
+
 fn prior_lock(prior: &PriorStep) -> Option<LockInfo> {
     if let Some(lock) = prior.facts.get(FACT_LOCK).and_then(|v| serde_json::from_value::<LockInfo>(v.clone()).ok()) {
         return Some(lock);
@@ -400,12 +441,7 @@ impl<'a> Run<'a> {
         self.deadline.map(|d| d.saturating_duration_since(Instant::now()))
     }
 
-    async fn exec(
-        &self,
-        args: &[String],
-        cancel: &CancellationToken,
-        on_line: &mut (dyn FnMut(Stream, &str) + Send),
-    ) -> Result<Outcome, Failure> {
+    fn command(&self, args: &[String]) -> Command {
         Command::new(&self.binary)
             .args(args)
             .cwd(&self.dir)
@@ -413,20 +449,39 @@ impl<'a> Run<'a> {
             .env("TF_IN_AUTOMATION", "1")
             .env("TF_INPUT", "0")
             .redact(self.secrets.iter().cloned())
-            .run(cancel, self.remaining(), on_line)
-            .await
-            .map_err(|e| Failure::new(e.to_string()))
+            .in_step(self.ctx)
+            // terraform stops gracefully on SIGINT: it finishes the resources in flight, writes
+            // its state and releases its lock.
+            .on_rdeploy_death(Signal::SIGINT)
+    }
+
+    async fn exec(
+        &self,
+        args: &[String],
+        cancel: &CancellationToken,
+        on_line: &mut (dyn FnMut(Stream, &str) + Send),
+    ) -> Result<Outcome, Failure> {
+        self.exec_command(self.command(args), cancel, on_line).await
+    }
+
+    async fn exec_command(
+        &self,
+        command: Command,
+        cancel: &CancellationToken,
+        on_line: &mut (dyn FnMut(Stream, &str) + Send),
+    ) -> Result<Outcome, Failure> {
+        command.run(cancel, self.remaining(), on_line).await.map_err(|e| Failure::new(e.to_string()))
     }
 
     /// Runs a `-json` command: every line goes to the sink as output (terraform's human text for
     /// JSON lines) and each parsed message to `on_message`.
     async fn exec_json(
         &self,
-        args: &[String],
+        command: Command,
         on_message: &mut (dyn FnMut(&UiLine) + Send),
     ) -> Result<Outcome, Failure> {
         let sink = self.sink;
-        self.exec(args, &self.ctx.cancel, &mut |stream, line| match (stream, parse_line(line)) {
+        self.exec_command(command, &self.ctx.cancel, &mut |stream, line| match (stream, parse_line(line)) {
             (Stream::Stdout, Some(ui)) => {
                 for text in ui.message.lines().filter(|l| !l.trim().is_empty()) {
                     sink.emit(Event::Output { stream, line: text.to_string() });
@@ -548,7 +603,7 @@ impl<'a> Run<'a> {
         let mut initialized = false;
         let plan = loop {
             let mut plan = PlanReport::default();
-            let outcome = self.exec_json(&args, &mut |ui| plan.observe(&ui.body)).await?;
+            let outcome = self.exec_json(self.command(&args), &mut |ui| plan.observe(&ui.body)).await?;
             let errors: Vec<Diagnostic> = plan.diagnostics.iter().filter(|d| d.is_error()).cloned().collect();
             if outcome.success() {
                 break plan;
@@ -606,9 +661,17 @@ impl<'a> Run<'a> {
             });
         }
         let mut tracker = ApplyTracker::new(&plan.changes);
+        // The stream goes to a file that stays if rdeploy dies: terraform then finishes on its
+        // own, and the next `recover` reads there what it completed. Seen to the end here, the
+        // file has told everything and goes.
+        let (stream_file, stderr_file) = apply_output_files(&self.ctx.work_dir);
+        let command = self.command(&args).output_files(&stream_file, &stderr_file);
         let outcome = self
-            .exec_json(&args, &mut |ui| tracker.observe(&ui.body, &ui.message, &mut |event| sink.emit(event)))
-            .await?;
+            .exec_json(command, &mut |ui| tracker.observe(&ui.body, &ui.message, &mut |event| sink.emit(event)))
+            .await;
+        let _ = std::fs::remove_file(&stream_file);
+        let _ = std::fs::remove_file(&stderr_file);
+        let outcome = outcome?;
         tracker.finish(&mut |event| sink.emit(event));
         for warning in &tracker.warnings {
             sink.emit(Event::Warning { message: format!("terraform: {}", warning.one_line()) });

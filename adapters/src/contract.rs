@@ -1,0 +1,340 @@
+//! The contract between the driver and an adapter: the [`Adapter`] trait every tool's spec
+//! implements, what the driver hands down ([`StepContext`], [`PriorStep`], an [`EventSink`]) and
+//! what comes back ([`Event`], [`Failure`], [`Recovered`], [`Inspection`], [`RecoveryDoc`]).
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+use crate::process;
+
+/// What every tool's spec implements; the driver calls nothing else. Adapters never print and
+/// never touch the checkpoint: they report through the sink and return a [`Failure`].
+pub trait Adapter {
+    /// Problems a stack file can have that serde cannot see (exclusive keys, empty lists).
+    fn problems(&self) -> Vec<SpecProblem>;
+
+    /// Files and directories the step needs, relative to the stack file, with the key naming them.
+    fn referenced_paths(&self) -> Vec<(FieldPath, PathBuf)>;
+
+    /// Whether this step can resume from a checkpoint when the stack does not say.
+    fn default_resumable(&self) -> bool {
+        true
+    }
+
+    /// The step's key whose values reach the tool with their YAML types (helm `set`, ansible
+    /// `extra_vars`, terraform `vars`), and those values. serde reads every YAML scalar as a
+    /// string, so the stack module, which sees the YAML nodes, writes the typed values here.
+    fn typed_values_mut(&mut self) -> Option<(&'static str, &mut BTreeMap<String, serde_json::Value>)> {
+        None
+    }
+
+    /// Checks that the tool is installed and usable; returns what was found.
+    fn preflight(&self, ctx: &StepContext) -> impl Future<Output = Result<ToolInfo, AdapterError>> + Send;
+
+    /// Runs the step from the start, reporting every sub-change.
+    fn apply(&self, ctx: &StepContext, sink: &dyn EventSink) -> impl Future<Output = Result<(), Failure>> + Send;
+
+    /// Resumes a stopped step through the tool's native recovery path, never re-running a
+    /// sub-change `prior` records as done.
+    fn recover(
+        &self,
+        ctx: &StepContext,
+        prior: &PriorStep,
+        sink: &dyn EventSink,
+    ) -> impl Future<Output = Result<Recovered, Failure>> + Send;
+
+    /// Read-only: what `recover` would do now, from the tool's live state.
+    fn inspect(&self, ctx: &StepContext, prior: &PriorStep)
+        -> impl Future<Output = Result<Inspection, Failure>> + Send;
+
+    /// The runbook section for this step: exact commands an operator would type.
+    fn describe_recovery(&self, ctx: &DescribeContext<'_>, prior: Option<&PriorStep>) -> RecoveryDoc;
+}
+
+/// How a successful `recover` left the step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Recovered {
+    /// What the stack asks for is in place.
+    Complete,
+    /// The tool's own recovery took the step back to its last good state instead (helm's
+    /// `recover: rollback`): nothing is half-done, but the stack's change is not in place
+    /// either. The driver marks the step reverted; the next `recover` applies it again.
+    RolledBack { to: String },
+}
+
+/// One segment of a path into a step's mapping, so the stack module can point at a line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PathSegment {
+    Key(&'static str),
+    Index(usize),
+}
+
+pub type FieldPath = Vec<PathSegment>;
+
+/// A problem in a step's settings, located by its path inside the step.
+#[derive(Clone, Debug)]
+pub struct SpecProblem {
+    pub at: FieldPath,
+    pub message: String,
+    pub hint: Option<String>,
+}
+
+/// What preflight found.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ToolInfo {
+    pub binary: PathBuf,
+    pub version: String,
+}
+
+/// Everything an adapter needs to run one step.
+#[derive(Clone, Debug)]
+pub struct StepContext {
+    /// The step's name in the stack file.
+    pub step: String,
+    /// The stack's name.
+    pub stack: String,
+    /// The directory holding the stack file; relative paths in a step resolve against it.
+    pub stack_dir: PathBuf,
+    /// A scratch directory for this step inside the state directory (plan files, callback
+    /// output); it survives a crash so recovery can read it.
+    pub work_dir: PathBuf,
+    /// Extra environment for the tool (`env:` on the step).
+    pub env: BTreeMap<String, String>,
+    /// The step's time limit, if any.
+    pub timeout: Option<Duration>,
+    /// Cancelled on SIGINT/SIGTERM or when the checkpoint cannot be written; adapters forward it
+    /// to their child once and wait for it.
+    pub cancel: CancellationToken,
+    /// Notes the tool's processes while they run, so a run taking over after a crash can wait
+    /// for one that outlived this run. The driver makes one per run; the default notes nothing.
+    pub processes: crate::process::ProcessTracker,
+    /// The operator's `--force`: recover may take steps it would otherwise refuse while another
+    /// process may be working on the step (helm rolls back a stuck release).
+    pub force: bool,
+}
+
+impl StepContext {
+    pub fn resolve(&self, path: &Path) -> PathBuf {
+        self.stack_dir.join(path)
+    }
+}
+
+/// What `describe_recovery` needs: names and paths as the operator will type them.
+#[derive(Clone, Debug)]
+pub struct DescribeContext<'a> {
+    pub step: &'a str,
+    /// The stack file as the operator refers to it (relative when possible).
+    pub stack_file: &'a str,
+    /// The stack directory as the operator refers to it.
+    pub stack_dir: &'a str,
+    pub resumable: bool,
+}
+
+/// The state of a sub-change as the checkpoint records it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SubStatus {
+    /// Planned, never started.
+    Pending,
+    /// Started, never finished: a crash or kill left it uncertain.
+    Started,
+    Done,
+    Failed,
+}
+
+impl SubStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SubStatus::Pending => "pending",
+            SubStatus::Started => "started",
+            SubStatus::Done => "done",
+            SubStatus::Failed => "failed",
+        }
+    }
+}
+
+/// One sub-change as the checkpoint recorded it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PriorSubChange {
+    pub id: String,
+    pub status: SubStatus,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// What the checkpoint knows about a step when `recover` starts.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PriorStep {
+    pub sub_changes: Vec<PriorSubChange>,
+    /// Adapter facts recorded during earlier runs (a helm revision, a terraform lock ID).
+    pub facts: BTreeMap<String, serde_json::Value>,
+}
+
+impl PriorStep {
+    pub fn status_of(&self, id: &str) -> Option<SubStatus> {
+        self.sub_changes.iter().find(|s| s.id == id).map(|s| s.status)
+    }
+
+    pub fn ids_with(&self, status: SubStatus) -> impl Iterator<Item = &str> {
+        self.sub_changes.iter().filter(move |s| s.status == status).map(|s| s.id.as_str())
+    }
+}
+
+/// Which output stream a line came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+/// What an adapter reports while it runs.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    /// The sub-changes this run intends to touch, in order (for progress and "pending").
+    Planned { ids: Vec<String> },
+    /// A sub-change is about to run (shell) or the tool said it started (terraform).
+    Started { id: String },
+    /// A sub-change is in place. `note` says how we know when it is not obvious.
+    Done { id: String, note: Option<String> },
+    /// A sub-change failed; `error` is one line in the tool's own words.
+    Failed { id: String, error: String },
+    /// A sub-change the tool will not reach in this run (the play aborted, the apply stopped).
+    Pending { id: String, reason: String },
+    /// A fact worth keeping for recovery and reports (never a secret).
+    Fact { key: String, value: serde_json::Value },
+    /// A line of the tool's human output (already redacted).
+    Output { stream: Stream, line: String },
+    /// Something the operator should read in the report.
+    Warning { message: String },
+}
+
+/// Receives an adapter's events. The driver's implementation journals sub-change events
+/// durably before `emit` returns, so a sub-change is recorded as started before it runs.
+/// If the journal cannot be written, the driver cancels the step's token; adapters check it
+/// before starting the next sub-change.
+pub trait EventSink: Send + Sync {
+    fn emit(&self, event: Event);
+}
+
+/// A line handler that hands a child's output to the sink as [`Event::Output`].
+pub fn forward_output(sink: &dyn EventSink) -> impl FnMut(Stream, &str) + Send + '_ {
+    move |stream, line| sink.emit(Event::Output { stream, line: line.to_string() })
+}
+
+/// Why a step stopped. `summary` is one line; the rest feeds the report.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Failure {
+    pub summary: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stderr_tail: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hint: Option<String>,
+    #[serde(default)]
+    pub interrupted: bool,
+    /// The step's `timeout` stopped the tool (SIGINT, then SIGTERM, then SIGKILL).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub timed_out: bool,
+}
+
+impl Failure {
+    pub fn new(summary: impl Into<String>) -> Failure {
+        Failure { summary: summary.into(), ..Failure::default() }
+    }
+
+    /// A failure built from a finished child process; the summary names the command.
+    pub fn from_process(command: &str, outcome: &process::Outcome) -> Failure {
+        Failure::from_process_named(&format!("`{command}`"), command, outcome)
+    }
+
+    /// Like [`Failure::from_process`], naming the failed thing `what` (a sub-change) in the summary.
+    pub fn from_process_named(what: &str, command: &str, outcome: &process::Outcome) -> Failure {
+        let last = outcome.last_error_line();
+        let summary = if outcome.interrupted {
+            format!("{what} was interrupted")
+        } else if outcome.timed_out {
+            format!("{what} timed out")
+        } else {
+            match (outcome.describe_status(), last) {
+                (status, Some(line)) => format!("{what} {status}: {line}"),
+                (status, None) => format!("{what} {status}"),
+            }
+        };
+        Failure {
+            summary,
+            command: Some(command.to_string()),
+            exit_code: outcome.code,
+            stderr_tail: outcome.stderr_tail.iter().cloned().collect(),
+            hint: None,
+            interrupted: outcome.interrupted,
+            timed_out: outcome.timed_out,
+        }
+    }
+
+    pub fn with_hint(mut self, hint: impl Into<String>) -> Failure {
+        self.hint = Some(hint.into());
+        self
+    }
+}
+
+/// Read-only view of what recovery would do, for `recover --dry-run`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Inspection {
+    /// Lines in plain words ("would run orders", "terraform plan: 2 to add").
+    pub actions: Vec<String>,
+    /// Sub-changes recovery would touch.
+    pub remaining: Vec<String>,
+}
+
+/// A runbook section for one step.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct RecoveryDoc {
+    /// Read-only commands that show the live state.
+    pub inspect: Vec<String>,
+    /// Commands that lead to the next good state, in order.
+    pub recover: Vec<String>,
+    /// How to check the step is in place.
+    pub verify: Vec<String>,
+    /// Anything an operator must know (stuck locks, manual steps).
+    pub notes: Vec<String>,
+}
+
+/// Errors that stop a step before it touches anything (tool missing, unusable version).
+#[derive(Debug, thiserror::Error)]
+pub enum AdapterError {
+    #[error("`{tool}` was not found on PATH")]
+    ToolMissing { tool: String, hint: String },
+    #[error("`{command}` failed: {detail}")]
+    ToolUnusable { command: String, detail: String },
+    #[error("could not start `{command}`: {source}")]
+    Spawn { command: String, source: std::io::Error },
+}
+
+impl AdapterError {
+    pub fn hint(&self) -> Option<&str> {
+        match self {
+            AdapterError::ToolMissing { hint, .. } => Some(hint),
+            _ => None,
+        }
+    }
+}
+
+impl From<AdapterError> for Failure {
+    /// A tool that went missing between preflight and use still fails with its install hint.
+    fn from(e: AdapterError) -> Failure {
+        let failure = Failure::new(e.to_string());
+        match e.hint() {
+            Some(hint) => failure.with_hint(hint.to_string()),
+            None => failure,
+        }
+    }
+}

@@ -1,0 +1,318 @@
+//! The one YAML module: every YAML text rdeploy reads (the stack file, the fleet file, kubectl
+//! manifests, helm charts' `Chart.yaml` and values files) is parsed here, so swapping a YAML
+//! crate touches this file only.
+//!
+//! Two readings, two crates:
+//! - files a person writes and rdeploy validates (the stack, the fleet file) keep a line and
+//!   column on every node ([`parse_located`], [`from_node`], [`from_str_located`], through
+//!   `marked_yaml`), are strict (one document, no duplicate keys) and take a UTF-8 byte-order
+//!   mark as YAML does;
+//! - documents rdeploy only hands on (manifests, values) become JSON values ([`documents`],
+//!   [`value`], through `serde_norway`, the maintained fork of the archived `serde_yaml`).
+
+use std::fmt;
+
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::Value;
+
+pub use marked_yaml::types::{MarkedMappingNode as MappingNode, MarkedScalarNode as ScalarNode};
+pub use marked_yaml::{Marker, Node, Span, Spanned};
+
+/// A place in a text: 1-based line and column (columns count characters).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Location {
+    pub line: usize,
+    pub column: usize,
+}
+
+impl From<Marker> for Location {
+    fn from(m: Marker) -> Location {
+        Location { line: m.line(), column: m.column() }
+    }
+}
+
+/// Why a located text could not be read, with where.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct LoadError {
+    pub at: Option<Location>,
+    /// Lower case, says what is wrong (`key `run` appears twice ...`).
+    pub message: String,
+}
+
+/// Why a located node did not deserialize into a type.
+#[derive(Debug)]
+pub struct DecodeError {
+    pub at: Option<Location>,
+    /// The serde path to the value (`gate.inventory.kinds[0]`), when not the top.
+    pub path: Option<String>,
+    /// For an unknown field: the field and the fields the type accepts.
+    pub unknown_field: Option<(String, &'static [&'static str])>,
+    /// Lower case, from the deserializer.
+    pub message: String,
+}
+
+impl fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for DecodeError {}
+
+/// The byte-order mark some editors put first; YAML allows it at the start of a stream.
+const BOM: char = '\u{feff}';
+
+/// Text from bytes: invalid UTF-8 is an error located at the first bad byte.
+pub fn decode_utf8(bytes: Vec<u8>) -> Result<String, LoadError> {
+    String::from_utf8(bytes).map_err(|e| {
+        let valid = &e.as_bytes()[..e.utf8_error().valid_up_to()];
+        // `valid` is valid UTF-8 by construction.
+        let before = std::str::from_utf8(valid).unwrap_or_default();
+        let line = before.matches('\n').count() + 1;
+        let column = before.rsplit('\n').next().map(|l| l.chars().count()).unwrap_or(0) + 1;
+        LoadError {
+            at: Some(Location { line, column }),
+            message: format!("the file is not valid UTF-8 (byte 0x{:02x})", e.as_bytes()[valid.len()]),
+        }
+    })
+}
+
+/// Parses one YAML document whose top is a mapping, keeping every node's position. A second
+/// document, a duplicate key in any mapping, anchors and tags are errors; a leading byte-order
+/// mark is skipped. Quoted scalars are marked as such: read values through [`coercible`] for
+/// serde, and through [`typed_json`] where the YAML type must reach a tool.
+pub fn parse_located(text: &str) -> Result<Node, LoadError> {
+    let text = text.strip_prefix(BOM).unwrap_or(text);
+    let options = marked_yaml::LoaderOptions::default().error_on_duplicate_keys(true).prevent_coercion(true);
+    let node = marked_yaml::parse_yaml_with_options(0, text, options).map_err(|e| describe(&e))?;
+    if let Some(at) = second_document(text) {
+        return Err(LoadError {
+            at: Some(at),
+            message: "a second YAML document starts here; a stack file holds one".into(),
+        });
+    }
+    Ok(node)
+}
+
+/// Where a second document starts, if the text has one. `marked_yaml` reads the first
+/// document and ignores the rest, so the stream's events are read again up to that point.
+fn second_document(text: &str) -> Option<Location> {
+    use yaml_rust2::parser::{Event, Parser};
+    let mut parser = Parser::new_from_str(text);
+    let mut documents = 0;
+    loop {
+        match parser.next_token() {
+            Ok((Event::DocumentStart, mark)) => {
+                documents += 1;
+                if documents == 2 {
+                    return Some(Location { line: mark.line(), column: mark.col() + 1 });
+                }
+            }
+            // The first document parsed, so an error here is in a later one.
+            Ok((Event::StreamEnd, _)) => return None,
+            Err(e) => {
+                let mark = e.marker();
+                return (documents >= 1).then_some(Location { line: mark.line(), column: mark.col() + 1 });
+            }
+            Ok(_) => {}
+        }
+    }
+}
+
+/// Deserializes a located node into `T` (which may hold [`Spanned`] values).
+pub fn from_node<T: DeserializeOwned>(node: &Node) -> Result<T, DecodeError> {
+    marked_yaml::from_node(node).map_err(|e| {
+        let at = e.start_mark().map(Location::from);
+        let path = e.path().filter(|p| !p.is_empty() && *p != ".").map(str::to_string);
+        let unknown_field = match &*e {
+            marked_yaml::Error::UnknownFieldError(field, expected, _) => Some((field.clone(), *expected)),
+            _ => None,
+        };
+        DecodeError { at, path, unknown_field, message: lowercase_first(&e.into_inner().to_string()) }
+    })
+}
+
+/// Parses and deserializes a located text (the fleet file) with the same strictness as
+/// [`parse_located`].
+pub fn from_str_located<T: DeserializeOwned>(text: &str) -> anyhow::Result<T> {
+    let node = parse_located(text).map_err(|e| match e.at {
+        Some(at) => anyhow::anyhow!("{}:{}: {}", at.line, at.column, e.message),
+        None => anyhow::anyhow!(e),
+    })?;
+    from_node(&node).map_err(|e| match e.at {
+        Some(at) => anyhow::anyhow!("{}:{}: {}", at.line, at.column, e.message),
+        None => anyhow::anyhow!(e),
+    })
+}
+
+/// Parses a multi-document YAML (or JSON) text into JSON values, skipping empty documents.
+pub fn documents(text: &str) -> Result<Vec<Value>, String> {
+    let mut docs = Vec::new();
+    for doc in serde_norway::Deserializer::from_str(text) {
+        let value = Value::deserialize(doc).map_err(|e| e.to_string())?;
+        if !value.is_null() {
+            docs.push(value);
+        }
+    }
+    Ok(docs)
+}
+
+/// Parses one YAML document (a helm values file, a `Chart.yaml`) into a JSON value; an empty
+/// text is an empty mapping.
+pub fn value(text: &str) -> Result<Value, String> {
+    match serde_norway::from_str::<Value>(text) {
+        Ok(Value::Null) => Ok(Value::Object(Default::default())),
+        other => other.map_err(|e| e.to_string()),
+    }
+}
+
+/// A located node as JSON, scalars kept as their text (for digests: only stability matters).
+pub fn node_to_json(node: &Node) -> Value {
+    match node {
+        Node::Scalar(s) => Value::String(s.as_str().to_string()),
+        Node::Sequence(seq) => Value::Array(seq.iter().map(node_to_json).collect()),
+        Node::Mapping(map) => {
+            let sorted: std::collections::BTreeMap<String, Value> =
+                map.iter().map(|(k, v)| (k.as_str().to_string(), node_to_json(v))).collect();
+            serde_json::to_value(sorted).unwrap_or_default()
+        }
+    }
+}
+
+fn describe(e: &marked_yaml::LoadError) -> LoadError {
+    use marked_yaml::LoadError::*;
+    let (marker, message) = match e {
+        TopLevelMustBeMapping(m) => (Some(*m), "the file must be a mapping".into()),
+        TopLevelMustBeSequence(m) => (Some(*m), "unexpected top-level sequence".into()),
+        UnexpectedAnchor(m) => (Some(*m), "YAML anchors and aliases are not supported in stack files".into()),
+        MappingKeyMustBeScalar(m) => (Some(*m), "mapping keys must be plain strings".into()),
+        UnexpectedTag(m) => (Some(*m), "YAML tags are not supported in stack files".into()),
+        ScanError(m, err) => (Some(*m), format!("invalid YAML: {}", err.info())),
+        DuplicateKey(inner) => (
+            inner.key.span().start().copied(),
+            format!(
+                "key `{}` appears twice in the same mapping (first on line {})",
+                inner.key.as_str(),
+                inner.prev_key.span().start().map(|m| m.line()).unwrap_or(0)
+            ),
+        ),
+        #[allow(unreachable_patterns)]
+        _ => (None, "invalid YAML".into()),
+    };
+    LoadError { at: marker.map(Location::from), message }
+}
+
+fn lowercase_first(s: &str) -> String {
+    let mut chars = s.chars();
+    match chars.next() {
+        Some(c) => c.to_lowercase().chain(chars).collect(),
+        None => String::new(),
+    }
+}
+
+/// `node` with every scalar readable as a boolean or number, whether quoted or not, as serde
+/// reads the stack's own keys (`wait: "true"` is a boolean there).
+pub fn coercible(mut node: Node) -> Node {
+    fn walk(node: &mut Node) {
+        match node {
+            Node::Scalar(s) => s.set_coerce(true),
+            Node::Sequence(seq) => seq.iter_mut().for_each(walk),
+            Node::Mapping(map) => map.values_mut().for_each(walk),
+        }
+    }
+    walk(&mut node);
+    node
+}
+
+/// A YAML node as JSON with its YAML type: a plain scalar is null, a boolean, an integer or a
+/// float when it reads as one (YAML 1.2's core schema), a quoted scalar is always a string.
+pub fn typed_json(node: &Node) -> serde_json::Value {
+    use serde_json::Value;
+    match node {
+        Node::Scalar(s) if !s.may_coerce() => Value::String(s.as_str().to_string()),
+        Node::Scalar(s) => {
+            let text = s.as_str();
+            let digits = |t: &str| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit());
+            let unsigned = text.strip_prefix(['-', '+']).unwrap_or(text);
+            let float_like = {
+                let (mantissa, exponent) = match unsigned.split_once(['e', 'E']) {
+                    Some((m, e)) => (m, Some(e.strip_prefix(['-', '+']).unwrap_or(e))),
+                    None => (unsigned, None),
+                };
+                let mantissa_ok = match mantissa.split_once('.') {
+                    Some((int, frac)) => {
+                        (int.is_empty() || digits(int)) && (digits(frac) || (frac.is_empty() && digits(int)))
+                    }
+                    None => digits(mantissa),
+                };
+                mantissa_ok && exponent.is_none_or(digits)
+            };
+            match text {
+                "" | "~" | "null" | "Null" | "NULL" => Value::Null,
+                "true" | "True" | "TRUE" => Value::Bool(true),
+                "false" | "False" | "FALSE" => Value::Bool(false),
+                _ if digits(unsigned) => text
+                    .trim_start_matches('+')
+                    .parse::<i64>()
+                    .map(Value::from)
+                    .or_else(|_| text.trim_start_matches('+').parse::<u64>().map(Value::from))
+                    .unwrap_or_else(|_| Value::String(text.to_string())),
+                _ if float_like => text
+                    .parse::<f64>()
+                    .ok()
+                    .and_then(serde_json::Number::from_f64)
+                    .map_or_else(|| Value::String(text.to_string()), Value::Number),
+                _ => Value::String(text.to_string()),
+            }
+        }
+        Node::Sequence(seq) => Value::Array(seq.iter().map(typed_json).collect()),
+        Node::Mapping(map) => Value::Object(map.iter().map(|(k, v)| (k.as_str().to_string(), typed_json(v))).collect()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_duplicate_key_names_both_lines() {
+        let e = parse_located("name: s\nsteps:\n  - name: a\n    run: x\n    run: y\n").unwrap_err();
+        assert_eq!(e.at, Some(Location { line: 5, column: 5 }));
+        assert_eq!(e.message, "key `run` appears twice in the same mapping (first on line 4)");
+    }
+
+    #[test]
+    fn a_second_document_is_an_error_at_its_start() {
+        let e = parse_located("name: s\nsteps: []\n---\nname: t\n").unwrap_err();
+        assert_eq!(e.at.map(|a| a.line), Some(3));
+        assert!(e.message.contains("second YAML document"), "{}", e.message);
+        // A lone `---` before the one document and a final `...` are one document.
+        assert!(parse_located("---\nname: s\n...\n").is_ok());
+        // A broken second document is still named as a second document.
+        let e = parse_located("name: s\n---\n[: :\n").unwrap_err();
+        assert!(e.message.contains("second YAML document"), "{}", e.message);
+    }
+
+    #[test]
+    fn a_byte_order_mark_is_skipped() {
+        let node = parse_located("\u{feff}name: s\n").unwrap();
+        assert_eq!(node.as_mapping().unwrap().get_scalar("name").unwrap().as_str(), "s");
+    }
+
+    #[test]
+    fn invalid_utf8_is_located() {
+        let e = decode_utf8(b"name: s\nsteps:\n  - n\xffame: a\n".to_vec()).unwrap_err();
+        assert_eq!(e.at, Some(Location { line: 3, column: 6 }));
+        assert!(e.message.contains("not valid UTF-8"), "{}", e.message);
+        assert_eq!(decode_utf8("é: x".as_bytes().to_vec()).unwrap(), "é: x");
+    }
+
+    #[test]
+    fn manifests_and_values_read_as_json() {
+        assert_eq!(documents("a: 1\n---\n---\nb: [x]\n").unwrap().len(), 2);
+        assert!(documents("a: [").is_err());
+        assert_eq!(value("").unwrap(), serde_json::json!({}));
+    }
+}

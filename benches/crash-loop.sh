@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Benchmark (not a test): kill -9 rdeploy at random moments during `up` and during `recover`,
+# then `recover` until it finishes, and check each run converged with no completed sub-change
+# applied twice and no human step (no `kill`, no edit: only `rdeploy recover`).
+#
+# Per tool, N runs (default 25); each run:
+#   1. `rdeploy up` killed with SIGKILL after a random 0-1.5 s (shell) or 0-4 s (terraform);
+#   2. on every second run, a `recover` killed the same way;
+#   3. `rdeploy recover` to the end (a refusal, exit 5, is counted and retried, at most 3 times);
+# converged = the last recover exits 0 and `status --json` says complete; a double apply = a
+# side effect recorded more than once (each sub-change appends its name to a file in one
+# write, and its `check`, or terraform's state, says whether it landed). A run killed before
+# the deploy was recorded leaves nothing to recover: `up` again, counted as up-again.
+#
+# Tools: shell (10 sub-changes of 50-150 ms, each with a check) and terraform (the chain fixture:
+# six terraform_data resources in a chain, each local-exec appending to runs/aN.log). ansible,
+# helm and kubectl are not covered yet (see the closing note of issue 14).
+#
+# Usage: benches/crash-loop.sh [N] [TOOLS]   (default 25 and "shell terraform").
+# Builds the release binary first (honours CARGO_TARGET_DIR).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+N=${1:-25}
+TOOLS=${2:-"shell terraform"}
+cargo build --release --quiet -p rdeploy
+TARGET=${CARGO_TARGET_DIR:-$PWD/target}
+RDEPLOY=$TARGET/release/rdeploy
+ROOT=$PWD
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+# rand_delay MAX: a random delay in seconds, up to MAX milliseconds.
+rand_delay() { local ms=$((RANDOM % $1)); printf '%d.%03d' $((ms / 1000)) $((ms % 1000)); }
+
+setup_shell() {
+  local d=$1
+  {
+    echo "name: crash-shell"; echo "steps:"; echo "  - name: seed"; echo "    tool: shell"; echo "    sub_changes:"
+    for i in $(seq 1 10); do
+      echo "      - { name: s$i, run: \"sleep 0.$((RANDOM % 10 + 5)); echo s$i >> effects\", check: \"grep -qx s$i effects\" }"
+    done
+  } > "$d/stack.yaml"
+}
+effects_shell() { sort "$1/effects" 2>/dev/null | uniq -c | awk '$1 > 1 {n++} END {print n+0}'; }
+max_kill_ms_shell=1500
+
+setup_terraform() {
+  local d=$1
+  cp -r "$ROOT/fixtures/terraform/chain" "$d/chain"
+  cp "$ROOT/fixtures/terraform/prov.sh" "$d/chain/prov.sh"
+  # Each resource takes a moment, so kills land inside the apply too.
+  sed -i 's/^echo "\$name" >> "runs\/\$name.log"/sleep 0.3\necho "$name" >> "runs\/$name.log"/' "$d/chain/prov.sh"
+  printf 'name: crash-tf\nsteps:\n  - name: network\n    tool: terraform\n    dir: chain\n' > "$d/stack.yaml"
+}
+effects_terraform() { cat "$1"/chain/runs/*.log 2>/dev/null | sort | uniq -c | awk '$1 > 1 {n++} END {print n+0}'; }
+max_kill_ms_terraform=4000
+
+# killed CMD MAX_MS: runs rdeploy CMD in the background and SIGKILLs it after a random delay.
+killed() {
+  local d=$1 cmd=$2 max=$3
+  ( cd "$d" && exec "$RDEPLOY" -q --no-progress "$cmd" stack.yaml ) > /dev/null 2>&1 &
+  local pid=$!
+  sleep "$(rand_delay "$max")"
+  kill -9 "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+}
+
+printf '%-10s %5s %10s %14s %9s %9s\n' tool runs converged double-applies refusals up-again
+for tool in $TOOLS; do
+  runs=0 converged=0 doubles=0 refusals=0 restarts=0
+  for r in $(seq 1 "$N"); do
+    d=$work/$tool-$r
+    mkdir -p "$d"
+    "setup_$tool" "$d"
+    max_var=max_kill_ms_$tool
+    killed "$d" up "${!max_var}"
+    if [ $((r % 2)) -eq 0 ]; then killed "$d" recover "${!max_var}"; fi
+    code=5 tries=0
+    while [ "$code" -eq 5 ] && [ "$tries" -lt 3 ]; do
+      code=0
+      ( cd "$d" && "$RDEPLOY" -q --no-progress recover stack.yaml ) > "$d/recover.out" 2>&1 || code=$?
+      [ "$code" -eq 5 ] && refusals=$((refusals + 1))
+      tries=$((tries + 1))
+    done
+    state=$( cd "$d" && "$RDEPLOY" status --json stack.yaml 2>/dev/null | sed -n 's/.*"state": *"\([a-z_]*\)".*/\1/p' | head -1 )
+    if [ "$state" = none ]; then
+      # Killed before the deploy was recorded: nothing to recover, `up` again.
+      restarts=$((restarts + 1))
+      code=0
+      ( cd "$d" && "$RDEPLOY" -q --no-progress up stack.yaml ) > "$d/recover.out" 2>&1 || code=$?
+      state=$( cd "$d" && "$RDEPLOY" status --json stack.yaml 2>/dev/null | sed -n 's/.*"state": *"\([a-z_]*\)".*/\1/p' | head -1 )
+    fi
+    runs=$((runs + 1))
+    if [ "$code" -eq 0 ] && [ "$state" = complete ]; then converged=$((converged + 1)); else
+      echo "  $tool run $r: recover exit $code, state ${state:-?}: $(tail -3 "$d/recover.out" | tr '\n' ' ')" >&2
+    fi
+    dup=$("effects_$tool" "$d")
+    if [ "$dup" -gt 0 ]; then doubles=$((doubles + 1)); echo "  $tool run $r: $dup side effects applied twice" >&2; fi
+  done
+  printf '%-10s %5d %10d %14d %9d %9d\n' "$tool" "$runs" "$converged" "$doubles" "$refusals" "$restarts"
+done
