@@ -256,3 +256,38 @@ steps:
         serde_json::json!(["object", { "list": ["tuple", ["number", "string"]], "n": "number", "name": "string", "on": "bool" }])
     );
 }
+
+#[test]
+fn a_state_lock_held_by_a_live_terraform_is_waited_out_by_the_retry() {
+    let p = chain_project();
+    p.stack(&STACK.replace(
+        "    vars: { rev: \"1\" }\n",
+        "    vars: { rev: \"1\" }\n    retry: { attempts: 30, delay: 500ms, backoff: 1 }\n",
+    ));
+    p.file("chain/slow-a1", "");
+    let mut holder = std::process::Command::new("terraform")
+        .args(["apply", "-input=false", "-auto-approve", "-no-color"])
+        .current_dir(p.path("chain"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    p.wait_for("chain/runs/a1.started", Duration::from_secs(60));
+
+    let child = p.spawn(&["up"]);
+    // The first attempt met the lock and a second one is journaled: now the holder finishes.
+    let start = std::time::Instant::now();
+    while !p.exists(".rdeploy/journal.jsonl") || !p.read(".rdeploy/journal.jsonl").contains(r#""attempt":2"#) {
+        assert!(start.elapsed() < Duration::from_secs(120), "no second attempt was journaled");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    p.remove("chain/slow-a1");
+    assert!(holder.wait().unwrap().success());
+    let run = common::Run::from(child.wait_with_output().unwrap(), &["up"]);
+    run.code(0).stdout_has("deploy complete").stdout_has("succeeded on attempt");
+    run.stderr_has("(transient: the terraform state lock is held)");
+    for i in 1..=6 {
+        assert_eq!(runs(&p, &format!("a{i}")), 1, "a{i} ran once, by the holder");
+    }
+    assert_eq!(p.read("out"), "after\n");
+}
