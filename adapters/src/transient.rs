@@ -40,6 +40,10 @@ static KUBERNETES_API: LazyLock<Regex> = LazyLock::new(|| {
         r"|The connection to the server \S+ was refused",
         r"|dial tcp \S+: i/o timeout",
         r"|net/http: TLS handshake timeout",
+        // A connection broken mid-response (an API server or its proxy restarting); kubesim's
+        // offline cluster answers this way too (`apply-kubesim-offline.stderr`).
+        r"|net/http: HTTP/1.x transport connection broken",
+        r"|read: connection reset by peer",
         r"|Unable to connect to the server: .*(timeout|EOF)",
         r"|\(TooManyRequests\)|has received too many requests and has asked us to try again later",
         r"|\(InternalError\)|an error on the server \(.*\) has prevented the request from succeeding",
@@ -121,6 +125,14 @@ mod tests {
             let h = format!("helm/captured/helm4-status-{code}.stderr");
             assert_eq!(class_of(Tool::Helm, &h), Some(TransientClass::KubernetesApi), "{h}");
         }
+    }
+
+    #[test]
+    fn kubernetes_api_connection_broken_mid_response() {
+        assert_eq!(
+            class_of(Tool::Kubectl, "kubectl/captured/apply-kubesim-offline.stderr"),
+            Some(TransientClass::KubernetesApi)
+        );
     }
 
     #[test]
