@@ -59,8 +59,10 @@ static TERRAFORM_LOCK: LazyLock<Regex> =
 static HELM_IN_PROGRESS: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"another operation \(install/upgrade/rollback\) is in progress").expect("a valid pattern")
 });
-static ANSIBLE_UNREACHABLE: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r#"UNREACHABLE!|"unreachable": true|\bunreachable=[1-9]"#).expect("a valid pattern"));
+static ANSIBLE_UNREACHABLE: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r#"UNREACHABLE!|"unreachable": true|\bunreachable=[1-9]|one or more hosts were unreachable"#)
+        .expect("a valid pattern")
+});
 
 /// The transient class of one line of a tool's output, if any.
 pub fn classify_line(tool: Tool, line: &str) -> Option<TransientClass> {
@@ -157,6 +159,13 @@ mod tests {
             class_of(Tool::Ansible, "ansible/captured/unreachable-and-failed.stdout"),
             Some(TransientClass::AnsibleUnreachable)
         );
+    }
+
+    #[test]
+    fn ansible_exit_status_4_as_the_adapter_words_it() {
+        let words = crate::ansible::exit_codes::describe(4, true, true);
+        assert_eq!(classify_line(Tool::Ansible, &words), Some(TransientClass::AnsibleUnreachable), "{words}");
+        assert_eq!(classify_line(Tool::Ansible, "ok=3 changed=1 unreachable=0 failed=1"), None);
     }
 
     #[test]
