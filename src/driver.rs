@@ -209,6 +209,12 @@ impl Session {
                 step.name
             ));
         }
+        for step in steps.iter().filter(|s| !s.resumable && s.retry.is_some()) {
+            self.ui.warn(format!(
+                "step `{}` declares `retry` but is not resumable: it completes or reverts, and is never retried",
+                step.name
+            ));
+        }
         for step in steps {
             match step.spec.preflight(&self.context(step, self.cancel.clone())).await {
                 Ok(info) => {

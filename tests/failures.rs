@@ -222,7 +222,7 @@ fn a_matching_failure_is_retried_through_recover_and_succeeds_on_attempt_3() {
 #[test]
 fn ci_junit_says_which_attempt_succeeded() {
     let p = Project::new();
-    p.stack(&RETRIES.split("  - name: strict").next().unwrap().to_string());
+    p.stack(RETRIES.split("  - name: strict").next().unwrap());
     p.rdeploy(&["ci", "--junit", "junit.xml"]).code(0);
     let junit = p.read("junit.xml");
     assert!(junit.contains("succeeded on attempt 3 of 3"), "{junit}");
@@ -243,6 +243,6 @@ steps:
     revert: echo reverted >> count
 "#,
     );
-    p.rdeploy(&["up"]).code(3);
+    p.rdeploy(&["up"]).code(3).stderr_has("step `migrate` declares `retry` but is not resumable");
     assert_eq!(p.lines("count"), ["x", "reverted"], "it completes or reverts, never runs twice");
 }
