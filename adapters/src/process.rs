@@ -989,7 +989,7 @@ pub(super) mod tests {
         assert_eq!(surviving_children(dir.path()), [], "the pid belongs to another process now");
 
         // The leader exits (a zombie, not waited for), its background child lives on in the group.
-        let mut leader = spawn_group(&["sh", "-c", "sleep 60 & echo $! > member"]);
+        let mut leader = spawn_group(&["sh", "-c", "sleep 60 &"]);
         let _ = leader.id();
         let stat = proc_stat(leader.id() as i32).unwrap();
         wait_for_state(leader.id(), true);
