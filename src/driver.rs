@@ -44,6 +44,9 @@ pub struct Session {
     /// `recover --force`: the operator vouches that no other process is working on the
     /// release (helm's stuck pending-* rollback); adapters see it as `StepContext::force`.
     pub force: bool,
+    /// `recover --reapply-missing`: apply again what the checkpoint records done but the tool's
+    /// own state lost (adapters see it as `StepContext::reapply_missing`).
+    pub reapply_missing: bool,
     /// Notes every tool this run starts while it runs (under the state dir's `running/`).
     pub processes: rdeploy_adapters::process::ProcessTracker,
 }
@@ -183,6 +186,7 @@ impl Session {
             cancel,
             processes: self.processes.clone(),
             force: self.force,
+            reapply_missing: self.reapply_missing,
         }
     }
 

@@ -86,6 +86,11 @@ enum Command {
         /// Recover a release stuck in pending-* even if a helm process for it seems alive.
         #[arg(long)]
         force: bool,
+        /// Apply again what the checkpoint records done but the tool's own state says is absent
+        /// (a terraform state emptied by a crash); without it `recover` stops and says how to
+        /// reconcile (`terraform import`, or restore `terraform.tfstate.backup`).
+        #[arg(long)]
+        reapply_missing: bool,
         #[arg(long, default_value_t = 1, value_name = "N")]
         parallel: usize,
     },
@@ -369,6 +374,7 @@ fn session(stack_path: &Path, global: &Global, ui: Arc<Ui>, parallel: usize) -> 
         signal,
         parallel,
         force: false,
+        reapply_missing: false,
         processes,
     })
 }
@@ -412,9 +418,10 @@ async fn run(cli: Cli, ui: Arc<Ui>) -> anyhow::Result<Code> {
             let s = session(stack, global, ui, *parallel)?;
             cmd::present(&s, &s.up().await?)
         }
-        Command::Recover { stack, dry_run, parallel, force } => {
+        Command::Recover { stack, dry_run, parallel, force, reapply_missing } => {
             let mut s = session(stack, global, ui, *parallel)?;
             s.force = *force;
+            s.reapply_missing = *reapply_missing;
             cmd::present(&s, &s.recover(*dry_run).await?)
         }
         Command::Revert { stack } => {

@@ -256,3 +256,32 @@ steps:
         serde_json::json!(["object", { "list": ["tuple", ["number", "string"]], "n": "number", "name": "string", "on": "bool" }])
     );
 }
+
+/// The checkpoint records a1..a4 done, then terraform's state is emptied (as a kill -9 mid-write
+/// did before the tool's output went to files): `recover` must not create them a second time
+/// on its own. It stops (exit 1), names what is contradicted and how to reconcile; with
+/// `--reapply-missing` the operator asks for them to be created again, and it does.
+#[test]
+fn recover_stops_when_terraforms_state_lost_what_the_checkpoint_records_done() {
+    let p = chain_project();
+    p.file("chain/fail-a5", "");
+    p.rdeploy(&["up"]).code(1);
+    p.remove("chain/fail-a5");
+    p.file("chain/terraform.tfstate", "");
+
+    p.rdeploy(&["recover"])
+        .code(1)
+        .stdout_has("terraform's state has no record of them: terraform_data.a1, terraform_data.a2, terraform_data.a3, terraform_data.a4")
+        .stdout_has("terraform import terraform_data.a1 ID")
+        .stdout_has("rdeploy recover --reapply-missing");
+    for i in 1..=4 {
+        assert_eq!(runs(&p, &format!("a{i}")), 1, "a{i} was not created again without the flag");
+    }
+    assert_eq!(runs(&p, "a6"), 0, "nothing after the contradiction ran");
+
+    p.rdeploy(&["recover", "--reapply-missing"]).code(0).stdout_has("deploy complete");
+    for i in 1..=4 {
+        assert_eq!(runs(&p, &format!("a{i}")), 2, "a{i} was created again, as the flag asks");
+    }
+    assert_eq!(runs(&p, "a6"), 1);
+}
