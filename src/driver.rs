@@ -201,6 +201,9 @@ impl Session {
             ));
         }
         for step in steps {
+            if self.cancel.is_cancelled() {
+                break;
+            }
             match step.spec.preflight(&self.context(step, self.cancel.clone())).await {
                 Ok(info) => {
                     found.insert(step.name.clone(), info);
@@ -210,6 +213,20 @@ impl Session {
                     problems.push(format!("step `{}`: {e}{hint}", step.name));
                 }
             }
+        }
+        // A tool stopped by our Ctrl-C or SIGTERM is no fault of the tool or the stack.
+        if self.cancel.is_cancelled() {
+            let signal =
+                self.signal.lock().unwrap_or_else(|e| e.into_inner()).clone().unwrap_or_else(|| "a signal".into());
+            return Err(Refusal::new(
+                Code::Interrupted,
+                format!("{signal} received while checking the tools: stopped before anything ran"),
+            )
+            .with_hint(format!(
+                "nothing changed; run the same command again (`rdeploy status {}` shows the checkpoint)",
+                self.stack_arg
+            ))
+            .into());
         }
         if problems.is_empty() {
             Ok(found)

@@ -276,7 +276,48 @@ enum StateCommand {
     },
 }
 
+/// A SIGINT/SIGTERM that came before the run's own handlers were installed (0: none; -1: the
+/// handlers of `watch_signals` have taken over).
+static EARLY_SIGNAL: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+extern "C" fn note_early_signal(signal: libc::c_int) {
+    // Only an atomic store: async-signal-safe. Once `watch_signals` owns the signals this is a
+    // no-op (tokio's handler chains to this one).
+    let _ = EARLY_SIGNAL.compare_exchange(
+        0,
+        signal,
+        std::sync::atomic::Ordering::SeqCst,
+        std::sync::atomic::Ordering::SeqCst,
+    );
+}
+
+/// First thing in `main`: a Ctrl-C or SIGTERM before the runtime and the run's handlers exist
+/// is noted instead of killing rdeploy by the default action; `watch_signals` acts on it.
+fn note_signals_until_handled() {
+    for signal in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: the handler only does an atomic compare-exchange, which is async-signal-safe;
+        // the sigaction struct is zeroed and then filled as sigaction(2) requires.
+        unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = note_early_signal as extern "C" fn(libc::c_int) as usize;
+            action.sa_flags = libc::SA_RESTART;
+            libc::sigemptyset(&mut action.sa_mask);
+            libc::sigaction(signal, &action, std::ptr::null_mut());
+        }
+    }
+}
+
+/// The signal noted before the run's handlers took over, if any; from now on they do.
+fn take_early_signal() -> Option<&'static str> {
+    match EARLY_SIGNAL.swap(-1, std::sync::atomic::Ordering::SeqCst) {
+        libc::SIGINT => Some("SIGINT"),
+        libc::SIGTERM => Some("SIGTERM"),
+        _ => None,
+    }
+}
+
 fn main() -> ExitCode {
+    note_signals_until_handled();
     let cli = Cli::parse();
     init_tracing(cli.global.verbose);
     // `ci` is for pipelines: plain timestamped lines even on a terminal.
@@ -289,10 +330,17 @@ fn main() -> ExitCode {
             return Code::Partial.into();
         }
     };
-    match runtime.block_on(run(cli, ui.clone())) {
-        Ok(code) => code.into(),
-        Err(err) => report_error(&err, &ui).into(),
+    let code = match runtime.block_on(run(cli, ui.clone())) {
+        Ok(code) => code,
+        Err(err) => report_error(&err, &ui),
+    };
+    // A command that never installed the run's handlers (`validate`, `inventory`, ...) still
+    // owes the operator the interrupt it swallowed.
+    if let Some(name) = take_early_signal() {
+        ui.warn(format!("{name} received"));
+        return Code::Interrupted.into();
     }
+    code.into()
 }
 
 fn init_tracing(verbose: u8) {
@@ -388,12 +436,17 @@ fn watch_signals(cancel: CancellationToken, signal: Arc<Mutex<Option<String>>>, 
         ui.warn("could not install signal handlers; Ctrl-C will stop rdeploy without waiting for the tools");
         return;
     };
+    let early = take_early_signal();
     tokio::spawn(async move {
         let mut count = 0;
+        let mut early = early;
         loop {
-            let name = tokio::select! {
-                _ = int.recv() => "SIGINT",
-                _ = term.recv() => "SIGTERM",
+            let name = match early.take() {
+                Some(name) => name,
+                None => tokio::select! {
+                    _ = int.recv() => "SIGINT",
+                    _ = term.recv() => "SIGTERM",
+                },
             };
             count += 1;
             match count {

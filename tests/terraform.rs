@@ -285,3 +285,28 @@ fn recover_stops_when_terraforms_state_lost_what_the_checkpoint_records_done() {
     }
     assert_eq!(runs(&p, "a6"), 1);
 }
+
+/// Ctrl-C or SIGTERM while preflight waits on a slow tool (`terraform version` behind a script
+/// that sleeps first) is an interrupt (130) with nothing run, never "bad input" blaming the tool.
+#[test]
+fn a_signal_during_preflight_is_an_interrupt_not_bad_input() {
+    for signal in [Signal::SIGINT, Signal::SIGTERM] {
+        let p = chain_project();
+        let terraform = std::process::Command::new("sh").args(["-c", "command -v terraform"]).output().unwrap();
+        let terraform = String::from_utf8(terraform.stdout).unwrap().trim().to_string();
+        p.file(
+            "slowtf",
+            &format!("#!/bin/sh\ntouch \"$(dirname \"$0\")/preflight-started\"\nsleep 60\nexec {terraform} \"$@\"\n"),
+        );
+        std::fs::set_permissions(p.path("slowtf"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        p.stack(&STACK.replace("dir: chain", &format!("dir: chain\n    binary: {}", p.path("slowtf").display())));
+        let child = p.spawn(&["up"]);
+        p.wait_for("preflight-started", Duration::from_secs(60));
+        kill(Pid::from_raw(child.id() as i32), signal).unwrap();
+        let run = common::Run::from(child.wait_with_output().unwrap(), &["up"]);
+        run.code(130);
+        assert!(run.stderr.contains(&format!("{signal} received while checking the tools")), "{}", run.stderr);
+        assert!(!p.exists("chain/runs/a1.log"), "nothing ran");
+        assert!(!p.exists("out"), "the shell step did not run");
+    }
+}
