@@ -47,6 +47,9 @@ pub struct Session {
     /// `--keep-going` (or `on_failure: continue`): a failure stops only the steps that need
     /// the failed one; independent branches run on.
     pub keep_going: bool,
+    /// `recover --reapply-missing`: apply again what the checkpoint records done but the tool's
+    /// own state lost (adapters see it as `StepContext::reapply_missing`).
+    pub reapply_missing: bool,
     /// Notes every tool this run starts while it runs (under the state dir's `running/`).
     pub processes: rdeploy_adapters::process::ProcessTracker,
 }
@@ -196,6 +199,7 @@ impl Session {
             cancel,
             processes: self.processes.clone(),
             force: self.force,
+            reapply_missing: self.reapply_missing,
         }
     }
 
@@ -216,6 +220,9 @@ impl Session {
             ));
         }
         for step in steps {
+            if self.cancel.is_cancelled() {
+                break;
+            }
             match step.spec.preflight(&self.context(step, self.cancel.clone())).await {
                 Ok(info) => {
                     found.insert(step.name.clone(), info);
@@ -225,6 +232,20 @@ impl Session {
                     problems.push(format!("step `{}`: {e}{hint}", step.name));
                 }
             }
+        }
+        // A tool stopped by our Ctrl-C or SIGTERM is no fault of the tool or the stack.
+        if self.cancel.is_cancelled() {
+            let signal =
+                self.signal.lock().unwrap_or_else(|e| e.into_inner()).clone().unwrap_or_else(|| "a signal".into());
+            return Err(Refusal::new(
+                Code::Interrupted,
+                format!("{signal} received while checking the tools: stopped before anything ran"),
+            )
+            .with_hint(format!(
+                "nothing changed; run the same command again (`rdeploy status {}` shows the checkpoint)",
+                self.stack_arg
+            ))
+            .into());
         }
         if problems.is_empty() {
             Ok(found)

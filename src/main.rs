@@ -90,6 +90,11 @@ enum Command {
         /// Recover a release stuck in pending-* even if a helm process for it seems alive.
         #[arg(long)]
         force: bool,
+        /// Apply again what the checkpoint records done but the tool's own state says is absent
+        /// (a terraform state emptied by a crash); without it `recover` stops and says how to
+        /// reconcile (`terraform import`, or restore `terraform.tfstate.backup`).
+        #[arg(long)]
+        reapply_missing: bool,
         #[arg(long, default_value_t = 1, value_name = "N")]
         parallel: usize,
         /// After a failure, keep running the steps that do not need the failed one; the steps
@@ -283,7 +288,48 @@ enum StateCommand {
     },
 }
 
+/// A SIGINT/SIGTERM that came before the run's own handlers were installed (0: none; -1: the
+/// handlers of `watch_signals` have taken over).
+static EARLY_SIGNAL: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+extern "C" fn note_early_signal(signal: libc::c_int) {
+    // Only an atomic store: async-signal-safe. Once `watch_signals` owns the signals this is a
+    // no-op (tokio's handler chains to this one).
+    let _ = EARLY_SIGNAL.compare_exchange(
+        0,
+        signal,
+        std::sync::atomic::Ordering::SeqCst,
+        std::sync::atomic::Ordering::SeqCst,
+    );
+}
+
+/// First thing in `main`: a Ctrl-C or SIGTERM before the runtime and the run's handlers exist
+/// is noted instead of killing rdeploy by the default action; `watch_signals` acts on it.
+fn note_signals_until_handled() {
+    for signal in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: the handler only does an atomic compare-exchange, which is async-signal-safe;
+        // the sigaction struct is zeroed and then filled as sigaction(2) requires.
+        unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = note_early_signal as extern "C" fn(libc::c_int) as usize;
+            action.sa_flags = libc::SA_RESTART;
+            libc::sigemptyset(&mut action.sa_mask);
+            libc::sigaction(signal, &action, std::ptr::null_mut());
+        }
+    }
+}
+
+/// The signal noted before the run's handlers took over, if any; from now on they do.
+fn take_early_signal() -> Option<&'static str> {
+    match EARLY_SIGNAL.swap(-1, std::sync::atomic::Ordering::SeqCst) {
+        libc::SIGINT => Some("SIGINT"),
+        libc::SIGTERM => Some("SIGTERM"),
+        _ => None,
+    }
+}
+
 fn main() -> ExitCode {
+    note_signals_until_handled();
     let cli = Cli::parse();
     init_tracing(cli.global.verbose);
     // `ci` is for pipelines: plain timestamped lines even on a terminal.
@@ -296,10 +342,17 @@ fn main() -> ExitCode {
             return Code::Partial.into();
         }
     };
-    match runtime.block_on(run(cli, ui.clone())) {
-        Ok(code) => code.into(),
-        Err(err) => report_error(&err, &ui).into(),
+    let code = match runtime.block_on(run(cli, ui.clone())) {
+        Ok(code) => code,
+        Err(err) => report_error(&err, &ui),
+    };
+    // A command that never installed the run's handlers (`validate`, `inventory`, ...) still
+    // owes the operator the interrupt it swallowed.
+    if let Some(name) = take_early_signal() {
+        ui.warn(format!("{name} received"));
+        return Code::Interrupted.into();
     }
+    code.into()
 }
 
 fn init_tracing(verbose: u8) {
@@ -383,6 +436,7 @@ fn session(stack_path: &Path, global: &Global, ui: Arc<Ui>, parallel: usize) -> 
         parallel,
         force: false,
         keep_going,
+        reapply_missing: false,
         processes,
     })
 }
@@ -396,12 +450,17 @@ fn watch_signals(cancel: CancellationToken, signal: Arc<Mutex<Option<String>>>, 
         ui.warn("could not install signal handlers; Ctrl-C will stop rdeploy without waiting for the tools");
         return;
     };
+    let early = take_early_signal();
     tokio::spawn(async move {
         let mut count = 0;
+        let mut early = early;
         loop {
-            let name = tokio::select! {
-                _ = int.recv() => "SIGINT",
-                _ = term.recv() => "SIGTERM",
+            let name = match early.take() {
+                Some(name) => name,
+                None => tokio::select! {
+                    _ = int.recv() => "SIGINT",
+                    _ = term.recv() => "SIGTERM",
+                },
             };
             count += 1;
             match count {
@@ -427,9 +486,10 @@ async fn run(cli: Cli, ui: Arc<Ui>) -> anyhow::Result<Code> {
             s.keep_going |= *keep_going;
             cmd::present(&s, &s.up().await?)
         }
-        Command::Recover { stack, dry_run, parallel, force, keep_going } => {
+        Command::Recover { stack, dry_run, parallel, force, reapply_missing, keep_going } => {
             let mut s = session(stack, global, ui, *parallel)?;
             s.force = *force;
+            s.reapply_missing = *reapply_missing;
             s.keep_going |= *keep_going;
             cmd::present(&s, &s.recover(*dry_run).await?)
         }

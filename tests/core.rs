@@ -761,3 +761,57 @@ fn crash_loop_kill_9_during_up_and_recover_converges_without_double_applies() {
         assert_eq!(effects, names, "seed {seed}, round {round}: each sub-change applied exactly once");
     }
 }
+
+/// SIGINT at random early moments of `up` never kills rdeploy by the default action and is never
+/// reported as bad input: 0 (the run ended first) or 130. The moments start once Rust's runtime
+/// has set SIGPIPE to ignored (`SigIgn` in /proc, just before `main`), plus at least 100 µs:
+/// before that the dynamic loader runs (10-20 ms for the debug binary here), where no program
+/// can catch a signal yet; `main` installs the handlers first thing.
+#[test]
+fn sigint_at_random_early_moments_is_never_a_default_death_nor_exit_2() {
+    use std::os::unix::process::ExitStatusExt;
+    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
+    let mut rng = seed;
+    let mut next = |n: u32| {
+        rng = rng.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+        (rng >> 16) % n
+    };
+    let in_main = |pid: u32| {
+        let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else { return true };
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("SigIgn:"))
+            .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+            .is_some_and(|mask| mask & (1 << (libc::SIGPIPE - 1)) != 0)
+    };
+    let (mut interrupted, mut finished) = (0, 0);
+    for round in 0..50 {
+        let p = Project::new();
+        p.stack(FIVE);
+        let mut child = p.spawn(&["up"]);
+        let start = std::time::Instant::now();
+        while !in_main(child.id()) && child.try_wait().unwrap().is_none() {
+            assert!(start.elapsed() < Duration::from_secs(30), "seed {seed} round {round}: rdeploy never started");
+            std::hint::spin_loop();
+        }
+        // The random moment is the point of the test: anywhere in the first ~20 ms of `main`.
+        let delay = 100 + u64::from(next(20_000));
+        std::thread::sleep(Duration::from_micros(delay));
+        let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGINT);
+        let output = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(
+            output.status.signal(),
+            None,
+            "seed {seed} round {round}: killed by a signal after {delay} µs; stderr: {stderr}"
+        );
+        let code = output.status.code().unwrap();
+        assert!(code == 0 || code == 130, "seed {seed} round {round}: exit {code}; stderr: {stderr}");
+        if code == 130 {
+            interrupted += 1;
+        } else {
+            finished += 1;
+        }
+    }
+    eprintln!("50 runs: {interrupted} interrupted (130), {finished} finished first (0)");
+}

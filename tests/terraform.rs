@@ -314,3 +314,57 @@ fn a_state_lock_held_by_a_live_terraform_is_waited_out_by_the_retry() {
     }
     assert_eq!(p.read("out"), "after\n");
 }
+
+/// The checkpoint records a1..a4 done, then terraform's state is emptied (as a kill -9 mid-write
+/// did before the tool's output went to files): `recover` must not create them a second time
+/// on its own. It stops (exit 1), names what is contradicted and how to reconcile; with
+/// `--reapply-missing` the operator asks for them to be created again, and it does.
+#[test]
+fn recover_stops_when_terraforms_state_lost_what_the_checkpoint_records_done() {
+    let p = chain_project();
+    p.file("chain/fail-a5", "");
+    p.rdeploy(&["up"]).code(1);
+    p.remove("chain/fail-a5");
+    p.file("chain/terraform.tfstate", "");
+
+    p.rdeploy(&["recover"])
+        .code(1)
+        .stdout_has("terraform's state has no record of them: terraform_data.a1, terraform_data.a2, terraform_data.a3, terraform_data.a4")
+        .stdout_has("terraform import terraform_data.a1 ID")
+        .stdout_has("rdeploy recover --reapply-missing");
+    for i in 1..=4 {
+        assert_eq!(runs(&p, &format!("a{i}")), 1, "a{i} was not created again without the flag");
+    }
+    assert_eq!(runs(&p, "a6"), 0, "nothing after the contradiction ran");
+
+    p.rdeploy(&["recover", "--reapply-missing"]).code(0).stdout_has("deploy complete");
+    for i in 1..=4 {
+        assert_eq!(runs(&p, &format!("a{i}")), 2, "a{i} was created again, as the flag asks");
+    }
+    assert_eq!(runs(&p, "a6"), 1);
+}
+
+/// Ctrl-C or SIGTERM while preflight waits on a slow tool (`terraform version` behind a script
+/// that sleeps first) is an interrupt (130) with nothing run, never "bad input" blaming the tool.
+#[test]
+fn a_signal_during_preflight_is_an_interrupt_not_bad_input() {
+    for signal in [Signal::SIGINT, Signal::SIGTERM] {
+        let p = chain_project();
+        let terraform = std::process::Command::new("sh").args(["-c", "command -v terraform"]).output().unwrap();
+        let terraform = String::from_utf8(terraform.stdout).unwrap().trim().to_string();
+        p.file(
+            "slowtf",
+            &format!("#!/bin/sh\ntouch \"$(dirname \"$0\")/preflight-started\"\nsleep 60\nexec {terraform} \"$@\"\n"),
+        );
+        std::fs::set_permissions(p.path("slowtf"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        p.stack(&STACK.replace("dir: chain", &format!("dir: chain\n    binary: {}", p.path("slowtf").display())));
+        let child = p.spawn(&["up"]);
+        p.wait_for("preflight-started", Duration::from_secs(60));
+        kill(Pid::from_raw(child.id() as i32), signal).unwrap();
+        let run = common::Run::from(child.wait_with_output().unwrap(), &["up"]);
+        run.code(130);
+        assert!(run.stderr.contains(&format!("{signal} received while checking the tools")), "{}", run.stderr);
+        assert!(!p.exists("chain/runs/a1.log"), "nothing ran");
+        assert!(!p.exists("out"), "the shell step did not run");
+    }
+}

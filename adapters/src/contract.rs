@@ -116,6 +116,9 @@ pub struct StepContext {
     /// The operator's `--force`: recover may take steps it would otherwise refuse while another
     /// process may be working on the step (helm rolls back a stuck release).
     pub force: bool,
+    /// The operator's `recover --reapply-missing`: a sub-change recorded done whose tool state
+    /// says it is absent (terraform's state lost it) may be applied again instead of stopping.
+    pub reapply_missing: bool,
 }
 
 impl StepContext {

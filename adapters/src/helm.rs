@@ -801,6 +801,7 @@ mod tests {
             timeout: Some(Duration::from_secs(90)),
             cancel: CancellationToken::new(),
             force: false,
+            reapply_missing: false,
             processes: Default::default(),
         }
     }

@@ -316,6 +316,7 @@ mod tests {
             timeout: None,
             cancel: CancellationToken::new(),
             force: false,
+            reapply_missing: false,
             processes: Default::default(),
         }
     }

@@ -90,6 +90,7 @@ impl Stack {
             timeout: Some(std::time::Duration::from_secs(300)),
             cancel: CancellationToken::new(),
             force: false,
+            reapply_missing: false,
             processes: Default::default(),
         }
     }

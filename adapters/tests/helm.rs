@@ -55,6 +55,7 @@ impl Setup {
             timeout: Some(Duration::from_secs(30)),
             cancel: CancellationToken::new(),
             force,
+            reapply_missing: false,
             processes: Default::default(),
         }
     }

@@ -55,6 +55,7 @@ impl Setup {
             timeout: Some(timeout),
             cancel: CancellationToken::new(),
             force: false,
+            reapply_missing: false,
             processes: Default::default(),
         }
     }

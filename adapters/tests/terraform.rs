@@ -53,6 +53,7 @@ impl Fixture {
             timeout: Some(Duration::from_secs(240)),
             cancel: CancellationToken::new(),
             force: false,
+            reapply_missing: false,
             processes: Default::default(),
         }
     }

@@ -189,6 +189,20 @@ impl Adapter for TerraformSpec {
                 sink.emit(Event::Fact { key: key.into(), value: serde_json::Value::Null });
             }
         }
+        let missing = missing_from_state(&plan, prior);
+        if !missing.is_empty() {
+            if !ctx.reapply_missing {
+                return Err(contradiction(&run.dir, self.workspace.as_deref(), &self.tool_word(), &missing));
+            }
+            sink.emit(Event::Warning {
+                message: format!(
+                    "--reapply-missing: creating again {} recorded done but absent from {}'s state: {}",
+                    if missing.len() == 1 { "a resource" } else { "resources" },
+                    self.tool_word(),
+                    missing.join(", ")
+                ),
+            });
+        }
         if let Some(message) = changed_since_failure(&plan, prior) {
             sink.emit(Event::Warning { message });
         }
@@ -218,6 +232,12 @@ impl Adapter for TerraformSpec {
         } else {
             inspection.actions.push(format!("`{} plan`: {}", self.tool_word(), plan.describe()));
             inspection.actions.extend(plan.changes.iter().map(PlannedChange::describe));
+        }
+        let missing = missing_from_state(&plan, prior);
+        if !missing.is_empty() && !ctx.reapply_missing {
+            let failure = contradiction(&run.dir, self.workspace.as_deref(), &self.tool_word(), &missing);
+            inspection.actions.push(format!("stop: {}", failure.summary));
+            inspection.actions.extend(failure.hint);
         }
         if let Some(message) = changed_since_failure(&plan, prior) {
             inspection.actions.push(message);
@@ -336,6 +356,44 @@ fn changed_since_failure(plan: &PlanReport, prior: &PriorStep) -> Option<String>
         "the configuration or the real infrastructure changed since the failure: the plan will {} though {} recorded done; recover applies the plan as terraform made it",
         changed.join(", "),
         if changed.len() == 1 { "it was" } else { "they were" }
+    ))
+}
+
+/// The resources the checkpoint records done that the plan would create: terraform's state has
+/// no record of them (a state emptied by a crash, or a backend that lost it), so applying the
+/// plan would create a second copy of completed work.
+fn missing_from_state(plan: &PlanReport, prior: &PriorStep) -> Vec<String> {
+    plan.changes
+        .iter()
+        .filter(|c| c.action == "create" && prior.status_of(&c.addr) == Some(SubStatus::Done))
+        .map(|c| c.addr.clone())
+        .collect()
+}
+
+/// Why recover stops when the checkpoint and terraform's state disagree, with the commands that
+/// reconcile them.
+fn contradiction(dir: &Path, workspace: Option<&str>, tf: &str, missing: &[String]) -> Failure {
+    let cd = format!("cd {}", shell_quote(&dir.to_string_lossy()));
+    let state = match workspace {
+        Some(ws) if ws != "default" => format!("terraform.tfstate.d/{ws}/terraform.tfstate"),
+        _ => "terraform.tfstate".to_string(),
+    };
+    let backup = format!("{state}.backup");
+    let first = shell_quote(&missing[0]);
+    let restore = if dir.join(&backup).is_file() {
+        format!("restore the backup terraform kept (`{cd} && cp {backup} {state}`), or ")
+    } else {
+        String::new()
+    };
+    Failure::new(format!(
+        "the checkpoint records {} done but {tf}'s state has no record of {}: {}; applying the plan would create {} a second time",
+        if missing.len() == 1 { "a resource" } else { "resources" },
+        if missing.len() == 1 { "it" } else { "them" },
+        missing.join(", "),
+        if missing.len() == 1 { "it" } else { "them" },
+    ))
+    .with_hint(format!(
+        "{restore}import each existing object (`{cd} && {tf} import {first} ID`), then run `rdeploy recover` again; to create them anew instead, run `rdeploy recover --reapply-missing`"
     ))
 }
 
@@ -938,6 +996,43 @@ mod tests {
         assert!(!all.contains("s3cr3t"), "{all}");
         assert!(all.contains("TF_VAR_token"));
         assert!(doc.recover[1].contains("tofu workspace select prod && tofu plan"), "{}", doc.recover[1]);
+    }
+
+    #[test]
+    fn a_done_resource_the_plan_would_create_is_a_contradiction_with_the_way_back() {
+        let mut plan = PlanReport::default();
+        for (addr, action) in
+            [("terraform_data.a1", "create"), ("terraform_data.a2", "update"), ("terraform_data.a3", "create")]
+        {
+            plan.changes.push(PlannedChange { addr: addr.into(), action: action.into(), reason: None });
+        }
+        let done = |id: &str| PriorSubChange { id: id.into(), status: SubStatus::Done, error: None };
+        let prior = PriorStep {
+            sub_changes: vec![done("terraform_data.a1"), done("terraform_data.a2")],
+            facts: Default::default(),
+        };
+        // a2 (an update) is drift, not loss; a3 was never recorded done.
+        assert_eq!(missing_from_state(&plan, &prior), ["terraform_data.a1"]);
+
+        let dir = tempfile::tempdir().unwrap();
+        let without = contradiction(dir.path(), None, "terraform", &["terraform_data.a1".into()]);
+        assert!(without.summary.contains("has no record of it: terraform_data.a1"), "{}", without.summary);
+        let hint = without.hint.unwrap();
+        assert!(!hint.contains("backup"), "{hint}");
+        assert!(hint.contains("terraform import terraform_data.a1 ID"), "{hint}");
+        assert!(hint.contains("rdeploy recover --reapply-missing"), "{hint}");
+
+        std::fs::create_dir_all(dir.path().join("terraform.tfstate.d/prod")).unwrap();
+        std::fs::write(dir.path().join("terraform.tfstate.d/prod/terraform.tfstate.backup"), "{}").unwrap();
+        let with = contradiction(dir.path(), Some("prod"), "tofu", &["terraform_data.a1".into()]);
+        let hint = with.hint.unwrap();
+        assert!(
+            hint.contains(
+                "cp terraform.tfstate.d/prod/terraform.tfstate.backup terraform.tfstate.d/prod/terraform.tfstate"
+            ),
+            "{hint}"
+        );
+        assert!(hint.contains("tofu import"), "{hint}");
     }
 
     #[test]
