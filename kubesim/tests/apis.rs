@@ -531,3 +531,41 @@ fn kubectl_create_deployment_and_service_send_protobuf() {
     assert_eq!(s["spec"]["selector"]["app"], "web");
     k.kubectl_ok(&["rollout", "status", "deployment/web", "--timeout=30s"]);
 }
+
+/// The two size limits a client meets: the API server's 3 MiB request body limit (413, before
+/// decoding) and etcd's 1.5 MiB request limit for what is stored (a reasonless 500).
+#[test]
+fn oversized_objects_fail_as_on_a_real_cluster() {
+    let k = Kubesim::start("kubesim");
+    let deployment = |name: &str, value_len: usize| {
+        format!(
+            "apiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: {name}}}\nspec:\n  selector: {{matchLabels: {{app: {name}}}}}\n  template:\n    metadata: {{labels: {{app: {name}}}}}\n    spec:\n      containers:\n      - name: app\n        image: nginx:1.27\n        env:\n        - name: BLOB\n          value: \"{}\"\n",
+            "x".repeat(value_len)
+        )
+    };
+    // under both limits: stored
+    let o = k.kubectl_stdin(&["create", "-f", "-"], &deployment("small", 1024 * 1024));
+    assert!(o.status.success(), "{}", stderr(&o));
+    // a 2 MiB body passes the API server and is refused by etcd
+    let o = k.kubectl_stdin(&["create", "-f", "-"], &deployment("medium", 2 * 1024 * 1024));
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("Error from server: error when creating \"STDIN\": etcdserver: request is too large"),
+        "{}",
+        stderr(&o)
+    );
+    // a 4 MiB body is refused before it is read as an object
+    let o = k.kubectl_stdin(&["create", "-f", "-"], &deployment("large", 4 * 1024 * 1024));
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("Error from server (RequestEntityTooLarge): error when creating \"STDIN\": Request entity too large: limit is 3145728"),
+        "{}",
+        stderr(&o)
+    );
+    // neither was stored; an update that grows the small one past etcd's limit is refused too
+    let o = k.kubectl(&["get", "deployment", "medium"]);
+    assert!(!o.status.success());
+    let o = k.kubectl_stdin(&["replace", "-f", "-"], &deployment("small", 1700 * 1024));
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("etcdserver: request is too large"), "{}", stderr(&o));
+}
