@@ -140,7 +140,7 @@ fn object_schema(g: &mut Gen, depth: u32, breadth: u32) -> Value {
                 o
             }
         };
-        if g.next() % 4 == 0 {
+        if g.next().is_multiple_of(4) {
             required.push(json!(name));
         }
         props.insert(name, p);
