@@ -3,6 +3,7 @@
 //! unknown kind fails as on a real cluster.
 
 use kubesim::testing::{stderr, stdout, Kubesim};
+use std::time::Duration;
 
 /// One object of each kind, shaped as popular charts render them.
 const CHART_KINDS: &str = r#"
@@ -312,6 +313,7 @@ metadata: {name: migrate}
 spec:
   template:
     spec:
+      restartPolicy: Never
       containers: [{name: c, image: "registry.example/migrate:1"}]
 ---
 apiVersion: v1
@@ -530,4 +532,125 @@ fn kubectl_create_deployment_and_service_send_protobuf() {
     assert_eq!(s["spec"]["ports"][0]["targetPort"], 8080);
     assert_eq!(s["spec"]["selector"]["app"], "web");
     k.kubectl_ok(&["rollout", "status", "deployment/web", "--timeout=30s"]);
+}
+
+/// The two size limits a client meets: the API server's 3 MiB request body limit (413, before
+/// decoding) and etcd's 1.5 MiB request limit for what is stored (a reasonless 500).
+#[test]
+fn oversized_objects_fail_as_on_a_real_cluster() {
+    let k = Kubesim::start("kubesim");
+    let deployment = |name: &str, value_len: usize| {
+        format!(
+            "apiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: {name}}}\nspec:\n  selector: {{matchLabels: {{app: {name}}}}}\n  template:\n    metadata: {{labels: {{app: {name}}}}}\n    spec:\n      containers:\n      - name: app\n        image: nginx:1.27\n        env:\n        - name: BLOB\n          value: \"{}\"\n",
+            "x".repeat(value_len)
+        )
+    };
+    // under both limits: stored
+    let o = k.kubectl_stdin(&["create", "-f", "-"], &deployment("small", 1024 * 1024));
+    assert!(o.status.success(), "{}", stderr(&o));
+    // a 2 MiB body passes the API server and is refused by etcd
+    let o = k.kubectl_stdin(&["create", "-f", "-"], &deployment("medium", 2 * 1024 * 1024));
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("Error from server: error when creating \"STDIN\": etcdserver: request is too large"),
+        "{}",
+        stderr(&o)
+    );
+    // a 4 MiB body is refused before it is read as an object
+    let o = k.kubectl_stdin(&["create", "-f", "-"], &deployment("large", 4 * 1024 * 1024));
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("Error from server (RequestEntityTooLarge): error when creating \"STDIN\": Request entity too large: limit is 3145728"),
+        "{}",
+        stderr(&o)
+    );
+    // neither was stored; an update that grows the small one past etcd's limit is refused too
+    let o = k.kubectl(&["get", "deployment", "medium"]);
+    assert!(!o.status.success());
+    let o = k.kubectl_stdin(&["replace", "-f", "-"], &deployment("small", 1700 * 1024));
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("etcdserver: request is too large"), "{}", stderr(&o));
+}
+
+/// batch validation: a Job's (and a CronJob's) pods restart OnFailure or Never; an unset
+/// policy is defaulted to Always first and refused the same way.
+#[test]
+fn jobs_that_would_restart_always_are_refused() {
+    let k = Kubesim::start("kubesim");
+    let job = |name: &str, policy: &str| {
+        format!("apiVersion: batch/v1\nkind: Job\nmetadata: {{name: {name}}}\nspec:\n  template:\n    spec:\n      {policy}containers: [{{name: c, image: busybox:1.36}}]\n")
+    };
+    for (name, policy) in [("unset", ""), ("always", "restartPolicy: Always\n      ")] {
+        let o = k.kubectl_stdin(&["apply", "-f", "-"], &job(name, policy));
+        assert!(!o.status.success());
+        assert!(
+            stderr(&o).contains(&format!("The Job \"{name}\" is invalid: spec.template.spec.restartPolicy: Unsupported value: \"Always\": supported values: \"OnFailure\", \"Never\"")),
+            "{}",
+            stderr(&o)
+        );
+        assert!(!k.kubectl(&["get", "job", name]).status.success());
+    }
+    let o = k.kubectl_stdin(&["apply", "-f", "-"], &job("ok", "restartPolicy: OnFailure\n      "));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let cron = "apiVersion: batch/v1\nkind: CronJob\nmetadata: {name: nightly}\nspec:\n  schedule: '0 3 * * *'\n  jobTemplate:\n    spec:\n      template:\n        spec: {containers: [{name: c, image: busybox:1.36}]}\n";
+    let o = k.kubectl_stdin(&["apply", "-f", "-"], cron);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("spec.jobTemplate.spec.template.spec.restartPolicy: Unsupported value: \"Always\""),
+        "{}",
+        stderr(&o)
+    );
+}
+
+/// The disruption controller's PDB status from the pods the selector matches.
+#[test]
+fn pdb_status_counts_the_matching_pods() {
+    let k = Kubesim::start_with("kubesim", &["--pod-startup-ms", "50"]);
+    k.apply(
+        "kubesim",
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web}\nspec:\n  replicas: 3\n  selector: {matchLabels: {app: web}}\n  template:\n    metadata: {labels: {app: web}}\n    spec: {containers: [{name: c, image: nginx:1.27}]}\n---\napiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata: {name: min2}\nspec: {minAvailable: 2, selector: {matchLabels: {app: web}}}\n---\napiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata: {name: half}\nspec: {maxUnavailable: 50%, selector: {matchLabels: {app: web}}}\n---\napiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata: {name: none}\nspec: {minAvailable: 1, selector: {matchLabels: {app: nothing}}}\n",
+    );
+    let status = |n: &str| get_json(&k, "pdb", n)["status"].clone();
+    let want = |healthy: i64, desired: i64, allowed: i64, expected: i64| serde_json::json!({"currentHealthy": healthy, "desiredHealthy": desired, "disruptionsAllowed": allowed, "expectedPods": expected});
+    let counts = |s: &serde_json::Value| serde_json::json!({"currentHealthy": s["currentHealthy"], "desiredHealthy": s["desiredHealthy"], "disruptionsAllowed": s["disruptionsAllowed"], "expectedPods": s["expectedPods"]});
+    assert!(
+        k.eventually(Duration::from_secs(30), || counts(&status("min2")) == want(3, 2, 1, 3)),
+        "{:#}",
+        status("min2")
+    );
+    // maxUnavailable 50% of 3 rounds up to 2: one must stay healthy
+    assert_eq!(counts(&status("half")), want(3, 1, 2, 3));
+    let none = status("none");
+    assert_eq!(counts(&none), want(0, 1, 0, 0));
+    assert_eq!(none["conditions"][0]["type"], "DisruptionAllowed");
+    assert_eq!(none["conditions"][0]["status"], "False");
+    assert_eq!(none["conditions"][0]["reason"], "InsufficientPods");
+    assert_eq!(status("min2")["conditions"][0]["reason"], "SufficientPods");
+}
+
+/// The StatefulSet controller creates `<template>-<set>-<ordinal>` claims that the provisioner
+/// binds, and mounts them in the pods.
+#[test]
+fn statefulset_claim_templates_create_bound_claims() {
+    let k = Kubesim::start_with("kubesim", &["--pod-startup-ms", "50"]);
+    k.apply(
+        "kubesim",
+        "apiVersion: apps/v1\nkind: StatefulSet\nmetadata: {name: db}\nspec:\n  replicas: 2\n  serviceName: db\n  selector: {matchLabels: {app: db}}\n  template:\n    metadata: {labels: {app: db}}\n    spec:\n      containers: [{name: c, image: postgres:16, volumeMounts: [{name: data, mountPath: /var/lib/postgresql}]}]\n  volumeClaimTemplates:\n  - metadata: {name: data, labels: {tier: storage}}\n    spec: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 1Gi}}}\n",
+    );
+    k.kubectl_ok(&["rollout", "status", "statefulset/db", "--timeout=60s"]);
+    for i in 0..2 {
+        let pvc = get_json(&k, "pvc", &format!("data-db-{i}"));
+        assert_eq!(pvc["status"]["phase"], "Bound", "{pvc:#}");
+        assert_eq!(pvc["spec"]["storageClassName"], "standard");
+        assert_eq!(pvc["spec"]["resources"]["requests"]["storage"], "1Gi");
+        assert_eq!(pvc["metadata"]["labels"], serde_json::json!({"tier": "storage", "app": "db"}));
+        let pod = get_json(&k, "pod", &format!("db-{i}"));
+        let vols = pod["spec"]["volumes"].as_array().unwrap();
+        assert!(
+            vols.contains(
+                &serde_json::json!({"name": "data", "persistentVolumeClaim": {"claimName": format!("data-db-{i}")}})
+            ),
+            "{vols:?}"
+        );
+    }
 }
