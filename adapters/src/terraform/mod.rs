@@ -2,9 +2,12 @@
 //! each resource instance address into a checkpointed sub-change as terraform reports it, and
 //! recovering through terraform's own path (a read-only plan on the current state, then apply).
 //!
-//! Sensitive values: every string value of `vars` (4 characters or more) and of `TF_VAR_*` in
-//! the step's `env` is redacted from everything terraform prints, and when var files are used,
-//! the values of variables declared `sensitive` are read from the saved plan and redacted too.
+//! Sensitive values: a variable the configuration declares `sensitive = true` reaches terraform
+//! as `TF_VAR_<name>` in its environment, never on the command line, and its value (from `vars`,
+//! or `TF_VAR_*` in the step's `env` or rdeploy's own environment) is redacted from everything
+//! terraform prints, as are the step's secret `env` values (see [`crate::secrets`]); when var
+//! files are used, the values of sensitive variables are read from the saved plan and redacted
+//! too. Every other value prints as it is.
 //! Terraform itself prints a sensitive value in a failed `local-exec` diagnostic (see
 //! `fixtures/terraform/captured/sensitive-apply-fail.jsonl`), so its own masking is not enough.
 
@@ -13,7 +16,7 @@ pub mod events;
 pub mod lock;
 pub mod state;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Component, Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -23,6 +26,7 @@ use self::events::{parse_line, ApplyTracker, Diagnostic, PlanReport, PlannedChan
 use self::lock::{parse_lock_diagnostic, LockInfo};
 use self::state::InState;
 use crate::process::{redact_line, Command, Outcome, Signal};
+use crate::secrets;
 use crate::{
     display_command, shell_quote, Adapter, AdapterError, CancellationToken, DescribeContext, Event, EventSink, Failure,
     FieldPath, Inspection, PathSegment, PriorStep, Recovered, RecoveryDoc, SpecProblem, StepContext, Stream, SubStatus,
@@ -37,8 +41,6 @@ pub const FACT_LOCK: &str = "lock";
 const PLAN_FILE: &str = "tfplan";
 /// `recover --dry-run` plans into its own file so it never replaces a plan being applied.
 const INSPECT_PLAN_FILE: &str = "inspect.tfplan";
-/// Shorter values are too likely to appear in unrelated text to be redacted everywhere.
-const MIN_REDACTED_LEN: usize = 4;
 const INSTALL_HINT: &str =
     "install terraform 1.x (https://developer.hashicorp.com/terraform/install), or set `binary: tofu` for OpenTofu";
 
@@ -341,6 +343,28 @@ fn changed_since_failure(plan: &PlanReport, prior: &PriorStep) -> Option<String>
 
 /// A value as `-var name=value` wants it: strings as they are, anything else as JSON, which is
 /// valid HCL for numbers, bools, lists and maps.
+/// What must never be printed for this step: the stack's values of the variables declared
+/// sensitive (whole and each string inside a map or list), `TF_VAR_*` for those variables in the
+/// step's `env` and in rdeploy's own environment (`process_env`), and the step's secret `env`.
+fn sensitive_values(
+    spec: &TerraformSpec,
+    ctx: &StepContext,
+    sensitive: &BTreeSet<String>,
+    process_env: impl Iterator<Item = (String, String)>,
+) -> Vec<String> {
+    let mut out: Vec<String> = spec
+        .vars
+        .iter()
+        .filter(|(name, _)| sensitive.contains(*name))
+        .flat_map(|(_, value)| secrets::value_strings(value))
+        .collect();
+    let is_sensitive_env = |k: &str| k.strip_prefix("TF_VAR_").is_some_and(|name| sensitive.contains(name));
+    out.extend(ctx.env.iter().filter(|(k, _)| is_sensitive_env(k)).map(|(_, v)| v.clone()));
+    out.extend(process_env.filter(|(k, _)| is_sensitive_env(k)).map(|(_, v)| v));
+    out.extend(secrets::env_secrets(&ctx.env));
+    out
+}
+
 fn var_value(value: &serde_json::Value) -> String {
     match value {
         serde_json::Value::String(s) => s.clone(),
@@ -400,6 +424,9 @@ struct Run<'a> {
     sink: &'a dyn EventSink,
     binary: PathBuf,
     dir: PathBuf,
+    /// Root variables the configuration declares `sensitive = true`: they reach terraform as
+    /// `TF_VAR_*` in its environment, never on the command line.
+    sensitive: BTreeSet<String>,
     secrets: Vec<String>,
     deadline: Option<Instant>,
 }
@@ -414,20 +441,10 @@ impl<'a> Run<'a> {
                 None => failure,
             }
         })?;
-        let mut secrets: Vec<String> = spec.vars.values().filter_map(|v| v.as_str()).map(str::to_string).collect();
-        secrets.extend(ctx.env.iter().filter(|(k, _)| k.starts_with("TF_VAR_")).map(|(_, v)| v.clone()));
-        secrets.retain(|s| s.len() >= MIN_REDACTED_LEN);
-        // Longest first, so a secret containing another is replaced whole.
-        secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
-        Ok(Run {
-            spec,
-            ctx,
-            sink,
-            binary,
-            dir: ctx.resolve(&spec.dir),
-            secrets,
-            deadline: ctx.timeout.map(|t| Instant::now() + t),
-        })
+        let dir = ctx.resolve(&spec.dir);
+        let sensitive = config::declared_sensitive(&dir);
+        let secrets = secrets::normalize(sensitive_values(spec, ctx, &sensitive, std::env::vars()));
+        Ok(Run { spec, ctx, sink, binary, dir, sensitive, secrets, deadline: ctx.timeout.map(|t| Instant::now() + t) })
     }
 
     /// The command line as an operator would type it, secrets redacted.
@@ -435,6 +452,17 @@ impl<'a> Run<'a> {
         let mut words = vec![self.spec.tool_word()];
         words.extend(args.iter().cloned());
         redact_line(&display_command(&words), &self.secrets)
+    }
+
+    /// The stack's values of sensitive variables, as terraform reads them from its environment
+    /// (a string as it is, anything else in JSON, which HCL accepts).
+    fn sensitive_env(&self) -> Vec<(String, String)> {
+        self.spec
+            .vars
+            .iter()
+            .filter(|(name, _)| self.sensitive.contains(*name))
+            .map(|(name, value)| (format!("TF_VAR_{name}"), var_value(value)))
+            .collect()
     }
 
     fn remaining(&self) -> Option<Duration> {
@@ -446,6 +474,7 @@ impl<'a> Run<'a> {
             .args(args)
             .cwd(&self.dir)
             .envs(self.ctx.env.iter().map(|(k, v)| (k.clone(), v.clone())))
+            .envs(self.sensitive_env())
             .env("TF_IN_AUTOMATION", "1")
             .env("TF_INPUT", "0")
             .redact(self.secrets.iter().cloned())
@@ -581,7 +610,7 @@ impl<'a> Run<'a> {
         if let Some(timeout) = &self.spec.lock_timeout {
             args.push(format!("-lock-timeout={timeout}"));
         }
-        for (name, value) in &self.spec.vars {
+        for (name, value) in self.spec.vars.iter().filter(|(name, _)| !self.sensitive.contains(*name)) {
             args.push("-var".into());
             args.push(format!("{name}={}", var_value(value)));
         }
@@ -626,8 +655,8 @@ impl<'a> Run<'a> {
             // ones from the saved plan before anything prints during apply.
             match self.show_json(Some(plan_file)).await.map(|doc| state::sensitive_values(&doc)) {
                 Ok(Ok(values)) => {
-                    self.secrets.extend(values.into_iter().filter(|v| v.len() >= MIN_REDACTED_LEN));
-                    self.secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+                    self.secrets.extend(values);
+                    self.secrets = secrets::normalize(std::mem::take(&mut self.secrets));
                 }
                 Ok(Err(e)) => self.sink.emit(Event::Warning {
                     message: format!("could not read sensitive variables from the saved plan: {e}"),

@@ -1,0 +1,125 @@
+//! What is secret, and the values rdeploy must never write: the values of `env` keys whose name
+//! says they are secret (a word part `password`, `passwd`, `token`, `secret`, `key`,
+//! `credential`, case-insensitive), and whatever an adapter learns the tool treats as sensitive
+//! (terraform variables declared `sensitive = true`). Everything else prints as it is.
+
+use std::collections::BTreeMap;
+
+/// Word parts that make a name secret on their own (`API_KEY`, `db-password`, `GITHUB_TOKEN`).
+const SECRET_WORDS: &[&str] = &["password", "passwd", "pwd", "token", "secret", "key", "credential", "apikey"];
+/// Word-part endings that make a name secret (`dbpassword`, `accesstoken`, `clientsecret`); `key`
+/// is not one of them, so `MONKEY` and `KEYBOARD_LAYOUT` stay plain.
+const SECRET_ENDINGS: &[&str] = &["password", "passwd", "token", "secret", "credential", "apikey"];
+
+/// Whether a variable or key name says its value is secret. The name is split into word parts
+/// at `_`, `-`, `.`, `/` and lower-to-upper case changes (`dbPassword`), and a part matches when
+/// it is one of the secret words (or its plural) or ends with one of the long ones.
+pub fn is_secret_name(name: &str) -> bool {
+    word_parts(name).iter().any(|part| {
+        let singular = part.strip_suffix('s').unwrap_or(part);
+        SECRET_WORDS.contains(&part.as_str())
+            || SECRET_WORDS.contains(&singular)
+            || SECRET_ENDINGS.iter().any(|end| part.ends_with(end) || singular.ends_with(end))
+    })
+}
+
+fn word_parts(name: &str) -> Vec<String> {
+    let mut parts = Vec::new();
+    let mut current = String::new();
+    let mut prev_lower = false;
+    for c in name.chars() {
+        if !c.is_alphanumeric() {
+            if !current.is_empty() {
+                parts.push(std::mem::take(&mut current));
+            }
+            prev_lower = false;
+            continue;
+        }
+        if c.is_uppercase() && prev_lower && !current.is_empty() {
+            parts.push(std::mem::take(&mut current));
+        }
+        prev_lower = c.is_lowercase() || c.is_ascii_digit();
+        current.extend(c.to_lowercase());
+    }
+    if !current.is_empty() {
+        parts.push(current);
+    }
+    parts
+}
+
+/// The values of the `env` entries whose name is secret.
+pub fn env_secrets(env: &BTreeMap<String, String>) -> Vec<String> {
+    env.iter().filter(|(k, _)| is_secret_name(k)).map(|(_, v)| v.clone()).collect()
+}
+
+/// Every string a typed value holds: the value as terraform or a tool would print it whole, and
+/// each string inside a map or list, so a secret map is redacted in any rendering.
+pub fn value_strings(value: &serde_json::Value) -> Vec<String> {
+    let mut out = Vec::new();
+    match value {
+        serde_json::Value::String(s) => out.push(s.clone()),
+        serde_json::Value::Array(items) => {
+            out.push(value.to_string());
+            items.iter().for_each(|v| out.extend(value_strings(v)));
+        }
+        serde_json::Value::Object(map) => {
+            out.push(value.to_string());
+            map.values().for_each(|v| out.extend(value_strings(v)));
+        }
+        other => out.push(other.to_string()),
+    }
+    out
+}
+
+/// Secrets ready for redaction: no empty ones, no duplicates, longest first so a secret that
+/// contains another is replaced whole.
+pub fn normalize(mut secrets: Vec<String>) -> Vec<String> {
+    secrets.retain(|s| !s.is_empty());
+    secrets.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
+    secrets.dedup();
+    secrets
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secret_names_are_word_parts() {
+        for name in [
+            "API_KEY",
+            "DB_PASSWORD",
+            "GITHUB_TOKEN",
+            "client-secret",
+            "db.password",
+            "dbPassword",
+            "AWS_SECRET_ACCESS_KEY",
+            "ssh_keys",
+            "ACCESSTOKEN",
+            "MYSQL_PWD",
+            "credentials",
+            "PGPASSWORD",
+        ] {
+            assert!(is_secret_name(name), "{name} should be secret");
+        }
+        for name in ["KEYBOARD_LAYOUT", "MONKEY", "enabled", "region", "TOKENIZER_MODE", "HOME", "replicas", "passage"]
+        {
+            assert!(!is_secret_name(name), "{name} should be plain");
+        }
+    }
+
+    #[test]
+    fn env_secrets_take_only_secret_names() {
+        let env: BTreeMap<String, String> =
+            [("DB_PASSWORD", "pw1"), ("REGION", "eu"), ("API_KEY", "k2")].map(|(k, v)| (k.into(), v.into())).into();
+        assert_eq!(normalize(env_secrets(&env)), vec!["k2".to_string(), "pw1".to_string()]);
+    }
+
+    #[test]
+    fn map_values_are_redacted_whole_and_by_leaf() {
+        let v = serde_json::json!({"user": "admin", "pass": "hunter22"});
+        let strings = value_strings(&v);
+        assert!(strings.contains(&"hunter22".to_string()));
+        assert!(strings.contains(&v.to_string()));
+    }
+}
