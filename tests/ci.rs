@@ -325,3 +325,67 @@ steps:
     let report = junit(&p, "junit.xml");
     assert!(case(&report, "network").all("failure").is_empty());
 }
+
+/// Every file under `dir` whose bytes hold `needle`.
+fn files_holding(dir: &std::path::Path, needle: &str) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else { return found };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            found.extend(files_holding(&path, needle));
+        } else if std::fs::read(&path).is_ok_and(|b| b.windows(needle.len()).any(|w| w == needle.as_bytes())) {
+            found.push(path);
+        }
+    }
+    found
+}
+
+/// A shell `env` value whose name says it is secret, echoed by a failing command: after up
+/// (failing), status, status --json, runbook, ci --junit and recover, nothing rdeploy wrote or
+/// printed holds it, while the command did receive it (it writes the value's digest).
+#[test]
+fn a_secret_env_value_echoed_by_a_failing_command_is_written_nowhere() {
+    use sha2::Digest;
+    let p = Project::new();
+    p.stack(
+        r#"
+name: demo
+steps:
+  - name: seed
+    tool: shell
+    env: { DB_PASSWORD: SECRETVALUE-sh-7, REGION: eu-west-2 }
+    sub_changes:
+      - { name: one, run: "printf %s \"$DB_PASSWORD\" | sha256sum | cut -d' ' -f1 > digest" }
+      - { name: two, run: "if [ -f fail-two ]; then echo \"login failed for $DB_PASSWORD in $REGION\" >&2; exit 3; fi; echo two >> out" }
+"#,
+    );
+    p.file("fail-two", "");
+    let mut runs = vec![p.rdeploy(&["up"])];
+    assert_ne!(runs[0].status, 0, "{}", runs[0].stderr);
+    runs.push(p.rdeploy(&["status"]));
+    runs.push(p.rdeploy(&["status", "--json"]));
+    runs.push(p.rdeploy(&["runbook"]));
+    runs.push(ci_github(&p, &["--junit", "junit.xml"]));
+    // Plain values print as they are.
+    let all_output: String = runs.iter().map(|r| format!("{}{}", r.stdout, r.stderr)).collect();
+    assert!(all_output.contains("in eu-west-2"), "{all_output}");
+    p.remove("fail-two");
+    runs.push(p.rdeploy(&["recover"]));
+    runs.last().unwrap().code(0);
+    for run in &runs {
+        assert!(
+            !run.stdout.contains("SECRETVALUE") && !run.stderr.contains("SECRETVALUE"),
+            "{}\n{}",
+            run.stdout,
+            run.stderr
+        );
+    }
+    let mut leaks = files_holding(&p.path(".rdeploy"), "SECRETVALUE");
+    for file in ["junit.xml", "summary.md"] {
+        assert!(p.exists(file), "{file}");
+        leaks.extend(files_holding(&p.path("."), "SECRETVALUE").into_iter().filter(|f| f.ends_with(file)));
+    }
+    assert!(leaks.is_empty(), "{leaks:?}");
+    assert_eq!(p.read("digest").trim(), format!("{:x}", sha2::Sha256::digest(b"SECRETVALUE-sh-7")));
+}
