@@ -80,6 +80,76 @@ pub fn normalize(mut secrets: Vec<String>) -> Vec<String> {
     secrets
 }
 
+/// Whether a helm `set` path or an ansible extra var names a secret: any dotted part does
+/// (`db.password`, `auth.apiKey`).
+pub fn is_secret_key(key: &str) -> bool {
+    key.split('.').any(is_secret_name)
+}
+
+/// The entries of a value map whose key names a secret.
+pub fn secret_entries(values: &BTreeMap<String, serde_json::Value>) -> BTreeMap<String, serde_json::Value> {
+    values.iter().filter(|(k, _)| is_secret_key(k)).map(|(k, v)| (k.clone(), v.clone())).collect()
+}
+
+/// Every string to redact for the secret entries of a value map.
+pub fn secret_strings(values: &BTreeMap<String, serde_json::Value>) -> Vec<String> {
+    secret_entries(values).values().flat_map(value_strings).collect()
+}
+
+/// Dotted keys (`db.password`) as the nested object a values file holds.
+pub fn nest_dotted(entries: &BTreeMap<String, serde_json::Value>) -> serde_json::Value {
+    let mut root = serde_json::Map::new();
+    for (key, value) in entries {
+        let parts: Vec<&str> = key.split('.').collect();
+        let mut node = &mut root;
+        for part in &parts[..parts.len() - 1] {
+            let child = node.entry(part.to_string()).or_insert_with(|| serde_json::Value::Object(Default::default()));
+            if !child.is_object() {
+                *child = serde_json::Value::Object(Default::default());
+            }
+            node = child.as_object_mut().expect("just made an object");
+        }
+        node.insert(parts[parts.len() - 1].to_string(), value.clone());
+    }
+    serde_json::Value::Object(root)
+}
+
+/// A file holding secret values for a tool to read (helm `--values`, ansible `-e @file`):
+/// created 0600 and new (`O_EXCL` never follows a symlink), and deleted when dropped.
+#[derive(Debug)]
+pub struct SecretFile {
+    path: std::path::PathBuf,
+}
+
+impl SecretFile {
+    /// Writes `value` as JSON to `dir/name` (0600), replacing a stale file of an earlier run.
+    pub fn write(dir: &std::path::Path, name: &str, value: &serde_json::Value) -> std::io::Result<SecretFile> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::create_dir_all(dir)?;
+        let path = dir.join(name);
+        match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        let mut file = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path)?;
+        let guard = SecretFile { path };
+        file.write_all(value.to_string().as_bytes())?;
+        file.sync_all()?;
+        Ok(guard)
+    }
+
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+}
+
+impl Drop for SecretFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -113,6 +183,30 @@ mod tests {
         let env: BTreeMap<String, String> =
             [("DB_PASSWORD", "pw1"), ("REGION", "eu"), ("API_KEY", "k2")].map(|(k, v)| (k.into(), v.into())).into();
         assert_eq!(normalize(env_secrets(&env)), vec!["k2".to_string(), "pw1".to_string()]);
+    }
+
+    #[test]
+    fn a_secret_file_is_0600_and_gone_when_dropped() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let entries = BTreeMap::from([
+            ("db.password".to_string(), serde_json::json!("pw")),
+            ("db.user".into(), serde_json::json!("u")),
+        ]);
+        let file = SecretFile::write(dir.path(), "secret.json", &nest_dotted(&entries)).unwrap();
+        let meta = std::fs::metadata(file.path()).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(file.path()).unwrap()).unwrap();
+        assert_eq!(doc, serde_json::json!({"db": {"password": "pw", "user": "u"}}));
+        let path = file.path().to_path_buf();
+        drop(file);
+        assert!(!path.exists());
+    }
+
+    #[test]
+    fn secret_keys_are_any_dotted_part() {
+        assert!(is_secret_key("db.password") && is_secret_key("auth.apiKey") && is_secret_key("db_password"));
+        assert!(!is_secret_key("image.tag") && !is_secret_key("keyboard.layout"));
     }
 
     #[test]
