@@ -5,6 +5,9 @@
 
 use std::collections::BTreeMap;
 
+use crate::process::redact_line;
+use crate::{Event, EventSink, Failure};
+
 /// Word parts that make a name secret on their own (`API_KEY`, `db-password`, `GITHUB_TOKEN`).
 const SECRET_WORDS: &[&str] = &["password", "passwd", "pwd", "token", "secret", "key", "credential", "apikey"];
 /// Word-part endings that make a name secret (`dbpassword`, `accesstoken`, `clientsecret`); `key`
@@ -147,6 +150,56 @@ impl SecretFile {
 impl Drop for SecretFile {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Every secret in an event's text replaced by `***`.
+pub fn redact_event(event: Event, secrets: &[String]) -> Event {
+    let r = |s: String| redact_line(&s, secrets);
+    match event {
+        Event::Planned { ids } => Event::Planned { ids: ids.into_iter().map(r).collect() },
+        Event::Started { id } => Event::Started { id: r(id) },
+        Event::Done { id, note } => Event::Done { id: r(id), note: note.map(r) },
+        Event::Failed { id, error } => Event::Failed { id: r(id), error: r(error) },
+        Event::Pending { id, reason } => Event::Pending { id: r(id), reason: r(reason) },
+        Event::Fact { key, value } => Event::Fact { key, value: redact_value(value, secrets) },
+        Event::Output { stream, line } => Event::Output { stream, line: r(line) },
+        Event::Warning { message } => Event::Warning { message: r(message) },
+    }
+}
+
+fn redact_value(value: serde_json::Value, secrets: &[String]) -> serde_json::Value {
+    use serde_json::Value;
+    match value {
+        Value::String(s) => Value::String(redact_line(&s, secrets)),
+        Value::Array(items) => Value::Array(items.into_iter().map(|v| redact_value(v, secrets)).collect()),
+        Value::Object(map) => Value::Object(map.into_iter().map(|(k, v)| (k, redact_value(v, secrets))).collect()),
+        other => other,
+    }
+}
+
+/// Every secret in a failure's text replaced by `***`.
+pub fn redact_failure(failure: Failure, secrets: &[String]) -> Failure {
+    let r = |s: String| redact_line(&s, secrets);
+    Failure {
+        summary: r(failure.summary),
+        command: failure.command.map(r),
+        stderr_tail: failure.stderr_tail.into_iter().map(r).collect(),
+        hint: failure.hint.map(r),
+        ..failure
+    }
+}
+
+/// A sink that redacts every event before handing it on: for what an adapter reads from the
+/// tool other than its output lines (ansible's callback records).
+pub struct RedactingSink<'a> {
+    pub inner: &'a dyn EventSink,
+    pub secrets: Vec<String>,
+}
+
+impl EventSink for RedactingSink<'_> {
+    fn emit(&self, event: Event) {
+        self.inner.emit(redact_event(event, &self.secrets));
     }
 }
 
