@@ -235,7 +235,7 @@ mod tests {
     fn env_secrets_take_only_secret_names() {
         let env: BTreeMap<String, String> =
             [("DB_PASSWORD", "pw1"), ("REGION", "eu"), ("API_KEY", "k2")].map(|(k, v)| (k.into(), v.into())).into();
-        assert_eq!(normalize(env_secrets(&env)), vec!["k2".to_string(), "pw1".to_string()]);
+        assert_eq!(normalize(env_secrets(&env)), vec!["pw1".to_string(), "k2".to_string()]);
     }
 
     #[test]
