@@ -487,6 +487,8 @@ async fn a_sensitive_variable_goes_through_the_environment_and_plain_ones_print_
     assert!(!everything.contains("SECRETVALUE"), "{everything}");
     let digest = std::fs::read_to_string(fx.cfg().join("token.sha256")).unwrap();
     assert_eq!(digest.trim(), format!("{:x}", sha2::Sha256::digest(b"SECRETVALUE-tf-42")));
+    // The saved plan holds the value: it is gone once applied.
+    assert!(!fx.ctx().work_dir.join("tfplan").exists(), "the saved plan is deleted after the apply");
 
     // A plan that fails shows its whole command line: plain values and flags in clear, the
     // sensitive variable not there at all.

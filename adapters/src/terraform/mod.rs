@@ -213,7 +213,11 @@ impl Adapter for TerraformSpec {
     async fn inspect(&self, ctx: &StepContext, prior: &PriorStep) -> Result<Inspection, Failure> {
         let sink = Collect::default();
         let mut run = Run::new(self, ctx, &sink)?;
-        let plan = run.plan(&ctx.work_dir.join(INSPECT_PLAN_FILE), Workspace::Existing).await?;
+        let inspect_plan = ctx.work_dir.join(INSPECT_PLAN_FILE);
+        let plan = run.plan(&inspect_plan, Workspace::Existing).await;
+        // The saved plan holds every variable's value: it goes once read.
+        let _ = std::fs::remove_file(&inspect_plan);
+        let plan = plan?;
         let mut inspection = Inspection::default();
         if plan.changes.is_empty() {
             inspection.actions.push(format!("`{} plan`: no changes; nothing left to apply", self.tool_word()));
@@ -647,6 +651,15 @@ impl<'a> Run<'a> {
             }
             return Err(self.diagnostics_failure(&args, &outcome, &errors));
         };
+        // The saved plan holds every variable's value, sensitive ones included: owner-only.
+        {
+            use std::os::unix::fs::PermissionsExt;
+            if let Err(e) = std::fs::set_permissions(plan_file, std::fs::Permissions::from_mode(0o600)) {
+                self.sink.emit(Event::Warning {
+                    message: format!("could not make the saved plan {} owner-only: {e}", plan_file.display()),
+                });
+            }
+        }
         for warning in plan.diagnostics.iter().filter(|d| !d.is_error()) {
             self.sink.emit(Event::Warning { message: format!("terraform: {}", warning.one_line()) });
         }
@@ -700,6 +713,9 @@ impl<'a> Run<'a> {
             .await;
         let _ = std::fs::remove_file(&stream_file);
         let _ = std::fs::remove_file(&stderr_file);
+        // Once an apply of it ran, the saved plan is spent (terraform calls it stale), and it
+        // holds every variable's value: it goes, and the next run plans again.
+        let _ = std::fs::remove_file(plan_file);
         let outcome = outcome?;
         tracker.finish(&mut |event| sink.emit(event));
         for warning in &tracker.warnings {
@@ -894,6 +910,39 @@ mod tests {
             workspace: None,
             binary: None,
             lock_timeout: Some("30s".into()),
+        }
+    }
+
+    #[test]
+    fn only_sensitive_variables_are_secret_wherever_their_value_comes_from() {
+        let mut spec = spec();
+        spec.vars.insert("token".into(), serde_json::json!({"user": "u1", "pass": "hunter22"}));
+        spec.vars.insert("enabled".into(), serde_json::json!(false));
+        spec.vars.insert("region".into(), serde_json::json!("eu-west-2"));
+        let ctx = StepContext {
+            step: "infra".into(),
+            stack: "test".into(),
+            stack_dir: ".".into(),
+            work_dir: "work".into(),
+            env: BTreeMap::from([
+                ("TF_VAR_db_pass".to_string(), "from-step-env".to_string()),
+                ("TF_VAR_region".to_string(), "eu-north-1".to_string()),
+                ("API_KEY".to_string(), "k-123".to_string()),
+            ]),
+            timeout: None,
+            cancel: Default::default(),
+            processes: Default::default(),
+            force: false,
+        };
+        let sensitive = BTreeSet::from(["token".to_string(), "db_pass".to_string(), "admin".to_string()]);
+        let own_env =
+            [("TF_VAR_admin".to_string(), "from-rdeploy-env".to_string()), ("TF_VAR_other".into(), "plain".into())];
+        let found = sensitive_values(&spec, &ctx, &sensitive, own_env.into_iter());
+        for secret in ["hunter22", "u1", "from-step-env", "from-rdeploy-env", "k-123"] {
+            assert!(found.contains(&secret.to_string()), "{secret} in {found:?}");
+        }
+        for plain in ["false", "eu-west-2", "eu-north-1", "plain"] {
+            assert!(!found.contains(&plain.to_string()), "{plain} in {found:?}");
         }
     }
 
