@@ -341,6 +341,33 @@ fn files_holding(dir: &std::path::Path, needle: &str) -> Vec<std::path::PathBuf>
     found
 }
 
+/// up (failing while `marker` exists), status, status --json, runbook, ci --junit, then recover
+/// (marker removed): asserts no output, no file of the state dir, the JUnit file or the step
+/// summary holds `secret`. Returns everything printed, for the caller's own checks.
+fn secret_journey(p: &Project, marker: &str, secret: &str) -> String {
+    let mut runs = vec![p.rdeploy(&["up"])];
+    assert_ne!(runs[0].status, 0, "{}\n{}", runs[0].stdout, runs[0].stderr);
+    runs.push(p.rdeploy(&["status"]));
+    runs.push(p.rdeploy(&["status", "--json"]));
+    runs.push(p.rdeploy(&["runbook"]));
+    runs.push(ci_github(p, &["--junit", "junit.xml"]));
+    p.remove(marker);
+    runs.push(p.rdeploy(&["recover"]));
+    runs.last().unwrap().code(0);
+    for run in &runs {
+        assert!(!run.stdout.contains(secret) && !run.stderr.contains(secret), "{}\n{}", run.stdout, run.stderr);
+    }
+    let mut leaks = files_holding(&p.path(".rdeploy"), secret);
+    for file in ["junit.xml", "summary.md"] {
+        assert!(p.exists(file), "{file}");
+        if p.read(file).contains(secret) {
+            leaks.push(p.path(file));
+        }
+    }
+    assert!(leaks.is_empty(), "{leaks:?}");
+    runs.iter().map(|r| format!("{}{}", r.stdout, r.stderr)).collect()
+}
+
 /// A shell `env` value whose name says it is secret, echoed by a failing command: after up
 /// (failing), status, status --json, runbook, ci --junit and recover, nothing rdeploy wrote or
 /// printed holds it, while the command did receive it (it writes the value's digest).
@@ -361,31 +388,34 @@ steps:
 "#,
     );
     p.file("fail-two", "");
-    let mut runs = vec![p.rdeploy(&["up"])];
-    assert_ne!(runs[0].status, 0, "{}", runs[0].stderr);
-    runs.push(p.rdeploy(&["status"]));
-    runs.push(p.rdeploy(&["status", "--json"]));
-    runs.push(p.rdeploy(&["runbook"]));
-    runs.push(ci_github(&p, &["--junit", "junit.xml"]));
+    let printed = secret_journey(&p, "fail-two", "SECRETVALUE");
     // Plain values print as they are.
-    let all_output: String = runs.iter().map(|r| format!("{}{}", r.stdout, r.stderr)).collect();
-    assert!(all_output.contains("in eu-west-2"), "{all_output}");
-    p.remove("fail-two");
-    runs.push(p.rdeploy(&["recover"]));
-    runs.last().unwrap().code(0);
-    for run in &runs {
-        assert!(
-            !run.stdout.contains("SECRETVALUE") && !run.stderr.contains("SECRETVALUE"),
-            "{}\n{}",
-            run.stdout,
-            run.stderr
-        );
-    }
-    let mut leaks = files_holding(&p.path(".rdeploy"), "SECRETVALUE");
-    for file in ["junit.xml", "summary.md"] {
-        assert!(p.exists(file), "{file}");
-        leaks.extend(files_holding(&p.path("."), "SECRETVALUE").into_iter().filter(|f| f.ends_with(file)));
-    }
-    assert!(leaks.is_empty(), "{leaks:?}");
+    assert!(printed.contains("login failed for *** in eu-west-2"), "{printed}");
     assert_eq!(p.read("digest").trim(), format!("{:x}", sha2::Sha256::digest(b"SECRETVALUE-sh-7")));
+}
+
+/// A terraform variable declared `sensitive` in the module, echoed by a failing provisioner: the
+/// same journey; terraform got the value (the provisioner writes its digest), and the runbook
+/// asks for `export TF_VAR_token=...` while plain vars print in clear.
+#[test]
+fn a_sensitive_terraform_variable_is_written_nowhere() {
+    use sha2::Digest;
+    require_tool("terraform", "install terraform v1.11 (https://developer.hashicorp.com/terraform/install)");
+    let p = Project::new();
+    p.copy_fixture("terraform/secret-env", "infra");
+    p.stack(
+        r#"
+name: demo
+steps:
+  - name: infra
+    tool: terraform
+    dir: infra
+    vars: { token: SECRETVALUE-tf-1, enabled: false, region: eu-west-2 }
+"#,
+    );
+    p.file("infra/fail-secret", "");
+    let printed = secret_journey(&p, "infra/fail-secret", "SECRETVALUE");
+    assert!(printed.contains("export TF_VAR_token="), "{printed}");
+    assert!(printed.contains("-var enabled=false") && printed.contains("-var region=eu-west-2"), "{printed}");
+    assert_eq!(p.read("infra/token.sha256").trim(), format!("{:x}", sha2::Sha256::digest(b"SECRETVALUE-tf-1")));
 }
