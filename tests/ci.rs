@@ -419,3 +419,47 @@ steps:
     assert!(printed.contains("-var enabled=false") && printed.contains("-var region=eu-west-2"), "{printed}");
     assert_eq!(p.read("infra/token.sha256").trim(), format!("{:x}", sha2::Sha256::digest(b"SECRETVALUE-tf-1")));
 }
+
+/// An ansible extra var whose name is secret, printed by a failing task: the same journey;
+/// ansible got the value (the play writes its digest) and plain extra vars print in clear.
+#[test]
+fn a_secret_ansible_extra_var_is_written_nowhere() {
+    use sha2::Digest;
+    let binary = common::repo_root().join(".venv/bin/ansible-playbook");
+    assert!(binary.is_file(), "{} is missing: run scripts/setup-ansible.sh", binary.display());
+    let p = Project::new();
+    p.file("inventory.ini", "[web]\nweb1\n\n[web:vars]\nansible_connection=local\nansible_python_interpreter={{ ansible_playbook_python }}\n");
+    p.file(
+        "play.yml",
+        r#"- hosts: web1
+  gather_facts: false
+  tasks:
+    - name: write the digest of the password
+      ansible.builtin.copy:
+        content: "{{ db_password | hash('sha256') }}"
+        dest: "{{ playbook_dir }}/digest"
+    - name: fail quoting it
+      ansible.builtin.fail:
+        msg: "rejected password {{ db_password }} in {{ region }}"
+      when: (playbook_dir ~ '/fail-play') is exists
+"#,
+    );
+    p.stack(&format!(
+        r#"
+name: demo
+steps:
+  - name: hosts
+    tool: ansible
+    playbook: play.yml
+    inventory: inventory.ini
+    binary: {}
+    env: {{ ANSIBLE_NOCOLOR: "1" }}
+    extra_vars: {{ db_password: SECRETVALUE-ans-1, region: eu-west-2 }}
+"#,
+        binary.display()
+    ));
+    p.file("fail-play", "");
+    let printed = secret_journey(&p, "fail-play", "SECRETVALUE");
+    assert!(printed.contains("rejected password *** in eu-west-2"), "{printed}");
+    assert_eq!(p.read("digest").trim(), format!("{:x}", sha2::Sha256::digest(b"SECRETVALUE-ans-1")));
+}
