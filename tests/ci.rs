@@ -463,3 +463,50 @@ steps:
     assert!(printed.contains("rejected password *** in eu-west-2"), "{printed}");
     assert_eq!(p.read("digest").trim(), format!("{:x}", sha2::Sha256::digest(b"SECRETVALUE-ans-1")));
 }
+
+/// A helm `set` value whose key names a secret, quoted by a failing chart: the same journey
+/// against kubesim with helm 4; helm got the value (the chart's error prints its digest) and a
+/// plain value prints in clear.
+#[test]
+fn a_secret_helm_value_quoted_by_a_failing_chart_is_written_nowhere() {
+    use kubesim::testing::{helm_bin, kubectl_bin, Kubesim};
+    use sha2::Digest;
+    kubectl_bin();
+    let sim = Kubesim::start("c1");
+    let mut p = Project::new();
+    for (k, v) in sim.env() {
+        p.env(&k, &v);
+    }
+    p.file("chart/Chart.yaml", "apiVersion: v2\nname: quoting\nversion: 0.1.0\n");
+    p.file(
+        "chart/templates/cm.yaml",
+        r#"{{ if .Files.Get "fail-marker" }}{{ fail (printf "rejected password %s (sha256 %s) for tier %s" .Values.db.password (sha256sum .Values.db.password) .Values.tier) }}{{ end }}
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: {{ .Release.Name }}-config
+data:
+  tier: {{ .Values.tier | quote }}
+"#,
+    );
+    p.file("chart/fail-marker", "1");
+    p.stack(&format!(
+        r#"
+name: demo
+steps:
+  - name: app
+    tool: helm
+    release: web
+    chart: chart
+    namespace: shop
+    context: c1
+    set: {{ db.password: SECRETVALUE-helm-1, tier: gold }}
+    timeout: 60s
+    binary: {}
+"#,
+        helm_bin(4).display()
+    ));
+    let printed = secret_journey(&p, "chart/fail-marker", "SECRETVALUE");
+    let digest = format!("{:x}", sha2::Sha256::digest(b"SECRETVALUE-helm-1"));
+    assert!(printed.contains(&format!("rejected password *** (sha256 {digest}) for tier gold")), "{printed}");
+}
