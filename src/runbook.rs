@@ -360,13 +360,24 @@ fn doc_is_empty(doc: &RecoveryDoc) -> bool {
 }
 
 /// The settings of a step that its commands use, so the operator can check them at a glance.
-fn settings(step: &Step) -> Vec<(&'static str, String)> {
+/// Secret values show as `***` (see `rdeploy_adapters::secrets`).
+fn settings(step: &Step, stack_dir: &std::path::Path) -> Vec<(&'static str, String)> {
     let list = |items: Vec<String>| items.iter().map(|i| code(i)).collect::<Vec<_>>().join(", ");
-    let pairs = |map: &std::collections::BTreeMap<String, serde_json::Value>| {
+    let pairs_hiding = |map: &std::collections::BTreeMap<String, serde_json::Value>, secret: &dyn Fn(&str) -> bool| {
         map.iter()
-            .map(|(k, v)| code(&format!("{k}={}", v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string()))))
+            .map(|(k, v)| {
+                let shown = if secret(k) {
+                    "***".to_string()
+                } else {
+                    v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string())
+                };
+                code(&format!("{k}={shown}"))
+            })
             .collect::<Vec<_>>()
             .join(", ")
+    };
+    let pairs = |map: &std::collections::BTreeMap<String, serde_json::Value>| {
+        pairs_hiding(map, &rdeploy_adapters::secrets::is_secret_key)
     };
     let path = |p: &std::path::Path| code(&p.display().to_string());
     let mut out = Vec::new();
@@ -374,7 +385,8 @@ fn settings(step: &Step) -> Vec<(&'static str, String)> {
         ToolSpec::Terraform(s) => {
             out.push(("configuration", path(&s.dir)));
             if !s.vars.is_empty() {
-                out.push(("vars", pairs(&s.vars)));
+                let sensitive = rdeploy_adapters::terraform::config::declared_sensitive(&stack_dir.join(&s.dir));
+                out.push(("vars", pairs_hiding(&s.vars, &|k| sensitive.contains(k))));
             }
             if !s.var_files.is_empty() {
                 out.push(("var files", list(s.var_files.iter().map(|p| p.display().to_string()).collect())));
@@ -446,7 +458,7 @@ fn render_steps(out: &mut String, stack: &Stack, stack_file: &str) {
         if !step.needs.is_empty() {
             let _ = writeln!(out, "- needs: {}", step.needs.iter().map(|n| code(n)).collect::<Vec<_>>().join(", "));
         }
-        for (key, value) in settings(step) {
+        for (key, value) in settings(step, &stack.dir) {
             let _ = writeln!(out, "- {key}: {value}");
         }
         if let Some(t) = step.timeout {

@@ -325,3 +325,188 @@ steps:
     let report = junit(&p, "junit.xml");
     assert!(case(&report, "network").all("failure").is_empty());
 }
+
+/// Every file under `dir` whose bytes hold `needle`.
+fn files_holding(dir: &std::path::Path, needle: &str) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else { return found };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            found.extend(files_holding(&path, needle));
+        } else if std::fs::read(&path).is_ok_and(|b| b.windows(needle.len()).any(|w| w == needle.as_bytes())) {
+            found.push(path);
+        }
+    }
+    found
+}
+
+/// up (failing while `marker` exists), status, status --json, runbook, ci --junit, then recover
+/// (marker removed): asserts no output, no file of the state dir, the JUnit file or the step
+/// summary holds `secret`. Returns everything printed, for the caller's own checks.
+fn secret_journey(p: &Project, marker: &str, secret: &str) -> String {
+    let mut runs = vec![p.rdeploy(&["up"])];
+    assert_ne!(runs[0].status, 0, "{}\n{}", runs[0].stdout, runs[0].stderr);
+    runs.push(p.rdeploy(&["status"]));
+    runs.push(p.rdeploy(&["status", "--json"]));
+    runs.push(p.rdeploy(&["runbook"]));
+    runs.push(ci_github(p, &["--junit", "junit.xml"]));
+    p.remove(marker);
+    runs.push(p.rdeploy(&["recover"]));
+    runs.last().unwrap().code(0);
+    for run in &runs {
+        assert!(!run.stdout.contains(secret) && !run.stderr.contains(secret), "{}\n{}", run.stdout, run.stderr);
+    }
+    let mut leaks = files_holding(&p.path(".rdeploy"), secret);
+    for file in ["junit.xml", "summary.md"] {
+        assert!(p.exists(file), "{file}");
+        if p.read(file).contains(secret) {
+            leaks.push(p.path(file));
+        }
+    }
+    assert!(leaks.is_empty(), "{leaks:?}");
+    runs.iter().map(|r| format!("{}{}", r.stdout, r.stderr)).collect()
+}
+
+/// A shell `env` value whose name says it is secret, echoed by a failing command: after up
+/// (failing), status, status --json, runbook, ci --junit and recover, nothing rdeploy wrote or
+/// printed holds it, while the command did receive it (it writes the value's digest).
+#[test]
+fn a_secret_env_value_echoed_by_a_failing_command_is_written_nowhere() {
+    use sha2::Digest;
+    let p = Project::new();
+    p.stack(
+        r#"
+name: demo
+steps:
+  - name: seed
+    tool: shell
+    env: { DB_PASSWORD: SECRETVALUE-sh-7, REGION: eu-west-2 }
+    sub_changes:
+      - { name: one, run: "printf %s \"$DB_PASSWORD\" | sha256sum | cut -d' ' -f1 > digest" }
+      - { name: two, run: "if [ -f fail-two ]; then echo \"login failed for $DB_PASSWORD in $REGION\" >&2; exit 3; fi; echo two >> out" }
+"#,
+    );
+    p.file("fail-two", "");
+    let printed = secret_journey(&p, "fail-two", "SECRETVALUE");
+    // Plain values print as they are.
+    assert!(printed.contains("login failed for *** in eu-west-2"), "{printed}");
+    assert_eq!(p.read("digest").trim(), format!("{:x}", sha2::Sha256::digest(b"SECRETVALUE-sh-7")));
+}
+
+/// A terraform variable declared `sensitive` in the module, echoed by a failing provisioner: the
+/// same journey; terraform got the value (the provisioner writes its digest), and the runbook
+/// asks for `export TF_VAR_token=...` while plain vars print in clear.
+#[test]
+fn a_sensitive_terraform_variable_is_written_nowhere() {
+    use sha2::Digest;
+    require_tool("terraform", "install terraform v1.11 (https://developer.hashicorp.com/terraform/install)");
+    let p = Project::new();
+    p.copy_fixture("terraform/secret-env", "infra");
+    p.stack(
+        r#"
+name: demo
+steps:
+  - name: infra
+    tool: terraform
+    dir: infra
+    vars: { token: SECRETVALUE-tf-1, enabled: false, region: eu-west-2 }
+"#,
+    );
+    p.file("infra/fail-secret", "");
+    let printed = secret_journey(&p, "infra/fail-secret", "SECRETVALUE");
+    assert!(printed.contains("export TF_VAR_token="), "{printed}");
+    assert!(printed.contains("-var enabled=false") && printed.contains("-var region=eu-west-2"), "{printed}");
+    assert_eq!(p.read("infra/token.sha256").trim(), format!("{:x}", sha2::Sha256::digest(b"SECRETVALUE-tf-1")));
+}
+
+/// An ansible extra var whose name is secret, printed by a failing task: the same journey;
+/// ansible got the value (the play writes its digest) and plain extra vars print in clear.
+#[test]
+fn a_secret_ansible_extra_var_is_written_nowhere() {
+    use sha2::Digest;
+    let binary = common::repo_root().join(".venv/bin/ansible-playbook");
+    assert!(binary.is_file(), "{} is missing: run scripts/setup-ansible.sh", binary.display());
+    let p = Project::new();
+    p.file("inventory.ini", "[web]\nweb1\n\n[web:vars]\nansible_connection=local\nansible_python_interpreter={{ ansible_playbook_python }}\n");
+    p.file(
+        "play.yml",
+        r#"- hosts: web1
+  gather_facts: false
+  tasks:
+    - name: write the digest of the password
+      ansible.builtin.copy:
+        content: "{{ db_password | hash('sha256') }}"
+        dest: "{{ playbook_dir }}/digest"
+    - name: fail quoting it
+      ansible.builtin.fail:
+        msg: "rejected password {{ db_password }} in {{ region }}"
+      when: (playbook_dir ~ '/fail-play') is exists
+"#,
+    );
+    p.stack(&format!(
+        r#"
+name: demo
+steps:
+  - name: hosts
+    tool: ansible
+    playbook: play.yml
+    inventory: inventory.ini
+    binary: {}
+    env: {{ ANSIBLE_NOCOLOR: "1" }}
+    extra_vars: {{ db_password: SECRETVALUE-ans-1, region: eu-west-2 }}
+"#,
+        binary.display()
+    ));
+    p.file("fail-play", "");
+    let printed = secret_journey(&p, "fail-play", "SECRETVALUE");
+    assert!(printed.contains("rejected password *** in eu-west-2"), "{printed}");
+    assert_eq!(p.read("digest").trim(), format!("{:x}", sha2::Sha256::digest(b"SECRETVALUE-ans-1")));
+}
+
+/// A helm `set` value whose key names a secret, quoted by a failing chart: the same journey
+/// against kubesim with helm 4; helm got the value (the chart's error prints its digest) and a
+/// plain value prints in clear.
+#[test]
+fn a_secret_helm_value_quoted_by_a_failing_chart_is_written_nowhere() {
+    use kubesim::testing::{helm_bin, kubectl_bin, Kubesim};
+    use sha2::Digest;
+    kubectl_bin();
+    let sim = Kubesim::start("c1");
+    let mut p = Project::new();
+    for (k, v) in sim.env() {
+        p.env(&k, &v);
+    }
+    p.file("chart/Chart.yaml", "apiVersion: v2\nname: quoting\nversion: 0.1.0\n");
+    p.file(
+        "chart/templates/cm.yaml",
+        r#"{{ if .Files.Get "fail-marker" }}{{ fail (printf "rejected password %s (sha256 %s) for tier %s" .Values.db.password (sha256sum .Values.db.password) .Values.tier) }}{{ end }}
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: {{ .Release.Name }}-config
+data:
+  tier: {{ .Values.tier | quote }}
+"#,
+    );
+    p.file("chart/fail-marker", "1");
+    p.stack(&format!(
+        r#"
+name: demo
+steps:
+  - name: app
+    tool: helm
+    release: web
+    chart: chart
+    namespace: shop
+    context: c1
+    set: {{ db.password: SECRETVALUE-helm-1, tier: gold }}
+    timeout: 60s
+    binary: {}
+"#,
+        helm_bin(4).display()
+    ));
+    let printed = secret_journey(&p, "chart/fail-marker", "SECRETVALUE");
+    let digest = format!("{:x}", sha2::Sha256::digest(b"SECRETVALUE-helm-1"));
+    assert!(printed.contains(&format!("rejected password *** (sha256 {digest}) for tier gold")), "{printed}");
+}

@@ -16,6 +16,7 @@ use serde_json::Value;
 
 use self::state::{last_deployed, ReleaseStatus, Revision, Status};
 use crate::process::{capture, Captured, Command, Outcome, Signal, StdoutLog};
+use crate::secrets;
 use crate::{
     display_command, shell_quote, Adapter, AdapterError, DescribeContext, Event, EventSink, Failure, FieldPath,
     Inspection, PathSegment, PriorStep, Recovered, RecoveryDoc, SpecProblem, StepContext, ToolInfo,
@@ -161,7 +162,19 @@ impl HelmSpec {
             words.extend(["-f".to_string(), file.to_string_lossy().into_owned()]);
         }
         for (key, value) in &self.set {
-            words.extend(["--set-json".to_string(), format!("{key}={value}")]);
+            if secrets::is_secret_key(key) {
+                if ctx.is_none() {
+                    // The runbook: the operator fills the value in.
+                    words.extend(["--set-json".to_string(), format!("{key}=***")]);
+                }
+            } else {
+                words.extend(["--set-json".to_string(), format!("{key}={value}")]);
+            }
+        }
+        if let Some(ctx) = ctx.filter(|_| self.set.keys().any(|k| secrets::is_secret_key(k))) {
+            // Secret values reach helm in a 0600 file (see `secret_values_file`), never on the
+            // command line.
+            words.extend(["-f".to_string(), secret_values_path(ctx).to_string_lossy().into_owned()]);
         }
         // The stack declares the whole config: never reuse values from an earlier revision.
         words.push("--reset-values".into());
@@ -300,6 +313,21 @@ impl<'a> Release<'a> {
         }
     }
 
+    /// Writes the stack's secret `set` values for one helm call (deleted when dropped).
+    fn secret_values_file(&self) -> Result<Option<secrets::SecretFile>, Failure> {
+        let entries = secrets::secret_entries(&self.spec.set);
+        if entries.is_empty() {
+            return Ok(None);
+        }
+        let path = secret_values_path(self.ctx);
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        secrets::SecretFile::write(dir, &name, &secrets::nest_dotted(&entries)).map(Some).map_err(|e| {
+            Failure::new(format!("cannot write the secret values file {}: {e}", path.display()))
+                .with_hint("check that the state directory is writable, then `rdeploy recover`")
+        })
+    }
+
     fn command(&self) -> Command {
         // helm install/upgrade catch SIGINT (and SIGTERM) and mark the release failed rather than
         // leave it pending.
@@ -307,6 +335,7 @@ impl<'a> Release<'a> {
             .cwd(&self.ctx.stack_dir)
             .envs(self.ctx.env.iter().map(|(k, v)| (k.clone(), v.clone())))
             .in_step(self.ctx)
+            .redact(secrets::secret_strings(&self.spec.set))
             .on_rdeploy_death(Signal::SIGINT)
     }
 
@@ -461,6 +490,7 @@ impl<'a> Release<'a> {
     async fn upgrade(&self, sink: &dyn EventSink, before: &Live) -> Result<(), Failure> {
         let words = self.spec.upgrade_words(self.major, Some(self.ctx));
         let what = format!("`helm upgrade --install {}`", self.spec.release);
+        let _secret_values = self.secret_values_file()?;
         self.run_revision(sink, before, words, &what, None).await.map(|_| ())
     }
 
@@ -766,6 +796,11 @@ fn helm_failure(command: &str, outcome: &Outcome, stderr: &[String]) -> Failure 
         }
     }
     failure
+}
+
+/// Where one helm call reads the stack's secret `set` values from (0600, deleted after).
+fn secret_values_path(ctx: &StepContext) -> PathBuf {
+    ctx.work_dir.join("secret-values.json")
 }
 
 #[cfg(test)]

@@ -19,6 +19,7 @@ pub mod helm;
 pub mod kubectl;
 pub mod process;
 pub mod registry;
+pub mod secrets;
 pub mod shell;
 pub mod terraform;
 pub mod testing;

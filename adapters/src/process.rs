@@ -151,7 +151,9 @@ impl Command {
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        self.redact.extend(secrets.into_iter().map(Into::into).filter(|s| !s.is_empty()));
+        let mut redact = std::mem::take(&mut self.redact);
+        redact.extend(secrets.into_iter().map(Into::into));
+        self.redact = crate::secrets::normalize(redact);
         self
     }
 
@@ -159,6 +161,10 @@ impl Command {
     /// and its output files live in the step's work directory.
     pub fn in_step(mut self, ctx: &crate::StepContext) -> Command {
         self.tracker = ctx.processes.clone();
+        // The step's secret `env` values never reach anything rdeploy prints or records.
+        let mut redact = std::mem::take(&mut self.redact);
+        redact.extend(crate::secrets::env_secrets(&ctx.env));
+        self.redact = crate::secrets::normalize(redact);
         if !matches!(self.output, Output::Files { .. }) {
             self.output = Output::UnnamedIn(ctx.work_dir.clone());
         }

@@ -334,3 +334,49 @@ async fn an_interrupted_run_stops_promptly_and_leaves_no_host_done() {
         assert!(!stack.log(host).contains(&"finish slow".to_string()));
     }
 }
+
+/// An extra var whose name is secret reaches ansible as `-e @FILE` (0600, deleted after the run),
+/// not on the command line; a failing task prints it and rdeploy redacts it there, while the
+/// digest the task wrote proves ansible got it, and a plain extra var prints in clear.
+#[tokio::test]
+async fn a_secret_extra_var_goes_in_a_file_and_a_failing_task_printing_it_is_redacted() {
+    use sha2::Digest;
+    let stack = Stack::new();
+    std::fs::write(
+        stack.path().join("secret.yml"),
+        r#"- hosts: web1
+  gather_facts: false
+  tasks:
+    - name: write the digest of the password
+      ansible.builtin.copy:
+        content: "{{ db_password | hash('sha256') }}"
+        dest: "{{ playbook_dir }}/out/digest"
+    - name: fail quoting it
+      ansible.builtin.fail:
+        msg: "rejected password {{ db_password }} in {{ region }}"
+"#,
+    )
+    .unwrap();
+    let mut spec = stack.spec("secret.yml", "inventory.ini");
+    spec.extra_vars.insert("db_password".into(), serde_json::json!("SECRETVALUE-ans-9"));
+    spec.extra_vars.insert("region".into(), serde_json::json!("eu-west-2"));
+    let (sink, result) = apply(&stack, &spec).await;
+    let failure = result.unwrap_err();
+    let everything = format!("{:?}\n{failure:?}", sink.events());
+    assert!(!everything.contains("SECRETVALUE"), "{everything}");
+    assert!(everything.contains("rejected password *** in eu-west-2"), "{everything}");
+    assert!(!stack.ctx().work_dir.join("secret-vars.json").exists(), "the secret vars file is deleted after the run");
+    let digest = std::fs::read_to_string(stack.path().join("out/digest")).unwrap();
+    assert_eq!(digest.trim(), format!("{:x}", sha2::Sha256::digest(b"SECRETVALUE-ans-9")));
+    let runbook = ToolSpec::Ansible(spec).describe_recovery(
+        &rdeploy_adapters::DescribeContext {
+            step: "hosts",
+            stack_file: "stack.yaml",
+            stack_dir: &stack.path().to_string_lossy(),
+            resumable: true,
+        },
+        None,
+    );
+    let runbook = format!("{runbook:?}");
+    assert!(!runbook.contains("SECRETVALUE") && runbook.contains("eu-west-2"), "{runbook}");
+}

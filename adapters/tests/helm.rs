@@ -241,7 +241,50 @@ macro_rules! both_majors {
     };
 }
 
+/// A chart that fails, quoting the secret value it received and its digest.
+fn quoting_chart(dir: &std::path::Path) -> std::path::PathBuf {
+    let chart = dir.join("quoting");
+    std::fs::create_dir_all(chart.join("templates")).unwrap();
+    std::fs::write(chart.join("Chart.yaml"), "apiVersion: v2\nname: quoting\nversion: 0.1.0\n").unwrap();
+    std::fs::write(
+        chart.join("templates/cm.yaml"),
+        "{{ fail (printf \"rejected password %s (sha256 %s) for tier %s\" .Values.db.password (sha256sum .Values.db.password) .Values.tier) }}\n",
+    )
+    .unwrap();
+    chart
+}
+
+/// A `set` value whose key names a secret reaches helm in a 0600 values file (gone afterwards),
+/// not on the command line; the chart quotes it in its error and rdeploy redacts it there, while
+/// the digest the chart printed proves helm got it, and a plain value prints in clear.
+async fn a_secret_set_value_goes_in_a_values_file_and_is_redacted(major: u32) {
+    use sha2::Digest;
+    let s = Setup::new(major);
+    let mut spec = s.spec(&[("db.password", "SECRETVALUE-helm-3"), ("tier", "gold")]);
+    spec.chart = quoting_chart(s.stack.path()).to_string_lossy().into_owned();
+    let (sink, result) = s.apply(&spec).await;
+    let failure = result.unwrap_err();
+    let everything = format!("{:?}\n{failure:?}", sink.events());
+    assert!(!everything.contains("SECRETVALUE"), "{everything}");
+    let digest = format!("{:x}", sha2::Sha256::digest(b"SECRETVALUE-helm-3"));
+    assert!(everything.contains(&format!("rejected password *** (sha256 {digest}) for tier gold")), "{everything}");
+    assert!(!s.ctx(false).work_dir.join("secret-values.json").exists(), "the values file is deleted after");
+    let runbook = ToolSpec::Helm(spec).describe_recovery(
+        &rdeploy_adapters::DescribeContext {
+            step: "app",
+            stack_file: "stack.yaml",
+            stack_dir: &s.stack.path().to_string_lossy(),
+            resumable: true,
+        },
+        None,
+    );
+    let runbook = format!("{runbook:?}");
+    assert!(!runbook.contains("SECRETVALUE") && runbook.contains("db.password=***"), "{runbook}");
+    assert!(runbook.contains("gold"), "a plain value prints as it is: {runbook}");
+}
+
 both_majors!(
+    a_secret_set_value_goes_in_a_values_file_and_is_redacted,
     failed_upgrade_recovered_by_upgrade,
     failed_upgrade_recovered_by_rollback,
     pending_upgrade_is_detected_and_recovered,

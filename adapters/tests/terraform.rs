@@ -469,3 +469,35 @@ async fn recover_reads_what_the_apply_of_a_dead_run_completed_from_its_stream() 
     }
     assert!(!stream.exists());
 }
+
+/// A variable declared `sensitive` reaches terraform through `TF_VAR_token`, not `-var`: terraform
+/// gets the value (the provisioner writes its digest), nothing rdeploy sees holds it, even when the
+/// provisioner echoes it in its failure, and plain values and flags print as they are.
+#[tokio::test]
+async fn a_sensitive_variable_goes_through_the_environment_and_plain_ones_print_in_clear() {
+    use sha2::Digest;
+    let fx = Fixture::new("secret-env");
+    fx.marker("fail-secret");
+    let mut spec = spec();
+    spec.vars.insert("token".into(), serde_json::json!("SECRETVALUE-tf-42"));
+    spec.vars.insert("enabled".into(), serde_json::json!(false));
+    spec.vars.insert("region".into(), serde_json::json!("eu-west-2"));
+    let sink = Recorder::default();
+    let failure = apply(&spec, &fx.ctx(), &sink).await.unwrap_err();
+    let everything = format!("{:?}\n{:?}", sink.events(), failure);
+    assert!(!everything.contains("SECRETVALUE"), "{everything}");
+    let digest = std::fs::read_to_string(fx.cfg().join("token.sha256")).unwrap();
+    assert_eq!(digest.trim(), format!("{:x}", sha2::Sha256::digest(b"SECRETVALUE-tf-42")));
+    // The saved plan holds the value: it is gone once applied.
+    assert!(!fx.ctx().work_dir.join("tfplan").exists(), "the saved plan is deleted after the apply");
+
+    // A plan that fails shows its whole command line: plain values and flags in clear, the
+    // sensitive variable not there at all.
+    spec.vars.insert("region".into(), serde_json::json!("nowhere-false"));
+    let failure = apply(&spec, &fx.ctx(), &Recorder::default()).await.unwrap_err();
+    let command = failure.command.clone().unwrap_or_default();
+    assert!(command.contains("plan -input=false"), "{command}");
+    assert!(command.contains("-var enabled=false"), "{command}");
+    assert!(command.contains("-var region=nowhere-false"), "{command}");
+    assert!(!command.contains("token") && !command.contains("SECRETVALUE"), "{command}");
+}

@@ -15,6 +15,7 @@ use serde::Deserialize;
 
 use self::callback::{parse_line, HostOutcome, HostTracker, Tail};
 use crate::process::{Command, Outcome, Signal};
+use crate::secrets;
 use crate::{
     display_command, shell_quote, Adapter, AdapterError, DescribeContext, Event, EventSink, Failure, FieldPath,
     Inspection, PathSegment, PriorStep, Recovered, RecoveryDoc, SpecProblem, StepContext, Stream, SubStatus, ToolInfo,
@@ -28,6 +29,8 @@ pub const PLUGIN_SOURCE: &str = include_str!("rdeploy_events.py");
 pub const EVENTS_ENV: &str = "RDEPLOY_ANSIBLE_EVENTS";
 
 const DEFAULT_BINARY: &str = "ansible-playbook";
+/// The secret extra vars of one run, in the step's work dir (0600, deleted after the run).
+const SECRET_VARS_FILE: &str = "secret-vars.json";
 const INSTALL_HINT: &str =
     "install ansible-core (`python3 -m pip install ansible-core`), or point the step's `binary:` at `ansible-playbook`";
 /// How often the callback file is read while ansible runs.
@@ -81,22 +84,48 @@ impl AnsibleSpec {
     }
 
     /// `-i INV PLAYBOOK [-e JSON] [--tags T]`, as the operator would type them in the stack dir.
-    fn base_args(&self) -> Vec<String> {
+    /// Extra vars whose name is secret go in `secret_file` (`-e @FILE`, see
+    /// [`AnsibleSpec::secret_vars_file`]); without one (the runbook) they show as `***`.
+    fn base_args(&self, secret_file: Option<&Path>) -> Vec<String> {
         let mut args = vec![
             "-i".to_string(),
             self.inventory.to_string_lossy().into_owned(),
             self.playbook.to_string_lossy().into_owned(),
         ];
-        if !self.extra_vars.is_empty() {
+        let secret = secrets::secret_entries(&self.extra_vars);
+        let mut plain: BTreeMap<&String, &serde_json::Value> =
+            self.extra_vars.iter().filter(|(k, _)| !secret.contains_key(*k)).collect();
+        let stars = serde_json::Value::String("***".into());
+        if secret_file.is_none() {
+            plain.extend(secret.keys().map(|k| (k, &stars)));
+        }
+        if !plain.is_empty() {
             // One JSON object keeps numbers, booleans and nesting as the stack file wrote them.
             args.push("-e".into());
-            args.push(serde_json::to_string(&self.extra_vars).expect("json values serialize"));
+            args.push(serde_json::to_string(&plain).expect("json values serialize"));
+        }
+        if let (Some(file), false) = (secret_file, secret.is_empty()) {
+            args.push("-e".into());
+            args.push(format!("@{}", file.display()));
         }
         if !self.tags.is_empty() {
             args.push("--tags".into());
             args.push(self.tags.join(","));
         }
         args
+    }
+
+    /// Writes the secret extra vars for one `ansible-playbook` run (0600, deleted when dropped).
+    fn secret_vars_file(&self, ctx: &StepContext) -> Result<Option<secrets::SecretFile>, Failure> {
+        let entries = secrets::secret_entries(&self.extra_vars);
+        if entries.is_empty() {
+            return Ok(None);
+        }
+        let value = serde_json::Value::Object(entries.into_iter().collect());
+        secrets::SecretFile::write(&ctx.work_dir, SECRET_VARS_FILE, &value).map(Some).map_err(|e| {
+            Failure::new(format!("cannot write the secret extra vars file in {}: {e}", ctx.work_dir.display()))
+                .with_hint("check that the state directory is writable, then `rdeploy recover`")
+        })
     }
 
     fn command(&self, ctx: &StepContext, binary: &Path) -> Command {
@@ -106,12 +135,17 @@ impl AnsibleSpec {
             .cwd(&ctx.stack_dir)
             .envs(ctx.env.iter().map(|(k, v)| (k.clone(), v.clone())))
             .in_step(ctx)
+            .redact(secrets::secret_strings(&self.extra_vars))
             .on_rdeploy_death(Signal::SIGINT)
     }
 
     /// The hosts the playbook targets under `limit`, from `ansible-playbook --list-hosts`.
     async fn list_hosts(&self, ctx: &StepContext, binary: &Path, limit: Option<&str>) -> Result<Vec<String>, Failure> {
-        let mut cmd = self.command(ctx, binary).args(self.base_args()).arg("--list-hosts");
+        let secret_file = self.secret_vars_file(ctx)?;
+        let mut cmd = self
+            .command(ctx, binary)
+            .args(self.base_args(secret_file.as_ref().map(secrets::SecretFile::path)))
+            .arg("--list-hosts");
         if let Some(limit) = limit {
             cmd = cmd.arg("--limit").arg(limit);
         }
@@ -220,7 +254,7 @@ impl AnsibleSpec {
     /// `ansible-playbook -i INV PB [-e JSON] [--tags T] [--limit L]` with the paths of the stack file.
     fn runbook_words(&self, limit: Option<&str>) -> Vec<String> {
         let mut words = vec![self.binary_name().to_string()];
-        words.extend(self.base_args());
+        words.extend(self.base_args(None));
         if let Some(limit) = limit.or(self.limit.as_deref()) {
             words.push("--limit".into());
             words.push(limit.to_string());
@@ -228,8 +262,26 @@ impl AnsibleSpec {
         words
     }
 
-    /// Runs the playbook once with the plugin enabled, checkpointing each host as it settles.
+    /// Runs the playbook once with the plugin enabled, checkpointing each host as it settles;
+    /// secrets a task prints (its `msg` reaches the callback's records) are redacted.
     async fn run_playbook(
+        &self,
+        ctx: &StepContext,
+        sink: &dyn EventSink,
+        binary: &Path,
+        limit: Option<&str>,
+        planned: Vec<String>,
+        phase: &str,
+    ) -> Result<(), Failure> {
+        let mut found = secrets::secret_strings(&self.extra_vars);
+        found.extend(secrets::env_secrets(&ctx.env));
+        let redacting = secrets::RedactingSink { inner: sink, secrets: secrets::normalize(found) };
+        self.run_playbook_redacted(ctx, &redacting, binary, limit, planned, phase)
+            .await
+            .map_err(|f| secrets::redact_failure(f, &redacting.secrets))
+    }
+
+    async fn run_playbook_redacted(
         &self,
         ctx: &StepContext,
         sink: &dyn EventSink,
@@ -253,7 +305,9 @@ impl AnsibleSpec {
             value: events_path.to_string_lossy().into_owned().into(),
         });
 
-        let mut cmd = self.command(ctx, binary).args(self.base_args());
+        let secret_file = self.secret_vars_file(ctx)?;
+        let mut cmd =
+            self.command(ctx, binary).args(self.base_args(secret_file.as_ref().map(secrets::SecretFile::path)));
         if let Some(limit) = limit {
             cmd = cmd.arg("--limit").arg(limit);
         }

@@ -2,9 +2,12 @@
 //! each resource instance address into a checkpointed sub-change as terraform reports it, and
 //! recovering through terraform's own path (a read-only plan on the current state, then apply).
 //!
-//! Sensitive values: every string value of `vars` (4 characters or more) and of `TF_VAR_*` in
-//! the step's `env` is redacted from everything terraform prints, and when var files are used,
-//! the values of variables declared `sensitive` are read from the saved plan and redacted too.
+//! Sensitive values: a variable the configuration declares `sensitive = true` reaches terraform
+//! as `TF_VAR_<name>` in its environment, never on the command line, and its value (from `vars`,
+//! or `TF_VAR_*` in the step's `env` or rdeploy's own environment) is redacted from everything
+//! terraform prints, as are the step's secret `env` values (see [`crate::secrets`]); when var
+//! files are used, the values of sensitive variables are read from the saved plan and redacted
+//! too. Every other value prints as it is.
 //! Terraform itself prints a sensitive value in a failed `local-exec` diagnostic (see
 //! `fixtures/terraform/captured/sensitive-apply-fail.jsonl`), so its own masking is not enough.
 
@@ -13,7 +16,7 @@ pub mod events;
 pub mod lock;
 pub mod state;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Component, Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -23,6 +26,7 @@ use self::events::{parse_line, ApplyTracker, Diagnostic, PlanReport, PlannedChan
 use self::lock::{parse_lock_diagnostic, LockInfo};
 use self::state::InState;
 use crate::process::{redact_line, Command, Outcome, Signal};
+use crate::secrets;
 use crate::{
     display_command, shell_quote, Adapter, AdapterError, CancellationToken, DescribeContext, Event, EventSink, Failure,
     FieldPath, Inspection, PathSegment, PriorStep, Recovered, RecoveryDoc, SpecProblem, StepContext, Stream, SubStatus,
@@ -37,8 +41,6 @@ pub const FACT_LOCK: &str = "lock";
 const PLAN_FILE: &str = "tfplan";
 /// `recover --dry-run` plans into its own file so it never replaces a plan being applied.
 const INSPECT_PLAN_FILE: &str = "inspect.tfplan";
-/// Shorter values are too likely to appear in unrelated text to be redacted everywhere.
-const MIN_REDACTED_LEN: usize = 4;
 const INSTALL_HINT: &str =
     "install terraform 1.x (https://developer.hashicorp.com/terraform/install), or set `binary: tofu` for OpenTofu";
 
@@ -225,7 +227,11 @@ impl Adapter for TerraformSpec {
     async fn inspect(&self, ctx: &StepContext, prior: &PriorStep) -> Result<Inspection, Failure> {
         let sink = Collect::default();
         let mut run = Run::new(self, ctx, &sink)?;
-        let plan = run.plan(&ctx.work_dir.join(INSPECT_PLAN_FILE), Workspace::Existing).await?;
+        let inspect_plan = ctx.work_dir.join(INSPECT_PLAN_FILE);
+        let plan = run.plan(&inspect_plan, Workspace::Existing).await;
+        // The saved plan holds every variable's value: it goes once read.
+        let _ = std::fs::remove_file(&inspect_plan);
+        let plan = plan?;
         let mut inspection = Inspection::default();
         if plan.changes.is_empty() {
             inspection.actions.push(format!("`{} plan`: no changes; nothing left to apply", self.tool_word()));
@@ -399,6 +405,28 @@ fn contradiction(dir: &Path, workspace: Option<&str>, tf: &str, missing: &[Strin
 
 /// A value as `-var name=value` wants it: strings as they are, anything else as JSON, which is
 /// valid HCL for numbers, bools, lists and maps.
+/// What must never be printed for this step: the stack's values of the variables declared
+/// sensitive (whole and each string inside a map or list), `TF_VAR_*` for those variables in the
+/// step's `env` and in rdeploy's own environment (`process_env`), and the step's secret `env`.
+fn sensitive_values(
+    spec: &TerraformSpec,
+    ctx: &StepContext,
+    sensitive: &BTreeSet<String>,
+    process_env: impl Iterator<Item = (String, String)>,
+) -> Vec<String> {
+    let mut out: Vec<String> = spec
+        .vars
+        .iter()
+        .filter(|(name, _)| sensitive.contains(*name))
+        .flat_map(|(_, value)| secrets::value_strings(value))
+        .collect();
+    let is_sensitive_env = |k: &str| k.strip_prefix("TF_VAR_").is_some_and(|name| sensitive.contains(name));
+    out.extend(ctx.env.iter().filter(|(k, _)| is_sensitive_env(k)).map(|(_, v)| v.clone()));
+    out.extend(process_env.filter(|(k, _)| is_sensitive_env(k)).map(|(_, v)| v));
+    out.extend(secrets::env_secrets(&ctx.env));
+    out
+}
+
 fn var_value(value: &serde_json::Value) -> String {
     match value {
         serde_json::Value::String(s) => s.clone(),
@@ -458,6 +486,9 @@ struct Run<'a> {
     sink: &'a dyn EventSink,
     binary: PathBuf,
     dir: PathBuf,
+    /// Root variables the configuration declares `sensitive = true`: they reach terraform as
+    /// `TF_VAR_*` in its environment, never on the command line.
+    sensitive: BTreeSet<String>,
     secrets: Vec<String>,
     deadline: Option<Instant>,
 }
@@ -472,20 +503,10 @@ impl<'a> Run<'a> {
                 None => failure,
             }
         })?;
-        let mut secrets: Vec<String> = spec.vars.values().filter_map(|v| v.as_str()).map(str::to_string).collect();
-        secrets.extend(ctx.env.iter().filter(|(k, _)| k.starts_with("TF_VAR_")).map(|(_, v)| v.clone()));
-        secrets.retain(|s| s.len() >= MIN_REDACTED_LEN);
-        // Longest first, so a secret containing another is replaced whole.
-        secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
-        Ok(Run {
-            spec,
-            ctx,
-            sink,
-            binary,
-            dir: ctx.resolve(&spec.dir),
-            secrets,
-            deadline: ctx.timeout.map(|t| Instant::now() + t),
-        })
+        let dir = ctx.resolve(&spec.dir);
+        let sensitive = config::declared_sensitive(&dir);
+        let secrets = secrets::normalize(sensitive_values(spec, ctx, &sensitive, std::env::vars()));
+        Ok(Run { spec, ctx, sink, binary, dir, sensitive, secrets, deadline: ctx.timeout.map(|t| Instant::now() + t) })
     }
 
     /// The command line as an operator would type it, secrets redacted.
@@ -493,6 +514,17 @@ impl<'a> Run<'a> {
         let mut words = vec![self.spec.tool_word()];
         words.extend(args.iter().cloned());
         redact_line(&display_command(&words), &self.secrets)
+    }
+
+    /// The stack's values of sensitive variables, as terraform reads them from its environment
+    /// (a string as it is, anything else in JSON, which HCL accepts).
+    fn sensitive_env(&self) -> Vec<(String, String)> {
+        self.spec
+            .vars
+            .iter()
+            .filter(|(name, _)| self.sensitive.contains(*name))
+            .map(|(name, value)| (format!("TF_VAR_{name}"), var_value(value)))
+            .collect()
     }
 
     fn remaining(&self) -> Option<Duration> {
@@ -504,6 +536,7 @@ impl<'a> Run<'a> {
             .args(args)
             .cwd(&self.dir)
             .envs(self.ctx.env.iter().map(|(k, v)| (k.clone(), v.clone())))
+            .envs(self.sensitive_env())
             .env("TF_IN_AUTOMATION", "1")
             .env("TF_INPUT", "0")
             .redact(self.secrets.iter().cloned())
@@ -639,7 +672,7 @@ impl<'a> Run<'a> {
         if let Some(timeout) = &self.spec.lock_timeout {
             args.push(format!("-lock-timeout={timeout}"));
         }
-        for (name, value) in &self.spec.vars {
+        for (name, value) in self.spec.vars.iter().filter(|(name, _)| !self.sensitive.contains(*name)) {
             args.push("-var".into());
             args.push(format!("{name}={}", var_value(value)));
         }
@@ -676,6 +709,15 @@ impl<'a> Run<'a> {
             }
             return Err(self.diagnostics_failure(&args, &outcome, &errors));
         };
+        // The saved plan holds every variable's value, sensitive ones included: owner-only.
+        {
+            use std::os::unix::fs::PermissionsExt;
+            if let Err(e) = std::fs::set_permissions(plan_file, std::fs::Permissions::from_mode(0o600)) {
+                self.sink.emit(Event::Warning {
+                    message: format!("could not make the saved plan {} owner-only: {e}", plan_file.display()),
+                });
+            }
+        }
         for warning in plan.diagnostics.iter().filter(|d| !d.is_error()) {
             self.sink.emit(Event::Warning { message: format!("terraform: {}", warning.one_line()) });
         }
@@ -684,8 +726,8 @@ impl<'a> Run<'a> {
             // ones from the saved plan before anything prints during apply.
             match self.show_json(Some(plan_file)).await.map(|doc| state::sensitive_values(&doc)) {
                 Ok(Ok(values)) => {
-                    self.secrets.extend(values.into_iter().filter(|v| v.len() >= MIN_REDACTED_LEN));
-                    self.secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+                    self.secrets.extend(values);
+                    self.secrets = secrets::normalize(std::mem::take(&mut self.secrets));
                 }
                 Ok(Err(e)) => self.sink.emit(Event::Warning {
                     message: format!("could not read sensitive variables from the saved plan: {e}"),
@@ -729,6 +771,9 @@ impl<'a> Run<'a> {
             .await;
         let _ = std::fs::remove_file(&stream_file);
         let _ = std::fs::remove_file(&stderr_file);
+        // Once an apply of it ran, the saved plan is spent (terraform calls it stale), and it
+        // holds every variable's value: it goes, and the next run plans again.
+        let _ = std::fs::remove_file(plan_file);
         let outcome = outcome?;
         tracker.finish(&mut |event| sink.emit(event));
         for warning in &tracker.warnings {
@@ -925,6 +970,39 @@ mod tests {
             workspace: None,
             binary: None,
             lock_timeout: Some("30s".into()),
+        }
+    }
+
+    #[test]
+    fn only_sensitive_variables_are_secret_wherever_their_value_comes_from() {
+        let mut spec = spec();
+        spec.vars.insert("token".into(), serde_json::json!({"user": "u1", "pass": "hunter22"}));
+        spec.vars.insert("enabled".into(), serde_json::json!(false));
+        spec.vars.insert("region".into(), serde_json::json!("eu-west-2"));
+        let ctx = StepContext {
+            step: "infra".into(),
+            stack: "test".into(),
+            stack_dir: ".".into(),
+            work_dir: "work".into(),
+            env: BTreeMap::from([
+                ("TF_VAR_db_pass".to_string(), "from-step-env".to_string()),
+                ("TF_VAR_region".to_string(), "eu-north-1".to_string()),
+                ("API_KEY".to_string(), "k-123".to_string()),
+            ]),
+            timeout: None,
+            cancel: Default::default(),
+            processes: Default::default(),
+            force: false,
+        };
+        let sensitive = BTreeSet::from(["token".to_string(), "db_pass".to_string(), "admin".to_string()]);
+        let own_env =
+            [("TF_VAR_admin".to_string(), "from-rdeploy-env".to_string()), ("TF_VAR_other".into(), "plain".into())];
+        let found = sensitive_values(&spec, &ctx, &sensitive, own_env.into_iter());
+        for secret in ["hunter22", "u1", "from-step-env", "from-rdeploy-env", "k-123"] {
+            assert!(found.contains(&secret.to_string()), "{secret} in {found:?}");
+        }
+        for plain in ["false", "eu-west-2", "eu-north-1", "plain"] {
+            assert!(!found.contains(&plain.to_string()), "{plain} in {found:?}");
         }
     }
 
