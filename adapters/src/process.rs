@@ -620,6 +620,12 @@ impl ProcStat {
     }
 }
 
+/// Whether `pid` names a live process here: a zombie (exited, waiting for its parent or a slow
+/// PID 1 to reap it) is not alive, although `kill(pid, 0)` succeeds on it.
+pub fn process_lives(pid: i32) -> bool {
+    proc_stat(pid).is_some_and(|s| s.lives())
+}
+
 fn proc_stat(pid: i32) -> Option<ProcStat> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name (field 2) is in parentheses and may hold spaces and parentheses itself.

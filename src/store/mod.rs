@@ -120,9 +120,10 @@ impl std::fmt::Display for Holder {
 }
 
 impl Holder {
-    /// Whether this holder is a live process on this host.
+    /// Whether this holder is a live process on this host (a zombie is not: PID 1 may reap a
+    /// killed rdeploy seconds late).
     pub fn is_alive_here(&self) -> bool {
-        self.host == hostname() && nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid as i32), None).is_ok()
+        self.host == hostname() && rdeploy_adapters::process::process_lives(self.pid as i32)
     }
 }
 

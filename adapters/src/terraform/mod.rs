@@ -993,6 +993,7 @@ mod tests {
             cancel: Default::default(),
             processes: Default::default(),
             force: false,
+            reapply_missing: false,
         };
         let sensitive = BTreeSet::from(["token".to_string(), "db_pass".to_string(), "admin".to_string()]);
         let own_env =

@@ -21,6 +21,10 @@ pub struct Lock {
     pub took_over_from: Option<Holder>,
 }
 
+/// How long a lock whose named holder is dead may stay held (by a child the holder was forking)
+/// before it counts as held by someone else.
+const DEAD_HOLDER_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
 impl Lock {
     /// Takes the lock or says who has it. Never waits.
     pub fn acquire(dir: &StateDir, command: &str) -> Result<Lock, LockError> {
@@ -36,16 +40,31 @@ impl Lock {
             return Err(LockError::Io(anyhow::anyhow!("{} is not a regular file", path.display())));
         }
         dir.check_owner(&path)?;
-        let mut file = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-            Ok(locked) => locked,
-            Err((_, errno)) if errno != nix::errno::Errno::EWOULDBLOCK => {
-                return Err(LockError::Io(anyhow::anyhow!("locking {}: {errno}", path.display())));
-            }
-            Err((mut file, _)) => {
-                let holder = read_holder(&mut file)
-                    .map(|h| h.to_string())
-                    .unwrap_or_else(|| "a process that has not written its name yet".into());
-                return Err(LockError::Held { dir: dir.path.display().to_string(), holder });
+        // A holder that died can leave the flock held for a moment: a child it was forking when
+        // it was killed shares the lock's open file until that child execs (which closes it) or
+        // dies of its death signal. So while the named holder is dead here, wait for the lock a
+        // little before calling it held.
+        let dead_holder_grace = std::time::Instant::now() + DEAD_HOLDER_GRACE;
+        let mut file = file;
+        let mut file = loop {
+            match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+                Ok(locked) => break locked,
+                Err((_, errno)) if errno != nix::errno::Errno::EWOULDBLOCK => {
+                    return Err(LockError::Io(anyhow::anyhow!("locking {}: {errno}", path.display())));
+                }
+                Err((mut unlocked, _)) => {
+                    let holder = read_holder(&mut unlocked);
+                    let holder_dead = holder.as_ref().is_some_and(|h| h.host == hostname() && !h.is_alive_here());
+                    if holder_dead && std::time::Instant::now() < dead_holder_grace {
+                        std::thread::sleep(std::time::Duration::from_millis(20));
+                        file = unlocked;
+                        continue;
+                    }
+                    let holder = holder
+                        .map(|h| h.to_string())
+                        .unwrap_or_else(|| "a process that has not written its name yet".into());
+                    return Err(LockError::Held { dir: dir.path.display().to_string(), holder });
+                }
             }
         };
         // We hold the flock: any name still in the file belongs to a run that died holding it.
