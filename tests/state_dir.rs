@@ -81,6 +81,43 @@ fn a_journal_cut_short_without_a_snapshot_is_said_and_not_run_again() {
     }
 }
 
+/// A power loss after `four` finished but before its end was synced: the journal (fdatasync'd
+/// up to `four` started) ends there, while `journal.seq`, in the page cache with it, reached
+/// the disk saying one more record was written.
+#[test]
+fn a_journal_that_ends_between_the_synced_and_the_written_count_is_an_os_crash_and_recover_goes_on() {
+    let p = four_done();
+    let lines = journal_lines(&p);
+    // The header and records 1 to 10 (`four` started); record 11 (`four` done) is gone.
+    assert!(String::from_utf8_lossy(&lines[10]).contains(r#""type":"sub_started","step":"seed","id":"four""#));
+    std::fs::write(p.path(".rdeploy/journal.jsonl"), lines[..11].concat()).unwrap();
+    std::fs::write(p.path(".rdeploy/journal.seq"), "{\"written\":11,\"synced\":10}\n").unwrap();
+    p.remove(".rdeploy/snapshot.json");
+
+    let said = warnings(&p);
+    assert!(said.contains("an OS crash (power loss) dropped the unsynced record 11"), "{said}");
+    assert!(!said.contains("lost records"), "{said}");
+    assert_eq!(p.status()["steps"][0]["sub_changes"][3]["uncertain"], true, "`four` is uncertain");
+    p.rdeploy(&["recover"]).code(0).stdout_has("deploy complete");
+    // `four` has no `check` and shell has no state: recovery runs an uncertain shell
+    // sub-change again, as after any crash between its start and its end.
+    assert_eq!(p.lines("out"), ["one", "two", "three", "four", "four", "five", "after"]);
+    let history = std::fs::read_dir(p.path(".rdeploy/history")).unwrap().next().unwrap().unwrap().path();
+    assert!(std::fs::read_to_string(history).unwrap().contains("an OS crash (power loss)"), "said durably");
+}
+
+/// Shorter than the synced count: records that were durable are gone (cut, truncated).
+#[test]
+fn a_journal_shorter_than_the_synced_count_is_refused() {
+    let p = four_done();
+    let lines = journal_lines(&p);
+    std::fs::write(p.path(".rdeploy/journal.jsonl"), lines[..11].concat()).unwrap();
+    std::fs::write(p.path(".rdeploy/journal.seq"), "{\"written\":12,\"synced\":11}\n").unwrap();
+    p.remove(".rdeploy/snapshot.json");
+    p.rdeploy(&["recover"]).code(2).stderr_has("lost records").stderr_has("nothing was run");
+    assert_eq!(p.lines("out"), ["one", "two", "three", "four"]);
+}
+
 #[test]
 fn an_unreadable_journal_line_is_reported_quarantined_and_recover_goes_on() {
     for (what, garbage) in [
