@@ -18,7 +18,7 @@ use rdeploy_adapters::{
 };
 use tokio::task::JoinSet;
 
-use crate::checkpoint::{Checkpoint, Deploy, DeployState, Record, StepMode, StepStatus};
+use crate::checkpoint::{Checkpoint, CheckpointGone, Deploy, DeployState, Record, StepMode, StepStatus};
 use crate::diff::StackDiff;
 use crate::exit::{Code, Refusal};
 use crate::stack::{OnFailure, Stack, Step};
@@ -527,6 +527,10 @@ impl Session {
         }
         if let Some(e) = fatal {
             cp.snapshot();
+            if CheckpointGone::is(&e) {
+                // Its message says what completed and what to do; `recover` has nothing to resume.
+                return Err(e);
+            }
             return Err(e.context("the deploy stopped: running tools were interrupted and waited for; `rdeploy recover` resumes once the cause is fixed"));
         }
 
@@ -573,7 +577,12 @@ impl Session {
 
     /// Cancels every running step (their tools get SIGINT once) and stops scheduling.
     fn stop_everything(&self, error: anyhow::Error, run: &mut RunState) -> anyhow::Error {
-        self.ui.warn(format!("{error:#}: stopping the running tools"));
+        if CheckpointGone::is(&error) {
+            // Said once, in full, when the run ends.
+            self.ui.warn("the checkpoint is gone: stopping the running tools".to_string());
+        } else {
+            self.ui.warn(format!("{error:#}: stopping the running tools"));
+        }
         run.stopping = true;
         self.cancel.cancel();
         error
@@ -636,9 +645,13 @@ impl Session {
                     _ => step.spec.apply(&ctx, &sink).await.map(|()| Recovered::Complete),
                 };
                 let result = match (result, sink.journal_error()) {
-                    (_, Some(e)) => Err(Failure::new(format!("the checkpoint could not be written: {e}")).with_hint(
-                        "free disk space or fix permissions on the state directory, then `rdeploy recover`",
-                    )),
+                    (_, Some(JournalError::Gone)) => {
+                        Err(Failure::new("the checkpoint was deleted while this step ran (said below)"))
+                    }
+                    (_, Some(JournalError::Other(e))) => Err(Failure::new(format!(
+                        "the checkpoint could not be written: {e}"
+                    ))
+                    .with_hint("free disk space or fix permissions on the state directory, then `rdeploy recover`")),
                     (r, None) => r,
                 };
                 (step.name.clone(), result)
@@ -869,6 +882,14 @@ impl SharedCheckpoint {
     }
 }
 
+/// Why a step's sink could not record an event.
+#[derive(Clone, Debug)]
+enum JournalError {
+    /// The checkpoint was deleted under the run (the run's final error says what to do).
+    Gone,
+    Other(String),
+}
+
 /// The driver's event sink: journals sub-change events durably before returning, draws
 /// progress, and writes the tool's output to the step's log.
 struct JournalSink {
@@ -876,7 +897,7 @@ struct JournalSink {
     cp: SharedCheckpoint,
     ui: Arc<Ui>,
     log: Mutex<Option<File>>,
-    error: Mutex<Option<String>>,
+    error: Mutex<Option<JournalError>>,
     /// Cancelled on the first journal error, so the step starts nothing it cannot record (a
     /// full disk, or a shared store whose lease another run took over).
     stop: CancellationToken,
@@ -902,13 +923,14 @@ impl JournalSink {
         Ok(JournalSink { step, cp, ui, log: Mutex::new(log), error: Mutex::new(None), stop })
     }
 
-    fn journal_error(&self) -> Option<String> {
+    fn journal_error(&self) -> Option<JournalError> {
         self.error.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     fn journal(&self, record: Record) {
         if let Err(e) = self.cp.record(record) {
-            self.error.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(|| format!("{e:#}"));
+            let error = if CheckpointGone::is(&e) { JournalError::Gone } else { JournalError::Other(format!("{e:#}")) };
+            self.error.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(error);
             self.stop.cancel();
         }
     }

@@ -33,8 +33,13 @@ fn a_state_dir_deleted_mid_run_stops_the_deploy_loudly_naming_what_completed() {
     p.stack(CLEANUP_MID_RUN);
     let run = p.rdeploy(&["up"]);
     run.code(1).stderr_has("was deleted or replaced while this run was using it").stderr_has(
-        "What this deploy had done: step `seed` running (sub-changes done: one) (started, outcome unknown: two)",
+        "What this deploy had done: step `seed` running (sub-changes done: one) (done, too late to record: two)",
     );
+    // Said once, with the next step that fits: there is no checkpoint for `recover` to resume.
+    assert_eq!(run.stderr.matches("was deleted or replaced").count(), 1, "said once:\n{}", run.stderr);
+    assert_eq!(run.stderr.matches("What this deploy had done").count(), 1, "said once:\n{}", run.stderr);
+    assert!(!run.stderr.contains("resumes once the cause is fixed"), "{}", run.stderr);
+    run.stderr_has("`rdeploy recover` has nothing to resume").stderr_has("restore the state directory from a backup");
     assert_eq!(p.lines("out"), ["one", "two"], "nothing runs once the checkpoint is gone");
     assert!(!p.exists(".rdeploy/journal.jsonl"), "no journal was recreated to record into");
 }
