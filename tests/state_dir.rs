@@ -159,6 +159,27 @@ fn an_unreadable_journal_line_is_reported_quarantined_and_recover_goes_on() {
     }
 }
 
+/// One flipped bit in the snapshot that still parses (`two` becomes `twn`, as if done) is
+/// caught by its checksum: loading replays the journal, so `two` is not run again.
+#[test]
+fn a_snapshot_with_a_flipped_bit_that_is_still_json_falls_back_to_replay() {
+    let p = four_done();
+    let mut snap = std::fs::read(p.path(".rdeploy/snapshot.json")).unwrap();
+    let text = String::from_utf8_lossy(&snap).into_owned();
+    assert!(text.starts_with("rdeploy-snapshot sha256="), "a checksum header: {text}");
+    let at = text.find(r#""id":"two""#).expect("`two` in the snapshot") + r#""id":"tw"#.len();
+    snap[at] ^= 0x01; // `o` becomes `n`
+    let body = &snap[snap.iter().position(|&b| b == b'\n').unwrap() + 1..];
+    serde_json::from_slice::<serde_json::Value>(body).expect("still valid JSON");
+    std::fs::write(p.path(".rdeploy/snapshot.json"), &snap).unwrap();
+
+    let status = p.status();
+    assert_eq!(status["steps"][0]["sub_changes"][1]["id"], "two", "{status}");
+    assert_eq!(status["steps"][0]["sub_changes"][1]["status"], "done", "{status}");
+    p.rdeploy(&["recover"]).code(0).stdout_has("deploy complete");
+    assert_eq!(p.lines("out"), ["one", "two", "three", "four", "five", "after"], "no sub-change ran twice");
+}
+
 #[test]
 fn reset_works_on_a_journal_with_an_unreadable_line() {
     let p = four_done();

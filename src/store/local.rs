@@ -17,7 +17,8 @@
 //!   goes on, saying so in a warning record).
 //! - `snapshot.json`: the [`Deploy`] state up to a sequence number, rewritten atomically at
 //!   step boundaries, so loading does not replay a long journal; later records replay on top.
-//!   It is a cache: when it cannot be read, the journal is replayed from the start.
+//!   A header line holds the sha256 of the JSON body. It is a cache: when it cannot be read or
+//!   its checksum does not match, the journal is replayed from the start.
 //! - `history/<time>-<deploy>.json`: the final state of each finished deploy.
 //! - `lock`: flock'ed by the running process, naming it (see [`lock`]).
 //! - `steps/<step>/`: adapters' scratch files; `logs/<step>.log`: the tools' output;
@@ -195,10 +196,12 @@ impl LocalStore {
         serde_json::from_slice(&bytes).with_context(|| format!("reading {}", path.display()))
     }
 
-    /// A snapshot is only a cache of the journal: when it is unreadable, replay all.
+    /// A snapshot is only a cache of the journal: when it is unreadable, or its body does not
+    /// match its checksum (a flipped bit that is still valid JSON), replay all.
     fn read_snapshot(&self) -> Option<Deploy> {
         let bytes = std::fs::read(self.dir.snapshot_path()).ok()?;
-        match serde_json::from_slice::<Deploy>(&bytes) {
+        let body = snapshot_body(&bytes)?;
+        match serde_json::from_slice::<Deploy>(body) {
             Ok(d) if d.version == VERSION => Some(d),
             _ => None,
         }
@@ -269,6 +272,28 @@ impl LocalStore {
         }
         write_atomic(&path, &kept)
     }
+}
+
+/// The first line of `snapshot.json`; the body follows on the next line.
+const SNAPSHOT_HEADER: &str = "rdeploy-snapshot sha256=";
+
+/// `snapshot.json`'s bytes: a header line with the sha256 of the body, then the body (the
+/// [`Deploy`] as JSON).
+fn snapshot_file(deploy: &Deploy) -> anyhow::Result<Vec<u8>> {
+    use sha2::Digest as _;
+    let body = serde_json::to_vec(deploy)?;
+    let mut file = format!("{SNAPSHOT_HEADER}{}\n", hex::encode(sha2::Sha256::digest(&body))).into_bytes();
+    file.extend_from_slice(&body);
+    Ok(file)
+}
+
+/// The body of a snapshot file whose checksum matches, or None.
+fn snapshot_body(file: &[u8]) -> Option<&[u8]> {
+    use sha2::Digest as _;
+    let rest = file.strip_prefix(SNAPSHOT_HEADER.as_bytes())?;
+    let newline = rest.iter().position(|&b| b == b'\n')?;
+    let (sum, body) = (&rest[..newline], &rest[newline + 1..]);
+    (hex::decode(sum).ok()? == sha2::Sha256::digest(body).as_slice()).then_some(body)
 }
 
 /// The journal ends between the synced and the written record count: an OS crash.
@@ -577,7 +602,7 @@ impl JournalWriter for LocalJournal {
 
     fn snapshot(&mut self, deploy: &Deploy) -> anyhow::Result<()> {
         self.check_still_there()?;
-        write_atomic(&self.store.dir.snapshot_path(), serde_json::to_string(deploy)?.as_bytes())
+        write_atomic(&self.store.dir.snapshot_path(), &snapshot_file(deploy)?)
     }
 
     fn archive(&mut self, deploy: &Deploy) -> anyhow::Result<()> {
