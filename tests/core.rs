@@ -672,24 +672,12 @@ steps:
     assert_eq!(status["state"], "partial");
     assert!(step(&status, "a")["revert_error"].as_str().unwrap().contains("stopped while this step's revert ran"));
     assert!(status["next"].as_str().unwrap().starts_with("rdeploy revert stack.yaml"));
-    // The revert script outlived rdeploy: recover waits for it, saying so, before it decides.
-    let mut recover = p.spawn(&["recover"]);
-    let mut stderr = std::io::BufReader::new(recover.stderr.take().unwrap());
-    let mut seen = String::new();
-    loop {
-        let mut line = String::new();
-        assert_ne!(std::io::BufRead::read_line(&mut stderr, &mut line).unwrap(), 0, "recover never waited: {seen}");
-        seen.push_str(&line);
-        if line.contains("waiting for a tool started by a run that died") {
-            break;
-        }
-    }
-    assert!(p.exists("a"), "nothing was reverted or run while the old revert was alive");
+    // The revert's shell got rdeploy's death signal with it, so nothing of it lives on (its
+    // zombie is not a survivor): recover refuses at once to build on a half-undone step.
+    recover_after_crash(&p).code(2).stderr_has("was being reverted").stderr_has("rdeploy revert stack.yaml");
+    assert!(p.exists("a"), "recover neither reverted nor ran the half-reverted step");
 
     p.remove("hold");
-    std::io::Read::read_to_string(&mut stderr, &mut seen).unwrap();
-    assert_eq!(recover.wait().unwrap().code(), Some(2), "{seen}");
-    assert!(seen.contains("was being reverted") && seen.contains("rdeploy revert stack.yaml"), "{seen}");
     p.rdeploy(&["revert"]).code(0);
     assert!(!p.exists("a"));
     assert_eq!(p.status()["state"], "reverted");
