@@ -13,18 +13,24 @@
 # the deploy was recorded leaves nothing to recover: `up` again, counted as up-again.
 #
 # Tools: shell (10 sub-changes of 50-150 ms, each with a check) and terraform (the chain fixture:
-# six terraform_data resources in a chain, each local-exec appending to runs/aN.log). ansible,
-# helm and kubectl are not covered yet (see the closing note of issue 14).
+# six terraform_data resources in a chain, each local-exec appending to runs/aN.log), and
+# ansible (below). helm and kubectl are not covered yet (see the closing note of issue 14).
+#
+# ansible (five local hosts, each appending its name after a moment; a host's play is its
+# sub-change, so a name appended twice is an applied-twice count, an upper bound: a host left
+# uncertain by the kill is run again by design, as ansible plays are meant to be idempotent).
 #
 # Usage: benches/crash-loop.sh [N] [TOOLS]   (default 25 and "shell terraform").
-# Builds the release binary first (honours CARGO_TARGET_DIR).
+# Builds the release binary first (honours CARGO_TARGET_DIR), unless RDEPLOY names a binary.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:-25}
 TOOLS=${2:-"shell terraform"}
-cargo build --release --quiet -p rdeploy
 TARGET=${CARGO_TARGET_DIR:-$PWD/target}
-RDEPLOY=$TARGET/release/rdeploy
+if [ -z "${RDEPLOY:-}" ]; then
+  cargo build --release --quiet -p rdeploy
+  RDEPLOY=$TARGET/release/rdeploy
+fi
 ROOT=$PWD
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -54,6 +60,28 @@ setup_terraform() {
 }
 effects_terraform() { cat "$1"/chain/runs/*.log 2>/dev/null | sort | uniq -c | awk '$1 > 1 {n++} END {print n+0}'; }
 max_kill_ms_terraform=4000
+
+setup_ansible() {
+  local d=$1
+  mkdir -p "$d/ansible"
+  cp "$ROOT/fixtures/ansible/inventory.ini" "$d/ansible/"
+  # Each host appends its name once, after a moment; the end of the play is what rdeploy
+  # records per host, so a host appended twice is a host's play applied twice.
+  cat > "$d/ansible/site.yml" <<'YML'
+- name: crash loop
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: take a moment
+      ansible.builtin.command: sleep 0.5
+    - name: record the effect
+      ansible.builtin.shell: echo "{{ inventory_hostname }}" >> "{{ playbook_dir }}/../effects"
+YML
+  printf 'name: crash-ansible\nsteps:\n  - name: hosts\n    tool: ansible\n    playbook: ansible/site.yml\n    inventory: ansible/inventory.ini\n    binary: %s\n    env: { ANSIBLE_NOCOLOR: "1" }\n' \
+    "$ROOT/.venv/bin/ansible-playbook" > "$d/stack.yaml"
+}
+effects_ansible() { effects_shell "$1"; }
+max_kill_ms_ansible=6000
 
 # killed CMD MAX_MS: runs rdeploy CMD in the background and SIGKILLs it after a random delay.
 killed() {
