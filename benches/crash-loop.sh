@@ -14,7 +14,7 @@
 #
 # Tools: shell (10 sub-changes of 50-150 ms, each with a check) and terraform (the chain fixture:
 # six terraform_data resources in a chain, each local-exec appending to runs/aN.log), and
-# ansible (below). helm and kubectl are not covered yet (see the closing note of issue 14).
+# ansible and kubectl (below). helm is not covered yet (see the closing note of issue 14).
 #
 # ansible (five local hosts, each appending its name after a moment; a host's play is its
 # sub-change, so a name appended twice is an applied-twice count, an upper bound: a host left
@@ -82,6 +82,30 @@ YML
 }
 effects_ansible() { effects_shell "$1"; }
 max_kill_ms_ansible=6000
+
+# kubectl: one kubesim for the whole loop (started on first use), a namespace per run with
+# eight ConfigMaps. kubectl apply is idempotent, so an object applied twice leaves no trace in
+# the cluster: double applies are not measured for kubectl (the column always says 0).
+kubesim_up() {
+  [ -n "${KUBECONFIG:-}" ] && return
+  export KUBECONFIG=$work/kubeconfig
+  "$TARGET/debug/kubesim" --clusters c1 --kubeconfig "$KUBECONFIG" > "$work/kubesim.out" 2>&1 &
+  KUBESIM_PID=$!
+  trap 'kill $KUBESIM_PID 2>/dev/null; rm -rf "$work"' EXIT
+  while ! kubectl get namespaces > /dev/null 2>&1; do sleep 0.1; done
+}
+setup_kubectl() {
+  local d=$1 ns
+  kubesim_up
+  ns=crash-$(basename "$d")
+  mkdir -p "$d/k8s"
+  { printf 'apiVersion: v1\nkind: Namespace\nmetadata: {name: %s}\n' "$ns"
+    for i in $(seq 1 8); do printf -- '---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: c%d, namespace: %s}\ndata: {i: "%d"}\n' "$i" "$ns" "$i"; done
+  } > "$d/k8s/app.yaml"
+  printf 'name: crash-kubectl\nsteps:\n  - name: objects\n    tool: kubectl\n    manifests: [k8s/app.yaml]\n    context: c1\n' > "$d/stack.yaml"
+}
+effects_kubectl() { echo 0; }
+max_kill_ms_kubectl=3000
 
 # killed CMD MAX_MS: runs rdeploy CMD in the background and SIGKILLs it after a random delay.
 killed() {
