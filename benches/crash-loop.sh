@@ -14,7 +14,7 @@
 #
 # Tools: shell (10 sub-changes of 50-150 ms, each with a check) and terraform (the chain fixture:
 # six terraform_data resources in a chain, each local-exec appending to runs/aN.log), and
-# ansible and kubectl (below). helm is not covered yet (see the closing note of issue 14).
+# ansible, kubectl and helm (below).
 #
 # ansible (five local hosts, each appending its name after a moment; a host's play is its
 # sub-change, so a name appended twice is an applied-twice count, an upper bound: a host left
@@ -107,6 +107,26 @@ setup_kubectl() {
 effects_kubectl() { echo 0; }
 max_kill_ms_kubectl=3000
 
+# helm (helm 3, HELM=tools/helm4/helm for helm 4): the demo's webapp chart, a release per run
+# (`--wait`). A release is one sub-change and helm keeps its revisions: more than one deployed
+# revision of a release that was never changed is an install applied twice. A kill may leave
+# the release pending-*; a recover refused for that is counted apart (pending column).
+HELM=${HELM:-$ROOT/tools/helm3/helm}
+setup_helm() {
+  local d=$1 r
+  kubesim_up
+  r=crash-$(basename "$d")
+  cp -r "$ROOT/fixtures/demo/charts" "$d/charts"
+  printf 'name: crash-helm\nsteps:\n  - name: app\n    tool: helm\n    release: %s\n    chart: charts/webapp\n    namespace: %s\n    context: c1\n    binary: %s\n    wait: true\n    timeout: 60s\n' \
+    "$r" "$r" "$HELM" > "$d/stack.yaml"
+}
+effects_helm() {
+  local r
+  r=crash-$(basename "$1")
+  "$HELM" --kube-context c1 history "$r" -n "$r" -o json 2>/dev/null | grep -o '"revision":[0-9]*' | awk 'END {print (NR > 1 ? 1 : 0)}'
+}
+max_kill_ms_helm=4000
+
 # killed CMD MAX_MS: runs rdeploy CMD in the background and SIGKILLs it after a random delay.
 killed() {
   local d=$1 cmd=$2 max=$3
@@ -117,9 +137,9 @@ killed() {
   wait "$pid" 2>/dev/null || true
 }
 
-printf '%-10s %5s %10s %14s %9s %9s\n' tool runs converged double-applies refusals up-again
+printf '%-10s %5s %10s %14s %9s %9s %8s\n' tool runs converged double-applies refusals up-again pending
 for tool in $TOOLS; do
-  runs=0 converged=0 doubles=0 refusals=0 restarts=0
+  runs=0 converged=0 doubles=0 refusals=0 restarts=0 pending=0
   for r in $(seq 1 "$N"); do
     d=$work/$tool-$r
     mkdir -p "$d"
@@ -143,11 +163,12 @@ for tool in $TOOLS; do
       state=$( cd "$d" && "$RDEPLOY" status --json stack.yaml 2>/dev/null | sed -n 's/.*"state": *"\([a-z_]*\)".*/\1/p' | head -1 )
     fi
     runs=$((runs + 1))
+    if grep -q 'pending-' "$d/recover.out" 2>/dev/null && [ "$code" -ne 0 ]; then pending=$((pending + 1)); fi
     if [ "$code" -eq 0 ] && [ "$state" = complete ]; then converged=$((converged + 1)); else
       echo "  $tool run $r: recover exit $code, state ${state:-?}: $(tail -3 "$d/recover.out" | tr '\n' ' ')" >&2
     fi
     dup=$("effects_$tool" "$d")
     if [ "$dup" -gt 0 ]; then doubles=$((doubles + 1)); echo "  $tool run $r: $dup side effects applied twice" >&2; fi
   done
-  printf '%-10s %5d %10d %14d %9d %9d\n' "$tool" "$runs" "$converged" "$doubles" "$refusals" "$restarts"
+  printf '%-10s %5d %10d %14d %9d %9d %8d\n' "$tool" "$runs" "$converged" "$doubles" "$refusals" "$restarts" "$pending"
 done
