@@ -105,6 +105,13 @@ pub enum Record {
     StepDone {
         step: String,
     },
+    /// The step's next start is attempt `attempt` of `of` (`retry:`); the failure recorded
+    /// before it is an earlier attempt's.
+    Attempt {
+        step: String,
+        attempt: u32,
+        of: u32,
+    },
     StepFailed {
         step: String,
         failure: Failure,
@@ -312,6 +319,12 @@ pub struct StepState {
     pub done_seq: Option<u64>,
     /// Set when the step was interrupted by a signal.
     pub interrupted: bool,
+    /// Under `retry:`, the attempt the step is on (or ended on), and of how many.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<(u32, u32)>,
+    /// The failures of the earlier attempts, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attempt_errors: Vec<String>,
 }
 
 impl StepState {
@@ -335,6 +348,8 @@ impl StepState {
             finished: None,
             done_seq: None,
             interrupted: false,
+            attempt: None,
+            attempt_errors: Vec::new(),
         }
     }
 
@@ -518,6 +533,15 @@ impl Deploy {
                 s.failure = None;
                 s.finished = Some(*ts);
                 s.done_seq = Some(seq);
+            }
+            Record::Attempt { step, attempt, of } => {
+                let s = self.step_mut(step);
+                if *attempt <= 1 {
+                    s.attempt_errors.clear();
+                } else if let Some(failure) = &s.failure {
+                    s.attempt_errors.push(failure.summary.clone());
+                }
+                s.attempt = Some((*attempt, *of));
             }
             Record::StepFailed { step, failure } => {
                 let s = self.step_mut(step);

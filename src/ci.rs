@@ -437,6 +437,12 @@ fn junit(session: &Session, deploy: &Deploy, status: &Status) -> String {
             if !done.is_empty() {
                 let _ = write!(body, "\nin place: {}", done.join(", "));
             }
+            if let Some(words) = s.attempt_words() {
+                let _ = write!(body, "\n{words}");
+                for (i, e) in s.attempt_errors.iter().enumerate() {
+                    let _ = write!(body, "\nattempt {}: {e}", i + 1);
+                }
+            }
             if !s.stderr_tail.is_empty() {
                 let _ = write!(body, "\n\nstderr (last lines):\n{}", s.stderr_tail.join("\n"));
             }
@@ -462,7 +468,7 @@ fn junit(session: &Session, deploy: &Deploy, status: &Status) -> String {
             let _ = writeln!(cases, "      <skipped message=\"{}\"/>", xml_escape(&why));
         }
         if !s.sub_changes.is_empty() {
-            let lines: Vec<String> = s
+            let mut lines: Vec<String> = s
                 .sub_changes
                 .iter()
                 .map(|c| match c.status {
@@ -470,6 +476,9 @@ fn junit(session: &Session, deploy: &Deploy, status: &Status) -> String {
                     other => format!("{}: {}", c.id, report::sub_word(other)),
                 })
                 .collect();
+            if let Some(words) = s.attempt_words().filter(|_| s.status == StepView::Done) {
+                lines.push(words);
+            }
             let _ = writeln!(cases, "      <system-out>{}</system-out>", xml_text(&lines.join("\n")));
         }
         let _ = writeln!(cases, "    </testcase>");

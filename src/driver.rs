@@ -21,7 +21,7 @@ use tokio::task::JoinSet;
 use crate::checkpoint::{Checkpoint, CheckpointGone, Deploy, DeployState, Record, StepMode, StepStatus};
 use crate::diff::StackDiff;
 use crate::exit::{Code, Refusal};
-use crate::stack::{OnFailure, Stack, Step};
+use crate::stack::{OnFailure, Retry, Stack, Step};
 use crate::store::local::StateDir;
 use crate::store::{LockGuard, Store};
 use crate::ui::Ui;
@@ -44,6 +44,9 @@ pub struct Session {
     /// `recover --force`: the operator vouches that no other process is working on the
     /// release (helm's stuck pending-* rollback); adapters see it as `StepContext::force`.
     pub force: bool,
+    /// `--keep-going` (or `on_failure: continue`): a failure stops only the steps that need
+    /// the failed one; independent branches run on.
+    pub keep_going: bool,
     /// Notes every tool this run starts while it runs (under the state dir's `running/`).
     pub processes: rdeploy_adapters::process::ProcessTracker,
 }
@@ -161,6 +164,16 @@ struct RunState {
     stopping: bool,
 }
 
+impl RunState {
+    /// A step failed, was refused or reverted: with `keep_going` only its dependents wait
+    /// (they are never ready, and the report names them skipped); otherwise nothing new starts.
+    fn branch_failed(&mut self, keep_going: bool) {
+        if !keep_going {
+            self.stopping = true;
+        }
+    }
+}
+
 /// What to do with a step in this run.
 #[derive(Clone, Debug)]
 enum Action {
@@ -193,6 +206,12 @@ impl Session {
         for step in steps.iter().filter(|s| !s.resumable && s.revert.is_none()) {
             self.ui.warn(format!(
                 "step `{}` is not resumable and declares no `revert`: if it fails part-way it can only be run again from the start",
+                step.name
+            ));
+        }
+        for step in steps.iter().filter(|s| !s.resumable && s.retry.is_some()) {
+            self.ui.warn(format!(
+                "step `{}` declares `retry` but is not resumable: it completes or reverts, and is never retried",
                 step.name
             ));
         }
@@ -613,8 +632,8 @@ impl Session {
                     self.ui.step_finished(&name, &format!("refused by its gate: {reason}"));
                     cp.record(Record::StepRefused { step: name.clone(), reason })?;
                     run.outcome = run.outcome.worst(Outcome::Refused);
-                    run.stopping = true;
-                    break;
+                    run.branch_failed(self.keep_going);
+                    continue;
                 }
             }
             let action = match action {
@@ -633,27 +652,20 @@ impl Session {
                 _ => (StepMode::Apply, format!("{} apply", step.tool)),
             };
             let tool_version = tools.get(&name).map(|t| t.version.clone());
-            cp.record(Record::StepStarted { step: name.clone(), mode, tool_version })?;
+            // A step that cannot resume completes or reverts: it is never retried.
+            let retry = step.retry.clone().filter(|_| step.resumable);
+            if let Some(retry) = &retry {
+                cp.record(Record::Attempt { step: name.clone(), attempt: 1, of: retry.attempts })?;
+            }
+            cp.record(Record::StepStarted { step: name.clone(), mode, tool_version: tool_version.clone() })?;
             self.ui.step_started(&name, &what);
             let ctx = self.context(&step, self.cancel.child_token());
             let sink = JournalSink::new(name.clone(), cp.clone(), self.ui.clone(), &self.state, ctx.cancel.clone())?;
             // 0700: the tools' files in it (terraform's saved plan) are nobody else's to read.
             self.state.create_dir(&ctx.work_dir)?;
+            let attempts = Attempts { retry, cp: cp.clone(), ui: self.ui.clone(), tool_version };
             run.running.spawn(async move {
-                let result = match &action {
-                    Action::Recover(prior) => step.spec.recover(&ctx, prior, &sink).await,
-                    _ => step.spec.apply(&ctx, &sink).await.map(|()| Recovered::Complete),
-                };
-                let result = match (result, sink.journal_error()) {
-                    (_, Some(JournalError::Gone)) => {
-                        Err(Failure::new("the checkpoint was deleted while this step ran (said below)"))
-                    }
-                    (_, Some(JournalError::Other(e))) => Err(Failure::new(format!(
-                        "the checkpoint could not be written: {e}"
-                    ))
-                    .with_hint("free disk space or fix permissions on the state directory, then `rdeploy recover`")),
-                    (r, None) => r,
-                };
+                let result = attempts.run(&step, &ctx, action, &sink).await;
                 (step.name.clone(), result)
             });
         }
@@ -684,14 +696,15 @@ impl Session {
                 cp.record(Record::StepReverted { step: name.clone(), how: Some(how) })?;
                 cp.snapshot();
                 self.ui.step_finished(&name, &self.ui.paint.warn(&format!("rolled back to {to}")));
-                run.stopping = true;
+                run.branch_failed(self.keep_going);
                 run.outcome = run.outcome.worst(Outcome::StepReverted);
                 return Ok(());
             }
             Err(failure) => failure,
         };
-        run.stopping = true;
         let interrupted = failure.interrupted || self.cancel.is_cancelled();
+        let failure = self.name_timeout(cp, &step, failure);
+        run.branch_failed(self.keep_going && !interrupted);
         self.ui.step_finished(&name, &format!("{}: {}", self.ui.paint.bad("failed"), failure.summary));
         cp.record(Record::StepFailed { step: name.clone(), failure: Failure { interrupted, ..failure } })?;
         let step_outcome = if !step.resumable && step.revert.is_some() {
@@ -701,11 +714,58 @@ impl Session {
         } else {
             Outcome::Partial
         };
+        if step_outcome == Outcome::RevertFailed {
+            // Manual action is needed: nothing more runs on top of a half-reverted step.
+            run.stopping = true;
+        }
         run.outcome = run.outcome.worst(step_outcome);
         if interrupted {
             run.outcome = run.outcome.worst(Outcome::Interrupted);
         }
         Ok(())
+    }
+
+    /// Every tool's timeout reads the same: "timed out after D" and what was in flight (the
+    /// sub-changes started and not done, else the command), then the tool's own words.
+    fn name_timeout(&self, cp: &SharedCheckpoint, step: &Step, mut failure: Failure) -> Failure {
+        let (true, Some(limit)) = (failure.timed_out, step.timeout) else { return failure };
+        let in_flight: Vec<String> = cp.read(|deploy| {
+            deploy
+                .step(&step.name)
+                .map(|s| {
+                    s.sub_changes
+                        .iter()
+                        .filter(|c| {
+                            matches!(
+                                c.status,
+                                rdeploy_adapters::SubStatus::Started | rdeploy_adapters::SubStatus::Failed
+                            )
+                        })
+                        .map(|c| format!("`{}`", c.id))
+                        .collect()
+                })
+                .unwrap_or_default()
+        });
+        let what = match (in_flight.is_empty(), &failure.command) {
+            (false, Some(command)) => format!("sub-change {} (`{command}`)", in_flight.join(", ")),
+            (false, None) => format!("sub-change {}", in_flight.join(", ")),
+            (true, Some(command)) => format!("`{command}`"),
+            (true, None) => "the tool".to_string(),
+        };
+        failure.summary = format!(
+            "timed out after {} while running {what} (stopped with SIGINT, then SIGTERM and SIGKILL {}s apart): {}",
+            humantime::format_duration(limit),
+            rdeploy_adapters::process::TIMEOUT_GRACE.as_secs(),
+            failure.summary
+        );
+        if failure.hint.is_none() {
+            failure.hint = Some(format!(
+                "raise the step's `timeout` or find why it hangs (its log: {}), then `rdeploy recover {}`",
+                self.state.log_path(&step.name).display(),
+                self.stack_arg
+            ));
+        }
+        failure
     }
 
     /// Failed steps without `revert` that left sub-changes in place: a whole-deploy revert
@@ -845,6 +905,113 @@ impl Session {
     }
 }
 
+/// One step's attempts: the first as the scheduler chose it, then under `retry:` each further
+/// one through the adapter's recover path, so completed sub-changes never run again. Every
+/// attempt is journaled (its failure, then `Attempt` and `StepStarted`) before it starts.
+struct Attempts {
+    retry: Option<Retry>,
+    cp: SharedCheckpoint,
+    ui: Arc<Ui>,
+    tool_version: Option<String>,
+}
+
+impl Attempts {
+    async fn run(
+        &self,
+        step: &Step,
+        ctx: &StepContext,
+        mut action: Action,
+        sink: &JournalSink,
+    ) -> Result<Recovered, Failure> {
+        let mut attempt = 1;
+        loop {
+            let result = match &action {
+                Action::Recover(prior) => step.spec.recover(ctx, prior, sink).await,
+                _ => step.spec.apply(ctx, sink).await.map(|()| Recovered::Complete),
+            };
+            let failure = match (result, sink.journal_error()) {
+                (_, Some(e)) => return Err(journal_failure(e)),
+                (Ok(done), None) => {
+                    if let Some(retry) = self.retry.as_ref().filter(|_| attempt > 1) {
+                        self.ui.info(format!("{}: succeeded on attempt {attempt} of {}", step.name, retry.attempts));
+                    }
+                    return Ok(done);
+                }
+                (Err(failure), None) => failure,
+            };
+            let Some(retry) = &self.retry else { return Err(failure) };
+            // Never retried: an interrupt, the last attempt, a failure nobody called transient.
+            if failure.interrupted || ctx.cancel.is_cancelled() || attempt >= retry.attempts {
+                return Err(failure);
+            }
+            let Some(why) = retry_reason(retry, step.tool, &failure) else { return Err(failure) };
+            let delay = retry.delay_before(attempt + 1);
+            let summary = failure.summary.clone();
+            if let Err(e) = self.cp.record(Record::StepFailed { step: step.name.clone(), failure }) {
+                return Err(journal_failure(JournalError::of(&e)));
+            }
+            self.ui.step_finished(
+                &step.name,
+                &format!(
+                    "{} ({why}): {summary}; attempt {}/{} in {}",
+                    self.ui.paint.warn(&format!("attempt {attempt}/{} failed", retry.attempts)),
+                    attempt + 1,
+                    retry.attempts,
+                    humantime::format_duration(delay)
+                ),
+            );
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = ctx.cancel.cancelled() => {
+                    return Err(Failure { interrupted: true, ..Failure::new(format!("stopped before attempt {} of {}", attempt + 1, retry.attempts)) });
+                }
+            }
+            attempt += 1;
+            let prior = self.cp.read(|d| d.step(&step.name).map(|s| s.prior()).unwrap_or_default());
+            let records = [
+                Record::Attempt { step: step.name.clone(), attempt, of: retry.attempts },
+                Record::StepStarted {
+                    step: step.name.clone(),
+                    mode: StepMode::Recover,
+                    tool_version: self.tool_version.clone(),
+                },
+            ];
+            for record in records {
+                if let Err(e) = self.cp.record(record) {
+                    return Err(journal_failure(JournalError::of(&e)));
+                }
+            }
+            self.ui.step_started(&step.name, &format!("{} recover (attempt {attempt}/{})", step.tool, retry.attempts));
+            action = Action::Recover(prior);
+        }
+    }
+}
+
+/// Why a failure is worth another attempt, or `None`: one of `matching` matched its message or
+/// the tool's stderr tail, or it is one of the tool's known transient errors (unless
+/// `transient: false`).
+fn retry_reason(retry: &Retry, tool: rdeploy_adapters::Tool, failure: &Failure) -> Option<String> {
+    let lines = || std::iter::once(failure.summary.as_str()).chain(failure.stderr_tail.iter().map(String::as_str));
+    if let Some(re) = retry.matching.iter().find(|re| lines().any(|l| re.is_match(l))) {
+        return Some(format!("matches `{}`", re.as_str()));
+    }
+    if retry.transient {
+        if let Some(class) = rdeploy_adapters::transient::classify(tool, failure) {
+            return Some(format!("transient: {}", class.describe()));
+        }
+    }
+    None
+}
+
+fn journal_failure(error: JournalError) -> Failure {
+    match error {
+        // The run's final error says it all, once.
+        JournalError::Gone => Failure::new("the checkpoint was deleted while this step ran (said below)"),
+        JournalError::Other(error) => Failure::new(format!("the checkpoint could not be written: {error}"))
+            .with_hint("free disk space or fix permissions on the state directory, then `rdeploy recover`"),
+    }
+}
+
 /// The open checkpoint, shared by the scheduler and the running steps' sinks. A poisoned lock is
 /// used as it is: the checkpoint is whole after every record.
 #[derive(Clone)]
@@ -890,6 +1057,16 @@ enum JournalError {
     Other(String),
 }
 
+impl JournalError {
+    fn of(e: &anyhow::Error) -> JournalError {
+        if CheckpointGone::is(e) {
+            JournalError::Gone
+        } else {
+            JournalError::Other(format!("{e:#}"))
+        }
+    }
+}
+
 /// The driver's event sink: journals sub-change events durably before returning, draws
 /// progress, and writes the tool's output to the step's log.
 struct JournalSink {
@@ -929,8 +1106,7 @@ impl JournalSink {
 
     fn journal(&self, record: Record) {
         if let Err(e) = self.cp.record(record) {
-            let error = if CheckpointGone::is(&e) { JournalError::Gone } else { JournalError::Other(format!("{e:#}")) };
-            self.error.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(error);
+            self.error.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(JournalError::of(&e));
             self.stop.cancel();
         }
     }

@@ -75,6 +75,10 @@ enum Command {
         /// Run up to N independent steps at once.
         #[arg(long, default_value_t = 1, value_name = "N")]
         parallel: usize,
+        /// After a failure, keep running the steps that do not need the failed one; the steps
+        /// that do are skipped (stack key `on_failure: continue` sets this by default).
+        #[arg(long)]
+        keep_going: bool,
     },
     /// Resume a stopped deploy from its checkpoint.
     Recover {
@@ -88,6 +92,10 @@ enum Command {
         force: bool,
         #[arg(long, default_value_t = 1, value_name = "N")]
         parallel: usize,
+        /// After a failure, keep running the steps that do not need the failed one; the steps
+        /// that do are skipped (stack key `on_failure: continue` sets this by default).
+        #[arg(long)]
+        keep_going: bool,
     },
     /// Partial-state report of the recorded deploy.
     Status {
@@ -143,6 +151,10 @@ enum Command {
         junit: Option<PathBuf>,
         #[arg(long, default_value_t = 1, value_name = "N")]
         parallel: usize,
+        /// After a failure, keep running the steps that do not need the failed one; the steps
+        /// that do are skipped (stack key `on_failure: continue` sets this by default).
+        #[arg(long)]
+        keep_going: bool,
     },
 }
 
@@ -358,6 +370,7 @@ fn session(stack_path: &Path, global: &Global, ui: Arc<Ui>, parallel: usize) -> 
     let cancel = CancellationToken::new();
     let signal = Arc::new(Mutex::new(None));
     watch_signals(cancel.clone(), signal.clone(), ui.clone());
+    let keep_going = stack.on_failure == stack::OnFailure::Continue;
     let processes = rdeploy_adapters::process::ProcessTracker::in_dir(state.path.join("running"));
     Ok(driver::Session {
         stack: Arc::new(stack),
@@ -369,6 +382,7 @@ fn session(stack_path: &Path, global: &Global, ui: Arc<Ui>, parallel: usize) -> 
         signal,
         parallel,
         force: false,
+        keep_going,
         processes,
     })
 }
@@ -408,13 +422,15 @@ fn watch_signals(cancel: CancellationToken, signal: Arc<Mutex<Option<String>>>, 
 async fn run(cli: Cli, ui: Arc<Ui>) -> anyhow::Result<Code> {
     let global = &cli.global;
     match &cli.command {
-        Command::Up { stack, parallel } => {
-            let s = session(stack, global, ui, *parallel)?;
+        Command::Up { stack, parallel, keep_going } => {
+            let mut s = session(stack, global, ui, *parallel)?;
+            s.keep_going |= *keep_going;
             cmd::present(&s, &s.up().await?)
         }
-        Command::Recover { stack, dry_run, parallel, force } => {
+        Command::Recover { stack, dry_run, parallel, force, keep_going } => {
             let mut s = session(stack, global, ui, *parallel)?;
             s.force = *force;
+            s.keep_going |= *keep_going;
             cmd::present(&s, &s.recover(*dry_run).await?)
         }
         Command::Revert { stack } => {
@@ -456,10 +472,13 @@ async fn run(cli: Cli, ui: Arc<Ui>) -> anyhow::Result<Code> {
             }
             Ok(Code::Ok)
         }
-        Command::Ci { stack, junit, parallel } => {
+        Command::Ci { stack, junit, parallel, keep_going } => {
             let outputs = ci::Outputs::from_env(junit.clone());
             let s = match session(stack, global, ui.clone(), *parallel) {
-                Ok(s) => s,
+                Ok(mut s) => {
+                    s.keep_going |= *keep_going;
+                    s
+                }
                 Err(e) => {
                     let arg = stack.display().to_string();
                     return Err(ci::report_error(&outputs, &ui, &arg, &arg, e));

@@ -76,6 +76,27 @@ pub struct StepReport {
     pub facts: serde_json::Map<String, serde_json::Value>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+    /// Under `retry:`, once retried: the attempt it succeeded or stopped on, and of how many.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attempts: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<u32>,
+    /// The errors of the earlier attempts, oldest first.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub attempt_errors: Vec<String>,
+}
+
+impl StepReport {
+    /// "succeeded on attempt 2 of 3" / "failed on attempt 3 of 3", once the step was retried.
+    pub fn attempt_words(&self) -> Option<String> {
+        let (n, of) = (self.attempts?, self.max_attempts?);
+        let how = match self.status {
+            StepView::Done => "succeeded",
+            StepView::Failed => "failed",
+            _ => "stopped",
+        };
+        Some(format!("{how} on attempt {n} of {of}"))
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -242,6 +263,9 @@ fn pending_step(name: String, tool: String, resumable: bool) -> StepReport {
         log: None,
         facts: Default::default(),
         warnings: Vec::new(),
+        attempts: None,
+        max_attempts: None,
+        attempt_errors: Vec::new(),
     }
 }
 
@@ -277,6 +301,11 @@ pub fn from_deploy(
             r.stderr_tail = f.stderr_tail.clone();
             r.hint = f.hint.clone();
             r.interrupted = f.interrupted;
+        }
+        if let Some((n, of)) = s.attempt.filter(|(n, _)| *n > 1) {
+            r.attempts = Some(n);
+            r.max_attempts = Some(of);
+            r.attempt_errors = s.attempt_errors.clone();
         }
         r.revert_error = s.revert_failure.as_ref().map(|f| f.summary.clone());
         r.reverted_how = s.reverted_how.clone();
@@ -402,7 +431,8 @@ pub fn render_text(status: &Status, paint: Paint) -> String {
         for s in &in_place {
             let done = sub_list(s, SubStatus::Done);
             let detail = if done.is_empty() { String::new() } else { format!(": {}", ellipsize(&done, 8)) };
-            let _ = writeln!(out, "  {} {} ({}){detail}", paint.good("✓"), s.name, s.tool);
+            let attempts = s.attempt_words().map(|w| format!(" ({w})")).unwrap_or_default();
+            let _ = writeln!(out, "  {} {} ({}){detail}{attempts}", paint.good("✓"), s.name, s.tool);
         }
     }
     if !failed.is_empty() {
@@ -434,6 +464,12 @@ pub fn render_text(status: &Status, paint: Paint) -> String {
         let said = s.sub_changes.iter().any(|c| c.error.is_some() && c.error == s.error);
         if let Some(e) = s.error.as_ref().filter(|_| !said) {
             let _ = writeln!(out, "      why:      {e}");
+        }
+        if let Some(words) = s.attempt_words() {
+            let _ = writeln!(out, "      attempts: {words}");
+            for (i, e) in s.attempt_errors.iter().enumerate() {
+                let _ = writeln!(out, "        attempt {}: {e}", i + 1);
+            }
         }
         if let (Some(cmd), Some(code)) = (&s.command, s.exit_code) {
             let _ = writeln!(out, "      command:  `{cmd}` (exit {code})");
@@ -577,7 +613,11 @@ pub fn render_markdown(status: &Status) -> String {
 pub fn summarize_step(s: &StepState) -> String {
     let total = s.sub_changes.len();
     let done = s.count(SubStatus::Done);
-    format!("{}: {} ({done}/{total} {})", s.name, s.status.as_str(), s.tool.sub_change_plural())
+    let attempts = match s.attempt {
+        Some((n, of)) if n > 1 && s.status == StepStatus::Done => format!(", succeeded on attempt {n} of {of}"),
+        _ => String::new(),
+    };
+    format!("{}: {} ({done}/{total} {}){attempts}", s.name, s.status.as_str(), s.tool.sub_change_plural())
 }
 
 #[cfg(test)]

@@ -112,6 +112,7 @@ fn render_static_head(out: &mut String, stack: &Stack, stack_file: &str) {
     );
     let on_failure = match stack.on_failure {
         OnFailure::Stop => "`stop`: a failed step stops the deploy; completed steps stay in place and `rdeploy recover` resumes",
+        OnFailure::Continue => "`continue`: a failed step stops only the steps that need it (directly or through others); independent steps still run, and `rdeploy recover` resumes the failed and skipped ones",
         OnFailure::Revert => "`revert`: a failed step reverts every completed step that declares `revert`, newest first; the next `rdeploy up` starts from scratch",
     };
     let _ = writeln!(out, "On failure: {on_failure}.\n");

@@ -14,9 +14,10 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 /// Keys every step accepts, whatever its tool.
-pub const COMMON_KEYS: &[&str] = &["name", "tool", "needs", "resumable", "revert", "gate", "timeout", "env", "phase"];
+pub const COMMON_KEYS: &[&str] =
+    &["name", "tool", "needs", "resumable", "revert", "gate", "timeout", "env", "phase", "retry"];
 /// Keys of the stack file's top level.
-pub const TOP_KEYS: &[&str] = &["name", "steps", "on_failure", "state"];
+pub const TOP_KEYS: &[&str] = &["name", "steps", "on_failure", "state", "timeout"];
 
 /// A validated stack, ready to run.
 #[derive(Clone, Debug)]
@@ -43,6 +44,8 @@ pub struct Stack {
 pub enum OnFailure {
     #[default]
     Stop,
+    /// `--keep-going` by default: independent branches run past a failure.
+    Continue,
     Revert,
 }
 
@@ -62,7 +65,10 @@ pub struct Step {
     pub resumable: bool,
     pub revert: Option<String>,
     pub gate: Option<Gate>,
+    /// The step's `timeout`, else the stack's top-level one.
     pub timeout: Option<Duration>,
+    /// `retry:`; `None` retries nothing.
+    pub retry: Option<Retry>,
     pub env: BTreeMap<String, String>,
     pub phase: Option<Phase>,
     pub spec: ToolSpec,
@@ -150,6 +156,124 @@ struct CommonKeys {
     #[serde(default)]
     env: BTreeMap<String, String>,
     phase: Option<Spanned<String>>,
+    retry: Option<RetryKeys>,
+}
+
+/// `retry:` as written, with positions for the checks in [`Retry::check`].
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RetryKeys {
+    attempts: Option<Spanned<String>>,
+    delay: Option<Spanned<String>>,
+    backoff: Option<Spanned<String>>,
+    max_delay: Option<Spanned<String>>,
+    #[serde(default)]
+    matching: Vec<Spanned<String>>,
+    transient: Option<bool>,
+}
+
+/// A step's `retry:`: how often and when a failed step is resumed again without a human.
+#[derive(Clone, Debug)]
+pub struct Retry {
+    /// Attempts in all, the first included (at least 1).
+    pub attempts: u32,
+    /// Before the second attempt.
+    pub delay: Duration,
+    /// Each further delay is the previous one times this (at least 1).
+    pub backoff: f64,
+    pub max_delay: Option<Duration>,
+    /// A failure is retried when one of these matches its message or the tool's stderr tail.
+    pub matching: Vec<regex::Regex>,
+    /// Also retry the tool's known transient errors (default true).
+    pub transient: bool,
+}
+
+impl Retry {
+    /// How long to wait before attempt `next` (2 for the first retry).
+    pub fn delay_before(&self, next: u32) -> Duration {
+        let factor = self.backoff.powi(next.saturating_sub(2) as i32);
+        let delay = self.delay.mul_f64(factor.min(1e6));
+        match self.max_delay {
+            Some(max) => delay.min(max),
+            None => delay,
+        }
+    }
+}
+
+fn parse_duration_at(checker: &mut Checker<'_>, key: &str, value: &Spanned<String>) -> Option<Duration> {
+    match humantime::parse_duration(value.as_str()) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            checker.at(
+                value.span(),
+                format!("`{key}: {}` is not a duration: {e}", value.as_str()),
+                Some("write it like `90s`, `10m` or `1h30m`".into()),
+            );
+            None
+        }
+    }
+}
+
+fn check_retry(checker: &mut Checker<'_>, keys: &RetryKeys) -> Option<Retry> {
+    let before = checker.problems.len();
+    let attempts = match &keys.attempts {
+        None => 3,
+        Some(a) => match a.as_str().parse::<u32>() {
+            Ok(n) if (1..=100).contains(&n) => n,
+            _ => {
+                checker.at(
+                    a.span(),
+                    format!("`retry.attempts` is a whole number from 1 to 100, not `{}`", a.as_str()),
+                    Some("count the first attempt too: `attempts: 3` retries twice".into()),
+                );
+                1
+            }
+        },
+    };
+    let delay = keys
+        .delay
+        .as_ref()
+        .and_then(|d| parse_duration_at(checker, "retry.delay", d))
+        .unwrap_or(Duration::from_secs(5));
+    let max_delay = keys.max_delay.as_ref().and_then(|d| parse_duration_at(checker, "retry.max_delay", d));
+    let backoff = match &keys.backoff {
+        None => 2.0,
+        Some(b) => match b.as_str().parse::<f64>() {
+            Ok(f) if f.is_finite() && (1.0..=10.0).contains(&f) => f,
+            _ => {
+                checker.at(
+                    b.span(),
+                    format!("`retry.backoff` is a factor from 1 to 10, not `{}`", b.as_str()),
+                    Some("`backoff: 2` doubles the delay after each attempt; `1` keeps it".into()),
+                );
+                1.0
+            }
+        },
+    };
+    let mut matching = Vec::new();
+    for pattern in &keys.matching {
+        match regex::Regex::new(pattern.as_str()) {
+            Ok(re) => matching.push(re),
+            Err(e) => {
+                let text = e.to_string();
+                let last = text.lines().last().unwrap_or("invalid").trim();
+                let why = last.strip_prefix("error: ").unwrap_or(last).to_string();
+                checker.at(
+                    pattern.span(),
+                    format!("`retry.matching` entry `{}` is not a regular expression: {}", pattern.as_str(), why),
+                    Some("the syntax is Rust's `regex` crate; escape `(`, `[`, `.` with `\\`".into()),
+                );
+            }
+        }
+    }
+    (checker.problems.len() == before).then(|| Retry {
+        attempts,
+        delay,
+        backoff,
+        max_delay,
+        matching,
+        transient: keys.transient.unwrap_or(true),
+    })
 }
 
 /// One problem found in a stack file.
@@ -252,7 +376,7 @@ pub fn parse(file: &Path, text: &str) -> Result<Stack, StackError> {
     }
     // A top-level setting written as a list or mapping must not silently fall back to its
     // default (`on_failure: [revert]` would quietly mean `stop`).
-    for key in ["name", "on_failure", "state"] {
+    for key in ["name", "on_failure", "state", "timeout"] {
         if let Some(node) = top.get_node(key).filter(|n| n.as_scalar().is_none()) {
             checker.at(node.span(), format!("`{key}` must be a single value"), None);
         }
@@ -275,14 +399,19 @@ pub fn parse(file: &Path, text: &str) -> Result<Stack, StackError> {
         None => OnFailure::Stop,
         Some(v) => match v.as_str() {
             "stop" => OnFailure::Stop,
+            "continue" => OnFailure::Continue,
             "revert" => OnFailure::Revert,
             other => {
-                let hint = suggest(other, &["stop", "revert"]).map(|s| format!("did you mean `{s}`?"));
-                checker.at(v.span(), format!("`on_failure` is `stop` or `revert`, not `{other}`"), hint);
+                let hint = suggest(other, &["stop", "continue", "revert"]).map(|s| format!("did you mean `{s}`?"));
+                checker.at(v.span(), format!("`on_failure` is `stop`, `continue` or `revert`, not `{other}`"), hint);
                 OnFailure::Stop
             }
         },
     };
+    let default_timeout = top.get_scalar("timeout").and_then(|t| {
+        let spanned = Spanned::new(*t.span(), t.as_str().to_string());
+        parse_duration_at(&mut checker, "timeout", &spanned)
+    });
     let state = match top.get_scalar("state") {
         None => None,
         Some(v) if v.as_str().starts_with("postgres://") || v.as_str().starts_with("postgresql://") => {
@@ -311,7 +440,8 @@ pub fn parse(file: &Path, text: &str) -> Result<Stack, StackError> {
     let mut needs_spans: Vec<Vec<Spanned<String>>> = Vec::new();
     let mut phase_spans: Vec<Option<Span>> = Vec::new();
     for node in step_nodes.iter() {
-        if let Some((step, name_span, needs, phase_span)) = parse_step(&mut checker, &dir, node) {
+        if let Some((mut step, name_span, needs, phase_span)) = parse_step(&mut checker, &dir, node) {
+            step.timeout = step.timeout.or(default_timeout);
             if let Some(&first) = first_by_name.get(&step.name) {
                 let first_line = name_spans[first].1.start().map(|m| m.line()).unwrap_or(0);
                 checker.at(
@@ -511,17 +641,8 @@ fn parse_step(checker: &mut Checker<'_>, dir: &Path, node: &Node) -> Option<Pars
             );
         }
     }
-    let timeout = keys.timeout.as_ref().and_then(|t| match humantime::parse_duration(t.as_str()) {
-        Ok(d) => Some(d),
-        Err(e) => {
-            checker.at(
-                t.span(),
-                format!("`timeout: {}` is not a duration: {e}", t.as_str()),
-                Some("write it like `90s`, `10m` or `1h30m`".into()),
-            );
-            None
-        }
-    });
+    let timeout = keys.timeout.as_ref().and_then(|t| parse_duration_at(checker, "timeout", t));
+    let retry = keys.retry.as_ref().and_then(|r| check_retry(checker, r));
     let phase = keys.phase.as_ref().and_then(|p| match p.as_str() {
         "expand" => Some(Phase::Expand),
         "migrate" => Some(Phase::Migrate),
@@ -553,6 +674,7 @@ fn parse_step(checker: &mut Checker<'_>, dir: &Path, node: &Node) -> Option<Pars
         revert: keys.revert,
         gate: keys.gate.map(|g| check_gate(checker, g)),
         timeout,
+        retry,
         env: keys.env,
         phase,
         spec,

@@ -133,3 +133,34 @@ steps:
     p.rdeploy(&["up"]).code(0);
     assert_eq!(sub_statuses(&p.status(), "typed"), pairs(&[("local", "done")]));
 }
+
+#[test]
+fn a_host_unreachable_on_the_first_attempt_only_is_retried_alone() {
+    let p = project("site.yml", "inventory-unreachable.ini");
+    p.stack(&p.read("stack.yaml").replace(
+        "    env: { ANSIBLE_NOCOLOR: \"1\" }\n",
+        "    env: { ANSIBLE_NOCOLOR: \"1\" }\n    retry: { attempts: 5, delay: 2s, backoff: 1 }\n",
+    ));
+    let child = p.spawn(&["up"]);
+    // Attempt 1 failed on db1 (a closed ssh port); db1 comes back before the next attempt.
+    let start = std::time::Instant::now();
+    while !p.exists(".rdeploy/journal.jsonl") || !p.read(".rdeploy/journal.jsonl").contains(r#""type":"step_failed""#) {
+        assert!(start.elapsed() < std::time::Duration::from_secs(120), "attempt 1 never failed");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let inventory = p.read("ansible/inventory-unreachable.ini");
+    let db1 = inventory.lines().find(|l| l.starts_with("db1 ")).unwrap().to_string();
+    p.file(
+        "ansible/inventory-unreachable.ini",
+        &inventory.replace(
+            &db1,
+            r#"db1 ansible_connection=local ansible_python_interpreter="{{ ansible_playbook_python }}""#,
+        ),
+    );
+    let run = common::Run::from(child.wait_with_output().unwrap(), &["up"]);
+    run.code(0).stdout_has("succeeded on attempt").stderr_has("(transient: a host was unreachable)");
+    assert_eq!(log(&p, "db1"), ["start site", "finish site"], "{}", run.stderr);
+    for host in ["web1", "web2", "web3", "web4"] {
+        assert_eq!(log(&p, host), ["start site", "finish site"], "{host} ran once: the retry limited to db1");
+    }
+}

@@ -66,3 +66,42 @@ fn a_failed_object_stops_the_deploy_and_recover_applies_only_it() {
     );
     assert_eq!(p.read("after.log"), "after\n");
 }
+
+#[test]
+fn the_api_server_offline_for_a_moment_is_retried_through_the_transient_class() {
+    let sim = Kubesim::start("c1");
+    let mut p = Project::new();
+    for (k, v) in sim.env() {
+        p.env(&k, &v);
+    }
+    p.file(
+        "k8s/cm.yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: settings, namespace: default}\ndata: {a: \"1\"}\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: flags, namespace: default}\ndata: {b: \"2\"}\n",
+    );
+    p.stack(&format!(
+        r#"
+name: k8s
+steps:
+  - name: config
+    tool: kubectl
+    manifests: [k8s/cm.yaml]
+    context: c1
+    binary: {kubectl}
+    retry: {{ attempts: 40, delay: 250ms, backoff: 1 }}
+"#,
+        kubectl = kubectl_bin().display()
+    ));
+    sim.post("/_sim/clusters/c1/offline");
+    let child = p.spawn(&["up"]);
+    let start = std::time::Instant::now();
+    while !p.exists(".rdeploy/journal.jsonl") || !p.read(".rdeploy/journal.jsonl").contains(r#""attempt":2"#) {
+        assert!(start.elapsed() < std::time::Duration::from_secs(120), "no second attempt was journaled");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    sim.post("/_sim/clusters/c1/online");
+    let run = common::Run::from(child.wait_with_output().unwrap(), &["up"]);
+    run.code(0).stdout_has("succeeded on attempt").stderr_has("(transient: the Kubernetes API is unavailable)");
+    assert!(sim
+        .kubectl_ok(&["--context", "c1", "get", "configmap", "settings", "-n", "default", "-o", "name"])
+        .contains("configmap/settings"));
+}

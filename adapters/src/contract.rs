@@ -241,6 +241,9 @@ pub struct Failure {
     pub hint: Option<String>,
     #[serde(default)]
     pub interrupted: bool,
+    /// The step's `timeout` stopped the tool (SIGINT, then SIGTERM, then SIGKILL).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub timed_out: bool,
 }
 
 impl Failure {
@@ -273,6 +276,7 @@ impl Failure {
             stderr_tail: outcome.stderr_tail.iter().cloned().collect(),
             hint: None,
             interrupted: outcome.interrupted,
+            timed_out: outcome.timed_out,
         }
     }
 

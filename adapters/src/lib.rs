@@ -23,6 +23,7 @@ pub mod registry;
 pub mod shell;
 pub mod terraform;
 pub mod testing;
+pub mod transient;
 pub mod yaml;
 
 pub use binary::resolve_binary;

@@ -30,8 +30,9 @@ use crate::{AdapterError, Stream};
 
 /// How many lines of each stream are kept for error messages.
 const TAIL_LINES: usize = 20;
-/// After a timeout the group gets SIGTERM, then SIGKILL after this grace period.
-const KILL_GRACE: Duration = Duration::from_secs(10);
+/// After a timeout the group gets SIGINT (the tool's own clean stop: terraform releases its
+/// lock), then SIGTERM after this grace period, then SIGKILL after it again.
+pub const TIMEOUT_GRACE: Duration = Duration::from_secs(5);
 /// How often the output files are read while the child runs and writes nothing: a line reaches
 /// the adapter's parser at most this late. A read finds every byte written so far.
 const FOLLOW_INTERVAL: Duration = Duration::from_millis(10);
@@ -274,7 +275,8 @@ impl Command {
     /// Runs to completion, handing each output line to `on_line` as it arrives.
     ///
     /// Cancellation sends SIGINT to the child's process group once and keeps waiting: the tool
-    /// decides how to stop. A timeout sends SIGTERM, then SIGKILL after a grace period.
+    /// decides how to stop. A timeout sends SIGINT, then SIGTERM and SIGKILL, each after
+    /// [`TIMEOUT_GRACE`], so every tool is stopped the same way.
     pub async fn run(
         &self,
         cancel: &CancellationToken,
@@ -299,7 +301,8 @@ impl Command {
         let mut poll = tokio::time::interval(FOLLOW_INTERVAL);
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
-        let mut kill_at: Option<tokio::time::Instant> = None;
+        // The next signal of a timeout's escalation, and when to send it.
+        let mut escalate: Option<(tokio::time::Instant, Signal)> = None;
         let status = loop {
             tokio::select! {
                 status = child.wait() => break status.map_err(|source| AdapterError::Spawn { command: self.display(), source })?,
@@ -310,13 +313,18 @@ impl Command {
                     signal_group(pgid, Signal::SIGINT);
                 }
                 _ = sleep_until(deadline), if deadline.is_some() && !outcome.timed_out => {
+                    tracing::debug!(command = %self, "timed out: SIGINT to the process group");
                     outcome.timed_out = true;
-                    signal_group(pgid, Signal::SIGTERM);
-                    kill_at = Some(tokio::time::Instant::now() + KILL_GRACE);
+                    signal_group(pgid, Signal::SIGINT);
+                    escalate = Some((tokio::time::Instant::now() + TIMEOUT_GRACE, Signal::SIGTERM));
                 }
-                _ = sleep_until(kill_at), if kill_at.is_some() => {
-                    signal_group(pgid, Signal::SIGKILL);
-                    kill_at = None;
+                _ = sleep_until(escalate.map(|(at, _)| at)), if escalate.is_some() => {
+                    let (_, signal) = escalate.take().expect("guarded by is_some");
+                    tracing::debug!(command = %self, ?signal, "still running after a timeout");
+                    signal_group(pgid, signal);
+                    if signal == Signal::SIGTERM {
+                        escalate = Some((tokio::time::Instant::now() + TIMEOUT_GRACE, Signal::SIGKILL));
+                    }
                 }
             }
         };
@@ -857,18 +865,32 @@ pub(super) mod tests {
     }
 
     #[tokio::test]
-    async fn timeout_terminates_the_group() {
+    async fn timeout_interrupts_the_group_first() {
         let cmd = Command::shell("sleep 30");
         let started = std::time::Instant::now();
         let outcome =
             cmd.run(&CancellationToken::new(), Some(Duration::from_millis(200)), &mut |_, _| {}).await.unwrap();
         assert!(outcome.timed_out);
-        assert_eq!(outcome.signal, Some(libc_sigterm()));
-        assert!(started.elapsed() < Duration::from_secs(5));
+        assert_eq!(outcome.signal, Some(Signal::SIGINT as i32));
+        assert!(started.elapsed() < TIMEOUT_GRACE);
     }
 
-    fn libc_sigterm() -> i32 {
-        Signal::SIGTERM as i32
+    #[tokio::test]
+    async fn timeout_escalates_to_sigterm_then_sigkill() {
+        // Ignores SIGINT: SIGTERM after one grace period ends it.
+        let outcome = Command::shell("trap '' INT; echo ready; while :; do sleep 0.05; done")
+            .run(&CancellationToken::new(), Some(Duration::from_millis(200)), &mut |_, _| {})
+            .await
+            .unwrap();
+        assert!(outcome.timed_out);
+        assert_eq!(outcome.signal, Some(Signal::SIGTERM as i32));
+        // Ignores both: SIGKILL after the second.
+        let outcome = Command::shell("trap '' INT TERM; echo ready; while :; do sleep 0.05; done")
+            .run(&CancellationToken::new(), Some(Duration::from_millis(200)), &mut |_, _| {})
+            .await
+            .unwrap();
+        assert!(outcome.timed_out);
+        assert_eq!(outcome.signal, Some(Signal::SIGKILL as i32));
     }
 
     #[tokio::test]

@@ -794,6 +794,7 @@ impl<'a> Run<'a> {
             stderr_tail: tail,
             hint: Some(hint),
             interrupted: outcome.interrupted,
+            timed_out: outcome.timed_out,
         }
     }
 
@@ -827,6 +828,7 @@ impl<'a> Run<'a> {
                 shell_quote(&lock.id)
             )),
             interrupted: false,
+            timed_out: false,
         }
     }
 }
