@@ -13,18 +13,24 @@
 # the deploy was recorded leaves nothing to recover: `up` again, counted as up-again.
 #
 # Tools: shell (10 sub-changes of 50-150 ms, each with a check) and terraform (the chain fixture:
-# six terraform_data resources in a chain, each local-exec appending to runs/aN.log). ansible,
-# helm and kubectl are not covered yet (see the closing note of issue 14).
+# six terraform_data resources in a chain, each local-exec appending to runs/aN.log), and
+# ansible, kubectl and helm (below).
+#
+# ansible (five local hosts, each appending its name after a moment; a host's play is its
+# sub-change, so a name appended twice is an applied-twice count, an upper bound: a host left
+# uncertain by the kill is run again by design, as ansible plays are meant to be idempotent).
 #
 # Usage: benches/crash-loop.sh [N] [TOOLS]   (default 25 and "shell terraform").
-# Builds the release binary first (honours CARGO_TARGET_DIR).
+# Builds the release binary first (honours CARGO_TARGET_DIR), unless RDEPLOY names a binary.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:-25}
 TOOLS=${2:-"shell terraform"}
-cargo build --release --quiet -p rdeploy
 TARGET=${CARGO_TARGET_DIR:-$PWD/target}
-RDEPLOY=$TARGET/release/rdeploy
+if [ -z "${RDEPLOY:-}" ]; then
+  cargo build --release --quiet -p rdeploy
+  RDEPLOY=$TARGET/release/rdeploy
+fi
 ROOT=$PWD
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -55,6 +61,72 @@ setup_terraform() {
 effects_terraform() { cat "$1"/chain/runs/*.log 2>/dev/null | sort | uniq -c | awk '$1 > 1 {n++} END {print n+0}'; }
 max_kill_ms_terraform=4000
 
+setup_ansible() {
+  local d=$1
+  mkdir -p "$d/ansible"
+  cp "$ROOT/fixtures/ansible/inventory.ini" "$d/ansible/"
+  # Each host appends its name once, after a moment; the end of the play is what rdeploy
+  # records per host, so a host appended twice is a host's play applied twice.
+  cat > "$d/ansible/site.yml" <<'YML'
+- name: crash loop
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: take a moment
+      ansible.builtin.command: sleep 0.5
+    - name: record the effect
+      ansible.builtin.shell: echo "{{ inventory_hostname }}" >> "{{ playbook_dir }}/../effects"
+YML
+  printf 'name: crash-ansible\nsteps:\n  - name: hosts\n    tool: ansible\n    playbook: ansible/site.yml\n    inventory: ansible/inventory.ini\n    binary: %s\n    env: { ANSIBLE_NOCOLOR: "1" }\n' \
+    "$ROOT/.venv/bin/ansible-playbook" > "$d/stack.yaml"
+}
+effects_ansible() { effects_shell "$1"; }
+max_kill_ms_ansible=6000
+
+# kubectl: one kubesim for the whole loop (started on first use), a namespace per run with
+# eight ConfigMaps. kubectl apply is idempotent, so an object applied twice leaves no trace in
+# the cluster: double applies are not measured for kubectl (the column always says 0).
+kubesim_up() {
+  [ -n "${KUBECONFIG:-}" ] && return
+  export KUBECONFIG=$work/kubeconfig
+  "$TARGET/debug/kubesim" --clusters c1 --kubeconfig "$KUBECONFIG" > "$work/kubesim.out" 2>&1 &
+  KUBESIM_PID=$!
+  trap 'kill $KUBESIM_PID 2>/dev/null; rm -rf "$work"' EXIT
+  while ! kubectl get namespaces > /dev/null 2>&1; do sleep 0.1; done
+}
+setup_kubectl() {
+  local d=$1 ns
+  kubesim_up
+  ns=crash-$(basename "$d")
+  mkdir -p "$d/k8s"
+  { printf 'apiVersion: v1\nkind: Namespace\nmetadata: {name: %s}\n' "$ns"
+    for i in $(seq 1 8); do printf -- '---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: c%d, namespace: %s}\ndata: {i: "%d"}\n' "$i" "$ns" "$i"; done
+  } > "$d/k8s/app.yaml"
+  printf 'name: crash-kubectl\nsteps:\n  - name: objects\n    tool: kubectl\n    manifests: [k8s/app.yaml]\n    context: c1\n' > "$d/stack.yaml"
+}
+effects_kubectl() { echo 0; }
+max_kill_ms_kubectl=3000
+
+# helm (helm 3, HELM=tools/helm4/helm for helm 4): the demo's webapp chart, a release per run
+# (`--wait`). A release is one sub-change and helm keeps its revisions: more than one deployed
+# revision of a release that was never changed is an install applied twice. A kill may leave
+# the release pending-*; a recover refused for that is counted apart (pending column).
+HELM=${HELM:-$ROOT/tools/helm3/helm}
+setup_helm() {
+  local d=$1 r
+  kubesim_up
+  r=crash-$(basename "$d")
+  cp -r "$ROOT/fixtures/demo/charts" "$d/charts"
+  printf 'name: crash-helm\nsteps:\n  - name: app\n    tool: helm\n    release: %s\n    chart: charts/webapp\n    namespace: %s\n    context: c1\n    binary: %s\n    wait: true\n    timeout: 60s\n' \
+    "$r" "$r" "$HELM" > "$d/stack.yaml"
+}
+effects_helm() {
+  local r
+  r=crash-$(basename "$1")
+  "$HELM" --kube-context c1 history "$r" -n "$r" -o json 2>/dev/null | grep -o '"revision":[0-9]*' | awk 'END {print (NR > 1 ? 1 : 0)}'
+}
+max_kill_ms_helm=4000
+
 # killed CMD MAX_MS: runs rdeploy CMD in the background and SIGKILLs it after a random delay.
 killed() {
   local d=$1 cmd=$2 max=$3
@@ -65,9 +137,9 @@ killed() {
   wait "$pid" 2>/dev/null || true
 }
 
-printf '%-10s %5s %10s %14s %9s %9s\n' tool runs converged double-applies refusals up-again
+printf '%-10s %5s %10s %14s %9s %9s %8s\n' tool runs converged double-applies refusals up-again pending
 for tool in $TOOLS; do
-  runs=0 converged=0 doubles=0 refusals=0 restarts=0
+  runs=0 converged=0 doubles=0 refusals=0 restarts=0 pending=0
   for r in $(seq 1 "$N"); do
     d=$work/$tool-$r
     mkdir -p "$d"
@@ -91,11 +163,12 @@ for tool in $TOOLS; do
       state=$( cd "$d" && "$RDEPLOY" status --json stack.yaml 2>/dev/null | sed -n 's/.*"state": *"\([a-z_]*\)".*/\1/p' | head -1 )
     fi
     runs=$((runs + 1))
+    if grep -q 'pending-' "$d/recover.out" 2>/dev/null && [ "$code" -ne 0 ]; then pending=$((pending + 1)); fi
     if [ "$code" -eq 0 ] && [ "$state" = complete ]; then converged=$((converged + 1)); else
       echo "  $tool run $r: recover exit $code, state ${state:-?}: $(tail -3 "$d/recover.out" | tr '\n' ' ')" >&2
     fi
     dup=$("effects_$tool" "$d")
     if [ "$dup" -gt 0 ]; then doubles=$((doubles + 1)); echo "  $tool run $r: $dup side effects applied twice" >&2; fi
   done
-  printf '%-10s %5d %10d %14d %9d %9d\n' "$tool" "$runs" "$converged" "$doubles" "$refusals" "$restarts"
+  printf '%-10s %5d %10d %14d %9d %9d %8d\n' "$tool" "$runs" "$converged" "$doubles" "$refusals" "$restarts" "$pending"
 done

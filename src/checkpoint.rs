@@ -598,12 +598,27 @@ impl Deploy {
         }
     }
 }
+/// The checkpoint was deleted or replaced under the running deploy. Its message says it all
+/// (what completed, that nothing can be resumed, what to do), so it is printed once, as is.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct CheckpointGone(pub String);
+
+impl CheckpointGone {
+    /// Whether `e` is (or was caused by) a vanished checkpoint.
+    pub fn is(e: &anyhow::Error) -> bool {
+        e.chain().any(|c| c.is::<CheckpointGone>())
+    }
+}
+
 /// An open checkpoint that records one deploy. Owned by the process holding the lock.
 pub struct Checkpoint {
     journal: Box<dyn JournalWriter>,
     deploy: Deploy,
     /// Records written but not yet durable (see [`Record::needs_sync`]).
     unsynced: bool,
+    /// Sub-changes that finished after the checkpoint was deleted (step, id).
+    unrecorded: Vec<(String, String)>,
 }
 
 impl Record {
@@ -631,7 +646,12 @@ impl Record {
 impl Checkpoint {
     /// Starts a new deploy's journal (the caller holds the lock and checked there is none).
     pub fn create(store: &dyn Store) -> anyhow::Result<Checkpoint> {
-        Ok(Checkpoint { journal: store.create_journal()?, deploy: Deploy::empty(), unsynced: false })
+        Ok(Checkpoint {
+            journal: store.create_journal()?,
+            deploy: Deploy::empty(),
+            unsynced: false,
+            unrecorded: Vec::new(),
+        })
     }
 
     /// Opens the unfinished deploy to go on with it (`recover`, `revert`). The caller holds the
@@ -655,7 +675,7 @@ impl Checkpoint {
     pub fn reopen_as_is(store: &dyn Store) -> anyhow::Result<Checkpoint> {
         let (journal, mut deploy) = store.open_journal()?;
         deploy.settle_after_load(false);
-        Ok(Checkpoint { journal, deploy, unsynced: false })
+        Ok(Checkpoint { journal, deploy, unsynced: false, unrecorded: Vec::new() })
     }
 
     pub fn deploy(&self) -> &Deploy {
@@ -668,11 +688,11 @@ impl Checkpoint {
         let entry = Entry { seq: self.deploy.seq + 1, ts: now(), record };
         tracing::trace!(seq = entry.seq, record = ?entry.record, "journal");
         if let Err(e) = self.journal.append(&entry) {
-            return Err(self.explain(e));
+            return Err(self.explain(e, &entry.record));
         }
         if entry.record.needs_sync() {
             if let Err(e) = self.sync() {
-                return Err(self.explain(e));
+                return Err(self.explain(e, &entry.record));
             }
         } else {
             self.unsynced = true;
@@ -681,8 +701,9 @@ impl Checkpoint {
         Ok(())
     }
 
-    /// Says what a failure to record means for the operator.
-    fn explain(&mut self, e: anyhow::Error) -> anyhow::Error {
+    /// Says what a failure to record means for the operator (`failed` is the record that could
+    /// not be written).
+    fn explain(&mut self, e: anyhow::Error, failed: &Record) -> anyhow::Error {
         if self.deploy.seq == 0 {
             // The first record: nothing ran, and no half-made journal is left behind.
             let _ = self.journal.discard_empty();
@@ -696,12 +717,22 @@ impl Checkpoint {
         if e.downcast_ref::<JournalGone>().is_none() {
             return e;
         }
+        // A sub-change whose end could not be recorded did finish: its tool said so.
+        if let Record::SubDone { step, id, .. } = failed {
+            self.unrecorded.push((step.clone(), id.clone()));
+        }
         let mut done = Vec::new();
         for s in &self.deploy.steps {
             let subs: Vec<&str> =
                 s.sub_changes.iter().filter(|c| c.status == SubStatus::Done).map(|c| c.id.as_str()).collect();
-            let started: Vec<&str> =
-                s.sub_changes.iter().filter(|c| c.status == SubStatus::Started).map(|c| c.id.as_str()).collect();
+            let unrecorded: Vec<&str> =
+                self.unrecorded.iter().filter(|(step, _)| *step == s.name).map(|(_, id)| id.as_str()).collect();
+            let started: Vec<&str> = s
+                .sub_changes
+                .iter()
+                .filter(|c| c.status == SubStatus::Started && !unrecorded.contains(&c.id.as_str()))
+                .map(|c| c.id.as_str())
+                .collect();
             let mut said = match s.status {
                 StepStatus::Done => format!("step `{}` done", s.name),
                 StepStatus::Pending if subs.is_empty() && started.is_empty() => continue,
@@ -710,15 +741,19 @@ impl Checkpoint {
             if !subs.is_empty() && s.status != StepStatus::Done {
                 said.push_str(&format!(" (sub-changes done: {})", subs.join(", ")));
             }
+            if !unrecorded.is_empty() {
+                said.push_str(&format!(" (done, too late to record: {})", unrecorded.join(", ")));
+            }
             if !started.is_empty() {
                 said.push_str(&format!(" (started, outcome unknown: {})", started.join(", ")));
             }
             done.push(said);
         }
         let done = if done.is_empty() { "nothing had completed".to_string() } else { done.join("; ") };
-        anyhow::anyhow!(
-            "{e}; rdeploy stops rather than record into a deleted file. What this deploy had done: {done}. No checkpoint remembers it now: `rdeploy status` will show nothing deployed and `rdeploy up` would run everything again\n  hint: restore the state directory from a backup, or check each tool's own state before running `rdeploy up` again; keep cleanup jobs away from .rdeploy/ while rdeploy runs"
-        )
+        CheckpointGone(format!(
+            "{e}; rdeploy stopped the running tools rather than record into a deleted file. What this deploy had done: {done}. The checkpoint is gone, so `rdeploy recover` has nothing to resume, `rdeploy status` shows nothing deployed and `rdeploy up` would run everything again\n  hint: restore the state directory from a backup and run `rdeploy recover`; without one, check each tool's own state (the list above) before `rdeploy up`; keep cleanup jobs away from the state directory while rdeploy runs"
+        ))
+        .into()
     }
 
     /// Makes every record written so far durable.

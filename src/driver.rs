@@ -18,7 +18,7 @@ use rdeploy_adapters::{
 };
 use tokio::task::JoinSet;
 
-use crate::checkpoint::{Checkpoint, Deploy, DeployState, Record, StepMode, StepStatus};
+use crate::checkpoint::{Checkpoint, CheckpointGone, Deploy, DeployState, Record, StepMode, StepStatus};
 use crate::diff::StackDiff;
 use crate::exit::{Code, Refusal};
 use crate::stack::{OnFailure, Retry, Stack, Step};
@@ -567,6 +567,10 @@ impl Session {
         }
         if let Some(e) = fatal {
             cp.snapshot();
+            if CheckpointGone::is(&e) {
+                // Its message says what completed and what to do; `recover` has nothing to resume.
+                return Err(e);
+            }
             return Err(e.context("the deploy stopped: running tools were interrupted and waited for; `rdeploy recover` resumes once the cause is fixed"));
         }
 
@@ -613,7 +617,12 @@ impl Session {
 
     /// Cancels every running step (their tools get SIGINT once) and stops scheduling.
     fn stop_everything(&self, error: anyhow::Error, run: &mut RunState) -> anyhow::Error {
-        self.ui.warn(format!("{error:#}: stopping the running tools"));
+        if CheckpointGone::is(&error) {
+            // Said once, in full, when the run ends.
+            self.ui.warn("the checkpoint is gone: stopping the running tools".to_string());
+        } else {
+            self.ui.warn(format!("{error:#}: stopping the running tools"));
+        }
         run.stopping = true;
         self.cancel.cancel();
         error
@@ -960,7 +969,7 @@ impl Attempts {
             let delay = retry.delay_before(attempt + 1);
             let summary = failure.summary.clone();
             if let Err(e) = self.cp.record(Record::StepFailed { step: step.name.clone(), failure }) {
-                return Err(journal_failure(format!("{e:#}")));
+                return Err(journal_failure(JournalError::of(&e)));
             }
             self.ui.step_finished(
                 &step.name,
@@ -990,7 +999,7 @@ impl Attempts {
             ];
             for record in records {
                 if let Err(e) = self.cp.record(record) {
-                    return Err(journal_failure(format!("{e:#}")));
+                    return Err(journal_failure(JournalError::of(&e)));
                 }
             }
             self.ui.step_started(&step.name, &format!("{} recover (attempt {attempt}/{})", step.tool, retry.attempts));
@@ -1015,9 +1024,13 @@ fn retry_reason(retry: &Retry, tool: rdeploy_adapters::Tool, failure: &Failure) 
     None
 }
 
-fn journal_failure(error: String) -> Failure {
-    Failure::new(format!("the checkpoint could not be written: {error}"))
-        .with_hint("free disk space or fix permissions on the state directory, then `rdeploy recover`")
+fn journal_failure(error: JournalError) -> Failure {
+    match error {
+        // The run's final error says it all, once.
+        JournalError::Gone => Failure::new("the checkpoint was deleted while this step ran (said below)"),
+        JournalError::Other(error) => Failure::new(format!("the checkpoint could not be written: {error}"))
+            .with_hint("free disk space or fix permissions on the state directory, then `rdeploy recover`"),
+    }
 }
 
 /// The open checkpoint, shared by the scheduler and the running steps' sinks. A poisoned lock is
@@ -1057,6 +1070,24 @@ impl SharedCheckpoint {
     }
 }
 
+/// Why a step's sink could not record an event.
+#[derive(Clone, Debug)]
+enum JournalError {
+    /// The checkpoint was deleted under the run (the run's final error says what to do).
+    Gone,
+    Other(String),
+}
+
+impl JournalError {
+    fn of(e: &anyhow::Error) -> JournalError {
+        if CheckpointGone::is(e) {
+            JournalError::Gone
+        } else {
+            JournalError::Other(format!("{e:#}"))
+        }
+    }
+}
+
 /// The driver's event sink: journals sub-change events durably before returning, draws
 /// progress, and writes the tool's output to the step's log.
 struct JournalSink {
@@ -1064,7 +1095,7 @@ struct JournalSink {
     cp: SharedCheckpoint,
     ui: Arc<Ui>,
     log: Mutex<Option<File>>,
-    error: Mutex<Option<String>>,
+    error: Mutex<Option<JournalError>>,
     /// Cancelled on the first journal error, so the step starts nothing it cannot record (a
     /// full disk, or a shared store whose lease another run took over).
     stop: CancellationToken,
@@ -1090,13 +1121,13 @@ impl JournalSink {
         Ok(JournalSink { step, cp, ui, log: Mutex::new(log), error: Mutex::new(None), stop })
     }
 
-    fn journal_error(&self) -> Option<String> {
+    fn journal_error(&self) -> Option<JournalError> {
         self.error.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     fn journal(&self, record: Record) {
         if let Err(e) = self.cp.record(record) {
-            self.error.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(|| format!("{e:#}"));
+            self.error.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(JournalError::of(&e));
             self.stop.cancel();
         }
     }

@@ -33,8 +33,13 @@ fn a_state_dir_deleted_mid_run_stops_the_deploy_loudly_naming_what_completed() {
     p.stack(CLEANUP_MID_RUN);
     let run = p.rdeploy(&["up"]);
     run.code(1).stderr_has("was deleted or replaced while this run was using it").stderr_has(
-        "What this deploy had done: step `seed` running (sub-changes done: one) (started, outcome unknown: two)",
+        "What this deploy had done: step `seed` running (sub-changes done: one) (done, too late to record: two)",
     );
+    // Said once, with the next step that fits: there is no checkpoint for `recover` to resume.
+    assert_eq!(run.stderr.matches("was deleted or replaced").count(), 1, "said once:\n{}", run.stderr);
+    assert_eq!(run.stderr.matches("What this deploy had done").count(), 1, "said once:\n{}", run.stderr);
+    assert!(!run.stderr.contains("resumes once the cause is fixed"), "{}", run.stderr);
+    run.stderr_has("`rdeploy recover` has nothing to resume").stderr_has("restore the state directory from a backup");
     assert_eq!(p.lines("out"), ["one", "two"], "nothing runs once the checkpoint is gone");
     assert!(!p.exists(".rdeploy/journal.jsonl"), "no journal was recreated to record into");
 }
@@ -81,6 +86,43 @@ fn a_journal_cut_short_without_a_snapshot_is_said_and_not_run_again() {
     }
 }
 
+/// A power loss after `four` finished but before its end was synced: the journal (fdatasync'd
+/// up to `four` started) ends there, while `journal.seq`, in the page cache with it, reached
+/// the disk saying one more record was written.
+#[test]
+fn a_journal_that_ends_between_the_synced_and_the_written_count_is_an_os_crash_and_recover_goes_on() {
+    let p = four_done();
+    let lines = journal_lines(&p);
+    // The header and records 1 to 10 (`four` started); record 11 (`four` done) is gone.
+    assert!(String::from_utf8_lossy(&lines[10]).contains(r#""type":"sub_started","step":"seed","id":"four""#));
+    std::fs::write(p.path(".rdeploy/journal.jsonl"), lines[..11].concat()).unwrap();
+    std::fs::write(p.path(".rdeploy/journal.seq"), "{\"written\":11,\"synced\":10}\n").unwrap();
+    p.remove(".rdeploy/snapshot.json");
+
+    let said = warnings(&p);
+    assert!(said.contains("an OS crash (power loss) dropped the unsynced record 11"), "{said}");
+    assert!(!said.contains("lost records"), "{said}");
+    assert_eq!(p.status()["steps"][0]["sub_changes"][3]["uncertain"], true, "`four` is uncertain");
+    p.rdeploy(&["recover"]).code(0).stdout_has("deploy complete");
+    // `four` has no `check` and shell has no state: recovery runs an uncertain shell
+    // sub-change again, as after any crash between its start and its end.
+    assert_eq!(p.lines("out"), ["one", "two", "three", "four", "four", "five", "after"]);
+    let history = std::fs::read_dir(p.path(".rdeploy/history")).unwrap().next().unwrap().unwrap().path();
+    assert!(std::fs::read_to_string(history).unwrap().contains("an OS crash (power loss)"), "said durably");
+}
+
+/// Shorter than the synced count: records that were durable are gone (cut, truncated).
+#[test]
+fn a_journal_shorter_than_the_synced_count_is_refused() {
+    let p = four_done();
+    let lines = journal_lines(&p);
+    std::fs::write(p.path(".rdeploy/journal.jsonl"), lines[..11].concat()).unwrap();
+    std::fs::write(p.path(".rdeploy/journal.seq"), "{\"written\":12,\"synced\":11}\n").unwrap();
+    p.remove(".rdeploy/snapshot.json");
+    p.rdeploy(&["recover"]).code(2).stderr_has("lost records").stderr_has("nothing was run");
+    assert_eq!(p.lines("out"), ["one", "two", "three", "four"]);
+}
+
 #[test]
 fn an_unreadable_journal_line_is_reported_quarantined_and_recover_goes_on() {
     for (what, garbage) in [
@@ -115,6 +157,27 @@ fn an_unreadable_journal_line_is_reported_quarantined_and_recover_goes_on() {
         let history = std::fs::read_dir(p.path(".rdeploy/history")).unwrap().next().unwrap().unwrap().path();
         assert!(std::fs::read_to_string(history).unwrap().contains("an unreadable journal line"), "{what}");
     }
+}
+
+/// One flipped bit in the snapshot that still parses (`two` becomes `twn`, as if done) is
+/// caught by its checksum: loading replays the journal, so `two` is not run again.
+#[test]
+fn a_snapshot_with_a_flipped_bit_that_is_still_json_falls_back_to_replay() {
+    let p = four_done();
+    let mut snap = std::fs::read(p.path(".rdeploy/snapshot.json")).unwrap();
+    let text = String::from_utf8_lossy(&snap).into_owned();
+    assert!(text.starts_with("rdeploy-snapshot sha256="), "a checksum header: {text}");
+    let at = text.find(r#""id":"two""#).expect("`two` in the snapshot") + r#""id":"tw"#.len();
+    snap[at] ^= 0x01; // `o` becomes `n`
+    let body = &snap[snap.iter().position(|&b| b == b'\n').unwrap() + 1..];
+    serde_json::from_slice::<serde_json::Value>(body).expect("still valid JSON");
+    std::fs::write(p.path(".rdeploy/snapshot.json"), &snap).unwrap();
+
+    let status = p.status();
+    assert_eq!(status["steps"][0]["sub_changes"][1]["id"], "two", "{status}");
+    assert_eq!(status["steps"][0]["sub_changes"][1]["status"], "done", "{status}");
+    p.rdeploy(&["recover"]).code(0).stdout_has("deploy complete");
+    assert_eq!(p.lines("out"), ["one", "two", "three", "four", "five", "after"], "no sub-change ran twice");
 }
 
 #[test]

@@ -679,11 +679,11 @@ fn stage(ctx: &StepContext, label: &str, objects: &[KubeObject], selected: &[usi
     if dir.exists() {
         std::fs::remove_dir_all(&dir).map_err(|e| io("clear", &dir, e))?;
     }
-    std::fs::create_dir_all(&dir).map_err(|e| io("create", &dir, e))?;
+    crate::private::create_dir_all(&dir).map_err(|e| io("create", &dir, e))?;
     for &i in selected {
         let path = dir.join(file_name(i));
         let text = serde_json::to_string_pretty(&objects[i].body).expect("json values serialize");
-        std::fs::write(&path, text).map_err(|e| io("write", &path, e))?;
+        crate::private::write(&path, text.as_bytes()).map_err(|e| io("write", &path, e))?;
     }
     Ok(dir)
 }

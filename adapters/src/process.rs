@@ -15,7 +15,6 @@ use std::ffi::OsString;
 use std::fmt;
 use std::fs::File;
 use std::io::Read;
-use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -180,6 +179,12 @@ impl Command {
 
     /// Writes the child's stdout and stderr to these files (created 0600, truncated) and keeps
     /// them, so a later run can read what a child that outlived rdeploy did.
+    ///
+    /// Their size is not bounded, on purpose: a file never pushes back as a full pipe did, but
+    /// rotating or truncating it under the child would lose exactly what it is kept for (the
+    /// lines an orphan wrote after rdeploy died, which no log has), and the step's log holds
+    /// the same lines anyway, so a bound here would not bound the disk use. Each command
+    /// truncates its files when it starts, so they hold one command's output at most.
     pub fn output_files(mut self, stdout: impl Into<PathBuf>, stderr: impl Into<PathBuf>) -> Command {
         self.output = Output::Files { stdout: stdout.into(), stderr: stderr.into() };
         self
@@ -265,14 +270,9 @@ impl Command {
                     Stream::Stdout => stdout,
                     Stream::Stderr => stderr,
                 };
-                let write = std::fs::OpenOptions::new()
-                    .write(true)
-                    .create(true)
-                    .truncate(true)
-                    .mode(0o600)
-                    .custom_flags(nix::libc::O_NOFOLLOW)
-                    .open(path)?;
-                let read = std::fs::OpenOptions::new().read(true).custom_flags(nix::libc::O_NOFOLLOW).open(path)?;
+                let write =
+                    crate::private::open(path, std::fs::OpenOptions::new().write(true).create(true).truncate(true))?;
+                let read = crate::private::open(path, std::fs::OpenOptions::new().read(true))?;
                 Ok((write, read))
             }
         }
@@ -567,11 +567,11 @@ impl RunningNotes {
             .iter()
             .map(|(pid, (start, cmd))| format!("{pid}\t{start}\t{}\n", cmd.replace(['\n', '\r'], " ")))
             .collect();
-        if std::fs::write(&self.file, &text).is_err() {
+        if crate::private::write(&self.file, text.as_bytes()).is_err() {
             if let Some(dir) = self.file.parent() {
-                let _ = std::fs::create_dir_all(dir);
+                let _ = crate::private::create_dir_all(dir);
             }
-            let _ = std::fs::write(&self.file, text);
+            let _ = crate::private::write(&self.file, text.as_bytes());
         }
     }
 }
@@ -954,6 +954,28 @@ pub(super) mod tests {
         assert_eq!(lines.len(), 2);
         assert_eq!(std::fs::read_to_string(&out).unwrap(), "one\n", "truncated, then written by the child");
         assert_eq!(std::fs::read_to_string(&err).unwrap(), "two\n");
+    }
+
+    /// The running notes are 0600 and never written through a link planted at their
+    /// predictable name (rdeploy's pid).
+    #[test]
+    fn running_notes_are_private_and_never_follow_a_planted_link() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let running = dir.path().join("running");
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, "precious\n").unwrap();
+        std::fs::create_dir(&running).unwrap();
+        let planted = running.join(std::process::id().to_string());
+        std::os::unix::fs::symlink(&victim, &planted).unwrap();
+        let tracker = ProcessTracker::in_dir(running.clone());
+        tracker.note(1, || "init".into());
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n", "not written through the link");
+
+        std::fs::remove_file(&planted).unwrap();
+        tracker.note(1, || "init".into());
+        assert_eq!(std::fs::metadata(&planted).unwrap().permissions().mode() & 0o777, 0o600);
+        assert!(std::fs::read_to_string(&planted).unwrap().contains("\tinit\n"));
     }
 
     fn note(dir: &Path, lines: &[(u32, u64, &str)]) {

@@ -10,11 +10,15 @@
 //!   its line number and, when the journal is next opened for writing, moved to
 //!   `journal.jsonl.quarantine` with a warning record saying what it leaves uncertain.
 //! - `journal.seq`: how many records were written and synced, rewritten in place after each
-//!   record; with the snapshot's sequence it tells a journal that lost records (cut short,
-//!   truncated) from one that ended with a crash.
+//!   record; with the snapshot's sequence it tells a journal that lost records (shorter than
+//!   the synced count: cut short, truncated; refused) from one that ended with a crash (a kill
+//!   leaves every written record; an OS crash may drop the tail between the synced and the
+//!   written count, which is only ends of sub-changes, so they become uncertain and recovery
+//!   goes on, saying so in a warning record).
 //! - `snapshot.json`: the [`Deploy`] state up to a sequence number, rewritten atomically at
 //!   step boundaries, so loading does not replay a long journal; later records replay on top.
-//!   It is a cache: when it cannot be read, the journal is replayed from the start.
+//!   A header line holds the sha256 of the JSON body. It is a cache: when it cannot be read or
+//!   its checksum does not match, the journal is replayed from the start.
 //! - `history/<time>-<deploy>.json`: the final state of each finished deploy.
 //! - `lock`: flock'ed by the running process, naming it (see [`lock`]).
 //! - `steps/<step>/`: adapters' scratch files; `logs/<step>.log`: the tools' output;
@@ -87,8 +91,13 @@ struct Replay {
     /// The last record read, by sequence.
     last_seq: u64,
     bad: Vec<BadLine>,
-    /// Records known to have been written that the journal no longer holds.
+    /// Records known to have been synced that the journal no longer holds.
     lost: Option<(u64, u64)>,
+    /// Records written but never synced that the journal does not hold: an OS crash (power
+    /// loss) dropped them from the page cache. Only unsynced records can be in that tail: a
+    /// sub-change's start is synced before it runs, so what they said is at worst a finished
+    /// sub-change that now looks started, which recovery settles like any uncertain one.
+    unsynced_tail: Option<(u64, u64)>,
 }
 
 impl LocalStore {
@@ -119,17 +128,24 @@ impl LocalStore {
         let snapshot = self.read_snapshot();
         let snap_seq = snapshot.as_ref().map_or(0, |s| s.seq);
         let mut replay = read_journal(&self.dir.journal_path(), snapshot)?;
-        // Records that were written (so acknowledged to the caller) but are gone now.
-        let written = self.read_mark().map_or(0, |m| m.written).max(snap_seq);
-        // An unreadable line after the last good record is a record too (reported as such).
-        let trailing = replay.bad.iter().filter(|b| b.before.is_none() && b.line_no > 1).count() as u64;
-        let known = replay.last_seq.max(replay.deploy.seq) + trailing;
-        if written > known {
+        // Records that were written (so acknowledged to the caller) but are gone now. The
+        // mark is never synced itself, but its `synced` is only raised after the journal's
+        // fdatasync returned, so it never claims more than the disk holds.
+        let mark = self.read_mark().unwrap_or_default();
+        let written = mark.written.max(snap_seq);
+        let synced = mark.synced.min(written);
+        let known = replay.known();
+        if synced > known {
             replay.lost = Some((known + 1, written));
+        } else if written > known {
+            replay.unsynced_tail = Some((known + 1, written));
         }
         let mut warnings = self.bad_line_warnings(&replay.bad);
         if let Some((from, to)) = replay.lost {
             warnings.push(lost_message(&self.dir.journal_path(), &self.mark_path(), from, to));
+        }
+        if let Some((from, to)) = replay.unsynced_tail {
+            warnings.push(unsynced_tail_message(&self.dir.journal_path(), &self.mark_path(), from, to));
         }
         replay.deploy.warnings.extend(warnings);
         Ok(replay)
@@ -180,10 +196,12 @@ impl LocalStore {
         serde_json::from_slice(&bytes).with_context(|| format!("reading {}", path.display()))
     }
 
-    /// A snapshot is only a cache of the journal: when it is unreadable, replay all.
+    /// A snapshot is only a cache of the journal: when it is unreadable, or its body does not
+    /// match its checksum (a flipped bit that is still valid JSON), replay all.
     fn read_snapshot(&self) -> Option<Deploy> {
         let bytes = std::fs::read(self.dir.snapshot_path()).ok()?;
-        match serde_json::from_slice::<Deploy>(&bytes) {
+        let body = snapshot_body(&bytes)?;
+        match serde_json::from_slice::<Deploy>(body) {
             Ok(d) if d.version == VERSION => Some(d),
             _ => None,
         }
@@ -254,6 +272,39 @@ impl LocalStore {
         }
         write_atomic(&path, &kept)
     }
+}
+
+/// The first line of `snapshot.json`; the body follows on the next line.
+const SNAPSHOT_HEADER: &str = "rdeploy-snapshot sha256=";
+
+/// `snapshot.json`'s bytes: a header line with the sha256 of the body, then the body (the
+/// [`Deploy`] as JSON).
+fn snapshot_file(deploy: &Deploy) -> anyhow::Result<Vec<u8>> {
+    use sha2::Digest as _;
+    let body = serde_json::to_vec(deploy)?;
+    let mut file = format!("{SNAPSHOT_HEADER}{}\n", hex::encode(sha2::Sha256::digest(&body))).into_bytes();
+    file.extend_from_slice(&body);
+    Ok(file)
+}
+
+/// The body of a snapshot file whose checksum matches, or None.
+fn snapshot_body(file: &[u8]) -> Option<&[u8]> {
+    use sha2::Digest as _;
+    let rest = file.strip_prefix(SNAPSHOT_HEADER.as_bytes())?;
+    let newline = rest.iter().position(|&b| b == b'\n')?;
+    let (sum, body) = (&rest[..newline], &rest[newline + 1..]);
+    (hex::decode(sum).ok()? == sha2::Sha256::digest(body).as_slice()).then_some(body)
+}
+
+/// The journal ends between the synced and the written record count: an OS crash.
+fn unsynced_tail_message(journal: &Path, mark: &Path, from: u64, to: u64) -> String {
+    let which = if from == to { format!("record {from}") } else { format!("records {from} to {to}") };
+    format!(
+        "{} ends before record {from}, but {} says {to} were written and only {} synced: an OS crash (power loss) dropped the unsynced {which}; what they said (a sub-change finished, a step's end) is uncertain, so `rdeploy recover` lets each tool's own state and each sub-change's `check` decide",
+        journal.display(),
+        mark.display(),
+        from - 1,
+    )
 }
 
 fn lost_message(journal: &Path, mark: &Path, from: u64, to: u64) -> String {
@@ -345,7 +396,16 @@ fn read_journal(path: &Path, snapshot: Option<Deploy>) -> anyhow::Result<Replay>
         }
         entries.push(entry);
     }
-    Ok(Replay { deploy, entries, good_len, last_seq, bad, lost: None })
+    Ok(Replay { deploy, entries, good_len, last_seq, bad, lost: None, unsynced_tail: None })
+}
+
+impl Replay {
+    /// The last sequence the journal (or the snapshot) accounts for. An unreadable line after
+    /// the last good record is a record too (reported as such).
+    fn known(&self) -> u64 {
+        let trailing = self.bad.iter().filter(|b| b.before.is_none() && b.line_no > 1).count() as u64;
+        self.last_seq.max(self.deploy.seq) + trailing
+    }
 }
 
 impl Store for LocalStore {
@@ -412,13 +472,25 @@ impl Store for LocalStore {
         let mut replay = self.replay()?;
         // A journal that lost records is left as it is, so every later look says so too (only
         // `reset` goes on, and archives it).
-        if !replay.bad.is_empty() && replay.lost.is_none() {
-            let said = self.bad_line_warnings(&replay.bad);
-            let trailing = replay.bad.iter().filter(|b| b.before.is_none() && b.line_no > 1).count() as u64;
-            let known = replay.last_seq.max(replay.deploy.seq) + trailing;
-            self.quarantine(&replay.bad)?;
-            let file = open_private(&path, OpenOptions::new().append(true))?;
-            // The set-aside lines are accounted for: they are not records the journal lost.
+        if (!replay.bad.is_empty() || replay.unsynced_tail.is_some()) && replay.lost.is_none() {
+            let mut said = self.bad_line_warnings(&replay.bad);
+            if let Some((from, to)) = replay.unsynced_tail {
+                said.push(unsynced_tail_message(&path, &self.mark_path(), from, to));
+            }
+            let known = replay.known();
+            if !replay.bad.is_empty() {
+                self.quarantine(&replay.bad)?;
+            }
+            let mut file = open_private(&path, OpenOptions::new().append(true))?;
+            if replay.bad.is_empty() && file.metadata()?.len() != replay.good_len {
+                // The torn last line a crash left (see below).
+                file.set_len(replay.good_len)?;
+                file.seek(SeekFrom::End(0))?;
+                file.sync_all()?;
+            }
+            // The set-aside lines and the tail an OS crash dropped are accounted for (said in
+            // the warnings): they are not records the journal lost, and the next records take
+            // their sequence numbers.
             let mut journal = self.open_writer(file, Mark { written: known, synced: known })?;
             replay = self.replay()?;
             // Said once, durably, as warning records.
@@ -530,7 +602,7 @@ impl JournalWriter for LocalJournal {
 
     fn snapshot(&mut self, deploy: &Deploy) -> anyhow::Result<()> {
         self.check_still_there()?;
-        write_atomic(&self.store.dir.snapshot_path(), serde_json::to_string(deploy)?.as_bytes())
+        write_atomic(&self.store.dir.snapshot_path(), &snapshot_file(deploy)?)
     }
 
     fn archive(&mut self, deploy: &Deploy) -> anyhow::Result<()> {

@@ -7,9 +7,9 @@
 //! is created 0700 (directories) / 0600 (files) whatever the umask, and files are opened
 //! without following symbolic links ([`StateDir::create_file`], [`StateDir::write_atomic`]).
 
-use std::fs::{DirBuilder, File, OpenOptions};
+use std::fs::{File, OpenOptions};
 use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
@@ -17,9 +17,7 @@ use anyhow::Context as _;
 use crate::exit::{Code, Refusal};
 
 /// Mode of every directory rdeploy creates in the state directory.
-pub const DIR_MODE: u32 = 0o700;
-/// Mode of every file rdeploy creates in the state directory.
-pub const FILE_MODE: u32 = 0o600;
+pub use rdeploy_adapters::private::DIR_MODE;
 
 /// A stack's state directory.
 #[derive(Clone, Debug)]
@@ -149,7 +147,7 @@ impl StateDir {
 
 /// Creates `path` and its missing parents with mode 0700.
 fn create_dirs(path: &Path) -> std::io::Result<()> {
-    DirBuilder::new().recursive(true).mode(DIR_MODE).create(path)?;
+    rdeploy_adapters::private::create_dir_all(path)?;
     if !path.is_dir() {
         return Err(std::io::Error::new(std::io::ErrorKind::AlreadyExists, "it exists and is not a directory"));
     }
@@ -158,7 +156,7 @@ fn create_dirs(path: &Path) -> std::io::Result<()> {
 
 /// Opens with `O_NOFOLLOW` (a planted symlink is an error, never followed), mode 0600.
 pub fn open_private(path: &Path, options: &mut OpenOptions) -> anyhow::Result<File> {
-    options.custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).mode(FILE_MODE).open(path).map_err(|e| {
+    rdeploy_adapters::private::open(path, options).map_err(|e| {
         if e.raw_os_error() == Some(libc::ELOOP) {
             anyhow::Error::from(
                 Refusal::new(

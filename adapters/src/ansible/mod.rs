@@ -245,8 +245,8 @@ impl AnsibleSpec {
             return Ok(hosts.join(","));
         }
         let path = ctx.work_dir.join("recover.limit");
-        std::fs::create_dir_all(&ctx.work_dir)
-            .and_then(|()| std::fs::write(&path, hosts.join("\n") + "\n"))
+        crate::private::create_dir_all(&ctx.work_dir)
+            .and_then(|()| crate::private::write(&path, (hosts.join("\n") + "\n").as_bytes()))
             .map_err(|e| Failure::new(format!("could not write {}: {e}", path.display())))?;
         Ok(format!("@{}", path.display()))
     }
@@ -628,9 +628,9 @@ fn drain(tail: &mut Tail, tracker: &mut HostTracker, sink: &dyn EventSink) {
 fn prepare_work_dir(plugin_dir: &Path, events_path: &Path) -> Result<(), Failure> {
     let io =
         |what: &str, path: &Path, e: std::io::Error| Failure::new(format!("could not {what} {}: {e}", path.display()));
-    std::fs::create_dir_all(plugin_dir).map_err(|e| io("create", plugin_dir, e))?;
+    crate::private::create_dir_all(plugin_dir).map_err(|e| io("create", plugin_dir, e))?;
     let plugin = plugin_dir.join(format!("{PLUGIN_NAME}.py"));
-    std::fs::write(&plugin, PLUGIN_SOURCE).map_err(|e| io("write", &plugin, e))?;
+    crate::private::write(&plugin, PLUGIN_SOURCE.as_bytes()).map_err(|e| io("write", &plugin, e))?;
     // Records of an earlier run must not be read as this run's.
     match std::fs::remove_file(events_path) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io("remove", events_path, e)),

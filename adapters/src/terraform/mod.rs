@@ -686,7 +686,7 @@ impl<'a> Run<'a> {
     async fn plan(&mut self, plan_file: &Path, workspace: Workspace) -> Result<PlanReport, Failure> {
         let plan_file = &absolute(plan_file);
         if let Some(parent) = plan_file.parent() {
-            std::fs::create_dir_all(parent)
+            crate::private::create_dir_all(parent)
                 .map_err(|e| Failure::new(format!("cannot create the work directory {}: {e}", parent.display())))?;
         }
         self.prepare(workspace).await?;
