@@ -619,7 +619,7 @@ impl Session {
     fn stop_everything(&self, error: anyhow::Error, run: &mut RunState) -> anyhow::Error {
         if CheckpointGone::is(&error) {
             // Said once, in full, when the run ends.
-            self.ui.warn("the checkpoint is gone: stopping the running tools".to_string());
+            self.ui.warn("the checkpoint is gone: stopping the running tools");
         } else {
             self.ui.warn(format!("{error:#}: stopping the running tools"));
         }
