@@ -141,7 +141,7 @@ fn report_changes(session: &Session, outputs: &Outputs, changes: &[StepDiff]) {
         }
         if outputs.annotations {
             let line = session.stack.step(name).map(|s| s.line);
-            println!(
+            outln!(
                 "{}",
                 workflow_command("warning", &session.stack_arg, line, &format!("rdeploy: step {name} changed"), &text)
             );
@@ -178,7 +178,7 @@ pub fn report_error(outputs: &Outputs, ui: &Ui, suite: &str, stack_arg: &str, er
                         Some(h) => format!("{}\nhint: {h}", p.message),
                         None => p.message.clone(),
                     };
-                    println!(
+                    outln!(
                         "{}",
                         workflow_command(
                             "error",
@@ -190,7 +190,7 @@ pub fn report_error(outputs: &Outputs, ui: &Ui, suite: &str, stack_arg: &str, er
                     );
                 }
             }
-            None => println!("{}", workflow_command("error", stack_arg, None, &title, &full)),
+            None => outln!("{}", workflow_command("error", stack_arg, None, &title, &full)),
         }
     }
     if let Some(path) = &outputs.step_summary {
@@ -241,11 +241,11 @@ fn annotate_outcome(session: &Session, status: &Status) {
         } else {
             continue;
         };
-        println!("{}", workflow_command("error", &session.stack_arg, line, &title, &format!("{body}{next}")));
+        outln!("{}", workflow_command("error", &session.stack_arg, line, &title, &format!("{body}{next}")));
     }
     if status.state == DeployState::Complete {
         let n = status.steps.len();
-        println!(
+        outln!(
             "{}",
             workflow_command(
                 "notice",

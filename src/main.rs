@@ -2,6 +2,19 @@
 //! errors to exit codes; the work happens in `driver`, which returns a `RunReport` that `cmd`
 //! turns into output and an exit code.
 
+/// `println!` for reports: a closed stdout (`rdeploy status | head`) ends the output quietly
+/// instead of panicking, and the command still ends with its own exit code.
+macro_rules! outln {
+    ($($arg:tt)*) => { $crate::out::line(format_args!($($arg)*)) };
+}
+
+/// `print!` for reports, as [`outln!`].
+macro_rules! out {
+    ($($arg:tt)*) => { $crate::out::text(format_args!($($arg)*)) };
+}
+
+mod out;
+
 mod checkpoint;
 mod ci;
 mod cmd;
@@ -513,10 +526,10 @@ async fn run(cli: Cli, ui: Arc<Ui>) -> anyhow::Result<Code> {
             let s = session(stack, global, ui.clone(), 1)?;
             let status = report::build(&s.stack, s.store.as_ref(), &s.state, &s.stack_arg)?;
             if *json {
-                println!("{}", serde_json::to_string_pretty(&status)?);
+                outln!("{}", serde_json::to_string_pretty(&status)?);
             } else {
                 let color = global.color.enabled(std::io::IsTerminal::is_terminal(&std::io::stdout()));
-                print!("{}", report::render_text(&status, ui::Paint { enabled: color }));
+                out!("{}", report::render_text(&status, ui::Paint { enabled: color }));
             }
             Ok(Code::Ok)
         }
@@ -528,7 +541,7 @@ async fn run(cli: Cli, ui: Arc<Ui>) -> anyhow::Result<Code> {
                     fs_err::write(path, text)?;
                     ui.info(format!("wrote the runbook of stack {} to {}", s.stack.name, path.display()));
                 }
-                None => print!("{text}"),
+                None => out!("{text}"),
             }
             Ok(Code::Ok)
         }
@@ -599,27 +612,27 @@ async fn run(cli: Cli, ui: Arc<Ui>) -> anyhow::Result<Code> {
                     fs_err::write(path, rules)?;
                     ui.info(format!("wrote the fleet alerting rules to {}", path.display()));
                 }
-                None => print!("{rules}"),
+                None => out!("{rules}"),
             }
             Ok(Code::Ok)
         }
         Command::State(StateCommand::Migrate { from, to, stack }) => {
-            println!("{}", store::postgres::transfer::migrate(from, to, stack.as_deref())?);
+            outln!("{}", store::postgres::transfer::migrate(from, to, stack.as_deref())?);
             Ok(Code::Ok)
         }
         Command::State(StateCommand::Bench { to, sub_changes }) => {
-            println!("{}", store::postgres::bench::run(to, *sub_changes)?);
+            outln!("{}", store::postgres::bench::run(to, *sub_changes)?);
             Ok(Code::Ok)
         }
         Command::Validate { stack } => {
             let s = session(stack, global, ui, 1)?;
             let steps: Vec<&stack::Step> = s.stack.ordered().collect();
             let tools = s.preflight(&steps).await?;
-            println!("{}: ok, {} steps in this order:", stack.display(), steps.len());
+            outln!("{}: ok, {} steps in this order:", stack.display(), steps.len());
             for step in steps {
                 let version = tools.get(&step.name).map(|t| t.version.as_str()).unwrap_or("");
                 let resumable = if step.resumable { "resumable" } else { "not resumable" };
-                println!("  {} ({} {version}, {resumable})", step.name, step.tool);
+                outln!("  {} ({} {version}, {resumable})", step.name, step.tool);
             }
             Ok(Code::Ok)
         }

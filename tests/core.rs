@@ -815,3 +815,23 @@ fn sigint_at_random_early_moments_is_never_a_default_death_nor_exit_2() {
     }
     eprintln!("50 runs: {interrupted} interrupted (130), {finished} finished first (0)");
 }
+
+/// A reader that closes stdout early (`rdeploy runbook | head`) ends the output quietly: no panic,
+/// and the command keeps its own exit code. The runbook is larger than a pipe's buffer, so a
+/// write meets the closed pipe whatever the timing.
+#[test]
+fn a_closed_stdout_ends_the_output_quietly_with_the_commands_exit_code() {
+    let p = Project::new();
+    let mut stack = "name: s\nsteps:\n".to_string();
+    for i in 0..400 {
+        stack.push_str(&format!("  - name: step-{i}\n    tool: shell\n    run: echo {i}\n    revert: echo undo {i}\n"));
+    }
+    p.stack(&stack);
+    let mut child = p.spawn(&["runbook"]);
+    drop(child.stdout.take());
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(!stderr.contains("Broken pipe"), "a closed pipe is not an error to report: {stderr}");
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+}

@@ -26,7 +26,7 @@ pub fn exit_code(outcome: Outcome) -> Code {
 /// stopped part-way in the state directory), then gives its exit code.
 pub fn present(session: &Session, report: &RunReport) -> anyhow::Result<Code> {
     let (text, markdown) = render(session, report);
-    print!("{text}");
+    out!("{text}");
     if let Some(markdown) = markdown {
         session.state.write_atomic(&session.state.report_path(), markdown.as_bytes())?;
     }

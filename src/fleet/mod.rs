@@ -139,11 +139,11 @@ pub async fn inventory(req: &InventoryRequest, state_dir: &Path) -> anyhow::Resu
         eprintln!("wrote the fleet dashboard to {}", path.display());
     }
     if req.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?);
     } else if req.markdown {
-        print!("{}", report.render_markdown());
+        out!("{}", report.render_markdown());
     } else {
-        print!("{}", report.render_text());
+        out!("{}", report.render_text());
     }
     if report.slo_breached() {
         let breached: Vec<String> =

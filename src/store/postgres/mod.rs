@@ -1145,7 +1145,7 @@ impl Drop for Worker {
 }
 
 #[cfg(test)]
-#[path = "../../tests/common/postgres.rs"]
+#[path = "../../../tests/common/postgres.rs"]
 pub(crate) mod test_server;
 
 #[cfg(test)]
