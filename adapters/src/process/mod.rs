@@ -243,8 +243,9 @@ impl Command {
                 }
                 nix::sys::prctl::set_pdeathsig(signal).map_err(std::io::Error::from)?;
                 // The parent may have died between fork and prctl; then no signal would come.
+                // (No allocation after fork: ESRCH, "no such process", is the parent gone.)
                 if nix::unistd::getppid() != parent {
-                    return Err(std::io::Error::other("rdeploy exited before the tool started"));
+                    return Err(std::io::Error::from_raw_os_error(nix::libc::ESRCH));
                 }
                 Ok(())
             });
@@ -399,7 +400,7 @@ unsafe fn relay_one_death_signal(rdeploy: Pid, signal: Signal) -> std::io::Resul
         }
         // The parent may have died between fork and prctl; then no signal would come.
         if libc::getppid() != rdeploy.as_raw() {
-            return Err(std::io::Error::other("rdeploy exited before the tool started"));
+            return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
         }
         libc::sigprocmask(libc::SIG_BLOCK, &blocked, std::ptr::null_mut());
         match libc::fork() {
@@ -429,7 +430,10 @@ unsafe fn relay_one_death_signal(rdeploy: Pid, signal: Signal) -> std::io::Resul
                         break;
                     }
                     let got = libc::sigwaitinfo(&waited, std::ptr::null_mut());
-                    if got == libc::SIGUSR1 && !sent {
+                    // The death signal also comes when the rdeploy *thread* that forked us exits
+                    // (tokio retires blocking threads); we are then handed to another of its
+                    // threads and our parent is still rdeploy. Only a real death reparents us.
+                    if got == libc::SIGUSR1 && !sent && libc::getppid() != rdeploy.as_raw() {
                         sent = true;
                         libc::kill(0, signal as libc::c_int);
                     }
