@@ -50,9 +50,16 @@ fn word_parts(name: &str) -> Vec<String> {
     parts
 }
 
-/// The values of the `env` entries whose name is secret.
+/// The values of the `env` entries whose name is secret. A name alone does not make a setting a
+/// secret: a number, a boolean word or a value under four characters (`TOKEN_TTL: "60"`) is left
+/// in clear, since redacting it everywhere would corrupt the tools' own output.
 pub fn env_secrets(env: &BTreeMap<String, String>) -> Vec<String> {
-    env.iter().filter(|(k, _)| is_secret_name(k)).map(|(_, v)| v.clone()).collect()
+    env.iter().filter(|(k, v)| is_secret_name(k) && plausible_secret(v)).map(|(_, v)| v.clone()).collect()
+}
+
+fn plausible_secret(value: &str) -> bool {
+    let lower = value.trim().to_ascii_lowercase();
+    lower.len() >= 4 && lower.parse::<f64>().is_err() && !matches!(lower.as_str(), "true" | "false" | "null")
 }
 
 /// Every string a typed value holds: the value as terraform or a tool would print it whole, and
@@ -89,9 +96,18 @@ pub fn is_secret_key(key: &str) -> bool {
     key.split('.').any(is_secret_name)
 }
 
-/// The entries of a value map whose key names a secret.
+/// The entries of a value map whose key names a secret. A boolean, number or null is no secret
+/// whatever its key says (`serviceAccount.automountServiceAccountToken: false`): redacting
+/// `false` or `3` everywhere would only corrupt the tools' JSON output.
 pub fn secret_entries(values: &BTreeMap<String, serde_json::Value>) -> BTreeMap<String, serde_json::Value> {
-    values.iter().filter(|(k, _)| is_secret_key(k)).map(|(k, v)| (k.clone(), v.clone())).collect()
+    values
+        .iter()
+        .filter(|(k, v)| {
+            is_secret_key(k)
+                && !matches!(v, serde_json::Value::Bool(_) | serde_json::Value::Number(_) | serde_json::Value::Null)
+        })
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
 }
 
 /// Every string to redact for the secret entries of a value map.
@@ -233,9 +249,30 @@ mod tests {
 
     #[test]
     fn env_secrets_take_only_secret_names() {
-        let env: BTreeMap<String, String> =
-            [("DB_PASSWORD", "pw1"), ("REGION", "eu"), ("API_KEY", "k2")].map(|(k, v)| (k.into(), v.into())).into();
-        assert_eq!(normalize(env_secrets(&env)), vec!["pw1".to_string(), "k2".to_string()]);
+        let env: BTreeMap<String, String> = [
+            ("DB_PASSWORD", "pw-1234"),
+            ("REGION", "eu"),
+            ("API_KEY", "k2-abcd"),
+            // Settings with a secret-sounding name: a number, a boolean, a tiny value.
+            ("TOKEN_TTL", "60"),
+            ("USE_TOKEN", "true"),
+            ("SECRET_MODE", "on"),
+        ]
+        .map(|(k, v)| (k.into(), v.into()))
+        .into();
+        assert_eq!(normalize(env_secrets(&env)), vec!["k2-abcd".to_string(), "pw-1234".to_string()]);
+    }
+
+    #[test]
+    fn a_boolean_or_number_under_a_secret_key_is_no_secret() {
+        let values: BTreeMap<String, serde_json::Value> = [
+            ("serviceAccount.automountServiceAccountToken", serde_json::json!(false)),
+            ("auth.tokenTtl", serde_json::json!(60)),
+            ("auth.password", serde_json::json!("hunter22")),
+        ]
+        .map(|(k, v)| (k.to_string(), v))
+        .into();
+        assert_eq!(secret_strings(&values), vec!["hunter22".to_string()]);
     }
 
     #[test]
