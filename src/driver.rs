@@ -273,18 +273,18 @@ impl Session {
                 // belongs to a run that died (a grandchild outlives the pdeathsig): running the
                 // same sub-change again now would interleave with it.
                 let running = self.state.path.join("running");
+                let describe = |alive: &[(i32, String)]| -> Vec<String> {
+                    alive.iter().map(|(pgid, cmd)| format!("process group {pgid} (`{cmd}`)")).collect()
+                };
                 let alive = rdeploy_adapters::process::wait_for_survivors(&running, SURVIVOR_WAIT, |alive| {
-                    let list: Vec<String> =
-                        alive.iter().map(|(pgid, cmd)| format!("process group {pgid} (`{cmd}`)")).collect();
                     self.ui.warn(format!(
                         "waiting for a tool started by a run that died to finish (up to {} s): {}",
                         SURVIVOR_WAIT.as_secs(),
-                        list.join(", ")
+                        describe(alive).join(", ")
                     ));
                 });
                 if !alive.is_empty() {
-                    let list: Vec<String> =
-                        alive.iter().map(|(pgid, cmd)| format!("process group {pgid} (`{cmd}`)")).collect();
+                    let list = describe(&alive);
                     let kill: Vec<String> = alive.iter().map(|(pgid, _)| format!("kill -TERM -- -{pgid}")).collect();
                     return Err(Refusal::new(
                         Code::Locked,
