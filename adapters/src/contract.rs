@@ -52,6 +52,16 @@ pub trait Adapter {
     fn inspect(&self, ctx: &StepContext, prior: &PriorStep)
         -> impl Future<Output = Result<Inspection, Failure>> + Send;
 
+    /// The step's outputs read again from the tool's own state (terraform's `output -json`),
+    /// for a consumer that needs a sensitive value the checkpoint never held. `None`: the tool
+    /// keeps no such state (a shell output exists only in the run that wrote it).
+    fn read_outputs(
+        &self,
+        _ctx: &StepContext,
+    ) -> impl Future<Output = Result<Option<crate::outputs::Outputs>, Failure>> + Send {
+        async { Ok(None) }
+    }
+
     /// The runbook section for this step: exact commands an operator would type.
     fn describe_recovery(&self, ctx: &DescribeContext<'_>, prior: Option<&PriorStep>) -> RecoveryDoc;
 }
@@ -215,6 +225,9 @@ pub enum Event {
     Output { stream: Stream, line: String },
     /// Something the operator should read in the report.
     Warning { message: String },
+    /// Outputs for later steps (`${{ steps.NAME.outputs.KEY }}`); a later event for a key
+    /// replaces the earlier value. Sensitive values are never journaled.
+    Outputs { values: crate::outputs::Outputs },
 }
 
 /// Receives an adapter's events. The driver's implementation journals sub-change events

@@ -152,6 +152,10 @@ impl Adapter for ToolSpec {
         dispatch!(self, s => s.inspect(ctx, prior).await)
     }
 
+    async fn read_outputs(&self, ctx: &StepContext) -> Result<Option<crate::outputs::Outputs>, Failure> {
+        dispatch!(self, s => s.read_outputs(ctx).await)
+    }
+
     fn describe_recovery(&self, ctx: &DescribeContext<'_>, prior: Option<&PriorStep>) -> RecoveryDoc {
         dispatch!(self, s => s.describe_recovery(ctx, prior))
     }

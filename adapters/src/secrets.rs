@@ -181,6 +181,17 @@ pub fn redact_event(event: Event, secrets: &[String]) -> Event {
         Event::Fact { key, value } => Event::Fact { key, value: redact_value(value, secrets) },
         Event::Output { stream, line } => Event::Output { stream, line: r(line) },
         Event::Warning { message } => Event::Warning { message: r(message) },
+        Event::Outputs { values } => Event::Outputs {
+            values: values
+                .into_iter()
+                .map(|(k, v)| match v {
+                    crate::outputs::OutputValue::Plain(v) => {
+                        (k, crate::outputs::OutputValue::Plain(redact_value(v, secrets)))
+                    }
+                    sensitive => (k, sensitive),
+                })
+                .collect(),
+        },
     }
 }
 

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
+use crate::outputs::{OutputValue, Sensitive};
 use crate::process::Command;
 use crate::{
     forward_output, shell_quote, Adapter, AdapterError, DescribeContext, Event, EventSink, Failure, FieldPath,
@@ -24,6 +25,10 @@ pub struct ShellSpec {
     pub sub_changes: Option<Vec<ShellSubChange>>,
     /// Working directory, relative to the stack file (default: the stack's directory).
     pub dir: Option<PathBuf>,
+    /// Keys the scripts write to `$RDEPLOY_OUTPUT` whose values are secret: passed to their
+    /// consumers only, never journaled (a later `recover` cannot have them back).
+    #[serde(default)]
+    pub sensitive_outputs: Vec<String>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -36,7 +41,7 @@ pub struct ShellSubChange {
 }
 
 impl ShellSpec {
-    pub const KEYS: &'static [&'static str] = &["run", "sub_changes", "dir"];
+    pub const KEYS: &'static [&'static str] = &["run", "sub_changes", "dir", "sensitive_outputs"];
 
     /// The sub-changes in declaration order: `(id, command, check)`.
     fn planned(&self) -> Vec<(&str, &str, Option<&str>)> {
@@ -57,13 +62,21 @@ impl ShellSpec {
         if ctx.cancel.is_cancelled() {
             return Err(Failure { interrupted: true, ..Failure::new(format!("stopped before `{id}`")) });
         }
+        // Outside the state directory: a sensitive output must never be written under it.
+        let output_file = tempfile::Builder::new()
+            .prefix("rdeploy-output-")
+            .tempfile()
+            .map_err(|e| Failure::new(format!("could not create the `$RDEPLOY_OUTPUT` file for `{id}`: {e}")))?;
         sink.emit(Event::Started { id: id.to_string() });
         let outcome = self
             .command(ctx, id, run)
+            .env("RDEPLOY_OUTPUT", output_file.path())
             .run(&ctx.cancel, ctx.timeout, &mut forward_output(sink))
             .await
             .map_err(|e| Failure::new(e.to_string()))?;
         if outcome.success() {
+            // Journaled before the sub-change's completion, so a done sub-change has its outputs.
+            self.report_outputs(sink, id, output_file.path());
             sink.emit(Event::Done { id: id.to_string(), note: None });
             Ok(())
         } else {
@@ -93,6 +106,38 @@ impl ShellSpec {
             sink.emit(Event::Done { id: id.to_string(), note: Some(format!("already in place: `{check}` exited 0")) });
         }
         Ok(outcome.success())
+    }
+
+    /// Reads what a sub-change wrote to `$RDEPLOY_OUTPUT` and reports it as the step's outputs.
+    fn report_outputs(&self, sink: &dyn EventSink, id: &str, file: &std::path::Path) {
+        let text = match std::fs::read(file) {
+            Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
+            Err(e) => {
+                sink.emit(Event::Warning { message: format!("could not read `{id}`'s `$RDEPLOY_OUTPUT`: {e}") });
+                return;
+            }
+        };
+        match crate::outputs::parse_output_file(&text) {
+            Ok(values) if values.is_empty() => {}
+            Ok(values) => {
+                let values = values
+                    .into_iter()
+                    .map(|(key, value)| {
+                        let value = serde_json::Value::String(value);
+                        let value = if self.sensitive_outputs.contains(&key) {
+                            OutputValue::Sensitive(Sensitive::new(value))
+                        } else {
+                            OutputValue::Plain(value)
+                        };
+                        (key, value)
+                    })
+                    .collect();
+                sink.emit(Event::Outputs { values });
+            }
+            Err(e) => sink.emit(Event::Warning {
+                message: format!("`{id}` wrote a `$RDEPLOY_OUTPUT` rdeploy cannot read ({e}); its outputs are ignored"),
+            }),
+        }
     }
 
     fn command(&self, ctx: &StepContext, id: &str, script: &str) -> Command {
@@ -130,6 +175,15 @@ impl Adapter for ShellSpec {
                 hint: Some("list at least one `{ name: ..., run: ... }`".into()),
             }),
             _ => {}
+        }
+        for (i, key) in self.sensitive_outputs.iter().enumerate() {
+            if !crate::outputs::valid_key(key) {
+                problems.push(SpecProblem {
+                    at: vec![PathSegment::Key("sensitive_outputs"), PathSegment::Index(i)],
+                    message: format!("`{key}` is not an output name"),
+                    hint: Some("use letters, digits, `_` and `-`, starting with a letter or `_`".into()),
+                });
+            }
         }
         if let Some(subs) = &self.sub_changes {
             // Each name's first item: a scan of the earlier items made this quadratic.
@@ -325,6 +379,7 @@ mod tests {
         ShellSpec {
             run: None,
             dir: None,
+            sensitive_outputs: Vec::new(),
             sub_changes: Some(
                 subs.iter()
                     .map(|(n, r, c)| ShellSubChange {
@@ -335,6 +390,28 @@ mod tests {
                     .collect(),
             ),
         }
+    }
+
+    #[tokio::test]
+    async fn each_sub_change_writes_outputs_to_rdeploy_output() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spec = spec(&[
+            ("one", "echo url=http://db:5432 >> \"$RDEPLOY_OUTPUT\"", None),
+            ("two", "printf 'notes<<EOF\\na\\nb\\nEOF\\npass=s3cret-value\\n' >> \"$RDEPLOY_OUTPUT\"", None),
+        ]);
+        spec.sensitive_outputs = vec!["pass".into()];
+        let rec = Recorder::default();
+        spec.apply(&ctx(dir.path()), &rec).await.unwrap();
+        let out = rec.outputs();
+        assert_eq!(out["url"], OutputValue::Plain("http://db:5432".into()));
+        assert_eq!(out["notes"], OutputValue::Plain("a\nb".into()));
+        assert!(out["pass"].is_sensitive());
+        assert_eq!(out["pass"].value(), "s3cret-value");
+        // Outputs come before the sub-change's completion, so they are journaled with it.
+        let events = rec.events();
+        let outputs_at = events.iter().position(|e| matches!(e, Event::Outputs { .. })).unwrap();
+        let done_at = events.iter().position(|e| matches!(e, Event::Done { id, .. } if id == "one")).unwrap();
+        assert!(outputs_at < done_at, "{events:?}");
     }
 
     #[tokio::test]

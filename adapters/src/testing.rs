@@ -107,6 +107,17 @@ impl Recorder {
             .collect()
     }
 
+    /// Every output reported, the last value of each key.
+    pub fn outputs(&self) -> crate::outputs::Outputs {
+        let mut out = crate::outputs::Outputs::new();
+        for event in self.events() {
+            if let Event::Outputs { values } = event {
+                out.extend(values);
+            }
+        }
+        out
+    }
+
     /// The last value recorded for a fact.
     pub fn fact(&self, key: &str) -> Option<serde_json::Value> {
         self.events().into_iter().rev().find_map(|e| match e {
@@ -138,7 +149,7 @@ impl Recorder {
                 Event::Fact { key, value } => {
                     facts.insert(key.clone(), value.clone());
                 }
-                Event::Output { .. } | Event::Warning { .. } => {}
+                Event::Output { .. } | Event::Warning { .. } | Event::Outputs { .. } => {}
             }
         }
         PriorStep {
