@@ -102,6 +102,20 @@ pub enum Record {
         step: Option<String>,
         message: String,
     },
+    /// Outputs the step produced for later steps; a key recorded again replaces its value.
+    /// Sensitive outputs are named only: their values are never journaled.
+    Outputs {
+        step: String,
+        values: BTreeMap<String, serde_json::Value>,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        sensitive: Vec<String>,
+    },
+    /// A completed step is no longer done: an output it consumed changed (`because` says which),
+    /// so it must be applied again with the new value.
+    Stale {
+        step: String,
+        because: String,
+    },
     StepDone {
         step: String,
     },
@@ -325,6 +339,15 @@ pub struct StepState {
     /// The failures of the earlier attempts, oldest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub attempt_errors: Vec<String>,
+    /// The outputs it produced for later steps (sensitive ones are in `sensitive_outputs`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub outputs: BTreeMap<String, serde_json::Value>,
+    /// The names of its sensitive outputs; their values are never recorded.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sensitive_outputs: Vec<String>,
+    /// Why it is no longer done, when an output it consumed changed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stale: Option<String>,
 }
 
 impl StepState {
@@ -350,6 +373,9 @@ impl StepState {
             interrupted: false,
             attempt: None,
             attempt_errors: Vec::new(),
+            outputs: BTreeMap::new(),
+            sensitive_outputs: Vec::new(),
+            stale: None,
         }
     }
 
@@ -527,10 +553,31 @@ impl Deploy {
             }
             Record::Warning { step: Some(step), message } => self.step_mut(step).warnings.push(message.clone()),
             Record::Warning { step: None, message } => self.warnings.push(message.clone()),
+            Record::Outputs { step, values, sensitive } => {
+                let s = self.step_mut(step);
+                for (key, value) in values {
+                    s.sensitive_outputs.retain(|k| k != key);
+                    s.outputs.insert(key.clone(), value.clone());
+                }
+                for key in sensitive {
+                    s.outputs.remove(key);
+                    if !s.sensitive_outputs.contains(key) {
+                        s.sensitive_outputs.push(key.clone());
+                    }
+                }
+            }
+            Record::Stale { step, because } => {
+                let s = self.step_mut(step);
+                s.status = StepStatus::Pending;
+                s.done_seq = None;
+                s.stale = Some(because.clone());
+                s.warnings.push(format!("applied again: {because}"));
+            }
             Record::StepDone { step } => {
                 let s = self.step_mut(step);
                 s.status = StepStatus::Done;
                 s.failure = None;
+                s.stale = None;
                 s.finished = Some(*ts);
                 s.done_seq = Some(seq);
             }

@@ -8,11 +8,12 @@
 //! concrete type in the session rather than a trait, as there is one implementation and the
 //! adapters already report through their own `EventSink`.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
+use rdeploy_adapters::outputs::{OutputValue, Sensitive};
 use rdeploy_adapters::{
     shell, Adapter, CancellationToken, Event, EventSink, Failure, PriorStep, Recovered, StepContext, ToolInfo,
 };
@@ -21,6 +22,7 @@ use tokio::task::JoinSet;
 use crate::checkpoint::{Checkpoint, CheckpointGone, Deploy, DeployState, Record, StepMode, StepStatus};
 use crate::diff::StackDiff;
 use crate::exit::{Code, Refusal};
+use crate::reference::Reference;
 use crate::stack::{OnFailure, Retry, Stack, Step};
 use crate::store::local::StateDir;
 use crate::store::{LockGuard, Store};
@@ -52,7 +54,13 @@ pub struct Session {
     pub reapply_missing: bool,
     /// Notes every tool this run starts while it runs (under the state dir's `running/`).
     pub processes: rdeploy_adapters::process::ProcessTracker,
+    /// The sensitive outputs this process learned, by step: never written anywhere, passed to
+    /// their consumers only.
+    pub sensitive: SensitiveOutputs,
 }
+
+/// Sensitive output values by producing step and key, held in memory only.
+pub type SensitiveOutputs = Arc<Mutex<HashMap<String, BTreeMap<String, Sensitive>>>>;
 
 /// How long a run waits for a tool a dead run left running (terraform finishing the resources
 /// in flight after its SIGINT) before it refuses to start beside it.
@@ -673,6 +681,19 @@ impl Session {
                 _ => (StepMode::Apply, format!("{} apply", step.tool)),
             };
             let tool_version = tools.get(&name).map(|t| t.version.clone());
+            // Its references take their values before the tool starts: a missing output fails
+            // the step here, having run nothing.
+            let (step, redact) = match self.resolve_references(cp, &step).await {
+                Ok(resolved) => resolved,
+                Err(failure) => {
+                    cp.record(Record::StepStarted { step: name.clone(), mode, tool_version: tool_version.clone() })?;
+                    self.ui.step_finished(&name, &format!("{}: {}", self.ui.paint.bad("failed"), failure.summary));
+                    cp.record(Record::StepFailed { step: name.clone(), failure })?;
+                    run.outcome = run.outcome.worst(Outcome::Partial);
+                    run.branch_failed(self.keep_going);
+                    continue;
+                }
+            };
             // A step that cannot resume completes or reverts: it is never retried.
             let retry = step.retry.clone().filter(|_| step.resumable);
             if let Some(retry) = &retry {
@@ -681,16 +702,118 @@ impl Session {
             cp.record(Record::StepStarted { step: name.clone(), mode, tool_version: tool_version.clone() })?;
             self.ui.step_started(&name, &what);
             let ctx = self.context(&step, self.cancel.child_token());
-            let sink = JournalSink::new(name.clone(), cp.clone(), self.ui.clone(), &self.state, ctx.cancel.clone())?;
+            let mut sink =
+                JournalSink::new(name.clone(), cp.clone(), self.ui.clone(), &self.state, ctx.cancel.clone())?;
+            sink.sensitive = self.sensitive.clone();
+            sink.redact = redact.clone();
             // 0700: the tools' files in it (terraform's saved plan) are nobody else's to read.
             self.state.create_dir(&ctx.work_dir)?;
             let attempts = Attempts { retry, cp: cp.clone(), ui: self.ui.clone(), tool_version };
             run.running.spawn(async move {
                 let result = attempts.run(&step, &ctx, action, &sink).await;
+                // A value it was given in secret never reaches the checkpoint in its failure.
+                let result = result.map_err(|f| rdeploy_adapters::secrets::redact_failure(f, &redact));
                 (step.name.clone(), result)
             });
         }
         Ok(())
+    }
+
+    /// The step with its `${{ steps.NAME.outputs.KEY }}` replaced by the values recorded in the
+    /// checkpoint (a sensitive one from this process's memory, else read again from the
+    /// producer's own state), and the sensitive values it was given, to redact. A reference
+    /// without a value is the step's failure, before its tool starts.
+    async fn resolve_references(&self, cp: &SharedCheckpoint, step: &Step) -> Result<(Step, Vec<String>), Failure> {
+        let mut values: HashMap<Reference, OutputValue> = HashMap::new();
+        for reference in &step.refs {
+            let (plain, sensitive, known) = cp.read(|d| {
+                let producer = d.step(&reference.step);
+                let plain = producer.and_then(|p| p.outputs.get(&reference.key).cloned());
+                let sensitive = producer.is_some_and(|p| p.sensitive_outputs.contains(&reference.key));
+                let mut known: Vec<String> = producer.map(|p| p.outputs.keys().cloned().collect()).unwrap_or_default();
+                known.extend(producer.map(|p| p.sensitive_outputs.clone()).unwrap_or_default());
+                known.sort();
+                (plain, sensitive, known)
+            });
+            if let Some(value) = plain {
+                values.insert(reference.clone(), OutputValue::Plain(value));
+                continue;
+            }
+            if let Some(secret) = self.sensitive_value(reference) {
+                values.insert(reference.clone(), OutputValue::Sensitive(secret));
+                continue;
+            }
+            if !sensitive {
+                let theirs = if known.is_empty() {
+                    "it recorded no outputs".to_string()
+                } else {
+                    format!("its outputs are {}", known.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", "))
+                };
+                return Err(Failure::new(format!(
+                    "`{reference}`: step `{}` has no output `{}` ({theirs}); nothing was run",
+                    reference.step, reference.key
+                ))
+                .with_hint(format!(
+                    "make `{}` produce `{}` or fix the reference, then `rdeploy recover {}`",
+                    reference.step, reference.key, self.stack_arg
+                )));
+            }
+            // Sensitive and never recorded: the producer's own state may have it again.
+            let producer = self.stack.step(&reference.step).expect("references name stack steps");
+            let ctx = self.context(producer, self.cancel.child_token());
+            match producer.spec.read_outputs(&ctx).await {
+                Ok(Some(outputs)) => {
+                    let mut vault = self.sensitive.lock().unwrap_or_else(|e| e.into_inner());
+                    let entry = vault.entry(reference.step.clone()).or_default();
+                    for (key, value) in outputs {
+                        if let OutputValue::Sensitive(secret) = value {
+                            entry.insert(key, secret);
+                        }
+                    }
+                }
+                Ok(None) => {}
+                Err(failure) => {
+                    return Err(Failure::new(format!(
+                        "`{reference}` is sensitive and was never recorded, and reading it again from {}'s state failed: {}",
+                        producer.tool, failure.summary
+                    ))
+                    .with_hint(failure.hint.unwrap_or_else(|| format!("fix it, then `rdeploy recover {}`", self.stack_arg))))
+                }
+            }
+            match self.sensitive_value(reference) {
+                Some(secret) => {
+                    values.insert(reference.clone(), OutputValue::Sensitive(secret));
+                }
+                None => {
+                    return Err(Failure::new(format!(
+                        "`{reference}` is a sensitive output: only the run that produced it had its value, and {} keeps no state to read it again from; nothing was run",
+                        producer.tool
+                    ))
+                    .with_hint(format!(
+                        "run step `{0}` again to produce it (its value is never written down): undo what `{0}` did and `rdeploy reset {1} --yes`, then `rdeploy up {1}`",
+                        reference.step, self.stack_arg
+                    )))
+                }
+            }
+        }
+        let redact: Vec<String> = rdeploy_adapters::secrets::normalize(
+            values
+                .values()
+                .filter_map(|v| match v {
+                    OutputValue::Sensitive(s) => Some(s.redactions()),
+                    OutputValue::Plain(_) => None,
+                })
+                .flatten()
+                .collect(),
+        );
+        let text = |r: &Reference| values.get(r).map(|v| rdeploy_adapters::outputs::value_text(v.value()));
+        let resolved = step.resolve(&text).map_err(|r| Failure::new(format!("`{r}` has no value")))?;
+        Ok((resolved, redact))
+    }
+
+    fn sensitive_value(&self, reference: &Reference) -> Option<Sensitive> {
+        let vault = self.sensitive.lock().unwrap_or_else(|e| e.into_inner());
+        vault.get(&reference.step).and_then(|m| m.get(&reference.key)).cloned()
     }
 
     /// Records how a step ended and applies complete-or-revert to a non-resumable failure.
@@ -1099,6 +1222,10 @@ struct JournalSink {
     /// Cancelled on the first journal error, so the step starts nothing it cannot record (a
     /// full disk, or a shared store whose lease another run took over).
     stop: CancellationToken,
+    /// Where the step's sensitive outputs go (memory only).
+    sensitive: SensitiveOutputs,
+    /// The sensitive values the step was given: redacted from everything it reports.
+    redact: Vec<String>,
 }
 
 impl JournalSink {
@@ -1118,7 +1245,16 @@ impl JournalSink {
                 None
             }
         };
-        Ok(JournalSink { step, cp, ui, log: Mutex::new(log), error: Mutex::new(None), stop })
+        Ok(JournalSink {
+            step,
+            cp,
+            ui,
+            log: Mutex::new(log),
+            error: Mutex::new(None),
+            stop,
+            sensitive: SensitiveOutputs::default(),
+            redact: Vec::new(),
+        })
     }
 
     fn journal_error(&self) -> Option<JournalError> {
@@ -1136,7 +1272,30 @@ impl JournalSink {
 impl EventSink for JournalSink {
     fn emit(&self, event: Event) {
         let step = self.step.clone();
+        let event =
+            if self.redact.is_empty() { event } else { rdeploy_adapters::secrets::redact_event(event, &self.redact) };
         match event {
+            Event::Outputs { values } => {
+                let mut plain = BTreeMap::new();
+                let mut sensitive = Vec::new();
+                {
+                    let mut vault = self.sensitive.lock().unwrap_or_else(|e| e.into_inner());
+                    let mine = vault.entry(step.clone()).or_default();
+                    for (key, value) in values {
+                        match value {
+                            OutputValue::Plain(v) => {
+                                mine.remove(&key);
+                                plain.insert(key, v);
+                            }
+                            OutputValue::Sensitive(secret) => {
+                                mine.insert(key.clone(), secret);
+                                sensitive.push(key);
+                            }
+                        }
+                    }
+                }
+                self.journal(Record::Outputs { step, values: plain, sensitive });
+            }
             Event::Planned { ids } => {
                 self.ui.planned(&step, ids.len());
                 self.journal(Record::Planned { step, ids });

@@ -25,6 +25,7 @@ mod driver;
 mod exit;
 mod fleet;
 mod gate;
+mod reference;
 mod report;
 mod runbook;
 mod stack;
@@ -451,6 +452,7 @@ fn session(stack_path: &Path, global: &Global, ui: Arc<Ui>, parallel: usize) -> 
         keep_going,
         reapply_missing: false,
         processes,
+        sensitive: Default::default(),
     })
 }
 

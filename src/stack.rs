@@ -9,6 +9,7 @@ use std::time::Duration;
 use rdeploy_adapters::yaml::{self, Location, Node, Span, Spanned};
 
 use crate::fleet::model::Kind;
+use crate::reference::{self, Located, Reference};
 use rdeploy_adapters::{Adapter, FieldPath, PathSegment, Tool, ToolSpec};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -76,6 +77,57 @@ pub struct Step {
     pub line: usize,
     /// Digest of the step's settings, to say which steps changed since a checkpoint.
     pub digest: String,
+    /// The `${{ steps.NAME.outputs.KEY }}` it consumes, each once, in the order written.
+    pub refs: Vec<Reference>,
+    /// Its tool keys as written, from which `spec` is built again once references resolve.
+    own: Node,
+}
+
+impl Step {
+    /// The step with every reference replaced by its value: the settings its tool will get.
+    /// The first reference without a value is the error.
+    pub fn resolve(&self, value: &dyn Fn(&Reference) -> Option<String>) -> Result<Step, Reference> {
+        if self.refs.is_empty() {
+            return Ok(self.clone());
+        }
+        let own = reference::substitute_node(&self.own, value)?;
+        let spec = match build_spec(self.tool, &own) {
+            Ok(spec) => spec,
+            // The same keys parsed when the stack loaded; only string values changed.
+            Err(_) => self.spec.clone(),
+        };
+        let mut env = BTreeMap::new();
+        for (k, v) in &self.env {
+            env.insert(k.clone(), reference::substitute(v, value)?);
+        }
+        let revert = match &self.revert {
+            Some(r) => Some(reference::substitute(r, value)?),
+            None => None,
+        };
+        Ok(Step { spec, env, revert, own, ..self.clone() })
+    }
+}
+
+/// A tool's spec from its keys: serde reads the coercible copy, and the values handed to the
+/// tool keep their YAML type.
+fn build_spec(tool: Tool, own_node: &Node) -> Result<ToolSpec, yaml::DecodeError> {
+    let own_coercible = yaml::coercible(own_node.clone());
+    let mut spec = match tool {
+        Tool::Terraform => yaml::from_node(&own_coercible).map(ToolSpec::Terraform),
+        Tool::Ansible => yaml::from_node(&own_coercible).map(ToolSpec::Ansible),
+        Tool::Helm => yaml::from_node(&own_coercible).map(ToolSpec::Helm),
+        Tool::Kubectl => yaml::from_node(&own_coercible).map(ToolSpec::Kubectl),
+        Tool::Shell => yaml::from_node(&own_coercible).map(ToolSpec::Shell),
+    }?;
+    // serde sees every YAML scalar as a string; values handed to the tool keep their YAML type.
+    if let Some((key, values)) = spec.typed_values_mut() {
+        if let Some(node) = own_node.as_mapping().and_then(|m| m.get_mapping(key)) {
+            for (k, v) in node.iter() {
+                values.insert(k.as_str().to_string(), yaml::typed_json(v));
+            }
+        }
+    }
+    Ok(spec)
 }
 
 /// A precondition evaluated right before a step runs. Its values are parsed when the stack
@@ -439,8 +491,9 @@ pub fn parse(file: &Path, text: &str) -> Result<Stack, StackError> {
     let mut first_by_name: HashMap<String, usize> = HashMap::new();
     let mut needs_spans: Vec<Vec<Spanned<String>>> = Vec::new();
     let mut phase_spans: Vec<Option<Span>> = Vec::new();
+    let mut ref_spans: Vec<Vec<reference::Located>> = Vec::new();
     for node in step_nodes.iter() {
-        if let Some((mut step, name_span, needs, phase_span)) = parse_step(&mut checker, &dir, node) {
+        if let Some((mut step, name_span, needs, phase_span, located)) = parse_step(&mut checker, &dir, node) {
             step.timeout = step.timeout.or(default_timeout);
             if let Some(&first) = first_by_name.get(&step.name) {
                 let first_line = name_spans[first].1.start().map(|m| m.line()).unwrap_or(0);
@@ -454,6 +507,7 @@ pub fn parse(file: &Path, text: &str) -> Result<Stack, StackError> {
             name_spans.push((step.name.clone(), name_span));
             needs_spans.push(needs);
             phase_spans.push(phase_span);
+            ref_spans.push(located);
             steps.push(step);
         }
     }
@@ -482,8 +536,44 @@ pub fn parse(file: &Path, text: &str) -> Result<Stack, StackError> {
             }
         }
     }
+    // Each reference names another step and is an implicit `needs` on it.
+    let mut implicit: HashMap<(usize, usize), Span> = HashMap::new();
+    for (i, located) in ref_spans.iter().enumerate() {
+        for Located { reference, span } in located {
+            if reference.step == steps[i].name {
+                checker.at(
+                    span,
+                    format!("step `{}` refers to its own output `{}`", steps[i].name, reference.key),
+                    Some("a step's outputs exist once it is done: only later steps can use them".into()),
+                );
+            } else if let Some(&j) = first_by_name.get(&reference.step) {
+                implicit.entry((i, j)).or_insert(*span);
+            } else {
+                let hint = suggest(&reference.step, &names).map(|s| format!("did you mean `{s}`?"));
+                checker.at(
+                    span,
+                    format!(
+                        "step `{}` refers to `{reference}`, but `{}` is not a step of this stack",
+                        steps[i].name, reference.step
+                    ),
+                    hint,
+                );
+            }
+        }
+    }
     if !checker.problems.is_empty() {
         return Err(StackError { problems: checker.problems });
+    }
+    for (i, located) in ref_spans.into_iter().enumerate() {
+        let step = &mut steps[i];
+        for Located { reference, .. } in located {
+            if !step.refs.contains(&reference) {
+                step.refs.push(reference.clone());
+            }
+            if !step.needs.contains(&reference.step) {
+                step.needs.push(reference.step);
+            }
+        }
     }
 
     let order = match run_order(&steps) {
@@ -495,11 +585,25 @@ pub fn parse(file: &Path, text: &str) -> Result<Stack, StackError> {
             let first = cycle[0];
             let path: Vec<&str> =
                 cycle.iter().chain(std::iter::once(&first)).map(|&i| steps[i].name.as_str()).collect();
-            checker.at(
-                &name_spans[first].1,
-                format!("the steps' `needs` form a cycle: {}", path.join(" -> ")),
-                Some("remove one of these `needs` so the steps can run in order".into()),
-            );
+            // `cycle[k]` needs `cycle[k + 1]`...: an edge that only a reference made is named.
+            let by_reference = (0..cycle.len()).find_map(|k| {
+                let (a, b) = (cycle[k], cycle[(k + 1) % cycle.len()]);
+                let pair = [(a, b), (b, a)].into_iter().find(|p| implicit.contains_key(p))?;
+                let explicit = needs_spans[pair.0].iter().any(|n| n.as_str() == steps[pair.1].name);
+                (!explicit).then(|| implicit[&pair])
+            });
+            match by_reference {
+                Some(span) => checker.at(
+                    &span,
+                    format!("this output reference makes a cycle between steps: {}", path.join(" -> ")),
+                    Some("a step can only use the outputs of steps that run before it; remove the reference or a `needs`".into()),
+                ),
+                None => checker.at(
+                    &name_spans[first].1,
+                    format!("the steps' `needs` form a cycle: {}", path.join(" -> ")),
+                    Some("remove one of these `needs` so the steps can run in order".into()),
+                ),
+            }
             return Err(StackError { problems: checker.problems });
         }
     };
@@ -511,7 +615,7 @@ pub fn parse(file: &Path, text: &str) -> Result<Stack, StackError> {
     Ok(Stack { name, file: file.to_path_buf(), dir, on_failure, steps, order, digest, state })
 }
 
-type ParsedStep = (Step, Span, Vec<Spanned<String>>, Option<Span>);
+type ParsedStep = (Step, Span, Vec<Spanned<String>>, Option<Span>, Vec<reference::Located>);
 
 fn parse_step(checker: &mut Checker<'_>, dir: &Path, node: &Node) -> Option<ParsedStep> {
     let Some(map) = node.as_mapping() else {
@@ -594,28 +698,24 @@ fn parse_step(checker: &mut Checker<'_>, dir: &Path, node: &Node) -> Option<Pars
             return None;
         }
     };
-    let own_coercible = yaml::coercible(own_node.clone());
-    let spec = match tool {
-        Tool::Terraform => yaml::from_node(&own_coercible).map(ToolSpec::Terraform),
-        Tool::Ansible => yaml::from_node(&own_coercible).map(ToolSpec::Ansible),
-        Tool::Helm => yaml::from_node(&own_coercible).map(ToolSpec::Helm),
-        Tool::Kubectl => yaml::from_node(&own_coercible).map(ToolSpec::Kubectl),
-        Tool::Shell => yaml::from_node(&own_coercible).map(ToolSpec::Shell),
-    };
-    let mut spec = match spec {
+    let spec = match build_spec(tool, &own_node) {
         Ok(spec) => spec,
         Err(e) => {
             report_serde_error(checker, map.span(), e, tool_keys);
             return None;
         }
     };
-    // serde sees every YAML scalar as a string; values handed to the tool keep their YAML type.
-    if let Some((key, values)) = spec.typed_values_mut() {
-        if let Some(node) = own_node.as_mapping().and_then(|m| m.get_mapping(key)) {
-            for (k, v) in node.iter() {
-                values.insert(k.as_str().to_string(), yaml::typed_json(v));
-            }
+    // `${{ steps.NAME.outputs.KEY }}` in the tool's keys, `env` and `revert`.
+    let mut located = Vec::new();
+    let mut bad = Vec::new();
+    reference::collect(&own_node, &mut located, &mut bad);
+    for key in ["env", "revert"] {
+        if let Some(node) = map.get_node(key) {
+            reference::collect(node, &mut located, &mut bad);
         }
+    }
+    for (span, message) in bad {
+        checker.at(&span, message, Some("a reference reads `${{ steps.NAME.outputs.KEY }}`".into()));
     }
 
     let name = keys.name.as_str().to_string();
@@ -680,8 +780,10 @@ fn parse_step(checker: &mut Checker<'_>, dir: &Path, node: &Node) -> Option<Pars
         spec,
         line,
         digest,
+        refs: Vec::new(),
+        own: own_node,
     };
-    Some((step, *keys.name.span(), keys.needs, keys.phase.map(|p| *p.span())))
+    Some((step, *keys.name.span(), keys.needs, keys.phase.map(|p| *p.span()), located))
 }
 
 /// The gate with its values parsed; a value that does not parse is a located problem.

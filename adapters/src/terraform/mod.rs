@@ -165,7 +165,15 @@ impl Adapter for TerraformSpec {
         let mut run = Run::new(self, ctx, sink)?;
         let plan_file = ctx.work_dir.join(PLAN_FILE);
         let plan = run.plan(&plan_file, Workspace::Create).await?;
-        run.apply_saved(&plan, &plan_file).await
+        run.apply_saved(&plan, &plan_file).await?;
+        run.report_outputs().await
+    }
+
+    async fn read_outputs(&self, ctx: &StepContext) -> Result<Option<crate::outputs::Outputs>, Failure> {
+        let sink = Collect::default();
+        let run = Run::new(self, ctx, &sink)?;
+        run.prepare(Workspace::Existing).await?;
+        run.outputs().await.map(Some)
     }
 
     async fn recover(&self, ctx: &StepContext, prior: &PriorStep, sink: &dyn EventSink) -> Result<Recovered, Failure> {
@@ -221,7 +229,9 @@ impl Adapter for TerraformSpec {
                 });
             }
         }
-        run.apply_saved(&plan, &plan_file).await.map(|()| Recovered::Complete)
+        run.apply_saved(&plan, &plan_file).await?;
+        run.report_outputs().await?;
+        Ok(Recovered::Complete)
     }
 
     async fn inspect(&self, ctx: &StepContext, prior: &PriorStep) -> Result<Inspection, Failure> {
@@ -635,6 +645,37 @@ impl<'a> Run<'a> {
         let doc = self.show_json(None).await?;
         state::parse_state(&doc)
             .map_err(|e| format!("`{} show -json` printed what rdeploy cannot read: {e}", self.spec.tool_word()))
+    }
+
+    /// The root module's outputs (`output -json`); its stdout holds sensitive values in clear,
+    /// so it is read here and never forwarded.
+    async fn outputs(&self) -> Result<crate::outputs::Outputs, Failure> {
+        let args = vec!["output".to_string(), "-json".to_string()];
+        let mut doc = String::new();
+        let sink = self.sink;
+        let outcome = self
+            .exec(&args, &self.ctx.cancel, &mut |stream, line| match stream {
+                Stream::Stdout => {
+                    doc.push_str(line);
+                    doc.push('\n');
+                }
+                Stream::Stderr => sink.emit(Event::Output { stream, line: line.to_string() }),
+            })
+            .await?;
+        if !outcome.success() {
+            return Err(Failure::from_process(&self.display(&args), &outcome));
+        }
+        crate::outputs::parse_terraform_outputs(&doc)
+            .map_err(|e| Failure::new(format!("`{}` printed what rdeploy cannot read: {e}", self.display(&args))))
+    }
+
+    /// Reports the root module's outputs after an apply, for later steps.
+    async fn report_outputs(&self) -> Result<(), Failure> {
+        let values = self.outputs().await?;
+        if !values.is_empty() {
+            self.sink.emit(Event::Outputs { values });
+        }
+        Ok(())
     }
 
     async fn init(&self) -> Result<(), Failure> {
