@@ -84,6 +84,12 @@ pub struct StepReport {
     /// The errors of the earlier attempts, oldest first.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub attempt_errors: Vec<String>,
+    /// The outputs it produced for later steps (`${{ steps.NAME.outputs.KEY }}`).
+    #[serde(skip_serializing_if = "serde_json::Map::is_empty")]
+    pub outputs: serde_json::Map<String, serde_json::Value>,
+    /// Its sensitive outputs, by name only: their values are never recorded.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub sensitive_outputs: Vec<String>,
 }
 
 impl StepReport {
@@ -266,6 +272,8 @@ fn pending_step(name: String, tool: String, resumable: bool) -> StepReport {
         attempts: None,
         max_attempts: None,
         attempt_errors: Vec::new(),
+        outputs: Default::default(),
+        sensitive_outputs: Vec::new(),
     }
 }
 
@@ -329,6 +337,8 @@ pub fn from_deploy(
             r.log = Some(log.display().to_string());
         }
         r.facts = s.facts.clone().into_iter().collect();
+        r.outputs = s.outputs.clone().into_iter().collect();
+        r.sensitive_outputs = s.sensitive_outputs.clone();
         r.warnings = s.warnings.clone();
         steps.push(r);
     }
@@ -387,6 +397,25 @@ fn ellipsize(ids: &[String], max: usize) -> String {
     }
 }
 
+/// A step's outputs in one line: `key=value` (long values cut), sensitive ones by name.
+fn outputs_line(s: &StepReport) -> Option<String> {
+    let mut parts: Vec<String> = s
+        .outputs
+        .iter()
+        .map(|(k, v)| {
+            let text = rdeploy_adapters::outputs::value_text(v).replace('\n', "\\n");
+            let text = if text.chars().count() > 60 {
+                format!("{}…", text.chars().take(60).collect::<String>())
+            } else {
+                text
+            };
+            format!("{k}={text}")
+        })
+        .collect();
+    parts.extend(s.sensitive_outputs.iter().map(|k| format!("{k} (sensitive)")));
+    (!parts.is_empty()).then(|| parts.join(", "))
+}
+
 /// The report as the operator reads it in a terminal.
 pub fn render_text(status: &Status, paint: Paint) -> String {
     let mut out = String::new();
@@ -433,6 +462,9 @@ pub fn render_text(status: &Status, paint: Paint) -> String {
             let detail = if done.is_empty() { String::new() } else { format!(": {}", ellipsize(&done, 8)) };
             let attempts = s.attempt_words().map(|w| format!(" ({w})")).unwrap_or_default();
             let _ = writeln!(out, "  {} {} ({}){detail}{attempts}", paint.good("✓"), s.name, s.tool);
+            if let Some(outputs) = outputs_line(s) {
+                let _ = writeln!(out, "      outputs: {outputs}");
+            }
         }
     }
     if !failed.is_empty() {

@@ -7,6 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::{step, Project};
+use kubesim::testing::{helm_bin, kubectl_bin, testdata, Kubesim};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
@@ -181,4 +182,173 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
         }
     }
     out
+}
+
+/// `.venv/bin/ansible-playbook`; a missing ansible fails loudly, never skips.
+fn ansible_playbook() -> String {
+    let bin = common::repo_root().join(".venv/bin/ansible-playbook");
+    assert!(bin.is_file(), "{} is missing: run scripts/setup-ansible.sh", bin.display());
+    bin.to_string_lossy().into_owned()
+}
+
+const PASSWORD: &str = "pw-7c1e9a42f0d3";
+
+/// terraform -> ansible -> helm, wired with outputs, and a shell step reading the helm release's
+/// and ansible's outputs; `use-password` consumes the sensitive terraform output.
+fn pipeline(sim: &Kubesim) -> Project {
+    common::require_tool("terraform", "install terraform");
+    let mut p = Project::new();
+    p.copy_fixture("outputs/infra", "infra").copy_fixture("outputs/ansible", "ansible");
+    for (k, v) in sim.env() {
+        p.env(&k, &v);
+    }
+    p.stack(&format!(
+        r#"name: shop
+steps:
+  - name: infra
+    tool: terraform
+    dir: infra
+  - name: config
+    tool: ansible
+    playbook: ansible/site.yml
+    inventory: ansible/inventory.ini
+    binary: {ansible}
+    env: {{ ANSIBLE_NOCOLOR: "1" }}
+    extra_vars:
+      db_host: "${{{{ steps.infra.outputs.db_host }}}}"
+  - name: app
+    tool: helm
+    release: web
+    chart: {chart}
+    namespace: shop
+    context: c1
+    binary: {helm}
+    set:
+      color: "${{{{ steps.infra.outputs.db_host }}}}"
+      replicas: ${{{{ steps.infra.outputs.replicas }}}}
+  - name: report
+    tool: shell
+    run: echo "${{{{ steps.app.outputs.revision }}}} ${{{{ steps.app.outputs.chart_version }}}} ${{{{ steps.app.outputs.namespace }}}} ${{{{ steps.config.outputs.configured }}}}" > report.txt
+  - name: use-password
+    tool: shell
+    needs: [report]
+    sub_changes:
+      - name: login
+        run: |
+          [ ! -e fail-login ] || {{ echo "login refused" >&2; exit 1; }}
+          printf '%s\n' "${{{{ steps.infra.outputs.db_password }}}}" > got-password
+          echo "password is ${{{{ steps.infra.outputs.db_password }}}}"
+"#,
+        ansible = ansible_playbook(),
+        chart = testdata("webapp").display(),
+        helm = helm_bin(3).display(),
+    ));
+    p
+}
+
+fn assert_never_written(p: &Project, runs: &[&common::Run]) {
+    assert_no_file_holds(&p.path(".rdeploy"), PASSWORD);
+    for run in runs {
+        assert!(!run.stdout.contains(PASSWORD) && !run.stderr.contains(PASSWORD), "{}\n{}", run.stdout, run.stderr);
+    }
+    let status = p.rdeploy(&["status", "--json"]);
+    assert!(!status.stdout.contains(PASSWORD));
+}
+
+#[test]
+fn terraform_outputs_reach_ansible_and_helm_and_a_sensitive_one_reaches_its_consumer_on_up_and_recover() {
+    let sim = Kubesim::start("c1");
+    let p = pipeline(&sim);
+    p.file("fail-login", "");
+
+    let up = p.rdeploy(&["up"]);
+    up.code(1);
+    // The extra var and the helm values come from terraform's outputs.
+    assert_eq!(p.read("ansible/out-app1"), "db.internal\n");
+    assert_eq!(p.read("ansible/out-app2"), "db.internal\n");
+    let values = sim.helm_ok(3, &["get", "values", "web", "-n", "shop", "-o", "json", "--kube-context", "c1"]);
+    let values: serde_json::Value = serde_json::from_str(&values).unwrap();
+    assert_eq!(values, serde_json::json!({ "color": "db.internal", "replicas": 2 }), "the number stays a number");
+    // The helm release's and ansible's `set_stats` outputs reach a later step.
+    assert_eq!(p.read("report.txt"), "1 0.1.0 shop db.internal\n");
+
+    let status = p.status();
+    assert_eq!(step(&status, "infra")["outputs"]["db_host"], "db.internal");
+    assert_eq!(step(&status, "infra")["outputs"]["replicas"], 2);
+    assert_eq!(step(&status, "infra")["sensitive_outputs"], serde_json::json!(["db_password"]));
+    assert!(step(&status, "infra")["outputs"].get("db_password").is_none());
+    assert_eq!(step(&status, "config")["outputs"]["configured"], "db.internal");
+    assert_eq!(step(&status, "app")["outputs"]["status"], "deployed");
+    assert_eq!(step(&status, "use-password")["status"], "failed");
+    assert!(!p.exists("got-password"));
+
+    // Recover: the producer is not applied again, the sensitive value is read again from
+    // terraform's state and reaches the consumer, and nothing holds it.
+    p.remove("fail-login");
+    let recover = p.rdeploy(&["recover"]);
+    recover.code(0);
+    assert_eq!(p.lines("infra/runs/db.log"), ["db"], "terraform's resource was created once");
+    assert_eq!(p.read("got-password"), format!("{PASSWORD}\n"));
+    assert_never_written(&p, &[&up, &recover]);
+}
+
+#[test]
+fn a_sensitive_terraform_output_reaches_its_consumer_on_up_and_is_never_written() {
+    let sim = Kubesim::start("c1");
+    let p = pipeline(&sim);
+    let up = p.rdeploy(&["up"]);
+    up.code(0);
+    assert_eq!(p.read("got-password"), format!("{PASSWORD}\n"));
+    // The finished deploy is history; `rdeploy output` reads it.
+    assert_never_written(&p, &[&up]);
+}
+
+#[test]
+fn a_shell_output_names_a_kubectl_manifest_and_kubectl_outputs_reach_a_later_run() {
+    let sim = Kubesim::start("c1");
+    let mut p = Project::new();
+    p.copy_fixture("kubectl/app", "k8s");
+    for (k, v) in sim.env() {
+        p.env(&k, &v);
+    }
+    // Only the objects of namespace `shop` (the fixture's last one needs a namespace it lacks).
+    let app = p.read("k8s/app.yaml");
+    let docs: Vec<&str> = app.split("\n---").filter(|d| !d.contains("name: extra")).collect();
+    p.file("k8s/generated.yaml", &docs.join("\n---"));
+    p.stack(&format!(
+        r#"name: k8s
+steps:
+  - name: render
+    tool: shell
+    sub_changes:
+      - name: pick
+        run: echo "manifest=k8s/generated.yaml" >> "$RDEPLOY_OUTPUT"
+  - name: objects
+    tool: kubectl
+    manifests: ["${{{{ steps.render.outputs.manifest }}}}"]
+    context: c1
+    binary: {kubectl}
+    outputs:
+      color: {{ object: configmap/shop/settings, jsonpath: .data.color }}
+      port: {{ object: service/shop/web, jsonpath: "{{.spec.ports[0].port}}" }}
+  - name: after
+    tool: shell
+    run: echo "${{{{ steps.objects.outputs.color }}}}:${{{{ steps.objects.outputs.port }}}}" > after.txt
+"#,
+        kubectl = kubectl_bin().display()
+    ));
+    p.rdeploy(&["validate"]).code(0);
+    p.rdeploy(&["up"]).code(0);
+    let port = sim.kubectl_ok(&[
+        "--context",
+        "c1",
+        "get",
+        "service",
+        "web",
+        "-n",
+        "shop",
+        "-o",
+        "jsonpath={.spec.ports[0].port}",
+    ]);
+    assert_eq!(p.read("after.txt"), format!("blue:{}\n", port.trim()));
 }

@@ -42,6 +42,7 @@ impl Setup {
             server_side: None,
             wait: None,
             binary: Some(kubectl_bin().to_string_lossy().into_owned()),
+            outputs: Default::default(),
         }
     }
 

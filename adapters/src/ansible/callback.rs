@@ -77,6 +77,9 @@ pub struct Stats {
     pub aborted: Option<bool>,
     #[serde(default)]
     pub abort: Option<Abort>,
+    /// The play's aggregate `set_stats` data: the step's outputs.
+    #[serde(default)]
+    pub custom: serde_json::Map<String, serde_json::Value>,
 }
 
 /// Where ansible broke out of the play loop.
@@ -194,6 +197,11 @@ impl HostTracker {
 
     pub fn has_stats(&self) -> bool {
         self.stats.is_some()
+    }
+
+    /// The aggregate `set_stats` data the run reported (empty when none).
+    pub fn custom_stats(&self) -> serde_json::Map<String, serde_json::Value> {
+        self.stats.as_ref().map(|s| s.custom.clone()).unwrap_or_default()
     }
 
     /// Takes one record; returns the events it settles right away.

@@ -352,6 +352,11 @@ impl AnsibleSpec {
             }
             tracker.use_recap(&recap_lines, no_more_hosts);
         }
+        let custom = tracker.custom_stats();
+        if outcome.success() && !custom.is_empty() {
+            let values = custom.into_iter().map(|(k, v)| (k, crate::outputs::OutputValue::Plain(v))).collect();
+            sink.emit(Event::Outputs { values });
+        }
         let mut events = Vec::new();
         let outcomes = tracker.finish(outcome.code, &mut events);
         for event in events {

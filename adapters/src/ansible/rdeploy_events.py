@@ -142,6 +142,15 @@ class CallbackModule(CallbackBase):
             "event": "stats",
             "hosts": {host: stats.summarize(host) for host in sorted(stats.processed)},
         }
+        # `set_stats` data (aggregate, not per host): the step's outputs for later steps.
+        custom = getattr(stats, "custom", None) or {}
+        run_stats = custom.get("_run")
+        if isinstance(run_stats, dict) and run_stats:
+            try:
+                json.dumps(run_stats)
+                record["custom"] = run_stats
+            except (TypeError, ValueError):
+                record["custom"] = {k: str(v) for k, v in run_stats.items()}
         frame = _executor_frame()
         if frame is not None:
             tqm = getattr(frame.f_locals.get("self"), "_tqm", None)

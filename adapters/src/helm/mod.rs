@@ -339,6 +339,24 @@ impl<'a> Release<'a> {
             .on_rdeploy_death(Signal::SIGINT)
     }
 
+    /// The release's outputs for later steps: `revision`, `status`, `chart_version`,
+    /// `app_version` and `namespace`, from `helm get metadata` once the step's revision is in place.
+    async fn report_outputs(&self, sink: &dyn EventSink) -> Result<(), Failure> {
+        let cmd = self
+            .command()
+            .args(["get", "metadata", &self.spec.release, "-o", "json"])
+            .args(self.spec.cluster_args(Some(self.ctx)));
+        let Captured { outcome, stdout, stderr } =
+            capture(&cmd, self.ctx, Some(QUICK), None, StdoutLog::UnlessJson).await.map_err(Failure::from)?;
+        if !outcome.success() {
+            return Err(helm_failure(&cmd.display(), &outcome, &stderr));
+        }
+        let metadata: Value = serde_json::from_str(&stdout.join("\n"))
+            .map_err(|e| Failure::new(format!("`{}` printed unexpected JSON: {e}", cmd.display())))?;
+        sink.emit(Event::Outputs { values: release_outputs(&metadata) });
+        Ok(())
+    }
+
     /// `helm history` and `helm status`; a release that does not exist is an empty state.
     async fn live(&self, sink: Option<&dyn EventSink>) -> Result<Live, Failure> {
         let history_cmd = self
@@ -640,7 +658,8 @@ impl Adapter for HelmSpec {
             ));
         }
         sink.emit(Event::Planned { ids: vec![self.id(before.next_revision())] });
-        release.upgrade(sink, &before).await
+        release.upgrade(sink, &before).await?;
+        release.report_outputs(sink).await
     }
 
     async fn recover(&self, ctx: &StepContext, _prior: &PriorStep, sink: &dyn EventSink) -> Result<Recovered, Failure> {
@@ -652,12 +671,15 @@ impl Adapter for HelmSpec {
                 let id = self.id(revision);
                 sink.emit(Event::Planned { ids: vec![id.clone()] });
                 sink.emit(Event::Done { id, note: Some("already deployed at the wanted chart and values".into()) });
+                release.report_outputs(sink).await?;
                 Ok(Recovered::Complete)
             }
             Decision::Upgrade { why } => {
                 sink.emit(Event::Planned { ids: vec![self.id(live.next_revision())] });
                 sink.emit(Event::Warning { message: format!("{why}; running `helm upgrade --install`") });
-                release.upgrade(sink, &live).await.map(|()| Recovered::Complete)
+                release.upgrade(sink, &live).await?;
+                release.report_outputs(sink).await?;
+                Ok(Recovered::Complete)
             }
             Decision::Rollback { to, why, then_upgrade } => {
                 let mut ids = vec![self.id(live.next_revision())];
@@ -668,7 +690,9 @@ impl Adapter for HelmSpec {
                 sink.emit(Event::Warning { message: format!("{why}; rolling back to revision {to}") });
                 let after = release.rollback(sink, &live, to).await?;
                 if then_upgrade {
-                    release.upgrade(sink, &after).await.map(|()| Recovered::Complete)
+                    release.upgrade(sink, &after).await?;
+                    release.report_outputs(sink).await?;
+                    Ok(Recovered::Complete)
                 } else {
                     sink.emit(Event::Warning {
                         message: format!(
@@ -780,6 +804,22 @@ impl Adapter for HelmSpec {
     fn typed_values_mut(&mut self) -> Option<(&'static str, &mut BTreeMap<String, serde_json::Value>)> {
         Some(("set", &mut self.set))
     }
+}
+
+/// A release's outputs from its `helm get metadata -o json`.
+fn release_outputs(metadata: &Value) -> crate::outputs::Outputs {
+    use crate::outputs::OutputValue::Plain;
+    let field = |key: &str| metadata.get(key).cloned().unwrap_or(Value::Null);
+    [
+        ("revision", field("revision")),
+        ("status", field("status")),
+        ("chart_version", field("version")),
+        ("app_version", field("appVersion")),
+        ("namespace", field("namespace")),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), Plain(v)))
+    .collect()
 }
 
 fn now_secs() -> i64 {

@@ -44,6 +44,40 @@ pub struct KubectlSpec {
     /// Wait for every Deployment, StatefulSet and DaemonSet to roll out (`kubectl rollout status`).
     pub wait: Option<bool>,
     pub binary: Option<String>,
+    /// Values read from the cluster after the apply, for later steps.
+    #[serde(default)]
+    pub outputs: std::collections::BTreeMap<String, OutputSpec>,
+}
+
+/// One output of a kubectl step: `kubectl get KIND NAME -n NAMESPACE -o jsonpath=EXPR`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutputSpec {
+    /// `KIND/NAMESPACE/NAME`, or `KIND/NAME` for a cluster-scoped object.
+    pub object: String,
+    /// kubectl's JSONPath, with or without the surrounding `{}` (`.spec.clusterIP`).
+    pub jsonpath: String,
+}
+
+impl OutputSpec {
+    /// `(kind, namespace, name)` when `object` is well formed.
+    fn parts(&self) -> Option<(&str, Option<&str>, &str)> {
+        let parts: Vec<&str> = self.object.split('/').collect();
+        match parts[..] {
+            [kind, name] if !kind.is_empty() && !name.is_empty() => Some((kind, None, name)),
+            [kind, ns, name] if !kind.is_empty() && !ns.is_empty() && !name.is_empty() => Some((kind, Some(ns), name)),
+            _ => None,
+        }
+    }
+
+    fn expression(&self) -> String {
+        let e = self.jsonpath.trim();
+        if e.starts_with('{') {
+            e.to_string()
+        } else {
+            format!("{{{e}}}")
+        }
+    }
 }
 
 /// What one `kubectl apply` over a batch of objects settled.
@@ -86,7 +120,33 @@ struct RecoveryPlan {
 
 impl KubectlSpec {
     pub const KEYS: &'static [&'static str] =
-        &["manifests", "namespace", "context", "kubeconfig", "server_side", "wait", "binary"];
+        &["manifests", "namespace", "context", "kubeconfig", "server_side", "wait", "binary", "outputs"];
+
+    /// Reads the declared `outputs` from the cluster (`kubectl get ... -o jsonpath`).
+    async fn report_outputs(&self, ctx: &StepContext, sink: &dyn EventSink, binary: &Path) -> Result<(), Failure> {
+        if self.outputs.is_empty() {
+            return Ok(());
+        }
+        let mut values = crate::outputs::Outputs::new();
+        for (key, out) in &self.outputs {
+            let Some((kind, ns, name)) = out.parts() else { continue };
+            let mut cmd = self.command(ctx, binary).args(["get", kind, name]);
+            if let Some(ns) = ns {
+                cmd = cmd.args(["-n", ns]);
+            }
+            let cmd = cmd.arg(format!("-o=jsonpath={}", out.expression()));
+            let Captured { outcome, stdout, stderr } =
+                capture(&cmd, ctx, Some(QUICK), None, StdoutLog::Lines).await.map_err(Failure::from)?;
+            if !outcome.success() {
+                let why = stderr.last().cloned().unwrap_or_else(|| outcome.describe_status());
+                return Err(Failure::new(format!("output `{key}`: `{}` failed: {why}", cmd.display()))
+                    .with_hint(format!("check `outputs.{key}.object` and `jsonpath`; the objects are applied, `rdeploy recover` reads it again")));
+            }
+            values.insert(key.clone(), crate::outputs::OutputValue::Plain(stdout.join("\n").into()));
+        }
+        sink.emit(Event::Outputs { values });
+        Ok(())
+    }
 
     fn server_side(&self) -> bool {
         self.server_side.unwrap_or(false)
@@ -471,6 +531,22 @@ impl Adapter for KubectlSpec {
                 hint: Some("list at least one manifest file or directory".into()),
             });
         }
+        for (key, out) in &self.outputs {
+            if !crate::outputs::valid_key(key) {
+                problems.push(SpecProblem {
+                    at: vec![PathSegment::Key("outputs")],
+                    message: format!("`{key}` is not an output name"),
+                    hint: Some("use letters, digits, `_` and `-`, starting with a letter or `_`".into()),
+                });
+            }
+            if out.parts().is_none() {
+                problems.push(SpecProblem {
+                    at: vec![PathSegment::Key("outputs")],
+                    message: format!("output `{key}`: `object: {}` is not `KIND/NAMESPACE/NAME`", out.object),
+                    hint: Some("write it like `service/shop/web`, or `KIND/NAME` for a cluster-scoped object".into()),
+                });
+            }
+        }
         for (key, value) in [("namespace", &self.namespace), ("context", &self.context)] {
             if value.as_deref().is_some_and(|v| v.trim().is_empty()) {
                 problems.push(SpecProblem {
@@ -519,7 +595,8 @@ impl Adapter for KubectlSpec {
         let objects = self.objects(ctx, &binary).await?;
         sink.emit(Event::Planned { ids: objects.iter().map(KubeObject::id).collect() });
         let all: Vec<usize> = (0..objects.len()).collect();
-        self.apply_objects(ctx, sink, &binary, &objects, &all, "apply").await
+        self.apply_objects(ctx, sink, &binary, &objects, &all, "apply").await?;
+        self.report_outputs(ctx, sink, &binary).await
     }
 
     async fn recover(&self, ctx: &StepContext, prior: &PriorStep, sink: &dyn EventSink) -> Result<Recovered, Failure> {
@@ -565,7 +642,9 @@ impl Adapter for KubectlSpec {
                 Err(summarize(&failed, objects.len(), None))
             }
         };
-        result.and(waited).map(|()| Recovered::Complete)
+        result.and(waited)?;
+        self.report_outputs(ctx, sink, &binary).await?;
+        Ok(Recovered::Complete)
     }
 
     async fn inspect(&self, ctx: &StepContext, prior: &PriorStep) -> Result<Inspection, Failure> {
@@ -723,6 +802,7 @@ mod tests {
             server_side: None,
             wait: Some(true),
             binary: None,
+            outputs: Default::default(),
         }
     }
 
