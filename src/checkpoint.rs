@@ -345,7 +345,8 @@ pub struct StepState {
     /// The names of its sensitive outputs; their values are never recorded.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sensitive_outputs: Vec<String>,
-    /// Why it is no longer done, when an output it consumed changed.
+    /// Why it was made not done after it was done (an output it consumed changed); kept once it
+    /// is done again, so the report says why it was applied again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stale: Option<String>,
 }
@@ -577,7 +578,6 @@ impl Deploy {
                 let s = self.step_mut(step);
                 s.status = StepStatus::Done;
                 s.failure = None;
-                s.stale = None;
                 s.finished = Some(*ts);
                 s.done_seq = Some(seq);
             }

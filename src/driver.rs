@@ -173,7 +173,12 @@ struct RunState {
     running: JoinSet<(String, Result<Recovered, Failure>)>,
     outcome: Outcome,
     stopping: bool,
+    /// Each running step's outputs when it started, to tell which changed when it is done.
+    outputs_before: HashMap<String, OutputsSeen>,
 }
+
+/// A step's outputs as known at one moment: the recorded ones and the sensitive ones in memory.
+type OutputsSeen = (BTreeMap<String, serde_json::Value>, BTreeMap<String, Sensitive>);
 
 impl RunState {
     /// A step failed, was refused or reverted: with `keep_going` only its dependents wait
@@ -546,8 +551,14 @@ impl Session {
         let cp = SharedCheckpoint::new(cp);
         let done: HashSet<String> =
             cp.read(|d| d.steps.iter().filter(|s| s.status == StepStatus::Done).map(|s| s.name.clone()).collect());
-        let mut run =
-            RunState { todo: actions, done, running: JoinSet::new(), outcome: Outcome::Complete, stopping: false };
+        let mut run = RunState {
+            todo: actions,
+            done,
+            running: JoinSet::new(),
+            outcome: Outcome::Complete,
+            stopping: false,
+            outputs_before: HashMap::new(),
+        };
         // A checkpoint that cannot be written stops the run, but never by dropping running
         // tasks: that would SIGKILL their tools mid-apply. Cancel (SIGINT once) and drain.
         let mut fatal: Option<anyhow::Error> = None;
@@ -709,6 +720,7 @@ impl Session {
             // 0700: the tools' files in it (terraform's saved plan) are nobody else's to read.
             self.state.create_dir(&ctx.work_dir)?;
             let attempts = Attempts { retry, cp: cp.clone(), ui: self.ui.clone(), tool_version };
+            run.outputs_before.insert(name.clone(), self.outputs_seen(cp, &name));
             run.running.spawn(async move {
                 let result = attempts.run(&step, &ctx, action, &sink).await;
                 // A value it was given in secret never reaches the checkpoint in its failure.
@@ -811,6 +823,63 @@ impl Session {
         Ok((resolved, redact))
     }
 
+    fn outputs_seen(&self, cp: &SharedCheckpoint, step: &str) -> OutputsSeen {
+        let plain = cp.read(|d| d.step(step).map(|s| s.outputs.clone()).unwrap_or_default());
+        let vault = self.sensitive.lock().unwrap_or_else(|e| e.into_inner());
+        (plain, vault.get(step).cloned().unwrap_or_default())
+    }
+
+    /// A producer ran again and some of its outputs changed: every completed step that used one
+    /// of them is no longer done and is applied again in this run, with the new value, so no
+    /// step stays applied with an old one.
+    fn stale_consumers(
+        &self,
+        cp: &SharedCheckpoint,
+        run: &mut RunState,
+        producer: &str,
+        before: &OutputsSeen,
+    ) -> anyhow::Result<()> {
+        let after = self.outputs_seen(cp, producer);
+        // A recorded value that differs, went, or became sensitive; a sensitive one known before
+        // and after (in this process) that differs.
+        let mut changed: Vec<&str> =
+            before.0.iter().filter(|(k, v)| after.0.get(*k) != Some(*v)).map(|(k, _)| k.as_str()).collect();
+        changed
+            .extend(before.1.iter().filter(|(k, v)| after.1.get(*k).is_some_and(|a| a != *v)).map(|(k, _)| k.as_str()));
+        changed.sort();
+        changed.dedup();
+        if changed.is_empty() {
+            return Ok(());
+        }
+        for consumer in self.stack.ordered() {
+            let used: Vec<&str> = changed
+                .iter()
+                .copied()
+                .filter(|k| consumer.refs.iter().any(|r| r.step == producer && r.key == *k))
+                .collect();
+            if used.is_empty() {
+                continue;
+            }
+            let done = cp.read(|d| d.step(&consumer.name).is_some_and(|s| s.status == StepStatus::Done));
+            if !done {
+                continue;
+            }
+            let because = format!(
+                "{} of step `{producer}` changed",
+                match used.as_slice() {
+                    [one] => format!("output `{one}`"),
+                    many => format!("outputs {}", many.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", ")),
+                }
+            );
+            self.ui.warn(format!("step `{}` used an old value: {because}; applying it again", consumer.name));
+            cp.record(Record::Stale { step: consumer.name.clone(), because })?;
+            run.done.remove(&consumer.name);
+            run.todo.retain(|(n, _)| n != &consumer.name);
+            run.todo.push((consumer.name.clone(), Action::Apply));
+        }
+        Ok(())
+    }
+
     fn sensitive_value(&self, reference: &Reference) -> Option<Sensitive> {
         let vault = self.sensitive.lock().unwrap_or_else(|e| e.into_inner());
         vault.get(&reference.step).and_then(|m| m.get(&reference.key)).cloned()
@@ -825,11 +894,15 @@ impl Session {
         result: Result<Recovered, Failure>,
     ) -> anyhow::Result<()> {
         let step = self.stack.step(&name).expect("running steps are stack steps").clone();
+        let before = run.outputs_before.remove(&name);
         let failure = match result {
             Ok(Recovered::Complete) => {
                 cp.record(Record::StepDone { step: name.clone() })?;
                 cp.snapshot();
                 self.ui.step_finished(&name, &self.ui.paint.good("done"));
+                if let Some(before) = before {
+                    self.stale_consumers(cp, run, &name, &before)?;
+                }
                 run.done.insert(name);
                 return Ok(());
             }

@@ -90,6 +90,9 @@ pub struct StepReport {
     /// Its sensitive outputs, by name only: their values are never recorded.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub sensitive_outputs: Vec<String>,
+    /// Why it was (or is to be) applied again after it was done: an output it used changed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reapplied_because: Option<String>,
 }
 
 impl StepReport {
@@ -274,6 +277,7 @@ fn pending_step(name: String, tool: String, resumable: bool) -> StepReport {
         attempt_errors: Vec::new(),
         outputs: Default::default(),
         sensitive_outputs: Vec::new(),
+        reapplied_because: None,
     }
 }
 
@@ -339,6 +343,7 @@ pub fn from_deploy(
         r.facts = s.facts.clone().into_iter().collect();
         r.outputs = s.outputs.clone().into_iter().collect();
         r.sensitive_outputs = s.sensitive_outputs.clone();
+        r.reapplied_because = s.stale.clone();
         r.warnings = s.warnings.clone();
         steps.push(r);
     }
@@ -399,9 +404,27 @@ fn ellipsize(ids: &[String], max: usize) -> String {
 
 /// A step's outputs in one line: `key=value` (long values cut), sensitive ones by name.
 fn outputs_line(s: &StepReport) -> Option<String> {
-    let mut parts: Vec<String> = s
-        .outputs
-        .iter()
+    outputs_words(s.outputs.iter(), &s.sensitive_outputs)
+}
+
+/// The lines shown under a done step of a complete deploy: its outputs and why it was applied
+/// again, if it was.
+pub fn done_step_details(s: &StepState) -> Vec<String> {
+    let mut lines = Vec::new();
+    if let Some(outputs) = outputs_words(s.outputs.iter(), &s.sensitive_outputs) {
+        lines.push(format!("outputs: {outputs}"));
+    }
+    if let Some(because) = &s.stale {
+        lines.push(format!("applied again: {because}"));
+    }
+    lines
+}
+
+fn outputs_words<'a>(
+    outputs: impl Iterator<Item = (&'a String, &'a serde_json::Value)>,
+    sensitive: &[String],
+) -> Option<String> {
+    let mut parts: Vec<String> = outputs
         .map(|(k, v)| {
             let text = rdeploy_adapters::outputs::value_text(v).replace('\n', "\\n");
             let text = if text.chars().count() > 60 {
@@ -412,7 +435,7 @@ fn outputs_line(s: &StepReport) -> Option<String> {
             format!("{k}={text}")
         })
         .collect();
-    parts.extend(s.sensitive_outputs.iter().map(|k| format!("{k} (sensitive)")));
+    parts.extend(sensitive.iter().map(|k| format!("{k} (sensitive)")));
     (!parts.is_empty()).then(|| parts.join(", "))
 }
 
@@ -464,6 +487,9 @@ pub fn render_text(status: &Status, paint: Paint) -> String {
             let _ = writeln!(out, "  {} {} ({}){detail}{attempts}", paint.good("✓"), s.name, s.tool);
             if let Some(outputs) = outputs_line(s) {
                 let _ = writeln!(out, "      outputs: {outputs}");
+            }
+            if let Some(because) = &s.reapplied_because {
+                let _ = writeln!(out, "      applied again: {because}");
             }
         }
     }

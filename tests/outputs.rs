@@ -352,3 +352,52 @@ steps:
     ]);
     assert_eq!(p.read("after.txt"), format!("blue:{}\n", port.trim()));
 }
+
+#[test]
+fn a_changed_output_makes_its_done_consumer_run_again_and_the_report_names_it() {
+    let p = Project::new();
+    // `on_failure: revert` reverts `version` (it declares `revert`) but not `use` (it declares
+    // none), and `tail` is left half-done: the checkpoint is kept with `use` done on the value of
+    // a reverted producer. Recover applies `version` again, which now produces another value.
+    p.stack(
+        r#"name: s
+on_failure: revert
+steps:
+  - name: version
+    tool: shell
+    run: |
+      n=$(($(cat counter 2>/dev/null || echo 0) + 1)); echo $n > counter
+      echo "v=$n" >> "$RDEPLOY_OUTPUT"
+    revert: echo reverted >> reverts
+  - name: use
+    tool: shell
+    sub_changes:
+      - name: apply
+        run: echo "${{ steps.version.outputs.v }}" >> used
+  - name: tail
+    tool: shell
+    needs: [use]
+    sub_changes:
+      - name: x
+        run: "true"
+      - name: y
+        run: "[ ! -e fail-tail ]"
+"#,
+    )
+    .file("fail-tail", "");
+    p.rdeploy(&["up"]).code(6);
+    assert_eq!(p.lines("used"), ["1"]);
+    assert_eq!(p.lines("reverts"), ["reverted"]);
+    assert_eq!(step(&p.status(), "use")["status"], "done");
+
+    p.remove("fail-tail");
+    let run = p.rdeploy(&["recover"]);
+    run.code(0);
+    assert_eq!(p.lines("used"), ["1", "2"], "the consumer was applied again with the new value");
+    assert!(
+        run.stderr.contains("step `use` used an old value: output `v` of step `version` changed"),
+        "{}",
+        run.stderr
+    );
+    assert!(run.stdout.contains("applied again: output `v` of step `version` changed"), "{}", run.stdout);
+}

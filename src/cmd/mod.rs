@@ -78,7 +78,17 @@ fn render(session: &Session, run: &RunReport) -> (String, Option<String>) {
             }
         }
         (Ended::Ran, Some(deploy)) if deploy.state == DeployState::Complete => {
-            let summary: Vec<String> = deploy.steps.iter().map(report::summarize_step).collect();
+            let summary: Vec<String> = deploy
+                .steps
+                .iter()
+                .map(|s| {
+                    let details = report::done_step_details(s);
+                    std::iter::once(report::summarize_step(s))
+                        .chain(details.into_iter().map(|d| format!("    {d}")))
+                        .collect::<Vec<_>>()
+                        .join("\n  ")
+                })
+                .collect();
             let _ = writeln!(out, "stack {}: deploy complete\n  {}", deploy.stack, summary.join("\n  "));
         }
         (Ended::Ran, Some(deploy)) => {
