@@ -201,7 +201,7 @@ enum Action {
 }
 
 impl Session {
-    fn context(&self, step: &Step, cancel: CancellationToken) -> StepContext {
+    pub fn context(&self, step: &Step, cancel: CancellationToken) -> StepContext {
         StepContext {
             step: step.name.clone(),
             stack: self.stack.name.clone(),

@@ -124,6 +124,19 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// The outputs the steps recorded (the unfinished deploy, else the last finished one):
+    /// `rdeploy output [STACK] [STEP [KEY]]`; with STEP and KEY the bare value, for scripts.
+    Output {
+        /// `[STACK] [STEP [KEY]]`: the stack file (default `stack.yaml`), a step, one of its outputs.
+        #[arg(value_name = "STACK STEP KEY", num_args = 0..=3)]
+        words: Vec<String>,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+        /// Print sensitive values too, read again from the tool's own state (never recorded).
+        #[arg(long)]
+        show_sensitive: bool,
+    },
     /// Undo the completed steps that declare `revert`, newest first.
     Revert {
         #[arg(default_value = "stack.yaml")]
@@ -533,6 +546,12 @@ async fn run(cli: Cli, ui: Arc<Ui>) -> anyhow::Result<Code> {
                 let color = global.color.enabled(std::io::IsTerminal::is_terminal(&std::io::stdout()));
                 out!("{}", report::render_text(&status, ui::Paint { enabled: color }));
             }
+            Ok(Code::Ok)
+        }
+        Command::Output { words, json, show_sensitive } => {
+            let target = cmd::output::Target::from_words(words)?;
+            let s = session(&target.stack, global, ui.clone(), 1)?;
+            out!("{}", cmd::output::render(&s, &target, *json, *show_sensitive).await?);
             Ok(Code::Ok)
         }
         Command::Runbook { stack, output } => {

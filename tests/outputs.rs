@@ -90,6 +90,8 @@ fn a_shell_output_reaches_a_later_step_and_recover_uses_the_journaled_value() {
     assert_eq!(p.lines("db-side-effects"), ["created"]);
     let journal = p.read(".rdeploy/journal.jsonl");
     assert!(journal.contains(r#""type":"outputs","step":"db""#), "outputs are journaled: {journal}");
+    // The unfinished deploy's outputs, for scripts.
+    assert_eq!(p.rdeploy(&["output", "db", "url"]).stdout, "postgres://db:5432/shop\n");
 
     p.file("go", "");
     p.rdeploy(&["recover"]).code(0);
@@ -290,6 +292,8 @@ fn terraform_outputs_reach_ansible_and_helm_and_a_sensitive_one_reaches_its_cons
     assert_eq!(p.lines("infra/runs/db.log"), ["db"], "terraform's resource was created once");
     assert_eq!(p.read("got-password"), format!("{PASSWORD}\n"));
     assert_never_written(&p, &[&up, &recover]);
+    // What the consumer printed is in its log, redacted.
+    assert!(p.read(".rdeploy/logs/use-password.log").contains("password is ***"), "{}", p.read(".rdeploy/logs/use-password.log"));
 }
 
 #[test]
@@ -299,8 +303,27 @@ fn a_sensitive_terraform_output_reaches_its_consumer_on_up_and_is_never_written(
     let up = p.rdeploy(&["up"]);
     up.code(0);
     assert_eq!(p.read("got-password"), format!("{PASSWORD}\n"));
-    // The finished deploy is history; `rdeploy output` reads it.
     assert_never_written(&p, &[&up]);
+
+    // The finished deploy is history; `rdeploy output` reads it.
+    p.rdeploy(&["output", "infra", "db_host"]).code(0).stdout_has("db.internal");
+    assert_eq!(p.rdeploy(&["output", "stack.yaml", "infra", "replicas"]).stdout, "2\n");
+    assert_eq!(p.rdeploy(&["output", "app", "revision", "--json"]).stdout, "1\n");
+    let hidden = p.rdeploy(&["output", "infra", "db_password"]);
+    hidden.code(2).stderr_has("is sensitive: it is never recorded").stderr_has("--show-sensitive");
+    assert!(!hidden.stdout.contains(PASSWORD));
+    let shown = p.rdeploy(&["output", "infra", "db_password", "--show-sensitive"]);
+    assert_eq!(shown.code(0).stdout, format!("{PASSWORD}\n"), "read again from terraform's state");
+    p.rdeploy(&["output", "infra", "db_hots"]).code(2).stderr_has("did you mean `db_host`?");
+    p.rdeploy(&["output", "infar"]).code(2).stderr_has("did you mean `infra`?");
+    let all = p.rdeploy(&["output", "--json"]);
+    let doc: serde_json::Value = serde_json::from_str(&all.code(0).stdout).unwrap();
+    assert_eq!(doc["steps"]["infra"]["outputs"]["db_host"], "db.internal");
+    assert_eq!(doc["steps"]["infra"]["sensitive_outputs"], serde_json::json!(["db_password"]));
+    assert_eq!(doc["steps"]["config"]["outputs"]["configured"], "db.internal");
+    assert!(!all.stdout.contains(PASSWORD));
+    let text = p.rdeploy(&["output"]);
+    text.code(0).stdout_has("infra:\n  db_host=db.internal\n  replicas=2\n  db_password=*** (sensitive");
 }
 
 #[test]

@@ -2,6 +2,8 @@
 //! through them): the driver returns a [`RunReport`]; this maps its outcome to the exit code
 //! (docs/exit-codes.md) and prints it. Nothing here decides anything about the deploy.
 
+pub mod output;
+
 use std::fmt::Write as _;
 
 use crate::checkpoint::DeployState;
