@@ -9,6 +9,7 @@ use std::fmt::Write as _;
 use rdeploy_adapters::{Adapter, DescribeContext, PriorStep, RecoveryDoc, SubStatus, ToolSpec};
 
 use crate::checkpoint::{Deploy, DeployState, StepStatus};
+use crate::reference::Reference;
 use crate::report::{self, StepReport, StepView};
 use crate::stack::{OnFailure, Stack, Step};
 use crate::store::local::StateDir;
@@ -321,7 +322,9 @@ fn render_live(
         }
         n += 1;
         let prior = recorded.map(|r| r.prior());
-        let doc = describe(stack, stack_file, step, prior.as_ref());
+        let (resolved, exports) = resolve_recorded(deploy, step);
+        let doc = describe(stack, stack_file, &resolved, prior.as_ref());
+        let doc = fill_sensitive(doc, &exports);
         let what = match recorded.map(|r| r.status) {
             Some(StepStatus::Failed) if step.resumable => "resume it: what is done stays done",
             Some(StepStatus::Failed) => "run it again from the start (not resumable)",
@@ -330,6 +333,22 @@ fn render_live(
             _ => "not run yet",
         };
         let _ = writeln!(out, "{n}. **`{}`** ({}): {what}.\n", step.name, step.tool);
+        if !exports.is_empty() {
+            let _ = writeln!(out, "   It uses sensitive outputs, which are never recorded: set them first.\n");
+            let _ = writeln!(out, "   ```sh");
+            for e in &exports {
+                let _ = writeln!(
+                    out,
+                    "   export {}=    # {} (`rdeploy output {} {} {} --show-sensitive` reads it where the tool keeps it)",
+                    e.var,
+                    e.reference,
+                    shell_word(stack_file),
+                    e.reference.step,
+                    e.reference.key
+                );
+            }
+            let _ = writeln!(out, "   ```\n");
+        }
         if doc_is_empty(&doc) {
             let _ = writeln!(out, "   Recovery commands for {} steps: not available yet.\n", step.tool);
             continue;
@@ -353,6 +372,89 @@ fn render_live(
     if n == 0 {
         let _ = writeln!(out, "Every step is done; `rdeploy recover {}` closes the deploy.\n", shell_word(stack_file));
     }
+}
+
+/// A sensitive output a step's commands use, as a shell variable the operator sets.
+struct Export {
+    var: String,
+    reference: Reference,
+    placeholder: String,
+}
+
+/// The step with its references replaced by the values the checkpoint recorded; a sensitive
+/// one becomes a placeholder that [`fill_sensitive`] turns into `"$VAR"`, and one not recorded
+/// yet stays as written.
+fn resolve_recorded(deploy: &Deploy, step: &Step) -> (Step, Vec<Export>) {
+    let mut exports: Vec<Export> = Vec::new();
+    for r in &step.refs {
+        if deploy.step(&r.step).is_some_and(|p| p.sensitive_outputs.contains(&r.key)) {
+            let var: String = format!("RDEPLOY_{}_{}", r.step, r.key)
+                .chars()
+                .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_uppercase() } else { '_' })
+                .collect();
+            let placeholder = format!("rdeploysensitive{}end", exports.len());
+            exports.push(Export { var, reference: r.clone(), placeholder });
+        }
+    }
+    let value = |r: &Reference| {
+        if let Some(e) = exports.iter().find(|e| &e.reference == r) {
+            return Some(e.placeholder.clone());
+        }
+        match deploy.step(&r.step).and_then(|p| p.outputs.get(&r.key)) {
+            Some(v) => Some(rdeploy_adapters::outputs::value_text(v)),
+            None => Some(r.to_string()),
+        }
+    };
+    (step.resolve(&value).unwrap_or_else(|_| step.clone()), exports)
+}
+
+/// The placeholders of sensitive outputs as `"$VAR"` (closing and reopening a single-quoted word).
+fn fill_sensitive(doc: RecoveryDoc, exports: &[Export]) -> RecoveryDoc {
+    if exports.is_empty() {
+        return doc;
+    }
+    let fill = |lines: Vec<String>| -> Vec<String> {
+        lines
+            .into_iter()
+            .map(|mut line| {
+                for e in exports {
+                    while let Some(at) = line.find(&e.placeholder) {
+                        let with = match quote_at(&line[..at]) {
+                            Some('\'') => format!("'\"${}\"'", e.var),
+                            Some(_) => format!("${}", e.var),
+                            None => format!("\"${}\"", e.var),
+                        };
+                        line.replace_range(at..at + e.placeholder.len(), &with);
+                    }
+                }
+                line
+            })
+            .collect()
+    };
+    RecoveryDoc {
+        inspect: fill(doc.inspect),
+        recover: fill(doc.recover),
+        verify: fill(doc.verify),
+        notes: fill(doc.notes),
+    }
+}
+
+/// The shell quote open at the end of `before`, if any (`'` or `"`).
+fn quote_at(before: &str) -> Option<char> {
+    let mut open: Option<char> = None;
+    let mut escaped = false;
+    for c in before.chars() {
+        match open {
+            Some('\'') if c == '\'' => open = None,
+            Some('\'') => {}
+            _ if escaped => escaped = false,
+            _ if c == '\\' => escaped = true,
+            Some(_) if c == '"' => open = None,
+            None if c == '\'' || c == '"' => open = Some(c),
+            _ => {}
+        }
+    }
+    open
 }
 
 fn doc_is_empty(doc: &RecoveryDoc) -> bool {

@@ -90,6 +90,9 @@ fn a_shell_output_reaches_a_later_step_and_recover_uses_the_journaled_value() {
     assert_eq!(p.lines("db-side-effects"), ["created"]);
     let journal = p.read(".rdeploy/journal.jsonl");
     assert!(journal.contains(r#""type":"outputs","step":"db""#), "outputs are journaled: {journal}");
+    // The runbook's live part shows the commands with the recorded values.
+    let runbook = p.rdeploy(&["runbook"]);
+    assert!(runbook.code(0).stdout.contains("printf '%s\\n' \"line one\nline two\" > app-motd"), "{}", runbook.stdout);
     // The unfinished deploy's outputs, for scripts.
     assert_eq!(p.rdeploy(&["output", "db", "url"]).stdout, "postgres://db:5432/shop\n");
 
@@ -283,6 +286,10 @@ fn terraform_outputs_reach_ansible_and_helm_and_a_sensitive_one_reaches_its_cons
     assert_eq!(step(&status, "app")["outputs"]["status"], "deployed");
     assert_eq!(step(&status, "use-password")["status"], "failed");
     assert!(!p.exists("got-password"));
+    // The runbook names the sensitive value as a variable to fill in, never its value.
+    let runbook = p.rdeploy(&["runbook"]);
+    runbook.code(0).stdout_has("export RDEPLOY_INFRA_DB_PASSWORD=    # ${{ steps.infra.outputs.db_password }}");
+    runbook.stdout_has(r#"printf '%s\n' "$RDEPLOY_INFRA_DB_PASSWORD" > got-password"#);
 
     // Recover: the producer is not applied again, the sensitive value is read again from
     // terraform's state and reaches the consumer, and nothing holds it.
@@ -291,9 +298,13 @@ fn terraform_outputs_reach_ansible_and_helm_and_a_sensitive_one_reaches_its_cons
     recover.code(0);
     assert_eq!(p.lines("infra/runs/db.log"), ["db"], "terraform's resource was created once");
     assert_eq!(p.read("got-password"), format!("{PASSWORD}\n"));
-    assert_never_written(&p, &[&up, &recover]);
+    assert_never_written(&p, &[&up, &recover, &runbook]);
     // What the consumer printed is in its log, redacted.
-    assert!(p.read(".rdeploy/logs/use-password.log").contains("password is ***"), "{}", p.read(".rdeploy/logs/use-password.log"));
+    assert!(
+        p.read(".rdeploy/logs/use-password.log").contains("password is ***"),
+        "{}",
+        p.read(".rdeploy/logs/use-password.log")
+    );
 }
 
 #[test]
