@@ -1072,6 +1072,31 @@ mod tests {
     }
 
     #[test]
+    fn a_reference_is_an_implicit_need_and_resolves_with_the_yaml_type() {
+        let text = "name: s\nsteps:\n  - name: app\n    tool: helm\n    release: web\n    chart: repo/web\n    set:\n      replicas: ${{ steps.db.outputs.n }}\n      host: \"${{ steps.db.outputs.host }}:5432\"\n    env: { URL: \"${{ steps.db.outputs.host }}\" }\n  - name: db\n    tool: shell\n    sub_changes:\n      - { name: a, run: x }\n";
+        let stack = parse(Path::new("stack.yaml"), text).unwrap();
+        let order: Vec<&str> = stack.ordered().map(|s| s.name.as_str()).collect();
+        assert_eq!(order, ["db", "app"], "the reference orders `db` first");
+        let app = stack.step("app").unwrap();
+        assert_eq!(app.needs, ["db"]);
+        assert_eq!(app.refs.len(), 2);
+        let value = |r: &Reference| match r.key.as_str() {
+            "n" => Some("3".to_string()),
+            "host" => Some("db.internal".to_string()),
+            _ => None,
+        };
+        let resolved = app.resolve(&value).unwrap();
+        let ToolSpec::Helm(helm) = &resolved.spec else { panic!("helm") };
+        assert_eq!(
+            serde_json::to_value(&helm.set).unwrap(),
+            serde_json::json!({ "replicas": 3, "host": "db.internal:5432" })
+        );
+        assert_eq!(resolved.env["URL"], "db.internal");
+        let missing = app.resolve(&|_| None).unwrap_err();
+        assert_eq!(missing.step, "db");
+    }
+
+    #[test]
     fn wrong_value_types_are_located() {
         let p = problems("name: s\nsteps:\n  - name: a\n    tool: shell\n    resumable: maybe\n    run: x\n");
         assert_eq!(p[0].line, 5);
