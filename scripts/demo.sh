@@ -47,8 +47,12 @@ say "4. recover: ansible runs again with --limit web3 only, then helm, kubectl a
 run rdeploy recover stack.yaml
 
 say "5. proof: every host ran the release once, terraform applied each resource once"
-for f in out/web*.log out/terraform.log out/seed.log; do printf '%-22s %s\n' "$f" "$(tr '\n' ' ' < "$f")"; done
+for f in out/web*.log out/terraform.log out/seed.log out/schema; do printf '%-22s %s\n' "$f" "$(tr '\n' ' ' < "$f")"; done
 run helm history shop -n shop --kube-context demo
 run kubectl --context demo -n shop get deploy,cm
+
+say "6. the outputs that flowed between the steps, as the checkpoint recorded them"
+run rdeploy output stack.yaml
+run rdeploy output stack.yaml network lb_address
 echo
 echo "demo directory: $work"
