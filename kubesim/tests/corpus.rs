@@ -6,32 +6,14 @@
 //! object of the release's manifest must be live in kubesim, and the step's own change must be
 //! what is live.
 //!
-//! The corpus is found at `$KUBESIM_CORPUS`, else `fixtures/corpus` in the workspace, else
-//! `shared/corpus` beside the workspace (where CI lays the steering repository's shared/).
-//! Missing, it is a loud failure, never a skip.
+//! Where the corpus is found: `kubesim::testing::corpus`.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::process::Command;
 
-use kubesim::testing::{stderr, workspace_root, Kubesim};
+use kubesim::testing::{corpus, stderr, Kubesim};
 use serde::Deserialize;
 use serde_json::Value;
-
-/// The corpus directory (holding `charts/` and `bundles/`).
-pub fn corpus() -> PathBuf {
-    let root = workspace_root();
-    let candidates: Vec<PathBuf> = std::env::var_os("KUBESIM_CORPUS")
-        .map(PathBuf::from)
-        .into_iter()
-        .chain([root.join("fixtures/corpus"), root.join("../shared/corpus")])
-        .collect();
-    candidates.iter().find(|p| p.join("charts").is_dir()).cloned().unwrap_or_else(|| {
-        panic!(
-            "the chart corpus is missing: looked in {candidates:?}\nhint: set KUBESIM_CORPUS to a directory holding charts/ and bundles/"
-        )
-    })
-}
 
 fn chart(name: &str) -> String {
     let p = corpus().join("charts").join(name);
