@@ -654,3 +654,37 @@ fn statefulset_claim_templates_create_bound_claims() {
         );
     }
 }
+
+/// autoscaling's validateHorizontalPodAutoscalerSpec: the replica bounds and the target.
+#[test]
+fn hpas_with_impossible_replica_bounds_are_refused() {
+    let k = Kubesim::start("kubesim");
+    let hpa = |name: &str, bounds: &str| {
+        format!("apiVersion: autoscaling/v2\nkind: HorizontalPodAutoscaler\nmetadata: {{name: {name}}}\nspec:\n  scaleTargetRef: {{apiVersion: apps/v1, kind: Deployment, name: web}}\n  {bounds}\n")
+    };
+    for (name, bounds, msg) in [
+        ("zero", "maxReplicas: 0", "spec.maxReplicas: Invalid value: 0: must be greater than 0"),
+        (
+            "inverted",
+            "{minReplicas: 5, maxReplicas: 2}",
+            "spec.maxReplicas: Invalid value: 2: must be greater than or equal to `minReplicas`",
+        ),
+        (
+            "scale-to-zero",
+            "{minReplicas: 0, maxReplicas: 2}",
+            "spec.minReplicas: Invalid value: 0: must be greater than or equal to 1",
+        ),
+    ] {
+        let bounds = bounds.trim_start_matches('{').trim_end_matches('}').replace(", ", "\n  ");
+        let o = k.kubectl_stdin(&["apply", "-f", "-"], &hpa(name, &bounds));
+        assert!(!o.status.success(), "{name}");
+        assert!(
+            stderr(&o).contains(&format!("The HorizontalPodAutoscaler \"{name}\" is invalid: {msg}")),
+            "{}",
+            stderr(&o)
+        );
+        assert!(!k.kubectl(&["get", "hpa", name]).status.success());
+    }
+    let o = k.kubectl_stdin(&["apply", "-f", "-"], &hpa("ok", "minReplicas: 1\n  maxReplicas: 3"));
+    assert!(o.status.success(), "{}", stderr(&o));
+}
