@@ -688,3 +688,32 @@ fn hpas_with_impossible_replica_bounds_are_refused() {
     let o = k.kubectl_stdin(&["apply", "-f", "-"], &hpa("ok", "minReplicas: 1\n  maxReplicas: 3"));
     assert!(o.status.success(), "{}", stderr(&o));
 }
+
+/// apps ValidateStatefulSetUpdate: only replicas, ordinals, template, updateStrategy,
+/// revisionHistoryLimit, the PVC retention policy and minReadySeconds may change.
+#[test]
+fn statefulset_updates_outside_the_mutable_fields_are_forbidden() {
+    let k = Kubesim::start_with("kubesim", &["--pod-startup-ms", "50"]);
+    let sts = |size: &str, replicas: u32, image: &str| {
+        format!("apiVersion: apps/v1\nkind: StatefulSet\nmetadata: {{name: db}}\nspec:\n  serviceName: db\n  replicas: {replicas}\n  selector: {{matchLabels: {{app: db}}}}\n  template:\n    metadata: {{labels: {{app: db}}}}\n    spec: {{containers: [{{name: db, image: {image}}}]}}\n  volumeClaimTemplates:\n  - metadata: {{name: data}}\n    spec: {{accessModes: [ReadWriteOnce], resources: {{requests: {{storage: {size}}}}}}}\n")
+    };
+    k.apply("kubesim", &sts("1Gi", 1, "postgres:16"));
+    // the mutable fields change
+    k.apply("kubesim", &sts("1Gi", 2, "postgres:17"));
+    let msg = "The StatefulSet \"db\" is invalid: spec: Forbidden: updates to statefulset spec for fields other than 'replicas', 'ordinals', 'template', 'updateStrategy', 'revisionHistoryLimit', 'persistentVolumeClaimRetentionPolicy' and 'minReadySeconds' are forbidden";
+    for args in [&["apply", "-f", "-"][..], &["apply", "--server-side", "--force-conflicts", "-f", "-"][..]] {
+        let o = k.kubectl_stdin(args, &sts("2Gi", 2, "postgres:17"));
+        assert!(!o.status.success(), "{args:?}");
+        assert!(stderr(&o).contains(msg), "{args:?}: {}", stderr(&o));
+    }
+    let size = k.kubectl_ok(&[
+        "get",
+        "sts",
+        "db",
+        "-o",
+        "jsonpath={.spec.volumeClaimTemplates[0].spec.resources.requests.storage}",
+    ]);
+    assert_eq!(size, "1Gi");
+    let o = k.kubectl(&["patch", "sts", "db", "-p", "{\"spec\":{\"serviceName\":\"other\"}}"]);
+    assert!(stderr(&o).contains(msg), "{}", stderr(&o));
+}

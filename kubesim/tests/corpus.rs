@@ -315,3 +315,32 @@ fn the_corpus_defaults_create_rbac_a_pdb_a_network_policy_a_pvc_and_webhooks() {
         assert!(kinds.contains(want), "no corpus chart creates a {want} with its default values: {kinds:?}");
     }
 }
+
+/// The classic refused chart upgrade: redis's persistence size lives in the StatefulSets'
+/// volumeClaimTemplates, which the API server does not let an update change.
+#[test]
+fn redis_persistence_size_upgrade_is_refused_as_by_the_api_server() {
+    for major in [3, 4] {
+        let k = Kubesim::start_with("kubesim", &["--pod-startup-ms", "50"]);
+        let chart = chart("redis");
+        k.helm_ok(major, &["install", "r", &chart, "-n", NS, "--create-namespace", "--wait", "--timeout", "120s"]);
+        let o = k.helm(major, &["upgrade", "r", &chart, "-n", NS, "--set", "master.persistence.size=16Gi"]);
+        assert!(!o.status.success(), "helm {major}");
+        assert!(
+            stderr(&o).contains("StatefulSet.apps \"r-redis-master\" is invalid: spec: Forbidden: updates to statefulset spec for fields other than 'replicas'"),
+            "helm {major}: {}",
+            stderr(&o)
+        );
+        assert_eq!(k.helm_statuses(major, "r", NS), ["deployed", "failed"], "helm {major}");
+        let size = k.kubectl_ok(&[
+            "get",
+            "sts",
+            "r-redis-master",
+            "-n",
+            NS,
+            "-o",
+            "jsonpath={.spec.volumeClaimTemplates[0].spec.resources.requests.storage}",
+        ]);
+        assert_eq!(size, "8Gi", "helm {major}");
+    }
+}
