@@ -139,6 +139,12 @@ fn lifecycle(c: &Case, major: u32) {
 
     // roll back to the upgrade's revision
     for pod in c.stuck_pods {
+        // the controller has replaced it with the broken revision (a loaded machine can be slow)
+        let broken = || {
+            let o = k.kubectl(&["get", "pod", pod, "-n", NS, "-o", "jsonpath={.spec.containers[*].image}"]);
+            String::from_utf8_lossy(&o.stdout).contains(":broken")
+        };
+        assert!(k.eventually(std::time::Duration::from_secs(60), broken), "{tag}: {pod} never got the broken image");
         let o = k.helm(major, &["rollback", "r", "2", "-n", NS, "--wait", "--timeout", "3s"]);
         assert!(!o.status.success(), "{tag}: the StatefulSet waits on its broken pod {pod}");
         k.kubectl_ok(&["delete", "pod", pod, "-n", NS]);
