@@ -717,3 +717,36 @@ fn statefulset_updates_outside_the_mutable_fields_are_forbidden() {
     let o = k.kubectl(&["patch", "sts", "db", "-p", "{\"spec\":{\"serviceName\":\"other\"}}"]);
     assert!(stderr(&o).contains(msg), "{}", stderr(&o));
 }
+
+/// batch ValidateJobSpecUpdate: a Job's pod template is immutable (the classic failed chart
+/// upgrade of a non-hook Job with a new image); a suspended Job that never started may change
+/// its scheduling directives.
+#[test]
+fn a_jobs_pod_template_is_immutable() {
+    let k = Kubesim::start_with("kubesim", &["--pod-startup-ms", "50"]);
+    let job = |name: &str, image: &str, extra: &str| {
+        format!("apiVersion: batch/v1\nkind: Job\nmetadata: {{name: {name}}}\nspec:\n  {extra}template:\n    metadata: {{labels: {{app: migrate}}}}\n    spec: {{restartPolicy: Never, containers: [{{name: c, image: {image}}}]}}\n")
+    };
+    k.apply("kubesim", &job("migrate", "migrate:1", ""));
+    for args in [&["apply", "-f", "-"][..], &["apply", "--server-side", "--force-conflicts", "-f", "-"][..]] {
+        let o = k.kubectl_stdin(args, &job("migrate", "migrate:2", ""));
+        assert!(!o.status.success(), "{args:?}");
+        assert!(
+            stderr(&o).contains("The Job \"migrate\" is invalid: spec.template: Invalid value: core.PodTemplateSpec{"),
+            "{args:?}: {}",
+            stderr(&o)
+        );
+        assert!(stderr(&o).contains("}: field is immutable"), "{}", stderr(&o));
+    }
+    let image = k.kubectl_ok(&["get", "job", "migrate", "-o", "jsonpath={.spec.template.spec.containers[0].image}"]);
+    assert_eq!(image, "migrate:1");
+    // the same template again, and a mutable field, are fine
+    k.apply("kubesim", &job("migrate", "migrate:1", "ttlSecondsAfterFinished: 600\n  "));
+    // suspended and never started: the labels may change, the image may not
+    k.apply("kubesim", &job("held", "migrate:1", "suspend: true\n  "));
+    let relabelled = job("held", "migrate:1", "suspend: true\n  ").replace("app: migrate", "app: held");
+    let o = k.kubectl_stdin(&["apply", "-f", "-"], &relabelled);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = k.kubectl_stdin(&["apply", "-f", "-"], &job("held", "migrate:2", "suspend: true\n  "));
+    assert!(stderr(&o).contains("spec.template: Invalid value"), "{}", stderr(&o));
+}
