@@ -335,9 +335,12 @@ impl Command {
                 }
             }
         };
-        // The child is gone: what it wrote is all in the files (a grandchild that keeps writing
-        // is not waited for), the last line perhaps without its newline.
-        follow(&mut outcome, &mut followers);
+        // The child is gone: what it wrote is all in the files, the last line perhaps without
+        // its newline. Read to the end of each (however much it wrote in its last moments; a
+        // grandchild that keeps writing is not waited for beyond that).
+        for follower in &mut followers {
+            follower.read_to_end(&mut |stream, line| self.deliver(&mut outcome, stream, line, on_line));
+        }
         for follower in &mut followers {
             follower.finish(&mut |stream, line| self.deliver(&mut outcome, stream, line, on_line));
         }
@@ -480,12 +483,13 @@ impl Follower {
         Follower { file, stream, partial: Vec::new(), scanned: 0, buf: vec![0; 64 * 1024].into_boxed_slice() }
     }
 
-    /// Hands out every full line written so far.
-    fn read(&mut self, emit: &mut dyn FnMut(Stream, String)) {
+    /// Hands out the full lines written so far, up to [`READ_PER_POLL`] bytes of them. Returns
+    /// whether it reached the end of what was written (or the file cannot be read).
+    fn read(&mut self, emit: &mut dyn FnMut(Stream, String)) -> bool {
         let mut total = 0;
         while total < READ_PER_POLL {
             match self.file.read(&mut self.buf) {
-                Ok(0) => return,
+                Ok(0) => return true,
                 Ok(n) => {
                     total += n;
                     self.partial.extend_from_slice(&self.buf[..n]);
@@ -494,10 +498,16 @@ impl Follower {
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => {
                     tracing::debug!(error = %e, "could not read the child's output");
-                    return;
+                    return true;
                 }
             }
         }
+        false
+    }
+
+    /// Hands out every full line written so far, however many: for after the child exited.
+    fn read_to_end(&mut self, emit: &mut dyn FnMut(Stream, String)) {
+        while !self.read(emit) {}
     }
 
     fn split(&mut self, emit: &mut dyn FnMut(Stream, String)) {
@@ -945,6 +955,24 @@ pub(super) mod tests {
                 (Stream::Stdout, "no newline".to_string()),
             ]
         );
+    }
+
+    /// Everything a child wrote reaches the caller, even megabytes written in its last moments
+    /// (more than one poll reads): after the exit the files are read to their end.
+    #[tokio::test]
+    async fn output_written_just_before_exit_is_read_to_the_end() {
+        let dir = tempfile::tempdir().unwrap();
+        // 5 MiB of numbered lines on each stream, copied at once by `cat`, which then exits.
+        let lines: String = (0..500_000).map(|i| format!("line {i:06}\n")).collect();
+        assert!(lines.len() >= 5 << 20);
+        std::fs::write(dir.path().join("big"), &lines).unwrap();
+        let (outcome, got) = run(Command::shell("cat big; cat big >&2").cwd(dir.path())).await;
+        assert!(outcome.success());
+        for stream in [Stream::Stdout, Stream::Stderr] {
+            let of: Vec<&str> = got.iter().filter(|(s, _)| *s == stream).map(|(_, l)| l.as_str()).collect();
+            assert_eq!(of.len(), 500_000, "{stream:?}: every line");
+            assert_eq!(of.last(), Some(&"line 499999"), "{stream:?}");
+        }
     }
 
     /// Named output files stay after the child, for a later run to read.
