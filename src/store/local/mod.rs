@@ -487,7 +487,7 @@ impl Store for LocalStore {
 
     fn open_journal(&self) -> anyhow::Result<(Box<dyn JournalWriter>, Deploy)> {
         let path = self.dir.journal_path();
-        let mut replay = self.replay()?;
+        let replay = self.replay()?;
         // A journal that lost records is left as it is, so every later look says so too (only
         // `reset` goes on, and archives it).
         if (!replay.bad.is_empty() || replay.unsynced_tail.is_some()) && replay.lost.is_none() {
