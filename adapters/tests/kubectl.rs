@@ -359,3 +359,36 @@ async fn a_crd_too_big_for_client_side_apply_says_so_and_server_side_recovers_it
     assert!(sink.events().contains(&Event::Done { id: id.into(), note: Some("serverside-applied".into()) }));
     s.sim.kubectl_ok(&["get", "crd", "bigs.example.com"]);
 }
+
+/// A custom resource applied before its CRD exists fails ("ensure CRDs are installed first")
+/// and, its scope unknown, is recorded as namespaced. Once the CRD is in (cluster-scoped),
+/// recover must apply it: `kubectl diff` names it `example.org.v1.Thing..t1`, which matched no
+/// recorded object, and recover took it as "in place" and reported complete without applying.
+#[tokio::test]
+async fn a_custom_resource_whose_crd_came_later_is_applied_by_recover_not_taken_as_in_place() {
+    let s = Setup::new();
+    s.write(
+        "k8s/thing.yaml",
+        "apiVersion: example.org/v1\nkind: Thing\nmetadata: {name: t1}\nspec: {size: 3}\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: thing-config}\n",
+    );
+    let spec = s.spec("k8s/thing.yaml");
+    let (sink, result) = s.apply(&spec).await;
+    result.unwrap_err();
+    assert!(
+        sink.error_of("Thing/default/t1").unwrap().contains("ensure CRDs are installed first"),
+        "{:?}",
+        sink.failures()
+    );
+    let crd = s.sim.kubectl_stdin(
+        &["apply", "-f", "-"],
+        "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata: {name: things.example.org}\nspec:\n  group: example.org\n  scope: Cluster\n  names: {kind: Thing, plural: things, singular: thing}\n  versions: [{name: v1, served: true, storage: true, schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}}]\n",
+    );
+    assert!(crd.status.success(), "{}", String::from_utf8_lossy(&crd.stderr));
+    s.sim.kubectl_ok(&["wait", "--for=condition=Established", "crd/things.example.org", "--timeout=60s"]);
+
+    let (sink, result) = s.recover(&spec, &sink.prior()).await;
+    result.unwrap();
+    assert_eq!(sink.started(), ["Thing/t1"]);
+    assert!(sink.warnings().iter().any(|w| w.starts_with("Thing/default/t1 is Thing/t1 now")), "{:?}", sink.warnings());
+    assert_eq!(s.sim.kubectl_ok(&["get", "thing", "t1", "-o", "jsonpath={.spec.size}"]), "3");
+}

@@ -155,11 +155,7 @@ impl KubectlSpec {
             capture(&cmd, ctx, Some(QUICK), None, StdoutLog::Lines).await.map_err(Failure::from)?;
         let rows = Scopes::default().add_discovery(&stdout);
         if outcome.interrupted || outcome.timed_out || rows == 0 {
-            let mut failure = Failure::from_process(&cmd.display(), &outcome);
-            if let Some(error) = first_error(&stderr).filter(|_| !outcome.interrupted && !outcome.timed_out) {
-                failure.summary = format!("`{}` {}: {error}", cmd.display(), outcome.describe_status());
-            }
-            return Err(failure.with_hint(
+            return Err(kubectl_failure(&cmd.display(), &outcome, &stderr).with_hint(
                 "rdeploy asks the API which kinds are namespaced before it applies; check the cluster is reachable (`kubectl cluster-info`)",
             ));
         }
@@ -173,10 +169,10 @@ impl KubectlSpec {
             let path = ctx.resolve(manifest);
             if path.is_dir() && manifest::is_kustomization(&path) {
                 let cmd = self.command(ctx, binary).arg("kustomize").arg(&path);
-                let Captured { outcome, stdout, .. } =
+                let Captured { outcome, stdout, stderr } =
                     capture(&cmd, ctx, Some(QUICK), None, StdoutLog::Lines).await.map_err(Failure::from)?;
                 if !outcome.success() {
-                    return Err(Failure::from_process(&cmd.display(), &outcome)
+                    return Err(kubectl_failure(&cmd.display(), &outcome, &stderr)
                         .with_hint(format!("fix the kustomization in {}", manifest.display())));
                 }
                 let docs = manifest::parse_documents(&stdout.join("\n"))
@@ -235,8 +231,20 @@ impl KubectlSpec {
 
     fn warn_gone(&self, objects: &[KubeObject], prior: &PriorStep, sink: &dyn EventSink) {
         let ids: HashSet<String> = objects.iter().map(KubeObject::id).collect();
-        let gone: Vec<&str> =
-            prior.sub_changes.iter().filter(|s| !ids.contains(&s.id)).map(|s| s.id.as_str()).collect();
+        let (moved, gone): (Vec<&str>, Vec<&str>) = prior
+            .sub_changes
+            .iter()
+            .filter(|s| !ids.contains(&s.id))
+            .map(|s| s.id.as_str())
+            .partition(|id| rescoped(objects, id).is_some());
+        for id in moved {
+            let now = rescoped(objects, id).expect("partitioned on it");
+            sink.emit(Event::Warning {
+                message: format!(
+                    "{id} is {now} now: the API did not know its kind when it was recorded (its CRD was not installed) and says it is cluster-scoped"
+                ),
+            });
+        }
         if !gone.is_empty() {
             sink.emit(Event::Warning {
                 message: format!(
@@ -655,7 +663,13 @@ impl Adapter for KubectlSpec {
         }
         let ids: HashSet<String> = objects.iter().map(KubeObject::id).collect();
         for gone in prior.sub_changes.iter().filter(|s| !ids.contains(&s.id)) {
-            inspection.actions.push(format!("leave {} alone: no longer in the manifests", gone.id));
+            match rescoped(&objects, &gone.id) {
+                Some(now) => inspection.actions.push(format!(
+                    "{} is {now} now: recorded before the API knew its kind, which is cluster-scoped",
+                    gone.id
+                )),
+                None => inspection.actions.push(format!("leave {} alone: no longer in the manifests", gone.id)),
+            }
         }
         Ok(inspection)
     }
@@ -739,6 +753,14 @@ fn plan_from_diff(objects: &[KubeObject], prior: &PriorStep, diff: Result<(i32, 
     plan
 }
 
+/// The object a recorded `Kind/namespace/name` is now that the API knows `Kind` as
+/// cluster-scoped (`Kind/name`): an object whose kind was unknown is taken as namespaced.
+fn rescoped(objects: &[KubeObject], recorded: &str) -> Option<String> {
+    let mut parts = recorded.split('/');
+    let (kind, _ns, name) = (parts.next()?, parts.next()?, parts.next()?);
+    objects.iter().find(|o| o.namespace.is_none() && o.kind == kind && o.name == name).map(KubeObject::id)
+}
+
 /// The warning for diff files that match no object.
 fn unmatched_words(unmatched: &[String]) -> String {
     format!(
@@ -793,6 +815,16 @@ fn read_documents(path: &Path) -> Result<Vec<serde_json::Value>, Failure> {
     let text =
         std::fs::read_to_string(path).map_err(|e| Failure::new(format!("could not read {}: {e}", path.display())))?;
     manifest::parse_documents(&text).map_err(|e| Failure::new(format!("{} does not parse: {e}", path.display())))
+}
+
+/// A failed kubectl call whose summary is kubectl's first error message, whole, on one line
+/// (the last line of a message that spans lines is only its tail).
+fn kubectl_failure(command: &str, outcome: &Outcome, stderr: &[String]) -> Failure {
+    let mut failure = Failure::from_process(command, outcome);
+    if let Some(error) = first_error(stderr).filter(|_| !outcome.interrupted && !outcome.timed_out) {
+        failure.summary = format!("`{command}` {}: {error}", outcome.describe_status());
+    }
+    failure
 }
 
 /// One line for the step: how many objects failed and the first one's error.
