@@ -112,7 +112,7 @@ fn split_aggregate(record: String) -> Vec<String> {
 /// name inside a quoted patch (escaped quotes) does not count.
 fn staged_file(record: &str) -> Option<&str> {
     static FILE: LazyLock<Regex> =
-        LazyLock::new(|| Regex::new(r#""(?:[^"\\\s]*/)?(\d{4,}\.json)""#).expect("valid regex"));
+        LazyLock::new(|| Regex::new(r#""(?:[^"\\\n]*/)?(\d{4,}\.json)""#).expect("valid regex"));
     FILE.captures(record).map(|c| c.get(1).expect("group 1").as_str())
 }
 
@@ -506,5 +506,18 @@ mod tests {
             first_error(&stderr).unwrap(),
             r#"The Deployment "web" is invalid: spec.replicas: Invalid value: -1: must be greater than or equal to 0; spec.template.spec.containers: Required value"#
         );
+    }
+
+    #[test]
+    fn the_staged_file_is_found_in_a_path_with_spaces_but_not_inside_a_quoted_patch() {
+        let record = r#"Error from server (NotFound): error when creating "/home/ops/my stack/.rdeploy/steps/a/objects/apply-1/0002.json": namespaces "x" not found"#;
+        assert_eq!(staged_file(record), Some("0002.json"));
+        assert_eq!(
+            clean_error(record),
+            r#"Error from server (NotFound): error when creating: namespaces "x" not found"#
+        );
+        let patch = "Error from server (Invalid): error when applying patch:\n{\"metadata\":{\"annotations\":{\"x\":\"{\\\"f\\\":\\\"0007.json\\\"}\"}}}\nto:\nResource: \"/v1, Resource=configmaps\"\nfor: \"0003.json\": error when patching \"0003.json\": boom";
+        assert_eq!(staged_file(patch), Some("0003.json"));
+        assert_eq!(clean_error(patch), "Error from server (Invalid): error when patching: boom");
     }
 }
