@@ -212,6 +212,10 @@ pub struct SubChangeState {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
     pub updated: Timestamp,
+    /// The run (its `run_id`) whose record started this sub-change last: with the run's pid and
+    /// host, what tells `recover` that the run which started a tool's change is gone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_by: Option<String>,
 }
 
 impl SubChangeState {
@@ -247,6 +251,7 @@ impl SubChanges {
                     error: None,
                     note: None,
                     updated: *ts,
+                    started_by: None,
                 });
                 self.list.len() - 1
             }
@@ -512,7 +517,12 @@ impl Deploy {
                     s.sub_mut(id, ts).fold(SubChangeEvent::Planned);
                 }
             }
-            Record::SubStarted { step, id } => self.step_mut(step).sub_mut(id, ts).fold(SubChangeEvent::Started),
+            Record::SubStarted { step, id } => {
+                let run = self.runs.last().map(|r| r.run_id.clone());
+                let sub = self.step_mut(step).sub_mut(id, ts);
+                sub.fold(SubChangeEvent::Started);
+                sub.started_by = run;
+            }
             Record::SubDone { step, id, note } => {
                 self.step_mut(step).sub_mut(id, ts).fold(SubChangeEvent::Done { note: note.as_deref() })
             }
