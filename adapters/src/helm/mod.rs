@@ -278,7 +278,7 @@ impl HelmSpec {
             .map_or_else(|| "pending".to_string(), |r| r.status.to_string());
         sink.emit(Event::Pending {
             id: self.id(revision),
-            reason: format!("abandoned by a dead run ({status}); {how}"),
+            reason: format!("abandoned by a dead run ({status}): {how}"),
         });
         sink.emit(Event::Fact { key: "abandoned_revision".into(), value: revision.into() });
         let message = match how.strip_prefix("rolled back ") {
