@@ -2,8 +2,12 @@
 //! release revision it creates (sub-change id `release@revision`, e.g. `web@3`), with helm's
 //! status and history read before and after. Recovery decides from helm's own state: deployed at
 //! the wanted chart and values, failed (upgrade again, or roll back to the last deployed revision,
-//! always named), or stuck in `pending-*` (rolled back only when no helm process for the release
-//! is alive, or when the operator forces it with `rdeploy recover --force`, [`StepContext::force`]).
+//! always named), or stuck in `pending-*`. A pending revision this deploy's dead run abandoned
+//! (the journal shows the run started it, the driver knows the run is dead,
+//! [`StepContext::started_by`], and no helm process names the release) is rolled back to the last
+//! deployed revision, or uninstalled and installed again when it was never deployed; any other
+//! pending revision only once no helm for it is alive and it is older than helm's timeout, or
+//! when the operator forces it with `rdeploy recover --force` ([`StepContext::force`]).
 
 pub mod state;
 
@@ -889,7 +893,7 @@ impl Adapter for HelmSpec {
             display_command(&self.helm_words(self.upgrade_words(4, None)))
         ));
         doc.notes.push(format!(
-            "a release stuck in pending-install/upgrade/rollback is rolled back by `rdeploy recover` only when no helm process for it is alive and the pending revision is older than helm's timeout; `rdeploy recover {} --force` forces it",
+            "a release stuck in pending-install/upgrade/rollback that this deploy started, whose run died, and for which no helm process is alive, is recovered by `rdeploy recover` at once: rolled back to the last deployed revision, or uninstalled and installed again if it was never deployed; any other pending release only when no helm process for it is alive and the pending revision is older than helm's timeout; `rdeploy recover {} --force` forces it",
             shell_quote(ctx.stack_file)
         ));
         if self.recover_mode() == RecoverMode::Rollback {
