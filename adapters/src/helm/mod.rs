@@ -247,11 +247,13 @@ impl HelmSpec {
         (chart_same, values_same)
     }
 
-    fn uninstall_words(&self, ctx: Option<&StepContext>) -> Vec<String> {
+    /// `uninstall R`; with `wait:` (and for rdeploy's own call, its timeout) helm waits until
+    /// the release's objects are gone, so the install that follows does not meet them.
+    fn uninstall_words(&self, major: u32, ctx: Option<&StepContext>) -> Vec<String> {
         let mut words = vec!["uninstall".to_string(), self.release.clone()];
         words.extend(self.cluster_args(ctx));
-        if let Some(t) = ctx.and_then(|c| c.timeout) {
-            words.push(format!("--timeout={}s", t.as_secs().max(1)));
+        if ctx.is_some() {
+            words.extend(self.wait_words(major, ctx));
         }
         words
     }
@@ -471,7 +473,7 @@ impl<'a> Release<'a> {
                     }
                     None => format!(
                         "it was never deployed: wait for the timeout to pass and, if no helm anywhere is still installing it, uninstall it (`{}`), then `rdeploy recover` installs it again; `rdeploy recover --force` does both now",
-                        display_command(&self.spec.helm_words(self.spec.uninstall_words(None)))
+                        display_command(&self.spec.helm_words(self.spec.uninstall_words(self.major, None)))
                     ),
                 });
                 return Decision::Refuse { failure };
@@ -496,7 +498,7 @@ impl<'a> Release<'a> {
                     ))
                     .with_hint(format!(
                         "if no helm anywhere is still installing it, uninstall the half-installed release, then `rdeploy recover` installs it again: `{}` (or `rdeploy recover --force` does both)",
-                        display_command(&self.spec.helm_words(self.spec.uninstall_words(None)))
+                        display_command(&self.spec.helm_words(self.spec.uninstall_words(self.major, None)))
                     )),
                 },
             };
@@ -516,7 +518,7 @@ impl<'a> Release<'a> {
                     ))
                     .with_hint(format!(
                         "fix the cause and set `recover: upgrade`, or uninstall: `{}`",
-                        display_command(&self.spec.helm_words(self.spec.uninstall_words(None)))
+                        display_command(&self.spec.helm_words(self.spec.uninstall_words(self.major, None)))
                     )),
                 },
             },
@@ -580,7 +582,7 @@ impl<'a> Release<'a> {
                 ..Failure::new(format!("stopped before `helm uninstall {}`", self.spec.release))
             });
         }
-        let cmd = self.command().args(self.spec.uninstall_words(Some(self.ctx)));
+        let cmd = self.command().args(self.spec.uninstall_words(self.major, Some(self.ctx)));
         let backstop = self.ctx.timeout.map(|t| t + BACKSTOP);
         let Captured { outcome, stderr, .. } =
             capture(&cmd, self.ctx, backstop, Some(sink), StdoutLog::UnlessJson).await.map_err(Failure::from)?;
@@ -749,7 +751,7 @@ impl Adapter for HelmSpec {
                 ),
                 None => format!(
                     "it was never deployed: if no helm anywhere is still installing it, `rdeploy recover --force` uninstalls it and installs it again (`{}`)",
-                    display_command(&self.helm_words(self.uninstall_words(None)))
+                    display_command(&self.helm_words(self.uninstall_words(4, None)))
                 ),
             };
             return Err(Failure::new(error).with_hint(hint));
@@ -841,9 +843,10 @@ impl Adapter for HelmSpec {
                 inspection.remaining.push(self.id(live.next_revision()));
             }
             Decision::Reinstall { why, .. } => {
-                inspection
-                    .actions
-                    .push(format!("{why}: `{}`", display_command(&self.helm_words(self.uninstall_words(Some(ctx))))));
+                inspection.actions.push(format!(
+                    "{why}: `{}`",
+                    display_command(&self.helm_words(self.uninstall_words(major, Some(ctx))))
+                ));
                 inspection.actions.push(format!("then install it again: `{upgrade}`"));
                 inspection.remaining.push(self.id(1));
             }
