@@ -466,6 +466,7 @@ fn session(stack_path: &Path, global: &Global, ui: Arc<Ui>, parallel: usize) -> 
         reapply_missing: false,
         processes,
         sensitive: Default::default(),
+        took_over: Mutex::new(None),
     })
 }
 
