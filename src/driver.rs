@@ -1064,12 +1064,28 @@ impl Session {
 
     /// Runs one step's `revert`, recording the result.
     async fn revert_step(&self, cp: &SharedCheckpoint, step: &Step) -> anyhow::Result<Outcome> {
-        let Some(script) = &step.revert else { return Ok(Outcome::StepReverted) };
+        if step.revert.is_none() {
+            return Ok(Outcome::StepReverted);
+        }
         self.ui.step_started(&step.name, "revert");
         cp.record(Record::StepStarted { step: step.name.clone(), mode: StepMode::Revert, tool_version: None })?;
+        // Its `revert` and `env` may use outputs too: the recorded values, as the step had them.
+        let (step, redact) = match self.resolve_references(cp, step).await {
+            Ok(resolved) => resolved,
+            Err(failure) => {
+                self.ui
+                    .step_finished(&step.name, &format!("{}: {}", self.ui.paint.bad("revert failed"), failure.summary));
+                cp.record(Record::StepRevertFailed { step: step.name.clone(), failure })?;
+                return Ok(Outcome::RevertFailed);
+            }
+        };
+        let step = &step;
+        let Some(script) = &step.revert else { return Ok(Outcome::StepReverted) };
         // A revert must finish even after Ctrl-C or a journal error: a half-reverted step is the third outcome.
-        let sink =
+        let mut sink =
             JournalSink::new(step.name.clone(), cp.clone(), self.ui.clone(), &self.state, CancellationToken::new())?;
+        sink.sensitive = self.sensitive.clone();
+        sink.redact = redact.clone();
         let ctx = self.context(step, CancellationToken::new());
         match shell::run_revert(&ctx, script, &sink).await {
             Ok(()) => {
@@ -1078,6 +1094,7 @@ impl Session {
                 Ok(Outcome::StepReverted)
             }
             Err(failure) => {
+                let failure = rdeploy_adapters::secrets::redact_failure(failure, &redact);
                 self.ui
                     .step_finished(&step.name, &format!("{}: {}", self.ui.paint.bad("revert failed"), failure.summary));
                 cp.record(Record::StepRevertFailed { step: step.name.clone(), failure })?;

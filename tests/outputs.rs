@@ -435,3 +435,25 @@ steps:
     );
     assert!(run.stdout.contains("applied again: output `v` of step `version` changed"), "{}", run.stdout);
 }
+
+#[test]
+fn a_revert_gets_the_recorded_output_values_too() {
+    let p = Project::new();
+    p.stack(
+        r#"name: s
+steps:
+  - name: p
+    tool: shell
+    sub_changes:
+      - name: a
+        run: echo "v=green" >> "$RDEPLOY_OUTPUT"
+  - name: c
+    tool: shell
+    run: echo "${{ steps.p.outputs.v }}" > applied-with; exit 1
+    revert: echo "${{ steps.p.outputs.v }}" > reverted-with
+"#,
+    );
+    p.rdeploy(&["up"]).code(3);
+    assert_eq!(p.read("applied-with"), "green\n");
+    assert_eq!(p.read("reverted-with"), "green\n");
+}
