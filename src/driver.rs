@@ -873,7 +873,16 @@ impl Session {
                 .collect(),
         );
         let text = |r: &Reference| values.get(r).map(|v| rdeploy_adapters::outputs::value_text(v.value()));
-        let resolved = step.resolve(&text).map_err(|r| Failure::new(format!("`{r}` has no value")))?;
+        let resolved = step.resolve(&text).map_err(|e| match e {
+            crate::stack::ResolveError::Missing(r) => Failure::new(format!("`{r}` has no value; nothing was run")),
+            crate::stack::ResolveError::Invalid(why) => Failure::new(format!(
+                "the output values make settings step `{}` cannot take: {why}; nothing was run",
+                step.name
+            ))
+            .with_hint("check what the producing steps output (`rdeploy output`) against the keys that use them"),
+        });
+        // The tool's words about a bad value may quote it.
+        let resolved = resolved.map_err(|f| rdeploy_adapters::secrets::redact_failure(f, &redact))?;
         Ok((resolved, redact))
     }
 

@@ -85,27 +85,36 @@ pub struct Step {
 
 impl Step {
     /// The step with every reference replaced by its value: the settings its tool will get.
-    /// The first reference without a value is the error.
-    pub fn resolve(&self, value: &dyn Fn(&Reference) -> Option<String>) -> Result<Step, Reference> {
+    /// The first reference without a value is the error, as is a value its key cannot take
+    /// (`wait: ${{ ... }}` that is not a boolean).
+    pub fn resolve(&self, value: &dyn Fn(&Reference) -> Option<String>) -> Result<Step, ResolveError> {
         if self.refs.is_empty() {
             return Ok(self.clone());
         }
-        let own = reference::substitute_node(&self.own, value)?;
-        let spec = match build_spec(self.tool, &own) {
-            Ok(spec) => spec,
-            // The same keys parsed when the stack loaded; only string values changed.
-            Err(_) => self.spec.clone(),
-        };
+        let own = reference::substitute_node(&self.own, value).map_err(ResolveError::Missing)?;
+        let spec = build_spec(self.tool, &own).map_err(|e| {
+            let at = e.path.as_deref().map(|p| format!(" (at `{p}`)")).unwrap_or_default();
+            ResolveError::Invalid(format!("{}{at}", e.message))
+        })?;
         let mut env = BTreeMap::new();
         for (k, v) in &self.env {
-            env.insert(k.clone(), reference::substitute(v, value)?);
+            env.insert(k.clone(), reference::substitute(v, value).map_err(ResolveError::Missing)?);
         }
         let revert = match &self.revert {
-            Some(r) => Some(reference::substitute(r, value)?),
+            Some(r) => Some(reference::substitute(r, value).map_err(ResolveError::Missing)?),
             None => None,
         };
         Ok(Step { spec, env, revert, own, ..self.clone() })
     }
+}
+
+/// Why a step's references could not be resolved.
+#[derive(Debug)]
+pub enum ResolveError {
+    /// A reference without a value.
+    Missing(Reference),
+    /// The values made settings the tool's keys do not accept.
+    Invalid(String),
 }
 
 /// A tool's spec from its keys: serde reads the coercible copy, and the values handed to the
@@ -1092,7 +1101,7 @@ mod tests {
             serde_json::json!({ "replicas": 3, "host": "db.internal:5432" })
         );
         assert_eq!(resolved.env["URL"], "db.internal");
-        let missing = app.resolve(&|_| None).unwrap_err();
+        let Err(ResolveError::Missing(missing)) = app.resolve(&|_| None) else { panic!("missing") };
         assert_eq!(missing.step, "db");
     }
 
