@@ -251,7 +251,10 @@ impl Command {
                 Ok(())
             });
         }
-        let child = spawn_on_the_spawning_thread(cmd)?;
+        // Noted by the spawning thread the moment the child exists: a kill -9 of rdeploy right
+        // after the tool started must still leave its note for the next run to wait on.
+        let note = self.tracker.notes.is_some().then(|| (self.tracker.clone(), self.display()));
+        let child = spawn_on_the_spawning_thread(cmd, note)?;
         Ok(Started { child, stdout: stdout_read, stderr: stderr_read })
     }
 
@@ -307,9 +310,6 @@ impl Command {
         let pid = child.id();
         let pgid = pid.map(|id| Pid::from_raw(id as i32));
         tracing::debug!(command = %self, pid = ?pid, cwd = ?self.cwd, "spawned");
-        if let Some(pid) = pid {
-            self.tracker.note(pid, || self.display());
-        }
         // Until the child is reaped below: should this future be dropped first (a panic
         // unwinding, a caller that stopped waiting), the tool is stopped as if rdeploy had died.
         let mut unreaped = Unreaped { pgid, signal: self.death_signal };
@@ -411,11 +411,12 @@ impl Drop for Unreaped {
     }
 }
 
-/// A job for the spawning thread: the command, the runtime its child belongs to, and where to
-/// send the started child.
+/// A job for the spawning thread: the command, the runtime its child belongs to, where to note
+/// the child (and as what), and where to send the started child.
 type SpawnJob = (
     tokio::process::Command,
     tokio::runtime::Handle,
+    Option<(ProcessTracker, String)>,
     std::sync::mpsc::SyncSender<std::io::Result<tokio::process::Child>>,
 );
 
@@ -426,16 +427,21 @@ type SpawnJob = (
 /// threads end after a while idle; a worker that ran `block_in_place` becomes one) got its death
 /// signal while rdeploy lived on, and a long shell or kubectl command was killed for nothing.
 /// From this thread, the signal comes only with rdeploy's death.
-fn spawn_on_the_spawning_thread(mut cmd: tokio::process::Command) -> std::io::Result<tokio::process::Child> {
+fn spawn_on_the_spawning_thread(
+    mut cmd: tokio::process::Command,
+    note: Option<(ProcessTracker, String)>,
+) -> std::io::Result<tokio::process::Child> {
     use std::sync::mpsc;
     static SPAWNER: std::sync::OnceLock<std::io::Result<mpsc::Sender<SpawnJob>>> = std::sync::OnceLock::new();
     let spawner = SPAWNER.get_or_init(|| {
         let (jobs, queue) = mpsc::channel::<SpawnJob>();
         std::thread::Builder::new().name("rdeploy-spawner".into()).spawn(move || {
             // The static sender lives as long as the process: this loop never ends.
-            while let Ok((mut cmd, runtime, reply)) = queue.recv() {
+            while let Ok((mut cmd, runtime, note, reply)) = queue.recv() {
                 let _entered = runtime.enter();
-                let _ = reply.send(cmd.spawn());
+                let child = cmd.spawn();
+                note_child(&child, note);
+                let _ = reply.send(child);
             }
         })?;
         Ok(jobs)
@@ -445,13 +451,23 @@ fn spawn_on_the_spawning_thread(mut cmd: tokio::process::Command) -> std::io::Re
         // No thread could be started (it is retried by nobody): fork from this one, as before.
         Err(e) => {
             tracing::debug!(error = %e, "no spawning thread: forking from the caller's");
-            return cmd.spawn();
+            let child = cmd.spawn();
+            note_child(&child, note);
+            return child;
         }
     };
     let (reply, started) = mpsc::sync_channel(1);
     let runtime = tokio::runtime::Handle::current();
-    jobs.send((cmd, runtime, reply)).map_err(|_| std::io::Error::other("the spawning thread is gone"))?;
+    jobs.send((cmd, runtime, note, reply)).map_err(|_| std::io::Error::other("the spawning thread is gone"))?;
     started.recv().map_err(|_| std::io::Error::other("the spawning thread is gone"))?
+}
+
+fn note_child(child: &std::io::Result<tokio::process::Child>, note: Option<(ProcessTracker, String)>) {
+    if let (Ok(child), Some((tracker, command))) = (child, note) {
+        if let Some(pid) = child.id() {
+            tracker.note(pid, || command);
+        }
+    }
 }
 
 /// In the forked child: makes sure the tool's group gets `signal` once when rdeploy dies, as a
