@@ -200,6 +200,7 @@ impl Session {
             processes: self.processes.clone(),
             force: self.force,
             reapply_missing: self.reapply_missing,
+            secrets: crate::out::secrets().clone(),
         }
     }
 

@@ -56,6 +56,7 @@ impl Setup {
             cancel: CancellationToken::new(),
             force: false,
             reapply_missing: false,
+            secrets: Default::default(),
             processes: Default::default(),
         }
     }

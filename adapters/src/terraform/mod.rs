@@ -51,6 +51,10 @@ pub struct TerraformSpec {
     pub dir: std::path::PathBuf,
     #[serde(default)]
     pub vars: std::collections::BTreeMap<String, serde_json::Value>,
+    /// The entries of `vars` the stack marks secret, by key (not a stack key: the stack module
+    /// fills it). Once resolved, their values are in `vars` too; they never go on the command line.
+    #[serde(skip)]
+    pub marked: BTreeMap<String, crate::secrets::Marked>,
     #[serde(default)]
     pub var_files: Vec<std::path::PathBuf>,
     pub workspace: Option<String>,
@@ -260,7 +264,18 @@ impl Adapter for TerraformSpec {
         let sensitive = config::declared_sensitive(&dir);
         let mut plan_words = vec![tf.clone(), "plan".into(), "-input=false".into(), "-out=tfplan".into()];
         let mut doc = RecoveryDoc::default();
-        for (name, value) in &self.vars {
+        for (name, marked) in &self.marked {
+            // A secret the stack reads from rdeploy's environment can be read from the same place.
+            let value = match &marked.source {
+                secrets::SecretSource::Env(var) => format!("\"${var}\""),
+                _ => "...".into(),
+            };
+            doc.notes.push(format!(
+                "`{name}` is secret ({}): `export TF_VAR_{name}={value}` before `{tf} plan`; it is not written here",
+                marked.source
+            ));
+        }
+        for (name, value) in self.vars.iter().filter(|(name, _)| !self.marked.contains_key(*name)) {
             if sensitive.contains(name) {
                 doc.notes.push(format!(
                     "`{name}` is a sensitive variable: `export TF_VAR_{name}=...` with its value before `{tf} plan`; it is not written here"
@@ -317,6 +332,10 @@ impl Adapter for TerraformSpec {
 
     fn typed_values_mut(&mut self) -> Option<(&'static str, &mut BTreeMap<String, serde_json::Value>)> {
         Some(("vars", &mut self.vars))
+    }
+
+    fn marked_mut(&mut self) -> Option<&mut BTreeMap<String, crate::secrets::Marked>> {
+        Some(&mut self.marked)
     }
 }
 
@@ -418,7 +437,7 @@ fn sensitive_values(
         .vars
         .iter()
         .filter(|(name, _)| sensitive.contains(*name))
-        .flat_map(|(_, value)| secrets::value_strings(value))
+        .flat_map(|(_, value)| secrets::redactable(value))
         .collect();
     let is_sensitive_env = |k: &str| k.strip_prefix("TF_VAR_").is_some_and(|name| sensitive.contains(name));
     out.extend(ctx.env.iter().filter(|(k, _)| is_sensitive_env(k)).map(|(_, v)| v.clone()));
@@ -504,8 +523,11 @@ impl<'a> Run<'a> {
             }
         })?;
         let dir = ctx.resolve(&spec.dir);
-        let sensitive = config::declared_sensitive(&dir);
+        // Declared `sensitive`, or marked secret in the stack: either way never on the command line.
+        let mut sensitive = config::declared_sensitive(&dir);
+        sensitive.extend(spec.marked.keys().cloned());
         let secrets = secrets::normalize(sensitive_values(spec, ctx, &sensitive, std::env::vars()));
+        ctx.secrets.add_strings(secrets.iter().cloned());
         Ok(Run { spec, ctx, sink, binary, dir, sensitive, secrets, deadline: ctx.timeout.map(|t| Instant::now() + t) })
     }
 
@@ -726,6 +748,7 @@ impl<'a> Run<'a> {
             // ones from the saved plan before anything prints during apply.
             match self.show_json(Some(plan_file)).await.map(|doc| state::sensitive_values(&doc)) {
                 Ok(Ok(values)) => {
+                    self.ctx.secrets.add_strings(values.iter().cloned());
                     self.secrets.extend(values);
                     self.secrets = secrets::normalize(std::mem::take(&mut self.secrets));
                 }
@@ -959,6 +982,7 @@ mod tests {
 
     fn spec() -> TerraformSpec {
         TerraformSpec {
+            marked: Default::default(),
             dir: "infra/network".into(),
             vars: [
                 ("region".to_string(), serde_json::json!("eu-west-1")),
@@ -994,6 +1018,7 @@ mod tests {
             processes: Default::default(),
             force: false,
             reapply_missing: false,
+            secrets: Default::default(),
         };
         let sensitive = BTreeSet::from(["token".to_string(), "db_pass".to_string(), "admin".to_string()]);
         let own_env =
@@ -1062,6 +1087,7 @@ mod tests {
     fn the_runbook_never_writes_a_sensitive_value() {
         let fixtures = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/terraform");
         let spec = TerraformSpec {
+            marked: Default::default(),
             dir: "sensitive".into(),
             vars: [("token".to_string(), serde_json::json!("s3cr3t-value"))].into_iter().collect(),
             var_files: vec![],
