@@ -685,6 +685,11 @@ impl Checkpoint {
     /// Appends a record (durable before returning when [`Record::needs_sync`]), then folds it
     /// into the state.
     pub fn record(&mut self, record: Record) -> anyhow::Result<()> {
+        // The one place records are written: whatever an adapter or the driver forgot to
+        // redact, the run's secrets never reach the journal (nor the snapshot folded from it).
+        let record = crate::out::secrets()
+            .redact_serde(record)
+            .map_err(|e| anyhow::anyhow!("cannot redact a journal record: {e}"))?;
         let entry = Entry { seq: self.deploy.seq + 1, ts: now(), record };
         tracing::trace!(seq = entry.seq, record = ?entry.record, "journal");
         if let Err(e) = self.journal.append(&entry) {

@@ -32,6 +32,18 @@ pub fn text(args: std::fmt::Arguments<'_>) {
     write(|out| out.write_all(text.as_bytes()));
 }
 
+/// Writes a value as pretty JSON and a newline, every string in it redacted (not the text: a
+/// short secret replaced in the text could change a key).
+pub fn json<T: serde::Serialize>(value: &T) -> anyhow::Result<()> {
+    let value = secrets().redact_json(serde_json::to_value(value)?);
+    let text = serde_json::to_string_pretty(&value)?;
+    write(|out| {
+        out.write_all(text.as_bytes())?;
+        out.write_all(b"\n")
+    });
+    Ok(())
+}
+
 fn write(f: impl FnOnce(&mut std::io::StdoutLock<'static>) -> std::io::Result<()>) {
     if CLOSED.load(Ordering::Relaxed) {
         return;

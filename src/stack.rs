@@ -6,6 +6,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use rdeploy_adapters::secrets::Marked;
 use rdeploy_adapters::yaml::{self, Location, Node, Span, Spanned};
 
 use crate::fleet::model::Kind;
@@ -70,6 +71,9 @@ pub struct Step {
     /// `retry:`; `None` retries nothing.
     pub retry: Option<Retry>,
     pub env: BTreeMap<String, String>,
+    /// `env` entries the stack marks secret (`{ from_env: NAME }`, ...), read when the step runs
+    /// into the tool's environment; not in `env` until then.
+    pub env_marked: BTreeMap<String, Marked>,
     pub phase: Option<Phase>,
     pub spec: ToolSpec,
     /// Line of the step in the stack file, for messages.
@@ -338,7 +342,23 @@ pub fn load(file: &Path) -> anyhow::Result<Stack> {
         checker.at_location(e.at, e.message, Some("save the stack file as UTF-8".into()));
         StackError { problems: checker.problems }
     })?;
-    Ok(parse(file, &text)?)
+    let stack = parse(file, &text)?;
+    // The stack's own secrets (inline ones, `env` values secret by their name, tool values
+    // secret by their name) are redacted from whatever this process writes, whatever command it is.
+    let secrets = crate::out::secrets();
+    for step in &stack.steps {
+        secrets.add_strings(rdeploy_adapters::secrets::env_secrets(&step.env));
+        for marked in step.spec.marked().values().chain(step.env_marked.values()) {
+            if let Some(value) = &marked.value {
+                secrets.add(value);
+            }
+        }
+        let mut spec = step.spec.clone();
+        if let Some((_, values)) = spec.typed_values_mut() {
+            secrets.add_strings(rdeploy_adapters::secrets::secret_strings(values, &Default::default()));
+        }
+    }
+    Ok(stack)
 }
 
 /// Parses stack text; `file` is used in messages and to resolve relative paths.
@@ -585,6 +605,31 @@ fn parse_step(checker: &mut Checker<'_>, dir: &Path, node: &Node) -> Option<Pars
     if unknown {
         return None;
     }
+    // `env` entries that are secret references are read here, not by serde (which wants strings).
+    let mut env_marked = BTreeMap::new();
+    let mut env_plain = Vec::new();
+    if let Some(env_key) = common.keys().find(|k| k.as_str() == "env").cloned() {
+        if let Some(Node::Mapping(env)) = common.get_mut(&env_key) {
+            let written: Vec<_> =
+                env.iter().filter(|(_, v)| v.as_mapping().is_some()).map(|(k, v)| (k.clone(), v.clone())).collect();
+            for (k, v) in written {
+                env.remove(&k);
+                match read_value(checker, "env", k.as_str(), &v) {
+                    Some(Written::Secret(marked)) => {
+                        env_marked.insert(k.as_str().to_string(), marked);
+                    }
+                    Some(Written::Plain(serde_json::Value::String(text))) => env_plain.push((k.as_str().to_string(), text)),
+                    Some(Written::Plain(serde_json::Value::Object(_))) => checker.at(
+                        v.span(),
+                        format!("`env.{}` must be a string or a secret reference", k.as_str()),
+                        Some("write `NAME: value`, `NAME: { from_env: VAR }`, `NAME: { from_file: PATH }` or `NAME: { value: V, secret: true }`".into()),
+                    ),
+                    Some(Written::Plain(other)) => env_plain.push((k.as_str().to_string(), other.to_string())),
+                    None => {}
+                }
+            }
+        }
+    }
     let common_node = yaml::coercible(Node::Mapping(common));
     let own_node = Node::Mapping(own);
     let keys = match yaml::from_node::<CommonKeys>(&common_node) {
@@ -610,12 +655,29 @@ fn parse_step(checker: &mut Checker<'_>, dir: &Path, node: &Node) -> Option<Pars
         }
     };
     // serde sees every YAML scalar as a string; values handed to the tool keep their YAML type.
+    // An entry may be a secret reference (see `read_value`): it is marked, and read at run time.
+    let mut marked = BTreeMap::new();
     if let Some((key, values)) = spec.typed_values_mut() {
         if let Some(node) = own_node.as_mapping().and_then(|m| m.get_mapping(key)) {
+            values.clear();
             for (k, v) in node.iter() {
-                values.insert(k.as_str().to_string(), yaml::typed_json(v));
+                match read_value(checker, key, k.as_str(), v) {
+                    Some(Written::Plain(value)) => {
+                        values.insert(k.as_str().to_string(), value);
+                    }
+                    Some(Written::Secret(m)) => {
+                        if let Some(secret) = &m.value {
+                            values.insert(k.as_str().to_string(), secret.expose().clone());
+                        }
+                        marked.insert(k.as_str().to_string(), m);
+                    }
+                    None => {}
+                }
             }
         }
+    }
+    if let Some(m) = spec.marked_mut() {
+        *m = marked;
     }
 
     let name = keys.name.as_str().to_string();
@@ -675,13 +737,167 @@ fn parse_step(checker: &mut Checker<'_>, dir: &Path, node: &Node) -> Option<Pars
         gate: keys.gate.map(|g| check_gate(checker, g)),
         timeout,
         retry,
-        env: keys.env,
+        env: {
+            let mut env = keys.env;
+            env.extend(env_plain);
+            env
+        },
+        env_marked,
         phase,
         spec,
         line,
         digest,
     };
     Some((step, *keys.name.span(), keys.needs, keys.phase.map(|p| *p.span())))
+}
+
+/// A value in a tool key or `env`, as written.
+enum Written {
+    Plain(serde_json::Value),
+    Secret(Marked),
+}
+
+/// The keys of the three secret forms.
+const SECRET_FORM_KEYS: &[&str] = &["from_env", "from_file", "value", "secret"];
+
+/// Reads one entry `key: node` of the tool key `tool_key` (`set`, `extra_vars`, `vars`, `env`).
+///
+/// A mapping is a secret reference only when its keys are exactly one of the forms
+/// `{ from_env: NAME }`, `{ from_file: PATH }` or `{ value: V, secret: BOOL }`; any other mapping is
+/// data (a helm `set` of a map) and reaches the tool as it is. A mapping that looks like a
+/// misspelt form (`{ from_evn: X }`, `{ value: V, secert: true }`), a form with extra keys, or a
+/// form nested inside data is a located problem (`None`).
+fn read_value(checker: &mut Checker<'_>, tool_key: &str, key: &str, node: &Node) -> Option<Written> {
+    let Some(map) = node.as_mapping() else { return Some(Written::Plain(yaml::typed_json(node))) };
+    let keys: Vec<&str> = map.keys().map(|k| k.as_str()).collect();
+    let key_span = |name: &str| map.keys().find(|k| k.as_str() == name).map(|k| *k.span()).unwrap_or(*map.span());
+    let forms = "`{ from_env: NAME }`, `{ from_file: PATH }` or `{ value: V, secret: true }`";
+    let scalar_text = |name: &str| map.get_scalar(name).map(|v| v.as_str().to_string()).filter(|t| !t.is_empty());
+    let bool_word = |node: Option<&Node>| match node.and_then(Node::as_scalar).map(|s| s.as_str()) {
+        Some("true" | "True" | "TRUE") => Some(true),
+        Some("false" | "False" | "FALSE") => Some(false),
+        _ => None,
+    };
+    match keys.as_slice() {
+        ["from_env"] => {
+            return match scalar_text("from_env") {
+                Some(name) => Some(Written::Secret(Marked::from_env(name))),
+                None => {
+                    checker.at(
+                        map.get_node("from_env").map(Node::span).unwrap_or(map.span()),
+                        format!("`{tool_key}.{key}`: `from_env` names an environment variable"),
+                        Some("write `{ from_env: DB_PASSWORD }`".into()),
+                    );
+                    None
+                }
+            }
+        }
+        ["from_file"] => {
+            return match scalar_text("from_file") {
+                Some(path) => Some(Written::Secret(Marked::from_file(path))),
+                None => {
+                    checker.at(
+                        map.get_node("from_file").map(Node::span).unwrap_or(map.span()),
+                        format!("`{tool_key}.{key}`: `from_file` names a file (relative to the stack file)"),
+                        Some("write `{ from_file: secrets/db-password }`".into()),
+                    );
+                    None
+                }
+            }
+        }
+        _ => {}
+    }
+    let has = |name: &str| keys.contains(&name);
+    if keys.len() == 2 && has("value") && has("secret") {
+        let value = map.get_node("value").map(yaml::typed_json).unwrap_or_default();
+        return match bool_word(map.get_node("secret")) {
+            Some(true) => Some(Written::Secret(Marked::inline(value))),
+            Some(false) => Some(Written::Plain(value)),
+            None => {
+                checker.at(
+                    map.get_node("secret").map(Node::span).unwrap_or(map.span()),
+                    format!("`{tool_key}.{key}`: `secret` is `true` or `false`"),
+                    Some("write `{ value: V, secret: true }`".into()),
+                );
+                None
+            }
+        };
+    }
+    // A form with company: `from_env` and `from_file` stand alone.
+    if let Some(source) = ["from_env", "from_file"].into_iter().find(|k| has(k)) {
+        let other = keys.iter().find(|k| **k != source).copied().unwrap_or_default();
+        checker.at(
+            &key_span(other),
+            format!("`{tool_key}.{key}`: `{source}` stands alone in its mapping, so `{other}` does not belong here"),
+            Some(format!("a secret is {forms}")),
+        );
+        return None;
+    }
+    // A misspelt form: one key close to `from_env`/`from_file` with a scalar value, or `value`
+    // beside a key close to `secret` holding a boolean, or `secret` without `value`.
+    let misspelt =
+        |k: &str, candidates: &[&'static str]| suggest(k, candidates).filter(|_| !SECRET_FORM_KEYS.contains(&k));
+    if let [only] = keys.as_slice() {
+        if let Some(s) = misspelt(only, &["from_env", "from_file"]).filter(|_| map.get_scalar(only).is_some()) {
+            checker.at(
+                &key_span(only),
+                format!("`{tool_key}.{key}`: unknown key `{only}` in a secret reference"),
+                Some(format!("did you mean `{s}`?")),
+            );
+            return None;
+        }
+    }
+    if has("value") && keys.len() == 2 {
+        let other = keys.iter().find(|k| **k != "value").copied().unwrap_or_default();
+        if let Some(s) = misspelt(other, &["secret"]).filter(|_| bool_word(map.get_node(other)).is_some()) {
+            checker.at(
+                &key_span(other),
+                format!("`{tool_key}.{key}`: unknown key `{other}` in a secret value"),
+                Some(format!("did you mean `{s}`?")),
+            );
+            return None;
+        }
+    }
+    if has("secret") && bool_word(map.get_node("secret")).is_some() {
+        let hint = if has("value") {
+            format!("a secret value has exactly the keys `value` and `secret`: {forms}")
+        } else {
+            "write `{ value: V, secret: true }`".to_string()
+        };
+        checker.at(
+            &key_span("secret"),
+            format!("`{tool_key}.{key}`: `secret: true` marks a `value:` beside it, alone"),
+            Some(hint),
+        );
+        return None;
+    }
+    // Data. A reference inside it would reach the tool as a mapping: say so.
+    if let Some(span) = nested_reference(node, true) {
+        checker.at(
+            &span,
+            format!("`{tool_key}.{key}`: a secret reference must be a whole entry of `{tool_key}`, not inside a value"),
+            Some(format!("give the secret its own entry (helm `set` takes dotted paths: `{key}.password: {{ from_env: DB_PASSWORD }}`)")),
+        );
+        return None;
+    }
+    Some(Written::Plain(yaml::typed_json(node)))
+}
+
+/// Where a mapping shaped exactly like a secret form sits inside `node` (not `node` itself).
+fn nested_reference(node: &Node, top: bool) -> Option<Span> {
+    match node {
+        Node::Scalar(_) => None,
+        Node::Sequence(seq) => seq.iter().find_map(|n| nested_reference(n, false)),
+        Node::Mapping(map) => {
+            let keys: Vec<&str> = map.keys().map(|k| k.as_str()).collect();
+            let is_form = matches!(keys.as_slice(), ["from_env"] | ["from_file"])
+                || (keys.len() == 2 && keys.contains(&"value") && keys.contains(&"secret"));
+            if is_form && !top {
+                return Some(*map.span());
+            }
+            map.values().find_map(|n| nested_reference(n, false))
+        }
+    }
 }
 
 /// The gate with its values parsed; a value that does not parse is a located problem.

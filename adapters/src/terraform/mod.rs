@@ -78,6 +78,98 @@ impl TerraformSpec {
     }
 }
 
+impl TerraformSpec {
+    async fn recover_unredacted(
+        &self,
+        ctx: &StepContext,
+        prior: &PriorStep,
+        sink: &dyn EventSink,
+    ) -> Result<Recovered, Failure> {
+        let mut run = Run::new(self, ctx, sink)?;
+        // The apply of a run that died went on without it (it got SIGINT and finished what was
+        // in flight); its stream says what it completed after the checkpoint last heard.
+        let mut settled = std::collections::HashSet::new();
+        let (stream_file, _) = apply_output_files(&ctx.work_dir);
+        for addr in applied_in_stream(&stream_file) {
+            if prior.sub_changes.iter().any(|s| s.id == addr && s.status != SubStatus::Done) {
+                sink.emit(Event::Done {
+                    id: addr.clone(),
+                    note: Some("completed by the apply of the run that died (its output file says so)".into()),
+                });
+                settled.insert(addr);
+            }
+        }
+        let plan_file = ctx.work_dir.join(PLAN_FILE);
+        let plan = run.plan(&plan_file, Workspace::Create).await?;
+        // The plan went through, so whatever held the lock has let go of it.
+        for key in [FACT_LOCK_ID, FACT_LOCK] {
+            if prior.facts.get(key).is_some_and(|v| !v.is_null()) {
+                sink.emit(Event::Fact { key: key.into(), value: serde_json::Value::Null });
+            }
+        }
+        let missing = missing_from_state(&plan, prior);
+        if !missing.is_empty() {
+            if !ctx.reapply_missing {
+                return Err(contradiction(&run.dir, self.workspace.as_deref(), &self.tool_word(), &missing));
+            }
+            sink.emit(Event::Warning {
+                message: format!(
+                    "--reapply-missing: creating again {} recorded done but absent from {}'s state: {}",
+                    if missing.len() == 1 { "a resource" } else { "resources" },
+                    self.tool_word(),
+                    missing.join(", ")
+                ),
+            });
+        }
+        if let Some(message) = changed_since_failure(&plan, prior) {
+            sink.emit(Event::Warning { message });
+        }
+        // Recorded as not done, yet terraform has nothing to do for them: they are in place
+        // (applied after all, or dropped from the configuration by the fix).
+        for sub in &prior.sub_changes {
+            if sub.status != SubStatus::Done
+                && !settled.contains(&sub.id)
+                && !plan.changes.iter().any(|c| c.addr == sub.id)
+            {
+                sink.emit(Event::Done {
+                    id: sub.id.clone(),
+                    note: Some("terraform plans no change for it now".into()),
+                });
+            }
+        }
+        run.apply_saved(&plan, &plan_file).await.map(|()| Recovered::Complete)
+    }
+
+    async fn inspect_unredacted(&self, ctx: &StepContext, prior: &PriorStep) -> Result<Inspection, Failure> {
+        let sink = Collect::default();
+        let mut run = Run::new(self, ctx, &sink)?;
+        let inspect_plan = ctx.work_dir.join(INSPECT_PLAN_FILE);
+        let plan = run.plan(&inspect_plan, Workspace::Existing).await;
+        // The saved plan holds every variable's value: it goes once read.
+        let _ = std::fs::remove_file(&inspect_plan);
+        let plan = plan?;
+        let mut inspection = Inspection::default();
+        if plan.changes.is_empty() {
+            inspection.actions.push(format!("`{} plan`: no changes; nothing left to apply", self.tool_word()));
+        } else {
+            inspection.actions.push(format!("`{} plan`: {}", self.tool_word(), plan.describe()));
+            inspection.actions.extend(plan.changes.iter().map(PlannedChange::describe));
+        }
+        let missing = missing_from_state(&plan, prior);
+        if !missing.is_empty() && !ctx.reapply_missing {
+            let failure = contradiction(&run.dir, self.workspace.as_deref(), &self.tool_word(), &missing);
+            inspection.actions.push(format!("stop: {}", failure.summary));
+            inspection.actions.extend(failure.hint);
+        }
+        if let Some(message) = changed_since_failure(&plan, prior) {
+            inspection.actions.push(message);
+        }
+        inspection.actions.extend(sink.warnings.into_inner().unwrap_or_default());
+        inspection.remaining = plan.ids();
+        Ok(inspection)
+    }
+}
+
 impl Adapter for TerraformSpec {
     fn problems(&self) -> Vec<SpecProblem> {
         let mut problems = Vec::new();
@@ -166,97 +258,30 @@ impl Adapter for TerraformSpec {
     }
 
     async fn apply(&self, ctx: &StepContext, sink: &dyn EventSink) -> Result<(), Failure> {
-        let mut run = Run::new(self, ctx, sink)?;
-        let plan_file = ctx.work_dir.join(PLAN_FILE);
-        let plan = run.plan(&plan_file, Workspace::Create).await?;
-        run.apply_saved(&plan, &plan_file).await
+        // terraform's output is parsed as it came; what the parsers report is redacted on the
+        // way out with the run's secrets, which the plan may add to (a var file's sensitive values).
+        let sink = &secrets::RegistrySink { inner: sink, registry: &ctx.secrets };
+        let applied = async {
+            let mut run = Run::new(self, ctx, sink)?;
+            let plan_file = ctx.work_dir.join(PLAN_FILE);
+            let plan = run.plan(&plan_file, Workspace::Create).await?;
+            run.apply_saved(&plan, &plan_file).await
+        };
+        applied.await.map_err(|f| ctx.secrets.redact_failure(f))
     }
 
     async fn recover(&self, ctx: &StepContext, prior: &PriorStep, sink: &dyn EventSink) -> Result<Recovered, Failure> {
-        let mut run = Run::new(self, ctx, sink)?;
-        // The apply of a run that died went on without it (it got SIGINT and finished what was
-        // in flight); its stream says what it completed after the checkpoint last heard.
-        let mut settled = std::collections::HashSet::new();
-        let (stream_file, _) = apply_output_files(&ctx.work_dir);
-        for addr in applied_in_stream(&stream_file) {
-            if prior.sub_changes.iter().any(|s| s.id == addr && s.status != SubStatus::Done) {
-                sink.emit(Event::Done {
-                    id: addr.clone(),
-                    note: Some("completed by the apply of the run that died (its output file says so)".into()),
-                });
-                settled.insert(addr);
-            }
-        }
-        let plan_file = ctx.work_dir.join(PLAN_FILE);
-        let plan = run.plan(&plan_file, Workspace::Create).await?;
-        // The plan went through, so whatever held the lock has let go of it.
-        for key in [FACT_LOCK_ID, FACT_LOCK] {
-            if prior.facts.get(key).is_some_and(|v| !v.is_null()) {
-                sink.emit(Event::Fact { key: key.into(), value: serde_json::Value::Null });
-            }
-        }
-        let missing = missing_from_state(&plan, prior);
-        if !missing.is_empty() {
-            if !ctx.reapply_missing {
-                return Err(contradiction(&run.dir, self.workspace.as_deref(), &self.tool_word(), &missing));
-            }
-            sink.emit(Event::Warning {
-                message: format!(
-                    "--reapply-missing: creating again {} recorded done but absent from {}'s state: {}",
-                    if missing.len() == 1 { "a resource" } else { "resources" },
-                    self.tool_word(),
-                    missing.join(", ")
-                ),
-            });
-        }
-        if let Some(message) = changed_since_failure(&plan, prior) {
-            sink.emit(Event::Warning { message });
-        }
-        // Recorded as not done, yet terraform has nothing to do for them: they are in place
-        // (applied after all, or dropped from the configuration by the fix).
-        for sub in &prior.sub_changes {
-            if sub.status != SubStatus::Done
-                && !settled.contains(&sub.id)
-                && !plan.changes.iter().any(|c| c.addr == sub.id)
-            {
-                sink.emit(Event::Done {
-                    id: sub.id.clone(),
-                    note: Some("terraform plans no change for it now".into()),
-                });
-            }
-        }
-        run.apply_saved(&plan, &plan_file).await.map(|()| Recovered::Complete)
+        let sink = &secrets::RegistrySink { inner: sink, registry: &ctx.secrets };
+        self.recover_unredacted(ctx, prior, sink).await.map_err(|f| ctx.secrets.redact_failure(f))
     }
 
     async fn inspect(&self, ctx: &StepContext, prior: &PriorStep) -> Result<Inspection, Failure> {
-        let sink = Collect::default();
-        let mut run = Run::new(self, ctx, &sink)?;
-        let inspect_plan = ctx.work_dir.join(INSPECT_PLAN_FILE);
-        let plan = run.plan(&inspect_plan, Workspace::Existing).await;
-        // The saved plan holds every variable's value: it goes once read.
-        let _ = std::fs::remove_file(&inspect_plan);
-        let plan = plan?;
-        let mut inspection = Inspection::default();
-        if plan.changes.is_empty() {
-            inspection.actions.push(format!("`{} plan`: no changes; nothing left to apply", self.tool_word()));
-        } else {
-            inspection.actions.push(format!("`{} plan`: {}", self.tool_word(), plan.describe()));
-            inspection.actions.extend(plan.changes.iter().map(PlannedChange::describe));
+        let redact = |lines: Vec<String>| lines.iter().map(|l| ctx.secrets.redact(l)).collect();
+        match self.inspect_unredacted(ctx, prior).await {
+            Ok(i) => Ok(Inspection { actions: redact(i.actions), remaining: redact(i.remaining) }),
+            Err(f) => Err(ctx.secrets.redact_failure(f)),
         }
-        let missing = missing_from_state(&plan, prior);
-        if !missing.is_empty() && !ctx.reapply_missing {
-            let failure = contradiction(&run.dir, self.workspace.as_deref(), &self.tool_word(), &missing);
-            inspection.actions.push(format!("stop: {}", failure.summary));
-            inspection.actions.extend(failure.hint);
-        }
-        if let Some(message) = changed_since_failure(&plan, prior) {
-            inspection.actions.push(message);
-        }
-        inspection.actions.extend(sink.warnings.into_inner().unwrap_or_default());
-        inspection.remaining = plan.ids();
-        Ok(inspection)
     }
-
     fn describe_recovery(&self, ctx: &DescribeContext<'_>, prior: Option<&PriorStep>) -> RecoveryDoc {
         let tf = self.tool_word();
         let dir = Path::new(ctx.stack_dir).join(&self.dir);
@@ -538,6 +563,11 @@ impl<'a> Run<'a> {
         redact_line(&display_command(&words), &self.secrets)
     }
 
+    /// A line of terraform's output as rdeploy may keep or print it: secrets redacted.
+    fn shown(&self, line: &str) -> String {
+        redact_line(line, &self.secrets)
+    }
+
     /// The stack's values of sensitive variables, as terraform reads them from its environment
     /// (a string as it is, anything else in JSON, which HCL accepts).
     fn sensitive_env(&self) -> Vec<(String, String)> {
@@ -563,6 +593,8 @@ impl<'a> Run<'a> {
             .env("TF_INPUT", "0")
             .redact(self.secrets.iter().cloned())
             .in_step(self.ctx)
+            // Parsed first (`-json` lines, `show -json`), redacted where kept (`Run::shown`).
+            .raw_lines()
             // terraform stops gracefully on SIGINT: it finishes the resources in flight, writes
             // its state and releases its lock.
             .on_rdeploy_death(Signal::SIGINT)
@@ -597,16 +629,16 @@ impl<'a> Run<'a> {
         self.exec_command(command, &self.ctx.cancel, &mut |stream, line| match (stream, parse_line(line)) {
             (Stream::Stdout, Some(ui)) => {
                 for text in ui.message.lines().filter(|l| !l.trim().is_empty()) {
-                    sink.emit(Event::Output { stream, line: text.to_string() });
+                    sink.emit(Event::Output { stream, line: self.shown(text) });
                 }
                 if let UiMessage::Diagnostic(d) = &ui.body {
                     for text in d.detail.lines().filter(|l| !l.trim().is_empty()) {
-                        sink.emit(Event::Output { stream, line: format!("  {text}") });
+                        sink.emit(Event::Output { stream, line: self.shown(&format!("  {text}")) });
                     }
                 }
                 on_message(&ui);
             }
-            _ => sink.emit(Event::Output { stream, line: line.to_string() }),
+            _ => sink.emit(Event::Output { stream, line: self.shown(line) }),
         })
         .await
     }
@@ -616,7 +648,7 @@ impl<'a> Run<'a> {
         let sink = self.sink;
         let outcome = self
             .exec(args, &self.ctx.cancel, &mut |stream, line| {
-                sink.emit(Event::Output { stream, line: line.to_string() })
+                sink.emit(Event::Output { stream, line: self.shown(line) })
             })
             .await?;
         if outcome.success() {
