@@ -343,8 +343,13 @@ fn summary(session: &Session, status: &Status, code: Code, mode: &Mode, changes:
 /// `text` with the run's secrets redacted, also as XML escapes them (the JUnit file).
 fn redacted(text: &str) -> String {
     let secrets = crate::out::secrets();
-    let text = secrets.redact(text);
-    let escaped: Vec<String> = secrets.values().iter().map(|s| xml_escape(s)).collect();
+    let text = secrets.redact_document(text);
+    let escaped: Vec<String> = secrets
+        .values()
+        .iter()
+        .filter(|s| s.chars().count() >= rdeploy_adapters::secrets::DOCUMENT_MIN)
+        .map(|s| xml_escape(s))
+        .collect();
     rdeploy_adapters::secrets::redact_line(&text, &rdeploy_adapters::secrets::normalize(escaped))
 }
 

@@ -383,19 +383,19 @@ fn init_tracing(verbose: u8) {
 fn report_error(err: &anyhow::Error, ui: &Ui) -> Code {
     let paint = ui.paint;
     if let Some(stack) = err.downcast_ref::<StackError>() {
-        eprint!("{}: {}", paint.bad("error"), out::secrets().redact(&stack.to_string()));
+        eprint!("{}: {}", paint.bad("error"), out::secrets().redact_document(&stack.to_string()));
         return Code::BadInput;
     }
     if let Some(refusal) = err.downcast_ref::<Refusal>() {
-        eprintln!("{}: {}", paint.bad("error"), out::secrets().redact(&refusal.message));
+        eprintln!("{}: {}", paint.bad("error"), out::secrets().redact_document(&refusal.message));
         if let Some(hint) = &refusal.hint {
-            eprintln!("  {}: {}", paint.strong("hint"), out::secrets().redact(hint));
+            eprintln!("  {}: {}", paint.strong("hint"), out::secrets().redact_document(hint));
         }
         return refusal.code;
     }
     // Anything else happened after work may have started (input errors are refused earlier as
     // `StackError` or `Refusal`), so it is never "nothing changed".
-    eprintln!("{}: {}", paint.bad("error"), out::secrets().redact(&format!("{err:#}")));
+    eprintln!("{}: {}", paint.bad("error"), out::secrets().redact_document(&format!("{err:#}")));
     Code::Partial
 }
 

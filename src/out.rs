@@ -19,7 +19,7 @@ pub fn secrets() -> &'static rdeploy_adapters::secrets::Registry {
 
 /// Writes `args` and a newline to stdout.
 pub fn line(args: std::fmt::Arguments<'_>) {
-    let text = secrets().redact(&args.to_string());
+    let text = secrets().redact_document(&args.to_string());
     write(|out| {
         out.write_all(text.as_bytes())?;
         out.write_all(b"\n")
@@ -28,14 +28,14 @@ pub fn line(args: std::fmt::Arguments<'_>) {
 
 /// Writes `args` to stdout.
 pub fn text(args: std::fmt::Arguments<'_>) {
-    let text = secrets().redact(&args.to_string());
+    let text = secrets().redact_document(&args.to_string());
     write(|out| out.write_all(text.as_bytes()));
 }
 
-/// Writes a value as pretty JSON and a newline, every string in it redacted (not the text: a
-/// short secret replaced in the text could change a key).
+/// Writes a value as pretty JSON and a newline, its string values redacted (not the text: a
+/// secret replaced in the text could change a key or break an escape).
 pub fn json<T: serde::Serialize>(value: &T) -> anyhow::Result<()> {
-    let value = secrets().redact_json(serde_json::to_value(value)?);
+    let value = secrets().redact_json_document(serde_json::to_value(value)?);
     let text = serde_json::to_string_pretty(&value)?;
     write(|out| {
         out.write_all(text.as_bytes())?;

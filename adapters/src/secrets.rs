@@ -178,6 +178,9 @@ pub fn redactable(value: &Value) -> Vec<String> {
     out
 }
 
+/// The shortest secret [`Registry::redact_document`] replaces in a whole document.
+pub const DOCUMENT_MIN: usize = 4;
+
 /// The run's values never to write. Cloning shares the set; it only grows.
 #[derive(Clone, Default)]
 pub struct Registry(Arc<RwLock<Vec<String>>>);
@@ -222,6 +225,37 @@ impl Registry {
     /// `text` with every registered value replaced by `***`.
     pub fn redact(&self, text: &str) -> String {
         redact_line(text, &self.read())
+    }
+
+    /// A whole rendered document (a report, a runbook, a terminal line, a JUnit file) redacted
+    /// once more, as the last line of defence. Values under [`DOCUMENT_MIN`] characters are left
+    /// here: in a document they would be replaced inside names and words (`a` inside
+    /// `terraform_data.a1`, `status`), and the records, events and lines the document is built
+    /// from were redacted of them already.
+    pub fn redact_document(&self, text: &str) -> String {
+        let secrets = self.read();
+        let long: Vec<String> = secrets.iter().filter(|s| s.chars().count() >= DOCUMENT_MIN).cloned().collect();
+        redact_line(text, &long)
+    }
+
+    /// A JSON document's string values redacted as [`Registry::redact_document`] does; keys,
+    /// booleans and numbers as they are.
+    pub fn redact_json_document(&self, value: Value) -> Value {
+        let secrets = self.read();
+        let long: Vec<String> = secrets.iter().filter(|s| s.chars().count() >= DOCUMENT_MIN).cloned().collect();
+        fn walk(value: Value, secrets: &[String]) -> Value {
+            match value {
+                Value::String(s) => Value::String(redact_line(&s, secrets)),
+                Value::Array(items) => Value::Array(items.into_iter().map(|v| walk(v, secrets)).collect()),
+                Value::Object(map) => Value::Object(map.into_iter().map(|(k, v)| (k, walk(v, secrets))).collect()),
+                other => other,
+            }
+        }
+        if long.is_empty() {
+            value
+        } else {
+            walk(value, &long)
+        }
     }
 
     /// Every string in `value` (map keys too) redacted; booleans and numbers as they are.
@@ -408,15 +442,17 @@ impl Drop for SecretFile {
     }
 }
 
-/// Every secret in an event's text replaced by `***`.
+/// Every secret in an event's text replaced by `***`. Sub-change ids are names (resource
+/// addresses, hosts, objects), not values, and the checkpoint's keys: they are left as they are,
+/// so a short secret cannot turn `terraform_data.a1` into another id.
 pub fn redact_event(event: Event, secrets: &[String]) -> Event {
     let r = |s: String| redact_line(&s, secrets);
     match event {
-        Event::Planned { ids } => Event::Planned { ids: ids.into_iter().map(r).collect() },
-        Event::Started { id } => Event::Started { id: r(id) },
-        Event::Done { id, note } => Event::Done { id: r(id), note: note.map(r) },
-        Event::Failed { id, error } => Event::Failed { id: r(id), error: r(error) },
-        Event::Pending { id, reason } => Event::Pending { id: r(id), reason: r(reason) },
+        Event::Planned { ids } => Event::Planned { ids },
+        Event::Started { id } => Event::Started { id },
+        Event::Done { id, note } => Event::Done { id, note: note.map(r) },
+        Event::Failed { id, error } => Event::Failed { id, error: r(error) },
+        Event::Pending { id, reason } => Event::Pending { id, reason: r(reason) },
         Event::Fact { key, value } => Event::Fact { key, value: redact_value(value, secrets) },
         Event::Output { stream, line } => Event::Output { stream, line: r(line) },
         Event::Warning { message } => Event::Warning { message: r(message) },
