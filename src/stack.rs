@@ -1322,6 +1322,97 @@ steps:
     }
 
     #[test]
+    fn secret_references_are_marked_and_other_mappings_stay_data() {
+        use rdeploy_adapters::secrets::SecretSource;
+        let stack = parse(
+            Path::new("stack.yaml"),
+            r#"
+name: s
+steps:
+  - name: app
+    tool: helm
+    release: web
+    chart: repo/web
+    env: { API_LOGIN: { from_env: CI_LOGIN }, PLAIN: { value: 3, secret: false }, REGION: eu }
+    set:
+      db.password: { from_env: DB_PASSWORD }
+      tls.key: { from_file: secrets/tls.key }
+      pin: { value: 1234, secret: true }
+      tier: { value: gold, secret: false }
+      labels: { team: web, value: x }
+      tls: { secret: my-tls-secret }
+      replicas: 2
+"#,
+        )
+        .unwrap();
+        let step = &stack.steps[0];
+        let ToolSpec::Helm(helm) = &step.spec else { panic!() };
+        let sources: Vec<(&str, &SecretSource)> = helm.marked.iter().map(|(k, m)| (k.as_str(), &m.source)).collect();
+        assert_eq!(
+            sources,
+            vec![
+                ("db.password", &SecretSource::Env("DB_PASSWORD".into())),
+                ("pin", &SecretSource::Inline),
+                ("tls.key", &SecretSource::File("secrets/tls.key".into())),
+            ]
+        );
+        // An inline secret keeps its YAML type and is in `set` at once; read ones come at run time.
+        assert_eq!(helm.set.get("pin"), Some(&serde_json::json!(1234)));
+        assert!(!helm.set.contains_key("db.password") && !helm.set.contains_key("tls.key"));
+        // `secret: false` is a plain value; other mappings (even with a `value` or a `secret`
+        // key holding no boolean) are data.
+        assert_eq!(helm.set.get("tier"), Some(&serde_json::json!("gold")));
+        assert_eq!(helm.set.get("labels"), Some(&serde_json::json!({"team": "web", "value": "x"})));
+        assert_eq!(helm.set.get("tls"), Some(&serde_json::json!({"secret": "my-tls-secret"})));
+        assert_eq!(helm.set.get("replicas"), Some(&serde_json::json!(2)));
+        assert_eq!(step.env_marked.get("API_LOGIN").map(|m| &m.source), Some(&SecretSource::Env("CI_LOGIN".into())));
+        assert_eq!(step.env.get("PLAIN").map(String::as_str), Some("3"));
+        assert_eq!(step.env.get("REGION").map(String::as_str), Some("eu"));
+        assert!(!step.env.contains_key("API_LOGIN"));
+    }
+
+    #[test]
+    fn misused_secret_references_are_located_with_a_suggestion() {
+        let step = |key: &str, value: &str| {
+            let text = format!(
+                "name: s\nsteps:\n  - name: a\n    tool: ansible\n    playbook: p.yml\n    inventory: i.ini\n    {key}:\n      v: {value}\n"
+            );
+            let p = problems(&text);
+            // `p.yml` and `i.ini` do not exist: only the value's own problem is looked at.
+            p.into_iter().find(|p| p.line == 8).unwrap_or_else(|| panic!("no problem on line 8 for {value}"))
+        };
+        let p = step("extra_vars", "{ from_evn: DB_PASSWORD }");
+        assert_eq!((p.line, p.column), (8, 12));
+        assert_eq!(p.message, "`extra_vars.v`: unknown key `from_evn` in a secret reference");
+        assert_eq!(p.hint.as_deref(), Some("did you mean `from_env`?"));
+        let p = step("extra_vars", "{ from_fille: x }");
+        assert_eq!(p.hint.as_deref(), Some("did you mean `from_file`?"));
+        let p = step("extra_vars", "{ value: x, secert: true }");
+        assert_eq!((p.line, p.column), (8, 22));
+        assert_eq!(p.message, "`extra_vars.v`: unknown key `secert` in a secret value");
+        assert_eq!(p.hint.as_deref(), Some("did you mean `secret`?"));
+        let p = step("extra_vars", "{ from_env: X, secret: true }");
+        assert!(p.message.contains("`from_env` stands alone in its mapping"), "{}", p.message);
+        let p = step("extra_vars", "{ from_env: }");
+        assert!(p.message.contains("`from_env` names an environment variable"), "{}", p.message);
+        let p = step("extra_vars", "{ value: x, secret: maybe }");
+        assert_eq!(p.message, "`extra_vars.v`: `secret` is `true` or `false`");
+        let p = step("extra_vars", "{ secret: true }");
+        assert!(p.message.contains("`secret: true` marks a `value:` beside it"), "{}", p.message);
+        let p = step("extra_vars", "{ value: x, secret: true, note: y }");
+        assert!(p.message.contains("`secret: true` marks a `value:` beside it"), "{}", p.message);
+        let p = step("extra_vars", "{ db: { password: { from_env: X } } }");
+        assert_eq!(
+            p.message,
+            "`extra_vars.v`: a secret reference must be a whole entry of `extra_vars`, not inside a value"
+        );
+        let p = step("env", "{ a: b }");
+        assert_eq!(p.message, "`env.v` must be a string or a secret reference");
+        let p = step("env", "{ from_env: }");
+        assert!(p.message.contains("`env.v`: `from_env` names an environment variable"), "{}", p.message);
+    }
+
+    #[test]
     fn a_duplicate_key_is_an_error_naming_both_lines() {
         let p = problems("name: s\nsteps:\n  - name: a\n    tool: shell\n    run: x\n    run: y\n");
         assert_eq!(p.len(), 1, "{p:?}");
