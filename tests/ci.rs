@@ -347,6 +347,9 @@ fn files_holding(dir: &std::path::Path, needle: &str) -> Vec<std::path::PathBuf>
 fn secret_journey(p: &Project, marker: &str, secret: &str) -> String {
     let mut runs = vec![p.rdeploy(&["up"])];
     assert_ne!(runs[0].status, 0, "{}\n{}", runs[0].stdout, runs[0].stderr);
+    // Not even left behind by the failed run (a saved plan, a secret values file).
+    let left = files_holding(&p.path(".rdeploy"), secret);
+    assert!(left.is_empty(), "after the failed up: {left:?}");
     runs.push(p.rdeploy(&["status"]));
     runs.push(p.rdeploy(&["status", "--json"]));
     runs.push(p.rdeploy(&["runbook"]));

@@ -512,6 +512,7 @@ impl EventSink for RedactingSink<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Adapter;
 
     #[test]
     fn secret_names_are_word_parts() {
@@ -586,6 +587,69 @@ mod tests {
         let path = file.path().to_path_buf();
         drop(file);
         assert!(!path.exists());
+    }
+
+    #[test]
+    fn the_registry_redacts_strings_of_one_character_or_more_and_never_booleans_or_numbers() {
+        let registry = Registry::default();
+        registry.add(&Secret::new(serde_json::json!("x")));
+        registry.add(&Secret::new(serde_json::json!(false)));
+        registry.add(&Secret::new(serde_json::json!(1234)));
+        registry.add(&Secret::new(serde_json::json!({"user": "admin-1", "n": 3})));
+        assert_eq!(registry.values(), vec![r#"{"n":3,"user":"admin-1"}"#.to_string(), "admin-1".into(), "x".into()]);
+        assert_eq!(registry.redact("-input=false -var n=1234 tax admin-1"), "-input=false -var n=1234 ta*** ***");
+        // A whole document keeps what is under four characters (it would be replaced inside names).
+        assert_eq!(registry.redact_document("terraform_data.x1: admin-1"), "terraform_data.x1: ***");
+        let doc = registry.redact_json_document(serde_json::json!({"x": "admin-1", "id": "x1", "ok": false}));
+        assert_eq!(doc, serde_json::json!({"x": "***", "id": "x1", "ok": false}));
+        // Clones share one set: an adapter adding a secret is seen by the driver.
+        registry.clone().add_strings(["late-secret".to_string()]);
+        assert_eq!(registry.redact("a late-secret"), "a ***");
+        assert_eq!(format!("{:?}", Secret::new(serde_json::json!("admin-1"))), "Secret(***)");
+    }
+
+    #[test]
+    fn marked_values_are_read_from_the_environment_or_a_file() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("login"), "line one\nline two\r\n").unwrap();
+        let env = |name: &str| (name == "CI_LOGIN").then(|| "from-env".to_string());
+        let read = |m: Marked| m.resolve(dir.path(), &env).map(|s| s.expose().clone());
+        assert_eq!(read(Marked::from_env("CI_LOGIN")), Ok(serde_json::json!("from-env")));
+        // One trailing newline goes; the rest of the file is the value.
+        assert_eq!(read(Marked::from_file("login")), Ok(serde_json::json!("line one\nline two")));
+        assert_eq!(read(Marked::inline(serde_json::json!(7))), Ok(serde_json::json!(7)));
+        let missing = read(Marked::from_env("NOT_SET")).unwrap_err();
+        assert_eq!(missing, SecretError::MissingEnv { name: "NOT_SET".into() });
+        assert!(missing.to_string().contains("`NOT_SET` is not set"), "{missing}");
+        assert!(missing.hint().contains("export NOT_SET="), "{}", missing.hint());
+        assert!(matches!(read(Marked::from_file("nope")), Err(SecretError::File { .. })));
+    }
+
+    #[test]
+    fn resolving_a_spec_puts_marked_values_in_its_tool_key_and_registers_them() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("key.pem"), "PEM-BODY\n").unwrap();
+        let mut spec = crate::ToolSpec::Helm(
+            serde_json::from_value(serde_json::json!({"release": "r", "chart": "c", "set": {"tier": "gold"}})).unwrap(),
+        );
+        let marked = spec.marked_mut().unwrap();
+        marked.insert("tls.key".into(), Marked::from_file("key.pem"));
+        marked.insert("db.pass".into(), Marked::from_env("CI_DB"));
+        let registry = Registry::default();
+        let env = |name: &str| (name == "CI_DB").then(|| "db-secret".to_string());
+        spec.resolve_secrets(dir.path(), &env, &registry).unwrap();
+        let crate::ToolSpec::Helm(helm) = &spec else { unreachable!() };
+        assert_eq!(helm.set.get("tls.key"), Some(&serde_json::json!("PEM-BODY")));
+        assert_eq!(helm.set.get("db.pass"), Some(&serde_json::json!("db-secret")));
+        assert_eq!(registry.values(), vec!["db-secret".to_string(), "PEM-BODY".into()]);
+        // Read once: a resolved spec is not read again; an unresolved one names the key.
+        let none = |_: &str| None;
+        spec.clone().resolve_secrets(Path::new("/nonexistent"), &none, &registry).unwrap();
+        let mut fresh =
+            crate::ToolSpec::Helm(serde_json::from_value(serde_json::json!({"release": "r", "chart": "c"})).unwrap());
+        fresh.marked_mut().unwrap().insert("db.pass".into(), Marked::from_env("CI_DB"));
+        let (key, e) = fresh.resolve_secrets(Path::new("/nonexistent"), &none, &registry).unwrap_err();
+        assert_eq!((key.as_str(), e), ("db.pass", SecretError::MissingEnv { name: "CI_DB".into() }));
     }
 
     #[test]

@@ -891,6 +891,26 @@ mod tests {
     }
 
     #[test]
+    fn secret_values_go_in_a_file_and_the_runbook_fills_them_in() {
+        let mut spec = spec();
+        spec.set.insert("serviceAccount.automountServiceAccountToken".into(), serde_json::json!(false));
+        spec.set.insert("app.login".into(), serde_json::json!("s3cr3t-login"));
+        spec.marked.insert("app.login".into(), crate::secrets::Marked::inline(serde_json::json!("s3cr3t-login")));
+        spec.marked.insert("db.password".into(), crate::secrets::Marked::from_env("DB_PASSWORD"));
+        let run = spec.upgrade_words(4, Some(&ctx())).join(" ");
+        assert!(!run.contains("s3cr3t") && !run.contains("app.login"), "{run}");
+        assert!(run.contains("-f /nonexistent/w/secret-values.json"), "{run}");
+        // A boolean under a secret-sounding key is a setting: it stays on the command line.
+        assert!(run.contains("--set-json serviceAccount.automountServiceAccountToken=false"), "{run}");
+        let runbook = spec.upgrade_words(4, None).join(" ");
+        assert!(
+            runbook.contains("--set-json app.login=***") && runbook.contains("--set-json db.password=***"),
+            "{runbook}"
+        );
+        assert!(!runbook.contains("s3cr3t") && !runbook.contains("secret-values.json"), "{runbook}");
+    }
+
+    #[test]
     fn decisions_from_helm_state() {
         let s = spec();
         let live = |revs: Vec<Revision>| Live { history: revs, status: None };
