@@ -347,6 +347,9 @@ impl AnsibleSpec {
         if let Some(rest) = tail.remainder() {
             sink.emit(Event::Warning { message: format!("the callback's last record was cut off: {rest}") });
         }
+        // Read to the end, the callback's records have told everything; they hold what tasks
+        // printed as ansible printed it (a secret in a `fail` message), so they go.
+        let _ = std::fs::remove_file(&events_path);
         if !tracker.has_stats() && !recap_lines.is_empty() {
             if tracker.records() == 0 {
                 sink.emit(Event::Warning {
