@@ -318,6 +318,7 @@ mod tests {
             force: false,
             reapply_missing: false,
             secrets: Default::default(),
+            started_by: Default::default(),
             processes: Default::default(),
         }
     }

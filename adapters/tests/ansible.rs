@@ -93,6 +93,7 @@ impl Stack {
             force: false,
             reapply_missing: false,
             secrets: Default::default(),
+            started_by: Default::default(),
             processes: Default::default(),
         }
     }

@@ -58,6 +58,7 @@ impl Setup {
             force,
             reapply_missing: false,
             secrets: Default::default(),
+            started_by: Default::default(),
             processes: Default::default(),
         }
     }

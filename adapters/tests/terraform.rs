@@ -55,6 +55,7 @@ impl Fixture {
             force: false,
             reapply_missing: false,
             secrets: Default::default(),
+            started_by: Default::default(),
             processes: Default::default(),
         }
     }

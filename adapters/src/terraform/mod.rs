@@ -1051,6 +1051,7 @@ mod tests {
             force: false,
             reapply_missing: false,
             secrets: Default::default(),
+            started_by: Default::default(),
         };
         let sensitive = BTreeSet::from(["token".to_string(), "db_pass".to_string(), "admin".to_string()]);
         let own_env =
