@@ -51,8 +51,13 @@ pub struct Command {
     cwd: Option<PathBuf>,
     /// Variables set on top of rdeploy's own environment, later ones winning.
     env: Vec<(OsString, OsString)>,
-    /// Values replaced by `***` in every line handed out, kept or displayed.
+    /// Values replaced by `***` in every line kept or displayed, and in the lines handed out
+    /// unless `raw_lines`.
     redact: Vec<String>,
+    /// The line handler gets each line as the tool wrote it, so a parser sees JSON whole (a
+    /// short secret replaced inside a JSON line could break it); the caller redacts what it
+    /// keeps. The tails kept for errors are redacted either way.
+    raw_lines: bool,
     /// What the child gets when rdeploy dies before it (`PR_SET_PDEATHSIG`): the tool's graceful
     /// stop, so it ends its work and persists its state rather than stopping mid-write.
     death_signal: Signal,
@@ -97,6 +102,7 @@ impl Command {
             cwd: None,
             env: Vec::new(),
             redact: Vec::new(),
+            raw_lines: false,
             death_signal: Signal::SIGTERM,
             output: Output::default(),
             tracker: ProcessTracker::default(),
@@ -160,14 +166,28 @@ impl Command {
     /// and its output files live in the step's work directory.
     pub fn in_step(mut self, ctx: &crate::StepContext) -> Command {
         self.tracker = ctx.processes.clone();
-        // The step's secret `env` values never reach anything rdeploy prints or records.
+        // The step's secret `env` values and the run's secrets never reach anything rdeploy
+        // prints or records.
         let mut redact = std::mem::take(&mut self.redact);
         redact.extend(crate::secrets::env_secrets(&ctx.env));
+        redact.extend(ctx.secrets.values());
         self.redact = crate::secrets::normalize(redact);
         if !matches!(self.output, Output::Files { .. }) {
             self.output = Output::UnnamedIn(ctx.work_dir.clone());
         }
         self
+    }
+
+    /// Hands the line handler each line unredacted, for parsing (see `raw_lines`); redact what
+    /// you keep with [`Command::redact_text`].
+    pub fn raw_lines(mut self) -> Command {
+        self.raw_lines = true;
+        self
+    }
+
+    /// `text` with this command's secrets replaced by `***`.
+    pub fn redact_text(&self, text: &str) -> String {
+        redact_line(text, &self.redact)
     }
 
     /// The signal the child gets if rdeploy dies first (SIGTERM unless set): the one the tool
@@ -378,8 +398,9 @@ impl Command {
         line: String,
         on_line: &mut (dyn FnMut(Stream, &str) + Send),
     ) {
-        let line = redact_line(&line, &self.redact);
-        on_line(stream, &line);
+        let shown = redact_line(&line, &self.redact);
+        on_line(stream, if self.raw_lines { &line } else { &shown });
+        let line = shown;
         let tail = match stream {
             Stream::Stdout => &mut outcome.stdout_tail,
             Stream::Stderr => &mut outcome.stderr_tail,
@@ -829,14 +850,15 @@ pub enum StdoutLog {
 #[derive(Clone, Debug, Default)]
 pub struct Captured {
     pub outcome: Outcome,
-    /// Every stdout line, redacted.
+    /// Every stdout line as the tool wrote it, for parsing (`-o json`): a secret replaced inside
+    /// a JSON line could break it. Redact what you keep from it ([`Command::redact_text`]).
     pub stdout: Vec<String>,
     /// Every stderr line, redacted.
     pub stderr: Vec<String>,
 }
 
 /// Runs a command of a step to completion, keeping its stdout and stderr for parsing and
-/// copying them to the step's log through `sink`.
+/// copying them to the step's log (redacted) through `sink`.
 pub async fn capture(
     cmd: &Command,
     ctx: &crate::StepContext,
@@ -844,16 +866,15 @@ pub async fn capture(
     sink: Option<&dyn crate::EventSink>,
     log_stdout: StdoutLog,
 ) -> Result<Captured, AdapterError> {
+    let cmd = cmd.clone().in_step(ctx).raw_lines();
     let log = |stream, line: &str| {
         if let Some(sink) = sink {
-            sink.emit(crate::Event::Output { stream, line: line.to_string() });
+            sink.emit(crate::Event::Output { stream, line: cmd.redact_text(line) });
         }
     };
     let mut stdout = Vec::new();
     let mut stderr = Vec::new();
     let outcome = cmd
-        .clone()
-        .in_step(ctx)
         .run(&ctx.cancel, timeout, &mut |stream, line| match stream {
             Stream::Stdout => {
                 if log_stdout == StdoutLog::Lines {
@@ -863,7 +884,7 @@ pub async fn capture(
             }
             Stream::Stderr => {
                 log(stream, line);
-                stderr.push(line.to_string());
+                stderr.push(cmd.redact_text(line));
             }
         })
         .await?;
