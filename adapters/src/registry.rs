@@ -10,6 +10,7 @@ use crate::contract::{
     Adapter, AdapterError, DescribeContext, EventSink, Failure, FieldPath, Inspection, PriorStep, Recovered,
     RecoveryDoc, SpecProblem, StepContext, ToolInfo,
 };
+use crate::preview::Preview;
 use crate::{ansible, helm, kubectl, shell, terraform};
 
 /// The tools rdeploy drives.
@@ -150,6 +151,10 @@ impl Adapter for ToolSpec {
 
     async fn inspect(&self, ctx: &StepContext, prior: &PriorStep) -> Result<Inspection, Failure> {
         dispatch!(self, s => s.inspect(ctx, prior).await)
+    }
+
+    async fn preview(&self, ctx: &StepContext) -> Result<Preview, Failure> {
+        dispatch!(self, s => s.preview(ctx).await)
     }
 
     fn describe_recovery(&self, ctx: &DescribeContext<'_>, prior: Option<&PriorStep>) -> RecoveryDoc {

@@ -5,6 +5,7 @@
 //! always named), or stuck in `pending-*` (rolled back only when no helm process for the release
 //! is alive, or when the operator forces it with `rdeploy recover --force`, [`StepContext::force`]).
 
+pub mod preview;
 pub mod state;
 
 use std::collections::BTreeMap;
@@ -19,7 +20,7 @@ use crate::process::{capture, Captured, Command, Outcome, Signal, StdoutLog};
 use crate::secrets;
 use crate::{
     display_command, shell_quote, Adapter, AdapterError, DescribeContext, Event, EventSink, Failure, FieldPath,
-    Inspection, PathSegment, PriorStep, Recovered, RecoveryDoc, SpecProblem, StepContext, ToolInfo,
+    Inspection, PathSegment, Preview, PriorStep, Recovered, RecoveryDoc, SpecProblem, StepContext, ToolInfo,
 };
 
 const DEFAULT_BINARY: &str = "helm";
@@ -734,6 +735,10 @@ impl Adapter for HelmSpec {
             }
         }
         Ok(inspection)
+    }
+
+    async fn preview(&self, ctx: &StepContext) -> Result<Preview, Failure> {
+        self.preview_release(ctx).await
     }
 
     fn describe_recovery(&self, ctx: &DescribeContext<'_>, prior: Option<&PriorStep>) -> RecoveryDoc {

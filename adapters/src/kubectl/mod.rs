@@ -6,6 +6,7 @@
 
 pub mod manifest;
 pub mod output;
+pub mod preview;
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -18,7 +19,7 @@ use self::output::{attribute_errors, is_error_line, match_results, parse_apply_l
 use crate::process::{capture, Captured, Command, Outcome, StdoutLog};
 use crate::{
     display_command, shell_quote, Adapter, AdapterError, DescribeContext, Event, EventSink, Failure, FieldPath,
-    Inspection, PathSegment, PriorStep, Recovered, RecoveryDoc, SpecProblem, StepContext, SubStatus, ToolInfo,
+    Inspection, PathSegment, Preview, PriorStep, Recovered, RecoveryDoc, SpecProblem, StepContext, SubStatus, ToolInfo,
 };
 
 const DEFAULT_BINARY: &str = "kubectl";
@@ -600,6 +601,10 @@ impl Adapter for KubectlSpec {
             inspection.actions.push(format!("leave {} alone: no longer in the manifests", gone.id));
         }
         Ok(inspection)
+    }
+
+    async fn preview(&self, ctx: &StepContext) -> Result<Preview, Failure> {
+        self.preview_objects(ctx).await
     }
 
     fn describe_recovery(&self, ctx: &DescribeContext<'_>, prior: Option<&PriorStep>) -> RecoveryDoc {
