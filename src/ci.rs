@@ -300,6 +300,7 @@ fn code_meaning(code: Code) -> &'static str {
         Code::Locked => "another run holds the lock",
         Code::RevertFailed => "a revert failed; manual action needed",
         Code::Interrupted => "interrupted by a signal; the checkpoint is consistent",
+        Code::Changes => "the plan has changes",
     }
 }
 

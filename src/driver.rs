@@ -188,12 +188,15 @@ enum Action {
 }
 
 impl Session {
-    fn context(&self, step: &Step, cancel: CancellationToken) -> StepContext {
+    pub(crate) fn context(&self, step: &Step, cancel: CancellationToken) -> StepContext {
         StepContext {
             step: step.name.clone(),
             stack: self.stack.name.clone(),
             stack_dir: self.stack.dir.clone(),
-            work_dir: self.state.step_dir(&step.name),
+            // Absolute: tools run in the stack directory, and a state directory given relative
+            // to the caller's (`rdeploy up demo/stack.yaml`) would not be found from there.
+            work_dir: std::path::absolute(self.state.step_dir(&step.name))
+                .unwrap_or_else(|_| self.state.step_dir(&step.name)),
             env: step.env.clone(),
             timeout: step.timeout,
             cancel,

@@ -25,6 +25,7 @@ mod driver;
 mod exit;
 mod fleet;
 mod gate;
+mod plan;
 mod report;
 mod runbook;
 mod stack;
@@ -158,6 +159,22 @@ enum Command {
         /// Write to FILE instead of stdout.
         #[arg(short, long, value_name = "FILE")]
         output: Option<PathBuf>,
+    },
+    /// What `up` would change, step by step, from each tool's own read-only preview (terraform
+    /// plan, helm's server dry-run against the live objects, kubectl diff, ansible check mode,
+    /// shell checks); changes nothing.
+    Plan {
+        #[arg(default_value = "stack.yaml")]
+        stack: PathBuf,
+        /// Machine-readable output (the fields of SPEC.md).
+        #[arg(long, conflicts_with = "markdown")]
+        json: bool,
+        /// Markdown for a pull-request comment or the CI step summary.
+        #[arg(long)]
+        markdown: bool,
+        /// Exit 0 when nothing would change and 7 when something would (other codes as usual).
+        #[arg(long)]
+        detailed_exitcode: bool,
     },
     /// CI wrapper: `up` when no unfinished deploy is recorded, `recover` when one is; plain
     /// lines, GitHub annotations and step summary, JUnit.
@@ -558,6 +575,18 @@ async fn run(cli: Cli, ui: Arc<Ui>) -> anyhow::Result<Code> {
                 }
             };
             ci::run(&s, &outputs).await
+        }
+        Command::Plan { stack, json, markdown, detailed_exitcode } => {
+            let s = session(stack, global, ui, 1)?;
+            let plan = s.plan().await?;
+            if *json {
+                outln!("{}", plan::render_json(&plan)?);
+            } else if *markdown {
+                out!("{}", plan::render_markdown(&plan));
+            } else {
+                out!("{}", plan::render_text(&plan));
+            }
+            Ok(if *detailed_exitcode && plan.has_changes() { Code::Changes } else { Code::Ok })
         }
         Command::Inventory(a) => {
             let request = fleet::InventoryRequest {

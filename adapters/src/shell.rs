@@ -9,7 +9,8 @@ use serde::Deserialize;
 use crate::process::Command;
 use crate::{
     forward_output, shell_quote, Adapter, AdapterError, DescribeContext, Event, EventSink, Failure, FieldPath,
-    Inspection, PathSegment, PlanAction, PlanItem, Preview, PriorStep, Recovered, RecoveryDoc, SpecProblem, StepContext, SubStatus, ToolInfo,
+    Inspection, PathSegment, PlanAction, PlanItem, Preview, PriorStep, Recovered, RecoveryDoc, SpecProblem,
+    StepContext, SubStatus, ToolInfo,
 };
 
 /// The sub-change id of a bare `run` step.
@@ -261,7 +262,8 @@ impl Adapter for ShellSpec {
                         return Err(Failure::from_process_named(&format!("the check of `{id}`"), check, &outcome));
                     }
                     if outcome.success() {
-                        PlanItem::new(id, PlanAction::Unchanged).because(format!("already in place: `{check}` exited 0"))
+                        PlanItem::new(id, PlanAction::Unchanged)
+                            .because(format!("already in place: `{check}` exited 0"))
                     } else {
                         PlanItem::new(id, PlanAction::Run).because(format!("`{check}` {}", outcome.describe_status()))
                     }
@@ -272,6 +274,8 @@ impl Adapter for ShellSpec {
             item.details.push(format!("`{run}`"));
             preview.items.push(item);
         }
+        let in_place = preview.items.iter().filter(|i| i.action == PlanAction::Unchanged).count();
+        preview.summary = Some(format!("{} to run, {in_place} in place", preview.items.len() - in_place));
         Ok(preview)
     }
 

@@ -19,7 +19,8 @@ use crate::process::{Command, Outcome, Signal};
 use crate::secrets;
 use crate::{
     display_command, shell_quote, Adapter, AdapterError, DescribeContext, Event, EventSink, Failure, FieldPath,
-    Inspection, PathSegment, Preview, PriorStep, Recovered, RecoveryDoc, SpecProblem, StepContext, Stream, SubStatus, ToolInfo,
+    Inspection, PathSegment, Preview, PriorStep, Recovered, RecoveryDoc, SpecProblem, StepContext, Stream, SubStatus,
+    ToolInfo,
 };
 
 /// The plugin's name, as `ANSIBLE_CALLBACKS_ENABLED` lists it.

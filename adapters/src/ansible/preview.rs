@@ -14,6 +14,8 @@ use crate::{secrets, Failure, StepContext};
 #[derive(Debug, Default)]
 struct HostCheck {
     changed: Vec<TaskResult>,
+    /// Command tasks check mode skips: they would run, what they change is theirs to know.
+    would_run: Vec<String>,
     /// Why the host could not be checked: unreachable, or a task failed in check mode.
     unchecked: Option<String>,
 }
@@ -29,6 +31,14 @@ fn items_from_records(records: &[Record], secrets: &[String]) -> Vec<PlanItem> {
                     ResultStatus::Changed => host.changed.push(result.clone()),
                     ResultStatus::Unreachable => {
                         host.unchecked.get_or_insert_with(|| format!("unreachable: {}", result.msg));
+                    }
+                    // ansible's own words for a command task in check mode (2.19).
+                    ResultStatus::Skipped if result.msg.contains("would have run if not in check mode") => {
+                        host.would_run.push(result.task.clone())
+                    }
+                    ResultStatus::Skipped if result.msg.contains("does not support check mode") => {
+                        host.unchecked
+                            .get_or_insert_with(|| format!("task `{}` cannot be checked: {}", result.task, result.msg));
                     }
                     ResultStatus::Failed if !result.rescuable => {
                         host.unchecked.get_or_insert_with(|| {
@@ -50,18 +60,22 @@ fn items_from_records(records: &[Record], secrets: &[String]) -> Vec<PlanItem> {
     hosts
         .into_iter()
         .map(|(name, host)| {
-            let action = match (&host.unchecked, host.changed.is_empty()) {
+            let touched = host.changed.len() + host.would_run.len();
+            let action = match (&host.unchecked, touched) {
                 (Some(_), _) => PlanAction::Unknown,
-                (None, false) => PlanAction::Update,
-                (None, true) => PlanAction::Unchanged,
+                (None, 0) => PlanAction::Unchanged,
+                (None, _) => PlanAction::Update,
             };
             let mut item = PlanItem::new(name, action);
-            item.reason = match (&host.unchecked, host.changed.len()) {
+            item.reason = match (&host.unchecked, touched) {
                 (Some(why), _) => Some(r(why)),
                 (None, 0) => None,
-                (None, 1) => Some("1 task would change".into()),
-                (None, n) => Some(format!("{n} tasks would change")),
+                (None, 1) => Some("1 task would change or run".into()),
+                (None, n) => Some(format!("{n} tasks would change or run")),
             };
+            for task in &host.would_run {
+                item.details.push(format!("task `{}` would run (a command: check mode does not run it)", r(task)));
+            }
             let mut diffs = String::new();
             for task in &host.changed {
                 item.details.push(format!("task `{}` would change", r(&task.task)));
@@ -165,9 +179,10 @@ mod tests {
             &records(&[
                 r#"{"v":1,"event":"result","status":"changed","host":"web1","task":"write release","msg":"","diff":[{"before":"1.4.1\n","after":"1.4.2\n","before_header":"/srv/release","after_header":"/srv/release"}]}"#,
                 r#"{"v":1,"event":"result","status":"ok","host":"web2","task":"write release","msg":""}"#,
+                r#"{"v":1,"event":"result","status":"skipped","host":"web4","task":"install","msg":"Command would have run if not in check mode"}"#,
                 r#"{"v":1,"event":"result","status":"unreachable","host":"web3","task":"write release","msg":"ssh: connect refused"}"#,
                 r#"{"v":1,"event":"result","status":"changed","host":"web1","task":"token s3cr3t","msg":""}"#,
-                r#"{"v":1,"event":"stats","hosts":{"web1":{"ok":2,"changed":2},"web2":{"ok":1},"web3":{"unreachable":1},"web4":{}}}"#,
+                r#"{"v":1,"event":"stats","hosts":{"web1":{"ok":2,"changed":2},"web2":{"ok":1},"web3":{"unreachable":1},"web4":{},"web5":{}}}"#,
             ]),
             &["s3cr3t".to_string()],
         );
@@ -176,12 +191,14 @@ mod tests {
         assert_eq!(
             summary,
             [
-                ("web1", PlanAction::Update, Some("2 tasks would change")),
+                ("web1", PlanAction::Update, Some("2 tasks would change or run")),
                 ("web2", PlanAction::Unchanged, None),
                 ("web3", PlanAction::Unknown, Some("unreachable: ssh: connect refused")),
-                ("web4", PlanAction::Unchanged, None),
+                ("web4", PlanAction::Update, Some("1 task would change or run")),
+                ("web5", PlanAction::Unchanged, None),
             ]
         );
+        assert_eq!(got[3].details, ["task `install` would run (a command: check mode does not run it)"]);
         assert_eq!(got[0].details, ["task `write release` would change", "task `token ***` would change"]);
         let diff = got[0].diff.as_deref().unwrap();
         assert!(diff.contains("--- /srv/release\n+++ /srv/release\n"), "{diff}");

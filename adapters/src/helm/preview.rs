@@ -93,9 +93,7 @@ pub fn compare(current: &[KubeObject], wanted: &[KubeObject], live: &HashMap<Str
                     Some(diff) => ObjectChange {
                         id,
                         action: PlanAction::Update,
-                        reason: Some(
-                            if before.is_none() { "exists outside the release" } else { "differs" }.into(),
-                        ),
+                        reason: Some(if before.is_none() { "exists outside the release" } else { "differs" }.into()),
                         diff: Some(diff),
                     },
                 }
@@ -151,9 +149,10 @@ impl HelmSpec {
         let Captured { outcome, stdout, stderr } =
             capture(&status_cmd, ctx, Some(QUICK), None, StdoutLog::UnlessJson).await.map_err(Failure::from)?;
         let current: Option<Value> = if outcome.success() {
-            Some(serde_json::from_str(&stdout.join("\n")).map_err(|e| {
-                Failure::new(format!("`{}` printed unexpected JSON: {e}", status_cmd.display()))
-            })?)
+            Some(
+                serde_json::from_str(&stdout.join("\n"))
+                    .map_err(|e| Failure::new(format!("`{}` printed unexpected JSON: {e}", status_cmd.display())))?,
+            )
         } else if state::is_not_found(&stderr) {
             None
         } else {
@@ -185,8 +184,9 @@ impl HelmSpec {
         let namespace = self.namespace.clone().unwrap_or_else(|| "default".into());
         let objects_of = |release: Option<&Value>, what: &str| -> Result<Vec<KubeObject>, Failure> {
             let manifest = release.and_then(|r| r.get("manifest")).and_then(Value::as_str).unwrap_or("");
-            let docs = parse_documents(manifest)
-                .map_err(|e| Failure::new(format!("the {what} manifest of release {} does not parse: {e}", self.release)))?;
+            let docs = parse_documents(manifest).map_err(|e| {
+                Failure::new(format!("the {what} manifest of release {} does not parse: {e}", self.release))
+            })?;
             let scopes = CrdScopes::from_documents(&docs);
             objects_from_documents(docs, Path::new(&self.release), &namespace, &scopes).map_err(Failure::new)
         };
@@ -330,10 +330,16 @@ mod tests {
         );
         let mut live = HashMap::new();
         let meta = |name: &str| json!({"name": name, "namespace": "shop", "resourceVersion": "5", "uid": "x"});
-        live.insert("ConfigMap/shop/same".to_string(), json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta("same"), "data": {"a": "1"}}));
+        live.insert(
+            "ConfigMap/shop/same".to_string(),
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta("same"), "data": {"a": "1"}}),
+        );
         // Edited in the cluster (a = 2) and still holding the key the chart no longer sets.
         live.insert("ConfigMap/shop/edited".to_string(), json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta("edited"), "data": {"a": "2", "old": "x"}}));
-        live.insert("ConfigMap/shop/gone".to_string(), json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta("gone"), "data": {"a": "1"}}));
+        live.insert(
+            "ConfigMap/shop/gone".to_string(),
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta("gone"), "data": {"a": "1"}}),
+        );
         let got = compare(&current, &wanted, &live);
         let summary: Vec<(&str, PlanAction)> = got.iter().map(|c| (c.id.as_str(), c.action)).collect();
         assert_eq!(

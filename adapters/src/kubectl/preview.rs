@@ -12,6 +12,13 @@ use crate::preview::{PlanAction, PlanItem, Preview};
 use crate::process::{capture, Captured, StdoutLog};
 use crate::{Failure, StepContext};
 
+/// The namespace of kubectl's `Error from server (NotFound): namespaces "shop" not found`.
+pub fn missing_namespace(line: &str) -> Option<String> {
+    let rest = line.split("namespaces \"").nth(1)?;
+    let (name, tail) = rest.split_once('"')?;
+    tail.trim_start().starts_with("not found").then(|| name.to_string())
+}
+
 /// One object's part of a `kubectl diff` output.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ObjectDiff {
@@ -57,35 +64,49 @@ impl KubectlSpec {
     pub(super) async fn preview_objects(&self, ctx: &StepContext) -> Result<Preview, Failure> {
         let binary = self.resolve_binary(ctx).map_err(Failure::from)?;
         let objects = self.objects(ctx, &binary).await?;
-        let all: Vec<usize> = (0..objects.len()).collect();
-        let dir = stage(ctx, "plan", &objects, &all)?;
-        let mut cmd = self.command(ctx, &binary).arg("diff");
-        if self.server_side() {
-            cmd = cmd.arg("--server-side");
-        }
-        let cmd = cmd.arg("-f").arg(&dir);
-        let Captured { outcome, stdout, stderr } =
-            capture(&cmd, ctx, Some(ctx.timeout.unwrap_or(QUICK)), None, StdoutLog::Lines)
-                .await
-                .map_err(Failure::from)?;
-        if outcome.interrupted {
-            return Err(Failure::from_process(&cmd.display(), &outcome));
-        }
         let mut preview = Preview::default();
-        // kubectl diff: 0 no differences, 1 differences, anything else an error.
-        let diffs = match outcome.code {
-            Some(0) if !outcome.timed_out => Some(Vec::new()),
-            Some(1) if !outcome.timed_out => Some(split_diff(&stdout)),
-            _ => {
-                let error = stderr
-                    .iter()
-                    .rev()
-                    .find(|l| is_error_line(l))
-                    .map(|l| clean_error(l))
-                    .unwrap_or_else(|| format!("`kubectl diff` {}", outcome.describe_status()));
-                preview.notes.push(format!("`{}` failed: {error}", cmd.display()));
-                None
+        // An object whose namespace does not exist yet (an earlier step creates it) is missing;
+        // kubectl stops the whole diff at the first one, so those leave and the rest is diffed.
+        let mut absent_namespaces: Vec<String> = Vec::new();
+        let diffs = loop {
+            let selected: Vec<usize> = (0..objects.len())
+                .filter(|&i| objects[i].namespace.as_ref().is_none_or(|ns| !absent_namespaces.contains(ns)))
+                .collect();
+            if selected.is_empty() {
+                break Some(Vec::new());
             }
+            let dir = stage(ctx, "plan", &objects, &selected)?;
+            let mut cmd = self.command(ctx, &binary).arg("diff");
+            if self.server_side() {
+                cmd = cmd.arg("--server-side");
+            }
+            let cmd = cmd.arg("-f").arg(&dir);
+            let Captured { outcome, stdout, stderr } =
+                capture(&cmd, ctx, Some(ctx.timeout.unwrap_or(QUICK)), None, StdoutLog::Lines)
+                    .await
+                    .map_err(Failure::from)?;
+            if outcome.interrupted {
+                return Err(Failure::from_process(&cmd.display(), &outcome));
+            }
+            // kubectl diff: 0 no differences, 1 differences, anything else an error.
+            match outcome.code {
+                Some(0) if !outcome.timed_out => break Some(Vec::new()),
+                Some(1) if !outcome.timed_out => break Some(split_diff(&stdout)),
+                _ => {}
+            }
+            let missing: Vec<String> = stderr.iter().filter_map(|l| missing_namespace(l)).collect();
+            if !missing.is_empty() && missing.iter().all(|ns| !absent_namespaces.contains(ns)) {
+                absent_namespaces.extend(missing);
+                continue;
+            }
+            let error = stderr
+                .iter()
+                .rev()
+                .find(|l| is_error_line(l))
+                .map(|l| clean_error(l))
+                .unwrap_or_else(|| format!("`kubectl diff` {}", outcome.describe_status()));
+            preview.notes.push(format!("`{}` failed: {error}", cmd.display()));
+            break None;
         };
         let Some(diffs) = diffs else {
             for object in &objects {
@@ -95,17 +116,31 @@ impl KubectlSpec {
         };
         let by_name: HashMap<&str, &ObjectDiff> = diffs.iter().map(|d| (d.name.as_str(), d)).collect();
         for object in &objects {
-            let item = match by_name.get(object.diff_name().as_str()) {
-                Some(d) if d.missing => {
+            let namespace_absent = object.namespace.as_ref().filter(|ns| absent_namespaces.contains(ns));
+            let item = match (namespace_absent, by_name.get(object.diff_name().as_str())) {
+                (Some(ns), _) => PlanItem::new(object.id(), PlanAction::Create)
+                    .because(format!("missing: namespace {ns} does not exist yet")),
+                (None, Some(d)) if d.missing => {
                     PlanItem { diff: Some(d.text.clone()), ..PlanItem::new(object.id(), PlanAction::Create) }
                         .because("missing")
                 }
-                Some(d) => PlanItem { diff: Some(d.text.clone()), ..PlanItem::new(object.id(), PlanAction::Update) }
-                    .because("differs"),
-                None => PlanItem::new(object.id(), PlanAction::Unchanged),
+                (None, Some(d)) => {
+                    PlanItem { diff: Some(d.text.clone()), ..PlanItem::new(object.id(), PlanAction::Update) }
+                        .because("differs")
+                }
+                (None, None) => PlanItem::new(object.id(), PlanAction::Unchanged),
             };
             preview.items.push(item);
         }
+        let all: Vec<usize> = (0..objects.len()).collect();
+        let dir = stage(ctx, "plan", &objects, &all)?;
+        let count = |action| preview.items.iter().filter(|i| i.action == action).count();
+        preview.summary = Some(format!(
+            "{} missing, {} differ, {} unchanged",
+            count(PlanAction::Create),
+            count(PlanAction::Update),
+            count(PlanAction::Unchanged)
+        ));
         self.observe_versions(ctx, &binary, &objects, &dir, &mut preview).await;
         Ok(preview)
     }
@@ -124,7 +159,9 @@ impl KubectlSpec {
             Ok(Captured { outcome, stdout, .. }) if outcome.success() => resource_versions(&stdout.join("\n")),
             Ok(Captured { outcome, stderr, .. }) => {
                 let why = stderr.last().cloned().unwrap_or_else(|| outcome.describe_status());
-                preview.notes.push(format!("could not read the objects' resourceVersions (`{}`: {why})", cmd.display()));
+                preview
+                    .notes
+                    .push(format!("could not read the objects' resourceVersions (`{}`: {why})", cmd.display()));
                 return;
             }
             Err(e) => {
@@ -195,6 +232,13 @@ mod tests {
         assert!(settings.contains("-  color: red\n+  color: blue\n"), "{settings}");
         assert!(!settings.contains("/tmp/"), "kubectl's temporary paths are not shown: {settings}");
         assert!(!diffs[0].text.contains("color"), "each object keeps only its own section");
+    }
+
+    #[test]
+    fn names_the_namespace_a_captured_diff_did_not_find() {
+        let stderr = captured("diff-error.stderr");
+        assert_eq!(stderr.iter().filter_map(|l| missing_namespace(l)).collect::<Vec<_>>(), ["shop-extra"]);
+        assert_eq!(missing_namespace("Error from server (NotFound): configmaps \"a\" not found"), None);
     }
 
     #[test]

@@ -29,8 +29,8 @@ use crate::process::{redact_line, Command, Outcome, Signal};
 use crate::secrets;
 use crate::{
     display_command, shell_quote, Adapter, AdapterError, CancellationToken, DescribeContext, Event, EventSink, Failure,
-    FieldPath, Inspection, PathSegment, PlanAction, PlanItem, Preview, PriorStep, Recovered, RecoveryDoc, SpecProblem, StepContext, Stream, SubStatus,
-    ToolInfo,
+    FieldPath, Inspection, PathSegment, PlanAction, PlanItem, Preview, PriorStep, Recovered, RecoveryDoc, SpecProblem,
+    StepContext, Stream, SubStatus, ToolInfo,
 };
 
 /// Facts kept in the checkpoint when another process holds the state lock.
