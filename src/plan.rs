@@ -8,13 +8,14 @@
 //! step applies is a [`Resolved::Pending`]; a step that reads one is not previewed with a guess,
 //! it is shown "known after NAME applies" ([`StepPlan::unknown_until`]).
 
-use std::collections::HashSet;
 use std::fmt::Write as _;
 
+use rdeploy_adapters::preview::PreviewError;
 use rdeploy_adapters::{secrets, Adapter, PlanAction, Preview, Tool};
 use serde::Serialize;
 
 use crate::driver::Session;
+use crate::exit::{Code, Refusal};
 use crate::stack::Step;
 
 /// A value a step reads: known when the plan is made, or only once an upstream step applies.
@@ -126,10 +127,11 @@ fn redact_preview(preview: &mut Preview, secrets: &[String]) {
 }
 
 impl Session {
-    /// `rdeploy plan`: every step's preview in run order; changes nothing.
+    /// `rdeploy plan`: every step's preview, shown in run order; changes nothing. The previews
+    /// only read, so they run at once (a plan costs about its slowest tool, not their sum); a
+    /// tool that is missing is bad input (exit 2), as preflight says for `up`.
     pub async fn plan(&self) -> anyhow::Result<StackPlan> {
         let steps: Vec<&Step> = self.stack.ordered().collect();
-        self.preflight(&steps).await?;
         let mut plan = StackPlan { stack: self.stack.name.clone(), changes: 0, steps: Vec::new(), notes: Vec::new() };
         if let Ok(Some(deploy)) = self.store.load_unfinished() {
             plan.notes.push(format!(
@@ -137,11 +139,38 @@ impl Session {
                 deploy.deploy_id, self.stack_arg
             ));
         }
-        // Steps that would change in this plan, or cannot be known yet: their outputs are pending.
-        let mut pending: HashSet<String> = HashSet::new();
-        for step in steps {
-            let references = output_references(step);
-            let unknown_until: Vec<String> = references.iter().filter(|r| pending.contains(*r)).cloned().collect();
+        let mut running = tokio::task::JoinSet::new();
+        for (index, step) in steps.iter().enumerate() {
+            // Until step outputs are journaled, every output a step reads is pending: its tool
+            // would be handed the reference itself, so it is not previewed.
+            if !output_references(step).is_empty() {
+                continue;
+            }
+            let spec = step.spec.clone();
+            let ctx = self.context(step, self.cancel.child_token());
+            running.spawn(async move { (index, spec.preview(&ctx).await) });
+        }
+        let mut results: Vec<Option<Result<Preview, PreviewError>>> = steps.iter().map(|_| None).collect();
+        while let Some(joined) = running.join_next().await {
+            let (index, result) = joined.map_err(|e| anyhow::anyhow!("a preview task panicked: {e}"))?;
+            self.ui.info(format!("planned {} ({})", steps[index].name, steps[index].tool));
+            results[index] = Some(result);
+        }
+        let missing: Vec<String> = steps
+            .iter()
+            .zip(&results)
+            .filter_map(|(step, result)| match result {
+                Some(Err(PreviewError::Tool(e))) => {
+                    let hint = e.hint().map(|h| format!("\n  hint: {h}")).unwrap_or_default();
+                    Some(format!("step `{}`: {e}{hint}", step.name))
+                }
+                _ => None,
+            })
+            .collect();
+        if !missing.is_empty() {
+            return Err(Refusal::new(Code::BadInput, missing.join("\n")).into());
+        }
+        for (step, result) in steps.iter().zip(results) {
             let secrets = step_secrets(step);
             let mut step_plan = StepPlan {
                 name: step.name.clone(),
@@ -150,49 +179,47 @@ impl Session {
                 summary: None,
                 items: Vec::new(),
                 notes: Vec::new(),
-                unknown_until: unknown_until.clone(),
+                unknown_until: Vec::new(),
                 error: None,
                 observed: Vec::new(),
             };
-            if !unknown_until.is_empty() {
-                let after: Vec<String> =
-                    unknown_until.iter().map(|s| Resolved::<String>::Pending { step: s.clone() }.to_string()).collect();
-                step_plan.summary = Some(format!("not previewed: it reads outputs {}", after.join(", ")));
-                // Counted as a change: the plan cannot claim it would change nothing.
-                step_plan.changes = 1;
-                pending.insert(step.name.clone());
-            } else {
-                self.ui.info(format!("planning {} ({})", step.name, step.tool));
-                let ctx = self.context(step, self.cancel.child_token());
-                match step.spec.preview(&ctx).await {
-                    Ok(mut preview) => {
-                        redact_preview(&mut preview, &secrets);
-                        step_plan.changes = preview.changes();
-                        step_plan.summary = preview.summary;
-                        step_plan.items = preview.items;
-                        step_plan.notes = preview.notes;
-                        step_plan.observed = preview.observed;
-                    }
-                    Err(failure) if failure.interrupted || self.cancel.is_cancelled() => {
-                        return Err(crate::exit::Refusal::new(
-                            crate::exit::Code::Interrupted,
-                            format!("interrupted while planning step `{}`: nothing was changed", step.name),
-                        )
-                        .with_hint(format!("run `rdeploy plan {}` again", self.stack_arg))
-                        .into());
-                    }
-                    Err(failure) => {
-                        let mut error = redact(&failure.summary, &secrets);
-                        if let Some(hint) = &failure.hint {
-                            error.push_str(&format!(" (hint: {})", redact(hint, &secrets)));
-                        }
-                        step_plan.error = Some(error);
-                        step_plan.changes = 1;
-                    }
+            match result {
+                None => {
+                    step_plan.unknown_until = output_references(step);
+                    let after: Vec<String> = step_plan
+                        .unknown_until
+                        .iter()
+                        .map(|s| Resolved::<String>::Pending { step: s.clone() }.to_string())
+                        .collect();
+                    step_plan.summary = Some(format!("not previewed: it reads outputs {}", after.join(", ")));
+                    // Counted as a change: the plan cannot claim it would change nothing.
+                    step_plan.changes = 1;
                 }
-                if step_plan.changes > 0 {
-                    pending.insert(step.name.clone());
+                Some(Ok(mut preview)) => {
+                    redact_preview(&mut preview, &secrets);
+                    step_plan.changes = preview.changes();
+                    step_plan.summary = preview.summary;
+                    step_plan.items = preview.items;
+                    step_plan.notes = preview.notes;
+                    step_plan.observed = preview.observed;
                 }
+                Some(Err(PreviewError::Failed(failure))) if failure.interrupted || self.cancel.is_cancelled() => {
+                    return Err(Refusal::new(
+                        Code::Interrupted,
+                        format!("interrupted while planning step `{}`: nothing was changed", step.name),
+                    )
+                    .with_hint(format!("run `rdeploy plan {}` again", self.stack_arg))
+                    .into());
+                }
+                Some(Err(PreviewError::Failed(failure))) => {
+                    let mut error = redact(&failure.summary, &secrets);
+                    if let Some(hint) = &failure.hint {
+                        error.push_str(&format!(" (hint: {})", redact(hint, &secrets)));
+                    }
+                    step_plan.error = Some(error);
+                    step_plan.changes = 1;
+                }
+                Some(Err(PreviewError::Tool(_))) => unreachable!("missing tools were refused above"),
             }
             plan.changes += step_plan.changes;
             plan.steps.push(step_plan);

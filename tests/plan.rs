@@ -252,3 +252,19 @@ fn plan_markdown_is_ready_for_a_pull_request_comment() {
         .stdout_has("- `users` **unchanged** (already in place");
     assert_eq!(p.read("seed.log"), "users\n", "a plan runs checks only");
 }
+
+#[test]
+fn plan_redacts_secrets_and_refuses_a_missing_tool() {
+    let p = Project::new();
+    p.stack(
+        "name: small\nsteps:\n  - name: call\n    tool: shell\n    env: { API_TOKEN: tok-5f3a9c }\n    sub_changes:\n      - { name: notify, run: 'curl -H \"token: tok-5f3a9c\" https://example.invalid' }\n",
+    );
+    let run = p.rdeploy(&["plan", "--json"]);
+    run.code(0);
+    assert!(!run.stdout.contains("tok-5f3a9c"), "the secret is redacted: {}", run.stdout);
+    assert!(run.stdout.contains("token: ***"), "{}", run.stdout);
+
+    p.stack("name: small\nsteps:\n  - name: extras\n    tool: kubectl\n    manifests: [k8s/]\n    binary: /nonexistent/kubectl\n");
+    std::fs::create_dir_all(p.path("k8s")).unwrap();
+    p.rdeploy(&["plan"]).code(2).stderr_has("step `extras`: `/nonexistent/kubectl` was not found");
+}

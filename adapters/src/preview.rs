@@ -5,6 +5,28 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::{AdapterError, Failure};
+
+/// Why a preview could not be made: the tool is missing or unusable (bad input: nothing could
+/// be looked at), or the tool failed while looking.
+#[derive(Debug)]
+pub enum PreviewError {
+    Tool(AdapterError),
+    Failed(Failure),
+}
+
+impl From<AdapterError> for PreviewError {
+    fn from(e: AdapterError) -> PreviewError {
+        PreviewError::Tool(e)
+    }
+}
+
+impl From<Failure> for PreviewError {
+    fn from(f: Failure) -> PreviewError {
+        PreviewError::Failed(f)
+    }
+}
+
 /// What one item of a step would undergo.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -10,7 +10,7 @@ use crate::contract::{
     Adapter, AdapterError, DescribeContext, EventSink, Failure, FieldPath, Inspection, PriorStep, Recovered,
     RecoveryDoc, SpecProblem, StepContext, ToolInfo,
 };
-use crate::preview::Preview;
+use crate::preview::{Preview, PreviewError};
 use crate::{ansible, helm, kubectl, shell, terraform};
 
 /// The tools rdeploy drives.
@@ -153,7 +153,7 @@ impl Adapter for ToolSpec {
         dispatch!(self, s => s.inspect(ctx, prior).await)
     }
 
-    async fn preview(&self, ctx: &StepContext) -> Result<Preview, Failure> {
+    async fn preview(&self, ctx: &StepContext) -> Result<Preview, PreviewError> {
         dispatch!(self, s => s.preview(ctx).await)
     }
 

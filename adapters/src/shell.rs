@@ -248,7 +248,7 @@ impl Adapter for ShellSpec {
 
     /// `up` runs every sub-change; one whose `check` exits 0 is shown "already in place" (the
     /// check is the stack author's read-only test). A check is run, never a `run`.
-    async fn preview(&self, ctx: &StepContext) -> Result<Preview, Failure> {
+    async fn preview(&self, ctx: &StepContext) -> Result<Preview, crate::preview::PreviewError> {
         let mut preview = Preview::default();
         for (id, run, check) in self.planned() {
             let mut item = match check {
@@ -259,7 +259,9 @@ impl Adapter for ShellSpec {
                         .await
                         .map_err(|e| Failure::new(e.to_string()))?;
                     if outcome.interrupted {
-                        return Err(Failure::from_process_named(&format!("the check of `{id}`"), check, &outcome));
+                        return Err(
+                            Failure::from_process_named(&format!("the check of `{id}`"), check, &outcome).into()
+                        );
                     }
                     if outcome.success() {
                         PlanItem::new(id, PlanAction::Unchanged)

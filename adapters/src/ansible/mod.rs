@@ -561,7 +561,7 @@ impl Adapter for AnsibleSpec {
         Ok(inspection)
     }
 
-    async fn preview(&self, ctx: &StepContext) -> Result<Preview, Failure> {
+    async fn preview(&self, ctx: &StepContext) -> Result<Preview, crate::preview::PreviewError> {
         self.preview_check(ctx).await
     }
 

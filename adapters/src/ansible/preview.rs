@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use super::callback::{parse_line, Record, ResultStatus, TaskDiff, TaskResult};
 use super::{ansible_error_line, exit_codes, prepare_work_dir, AnsibleSpec, EVENTS_ENV};
-use crate::preview::{unified_diff, PlanAction, PlanItem, Preview};
+use crate::preview::{unified_diff, PlanAction, PlanItem, Preview, PreviewError};
 use crate::process::redact_line;
 use crate::{secrets, Failure, StepContext};
 
@@ -106,12 +106,22 @@ fn render_diff(task: &str, diff: &TaskDiff) -> String {
 }
 
 impl AnsibleSpec {
-    pub(super) async fn preview_check(&self, ctx: &StepContext) -> Result<Preview, Failure> {
-        let binary = self.resolve_binary(ctx).map_err(Failure::from)?;
+    pub(super) async fn preview_check(&self, ctx: &StepContext) -> Result<Preview, PreviewError> {
+        let binary = self.resolve_binary(ctx)?;
         let plugin_dir = ctx.work_dir.join("callback_plugins");
         let events_path = ctx.work_dir.join("plan-events.jsonl");
         prepare_work_dir(&plugin_dir, &events_path)?;
-        let (callback_env, warning) = self.callback_env(ctx, &binary, &plugin_dir).await;
+        // Only rdeploy's callback, and the built-in stdout one: a plan sends no notification a
+        // user's callback would, and so needs no `ansible-config dump` (seconds) to keep them.
+        let from_env =
+            ctx.env.get("ANSIBLE_CALLBACK_PLUGINS").cloned().or_else(|| std::env::var("ANSIBLE_CALLBACK_PLUGINS").ok());
+        let mut paths = vec![plugin_dir.to_string_lossy().into_owned()];
+        paths.extend(from_env.into_iter().filter(|p| !p.is_empty()));
+        let callback_env = [
+            ("ANSIBLE_CALLBACK_PLUGINS", paths.join(":")),
+            ("ANSIBLE_CALLBACKS_ENABLED", super::PLUGIN_NAME.to_string()),
+            ("ANSIBLE_STDOUT_CALLBACK", "ansible.builtin.default".to_string()),
+        ];
         let secret_file = self.secret_vars_file(ctx)?;
         let mut cmd =
             self.command(ctx, &binary).args(self.base_args(secret_file.as_ref().map(secrets::SecretFile::path)));
@@ -131,7 +141,7 @@ impl AnsibleSpec {
             match parse_line(line) {
                 Ok(Some(record)) => records.push(record),
                 Ok(None) => {}
-                Err(e) => return Err(Failure::new(redact_line(&e.to_string(), &secrets))),
+                Err(e) => return Err(Failure::new(redact_line(&e.to_string(), &secrets)).into()),
             }
         }
         let has_stats = records.iter().any(|r| matches!(r, Record::Stats(_)));
@@ -148,10 +158,10 @@ impl AnsibleSpec {
             return Err(secrets::redact_failure(
                 failure.with_hint("fix the playbook or inventory, then `rdeploy plan` again"),
                 &secrets,
-            ));
+            )
+            .into());
         }
         let mut preview = Preview { items: items_from_records(&records, &secrets), ..Preview::default() };
-        preview.notes.extend(warning);
         let (change, unknown) = preview.items.iter().fold((0, 0), |(c, u), i| match i.action {
             PlanAction::Update => (c + 1, u),
             PlanAction::Unknown => (c, u + 1),

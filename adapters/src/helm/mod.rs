@@ -737,7 +737,7 @@ impl Adapter for HelmSpec {
         Ok(inspection)
     }
 
-    async fn preview(&self, ctx: &StepContext) -> Result<Preview, Failure> {
+    async fn preview(&self, ctx: &StepContext) -> Result<Preview, crate::preview::PreviewError> {
         self.preview_release(ctx).await
     }
 

@@ -14,7 +14,7 @@ use serde_json::{Map, Value};
 
 use super::{helm_failure, state, HelmSpec, Release, QUICK};
 use crate::kubectl::manifest::{objects_from_documents, parse_documents, CrdScopes, KubeObject};
-use crate::preview::{unified_diff, PlanAction, PlanItem, Preview};
+use crate::preview::{unified_diff, PlanAction, PlanItem, Preview, PreviewError};
 use crate::process::{capture, redact_line, Captured, Command, StdoutLog};
 use crate::{secrets, Failure, StepContext};
 
@@ -137,8 +137,8 @@ impl HelmSpec {
         args
     }
 
-    pub(super) async fn preview_release(&self, ctx: &StepContext) -> Result<Preview, Failure> {
-        let binary = crate::resolve_binary(ctx, self.binary_name(), super::INSTALL_HINT).map_err(Failure::from)?;
+    pub(super) async fn preview_release(&self, ctx: &StepContext) -> Result<Preview, PreviewError> {
+        let binary = crate::resolve_binary(ctx, self.binary_name(), super::INSTALL_HINT)?;
         // No `helm version`: the dry-run's flags are the same for both majors.
         let release = Release { spec: self, ctx, binary, major: 0, version: String::new() };
         let secrets = secrets::normalize(secrets::secret_strings(&self.set));
@@ -157,7 +157,8 @@ impl HelmSpec {
             None
         } else {
             return Err(helm_failure(&status_cmd.display(), &outcome, &stderr)
-                .with_hint("check that the cluster is reachable, then `rdeploy plan` again"));
+                .with_hint("check that the cluster is reachable, then `rdeploy plan` again")
+                .into());
         };
         let revision = current.as_ref().and_then(|c| c.get("version")).and_then(Value::as_u64);
         preview.observe(
@@ -176,7 +177,8 @@ impl HelmSpec {
                 helm_failure(&dry_cmd.display(), &outcome, &stderr)
                     .with_hint("fix the chart or its values, then `rdeploy plan` again"),
                 &secrets,
-            ));
+            )
+            .into());
         }
         let rendered: Value = serde_json::from_str(&stdout.join("\n"))
             .map_err(|e| Failure::new(format!("`{}` printed unexpected JSON: {e}", dry_cmd.display())))?;
@@ -238,7 +240,7 @@ impl HelmSpec {
         current: &[KubeObject],
         wanted: &[KubeObject],
         preview: &mut Preview,
-    ) -> Result<HashMap<String, Value>, Failure> {
+    ) -> Result<HashMap<String, Value>, PreviewError> {
         let mut all: BTreeMap<String, &KubeObject> = BTreeMap::new();
         for object in current.iter().chain(wanted) {
             all.entry(object.id()).or_insert(object);
@@ -246,7 +248,7 @@ impl HelmSpec {
         if all.is_empty() {
             return Ok(HashMap::new());
         }
-        let kubectl = crate::resolve_binary(ctx, "kubectl", KUBECTL_HINT).map_err(Failure::from)?;
+        let kubectl = crate::resolve_binary(ctx, "kubectl", KUBECTL_HINT)?;
         let list = serde_json::json!({
             "apiVersion": "v1",
             "kind": "List",
@@ -269,7 +271,8 @@ impl HelmSpec {
         if !outcome.success() {
             let why = stderr.last().cloned().unwrap_or_else(|| outcome.describe_status());
             return Err(Failure::new(format!("`{}` failed: {why}", cmd.display()))
-                .with_hint("check that the cluster is reachable, then `rdeploy plan` again"));
+                .with_hint("check that the cluster is reachable, then `rdeploy plan` again")
+                .into());
         }
         let found = crate::kubectl::preview::objects_by_key(&stdout.join("\n"));
         let mut live = HashMap::new();

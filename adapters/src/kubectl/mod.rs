@@ -603,7 +603,7 @@ impl Adapter for KubectlSpec {
         Ok(inspection)
     }
 
-    async fn preview(&self, ctx: &StepContext) -> Result<Preview, Failure> {
+    async fn preview(&self, ctx: &StepContext) -> Result<Preview, crate::preview::PreviewError> {
         self.preview_objects(ctx).await
     }
 

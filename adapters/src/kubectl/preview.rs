@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use super::manifest::KubeObject;
 use super::output::{clean_error, is_error_line};
 use super::{stage, KubectlSpec, QUICK};
-use crate::preview::{PlanAction, PlanItem, Preview};
+use crate::preview::{PlanAction, PlanItem, Preview, PreviewError};
 use crate::process::{capture, Captured, StdoutLog};
 use crate::{Failure, StepContext};
 
@@ -61,8 +61,8 @@ pub fn split_diff(lines: &[String]) -> Vec<ObjectDiff> {
 }
 
 impl KubectlSpec {
-    pub(super) async fn preview_objects(&self, ctx: &StepContext) -> Result<Preview, Failure> {
-        let binary = self.resolve_binary(ctx).map_err(Failure::from)?;
+    pub(super) async fn preview_objects(&self, ctx: &StepContext) -> Result<Preview, PreviewError> {
+        let binary = self.resolve_binary(ctx)?;
         let objects = self.objects(ctx, &binary).await?;
         let mut preview = Preview::default();
         // An object whose namespace does not exist yet (an earlier step creates it) is missing;
@@ -86,7 +86,7 @@ impl KubectlSpec {
                     .await
                     .map_err(Failure::from)?;
             if outcome.interrupted {
-                return Err(Failure::from_process(&cmd.display(), &outcome));
+                return Err(Failure::from_process(&cmd.display(), &outcome).into());
             }
             // kubectl diff: 0 no differences, 1 differences, anything else an error.
             match outcome.code {

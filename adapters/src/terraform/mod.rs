@@ -257,7 +257,8 @@ impl Adapter for TerraformSpec {
     /// `terraform plan -out` against the current state: each address with its action, and
     /// terraform's own "N to add, M to change, K to destroy" line. Refresh is read-only (a plan
     /// never writes the state); the saved plan holds every variable's value, so it goes once read.
-    async fn preview(&self, ctx: &StepContext) -> Result<Preview, Failure> {
+    async fn preview(&self, ctx: &StepContext) -> Result<Preview, crate::preview::PreviewError> {
+        self.resolve_binary(ctx)?;
         let sink = Collect::default();
         let mut run = Run::new(self, ctx, &sink)?;
         let plan_file = ctx.work_dir.join(PREVIEW_PLAN_FILE);
