@@ -184,6 +184,10 @@ enum Command {
         /// Write a JUnit XML report (one test case per step) to FILE.
         #[arg(long, value_name = "FILE")]
         junit: Option<PathBuf>,
+        /// For pull requests: `rdeploy plan` to stdout, the step summary and `--junit`; nothing
+        /// is deployed.
+        #[arg(long)]
+        plan_only: bool,
         #[arg(long, default_value_t = 1, value_name = "N")]
         parallel: usize,
         /// After a failure, keep running the steps that do not need the failed one; the steps
@@ -562,7 +566,7 @@ async fn run(cli: Cli, ui: Arc<Ui>) -> anyhow::Result<Code> {
             }
             Ok(Code::Ok)
         }
-        Command::Ci { stack, junit, parallel, keep_going } => {
+        Command::Ci { stack, junit, plan_only, parallel, keep_going } => {
             let outputs = ci::Outputs::from_env(junit.clone());
             let s = match session(stack, global, ui.clone(), *parallel) {
                 Ok(mut s) => {
@@ -574,6 +578,9 @@ async fn run(cli: Cli, ui: Arc<Ui>) -> anyhow::Result<Code> {
                     return Err(ci::report_error(&outputs, &ui, &arg, &arg, e));
                 }
             };
+            if *plan_only {
+                return ci::plan_only(&s, &outputs).await;
+            }
             ci::run(&s, &outputs).await
         }
         Command::Plan { stack, json, markdown, detailed_exitcode } => {

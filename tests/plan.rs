@@ -268,3 +268,26 @@ fn plan_redacts_secrets_and_refuses_a_missing_tool() {
     std::fs::create_dir_all(p.path("k8s")).unwrap();
     p.rdeploy(&["plan"]).code(2).stderr_has("step `extras`: `/nonexistent/kubectl` was not found");
 }
+
+#[test]
+fn ci_plan_only_writes_the_plan_to_the_step_summary_and_junit_and_deploys_nothing() {
+    let mut p = Project::new();
+    p.stack(
+        "name: small\nsteps:\n  - name: seed\n    tool: shell\n    sub_changes:\n      - { name: users, run: echo users >> seed.log, check: grep -q users seed.log }\n  - name: broken\n    tool: kubectl\n    manifests: [k8s/]\n    context: nowhere\n",
+    );
+    // No object at all: the kubectl step cannot be planned.
+    p.file("k8s/empty.yaml", "# nothing yet\n");
+    let summary = p.path("summary.md");
+    p.env("GITHUB_ACTIONS", "true").env("GITHUB_STEP_SUMMARY", summary.to_str().unwrap());
+    let run = p.rdeploy(&["ci", "--plan-only", "--junit", "junit.xml"]);
+    run.code(0).stdout_has("seed (shell): 1 to run, 0 in place").stdout_has("::error ");
+    let md = p.read("summary.md");
+    assert!(md.contains("## rdeploy plan: stack `small`"), "{md}");
+    assert!(md.contains("- `users` **run**"), "{md}");
+    let junit = p.read("junit.xml");
+    assert!(junit.contains("<testcase name=\"seed\" classname=\"small.plan.shell\">"), "{junit}");
+    assert!(junit.contains("run users"), "{junit}");
+    assert!(junit.contains("failures=\"1\"") && junit.contains("type=\"plan-failed\""), "{junit}");
+    assert!(!p.exists("seed.log"), "--plan-only deploys nothing");
+    assert!(!p.exists(".rdeploy/journal.jsonl"), "and records no deploy");
+}
