@@ -13,7 +13,7 @@ use std::path::Path;
 use serde_json::{Map, Value};
 
 use super::{helm_failure, state, HelmSpec, Release, QUICK};
-use crate::kubectl::manifest::{objects_from_documents, parse_documents, CrdScopes, KubeObject};
+use crate::kubectl::manifest::{flatten_lists, objects_from_documents, parse_documents, KubeObject, Scopes};
 use crate::preview::{unified_diff, PlanAction, PlanItem, Preview, PreviewError};
 use crate::process::{capture, redact_line, Captured, Command, StdoutLog};
 use crate::{secrets, Failure, StepContext};
@@ -126,6 +126,15 @@ impl HelmSpec {
         words
     }
 
+    /// kubectl, in the step's cluster (its kubeconfig and context).
+    fn kubectl_command(&self, ctx: &StepContext, kubectl: &Path) -> Command {
+        Command::new(kubectl)
+            .cwd(&ctx.stack_dir)
+            .envs(ctx.env.iter().map(|(k, v)| (k.clone(), v.clone())))
+            .args(self.kubectl_cluster_args(ctx))
+            .in_step(ctx)
+    }
+
     fn kubectl_cluster_args(&self, ctx: &StepContext) -> Vec<String> {
         let mut args = Vec::new();
         if let Some(k) = &self.kubeconfig {
@@ -184,16 +193,34 @@ impl HelmSpec {
             .map_err(|e| Failure::new(format!("`{}` printed unexpected JSON: {e}", dry_cmd.display())))?;
 
         let namespace = self.namespace.clone().unwrap_or_else(|| "default".into());
-        let objects_of = |release: Option<&Value>, what: &str| -> Result<Vec<KubeObject>, Failure> {
+        let manifest_of = |release: Option<&Value>, what: &str| -> Result<Vec<Value>, Failure> {
             let manifest = release.and_then(|r| r.get("manifest")).and_then(Value::as_str).unwrap_or("");
-            let docs = parse_documents(manifest).map_err(|e| {
+            parse_documents(manifest).map(flatten_lists).map_err(|e| {
                 Failure::new(format!("the {what} manifest of release {} does not parse: {e}", self.release))
-            })?;
-            let scopes = CrdScopes::from_documents(&docs);
+            })
+        };
+        let current_docs = manifest_of(current.as_ref(), "current")?;
+        let wanted_docs = manifest_of(Some(&rendered), "rendered")?;
+        // Which kinds are namespaced, as the API says (the release's CRDs first), so an object
+        // is named as kubectl and the checkpoint name it.
+        let all: Vec<Value> = current_docs.iter().chain(&wanted_docs).cloned().collect();
+        let mut scopes = Scopes::from_documents(&all);
+        let kubectl = crate::resolve_binary(ctx, "kubectl", KUBECTL_HINT)?;
+        if !all.is_empty() && scopes.lacks_any(&all) {
+            let cmd = self.kubectl_command(ctx, &kubectl).arg("api-resources");
+            match capture(&cmd, ctx, Some(QUICK), None, StdoutLog::UnlessJson).await {
+                Ok(Captured { stdout, .. }) if scopes.add_discovery(&stdout) > 0 => {}
+                _ => preview.notes.push(format!(
+                    "`{}` gave no answer: kinds the release's CRDs do not define are taken as namespaced",
+                    cmd.display()
+                )),
+            }
+        }
+        let objects_of = |docs: Vec<Value>| {
             objects_from_documents(docs, Path::new(&self.release), &namespace, &scopes).map_err(Failure::new)
         };
-        let current_objects = objects_of(current.as_ref(), "current")?;
-        let wanted_objects = objects_of(Some(&rendered), "rendered")?;
+        let current_objects = objects_of(current_docs)?;
+        let wanted_objects = objects_of(wanted_docs)?;
 
         let live = self.read_live(ctx, &current_objects, &wanted_objects, &mut preview).await?;
         for change in compare(&current_objects, &wanted_objects, &live) {
@@ -258,13 +285,8 @@ impl HelmSpec {
         crate::private::create_dir_all(&ctx.work_dir)
             .and_then(|()| crate::private::write(&path, list.to_string().as_bytes()))
             .map_err(|e| Failure::new(format!("could not write {}: {e}", path.display())))?;
-        let cmd = Command::new(&kubectl)
-            .cwd(&ctx.stack_dir)
-            .envs(ctx.env.iter().map(|(k, v)| (k.clone(), v.clone())))
-            .args(self.kubectl_cluster_args(ctx))
-            .args(["get", "--ignore-not-found", "-o", "json", "-f"])
-            .arg(&path)
-            .in_step(ctx);
+        let cmd =
+            self.kubectl_command(ctx, &kubectl).args(["get", "--ignore-not-found", "-o", "json", "-f"]).arg(&path);
         let Captured { outcome, stdout, stderr } =
             capture(&cmd, ctx, Some(QUICK), None, StdoutLog::UnlessJson).await.map_err(Failure::from)?;
         let _ = std::fs::remove_file(&path);
@@ -304,7 +326,7 @@ mod tests {
 
     fn objects(yaml: &str) -> Vec<KubeObject> {
         let docs = parse_documents(yaml).unwrap();
-        objects_from_documents(docs, Path::new("r"), "shop", &CrdScopes::default()).unwrap()
+        objects_from_documents(docs, Path::new("r"), "shop", &Scopes::default()).unwrap()
     }
 
     #[test]
