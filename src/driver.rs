@@ -192,12 +192,15 @@ enum Action {
 }
 
 impl Session {
-    fn context(&self, step: &Step, cancel: CancellationToken) -> StepContext {
+    pub(crate) fn context(&self, step: &Step, cancel: CancellationToken) -> StepContext {
         StepContext {
             step: step.name.clone(),
             stack: self.stack.name.clone(),
             stack_dir: self.stack.dir.clone(),
-            work_dir: self.state.step_dir(&step.name),
+            // Absolute: tools run in the stack directory, and a state directory given relative
+            // to the caller's (`rdeploy up demo/stack.yaml`) would not be found from there.
+            work_dir: std::path::absolute(self.state.step_dir(&step.name))
+                .unwrap_or_else(|_| self.state.step_dir(&step.name)),
             env: step.env.clone(),
             timeout: step.timeout,
             cancel,
@@ -255,7 +258,7 @@ impl Session {
     /// rdeploy's environment, files) into its tool key and `env`, and registered with the run's
     /// secrets, as are the values secret by their name. A secret that cannot be read is a failure
     /// of the step before its tool starts, naming the key and the source.
-    fn resolved(&self, step: &Step, cancel: CancellationToken) -> (Step, StepContext, Result<(), Failure>) {
+    pub(crate) fn resolved(&self, step: &Step, cancel: CancellationToken) -> (Step, StepContext, Result<(), Failure>) {
         let mut step = step.clone();
         let mut ctx = self.context(&step, cancel);
         let read = self.read_secrets(&mut step, &mut ctx);

@@ -10,6 +10,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
+use crate::preview::{Preview, PreviewError};
 use crate::process;
 
 /// What every tool's spec implements; the driver calls nothing else. Adapters never print and
@@ -59,6 +60,12 @@ pub trait Adapter {
     /// Read-only: what `recover` would do now, from the tool's live state.
     fn inspect(&self, ctx: &StepContext, prior: &PriorStep)
         -> impl Future<Output = Result<Inspection, Failure>> + Send;
+
+    /// Read-only, for `rdeploy plan`: what `apply` would change now, item by item, from the
+    /// tool's own preview (terraform `plan`, helm's server dry-run against the live objects,
+    /// `kubectl diff`, ansible `--check --diff`, a shell sub-change's `check`). Changes nothing
+    /// anywhere but the step's work dir (terraform's saved plan goes there).
+    fn preview(&self, ctx: &StepContext) -> impl Future<Output = Result<Preview, PreviewError>> + Send;
 
     /// The runbook section for this step: exact commands an operator would type.
     fn describe_recovery(&self, ctx: &DescribeContext<'_>, prior: Option<&PriorStep>) -> RecoveryDoc;

@@ -10,6 +10,7 @@ use crate::contract::{
     Adapter, AdapterError, DescribeContext, EventSink, Failure, FieldPath, Inspection, PriorStep, Recovered,
     RecoveryDoc, SpecProblem, StepContext, ToolInfo,
 };
+use crate::preview::{Preview, PreviewError};
 use crate::secrets::{Marked, Registry, RegistrySink, SecretError};
 use crate::{ansible, helm, kubectl, shell, terraform};
 
@@ -204,6 +205,10 @@ impl Adapter for ToolSpec {
             Ok(i) => Ok(Inspection { actions: redact(i.actions), remaining: redact(i.remaining) }),
             Err(f) => Err(ctx.secrets.redact_failure(f)),
         }
+    }
+
+    async fn preview(&self, ctx: &StepContext) -> Result<Preview, PreviewError> {
+        dispatch!(self, s => s.preview(ctx).await)
     }
 
     fn describe_recovery(&self, ctx: &DescribeContext<'_>, prior: Option<&PriorStep>) -> RecoveryDoc {

@@ -5,6 +5,7 @@
 
 pub mod callback;
 pub mod exit_codes;
+pub mod preview;
 pub mod recap;
 
 use std::collections::{BTreeMap, HashSet};
@@ -18,7 +19,8 @@ use crate::process::{Command, Outcome, Signal};
 use crate::secrets;
 use crate::{
     display_command, shell_quote, Adapter, AdapterError, DescribeContext, Event, EventSink, Failure, FieldPath,
-    Inspection, PathSegment, PriorStep, Recovered, RecoveryDoc, SpecProblem, StepContext, Stream, SubStatus, ToolInfo,
+    Inspection, PathSegment, Preview, PriorStep, Recovered, RecoveryDoc, SpecProblem, StepContext, Stream, SubStatus,
+    ToolInfo,
 };
 
 /// The plugin's name, as `ANSIBLE_CALLBACKS_ENABLED` lists it.
@@ -565,6 +567,10 @@ impl Adapter for AnsibleSpec {
         }
         inspection.remaining = selection.targets;
         Ok(inspection)
+    }
+
+    async fn preview(&self, ctx: &StepContext) -> Result<Preview, crate::preview::PreviewError> {
+        self.preview_check(ctx).await
     }
 
     fn describe_recovery(&self, ctx: &DescribeContext<'_>, prior: Option<&PriorStep>) -> RecoveryDoc {

@@ -9,6 +9,7 @@
 //! pending revision only once no helm for it is alive and it is older than helm's timeout, or
 //! when the operator forces it with `rdeploy recover --force` ([`StepContext::force`]).
 
+pub mod preview;
 pub mod state;
 
 use std::collections::BTreeMap;
@@ -23,7 +24,7 @@ use crate::process::{capture, Captured, Command, Outcome, Signal, StdoutLog};
 use crate::secrets;
 use crate::{
     display_command, shell_quote, Adapter, AdapterError, DescribeContext, Event, EventSink, Failure, FieldPath,
-    Inspection, PathSegment, PriorStep, Recovered, RecoveryDoc, SpecProblem, StepContext, ToolInfo,
+    Inspection, PathSegment, Preview, PriorStep, Recovered, RecoveryDoc, SpecProblem, StepContext, ToolInfo,
 };
 
 const DEFAULT_BINARY: &str = "helm";
@@ -876,6 +877,10 @@ impl Adapter for HelmSpec {
             }
         }
         Ok(inspection)
+    }
+
+    async fn preview(&self, ctx: &StepContext) -> Result<Preview, crate::preview::PreviewError> {
+        self.preview_release(ctx).await
     }
 
     fn describe_recovery(&self, ctx: &DescribeContext<'_>, prior: Option<&PriorStep>) -> RecoveryDoc {

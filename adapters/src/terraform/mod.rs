@@ -29,8 +29,8 @@ use crate::process::{redact_line, Command, Outcome, Signal};
 use crate::secrets;
 use crate::{
     display_command, shell_quote, Adapter, AdapterError, CancellationToken, DescribeContext, Event, EventSink, Failure,
-    FieldPath, Inspection, PathSegment, PriorStep, Recovered, RecoveryDoc, SpecProblem, StepContext, Stream, SubStatus,
-    ToolInfo,
+    FieldPath, Inspection, PathSegment, PlanAction, PlanItem, Preview, PriorStep, Recovered, RecoveryDoc, SpecProblem,
+    StepContext, Stream, SubStatus, ToolInfo,
 };
 
 /// Facts kept in the checkpoint when another process holds the state lock.
@@ -41,6 +41,7 @@ pub const FACT_LOCK: &str = "lock";
 const PLAN_FILE: &str = "tfplan";
 /// `recover --dry-run` plans into its own file so it never replaces a plan being applied.
 const INSPECT_PLAN_FILE: &str = "inspect.tfplan";
+const PREVIEW_PLAN_FILE: &str = "preview.tfplan";
 const INSTALL_HINT: &str =
     "install terraform 1.x (https://developer.hashicorp.com/terraform/install), or set `binary: tofu` for OpenTofu";
 
@@ -282,6 +283,39 @@ impl Adapter for TerraformSpec {
             Err(f) => Err(ctx.secrets.redact_failure(f)),
         }
     }
+
+    /// `terraform plan -out` against the current state: each address with its action, and
+    /// terraform's own "N to add, M to change, K to destroy" line. Refresh is read-only (a plan
+    /// never writes the state); the saved plan holds every variable's value, so it goes once read.
+    async fn preview(&self, ctx: &StepContext) -> Result<Preview, crate::preview::PreviewError> {
+        self.resolve_binary(ctx)?;
+        let sink = Collect::default();
+        let mut run = Run::new(self, ctx, &sink)?;
+        let plan_file = ctx.work_dir.join(PREVIEW_PLAN_FILE);
+        let plan = run.plan(&plan_file, Workspace::Existing).await;
+        let _ = std::fs::remove_file(&plan_file);
+        let plan = plan?;
+        let mut preview = Preview { summary: Some(plan.describe()), ..Preview::default() };
+        for change in &plan.changes {
+            let action = match change.action.as_str() {
+                "create" => PlanAction::Create,
+                "replace" => PlanAction::Replace,
+                "delete" => PlanAction::Delete,
+                _ => PlanAction::Update,
+            };
+            let mut item = PlanItem::new(change.addr.clone(), action);
+            item.reason = match (change.action.as_str(), &change.reason) {
+                ("create" | "replace" | "delete" | "update", Some(reason)) => Some(reason.replace('_', " ")),
+                ("create" | "replace" | "delete" | "update", None) => None,
+                (other, Some(reason)) => Some(format!("{other} ({})", reason.replace('_', " "))),
+                (other, None) => Some(other.to_string()),
+            };
+            preview.items.push(item);
+        }
+        preview.notes.extend(sink.warnings.into_inner().unwrap_or_default());
+        Ok(preview)
+    }
+
     fn describe_recovery(&self, ctx: &DescribeContext<'_>, prior: Option<&PriorStep>) -> RecoveryDoc {
         let tf = self.tool_word();
         let dir = Path::new(ctx.stack_dir).join(&self.dir);
