@@ -119,8 +119,8 @@ pub struct StepContext {
     /// The operator's `recover --reapply-missing`: a sub-change recorded done whose tool state
     /// says it is absent (terraform's state lost it) may be applied again instead of stopping.
     pub reapply_missing: bool,
-    /// For each of this step's sub-changes the journal records as started and never finished,
-    /// the run that started it and what the driver established about that run (empty outside
+    /// For each of this step's sub-changes the journal records as started by an earlier run and
+    /// not done (still started, or failed since), the run that started it and what the driver established about that run (empty outside
     /// `recover`). helm reads it to tell an abandoned `pending-*` revision from a live one.
     pub started_by: BTreeMap<String, StartedBy>,
 }
