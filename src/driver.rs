@@ -208,10 +208,11 @@ impl Session {
         }
     }
 
-    /// For each sub-change of `step` an earlier run started and that is not done, that run and whether it is
-    /// known to be dead: the lock was taken over from it, or its pid on this host is gone, a
-    /// zombie, or this very process (a reused pid). A run on another host is never assumed dead.
-    /// `current` is this run's id once its run record is in `deploy` (none for a dry run).
+    /// For each sub-change of `step` an earlier run started and that is not done, that run and
+    /// whether it is known to be dead: the lock was taken over from it, or its pid on this host
+    /// is gone, a zombie, or this very process (a reused pid). A run on another host is never
+    /// assumed dead. `current` is this run's id once its run record is in `deploy` (none for a
+    /// dry run).
     fn started_by(
         &self,
         deploy: &Deploy,
