@@ -212,10 +212,11 @@ impl Session {
         }
     }
 
-    /// For each sub-change of `step` left started by an earlier run, that run and whether it is
-    /// known to be dead: the lock was taken over from it, or its pid on this host is gone, a
-    /// zombie, or this very process (a reused pid). A run on another host is never assumed dead.
-    /// `current` is this run's id once its run record is in `deploy` (none for a dry run).
+    /// For each sub-change of `step` an earlier run started and that is not done, that run and
+    /// whether it is known to be dead: the lock was taken over from it, or its pid on this host
+    /// is gone, a zombie, or this very process (a reused pid). A run on another host is never
+    /// assumed dead. `current` is this run's id once its run record is in `deploy` (none for a
+    /// dry run).
     fn started_by(
         &self,
         deploy: &Deploy,
@@ -226,7 +227,12 @@ impl Session {
         let took_over = self.took_over.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let mut out = std::collections::BTreeMap::new();
         let Some(state) = deploy.steps.iter().find(|s| s.name == step) else { return out };
-        for sub in state.sub_changes.iter().filter(|s| s.status == rdeploy_adapters::SubStatus::Started) {
+        // Started and never finished, or failed since: a refused recover records the pending
+        // revision failed, which does not change which run started it.
+        let unfinished = |s: &&crate::checkpoint::SubChangeState| {
+            matches!(s.status, rdeploy_adapters::SubStatus::Started | rdeploy_adapters::SubStatus::Failed)
+        };
+        for sub in state.sub_changes.iter().filter(unfinished) {
             let Some(run_id) = sub.started_by.as_deref().filter(|id| Some(*id) != current) else { continue };
             let Some(run) = deploy.runs.iter().find(|r| r.run_id == run_id) else { continue };
             let dead_here = run.host == here

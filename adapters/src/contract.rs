@@ -137,8 +137,8 @@ pub struct StepContext {
     /// The run's secret values: every command of the step redacts them, and an adapter that
     /// learns of another (terraform's sensitive variables) adds it, so the driver redacts it too.
     pub secrets: crate::secrets::Registry,
-    /// For each of this step's sub-changes the journal records as started and never finished,
-    /// the run that started it and what the driver established about that run (empty outside
+    /// For each of this step's sub-changes the journal records as started by an earlier run and
+    /// not done (still started, or failed since), the run that started it and what the driver established about that run (empty outside
     /// `recover`). helm reads it to tell an abandoned `pending-*` revision from a live one.
     pub started_by: BTreeMap<String, StartedBy>,
 }
