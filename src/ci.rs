@@ -101,6 +101,68 @@ pub async fn run(session: &Session, outputs: &Outputs) -> anyhow::Result<Code> {
     Ok(code)
 }
 
+/// `rdeploy ci --plan-only`, for pull requests: the plan on stdout, appended as markdown to
+/// `$GITHUB_STEP_SUMMARY`, and a JUnit test case per step (a step whose preview failed is a
+/// failure; changes are what a pull request is for, so they are not). Nothing is deployed.
+pub async fn plan_only(session: &Session, outputs: &Outputs) -> anyhow::Result<Code> {
+    session.ui.info(format!("ci: --plan-only: running `rdeploy plan {}`; nothing is deployed", session.stack_arg));
+    let plan = match session.plan().await {
+        Ok(plan) => plan,
+        Err(err) => return Err(refused(session, outputs, err)),
+    };
+    out!("{}", crate::plan::render_text(&plan));
+    if outputs.annotations {
+        for step in plan.steps.iter().filter(|s| s.error.is_some()) {
+            let line = session.stack.step(&step.name).map(|s| s.line);
+            let message = step.error.as_deref().unwrap_or_default();
+            let title = format!("rdeploy: step {} could not be planned", step.name);
+            outln!("{}", workflow_command("error", &session.stack_arg, line, &title, message));
+        }
+    }
+    if let Some(path) = &outputs.step_summary {
+        if let Err(e) = append(path, &crate::plan::render_markdown(&plan)) {
+            session.ui.warn(format!("could not append to $GITHUB_STEP_SUMMARY ({}): {e:#}", path.display()));
+        }
+    }
+    if let Some(path) = &outputs.junit {
+        if let Err(e) = write_file(path, &plan_junit(&plan)) {
+            session.ui.warn(format!("could not write the JUnit report {}: {e:#}", path.display()));
+        }
+    }
+    Ok(Code::Ok)
+}
+
+/// The JUnit XML of a plan: a test case per step in run order, its items as the case's output.
+fn plan_junit(plan: &crate::plan::StackPlan) -> String {
+    let suite = xml_escape(&plan.stack);
+    let mut cases = String::new();
+    let mut failures = 0;
+    for step in &plan.steps {
+        let _ = writeln!(
+            cases,
+            "    <testcase name=\"{}\" classname=\"{suite}.plan.{}\">",
+            xml_escape(&step.name),
+            step.tool
+        );
+        if let Some(error) = &step.error {
+            failures += 1;
+            let _ = writeln!(cases, "      <failure message=\"{}\" type=\"plan-failed\"/>", xml_escape(error));
+        }
+        let mut text = format!("{} change(s)", step.changes);
+        if let Some(summary) = &step.summary {
+            let _ = write!(text, ": {summary}");
+        }
+        for item in &step.items {
+            let _ = write!(text, "\n{} {}", item.action.as_str(), item.id);
+        }
+        let _ = writeln!(cases, "      <system-out>{}</system-out>\n    </testcase>", xml_text(&text));
+    }
+    format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites>\n  <testsuite name=\"{suite} plan\" tests=\"{}\" failures=\"{failures}\">\n{cases}  </testsuite>\n</testsuites>\n",
+        plan.steps.len()
+    )
+}
+
 /// The changes `ci` reports: the fix committed between the failed job and the retry is the
 /// normal case, so it is reported, not refused (recover refuses the ones it cannot map: a step
 /// that ran and was removed, or given another tool).
@@ -300,6 +362,7 @@ fn code_meaning(code: Code) -> &'static str {
         Code::Locked => "another run holds the lock",
         Code::RevertFailed => "a revert failed; manual action needed",
         Code::Interrupted => "interrupted by a signal; the checkpoint is consistent",
+        Code::Changes => "the plan has changes",
     }
 }
 
@@ -340,7 +403,21 @@ fn summary(session: &Session, status: &Status, code: Code, mode: &Mode, changes:
     text
 }
 
+/// `text` with the run's secrets redacted, also as XML escapes them (the JUnit file).
+fn redacted(text: &str) -> String {
+    let secrets = crate::out::secrets();
+    let text = secrets.redact_document(text);
+    let escaped: Vec<String> = secrets
+        .values()
+        .iter()
+        .filter(|s| s.chars().count() >= rdeploy_adapters::secrets::DOCUMENT_MIN)
+        .map(|s| xml_escape(s))
+        .collect();
+    rdeploy_adapters::secrets::redact_line(&text, &rdeploy_adapters::secrets::normalize(escaped))
+}
+
 fn append(path: &Path, text: &str) -> anyhow::Result<()> {
+    let text = redacted(text);
     let mut f = fs_err::OpenOptions::new().create(true).append(true).open(path)?;
     f.write_all(text.as_bytes())?;
     Ok(())
@@ -350,7 +427,7 @@ fn write_file(path: &Path, text: &str) -> anyhow::Result<()> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         fs_err::create_dir_all(dir)?;
     }
-    fs_err::write(path, text)?;
+    fs_err::write(path, redacted(text))?;
     Ok(())
 }
 

@@ -205,26 +205,31 @@ enum Action {
 }
 
 impl Session {
-    pub fn context(&self, step: &Step, cancel: CancellationToken) -> StepContext {
+    pub(crate) fn context(&self, step: &Step, cancel: CancellationToken) -> StepContext {
         StepContext {
             step: step.name.clone(),
             stack: self.stack.name.clone(),
             stack_dir: self.stack.dir.clone(),
-            work_dir: self.state.step_dir(&step.name),
+            // Absolute: tools run in the stack directory, and a state directory given relative
+            // to the caller's (`rdeploy up demo/stack.yaml`) would not be found from there.
+            work_dir: std::path::absolute(self.state.step_dir(&step.name))
+                .unwrap_or_else(|_| self.state.step_dir(&step.name)),
             env: step.env.clone(),
             timeout: step.timeout,
             cancel,
             processes: self.processes.clone(),
             force: self.force,
             reapply_missing: self.reapply_missing,
+            secrets: crate::out::secrets().clone(),
             started_by: Default::default(),
         }
     }
 
-    /// For each sub-change of `step` left started by an earlier run, that run and whether it is
-    /// known to be dead: the lock was taken over from it, or its pid on this host is gone, a
-    /// zombie, or this very process (a reused pid). A run on another host is never assumed dead.
-    /// `current` is this run's id once its run record is in `deploy` (none for a dry run).
+    /// For each sub-change of `step` an earlier run started and that is not done, that run and
+    /// whether it is known to be dead: the lock was taken over from it, or its pid on this host
+    /// is gone, a zombie, or this very process (a reused pid). A run on another host is never
+    /// assumed dead. `current` is this run's id once its run record is in `deploy` (none for a
+    /// dry run).
     fn started_by(
         &self,
         deploy: &Deploy,
@@ -235,7 +240,12 @@ impl Session {
         let took_over = self.took_over.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let mut out = std::collections::BTreeMap::new();
         let Some(state) = deploy.steps.iter().find(|s| s.name == step) else { return out };
-        for sub in state.sub_changes.iter().filter(|s| s.status == rdeploy_adapters::SubStatus::Started) {
+        // Started and never finished, or failed since: a refused recover records the pending
+        // revision failed, which does not change which run started it.
+        let unfinished = |s: &&crate::checkpoint::SubChangeState| {
+            matches!(s.status, rdeploy_adapters::SubStatus::Started | rdeploy_adapters::SubStatus::Failed)
+        };
+        for sub in state.sub_changes.iter().filter(unfinished) {
             let Some(run_id) = sub.started_by.as_deref().filter(|id| Some(*id) != current) else { continue };
             let Some(run) = deploy.runs.iter().find(|r| r.run_id == run_id) else { continue };
             let dead_here = run.host == here
@@ -261,6 +271,40 @@ impl Session {
             );
         }
         out
+    }
+
+    /// The step as it runs now and its context: the values the stack marks secret read (from
+    /// rdeploy's environment, files) into its tool key and `env`, and registered with the run's
+    /// secrets, as are the values secret by their name. A secret that cannot be read is a failure
+    /// of the step before its tool starts, naming the key and the source.
+    pub(crate) fn resolved(&self, step: &Step, cancel: CancellationToken) -> (Step, StepContext, Result<(), Failure>) {
+        let mut step = step.clone();
+        let mut ctx = self.context(&step, cancel);
+        let read = self.read_secrets(&mut step, &mut ctx);
+        (step, ctx, read)
+    }
+
+    fn read_secrets(&self, step: &mut Step, ctx: &mut StepContext) -> Result<(), Failure> {
+        let env = |name: &str| std::env::var(name).ok();
+        let failed = |key: String, e: rdeploy_adapters::secrets::SecretError| {
+            Failure::new(format!("cannot read the secret `{key}` before starting the tool: {e}")).with_hint(e.hint())
+        };
+        ctx.secrets.add_strings(rdeploy_adapters::secrets::env_secrets(&step.env));
+        let tool_key = step.spec.typed_values_mut().map(|(k, _)| k).unwrap_or("values");
+        step.spec
+            .resolve_secrets(&self.stack.dir, &env, &ctx.secrets)
+            .map_err(|(key, e)| failed(format!("{tool_key}.{key}"), e))?;
+        for (name, marked) in &step.env_marked {
+            let secret = marked.resolve(&self.stack.dir, &env).map_err(|e| failed(format!("env.{name}"), e))?;
+            ctx.secrets.add(&secret);
+            let text = match secret.expose() {
+                serde_json::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            ctx.env.insert(name.clone(), text.clone());
+            step.env.insert(name.clone(), text);
+        }
+        Ok(())
     }
 
     /// Checks every step's tool before anything changes (exit 2 when one is missing).
@@ -563,9 +607,17 @@ impl Session {
                 plan.push(DryRunStep { name: step.name.clone(), tool: step.tool, changed, plan: DryRunPlan::LeftAsIs });
                 continue;
             };
-            let mut ctx = self.context(step, self.cancel.child_token());
+            let (step, mut ctx, read) = self.resolved(step, self.cancel.child_token());
+            let step = &step;
             ctx.started_by = self.started_by(deploy, &step.name, None);
             let what = match action {
+                _ if read.is_err() => {
+                    let summary = read.err().map(|f| f.summary).unwrap_or_default();
+                    match action {
+                        Action::Recover(_) => DryRunPlan::Recover(Err(summary)),
+                        _ => DryRunPlan::Apply { why: ApplyWhy::NotStarted, actions: vec![summary] },
+                    }
+                }
                 Action::RevertThenApply => DryRunPlan::RevertThenApply { revert: step.revert.clone() },
                 Action::Apply => {
                     let why = if deploy.step(&step.name).is_some_and(|s| s.status == StepStatus::Reverted) {
@@ -761,7 +813,7 @@ impl Session {
             }
             cp.record(Record::StepStarted { step: name.clone(), mode, tool_version: tool_version.clone() })?;
             self.ui.step_started(&name, &what);
-            let mut ctx = self.context(&step, self.cancel.child_token());
+            let (step, mut ctx, read) = self.resolved(&step, self.cancel.child_token());
             if matches!(action, Action::Recover(_)) {
                 // Our own run record is the last one: every earlier run has ended or is elsewhere.
                 ctx.started_by =
@@ -776,7 +828,10 @@ impl Session {
             let attempts = Attempts { retry, cp: cp.clone(), ui: self.ui.clone(), tool_version };
             run.outputs_before.insert(name.clone(), self.outputs_seen(cp, &name));
             run.running.spawn(async move {
-                let result = attempts.run(&step, &ctx, action, &sink).await;
+                let result = match read {
+                    Ok(()) => attempts.run(&step, &ctx, action, &sink).await,
+                    Err(failure) => Err(failure),
+                };
                 // A value it was given in secret never reaches the checkpoint in its failure.
                 let result = result.map_err(|f| rdeploy_adapters::secrets::redact_failure(f, &redact));
                 (step.name.clone(), result)
@@ -1095,8 +1150,12 @@ impl Session {
             JournalSink::new(step.name.clone(), cp.clone(), self.ui.clone(), &self.state, CancellationToken::new())?;
         sink.sensitive = self.sensitive.clone();
         sink.redact = redact.clone();
-        let ctx = self.context(step, CancellationToken::new());
-        match shell::run_revert(&ctx, script, &sink).await {
+        let (_, ctx, read) = self.resolved(step, CancellationToken::new());
+        let reverted = match read {
+            Ok(()) => shell::run_revert(&ctx, script, &sink).await,
+            Err(failure) => Err(failure),
+        };
+        match reverted {
             Ok(()) => {
                 cp.record(Record::StepReverted { step: step.name.clone(), how: None })?;
                 self.ui.step_finished(&step.name, &self.ui.paint.warn("reverted"));
@@ -1424,6 +1483,8 @@ impl JournalSink {
 
 impl EventSink for JournalSink {
     fn emit(&self, event: Event) {
+        // Redacted once more with the run's secrets before the journal, the log and the terminal.
+        let event = rdeploy_adapters::secrets::redact_event(event, &crate::out::secrets().values());
         let step = self.step.clone();
         let event =
             if self.redact.is_empty() { event } else { rdeploy_adapters::secrets::redact_event(event, &self.redact) };

@@ -18,6 +18,8 @@ pub enum Code {
     Locked = 5,
     /// A revert failed; manual action needed.
     RevertFailed = 6,
+    /// `plan --detailed-exitcode` only: the plan has changes (0 there means none).
+    Changes = 7,
     /// Interrupted by a signal; the checkpoint is consistent.
     Interrupted = 130,
 }

@@ -25,6 +25,7 @@ mod driver;
 mod exit;
 mod fleet;
 mod gate;
+mod plan;
 mod reference;
 mod report;
 mod runbook;
@@ -173,6 +174,22 @@ enum Command {
         #[arg(short, long, value_name = "FILE")]
         output: Option<PathBuf>,
     },
+    /// What `up` would change, step by step, from each tool's own read-only preview (terraform
+    /// plan, helm's server dry-run against the live objects, kubectl diff, ansible check mode,
+    /// shell checks); changes nothing.
+    Plan {
+        #[arg(default_value = "stack.yaml")]
+        stack: PathBuf,
+        /// Machine-readable output (the fields of SPEC.md).
+        #[arg(long, conflicts_with = "markdown")]
+        json: bool,
+        /// Markdown for a pull-request comment or the CI step summary.
+        #[arg(long)]
+        markdown: bool,
+        /// Exit 0 when nothing would change and 7 when something would (other codes as usual).
+        #[arg(long)]
+        detailed_exitcode: bool,
+    },
     /// CI wrapper: `up` when no unfinished deploy is recorded, `recover` when one is; plain
     /// lines, GitHub annotations and step summary, JUnit.
     Ci {
@@ -181,6 +198,10 @@ enum Command {
         /// Write a JUnit XML report (one test case per step) to FILE.
         #[arg(long, value_name = "FILE")]
         junit: Option<PathBuf>,
+        /// For pull requests: `rdeploy plan` to stdout, the step summary and `--junit`; nothing
+        /// is deployed.
+        #[arg(long)]
+        plan_only: bool,
         #[arg(long, default_value_t = 1, value_name = "N")]
         parallel: usize,
         /// After a failure, keep running the steps that do not need the failed one; the steps
@@ -397,19 +418,19 @@ fn init_tracing(verbose: u8) {
 fn report_error(err: &anyhow::Error, ui: &Ui) -> Code {
     let paint = ui.paint;
     if let Some(stack) = err.downcast_ref::<StackError>() {
-        eprint!("{}: {stack}", paint.bad("error"));
+        eprint!("{}: {}", paint.bad("error"), out::secrets().redact_document(&stack.to_string()));
         return Code::BadInput;
     }
     if let Some(refusal) = err.downcast_ref::<Refusal>() {
-        eprintln!("{}: {}", paint.bad("error"), refusal.message);
+        eprintln!("{}: {}", paint.bad("error"), out::secrets().redact_document(&refusal.message));
         if let Some(hint) = &refusal.hint {
-            eprintln!("  {}: {hint}", paint.strong("hint"));
+            eprintln!("  {}: {}", paint.strong("hint"), out::secrets().redact_document(hint));
         }
         return refusal.code;
     }
     // Anything else happened after work may have started (input errors are refused earlier as
     // `StackError` or `Refusal`), so it is never "nothing changed".
-    eprintln!("{}: {err:#}", paint.bad("error"));
+    eprintln!("{}: {}", paint.bad("error"), out::secrets().redact_document(&format!("{err:#}")));
     Code::Partial
 }
 
@@ -542,7 +563,7 @@ async fn run(cli: Cli, ui: Arc<Ui>) -> anyhow::Result<Code> {
             let s = session(stack, global, ui.clone(), 1)?;
             let status = report::build(&s.stack, s.store.as_ref(), &s.state, &s.stack_arg)?;
             if *json {
-                outln!("{}", serde_json::to_string_pretty(&status)?);
+                out::json(&status)?;
             } else {
                 let color = global.color.enabled(std::io::IsTerminal::is_terminal(&std::io::stdout()));
                 out!("{}", report::render_text(&status, ui::Paint { enabled: color }));
@@ -567,7 +588,7 @@ async fn run(cli: Cli, ui: Arc<Ui>) -> anyhow::Result<Code> {
             }
             Ok(Code::Ok)
         }
-        Command::Ci { stack, junit, parallel, keep_going } => {
+        Command::Ci { stack, junit, plan_only, parallel, keep_going } => {
             let outputs = ci::Outputs::from_env(junit.clone());
             let s = match session(stack, global, ui.clone(), *parallel) {
                 Ok(mut s) => {
@@ -579,7 +600,22 @@ async fn run(cli: Cli, ui: Arc<Ui>) -> anyhow::Result<Code> {
                     return Err(ci::report_error(&outputs, &ui, &arg, &arg, e));
                 }
             };
+            if *plan_only {
+                return ci::plan_only(&s, &outputs).await;
+            }
             ci::run(&s, &outputs).await
+        }
+        Command::Plan { stack, json, markdown, detailed_exitcode } => {
+            let s = session(stack, global, ui, 1)?;
+            let plan = s.plan().await?;
+            if *json {
+                outln!("{}", plan::render_json(&plan)?);
+            } else if *markdown {
+                out!("{}", plan::render_markdown(&plan));
+            } else {
+                out!("{}", plan::render_text(&plan));
+            }
+            Ok(if *detailed_exitcode && plan.has_changes() { Code::Changes } else { Code::Ok })
         }
         Command::Inventory(a) => {
             let request = fleet::InventoryRequest {

@@ -241,6 +241,21 @@ fn abandoned_pending_upgrade_is_recovered_without_force(major: u32) {
     assert_eq!(app["sub_changes"][0]["id"], id(2).as_str(), "{app}");
     assert_eq!(app["sub_changes"][0]["uncertain"], true, "the journal shows revision 2 started: {app}");
 
+    // A helm naming the release is alive (here a stand-in): evidence incomplete, recover refuses
+    // and says so; the refusal, recorded in the journal, does not lose the other facts.
+    // (`sh` running the script keeps the name `helm` in its argv, as a real helm would.)
+    p.file("bin/helm", "#!/bin/sh\nsleep 60\n");
+    std::fs::set_permissions(p.path("bin/helm"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let mut alive = std::process::Command::new(p.path("bin/helm")).args(["upgrade", &release]).spawn().unwrap();
+    p.rdeploy(&["recover"])
+        .code(1)
+        .stdout_has("a helm process for it is still running")
+        .stdout_has("let it finish, or stop it, then `rdeploy recover`")
+        .stdout_has("next: rdeploy recover");
+    alive.kill().unwrap();
+    alive.wait().unwrap();
+    assert_eq!(sim.helm_statuses(major, &release, "shop"), ["deployed", "pending-upgrade"]);
+
     p.rdeploy(&["recover", "--dry-run"])
         .code(0)
         .stdout_has("abandoned: this deploy started revision 2 in `rdeploy up`");
@@ -259,7 +274,8 @@ fn abandoned_pending_upgrade_is_recovered_without_force(major: u32) {
     assert_eq!(status["state"], "complete");
     assert_eq!(
         sub_statuses(&status, "app"),
-        [(id(2), "pending".to_string()), (id(3), "done".to_string()), (id(4), "done".to_string())]
+        [(id(2), "pending".to_string()), (id(3), "done".to_string()), (id(4), "done".to_string())],
+        "the abandoned revision is settled (never done), the rollback and the upgrade done once each"
     );
     assert_eq!(p.read("after.log"), "after\n");
 }

@@ -10,6 +10,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
+use crate::preview::{Preview, PreviewError};
 use crate::process;
 
 /// What every tool's spec implements; the driver calls nothing else. Adapters never print and
@@ -30,6 +31,14 @@ pub trait Adapter {
     /// `extra_vars`, terraform `vars`), and those values. serde reads every YAML scalar as a
     /// string, so the stack module, which sees the YAML nodes, writes the typed values here.
     fn typed_values_mut(&mut self) -> Option<(&'static str, &mut BTreeMap<String, serde_json::Value>)> {
+        None
+    }
+
+    /// The entries of that same key the stack marks secret (`{ from_env: NAME }`,
+    /// `{ from_file: PATH }`, `{ value: V, secret: true }`), by key. The stack module fills it;
+    /// [`crate::ToolSpec::resolve_secrets`] reads each value when the step runs and puts it in
+    /// the typed values, where the adapter finds it and passes it off the command line.
+    fn marked_mut(&mut self) -> Option<&mut BTreeMap<String, crate::secrets::Marked>> {
         None
     }
 
@@ -61,6 +70,11 @@ pub trait Adapter {
     ) -> impl Future<Output = Result<Option<crate::outputs::Outputs>, Failure>> + Send {
         async { Ok(None) }
     }
+    /// Read-only, for `rdeploy plan`: what `apply` would change now, item by item, from the
+    /// tool's own preview (terraform `plan`, helm's server dry-run against the live objects,
+    /// `kubectl diff`, ansible `--check --diff`, a shell sub-change's `check`). Changes nothing
+    /// anywhere but the step's work dir (terraform's saved plan goes there).
+    fn preview(&self, ctx: &StepContext) -> impl Future<Output = Result<Preview, PreviewError>> + Send;
 
     /// The runbook section for this step: exact commands an operator would type.
     fn describe_recovery(&self, ctx: &DescribeContext<'_>, prior: Option<&PriorStep>) -> RecoveryDoc;
@@ -129,8 +143,11 @@ pub struct StepContext {
     /// The operator's `recover --reapply-missing`: a sub-change recorded done whose tool state
     /// says it is absent (terraform's state lost it) may be applied again instead of stopping.
     pub reapply_missing: bool,
-    /// For each of this step's sub-changes the journal records as started and never finished,
-    /// the run that started it and what the driver established about that run (empty outside
+    /// The run's secret values: every command of the step redacts them, and an adapter that
+    /// learns of another (terraform's sensitive variables) adds it, so the driver redacts it too.
+    pub secrets: crate::secrets::Registry,
+    /// For each of this step's sub-changes the journal records as started by an earlier run and
+    /// not done (still started, or failed since), the run that started it and what the driver established about that run (empty outside
     /// `recover`). helm reads it to tell an abandoned `pending-*` revision from a live one.
     pub started_by: BTreeMap<String, StartedBy>,
 }

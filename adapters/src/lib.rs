@@ -18,6 +18,7 @@ pub mod fold;
 pub mod helm;
 pub mod kubectl;
 pub mod outputs;
+pub mod preview;
 pub mod private;
 pub mod process;
 pub mod registry;
@@ -30,6 +31,7 @@ pub mod yaml;
 
 pub use binary::resolve_binary;
 pub use contract::*;
+pub use preview::{PlanAction, PlanItem, Preview};
 pub use registry::{Tool, ToolSpec};
 pub use tokio_util::sync::CancellationToken;
 

@@ -10,7 +10,8 @@ use crate::outputs::{OutputValue, Sensitive};
 use crate::process::Command;
 use crate::{
     forward_output, shell_quote, Adapter, AdapterError, DescribeContext, Event, EventSink, Failure, FieldPath,
-    Inspection, PathSegment, PriorStep, Recovered, RecoveryDoc, SpecProblem, StepContext, SubStatus, ToolInfo,
+    Inspection, PathSegment, PlanAction, PlanItem, Preview, PriorStep, Recovered, RecoveryDoc, SpecProblem,
+    StepContext, SubStatus, ToolInfo,
 };
 
 /// The sub-change id of a bare `run` step.
@@ -299,6 +300,41 @@ impl Adapter for ShellSpec {
         Ok(inspection)
     }
 
+    /// `up` runs every sub-change; one whose `check` exits 0 is shown "already in place" (the
+    /// check is the stack author's read-only test). A check is run, never a `run`.
+    async fn preview(&self, ctx: &StepContext) -> Result<Preview, crate::preview::PreviewError> {
+        let mut preview = Preview::default();
+        for (id, run, check) in self.planned() {
+            let mut item = match check {
+                Some(check) => {
+                    let outcome = self
+                        .command(ctx, id, check)
+                        .run(&ctx.cancel, ctx.timeout, &mut |_, _| {})
+                        .await
+                        .map_err(|e| Failure::new(e.to_string()))?;
+                    if outcome.interrupted {
+                        return Err(
+                            Failure::from_process_named(&format!("the check of `{id}`"), check, &outcome).into()
+                        );
+                    }
+                    if outcome.success() {
+                        PlanItem::new(id, PlanAction::Unchanged)
+                            .because(format!("already in place: `{check}` exited 0"))
+                    } else {
+                        PlanItem::new(id, PlanAction::Run).because(format!("`{check}` {}", outcome.describe_status()))
+                    }
+                }
+                None if id == RUN_ID => PlanItem::new(id, PlanAction::Run).because("a bare `run` always runs"),
+                None => PlanItem::new(id, PlanAction::Run).because("no `check` declared"),
+            };
+            item.details.push(format!("`{run}`"));
+            preview.items.push(item);
+        }
+        let in_place = preview.items.iter().filter(|i| i.action == PlanAction::Unchanged).count();
+        preview.summary = Some(format!("{} to run, {in_place} in place", preview.items.len() - in_place));
+        Ok(preview)
+    }
+
     fn describe_recovery(&self, ctx: &DescribeContext<'_>, prior: Option<&PriorStep>) -> RecoveryDoc {
         let cd = match &self.dir {
             Some(dir) => format!("cd {}", shell_quote(&PathBuf::from(ctx.stack_dir).join(dir).to_string_lossy())),
@@ -371,6 +407,7 @@ mod tests {
             cancel: CancellationToken::new(),
             force: false,
             reapply_missing: false,
+            secrets: Default::default(),
             started_by: Default::default(),
             processes: Default::default(),
         }

@@ -168,6 +168,11 @@ pub fn value(text: &str) -> Result<Value, String> {
     }
 }
 
+/// A JSON value as YAML text (keys in the value's order), for diffs a person reads.
+pub fn to_text(value: &Value) -> String {
+    serde_norway::to_string(value).unwrap_or_else(|e| format!("# not shown as YAML: {e}\n"))
+}
+
 /// A located node as JSON, scalars kept as their text (for digests: only stability matters).
 pub fn node_to_json(node: &Node) -> Value {
     match node {

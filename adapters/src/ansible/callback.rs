@@ -49,6 +49,25 @@ pub struct TaskResult {
     /// The task sits in a block with `rescue`: ansible may still rescue the host.
     #[serde(default)]
     pub rescuable: bool,
+    /// What `--diff` showed for the task (check mode previews read it).
+    #[serde(default)]
+    pub diff: Vec<TaskDiff>,
+}
+
+/// One item of a task's `--diff` output: the texts before and after, or a diff the module
+/// prepared itself.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+pub struct TaskDiff {
+    #[serde(default)]
+    pub before: Option<String>,
+    #[serde(default)]
+    pub after: Option<String>,
+    #[serde(default)]
+    pub before_header: Option<String>,
+    #[serde(default)]
+    pub after_header: Option<String>,
+    #[serde(default)]
+    pub prepared: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]

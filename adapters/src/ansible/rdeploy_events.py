@@ -48,6 +48,30 @@ def _message(result):
     return _one_line(msg)
 
 
+def _text(value):
+    if value is None or isinstance(value, str):
+        return value
+    return json.dumps(value, indent=2, sort_keys=True, default=str) + "\n"
+
+
+def _diffs(result):
+    """What `--diff` says a task changes: before/after texts (or a diff the module prepared).
+    Only the task's own words; `no_log` tasks never carry a diff."""
+    diff = result.get("diff")
+    if not diff:
+        return None
+    items = diff if isinstance(diff, list) else [diff]
+    out = []
+    for item in items:
+        if not isinstance(item, dict):
+            continue
+        entry = {k: _text(item.get(k)) for k in ("before", "after", "before_header", "after_header", "prepared")}
+        entry = {k: v for k, v in entry.items() if v is not None}
+        if entry:
+            out.append(entry)
+    return out or None
+
+
 def _rescuable(task):
     """Whether a failure of this task will be handled by an enclosing block's `rescue`: the
     strategy then counts it as rescued, not failed, so it must not be reported as failed yet."""
@@ -109,6 +133,9 @@ class CallbackModule(CallbackBase):
             "play": self._play,
             "msg": _message(result.result),
         }
+        diffs = _diffs(result.result)
+        if diffs:
+            record["diff"] = diffs
         record.update(extra)
         self._write(record)
 

@@ -6,6 +6,7 @@
 
 pub mod manifest;
 pub mod output;
+pub mod preview;
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -20,7 +21,7 @@ use self::output::{
 use crate::process::{capture, Captured, Command, Outcome, StdoutLog};
 use crate::{
     display_command, shell_quote, Adapter, AdapterError, DescribeContext, Event, EventSink, Failure, FieldPath,
-    Inspection, PathSegment, PriorStep, Recovered, RecoveryDoc, SpecProblem, StepContext, SubStatus, ToolInfo,
+    Inspection, PathSegment, Preview, PriorStep, Recovered, RecoveryDoc, SpecProblem, StepContext, SubStatus, ToolInfo,
 };
 
 const DEFAULT_BINARY: &str = "kubectl";
@@ -751,6 +752,10 @@ impl Adapter for KubectlSpec {
             }
         }
         Ok(inspection)
+    }
+
+    async fn preview(&self, ctx: &StepContext) -> Result<Preview, crate::preview::PreviewError> {
+        self.preview_objects(ctx).await
     }
 
     fn describe_recovery(&self, ctx: &DescribeContext<'_>, prior: Option<&PriorStep>) -> RecoveryDoc {

@@ -1,0 +1,383 @@
+//! `rdeploy plan` for a helm step: the objects of the release as they live in the cluster
+//! (named by the release's manifest in `helm status`, read with `kubectl get`, so an edit made
+//! out of band shows) against the objects `helm upgrade --install --dry-run=server` renders:
+//! per object created, changed (with a unified diff) or deleted, and the values that change.
+//!
+//! A live object holds far more than the chart wrote (status, defaults, managed fields), so it is
+//! compared on the fields the chart sets now or set in the current revision: a field the chart
+//! stops setting shows as removed, a field a person edited in the cluster as changed.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+use serde_json::{Map, Value};
+
+use super::{helm_failure, state, HelmSpec, Release, QUICK};
+use crate::kubectl::manifest::{flatten_lists, objects_from_documents, parse_documents, KubeObject, Scopes};
+use crate::preview::{unified_diff, PlanAction, PlanItem, Preview, PreviewError};
+use crate::process::{capture, redact_line, Captured, Command, StdoutLog};
+use crate::{secrets, Failure, StepContext};
+
+const KUBECTL_HINT: &str = "install kubectl (https://kubernetes.io/docs/tasks/tools/): `rdeploy plan` reads a helm release's live objects with it";
+
+/// `live`, cut down to the fields `template` has (maps key by key, lists item by item when both
+/// have the same length), so a diff against the chart's object shows only what the chart owns.
+pub fn project(live: &Value, template: &Value) -> Value {
+    match (live, template) {
+        (Value::Object(live), Value::Object(template)) => Value::Object(
+            template
+                .iter()
+                .filter_map(|(key, t)| live.get(key).map(|l| (key.clone(), project(l, t))))
+                .collect::<Map<String, Value>>(),
+        ),
+        (Value::Array(live), Value::Array(template)) if live.len() == template.len() => {
+            Value::Array(live.iter().zip(template).map(|(l, t)| project(l, t)).collect())
+        }
+        (live, _) => live.clone(),
+    }
+}
+
+/// The fields of both `a` and `b`: maps merged key by key (`a`'s scalars win).
+pub fn union_shape(a: &Value, b: &Value) -> Value {
+    match (a, b) {
+        (Value::Object(a), Value::Object(b)) => {
+            let mut out = a.clone();
+            for (key, bv) in b {
+                let merged = match a.get(key) {
+                    Some(av) => union_shape(av, bv),
+                    None => bv.clone(),
+                };
+                out.insert(key.clone(), merged);
+            }
+            Value::Object(out)
+        }
+        (Value::Array(a), Value::Array(b)) if a.len() == b.len() => {
+            Value::Array(a.iter().zip(b).map(|(x, y)| union_shape(x, y)).collect())
+        }
+        (a, _) => a.clone(),
+    }
+}
+
+/// What one object of the release would undergo.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ObjectChange {
+    pub id: String,
+    pub action: PlanAction,
+    pub reason: Option<String>,
+    pub diff: Option<String>,
+}
+
+/// Compares the release's objects: `current` (the current revision's manifest), `wanted` (the
+/// dry-run's manifest) and `live` (read from the cluster, by id; absent when not there).
+pub fn compare(current: &[KubeObject], wanted: &[KubeObject], live: &HashMap<String, Value>) -> Vec<ObjectChange> {
+    let current_by_id: HashMap<String, &KubeObject> = current.iter().map(|o| (o.id(), o)).collect();
+    let mut changes = Vec::new();
+    for object in wanted {
+        let id = object.id();
+        let wanted_text = crate::yaml::to_text(&object.body);
+        let change = match (live.get(&id), current_by_id.get(&id)) {
+            (None, before) => ObjectChange {
+                reason: Some(if before.is_some() { "in the release, missing in the cluster" } else { "new" }.into()),
+                diff: unified_diff("", &wanted_text, &format!("live/{id}"), &format!("wanted/{id}")),
+                id,
+                action: PlanAction::Create,
+            },
+            (Some(live_body), before) => {
+                let shape = match before {
+                    Some(before) => union_shape(&object.body, &before.body),
+                    None => object.body.clone(),
+                };
+                let live_text = crate::yaml::to_text(&project(live_body, &shape));
+                match unified_diff(&live_text, &wanted_text, &format!("live/{id}"), &format!("wanted/{id}")) {
+                    None => ObjectChange { id, action: PlanAction::Unchanged, reason: None, diff: None },
+                    Some(diff) => ObjectChange {
+                        id,
+                        action: PlanAction::Update,
+                        reason: Some(if before.is_none() { "exists outside the release" } else { "differs" }.into()),
+                        diff: Some(diff),
+                    },
+                }
+            }
+        };
+        changes.push(change);
+    }
+    let wanted_ids: std::collections::HashSet<String> = wanted.iter().map(KubeObject::id).collect();
+    for object in current.iter().filter(|o| !wanted_ids.contains(&o.id())) {
+        let id = object.id();
+        let reason = if live.contains_key(&id) { "no longer rendered" } else { "no longer rendered, already gone" };
+        changes.push(ObjectChange {
+            action: if live.contains_key(&id) { PlanAction::Delete } else { PlanAction::Unchanged },
+            reason: Some(reason.into()),
+            diff: None,
+            id,
+        });
+    }
+    changes
+}
+
+impl HelmSpec {
+    /// The dry-run's words: the upgrade of `up` without what only a real run uses (waiting,
+    /// rollback on failure, forced replacement), so they are the same for helm 3 and 4.
+    fn dry_run_words(&self, ctx: &StepContext) -> Vec<String> {
+        let spec = HelmSpec { wait: None, atomic: None, force: None, ..self.clone() };
+        let ctx = StepContext { timeout: None, ..ctx.clone() };
+        let mut words = spec.upgrade_words(4, Some(&ctx));
+        words.extend(["--dry-run=server".to_string(), "-o".into(), "json".into()]);
+        words
+    }
+
+    /// kubectl, in the step's cluster (its kubeconfig and context).
+    fn kubectl_command(&self, ctx: &StepContext, kubectl: &Path) -> Command {
+        Command::new(kubectl)
+            .cwd(&ctx.stack_dir)
+            .envs(ctx.env.iter().map(|(k, v)| (k.clone(), v.clone())))
+            .args(self.kubectl_cluster_args(ctx))
+            .in_step(ctx)
+    }
+
+    fn kubectl_cluster_args(&self, ctx: &StepContext) -> Vec<String> {
+        let mut args = Vec::new();
+        if let Some(k) = &self.kubeconfig {
+            args.extend(["--kubeconfig".to_string(), ctx.resolve(k).to_string_lossy().into_owned()]);
+        }
+        if let Some(c) = &self.context {
+            args.extend(["--context".to_string(), c.clone()]);
+        }
+        args
+    }
+
+    pub(super) async fn preview_release(&self, ctx: &StepContext) -> Result<Preview, PreviewError> {
+        let binary = crate::resolve_binary(ctx, self.binary_name(), super::INSTALL_HINT)?;
+        // No `helm version`: the dry-run's flags are the same for both majors.
+        let release = Release { spec: self, ctx, binary, major: 0, version: String::new() };
+        let secrets = secrets::normalize(secrets::secret_strings(&self.set, &self.marked));
+        let mut preview = Preview::default();
+
+        let status_cmd =
+            release.command().args(["status", &self.release, "-o", "json"]).args(self.cluster_args(Some(ctx)));
+        let Captured { outcome, stdout, stderr } =
+            capture(&status_cmd, ctx, Some(QUICK), None, StdoutLog::UnlessJson).await.map_err(Failure::from)?;
+        let current: Option<Value> = if outcome.success() {
+            Some(
+                serde_json::from_str(&stdout.join("\n"))
+                    .map_err(|e| Failure::new(format!("`{}` printed unexpected JSON: {e}", status_cmd.display())))?,
+            )
+        } else if state::is_not_found(&stderr) {
+            None
+        } else {
+            return Err(helm_failure(&status_cmd.display(), &outcome, &stderr)
+                .with_hint("check that the cluster is reachable, then `rdeploy plan` again")
+                .into());
+        };
+        let revision = current.as_ref().and_then(|c| c.get("version")).and_then(Value::as_u64);
+        preview.observe(
+            format!("revision of helm release {}", self.release),
+            revision.map_or_else(|| "absent".to_string(), |r| r.to_string()),
+        );
+
+        let _secret_values = release.secret_values_file()?;
+        let dry_cmd = release.command().args(self.dry_run_words(ctx));
+        let Captured { outcome, stdout, stderr } =
+            capture(&dry_cmd, ctx, Some(ctx.timeout.unwrap_or(QUICK)), None, StdoutLog::UnlessJson)
+                .await
+                .map_err(Failure::from)?;
+        if !outcome.success() {
+            return Err(secrets::redact_failure(
+                helm_failure(&dry_cmd.display(), &outcome, &stderr)
+                    .with_hint("fix the chart or its values, then `rdeploy plan` again"),
+                &secrets,
+            )
+            .into());
+        }
+        let rendered: Value = serde_json::from_str(&stdout.join("\n"))
+            .map_err(|e| Failure::new(format!("`{}` printed unexpected JSON: {e}", dry_cmd.display())))?;
+
+        let namespace = self.namespace.clone().unwrap_or_else(|| "default".into());
+        let manifest_of = |release: Option<&Value>, what: &str| -> Result<Vec<Value>, Failure> {
+            let manifest = release.and_then(|r| r.get("manifest")).and_then(Value::as_str).unwrap_or("");
+            parse_documents(manifest).map(flatten_lists).map_err(|e| {
+                Failure::new(format!("the {what} manifest of release {} does not parse: {e}", self.release))
+            })
+        };
+        let current_docs = manifest_of(current.as_ref(), "current")?;
+        let wanted_docs = manifest_of(Some(&rendered), "rendered")?;
+        // Which kinds are namespaced, as the API says (the release's CRDs first), so an object
+        // is named as kubectl and the checkpoint name it.
+        let all: Vec<Value> = current_docs.iter().chain(&wanted_docs).cloned().collect();
+        let mut scopes = Scopes::from_documents(&all);
+        let kubectl = crate::resolve_binary(ctx, "kubectl", KUBECTL_HINT)?;
+        if !all.is_empty() && scopes.lacks_any(&all) {
+            let cmd = self.kubectl_command(ctx, &kubectl).arg("api-resources");
+            match capture(&cmd, ctx, Some(QUICK), None, StdoutLog::UnlessJson).await {
+                Ok(Captured { stdout, .. }) if scopes.add_discovery(&stdout) > 0 => {}
+                _ => preview.notes.push(format!(
+                    "`{}` gave no answer: kinds the release's CRDs do not define are taken as namespaced",
+                    cmd.display()
+                )),
+            }
+        }
+        let objects_of = |docs: Vec<Value>| {
+            objects_from_documents(docs, Path::new(&self.release), &namespace, &scopes).map_err(Failure::new)
+        };
+        let current_objects = objects_of(current_docs)?;
+        let wanted_objects = objects_of(wanted_docs)?;
+
+        let live = self.read_live(ctx, &current_objects, &wanted_objects, &mut preview).await?;
+        for change in compare(&current_objects, &wanted_objects, &live) {
+            let mut item = PlanItem::new(change.id, change.action);
+            item.reason = change.reason;
+            item.diff = change.diff.map(|d| redact_line_by_line(&d, &secrets));
+            preview.items.push(item);
+        }
+        // The values helm records for the new revision against the current one's.
+        let values = |r: Option<&Value>| r.and_then(|r| r.get("config")).cloned().filter(|v| !v.is_null());
+        let (before, after) = (values(current.as_ref()), values(Some(&rendered)));
+        let empty = Value::Object(Map::new());
+        let before_text = crate::yaml::to_text(before.as_ref().unwrap_or(&empty));
+        let after_text = crate::yaml::to_text(after.as_ref().unwrap_or(&empty));
+        if current.is_some() {
+            if let Some(diff) = unified_diff(&before_text, &after_text, "values/current", "values/wanted") {
+                let mut item = PlanItem::new(format!("{} values", self.release), PlanAction::Update)
+                    .because("the release's values change");
+                item.diff = Some(redact_line_by_line(&diff, &secrets));
+                preview.items.push(item);
+            }
+        }
+        let (mut add, mut change, mut delete) = (0, 0, 0);
+        for item in &preview.items {
+            match item.action {
+                PlanAction::Create => add += 1,
+                PlanAction::Update => change += 1,
+                PlanAction::Delete => delete += 1,
+                _ => {}
+            }
+        }
+        preview.summary = Some(match revision {
+            Some(r) => format!("revision {} over {r}: {add} to create, {change} to change, {delete} to delete", r + 1),
+            None => format!("install: {add} to create"),
+        });
+        Ok(preview)
+    }
+
+    /// Every object of the current and the rendered manifests as it is in the cluster, by id,
+    /// with its resourceVersion observed.
+    async fn read_live(
+        &self,
+        ctx: &StepContext,
+        current: &[KubeObject],
+        wanted: &[KubeObject],
+        preview: &mut Preview,
+    ) -> Result<HashMap<String, Value>, PreviewError> {
+        let mut all: BTreeMap<String, &KubeObject> = BTreeMap::new();
+        for object in current.iter().chain(wanted) {
+            all.entry(object.id()).or_insert(object);
+        }
+        if all.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let kubectl = crate::resolve_binary(ctx, "kubectl", KUBECTL_HINT)?;
+        let list = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "List",
+            "items": all.values().map(|o| o.body.clone()).collect::<Vec<_>>(),
+        });
+        let path = ctx.work_dir.join("plan-objects.json");
+        crate::private::create_dir_all(&ctx.work_dir)
+            .and_then(|()| crate::private::write(&path, list.to_string().as_bytes()))
+            .map_err(|e| Failure::new(format!("could not write {}: {e}", path.display())))?;
+        let cmd =
+            self.kubectl_command(ctx, &kubectl).args(["get", "--ignore-not-found", "-o", "json", "-f"]).arg(&path);
+        let Captured { outcome, stdout, stderr } =
+            capture(&cmd, ctx, Some(QUICK), None, StdoutLog::UnlessJson).await.map_err(Failure::from)?;
+        let _ = std::fs::remove_file(&path);
+        if !outcome.success() {
+            let why = stderr.last().cloned().unwrap_or_else(|| outcome.describe_status());
+            return Err(Failure::new(format!("`{}` failed: {why}", cmd.display()))
+                .with_hint("check that the cluster is reachable, then `rdeploy plan` again")
+                .into());
+        }
+        let found = crate::kubectl::preview::objects_by_key(&stdout.join("\n"));
+        let mut live = HashMap::new();
+        for (id, object) in all {
+            let key = (object.kind.clone(), object.namespace.clone(), object.name.clone());
+            let body = found.get(&key);
+            let version = body
+                .and_then(|b| b.pointer("/metadata/resourceVersion"))
+                .and_then(Value::as_str)
+                .unwrap_or("absent")
+                .to_string();
+            preview.observe(format!("resourceVersion of {id}"), version);
+            if let Some(body) = body {
+                live.insert(id, body.clone());
+            }
+        }
+        Ok(live)
+    }
+}
+
+fn redact_line_by_line(text: &str, secrets: &[String]) -> String {
+    text.lines().map(|l| redact_line(l, secrets) + "\n").collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn objects(yaml: &str) -> Vec<KubeObject> {
+        let docs = parse_documents(yaml).unwrap();
+        objects_from_documents(docs, Path::new("r"), "shop", &Scopes::default()).unwrap()
+    }
+
+    #[test]
+    fn projects_a_live_object_onto_the_fields_the_chart_sets() {
+        let live = json!({"metadata": {"name": "a", "uid": "u", "labels": {"app": "a"}}, "data": {"color": "red"},
+                          "spec": {"ports": [{"port": 80, "protocol": "TCP"}]}, "status": {}});
+        let template = json!({"metadata": {"name": "a", "labels": {"app": "a"}}, "data": {"color": "blue"},
+                              "spec": {"ports": [{"port": 80}]}});
+        assert_eq!(
+            project(&live, &template),
+            json!({"metadata": {"name": "a", "labels": {"app": "a"}}, "data": {"color": "red"}, "spec": {"ports": [{"port": 80}]}})
+        );
+    }
+
+    #[test]
+    fn objects_are_created_changed_deleted_or_unchanged() {
+        let current = objects(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: same}\ndata: {a: '1'}\n---\n\
+             apiVersion: v1\nkind: ConfigMap\nmetadata: {name: edited}\ndata: {a: '1', old: x}\n---\n\
+             apiVersion: v1\nkind: ConfigMap\nmetadata: {name: gone}\ndata: {a: '1'}\n",
+        );
+        let wanted = objects(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: same}\ndata: {a: '1'}\n---\n\
+             apiVersion: v1\nkind: ConfigMap\nmetadata: {name: edited}\ndata: {a: '1'}\n---\n\
+             apiVersion: v1\nkind: ConfigMap\nmetadata: {name: new}\ndata: {a: '1'}\n",
+        );
+        let mut live = HashMap::new();
+        let meta = |name: &str| json!({"name": name, "namespace": "shop", "resourceVersion": "5", "uid": "x"});
+        live.insert(
+            "ConfigMap/shop/same".to_string(),
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta("same"), "data": {"a": "1"}}),
+        );
+        // Edited in the cluster (a = 2) and still holding the key the chart no longer sets.
+        live.insert("ConfigMap/shop/edited".to_string(), json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta("edited"), "data": {"a": "2", "old": "x"}}));
+        live.insert(
+            "ConfigMap/shop/gone".to_string(),
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta("gone"), "data": {"a": "1"}}),
+        );
+        let got = compare(&current, &wanted, &live);
+        let summary: Vec<(&str, PlanAction)> = got.iter().map(|c| (c.id.as_str(), c.action)).collect();
+        assert_eq!(
+            summary,
+            [
+                ("ConfigMap/shop/same", PlanAction::Unchanged),
+                ("ConfigMap/shop/edited", PlanAction::Update),
+                ("ConfigMap/shop/new", PlanAction::Create),
+                ("ConfigMap/shop/gone", PlanAction::Delete),
+            ]
+        );
+        let diff = got[1].diff.as_deref().unwrap();
+        assert!(diff.contains("-  a: '2'\n") && diff.contains("+  a: '1'\n"), "an edit in the cluster shows: {diff}");
+        assert!(diff.contains("-  old: x\n"), "a field the chart stops setting shows as removed: {diff}");
+    }
+}
