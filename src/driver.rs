@@ -13,7 +13,8 @@ use std::fs::File;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
-use rdeploy_adapters::outputs::{OutputValue, Sensitive};
+use rdeploy_adapters::outputs::OutputValue;
+use rdeploy_adapters::secrets::Secret;
 use rdeploy_adapters::{
     shell, Adapter, CancellationToken, Event, EventSink, Failure, PriorStep, Recovered, RunFate, StartedBy,
     StepContext, ToolInfo,
@@ -64,7 +65,7 @@ pub struct Session {
 }
 
 /// Sensitive output values by producing step and key, held in memory only.
-pub type SensitiveOutputs = Arc<Mutex<HashMap<String, BTreeMap<String, Sensitive>>>>;
+pub type SensitiveOutputs = Arc<Mutex<HashMap<String, BTreeMap<String, Secret>>>>;
 
 /// How long a run waits for a tool a dead run left running (terraform finishing the resources
 /// in flight after its SIGINT) before it refuses to start beside it.
@@ -182,7 +183,7 @@ struct RunState {
 }
 
 /// A step's outputs as known at one moment: the recorded ones and the sensitive ones in memory.
-type OutputsSeen = (BTreeMap<String, serde_json::Value>, BTreeMap<String, Sensitive>);
+type OutputsSeen = (BTreeMap<String, serde_json::Value>, BTreeMap<String, Secret>);
 
 impl RunState {
     /// A step failed, was refused or reverted: with `keep_going` only its dependents wait
@@ -795,7 +796,7 @@ impl Session {
             let tool_version = tools.get(&name).map(|t| t.version.clone());
             // Its references take their values before the tool starts: a missing output fails
             // the step here, having run nothing.
-            let (step, redact) = match self.resolve_references(cp, &step).await {
+            let step = match self.resolve_references(cp, &step).await {
                 Ok(resolved) => resolved,
                 Err(failure) => {
                     cp.record(Record::StepStarted { step: name.clone(), mode, tool_version: tool_version.clone() })?;
@@ -822,7 +823,6 @@ impl Session {
             let mut sink =
                 JournalSink::new(name.clone(), cp.clone(), self.ui.clone(), &self.state, ctx.cancel.clone())?;
             sink.sensitive = self.sensitive.clone();
-            sink.redact = redact.clone();
             // 0700: the tools' files in it (terraform's saved plan) are nobody else's to read.
             self.state.create_dir(&ctx.work_dir)?;
             let attempts = Attempts { retry, cp: cp.clone(), ui: self.ui.clone(), tool_version };
@@ -832,8 +832,6 @@ impl Session {
                     Ok(()) => attempts.run(&step, &ctx, action, &sink).await,
                     Err(failure) => Err(failure),
                 };
-                // A value it was given in secret never reaches the checkpoint in its failure.
-                let result = result.map_err(|f| rdeploy_adapters::secrets::redact_failure(f, &redact));
                 (step.name.clone(), result)
             });
         }
@@ -842,9 +840,9 @@ impl Session {
 
     /// The step with its `${{ steps.NAME.outputs.KEY }}` replaced by the values recorded in the
     /// checkpoint (a sensitive one from this process's memory, else read again from the
-    /// producer's own state), and the sensitive values it was given, to redact. A reference
+    /// producer's own state, and registered with the run's secrets). A reference
     /// without a value is the step's failure, before its tool starts.
-    async fn resolve_references(&self, cp: &SharedCheckpoint, step: &Step) -> Result<(Step, Vec<String>), Failure> {
+    async fn resolve_references(&self, cp: &SharedCheckpoint, step: &Step) -> Result<Step, Failure> {
         let mut values: HashMap<Reference, OutputValue> = HashMap::new();
         for reference in &step.refs {
             let (plain, sensitive, known) = cp.read(|d| {
@@ -888,6 +886,7 @@ impl Session {
                     let entry = vault.entry(reference.step.clone()).or_default();
                     for (key, value) in outputs {
                         if let OutputValue::Sensitive(secret) = value {
+                            crate::out::secrets().add(&secret);
                             entry.insert(key, secret);
                         }
                     }
@@ -917,16 +916,13 @@ impl Session {
                 }
             }
         }
-        let redact: Vec<String> = rdeploy_adapters::secrets::normalize(
-            values
-                .values()
-                .filter_map(|v| match v {
-                    OutputValue::Sensitive(s) => Some(s.redactions()),
-                    OutputValue::Plain(_) => None,
-                })
-                .flatten()
-                .collect(),
-        );
+        // Every sensitive value it is given is one of the run's secrets (registered when it was
+        // read; again here, which costs nothing), so what the step reports is redacted of it.
+        for value in values.values() {
+            if let OutputValue::Sensitive(secret) = value {
+                crate::out::secrets().add(secret);
+            }
+        }
         let text = |r: &Reference| values.get(r).map(|v| rdeploy_adapters::outputs::value_text(v.value()));
         let resolved = step.resolve(&text).map_err(|e| match e {
             crate::stack::ResolveError::Missing(r) => Failure::new(format!("`{r}` has no value; nothing was run")),
@@ -937,8 +933,7 @@ impl Session {
             .with_hint("check what the producing steps output (`rdeploy output`) against the keys that use them"),
         });
         // The tool's words about a bad value may quote it.
-        let resolved = resolved.map_err(|f| rdeploy_adapters::secrets::redact_failure(f, &redact))?;
-        Ok((resolved, redact))
+        resolved.map_err(|f| crate::out::secrets().redact_failure(f))
     }
 
     fn outputs_seen(&self, cp: &SharedCheckpoint, step: &str) -> OutputsSeen {
@@ -998,7 +993,7 @@ impl Session {
         Ok(())
     }
 
-    fn sensitive_value(&self, reference: &Reference) -> Option<Sensitive> {
+    fn sensitive_value(&self, reference: &Reference) -> Option<Secret> {
         let vault = self.sensitive.lock().unwrap_or_else(|e| e.into_inner());
         vault.get(&reference.step).and_then(|m| m.get(&reference.key)).cloned()
     }
@@ -1134,7 +1129,7 @@ impl Session {
         self.ui.step_started(&step.name, "revert");
         cp.record(Record::StepStarted { step: step.name.clone(), mode: StepMode::Revert, tool_version: None })?;
         // Its `revert` and `env` may use outputs too: the recorded values, as the step had them.
-        let (step, redact) = match self.resolve_references(cp, step).await {
+        let step = match self.resolve_references(cp, step).await {
             Ok(resolved) => resolved,
             Err(failure) => {
                 self.ui
@@ -1149,7 +1144,6 @@ impl Session {
         let mut sink =
             JournalSink::new(step.name.clone(), cp.clone(), self.ui.clone(), &self.state, CancellationToken::new())?;
         sink.sensitive = self.sensitive.clone();
-        sink.redact = redact.clone();
         let (_, ctx, read) = self.resolved(step, CancellationToken::new());
         let reverted = match read {
             Ok(()) => shell::run_revert(&ctx, script, &sink).await,
@@ -1162,7 +1156,7 @@ impl Session {
                 Ok(Outcome::StepReverted)
             }
             Err(failure) => {
-                let failure = rdeploy_adapters::secrets::redact_failure(failure, &redact);
+                let failure = crate::out::secrets().redact_failure(failure);
                 self.ui
                     .step_finished(&step.name, &format!("{}: {}", self.ui.paint.bad("revert failed"), failure.summary));
                 cp.record(Record::StepRevertFailed { step: step.name.clone(), failure })?;
@@ -1436,8 +1430,6 @@ struct JournalSink {
     stop: CancellationToken,
     /// Where the step's sensitive outputs go (memory only).
     sensitive: SensitiveOutputs,
-    /// The sensitive values the step was given: redacted from everything it reports.
-    redact: Vec<String>,
 }
 
 impl JournalSink {
@@ -1465,7 +1457,6 @@ impl JournalSink {
             error: Mutex::new(None),
             stop,
             sensitive: SensitiveOutputs::default(),
-            redact: Vec::new(),
         })
     }
 
@@ -1483,11 +1474,18 @@ impl JournalSink {
 
 impl EventSink for JournalSink {
     fn emit(&self, event: Event) {
+        // A sensitive output joins the run's secrets first, so the central redaction covers it
+        // (in this event's plain values too, and in whatever the consumers report).
+        if let Event::Outputs { values } = &event {
+            for value in values.values() {
+                if let OutputValue::Sensitive(secret) = value {
+                    crate::out::secrets().add(secret);
+                }
+            }
+        }
         // Redacted once more with the run's secrets before the journal, the log and the terminal.
         let event = rdeploy_adapters::secrets::redact_event(event, &crate::out::secrets().values());
         let step = self.step.clone();
-        let event =
-            if self.redact.is_empty() { event } else { rdeploy_adapters::secrets::redact_event(event, &self.redact) };
         match event {
             Event::Outputs { values } => {
                 let mut plain = BTreeMap::new();

@@ -167,6 +167,48 @@ steps:
     assert!(!p.exists("got-token"));
 }
 
+/// A sensitive output is one of the run's secrets from the moment it is read: a step that never
+/// referenced it (here it finds the value in a file the producer left) is redacted of it too, in
+/// its output lines, its failure and the plain outputs it records.
+#[test]
+fn a_sensitive_output_is_redacted_from_every_later_step_not_only_its_consumers() {
+    let p = Project::new();
+    p.stack(
+        r#"name: s
+steps:
+  - name: secret
+    tool: shell
+    sensitive_outputs: [token]
+    sub_changes:
+      - name: mint
+        run: |
+          echo "tok-5e4d3c2b1a" > minted
+          echo "token=$(cat minted)" >> "$RDEPLOY_OUTPUT"
+  - name: bystander
+    tool: shell
+    needs: [secret]
+    sub_changes:
+      - name: note
+        run: |
+          echo "found $(cat minted)"
+          echo "url=https://svc/?t=$(cat minted)" >> "$RDEPLOY_OUTPUT"
+      - name: fail
+        run: |
+          echo "gave up on $(cat minted)" >&2
+          exit 1
+"#,
+    );
+    let run = p.rdeploy(&["up"]);
+    run.code(1);
+    assert!(run.stdout.contains("gave up on ***") || run.stderr.contains("gave up on ***"), "{}", run.stdout);
+    assert!(!run.stdout.contains("tok-5e4d3c2b1a") && !run.stderr.contains("tok-5e4d3c2b1a"), "{}", run.stdout);
+    p.remove("minted");
+    assert_no_file_holds(&p.path(".rdeploy"), "tok-5e4d3c2b1a");
+    let out = p.rdeploy(&["output", "bystander", "url"]);
+    out.code(0);
+    assert_eq!(out.stdout, "https://svc/?t=***\n");
+}
+
 /// Panics if any file under `dir` holds `needle`.
 pub fn assert_no_file_holds(dir: &std::path::Path, needle: &str) {
     for entry in walk(dir) {

@@ -2,46 +2,23 @@
 //! each from the tool's own mechanism (terraform's root outputs, the shell's `$RDEPLOY_OUTPUT`
 //! file, the helm release, kubectl's jsonpath, ansible's `set_stats`).
 //!
-//! A sensitive value is held in [`Sensitive`], the one type that carries one: it has no
+//! A sensitive value is held in a [`Secret`], as the stack's marked values are: it has no
 //! `Serialize` and its `Debug` prints no value, so it cannot reach the journal, a report or a
-//! log by accident; only [`Sensitive::expose`] hands the value out, to the consumer's process.
+//! log by accident; only [`Secret::expose`] hands the value out, to the consumer's process. The
+//! driver registers it with the run's [`crate::secrets::Registry`] once it has it, so the
+//! central redaction covers wherever else it shows up.
 
 use std::collections::BTreeMap;
-use std::fmt;
 
 use serde_json::Value;
 
-/// A value that must never be written anywhere: passed to the consumer only.
-#[derive(Clone, PartialEq)]
-pub struct Sensitive(Value);
-
-impl Sensitive {
-    pub fn new(value: Value) -> Sensitive {
-        Sensitive(value)
-    }
-
-    /// The value, for the consumer's process only.
-    pub fn expose(&self) -> &Value {
-        &self.0
-    }
-
-    /// Every string to redact wherever this value could show up.
-    pub fn redactions(&self) -> Vec<String> {
-        crate::secrets::value_strings(&self.0)
-    }
-}
-
-impl fmt::Debug for Sensitive {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Sensitive(***)")
-    }
-}
+pub use crate::secrets::Secret;
 
 /// One output as its producer reported it.
 #[derive(Clone, Debug, PartialEq)]
 pub enum OutputValue {
     Plain(Value),
-    Sensitive(Sensitive),
+    Sensitive(Secret),
 }
 
 impl OutputValue {
@@ -131,7 +108,7 @@ pub fn parse_terraform_outputs(json: &str) -> Result<Outputs, String> {
         let value = entry.get("value").cloned().unwrap_or(Value::Null);
         out.insert(
             name,
-            if sensitive { OutputValue::Sensitive(Sensitive::new(value)) } else { OutputValue::Plain(value) },
+            if sensitive { OutputValue::Sensitive(Secret::new(value)) } else { OutputValue::Plain(value) },
         );
     }
     Ok(out)

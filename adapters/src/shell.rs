@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-use crate::outputs::{OutputValue, Sensitive};
+use crate::outputs::{OutputValue, Secret};
 use crate::process::Command;
 use crate::{
     forward_output, shell_quote, Adapter, AdapterError, DescribeContext, Event, EventSink, Failure, FieldPath,
@@ -126,7 +126,7 @@ impl ShellSpec {
                     .map(|(key, value)| {
                         let value = serde_json::Value::String(value);
                         let value = if self.sensitive_outputs.contains(&key) {
-                            OutputValue::Sensitive(Sensitive::new(value))
+                            OutputValue::Sensitive(Secret::new(value))
                         } else {
                             OutputValue::Plain(value)
                         };
