@@ -4,10 +4,14 @@
 //! returns a [`StackPlan`]; `render_*` turn it into the human report, markdown for a pull request
 //! and the JSON of SPEC.md.
 //!
-//! Step outputs (`${{ steps.NAME.outputs.KEY }}`): a value that is not known until an upstream
-//! step applies is a [`Resolved::Pending`]; a step that reads one is not previewed with a guess,
-//! it is shown "known after NAME applies" ([`StepPlan::unknown_until`]).
+//! Step outputs (`${{ steps.NAME.outputs.KEY }}`): a value is [`Resolved::Known`] when its
+//! producer's preview changes nothing and the unfinished (else the last) deploy of the stack
+//! journaled it: the step is previewed with it, as `up` would run it. Any other value (its
+//! producer would change, or was not previewed, or the value is sensitive and so never journaled)
+//! is not known until the producer applies, a [`Resolved::Pending`]: a step that reads one is not
+//! previewed with a guess, it is shown "known after NAME applies" ([`StepPlan::unknown_until`]).
 
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 
 use rdeploy_adapters::preview::PreviewError;
@@ -22,9 +26,7 @@ use crate::stack::Step;
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case", tag = "state", content = "value")]
 pub enum Resolved<T> {
-    // Built from the journaled outputs of a step that would not change, once step outputs land
-    // (issue 15); until then every referenced output is pending.
-    #[allow(dead_code)]
+    /// Journaled by a producer whose preview changes nothing: `up` would hand the step this.
     Known(T),
     /// Known after `step` applies: shown as such, never guessed.
     Pending { step: String },
@@ -64,6 +66,9 @@ pub struct StepPlan {
     pub notes: Vec<String>,
     /// The upstream steps whose outputs this step reads: it cannot be previewed before they apply.
     pub unknown_until: Vec<String>,
+    /// Each output it reads (`steps.NAME.outputs.KEY`), known or pending.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub inputs: BTreeMap<String, Resolved<serde_json::Value>>,
     /// Why the preview could not be made (the tool failed): the step counts as a change.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
@@ -79,22 +84,34 @@ impl StackPlan {
     }
 }
 
-/// The steps whose outputs `step` references (`${{ steps.NAME.outputs.KEY }}` in any of its
-/// string values).
-// The seam for step outputs: once the stack model keeps each step's references, read them here.
-pub fn output_references(step: &Step) -> Vec<String> {
-    static REFERENCE: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
-        regex::Regex::new(r"\$\{\{\s*steps\.([A-Za-z0-9_-]+)\.outputs\.[A-Za-z0-9_-]+\s*\}\}").expect("valid regex")
-    });
-    let text = format!("{:?} {:?}", step.spec, step.env);
-    let mut names: Vec<String> = Vec::new();
-    for capture in REFERENCE.captures_iter(&text) {
-        let name = capture[1].to_string();
-        if !names.contains(&name) {
-            names.push(name);
-        }
+/// Each output `step` reads: known when its producer's preview is in and changes nothing and the
+/// recorded deploy journaled the value (a sensitive one never is), else pending on the producer.
+fn known_inputs(
+    step: &Step,
+    steps: &[&Step],
+    results: &[Option<Result<Preview, PreviewError>>],
+    recorded: Option<&crate::checkpoint::Deploy>,
+) -> BTreeMap<String, Resolved<serde_json::Value>> {
+    let mut out = BTreeMap::new();
+    for reference in &step.refs {
+        let unchanged = steps
+            .iter()
+            .position(|s| s.name == reference.step)
+            .and_then(|i| results[i].as_ref())
+            .is_some_and(|r| matches!(r, Ok(preview) if preview.changes() == 0));
+        let value = recorded.and_then(|d| d.step(&reference.step)).and_then(|s| s.outputs.get(&reference.key));
+        let resolved = match value {
+            Some(value) if unchanged => Resolved::Known(value.clone()),
+            _ => Resolved::Pending { step: reference.step.clone() },
+        };
+        out.insert(input_key(reference), resolved);
     }
-    names
+    out
+}
+
+/// How a reference is named in [`StepPlan::inputs`]: `steps.NAME.outputs.KEY`.
+fn input_key(reference: &crate::reference::Reference) -> String {
+    format!("steps.{}.outputs.{}", reference.step, reference.key)
 }
 
 /// The secrets a step's preview could print: its secret-named values and its env secrets.
@@ -139,31 +156,62 @@ impl Session {
                 deploy.deploy_id, self.stack_arg
             ));
         }
+        // What the unfinished deploy (else the last one of this stack) journaled, for the values
+        // of producers that would not change.
+        let recorded = match self.store.load_unfinished() {
+            Ok(Some(deploy)) => Some(deploy),
+            _ => self.store.last_finished().ok().flatten().filter(|d| d.stack == self.stack.name),
+        };
         let mut running = tokio::task::JoinSet::new();
         let mut registries: Vec<Option<secrets::Registry>> = steps.iter().map(|_| None).collect();
-        for (index, step) in steps.iter().enumerate() {
-            // Until step outputs are journaled, every output a step reads is pending: its tool
-            // would be handed the reference itself, so it is not previewed.
-            if !output_references(step).is_empty() {
-                continue;
-            }
-            // As for `up`: marked secrets are read (and registered for redaction) before the
-            // tool starts; one that cannot be read fails this step's preview.
-            let (step, ctx, read) = self.resolved(step, self.cancel.child_token());
-            registries[index] = Some(ctx.secrets.clone());
-            running.spawn(async move {
-                let result = match read {
-                    Ok(()) => step.spec.preview(&ctx).await,
-                    Err(failure) => Err(PreviewError::Failed(failure)),
-                };
-                (index, result)
-            });
-        }
         let mut results: Vec<Option<Result<Preview, PreviewError>>> = steps.iter().map(|_| None).collect();
-        while let Some(joined) = running.join_next().await {
-            let (index, result) = joined.map_err(|e| anyhow::anyhow!("a preview task panicked: {e}"))?;
-            self.ui.info(format!("planned {} ({})", steps[index].name, steps[index].tool));
-            results[index] = Some(result);
+        let mut inputs: Vec<BTreeMap<String, Resolved<serde_json::Value>>> = vec![BTreeMap::new(); steps.len()];
+        let mut started = vec![false; steps.len()];
+        // In waves: a step that reads outputs starts once each producer's preview is in and its
+        // values are known; one whose values stay pending is not previewed at all.
+        loop {
+            for (index, step) in steps.iter().enumerate() {
+                if started[index] {
+                    continue;
+                }
+                let known = known_inputs(step, &steps, &results, recorded.as_ref());
+                // A producer not previewed yet, or one that would change: wait (the next wave, or
+                // for good).
+                let waiting = known.values().any(|v| matches!(v, Resolved::Pending { .. }));
+                inputs[index] = known;
+                if waiting {
+                    continue;
+                }
+                let values: HashMap<String, String> = inputs[index]
+                    .iter()
+                    .filter_map(|(k, v)| match v {
+                        Resolved::Known(v) => Some((k.clone(), rdeploy_adapters::outputs::value_text(v))),
+                        Resolved::Pending { .. } => None,
+                    })
+                    .collect();
+                // A value its key cannot take is for `up` to refuse; the plan leaves it pending.
+                let Ok(step) = step.resolve(&|r| values.get(&input_key(r)).cloned()) else { continue };
+                started[index] = true;
+                // As for `up`: marked secrets are read (and registered for redaction) before the
+                // tool starts; one that cannot be read fails this step's preview.
+                let (step, ctx, read) = self.resolved(&step, self.cancel.child_token());
+                registries[index] = Some(ctx.secrets.clone());
+                running.spawn(async move {
+                    let result = match read {
+                        Ok(()) => step.spec.preview(&ctx).await,
+                        Err(failure) => Err(PreviewError::Failed(failure)),
+                    };
+                    (index, result)
+                });
+            }
+            if running.is_empty() {
+                break;
+            }
+            while let Some(joined) = running.join_next().await {
+                let (index, result) = joined.map_err(|e| anyhow::anyhow!("a preview task panicked: {e}"))?;
+                self.ui.info(format!("planned {} ({})", steps[index].name, steps[index].tool));
+                results[index] = Some(result);
+            }
         }
         let missing: Vec<String> = steps
             .iter()
@@ -179,7 +227,7 @@ impl Session {
         if !missing.is_empty() {
             return Err(Refusal::new(Code::BadInput, missing.join("\n")).into());
         }
-        for ((step, result), registry) in steps.iter().zip(results).zip(registries) {
+        for (((step, result), registry), inputs) in steps.iter().zip(results).zip(registries).zip(inputs) {
             let secrets = step_secrets(step);
             let registry = registry.unwrap_or_default();
             let redact = |text: &str, secrets: &[String]| registry.redact(&redact(text, secrets));
@@ -191,12 +239,19 @@ impl Session {
                 items: Vec::new(),
                 notes: Vec::new(),
                 unknown_until: Vec::new(),
+                inputs,
                 error: None,
                 observed: Vec::new(),
             };
             match result {
                 None => {
-                    step_plan.unknown_until = output_references(step);
+                    for value in step_plan.inputs.values() {
+                        if let Resolved::Pending { step } = value {
+                            if !step_plan.unknown_until.contains(step) {
+                                step_plan.unknown_until.push(step.clone());
+                            }
+                        }
+                    }
                     let after: Vec<String> = step_plan
                         .unknown_until
                         .iter()
@@ -375,6 +430,7 @@ mod tests {
                     items: vec![PlanItem::new("terraform_data.vpc", PlanAction::Create)],
                     notes: vec![],
                     unknown_until: vec![],
+                    inputs: BTreeMap::new(),
                     error: None,
                     observed: vec![],
                 },
@@ -386,6 +442,7 @@ mod tests {
                     items: vec![updated, PlanItem::new("ConfigMap/shop/same", PlanAction::Unchanged)],
                     notes: vec![],
                     unknown_until: vec![],
+                    inputs: BTreeMap::new(),
                     error: None,
                     observed: vec![],
                 },
@@ -397,6 +454,7 @@ mod tests {
                     items: vec![],
                     notes: vec![],
                     unknown_until: vec!["network".into()],
+                    inputs: BTreeMap::new(),
                     error: None,
                     observed: vec![],
                 },
@@ -443,7 +501,17 @@ mod tests {
             "name: s\nsteps:\n  - name: infra\n    tool: shell\n    run: echo\n  - name: app\n    tool: shell\n    needs: [infra]\n    run: echo ${{ steps.infra.outputs.ip }} ${{steps.infra.outputs.port}}\n",
         )
         .unwrap();
-        assert_eq!(output_references(stack.step("app").unwrap()), ["infra"]);
-        assert!(output_references(stack.step("infra").unwrap()).is_empty());
+        let steps: Vec<&Step> = stack.ordered().collect();
+        let pending = Resolved::Pending { step: "infra".to_string() };
+        // Nothing previewed and nothing recorded: both values wait for `infra`.
+        let inputs = known_inputs(stack.step("app").unwrap(), &steps, &[None, None], None);
+        assert_eq!(
+            inputs,
+            BTreeMap::from([
+                ("steps.infra.outputs.ip".to_string(), pending.clone()),
+                ("steps.infra.outputs.port".to_string(), pending)
+            ])
+        );
+        assert!(known_inputs(stack.step("infra").unwrap(), &steps, &[None, None], None).is_empty());
     }
 }

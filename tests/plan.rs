@@ -253,6 +253,54 @@ fn plan_markdown_is_ready_for_a_pull_request_comment() {
     assert_eq!(p.read("seed.log"), "users\n", "a plan runs checks only");
 }
 
+/// A step that reads outputs is previewed with their journaled values once its producer's
+/// preview changes nothing (`Resolved::Known`); before any deploy it waits for the producer.
+#[test]
+fn plan_previews_a_consumer_with_the_journaled_outputs_of_a_producer_that_would_not_change() {
+    let p = Project::new();
+    p.stack(
+        r#"name: small
+steps:
+  - name: infra
+    tool: shell
+    sub_changes:
+      - name: mint
+        check: test -e minted
+        run: touch minted && echo "ip=10.0.0.7" >> "$RDEPLOY_OUTPUT"
+  - name: app
+    tool: shell
+    needs: [infra]
+    sub_changes:
+      - name: use
+        check: grep -qx "${{ steps.infra.outputs.ip }}" used
+        run: echo "${{ steps.infra.outputs.ip }}" > used
+"#,
+    );
+    let plan = plan_json(&p, 7);
+    assert_eq!(step(&plan, "app")["unknown_until"], serde_json::json!(["infra"]));
+    assert_eq!(step(&plan, "app")["inputs"]["steps.infra.outputs.ip"]["state"], "pending");
+    assert!(!p.exists("used"), "a plan runs nothing");
+
+    p.rdeploy(&["up"]).code(0);
+    assert_eq!(p.read("used"), "10.0.0.7\n");
+    // infra would change nothing: app is previewed with the recorded value, its check passes.
+    let plan = plan_json(&p, 0);
+    let app = step(&plan, "app");
+    assert_eq!(app["unknown_until"], serde_json::json!([]));
+    assert_eq!(app["inputs"]["steps.infra.outputs.ip"], serde_json::json!({ "state": "known", "value": "10.0.0.7" }));
+    assert_eq!(items(&plan, "app"), pairs(&[("use", "unchanged")]));
+
+    // The check ran with the value itself: a file that no longer holds it is a change.
+    p.file("used", "10.0.0.8\n");
+    let plan = plan_json(&p, 7);
+    assert_eq!(items(&plan, "app"), pairs(&[("use", "run")]));
+
+    // A producer that would run again may output something else: pending once more.
+    p.remove("minted");
+    let plan = plan_json(&p, 7);
+    assert_eq!(step(&plan, "app")["unknown_until"], serde_json::json!(["infra"]));
+}
+
 #[test]
 fn plan_redacts_secrets_and_refuses_a_missing_tool() {
     let p = Project::new();
