@@ -1328,6 +1328,21 @@ mod tests {
     }
 
     #[test]
+    fn resolving_references_keeps_the_marked_secrets() {
+        let text = "name: s\nsteps:\n  - name: app\n    tool: helm\n    release: web\n    chart: repo/web\n    set:\n      replicas: ${{ steps.db.outputs.n }}\n      password: { from_env: DB_PW }\n      token: { value: tok-1, secret: true }\n    env: { URL: \"${{ steps.db.outputs.n }}\", KEY: { from_env: API_KEY } }\n  - name: db\n    tool: shell\n    sub_changes:\n      - { name: a, run: x }\n";
+        let stack = parse(Path::new("stack.yaml"), text).unwrap();
+        let app = stack.step("app").unwrap();
+        let resolved = app.resolve(&|_| Some("3".to_string())).unwrap();
+        let ToolSpec::Helm(helm) = &resolved.spec else { panic!("helm") };
+        // The marked entries stay marked (read when the step runs), never values as written.
+        assert_eq!(serde_json::to_value(&helm.set).unwrap(), serde_json::json!({ "replicas": 3, "token": "tok-1" }));
+        assert_eq!(resolved.spec.marked().keys().collect::<Vec<_>>(), ["password", "token"]);
+        assert_eq!(resolved.spec.marked(), app.spec.marked());
+        assert_eq!(resolved.env_marked.keys().collect::<Vec<_>>(), ["KEY"]);
+        assert_eq!(resolved.env["URL"], "3");
+    }
+
+    #[test]
     fn a_reference_is_an_implicit_need_and_resolves_with_the_yaml_type() {
         let text = "name: s\nsteps:\n  - name: app\n    tool: helm\n    release: web\n    chart: repo/web\n    set:\n      replicas: ${{ steps.db.outputs.n }}\n      host: \"${{ steps.db.outputs.host }}:5432\"\n    env: { URL: \"${{ steps.db.outputs.host }}\" }\n  - name: db\n    tool: shell\n    sub_changes:\n      - { name: a, run: x }\n";
         let stack = parse(Path::new("stack.yaml"), text).unwrap();
