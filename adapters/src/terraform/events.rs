@@ -51,6 +51,9 @@ pub struct PlannedChange {
     pub action: String,
     /// Why, when terraform says: `tainted`, `requested`, `cannot_update`, ...
     pub reason: Option<String>,
+    /// The address the instance had before a `moved` block renamed it (`previous_resource`):
+    /// terraform carries its state over, whatever else the plan does to it.
+    pub previous: Option<String>,
 }
 
 impl PlannedChange {
@@ -70,9 +73,14 @@ impl PlannedChange {
 
     /// "replace terraform_data.a5 (tainted)", for reports.
     pub fn describe(&self) -> String {
-        match &self.reason {
-            Some(reason) => format!("{} {} ({})", self.action, self.addr, reason.replace('_', " ")),
-            None => format!("{} {}", self.action, self.addr),
+        let mut why: Vec<String> = self.reason.iter().map(|r| r.replace('_', " ")).collect();
+        if let Some(previous) = &self.previous {
+            why.push(format!("moved from {previous}"));
+        }
+        match (self.action.as_str(), why.is_empty()) {
+            ("move", _) => format!("move {} to {}", self.previous.as_deref().unwrap_or("?"), self.addr),
+            (_, true) => format!("{} {}", self.action, self.addr),
+            (_, false) => format!("{} {} ({})", self.action, self.addr, why.join(", ")),
         }
     }
 }
@@ -182,6 +190,7 @@ struct RawResource {
 #[derive(Deserialize)]
 struct RawChange {
     resource: RawResource,
+    previous_resource: Option<RawResource>,
     action: String,
     reason: Option<String>,
 }
@@ -205,9 +214,12 @@ pub fn parse_line(line: &str) -> Option<UiLine> {
     let body = match raw.kind.as_str() {
         "version" => UiMessage::Version { terraform: raw.terraform.unwrap_or_default() },
         "planned_change" => match raw.change {
-            Some(c) => {
-                UiMessage::PlannedChange(PlannedChange { addr: c.resource.addr, action: c.action, reason: c.reason })
-            }
+            Some(c) => UiMessage::PlannedChange(PlannedChange {
+                previous: c.previous_resource.map(|r| r.addr).filter(|p| *p != c.resource.addr),
+                addr: c.resource.addr,
+                action: c.action,
+                reason: c.reason,
+            }),
             None => UiMessage::Other { kind: raw.kind },
         },
         "change_summary" => match raw.changes {
@@ -515,6 +527,23 @@ mod tests {
         }));
         assert_eq!(tracker.failed().len(), 2);
         assert!(tracker.failed().iter().all(|(_, d)| d.is_some()));
+    }
+
+    #[test]
+    fn a_moved_address_carries_its_previous_one() {
+        let plan = plan_of("chain-moved-plan.jsonl");
+        let moved: Vec<(&str, &str, Option<&str>)> =
+            plan.changes.iter().map(|c| (c.addr.as_str(), c.action.as_str(), c.previous.as_deref())).collect();
+        assert_eq!(
+            moved,
+            [
+                ("terraform_data.b2", "move", Some("terraform_data.a2")),
+                ("terraform_data.b5", "replace", Some("terraform_data.a5")),
+                ("terraform_data.a6", "create", None),
+            ]
+        );
+        assert_eq!(plan.changes[0].describe(), "move terraform_data.a2 to terraform_data.b2");
+        assert_eq!(plan.changes[1].describe(), "replace terraform_data.b5 (tainted, moved from terraform_data.a5)");
     }
 
     #[test]
