@@ -137,7 +137,7 @@ fn helm4_set_values_keep_their_yaml_types() {
     p.file("chart/values.yaml", "service:\n  enabled: true\nreplicaCount: 1\nlabel: x\n");
     p.file(
         "chart/templates/configmap.yaml",
-        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: kinds\ndata:\n  enabled: {{ kindOf .Values.service.enabled | quote }}\n  replicas: {{ kindOf .Values.replicaCount | quote }}\n  label: {{ kindOf .Values.label | quote }}\n  two: {{ eq (int .Values.replicaCount) 2 | quote }}\n",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: kinds\ndata:\n  enabled: {{ kindOf .Values.service.enabled | quote }}\n  replicas: {{ kindOf .Values.replicaCount | quote }}\n  label: {{ kindOf .Values.label | quote }}\n  two: {{ eq (int .Values.replicaCount) 2 | quote }}\n  hex: {{ .Values.port | quote }}\n  oct: {{ .Values.mode | quote }}\n",
     );
     p.file(
         "chart/templates/service.yaml",
@@ -153,7 +153,7 @@ steps:
     chart: ./chart
     namespace: shop
     context: c1
-    set: {{ service.enabled: false, replicaCount: 2, label: "false" }}
+    set: {{ service.enabled: false, replicaCount: 2, label: "false", port: 0x1F, mode: 0o17 }}
     binary: {helm}
 "#,
         helm = helm_bin(major).display(),
@@ -166,6 +166,8 @@ steps:
     assert_ne!(get("replicas"), "string");
     assert_eq!(get("two"), "true");
     assert_eq!(get("label"), "string");
+    // YAML 1.2 core integers reach helm as JSON numbers.
+    assert_eq!((get("hex"), get("oct")), ("31".to_string(), "15".to_string()));
     let services = sim.kubectl_ok(&["get", "services", "-n", "shop", "-o", "name"]);
     assert!(!services.contains("service/web"), "`service.enabled: false` must not create the Service: {services}");
 }
