@@ -323,12 +323,15 @@ pub enum AdapterError {
     ToolUnusable { command: String, detail: String },
     #[error("could not start `{command}`: {source}")]
     Spawn { command: String, source: std::io::Error },
+    /// An input file the tool would refuse, found before anything ran ([`crate::inputs`]).
+    #[error("{what}")]
+    BadInput { what: String, hint: String },
 }
 
 impl AdapterError {
     pub fn hint(&self) -> Option<&str> {
         match self {
-            AdapterError::ToolMissing { hint, .. } => Some(hint),
+            AdapterError::ToolMissing { hint, .. } | AdapterError::BadInput { hint, .. } => Some(hint),
             _ => None,
         }
     }

@@ -622,6 +622,9 @@ impl Adapter for HelmSpec {
 
     async fn preflight(&self, ctx: &StepContext) -> Result<ToolInfo, AdapterError> {
         let release = Release::open(self, ctx).await?;
+        if !self.chart.contains("://") {
+            crate::inputs::chart_dependencies(&ctx.resolve(Path::new(&self.chart)))?;
+        }
         Ok(ToolInfo { binary: release.binary, version: release.version })
     }
 
