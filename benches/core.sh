@@ -1,24 +1,51 @@
 #!/usr/bin/env bash
-# Benchmark (not a test): rdeploy's per-sub-change overhead.
+# Benchmark (not a test): rdeploy's per-sub-change overhead, against the seed's loop and the floor.
 #
-# 1. Side by side in one run: N sub-changes through `rdeploy up` (journal fsynced twice per
-#    sub-change start, group commit for its end) against the naive resumable shell loop
-#      grep -q done:$i state || { ./apply-$i; echo done:$i >> state; }
-#    where every ./apply-$i runs `sh -c true`. Reported as a ratio (goal <= 1.0).
+# 1. Side by side in one run, N sub-changes each running `./apply-$i` (which runs `sh -c true`):
+#    - the seed's naive resumable shell loop (no fsync)
+#        grep -q done:$i state || { ./apply-$i; echo done:$i >> state; }
+#    - `rdeploy up` (a sub-change's start fdatasync'd before it runs, its end riding on the next
+#      synced record: group commit);
+#    - the floor: the same children started by a minimal spawner (posix_spawn and waitpid from
+#      a small process) plus one fdatasync of a small record each, the least a durable
+#      resumable runner can do.
+#    Reported with the ratios rdeploy/loop and rdeploy/floor.
 # 2. rdeploy's own cost beyond spawning the child, per sub-change, for 10..10,000 records:
-#    (time of `rdeploy up` with N sub-changes `true`) minus (time of N `sh -c true` spawns), / N.
-#    Goal: under 0.2 ms and flat.
+#    (time of `rdeploy up` with N sub-changes `true`) minus (time of N `sh -c true` spawns), / N,
+#    one line per size in the form kept across versions
+#      n=1000: spawn only ... ms, rdeploy ... ms, own cost X ms/sub-change
+#    followed by the floor for the same children and rdeploy's cost beyond it.
+#    Goal: under 0.25 ms and flat.
 #
-# Usage: benches/core.sh [N]   (default 1000). Builds the release binary first.
+# Usage: benches/core.sh [N]   (default 1000). Builds the release binary first; BIN=path uses
+# that binary instead (to compare two builds in the same minutes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release --quiet --bin rdeploy
-BIN=$PWD/target/release/rdeploy
+if [[ -z ${BIN:-} ]]; then
+  cargo build --release --quiet --bin rdeploy
+  BIN=${CARGO_TARGET_DIR:-$PWD/target}/release/rdeploy
+fi
 N=${1:-1000}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 now() { date +%s%N; }
+# The floor: each line of file $2 (a program and its arguments, split on spaces: the child rdeploy
+# starts for the same sub-change) started with posix_spawn in directory $1, waited for, then one
+# small record appended to a journal and fdatasync'd.
+floor() {
+  python3 - "$1" "$2" <<'PY'
+import os, sys
+os.chdir(sys.argv[1])
+lines = [l.split() for l in open(sys.argv[2])]
+fd = os.open("floor.journal", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+for i, line in enumerate(lines):
+    pid = os.posix_spawnp(line[0], line, os.environ)
+    os.waitpid(pid, 0)
+    os.write(fd, b'{"seq":%d,"type":"sub_done"}\n' % i)
+    os.fdatasync(fd)
+PY
+}
 ms() { echo "scale=1; ($2 - $1) / 1000000" | bc; }
 
 # --- 1. side by side ---------------------------------------------------------------
@@ -33,21 +60,28 @@ done
   for i in $(seq 1 "$N"); do echo "      - { name: s$i, run: ./apply-$i }"; done
 } > "$work/rd/stack.yaml"
 
+for i in $(seq 1 "$N"); do echo "./apply-$i"; done > "$work/floor-$N.txt"
+mkdir -p "$work/floor"; cp "$work"/loop/apply-* "$work/floor/"
+
 t0=$(now)
 ( cd "$work/loop" && : > state && for i in $(seq 1 "$N"); do grep -q "done:$i\$" state || { ./apply-$i; echo "done:$i" >> state; }; done )
 t1=$(now)
 ( cd "$work/rd" && "$BIN" -q --no-progress up stack.yaml > /dev/null )
 t2=$(now)
-loop_ms=$(ms "$t0" "$t1"); rd_ms=$(ms "$t1" "$t2")
+floor "$work/floor" "$work/floor-$N.txt"
+t3=$(now)
+loop_ms=$(ms "$t0" "$t1"); rd_ms=$(ms "$t1" "$t2"); floor_ms=$(ms "$t2" "$t3")
 echo "side by side, $N sub-changes running sh -c true:"
-echo "  shell loop (no fsync):      ${loop_ms} ms"
-echo "  rdeploy up (fsynced journal): ${rd_ms} ms"
-echo "  ratio rdeploy / loop:       $(echo "scale=3; $rd_ms / $loop_ms" | bc)"
+echo "  seed's shell loop (no fsync):        ${loop_ms} ms"
+echo "  rdeploy up (fsynced journal):        ${rd_ms} ms"
+echo "  floor (posix_spawn + 1 fdatasync):   ${floor_ms} ms"
+echo "  ratio rdeploy / loop:  $(echo "scale=3; $rd_ms / $loop_ms" | bc)"
+echo "  ratio rdeploy / floor: $(echo "scale=3; $rd_ms / $floor_ms" | bc)"
 
 # --- 2. own cost per sub-change ---------------------------------------------------
 echo
 echo "rdeploy's own cost per sub-change (beyond spawning sh -c true):"
-for n in 10 100 1000 10000; do
+for n in ${SIZES:-10 100 1000 10000}; do
   d="$work/own-$n"; mkdir -p "$d"
   { echo "name: own"; echo "steps:"; echo "  - name: many"; echo "    tool: shell"; echo "    sub_changes:"
     for i in $(seq 1 "$n"); do echo "      - { name: s$i, run: 'true' }"; done; } > "$d/stack.yaml"
@@ -55,4 +89,8 @@ for n in 10 100 1000 10000; do
   ( cd "$d" && "$BIN" -q --no-progress up stack.yaml > /dev/null ); t2=$(now)
   spawn_ns=$((t1 - t0)); rd_ns=$((t2 - t1))
   echo "  n=$n: spawn only $(ms 0 $spawn_ns) ms, rdeploy $(ms 0 $rd_ns) ms, own cost $(echo "scale=3; ($rd_ns - $spawn_ns) / $n / 1000000" | bc) ms/sub-change"
+  for i in $(seq 1 "$n"); do echo sh -c true; done > "$d/floor.txt"
+  t0=$(now); floor "$d" "$d/floor.txt"; t1=$(now)
+  floor_ns=$((t1 - t0))
+  echo "  n=$n: floor $(ms 0 $floor_ns) ms, rdeploy/floor $(echo "scale=3; $rd_ns / $floor_ns" | bc), beyond the floor $(echo "scale=3; ($rd_ns - $floor_ns) / $n / 1000000" | bc) ms/sub-change"
 done

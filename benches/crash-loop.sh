@@ -20,6 +20,17 @@
 # sub-change, so a name appended twice is an applied-twice count, an upper bound: a host left
 # uncertain by the kill is run again by design, as ansible plays are meant to be idempotent).
 #
+# HARD=1 kills the tools' process groups too (from the survivor notes in .rdeploy/running/),
+# stopped first so the dying rdeploy's SIGINT never reaches them: a container or cgroup killed
+# whole, or the OOM killer. helm then leaves its revision pending-* instead of marking it failed
+# (as one SIGINT does), which is what `recover` must get out of with no flag (issue 14).
+#
+# Columns: converged (the last recover exits 0 and status says complete), double applies,
+# refusals (exit 5, retried), up-again, pending (a run that ended refused over a pending-*
+# release), human steps (runs that did not converge: someone would have to step in), and for
+# helm, abandoned (runs whose journal shows a revision a dead run left pending-*, which recover
+# rolled back or uninstalled).
+#
 # Usage: benches/crash-loop.sh [N] [TOOLS]   (default 25 and "shell terraform").
 # Builds the release binary first (honours CARGO_TARGET_DIR), unless RDEPLOY names a binary.
 set -euo pipefail
@@ -33,7 +44,7 @@ if [ -z "${RDEPLOY:-}" ]; then
 fi
 ROOT=$PWD
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+trap '[ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
 
 # rand_delay MAX: a random delay in seconds, up to MAX milliseconds.
 rand_delay() { local ms=$((RANDOM % $1)); printf '%d.%03d' $((ms / 1000)) $((ms % 1000)); }
@@ -89,9 +100,10 @@ max_kill_ms_ansible=6000
 kubesim_up() {
   [ -n "${KUBECONFIG:-}" ] && return
   export KUBECONFIG=$work/kubeconfig
-  "$TARGET/debug/kubesim" --clusters c1 --kubeconfig "$KUBECONFIG" > "$work/kubesim.out" 2>&1 &
+  # Pods take 1.5 s to be ready, so helm --wait is at work long enough for kills to land in it.
+  "$TARGET/debug/kubesim" --clusters c1 --kubeconfig "$KUBECONFIG" --pod-startup-ms 1500 > "$work/kubesim.out" 2>&1 &
   KUBESIM_PID=$!
-  trap 'kill $KUBESIM_PID 2>/dev/null; rm -rf "$work"' EXIT
+  trap 'kill $KUBESIM_PID 2>/dev/null; [ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
   while ! kubectl get namespaces > /dev/null 2>&1; do sleep 0.1; done
 }
 setup_kubectl() {
@@ -108,9 +120,13 @@ effects_kubectl() { echo 0; }
 max_kill_ms_kubectl=3000
 
 # helm (helm 3, HELM=tools/helm4/helm for helm 4): the demo's webapp chart, a release per run
-# (`--wait`). A release is one sub-change and helm keeps its revisions: more than one deployed
-# revision of a release that was never changed is an install applied twice. A kill may leave
-# the release pending-*; a recover refused for that is counted apart (pending column).
+# (`--wait`). A revision is one sub-change and helm keeps its revisions. The stack never
+# changes, so once the journal records a revision done, any later install or upgrade revision
+# applied the release again: that is a double apply. Revisions before the first one recorded
+# done are the intended retries of an install the kill left unfinished (failed by helm's
+# SIGINT, or pending-* and rolled back or uninstalled), and rollbacks are not applies of the
+# step's chart. A kill may leave the release pending-*; a recover refused for that is counted
+# apart (pending column).
 HELM=${HELM:-$ROOT/tools/helm3/helm}
 setup_helm() {
   local d=$1 r
@@ -123,23 +139,43 @@ setup_helm() {
 effects_helm() {
   local r
   r=crash-$(basename "$1")
-  "$HELM" --kube-context c1 history "$r" -n "$r" -o json 2>/dev/null | grep -o '"revision":[0-9]*' | awk 'END {print (NR > 1 ? 1 : 0)}'
+  # The revisions the journal records done (the last deploy, finished or not), then helm's own
+  # history: a non-rollback revision after the first recorded done is a double apply.
+  ( cd "$1" && "$RDEPLOY" status --json stack.yaml 2>/dev/null ) > "$1/status.json"
+  # A revision a dead run abandoned pending-* and recover rolled back or uninstalled.
+  if jq -e '[.steps[].warnings[]? | select(test("abandoned revision"))] | length > 0' "$1/status.json" > /dev/null; then
+    abandoned=$((abandoned + 1))
+  fi
+  jq -r --arg r "$r" \
+    '[.steps[] | select(.name == "app") | .sub_changes[] | select(.status == "done") | .id
+      | select(startswith($r + "@")) | ltrimstr($r + "@") | tonumber] | min // empty' "$1/status.json" > "$1/first-done"
+  "$HELM" --kube-context c1 history "$r" -n "$r" -o json 2>/dev/null > "$1/history.json" || echo '[]' > "$1/history.json"
+  jq -r --argjson first "$(cat "$1/first-done" | grep . || echo 1000000)" \
+    '[.[] | select(.revision > $first) | select(.description | startswith("Rollback to") | not)] | length' \
+    "$1/history.json"
 }
 max_kill_ms_helm=4000
 
-# killed CMD MAX_MS: runs rdeploy CMD in the background and SIGKILLs it after a random delay.
+# killed CMD MAX_MS: runs rdeploy CMD in the background and SIGKILLs it after a random delay
+# (with HARD=1, the tool groups it noted as well).
 killed() {
-  local d=$1 cmd=$2 max=$3
+  local d=$1 cmd=$2 max=$3 groups=""
   ( cd "$d" && exec "$RDEPLOY" -q --no-progress "$cmd" stack.yaml ) > /dev/null 2>&1 &
   local pid=$!
   sleep "$(rand_delay "$max")"
+  if [ "${HARD:-0}" = 1 ]; then
+    groups=$(cut -f1 "$d/.rdeploy/running/$pid" 2>/dev/null || true)
+    for g in $groups; do kill -STOP -- "-$g" 2>/dev/null || true; done
+  fi
   kill -9 "$pid" 2>/dev/null || true
+  for g in $groups; do kill -KILL -- "-$g" 2>/dev/null || true; done
+  [ -n "${KEEP:-}" ] && echo "  killed $cmd (pid $pid) with tool groups: ${groups:-none}" >&2
   wait "$pid" 2>/dev/null || true
 }
 
-printf '%-10s %5s %10s %14s %9s %9s %8s\n' tool runs converged double-applies refusals up-again pending
+printf '%-10s %5s %10s %14s %9s %9s %8s %7s %10s\n' tool runs converged double-applies refusals up-again pending human abandoned
 for tool in $TOOLS; do
-  runs=0 converged=0 doubles=0 refusals=0 restarts=0 pending=0
+  runs=0 converged=0 doubles=0 refusals=0 restarts=0 pending=0 abandoned=0
   for r in $(seq 1 "$N"); do
     d=$work/$tool-$r
     mkdir -p "$d"
@@ -167,8 +203,9 @@ for tool in $TOOLS; do
     if [ "$code" -eq 0 ] && [ "$state" = complete ]; then converged=$((converged + 1)); else
       echo "  $tool run $r: recover exit $code, state ${state:-?}: $(tail -3 "$d/recover.out" | tr '\n' ' ')" >&2
     fi
-    dup=$("effects_$tool" "$d")
+    "effects_$tool" "$d" > "$d/dup"
+    dup=$(cat "$d/dup")
     if [ "$dup" -gt 0 ]; then doubles=$((doubles + 1)); echo "  $tool run $r: $dup side effects applied twice" >&2; fi
   done
-  printf '%-10s %5d %10d %14d %9d %9d %8d\n' "$tool" "$runs" "$converged" "$doubles" "$refusals" "$restarts" "$pending"
+  printf '%-10s %5d %10d %14d %9d %9d %8d %7d %10d\n' "$tool" "$runs" "$converged" "$doubles" "$refusals" "$restarts" "$pending" $((runs - converged)) "$abandoned"
 done

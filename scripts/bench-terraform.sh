@@ -7,15 +7,19 @@
 #
 #   scripts/bench-terraform.sh            # 7 rounds of 200 resources
 #   ROUNDS=3 N=50 scripts/bench-terraform.sh
+#   RDEPLOY=/tmp/rdeploy-old scripts/bench-terraform.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 ROUNDS=${ROUNDS:-7}
 N=${N:-200}
 command -v terraform >/dev/null || { echo "error: terraform is not installed" >&2; exit 1; }
-export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target/tf-dev}
-cargo build --release --quiet --bin rdeploy
-RDEPLOY="$CARGO_TARGET_DIR/release/rdeploy"
+# RDEPLOY=path measures that binary instead of building one (two builds in the same minutes).
+if [[ -z ${RDEPLOY:-} ]]; then
+  export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target/tf-dev}
+  cargo build --release --quiet --bin rdeploy
+  RDEPLOY="$CARGO_TARGET_DIR/release/rdeploy"
+fi
 export TF_IN_AUTOMATION=1 TF_INPUT=0
 
 work=$(mktemp -d)

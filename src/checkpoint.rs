@@ -218,6 +218,10 @@ pub struct SubChangeState {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
     pub updated: Timestamp,
+    /// The run (its `run_id`) whose record started this sub-change last: with the run's pid and
+    /// host, what tells `recover` that the run which started a tool's change is gone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_by: Option<String>,
 }
 
 impl SubChangeState {
@@ -253,6 +257,7 @@ impl SubChanges {
                     error: None,
                     note: None,
                     updated: *ts,
+                    started_by: None,
                 });
                 self.list.len() - 1
             }
@@ -533,7 +538,12 @@ impl Deploy {
                     s.sub_mut(id, ts).fold(SubChangeEvent::Planned);
                 }
             }
-            Record::SubStarted { step, id } => self.step_mut(step).sub_mut(id, ts).fold(SubChangeEvent::Started),
+            Record::SubStarted { step, id } => {
+                let run = self.runs.last().map(|r| r.run_id.clone());
+                let sub = self.step_mut(step).sub_mut(id, ts);
+                sub.fold(SubChangeEvent::Started);
+                sub.started_by = run;
+            }
             Record::SubDone { step, id, note } => {
                 self.step_mut(step).sub_mut(id, ts).fold(SubChangeEvent::Done { note: note.as_deref() })
             }
@@ -903,6 +913,36 @@ mod tests {
         loaded.clear();
         loaded.entry("c", &t2);
         assert_eq!(loaded.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(), ["c"]);
+    }
+
+    #[test]
+    fn a_started_sub_change_names_the_run_that_started_it() {
+        let t = now();
+        let mut deploy = Deploy::empty();
+        deploy.apply(1, &t, &run(&["app"]));
+        deploy.apply(2, &t, &Record::SubStarted { step: "app".into(), id: "web@2".into() });
+        let second = Record::Run {
+            run_id: "r2".into(),
+            command: "recover".into(),
+            stack: "s".into(),
+            stack_file: "stack.yaml".into(),
+            stack_digest: "x".into(),
+            steps: vec![header("app")],
+            host: "h".into(),
+            pid: 2,
+            rdeploy_version: "0".into(),
+        };
+        deploy.apply(3, &t, &second);
+        deploy.apply(4, &t, &Record::SubStarted { step: "app".into(), id: "web@3".into() });
+        let subs = &deploy.step("app").unwrap().sub_changes;
+        assert_eq!(subs[0].started_by.as_deref(), Some("r1"), "kept across the next run's header");
+        assert_eq!(subs[1].started_by.as_deref(), Some("r2"));
+        // It survives the snapshot's JSON, and an older snapshot without it reads as unknown.
+        let json = serde_json::to_value(&deploy).unwrap();
+        assert_eq!(serde_json::from_value::<Deploy>(json).unwrap(), deploy);
+        let mut old = serde_json::to_value(&subs[0]).unwrap();
+        old.as_object_mut().unwrap().remove("started_by");
+        assert_eq!(serde_json::from_value::<SubChangeState>(old).unwrap().started_by, None);
     }
 
     use crate::store::local::LocalStore;

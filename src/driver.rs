@@ -14,7 +14,8 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 
 use rdeploy_adapters::{
-    shell, Adapter, CancellationToken, Event, EventSink, Failure, PriorStep, Recovered, StepContext, ToolInfo,
+    shell, Adapter, CancellationToken, Event, EventSink, Failure, PriorStep, Recovered, RunFate, StartedBy,
+    StepContext, ToolInfo,
 };
 use tokio::task::JoinSet;
 
@@ -52,6 +53,9 @@ pub struct Session {
     pub reapply_missing: bool,
     /// Notes every tool this run starts while it runs (under the state dir's `running/`).
     pub processes: rdeploy_adapters::process::ProcessTracker,
+    /// The holder this run took the lock (or lease) over from, when it died holding it: a fact
+    /// the adapters get through `StepContext::started_by` (helm's abandoned `pending-*`).
+    pub took_over: Mutex<Option<crate::store::Holder>>,
 }
 
 /// How long a run waits for a tool a dead run left running (terraform finishing the resources
@@ -200,7 +204,50 @@ impl Session {
             processes: self.processes.clone(),
             force: self.force,
             reapply_missing: self.reapply_missing,
+            started_by: Default::default(),
         }
+    }
+
+    /// For each sub-change of `step` left started by an earlier run, that run and whether it is
+    /// known to be dead: the lock was taken over from it, or its pid on this host is gone, a
+    /// zombie, or this very process (a reused pid). A run on another host is never assumed dead.
+    /// `current` is this run's id once its run record is in `deploy` (none for a dry run).
+    fn started_by(
+        &self,
+        deploy: &Deploy,
+        step: &str,
+        current: Option<&str>,
+    ) -> std::collections::BTreeMap<String, StartedBy> {
+        let here = crate::store::hostname();
+        let took_over = self.took_over.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let mut out = std::collections::BTreeMap::new();
+        let Some(state) = deploy.steps.iter().find(|s| s.name == step) else { return out };
+        for sub in state.sub_changes.iter().filter(|s| s.status == rdeploy_adapters::SubStatus::Started) {
+            let Some(run_id) = sub.started_by.as_deref().filter(|id| Some(*id) != current) else { continue };
+            let Some(run) = deploy.runs.iter().find(|r| r.run_id == run_id) else { continue };
+            let dead_here = run.host == here
+                && (run.pid == std::process::id() || !rdeploy_adapters::process::process_lives(run.pid as i32));
+            let fate = if run.host != here {
+                RunFate::OtherHost
+            } else if !dead_here {
+                RunFate::AliveHere
+            } else if took_over.as_ref().is_some_and(|h| h.host == here && h.pid == run.pid) {
+                RunFate::LockTakenOver
+            } else {
+                RunFate::DeadHere
+            };
+            out.insert(
+                sub.id.clone(),
+                StartedBy {
+                    run_id: run.run_id.clone(),
+                    command: run.command.clone(),
+                    host: run.host.clone(),
+                    pid: run.pid,
+                    fate,
+                },
+            );
+        }
+        out
     }
 
     /// Checks every step's tool before anything changes (exit 2 when one is missing).
@@ -258,6 +305,7 @@ impl Session {
         match self.store.lock(command) {
             Ok(lock) => {
                 if let Some(dead) = lock.took_over_from() {
+                    *self.took_over.lock().unwrap_or_else(|e| e.into_inner()) = Some(dead.clone());
                     if dead.host == crate::store::hostname() && !dead.is_alive_here() {
                         self.ui.warn(format!(
                             "took over the lock of a run that died without releasing it: {dead}; its checkpoint is used as it was left"
@@ -502,7 +550,8 @@ impl Session {
                 plan.push(DryRunStep { name: step.name.clone(), tool: step.tool, changed, plan: DryRunPlan::LeftAsIs });
                 continue;
             };
-            let ctx = self.context(step, self.cancel.child_token());
+            let mut ctx = self.context(step, self.cancel.child_token());
+            ctx.started_by = self.started_by(deploy, &step.name, None);
             let what = match action {
                 Action::RevertThenApply => DryRunPlan::RevertThenApply { revert: step.revert.clone() },
                 Action::Apply => {
@@ -680,7 +729,12 @@ impl Session {
             }
             cp.record(Record::StepStarted { step: name.clone(), mode, tool_version: tool_version.clone() })?;
             self.ui.step_started(&name, &what);
-            let ctx = self.context(&step, self.cancel.child_token());
+            let mut ctx = self.context(&step, self.cancel.child_token());
+            if matches!(action, Action::Recover(_)) {
+                // Our own run record is the last one: every earlier run has ended or is elsewhere.
+                ctx.started_by =
+                    cp.read(|deploy| self.started_by(deploy, &name, deploy.runs.last().map(|r| r.run_id.as_str())));
+            }
             let sink = JournalSink::new(name.clone(), cp.clone(), self.ui.clone(), &self.state, ctx.cancel.clone())?;
             // 0700: the tools' files in it (terraform's saved plan) are nobody else's to read.
             self.state.create_dir(&ctx.work_dir)?;

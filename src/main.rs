@@ -451,6 +451,7 @@ fn session(stack_path: &Path, global: &Global, ui: Arc<Ui>, parallel: usize) -> 
         keep_going,
         reapply_missing: false,
         processes,
+        took_over: Mutex::new(None),
     })
 }
 

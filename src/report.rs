@@ -617,7 +617,15 @@ pub fn summarize_step(s: &StepState) -> String {
         Some((n, of)) if n > 1 && s.status == StepStatus::Done => format!(", succeeded on attempt {n} of {of}"),
         _ => String::new(),
     };
-    format!("{}: {} ({done}/{total} {}){attempts}", s.name, s.status.as_str(), s.tool.sub_change_plural())
+    // A done step's sub-change that never will be (a helm revision a dead run abandoned, then
+    // rolled back) says what became of it.
+    let settled: String = s
+        .sub_changes
+        .iter()
+        .filter(|c| s.status == StepStatus::Done && c.status == SubStatus::Pending)
+        .filter_map(|c| c.note.as_ref().map(|note| format!("; {}: {note}", c.id)))
+        .collect();
+    format!("{}: {} ({done}/{total} {}){attempts}{settled}", s.name, s.status.as_str(), s.tool.sub_change_plural())
 }
 
 #[cfg(test)]

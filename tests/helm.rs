@@ -5,6 +5,8 @@ mod common;
 
 use common::{step, sub_statuses, Project};
 use kubesim::testing::{helm_bin, testdata, Kubesim};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
 
 fn stack(major: u32, tier: &str) -> String {
     stack_with(major, tier, "")
@@ -170,4 +172,138 @@ steps:
     assert_eq!((get("hex"), get("oct")), ("31".to_string(), "15".to_string()));
     let services = sim.kubectl_ok(&["get", "services", "-n", "shop", "-o", "name"]);
     assert!(!services.contains("service/web"), "`service.enabled: false` must not create the Service: {services}");
+}
+
+/// The helm process (and its group) working on `release`, from the process table.
+fn helm_group_for(release: &str, verb: &str) -> Option<i32> {
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(raw) = std::fs::read(entry.path().join("cmdline")) else { continue };
+        let args: Vec<String> =
+            raw.split(|b| *b == 0).filter(|a| !a.is_empty()).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
+        let is_helm = args.first().is_some_and(|a| a.ends_with("/helm"));
+        if is_helm && args.iter().any(|a| a == verb) && args.iter().any(|a| a == release) {
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            // Field 5, after the parenthesised command name: the process group.
+            return stat.rsplit_once(')')?.1.split_whitespace().nth(2)?.parse().ok();
+        }
+    }
+    None
+}
+
+/// Kills rdeploy with SIGKILL while helm is writing `status` (pending-upgrade or
+/// pending-install), and helm's whole group with it, as when a CI job's container is killed:
+/// helm gets no chance to mark the revision failed (one SIGINT would, see TOOL_FACTS.md), so the
+/// release stays pending. The cluster answers slowly meanwhile, so helm is still at work.
+fn kill_9_while_helm_writes(sim: &Kubesim, p: &Project, release: &str, status: &str) {
+    sim.control("POST", "/_sim/clusters/c1/slow?ms=300");
+    let mut child = p.spawn(&["up"]);
+    let pending = format!(
+        "/clusters/c1/api/v1/namespaces/shop/secrets?labelSelector=name%3D{release}%2Cowner%3Dhelm%2Cstatus%3D{status}"
+    );
+    let seen = sim.eventually(std::time::Duration::from_secs(60), || {
+        sim.control("GET", &pending).contains("sh.helm.release.v1.")
+    });
+    let group = helm_group_for(release, "upgrade");
+    // Stop helm first so that nothing it does after rdeploy's death (the relay's SIGINT) lands.
+    if let Some(pgid) = group {
+        let _ = kill(Pid::from_raw(-pgid), Signal::SIGSTOP);
+    }
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL).unwrap();
+    if let Some(pgid) = group {
+        let _ = kill(Pid::from_raw(-pgid), Signal::SIGKILL);
+    }
+    child.wait().unwrap();
+    sim.control("POST", "/_sim/clusters/c1/slow?ms=0");
+    assert!(seen, "helm never wrote a {status} revision");
+    assert!(group.is_some(), "no helm process for the release was found while it was {status}");
+}
+
+/// issue 14: a release this deploy's killed run left pending-upgrade is rolled back to its last
+/// deployed revision and upgraded, with no flag: exit 0, the stack's values deployed, and no
+/// revision recorded done applied again (helm's history has exactly one rollback and one upgrade).
+fn abandoned_pending_upgrade_is_recovered_without_force(major: u32) {
+    let sim = Kubesim::start("c1");
+    let mut p = Project::new();
+    for (k, v) in sim.env() {
+        p.env(&k, &v);
+    }
+    // A release name of its own: the helm 3 and 4 cases run at once, and a helm naming the
+    // release anywhere on this machine counts as alive.
+    let release = format!("abandoned-upgrade{major}");
+    let stack = |tier: &str| stack(major, tier).replace("release: web", &format!("release: {release}"));
+    p.stack(&stack("web"));
+    p.rdeploy(&["up"]).code(0);
+    p.remove("after.log");
+
+    p.stack(&stack("api"));
+    kill_9_while_helm_writes(&sim, &p, &release, "pending-upgrade");
+    assert_eq!(sim.helm_statuses(major, &release, "shop"), ["deployed", "pending-upgrade"]);
+    let id = |n: u32| format!("{release}@{n}");
+    let app = step(&p.status(), "app").clone();
+    assert_eq!(app["sub_changes"][0]["id"], id(2).as_str(), "{app}");
+    assert_eq!(app["sub_changes"][0]["uncertain"], true, "the journal shows revision 2 started: {app}");
+
+    p.rdeploy(&["recover", "--dry-run"])
+        .code(0)
+        .stdout_has("abandoned: this deploy started revision 2 in `rdeploy up`");
+    let run = p.rdeploy(&["recover"]);
+    run.code(0)
+        .stderr_has(&format!("rolled back abandoned revision 2 of {release} (pending-upgrade) to revision 1"))
+        .stdout_has(&format!("{}: abandoned by a dead run (pending-upgrade): rolled back to revision 1", id(2)));
+    assert_eq!(
+        sim.helm_statuses(major, &release, "shop"),
+        ["superseded", "pending-upgrade", "superseded", "deployed"],
+        "one rollback and one upgrade"
+    );
+    let values = sim.helm_ok(major, &["get", "values", &release, "-n", "shop", "--kube-context", "c1", "-o", "json"]);
+    assert!(values.contains(r#""tier":"api""#), "{values}");
+    let status = p.status();
+    assert_eq!(status["state"], "complete");
+    assert_eq!(
+        sub_statuses(&status, "app"),
+        [(id(2), "pending".to_string()), (id(3), "done".to_string()), (id(4), "done".to_string())]
+    );
+    assert_eq!(p.read("after.log"), "after\n");
+}
+
+/// issue 14: a first install this deploy's killed run left pending-install is uninstalled and
+/// installed again, with no flag and no `helm uninstall` by hand.
+fn abandoned_pending_install_is_reinstalled_without_force(major: u32) {
+    let sim = Kubesim::start("c1");
+    let mut p = Project::new();
+    for (k, v) in sim.env() {
+        p.env(&k, &v);
+    }
+    let release = format!("abandoned-install{major}");
+    p.stack(&stack(major, "web").replace("release: web", &format!("release: {release}")));
+    kill_9_while_helm_writes(&sim, &p, &release, "pending-install");
+    assert_eq!(sim.helm_statuses(major, &release, "shop"), ["pending-install"]);
+
+    let run = p.rdeploy(&["recover"]);
+    run.code(0).stderr_has(&format!("uninstalled abandoned revision 1 of {release} (pending-install)"));
+    assert_eq!(sim.helm_statuses(major, &release, "shop"), ["deployed"], "one install, after the uninstall");
+    let status = p.status();
+    assert_eq!(status["state"], "complete");
+    assert_eq!(sub_statuses(&status, "app"), [(format!("{release}@1"), "done".to_string())]);
+    assert_eq!(p.read("after.log"), "after\n");
+}
+
+#[test]
+fn helm3_abandoned_pending_upgrade_is_recovered_without_force() {
+    abandoned_pending_upgrade_is_recovered_without_force(3);
+}
+
+#[test]
+fn helm4_abandoned_pending_upgrade_is_recovered_without_force() {
+    abandoned_pending_upgrade_is_recovered_without_force(4);
+}
+
+#[test]
+fn helm3_abandoned_pending_install_is_reinstalled_without_force() {
+    abandoned_pending_install_is_reinstalled_without_force(3);
+}
+
+#[test]
+fn helm4_abandoned_pending_install_is_reinstalled_without_force() {
+    abandoned_pending_install_is_reinstalled_without_force(4);
 }

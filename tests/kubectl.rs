@@ -105,3 +105,81 @@ steps:
         .kubectl_ok(&["--context", "c1", "get", "configmap", "settings", "-n", "default", "-o", "name"])
         .contains("configmap/settings"));
 }
+
+/// cert-manager's CRDs in one step, its issuers in the next: the ClusterIssuer's scope is known
+/// only from the API (discovery at the time of the apply), so it is `ClusterIssuer/NAME`. Deleted
+/// out of band while the step is unfinished, recover finds it missing and applies it again
+/// (recorded under a namespace, `kubectl diff`'s name for it matched nothing and recover kept it,
+/// reporting complete while it was missing).
+#[test]
+fn a_cluster_scoped_custom_resource_is_recorded_by_its_scope_and_recovered_when_deleted() {
+    let sim = Kubesim::start("c1");
+    let mut p = Project::new();
+    p.copy_fixture("kubectl/issuer", "certs");
+    p.file(
+        "certs/config.yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: acme-config, namespace: cert-manager}\ndata: {email: ops@example.com}\n",
+    );
+    for (k, v) in sim.env() {
+        p.env(&k, &v);
+    }
+    p.stack(&format!(
+        r#"
+name: certs
+steps:
+  - name: crds
+    tool: kubectl
+    manifests: [certs/crds.yaml]
+    context: c1
+    binary: {kubectl}
+  - name: issuers
+    tool: kubectl
+    needs: [crds]
+    manifests: [certs/issuers.yaml, certs/config.yaml]
+    namespace: web
+    context: c1
+    binary: {kubectl}
+"#,
+        kubectl = kubectl_bin().display()
+    ));
+    sim.kubectl_ok(&["create", "namespace", "web"]);
+
+    p.rdeploy(&["up"]).code(1).stdout_has(r#"namespaces "cert-manager" not found"#);
+    let status = p.status();
+    let subs = sub_statuses(&status, "issuers");
+    assert_eq!(
+        subs,
+        [
+            ("ClusterIssuer/letsencrypt-staging".to_string(), "done".to_string()),
+            ("Issuer/web/selfsigned".to_string(), "done".to_string()),
+            ("ConfigMap/cert-manager/acme-config".to_string(), "failed".to_string()),
+        ]
+    );
+    let error = subs_error(&status, "issuers", "ConfigMap/cert-manager/acme-config");
+    assert_eq!(error, r#"Error from server (NotFound): error when creating: namespaces "cert-manager" not found"#);
+
+    sim.kubectl_ok(&["delete", "clusterissuer", "letsencrypt-staging"]);
+    sim.kubectl_ok(&["create", "namespace", "cert-manager"]);
+    p.rdeploy(&["recover", "--dry-run"])
+        .code(0)
+        .stdout_has("apply ClusterIssuer/letsencrypt-staging (missing from the cluster)")
+        .stdout_has("keep Issuer/web/selfsigned: done and unchanged");
+    p.rdeploy(&["recover"]).code(0);
+    assert_eq!(
+        sim.kubectl_ok(&["get", "clusterissuer", "letsencrypt-staging", "-o", "jsonpath={.spec.acme.email}"]),
+        "ops@example.com"
+    );
+    assert_eq!(p.status()["state"], "complete");
+}
+
+/// The recorded error of one sub-change in `status --json`.
+fn subs_error(status: &serde_json::Value, step_name: &str, id: &str) -> String {
+    step(status, step_name)["sub_changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["id"] == id)
+        .and_then(|s| s["error"].as_str())
+        .unwrap_or_else(|| panic!("no error recorded for {id}: {status}"))
+        .to_string()
+}

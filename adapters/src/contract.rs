@@ -119,6 +119,55 @@ pub struct StepContext {
     /// The operator's `recover --reapply-missing`: a sub-change recorded done whose tool state
     /// says it is absent (terraform's state lost it) may be applied again instead of stopping.
     pub reapply_missing: bool,
+    /// For each of this step's sub-changes the journal records as started and never finished,
+    /// the run that started it and what the driver established about that run (empty outside
+    /// `recover`). helm reads it to tell an abandoned `pending-*` revision from a live one.
+    pub started_by: BTreeMap<String, StartedBy>,
+}
+
+/// The run that journaled a sub-change as started, as the driver knows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StartedBy {
+    /// The run's id (its `run` record in the journal).
+    pub run_id: String,
+    /// `up` or `recover`.
+    pub command: String,
+    pub host: String,
+    pub pid: u32,
+    pub fate: RunFate,
+}
+
+/// Whether the run that started a sub-change is known to be gone: a fact, never a guess.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunFate {
+    /// This run took the lock over from it, and it is dead on this host (gone, a zombie, or its
+    /// pid now belongs to another process).
+    LockTakenOver,
+    /// It ran on this host and is dead there (as above), though another run held the lock
+    /// between it and this one.
+    DeadHere,
+    /// It ran on this host and its pid is alive (it may be that run still, or a reused pid).
+    AliveHere,
+    /// It ran on another host, whose processes this one cannot see.
+    OtherHost,
+}
+
+impl RunFate {
+    pub fn is_dead(self) -> bool {
+        matches!(self, RunFate::LockTakenOver | RunFate::DeadHere)
+    }
+}
+
+impl std::fmt::Display for StartedBy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "`rdeploy {}` (pid {} on {})", self.command, self.pid, self.host)?;
+        f.write_str(match self.fate {
+            RunFate::LockTakenOver => ", which died: this run took its lock over",
+            RunFate::DeadHere => ", which is no longer running",
+            RunFate::AliveHere => ", whose pid is still alive on this host",
+            RunFate::OtherHost => ", on another host, which this one cannot check",
+        })
+    }
 }
 
 impl StepContext {

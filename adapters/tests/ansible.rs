@@ -91,6 +91,7 @@ impl Stack {
             cancel: CancellationToken::new(),
             force: false,
             reapply_missing: false,
+            started_by: Default::default(),
             processes: Default::default(),
         }
     }

@@ -56,6 +56,7 @@ impl Setup {
             cancel: CancellationToken::new(),
             force,
             reapply_missing: false,
+            started_by: Default::default(),
             processes: Default::default(),
         }
     }

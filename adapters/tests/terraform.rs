@@ -54,6 +54,7 @@ impl Fixture {
             cancel: CancellationToken::new(),
             force: false,
             reapply_missing: false,
+            started_by: Default::default(),
             processes: Default::default(),
         }
     }

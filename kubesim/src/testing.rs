@@ -20,6 +20,24 @@ pub fn testdata(p: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata").join(p)
 }
 
+/// The corpus of real public charts and manifest bundles (`charts/NAME`, `bundles/NAME`, each
+/// with its LICENSE and a SOURCE file naming repository, path and commit): `$KUBESIM_CORPUS`,
+/// else `fixtures/corpus` in the workspace, else `shared/corpus` beside the workspace (where CI
+/// lays the steering repository's shared/). Missing is a loud failure, never a skip.
+pub fn corpus() -> PathBuf {
+    let root = workspace_root();
+    let candidates: Vec<PathBuf> = std::env::var_os("KUBESIM_CORPUS")
+        .map(PathBuf::from)
+        .into_iter()
+        .chain([root.join("fixtures/corpus"), root.join("../shared/corpus")])
+        .collect();
+    candidates.iter().find(|p| p.join("charts").is_dir()).cloned().unwrap_or_else(|| {
+        panic!(
+            "the corpus of real charts and bundles is missing: looked in {candidates:?}\nhint: set KUBESIM_CORPUS to a directory holding charts/ and bundles/"
+        )
+    })
+}
+
 /// The real kubectl (1.32): `$KUBECTL` or `/usr/bin/kubectl`.
 pub fn kubectl_bin() -> PathBuf {
     let p = std::env::var_os("KUBECTL").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/usr/bin/kubectl"));

@@ -654,3 +654,99 @@ fn statefulset_claim_templates_create_bound_claims() {
         );
     }
 }
+
+/// autoscaling's validateHorizontalPodAutoscalerSpec: the replica bounds and the target.
+#[test]
+fn hpas_with_impossible_replica_bounds_are_refused() {
+    let k = Kubesim::start("kubesim");
+    let hpa = |name: &str, bounds: &str| {
+        format!("apiVersion: autoscaling/v2\nkind: HorizontalPodAutoscaler\nmetadata: {{name: {name}}}\nspec:\n  scaleTargetRef: {{apiVersion: apps/v1, kind: Deployment, name: web}}\n  {bounds}\n")
+    };
+    for (name, bounds, msg) in [
+        ("zero", "maxReplicas: 0", "spec.maxReplicas: Invalid value: 0: must be greater than 0"),
+        (
+            "inverted",
+            "{minReplicas: 5, maxReplicas: 2}",
+            "spec.maxReplicas: Invalid value: 2: must be greater than or equal to `minReplicas`",
+        ),
+        (
+            "scale-to-zero",
+            "{minReplicas: 0, maxReplicas: 2}",
+            "spec.minReplicas: Invalid value: 0: must be greater than or equal to 1",
+        ),
+    ] {
+        let bounds = bounds.trim_start_matches('{').trim_end_matches('}').replace(", ", "\n  ");
+        let o = k.kubectl_stdin(&["apply", "-f", "-"], &hpa(name, &bounds));
+        assert!(!o.status.success(), "{name}");
+        assert!(
+            stderr(&o).contains(&format!("The HorizontalPodAutoscaler \"{name}\" is invalid: {msg}")),
+            "{}",
+            stderr(&o)
+        );
+        assert!(!k.kubectl(&["get", "hpa", name]).status.success());
+    }
+    let o = k.kubectl_stdin(&["apply", "-f", "-"], &hpa("ok", "minReplicas: 1\n  maxReplicas: 3"));
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
+/// apps ValidateStatefulSetUpdate: only replicas, ordinals, template, updateStrategy,
+/// revisionHistoryLimit, the PVC retention policy and minReadySeconds may change.
+#[test]
+fn statefulset_updates_outside_the_mutable_fields_are_forbidden() {
+    let k = Kubesim::start_with("kubesim", &["--pod-startup-ms", "50"]);
+    let sts = |size: &str, replicas: u32, image: &str| {
+        format!("apiVersion: apps/v1\nkind: StatefulSet\nmetadata: {{name: db}}\nspec:\n  serviceName: db\n  replicas: {replicas}\n  selector: {{matchLabels: {{app: db}}}}\n  template:\n    metadata: {{labels: {{app: db}}}}\n    spec: {{containers: [{{name: db, image: {image}}}]}}\n  volumeClaimTemplates:\n  - metadata: {{name: data}}\n    spec: {{accessModes: [ReadWriteOnce], resources: {{requests: {{storage: {size}}}}}}}\n")
+    };
+    k.apply("kubesim", &sts("1Gi", 1, "postgres:16"));
+    // the mutable fields change
+    k.apply("kubesim", &sts("1Gi", 2, "postgres:17"));
+    let msg = "The StatefulSet \"db\" is invalid: spec: Forbidden: updates to statefulset spec for fields other than 'replicas', 'ordinals', 'template', 'updateStrategy', 'revisionHistoryLimit', 'persistentVolumeClaimRetentionPolicy' and 'minReadySeconds' are forbidden";
+    for args in [&["apply", "-f", "-"][..], &["apply", "--server-side", "--force-conflicts", "-f", "-"][..]] {
+        let o = k.kubectl_stdin(args, &sts("2Gi", 2, "postgres:17"));
+        assert!(!o.status.success(), "{args:?}");
+        assert!(stderr(&o).contains(msg), "{args:?}: {}", stderr(&o));
+    }
+    let size = k.kubectl_ok(&[
+        "get",
+        "sts",
+        "db",
+        "-o",
+        "jsonpath={.spec.volumeClaimTemplates[0].spec.resources.requests.storage}",
+    ]);
+    assert_eq!(size, "1Gi");
+    let o = k.kubectl(&["patch", "sts", "db", "-p", "{\"spec\":{\"serviceName\":\"other\"}}"]);
+    assert!(stderr(&o).contains(msg), "{}", stderr(&o));
+}
+
+/// batch ValidateJobSpecUpdate: a Job's pod template is immutable (the classic failed chart
+/// upgrade of a non-hook Job with a new image); a suspended Job that never started may change
+/// its scheduling directives.
+#[test]
+fn a_jobs_pod_template_is_immutable() {
+    let k = Kubesim::start_with("kubesim", &["--pod-startup-ms", "50"]);
+    let job = |name: &str, image: &str, extra: &str| {
+        format!("apiVersion: batch/v1\nkind: Job\nmetadata: {{name: {name}}}\nspec:\n  {extra}template:\n    metadata: {{labels: {{app: migrate}}}}\n    spec: {{restartPolicy: Never, containers: [{{name: c, image: {image}}}]}}\n")
+    };
+    k.apply("kubesim", &job("migrate", "migrate:1", ""));
+    for args in [&["apply", "-f", "-"][..], &["apply", "--server-side", "--force-conflicts", "-f", "-"][..]] {
+        let o = k.kubectl_stdin(args, &job("migrate", "migrate:2", ""));
+        assert!(!o.status.success(), "{args:?}");
+        assert!(
+            stderr(&o).contains("The Job \"migrate\" is invalid: spec.template: Invalid value: core.PodTemplateSpec{"),
+            "{args:?}: {}",
+            stderr(&o)
+        );
+        assert!(stderr(&o).contains("}: field is immutable"), "{}", stderr(&o));
+    }
+    let image = k.kubectl_ok(&["get", "job", "migrate", "-o", "jsonpath={.spec.template.spec.containers[0].image}"]);
+    assert_eq!(image, "migrate:1");
+    // the same template again, and a mutable field, are fine
+    k.apply("kubesim", &job("migrate", "migrate:1", "ttlSecondsAfterFinished: 600\n  "));
+    // suspended and never started: the labels may change, the image may not
+    k.apply("kubesim", &job("held", "migrate:1", "suspend: true\n  "));
+    let relabelled = job("held", "migrate:1", "suspend: true\n  ").replace("app: migrate", "app: held");
+    let o = k.kubectl_stdin(&["apply", "-f", "-"], &relabelled);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = k.kubectl_stdin(&["apply", "-f", "-"], &job("held", "migrate:2", "suspend: true\n  "));
+    assert!(stderr(&o).contains("spec.template: Invalid value"), "{}", stderr(&o));
+}

@@ -31,7 +31,7 @@ fn run_record(run_id: &str) -> Record {
     }
 }
 
-fn entries(run_id: &str) -> Vec<Entry> {
+pub(super) fn entries(run_id: &str) -> Vec<Entry> {
     let records = vec![
         run_record(run_id),
         Record::StepStarted { step: "seed".into(), mode: StepMode::Apply, tool_version: None },

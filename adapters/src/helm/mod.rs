@@ -2,8 +2,12 @@
 //! release revision it creates (sub-change id `release@revision`, e.g. `web@3`), with helm's
 //! status and history read before and after. Recovery decides from helm's own state: deployed at
 //! the wanted chart and values, failed (upgrade again, or roll back to the last deployed revision,
-//! always named), or stuck in `pending-*` (rolled back only when no helm process for the release
-//! is alive, or when the operator forces it with `rdeploy recover --force`, [`StepContext::force`]).
+//! always named), or stuck in `pending-*`. A pending revision this deploy's dead run abandoned
+//! (the journal shows the run started it, the driver knows the run is dead,
+//! [`StepContext::started_by`], and no helm process names the release) is rolled back to the last
+//! deployed revision, or uninstalled and installed again when it was never deployed; any other
+//! pending revision only once no helm for it is alive and it is older than helm's timeout, or
+//! when the operator forces it with `rdeploy recover --force` ([`StepContext::force`]).
 
 pub mod state;
 
@@ -91,7 +95,11 @@ enum Decision {
     /// Not installed, superseded, failed with `recover: upgrade`, or deployed with other values.
     Upgrade { why: String },
     /// Roll back to `to`, then (with `recover: upgrade` after a stuck release) upgrade.
-    Rollback { to: u64, why: String, then_upgrade: bool },
+    /// `abandoned` is the pending revision a dead run of this deploy left, when that is known.
+    Rollback { to: u64, why: String, then_upgrade: bool, abandoned: Option<u64> },
+    /// A release that never reached deployed, left pending by a dead run of this deploy (or
+    /// forced): uninstall it, then install again.
+    Reinstall { abandoned: u64, why: String },
     /// Cannot proceed without the operator.
     Refuse { failure: Failure },
 }
@@ -239,9 +247,14 @@ impl HelmSpec {
         (chart_same, values_same)
     }
 
-    fn uninstall_words(&self) -> Vec<String> {
+    /// `uninstall R`; with `wait:` (and for rdeploy's own call, its timeout) helm waits until
+    /// the release's objects are gone, so the install that follows does not meet them.
+    fn uninstall_words(&self, major: u32, ctx: Option<&StepContext>) -> Vec<String> {
         let mut words = vec!["uninstall".to_string(), self.release.clone()];
-        words.extend(self.cluster_args(None));
+        words.extend(self.cluster_args(ctx));
+        if ctx.is_some() {
+            words.extend(self.wait_words(major, ctx));
+        }
         words
     }
 
@@ -259,6 +272,26 @@ impl HelmSpec {
         if let Some(good) = last_deployed(&live.history) {
             sink.emit(Event::Fact { key: "last_deployed_revision".into(), value: good.revision.into() });
         }
+    }
+
+    /// Journals what became of a pending revision a dead run of this deploy abandoned: never
+    /// done, and now `how` (rolled back, uninstalled), as a fact and in the report.
+    fn settle_abandoned(&self, sink: &dyn EventSink, before: &Live, revision: u64, how: &str) {
+        let status = before
+            .history
+            .iter()
+            .find(|r| r.revision == revision)
+            .map_or_else(|| "pending".to_string(), |r| r.status.to_string());
+        sink.emit(Event::Pending {
+            id: self.id(revision),
+            reason: format!("abandoned by a dead run ({status}): {how}"),
+        });
+        sink.emit(Event::Fact { key: "abandoned_revision".into(), value: revision.into() });
+        let message = match how.strip_prefix("rolled back ") {
+            Some(to) => format!("rolled back abandoned revision {revision} of {} ({status}) {to}", self.release),
+            None => format!("{how} abandoned revision {revision} of {} ({status})", self.release),
+        };
+        sink.emit(Event::Warning { message });
     }
 
     fn failure_hint(&self, after: &Live) -> String {
@@ -396,7 +429,23 @@ impl<'a> Release<'a> {
             // Only the operator's `rdeploy recover --force` forces it (never an environment
             // variable, which a CI environment may export to every recover).
             let forced = self.ctx.force;
-            if let Some((pid, cmdline)) = state::live_helm_for(&self.spec.release, proc).filter(|_| !forced) {
+            let live_helm = state::live_helm_for(&self.spec.release, proc);
+            let unproven = match self.abandoned(latest, live_helm.as_ref()) {
+                Ok(evidence) => {
+                    let why = format!("{stuck}, abandoned: {evidence}");
+                    return match good {
+                        Some(to) => Decision::Rollback {
+                            to,
+                            why,
+                            then_upgrade: !rollback_only,
+                            abandoned: Some(latest.revision),
+                        },
+                        None => Decision::Reinstall { abandoned: latest.revision, why },
+                    };
+                }
+                Err(missing) => missing,
+            };
+            if let Some((pid, cmdline)) = live_helm.filter(|_| !forced) {
                 let mut failure = Failure::new(format!(
                     "{stuck}, and a helm process for it is still running (pid {pid}: `{cmdline}`)"
                 ));
@@ -415,12 +464,18 @@ impl<'a> Release<'a> {
             let young = state::parse_rfc3339(&latest.updated).is_some_and(|t| now_secs() - t < window);
             if young && !forced {
                 let mut failure = Failure::new(format!(
-                    "{stuck}; it is younger than helm's timeout ({window}s), so a helm on another machine may still be working on it"
+                    "{stuck}; it is younger than helm's timeout ({window}s), so a helm on another machine may still be working on it ({unproven})"
                 ));
-                failure.hint = Some(
-                    "wait for the timeout to pass, then `rdeploy recover`; `rdeploy recover --force` rolls back now"
-                        .into(),
-                );
+                failure.hint = Some(match good {
+                    Some(_) => {
+                        "wait for the timeout to pass, then `rdeploy recover`; `rdeploy recover --force` rolls back now"
+                            .into()
+                    }
+                    None => format!(
+                        "it was never deployed: wait for the timeout to pass and, if no helm anywhere is still installing it, uninstall it (`{}`), then `rdeploy recover` installs it again; `rdeploy recover --force` does both now",
+                        display_command(&self.spec.helm_words(self.spec.uninstall_words(self.major, None)))
+                    ),
+                });
                 return Decision::Refuse { failure };
             }
             return match good {
@@ -431,13 +486,20 @@ impl<'a> Release<'a> {
                         if forced { " (or forced)" } else { "" }
                     ),
                     then_upgrade: !rollback_only,
+                    abandoned: None,
+                },
+                None if forced => Decision::Reinstall {
+                    abandoned: latest.revision,
+                    why: format!("{stuck} and was never deployed (forced)"),
                 },
                 None => Decision::Refuse {
-                    failure: Failure::new(format!("{stuck}, and it has no deployed revision to roll back to"))
-                        .with_hint(format!(
-                            "uninstall the half-installed release, then `rdeploy recover` installs it again: `{}`",
-                            display_command(&self.spec.helm_words(self.spec.uninstall_words()))
-                        )),
+                    failure: Failure::new(format!(
+                        "{stuck}, and it has no deployed revision to roll back to ({unproven})"
+                    ))
+                    .with_hint(format!(
+                        "if no helm anywhere is still installing it, uninstall the half-installed release, then `rdeploy recover` installs it again: `{}` (or `rdeploy recover --force` does both)",
+                        display_command(&self.spec.helm_words(self.spec.uninstall_words(self.major, None)))
+                    )),
                 },
             };
         }
@@ -447,6 +509,7 @@ impl<'a> Release<'a> {
                     to,
                     why: format!("revision {} failed; `recover: rollback`", latest.revision),
                     then_upgrade: false,
+                    abandoned: None,
                 },
                 None => Decision::Refuse {
                     failure: Failure::new(format!(
@@ -455,7 +518,7 @@ impl<'a> Release<'a> {
                     ))
                     .with_hint(format!(
                         "fix the cause and set `recover: upgrade`, or uninstall: `{}`",
-                        display_command(&self.spec.helm_words(self.spec.uninstall_words()))
+                        display_command(&self.spec.helm_words(self.spec.uninstall_words(self.major, None)))
                     )),
                 },
             },
@@ -484,6 +547,50 @@ impl<'a> Release<'a> {
             }
             other => Decision::Upgrade { why: format!("revision {} is {other}", latest.revision) },
         }
+    }
+
+    /// The evidence that the pending revision `latest` is abandoned, each piece a fact: the
+    /// journal shows this deploy started that revision (its sub-change `release@N`, recorded as
+    /// started before helm ran and never finished), the run that started it is dead (the driver
+    /// took its lock over, or its pid on this host is gone), and no helm process names the
+    /// release (`live_helm`, from the process table). `Err` names the first piece missing.
+    fn abandoned(&self, latest: &Revision, live_helm: Option<&(u32, String)>) -> Result<String, String> {
+        let id = self.spec.id(latest.revision);
+        let Some(by) = self.ctx.started_by.get(&id) else {
+            return Err(format!(
+                "this deploy's journal does not show it starting revision {}, so another client may have",
+                latest.revision
+            ));
+        };
+        if !by.fate.is_dead() {
+            return Err(format!("revision {} was started by {by}", latest.revision));
+        }
+        if let Some((pid, cmdline)) = live_helm {
+            return Err(format!("a helm process for it is still running (pid {pid}: `{cmdline}`)"));
+        }
+        Ok(format!(
+            "this deploy started revision {} in {by}, and no helm process for the release is alive",
+            latest.revision
+        ))
+    }
+
+    /// `helm uninstall` of a release that never reached deployed; then its history is empty.
+    async fn uninstall(&self, sink: &dyn EventSink) -> Result<Live, Failure> {
+        if self.ctx.cancel.is_cancelled() {
+            return Err(Failure {
+                interrupted: true,
+                ..Failure::new(format!("stopped before `helm uninstall {}`", self.spec.release))
+            });
+        }
+        let cmd = self.command().args(self.spec.uninstall_words(self.major, Some(self.ctx)));
+        let backstop = self.ctx.timeout.map(|t| t + BACKSTOP);
+        let Captured { outcome, stderr, .. } =
+            capture(&cmd, self.ctx, backstop, Some(sink), StdoutLog::UnlessJson).await.map_err(Failure::from)?;
+        if !outcome.success() && !state::is_not_found(&stderr) {
+            return Err(helm_failure(&cmd.display(), &outcome, &stderr)
+                .with_hint("check the release with `helm status`, then `rdeploy recover`"));
+        }
+        self.live(Some(sink)).await
     }
 
     /// One `helm upgrade --install`, settled from history: the first new revision is ours.
@@ -638,9 +745,19 @@ impl Adapter for HelmSpec {
             let error =
                 format!("release {} is stuck in {} at revision {}", self.release, latest.status, latest.revision);
             sink.emit(Event::Failed { id, error: error.clone() });
-            return Err(Failure::new(error).with_hint(
-                "`rdeploy recover` rolls it back to the last deployed revision once no helm process for it is alive",
-            ));
+            // Not this deploy's revision: recover acts only once no helm for it is alive and it is
+            // older than helm's timeout, or when forced.
+            let hint = match last_deployed(&before.history) {
+                Some(good) => format!(
+                    "`rdeploy recover` rolls it back to revision {} once no helm process for it is alive and it is older than helm's timeout; `rdeploy recover --force` does it now",
+                    good.revision
+                ),
+                None => format!(
+                    "it was never deployed: if no helm anywhere is still installing it, `rdeploy recover --force` uninstalls it and installs it again (`{}`)",
+                    display_command(&self.helm_words(self.uninstall_words(4, None)))
+                ),
+            };
+            return Err(Failure::new(error).with_hint(hint));
         }
         sink.emit(Event::Planned { ids: vec![self.id(before.next_revision())] });
         release.upgrade(sink, &before).await
@@ -662,7 +779,7 @@ impl Adapter for HelmSpec {
                 sink.emit(Event::Warning { message: format!("{why}; running `helm upgrade --install`") });
                 release.upgrade(sink, &live).await.map(|()| Recovered::Complete)
             }
-            Decision::Rollback { to, why, then_upgrade } => {
+            Decision::Rollback { to, why, then_upgrade, abandoned } => {
                 let mut ids = vec![self.id(live.next_revision())];
                 if then_upgrade {
                     ids.push(self.id(live.next_revision() + 1));
@@ -670,6 +787,9 @@ impl Adapter for HelmSpec {
                 sink.emit(Event::Planned { ids });
                 sink.emit(Event::Warning { message: format!("{why}; rolling back to revision {to}") });
                 let after = release.rollback(sink, &live, to).await?;
+                if let Some(abandoned) = abandoned {
+                    self.settle_abandoned(sink, &live, abandoned, &format!("rolled back to revision {to}"));
+                }
                 if then_upgrade {
                     release.upgrade(sink, &after).await.map(|()| Recovered::Complete)
                 } else {
@@ -681,6 +801,13 @@ impl Adapter for HelmSpec {
                     });
                     Ok(Recovered::RolledBack { to: format!("{} revision {to}", self.release) })
                 }
+            }
+            Decision::Reinstall { abandoned, why } => {
+                sink.emit(Event::Warning { message: format!("{why}; uninstalling it, then installing it again") });
+                let after = release.uninstall(sink).await?;
+                self.settle_abandoned(sink, &live, abandoned, "uninstalled");
+                sink.emit(Event::Planned { ids: vec![self.id(after.next_revision())] });
+                release.upgrade(sink, &after).await.map(|()| Recovered::Complete)
             }
             Decision::Refuse { failure } => {
                 if let Some(latest) = live.latest() {
@@ -718,7 +845,15 @@ impl Adapter for HelmSpec {
                 inspection.actions.push(format!("{why}: `{upgrade}`"));
                 inspection.remaining.push(self.id(live.next_revision()));
             }
-            Decision::Rollback { to, why, then_upgrade } => {
+            Decision::Reinstall { why, .. } => {
+                inspection.actions.push(format!(
+                    "{why}: `{}`",
+                    display_command(&self.helm_words(self.uninstall_words(major, Some(ctx))))
+                ));
+                inspection.actions.push(format!("then install it again: `{upgrade}`"));
+                inspection.remaining.push(self.id(1));
+            }
+            Decision::Rollback { to, why, then_upgrade, .. } => {
                 inspection.actions.push(format!(
                     "{why}: `{}`",
                     display_command(&self.helm_words(self.rollback_words(major, to, Some(ctx))))
@@ -764,7 +899,7 @@ impl Adapter for HelmSpec {
             display_command(&self.helm_words(self.upgrade_words(4, None)))
         ));
         doc.notes.push(format!(
-            "a release stuck in pending-install/upgrade/rollback is rolled back by `rdeploy recover` only when no helm process for it is alive and the pending revision is older than helm's timeout; `rdeploy recover {} --force` forces it",
+            "a release stuck in pending-install/upgrade/rollback that this deploy started, whose run died, and for which no helm process is alive, is recovered by `rdeploy recover` at once: rolled back to the last deployed revision, or uninstalled and installed again if it was never deployed; any other pending release only when no helm process for it is alive and the pending revision is older than helm's timeout; `rdeploy recover {} --force` forces it",
             shell_quote(ctx.stack_file)
         ));
         if self.recover_mode() == RecoverMode::Rollback {
@@ -809,7 +944,7 @@ fn secret_values_path(ctx: &StepContext) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::CancellationToken;
+    use crate::{CancellationToken, RunFate, StartedBy};
 
     fn spec() -> HelmSpec {
         HelmSpec {
@@ -840,6 +975,7 @@ mod tests {
             cancel: CancellationToken::new(),
             force: false,
             reapply_missing: false,
+            started_by: Default::default(),
             processes: Default::default(),
         }
     }
@@ -865,8 +1001,13 @@ mod tests {
         /// (another test) cannot make a release look busy.
         fn decide_v4(&self, ctx: &StepContext, live: &Live) -> Decision {
             let no_processes = tempfile::tempdir().unwrap();
+            self.decide_in(ctx, live, no_processes.path())
+        }
+
+        /// Decides with the process table under `proc` (a test's own `/proc`).
+        fn decide_in(&self, ctx: &StepContext, live: &Live, proc: &Path) -> Decision {
             let release = Release { spec: self, ctx, binary: DEFAULT_BINARY.into(), major: 4, version: String::new() };
-            release.decide(live, no_processes.path())
+            release.decide(live, proc)
         }
     }
 
@@ -893,7 +1034,12 @@ mod tests {
         rb.recover = Some(RecoverMode::Rollback);
         assert_eq!(
             rb.decide_v4(&ctx(), &live(vec![rev(1, "superseded"), rev(2, "deployed"), rev(3, "failed")])),
-            Decision::Rollback { to: 2, why: "revision 3 failed; `recover: rollback`".into(), then_upgrade: false }
+            Decision::Rollback {
+                to: 2,
+                why: "revision 3 failed; `recover: rollback`".into(),
+                then_upgrade: false,
+                abandoned: None
+            }
         );
         assert!(matches!(rb.decide_v4(&ctx(), &live(vec![rev(1, "failed")])), Decision::Refuse { .. }));
         // The stack already asks for other values than the failed revision has (the fix):
@@ -915,7 +1061,7 @@ mod tests {
 
         // Stuck, and no helm process for `web` is alive (an empty process table).
         match s.decide_v4(&ctx(), &live(vec![rev(1, "deployed"), rev(2, "pending-upgrade")])) {
-            Decision::Rollback { to: 1, why, then_upgrade: true } => {
+            Decision::Rollback { to: 1, why, then_upgrade: true, abandoned: None } => {
                 assert!(why.starts_with("release web is stuck in pending-upgrade at revision 2 for "), "{why}")
             }
             other => panic!("{other:?}"),
@@ -927,6 +1073,173 @@ mod tests {
             ),
             other => panic!("{other:?}"),
         }
+    }
+
+    /// A revision younger than helm's timeout (stamped ahead of the clock), so without the
+    /// evidence that it is abandoned recover refuses it.
+    fn young(revision: u64, status: &str) -> Revision {
+        Revision { updated: "2999-01-01T00:00:00Z".into(), ..rev(revision, status) }
+    }
+
+    fn started_by(fate: RunFate) -> StartedBy {
+        StartedBy { run_id: "01RUN".into(), command: "up".into(), host: "here".into(), pid: 4242, fate }
+    }
+
+    /// `ctx()` with the journal's record of who started sub-change `id`.
+    fn ctx_started(id: &str, fate: RunFate) -> StepContext {
+        let mut ctx = ctx();
+        ctx.started_by.insert(id.into(), started_by(fate));
+        ctx
+    }
+
+    /// An injected process table: `(pid, state, argv)` per process.
+    fn proc_table(procs: &[(u32, char, &[&str])]) -> tempfile::TempDir {
+        let root = tempfile::tempdir().unwrap();
+        for (pid, state, args) in procs {
+            let dir = root.path().join(pid.to_string());
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join("stat"), format!("{pid} (helm) {state} 1 {pid} {pid} 0 -1")).unwrap();
+            let cmdline = if *state == 'Z' { String::new() } else { args.join("\0") + "\0" };
+            std::fs::write(dir.join("cmdline"), cmdline).unwrap();
+        }
+        root
+    }
+
+    fn summary(decision: Decision) -> String {
+        match decision {
+            Decision::Refuse { failure } => format!("{} | hint: {}", failure.summary, failure.hint.unwrap_or_default()),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_abandoned_pending_upgrade_is_rolled_back_only_with_all_the_evidence() {
+        let s = spec();
+        let live = Live { history: vec![young(1, "deployed"), young(2, "pending-upgrade")], status: None };
+        let helm_upgrading: &[&str] = &["/opt/helm", "upgrade", "--install", "web", "charts/webapp"];
+        let empty = proc_table(&[]);
+        let other_helm = proc_table(&[(70, 'S', &["/opt/helm", "upgrade", "api", "charts/api"])]);
+        let zombie_helm = proc_table(&[(71, 'Z', helm_upgrading)]);
+        let live_helm = proc_table(&[(72, 'S', helm_upgrading)]);
+
+        // Complete evidence: the journal shows this deploy started web@2, the run that started
+        // it is dead (lock taken over, or its pid gone), no live helm names the release (a
+        // zombie is not alive; a helm for another release does not count).
+        for fate in [RunFate::LockTakenOver, RunFate::DeadHere] {
+            for table in [&empty, &other_helm, &zombie_helm] {
+                match s.decide_in(&ctx_started("web@2", fate), &live, table.path()) {
+                    Decision::Rollback { to: 1, then_upgrade: true, abandoned: Some(2), why } => {
+                        assert!(
+                            why.contains("abandoned: this deploy started revision 2 in `rdeploy up` (pid 4242"),
+                            "{why}"
+                        )
+                    }
+                    other => panic!("{fate:?}: {other:?}"),
+                }
+            }
+        }
+        // `recover: rollback` rolls back and stops there.
+        let mut rb = spec();
+        rb.recover = Some(RecoverMode::Rollback);
+        assert!(matches!(
+            rb.decide_in(&ctx_started("web@2", RunFate::LockTakenOver), &live, empty.path()),
+            Decision::Rollback { to: 1, then_upgrade: false, abandoned: Some(2), .. }
+        ));
+
+        // Any piece missing: today's refusal (the revision is younger than helm's timeout), and
+        // the summary names the missing piece.
+        let refused = |ctx: StepContext, table: &tempfile::TempDir| summary(s.decide_in(&ctx, &live, table.path()));
+        let no_record = refused(ctx(), &empty);
+        assert!(no_record.contains("younger than helm's timeout"), "{no_record}");
+        assert!(no_record.contains("this deploy's journal does not show it starting revision 2"), "{no_record}");
+        // The journal records another revision (helm wrote 2 where this deploy expected 3).
+        let other_revision = refused(ctx_started("web@3", RunFate::LockTakenOver), &empty);
+        assert!(other_revision.contains("does not show it starting revision 2"), "{other_revision}");
+        let alive = refused(ctx_started("web@2", RunFate::AliveHere), &empty);
+        assert!(
+            alive.contains("revision 2 was started by `rdeploy up` (pid 4242 on here), whose pid is still alive"),
+            "{alive}"
+        );
+        let elsewhere = refused(ctx_started("web@2", RunFate::OtherHost), &empty);
+        assert!(elsewhere.contains("on another host, which this one cannot check"), "{elsewhere}");
+        let running = refused(ctx_started("web@2", RunFate::LockTakenOver), &live_helm);
+        assert!(running.contains("a helm process for it is still running (pid 72: `/opt/helm upgrade"), "{running}");
+        // Every refusal's hint ends in a `rdeploy recover` that can act once it is followed,
+        // as the report's `next:` line says.
+        for text in [&no_record, &other_revision, &alive, &elsewhere, &running] {
+            assert!(text.contains("then `rdeploy recover`"), "{text}");
+        }
+    }
+
+    #[test]
+    fn an_abandoned_pending_install_is_uninstalled_and_installed_again_only_with_all_the_evidence() {
+        let s = spec();
+        let live = Live { history: vec![young(1, "pending-install")], status: None };
+        let empty = proc_table(&[]);
+        let live_helm = proc_table(&[(80, 'R', &["helm", "install", "web", "charts/webapp"])]);
+        for fate in [RunFate::LockTakenOver, RunFate::DeadHere] {
+            match s.decide_in(&ctx_started("web@1", fate), &live, empty.path()) {
+                Decision::Reinstall { abandoned: 1, why } => {
+                    assert!(why.starts_with("release web is stuck in pending-install at revision 1 for "), "{why}")
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        // A pending upgrade of a release that never reached deployed is reinstalled too: there
+        // is nothing to roll back to.
+        let never_deployed = Live { history: vec![young(1, "failed"), young(2, "pending-upgrade")], status: None };
+        assert!(matches!(
+            s.decide_in(&ctx_started("web@2", RunFate::DeadHere), &never_deployed, empty.path()),
+            Decision::Reinstall { abandoned: 2, .. }
+        ));
+        // Missing evidence: refused, with the uninstall command (a live helm refuses first).
+        for (ctx, table, missing) in [
+            (ctx(), &empty, "does not show it starting revision 1"),
+            (ctx_started("web@1", RunFate::AliveHere), &empty, "whose pid is still alive"),
+            (ctx_started("web@1", RunFate::OtherHost), &empty, "on another host"),
+            (
+                ctx_started("web@1", RunFate::LockTakenOver),
+                &live_helm,
+                "a helm process for it is still running (pid 80",
+            ),
+        ] {
+            let text = summary(s.decide_in(&ctx, &live, table.path()));
+            assert!(text.contains(missing), "{text}");
+            if !text.contains("is still running") {
+                assert!(text.contains("younger than helm's timeout"), "{text}");
+                assert!(text.contains("(`helm uninstall web -n shop --kube-context c1`)"), "{text}");
+                assert!(text.contains("then `rdeploy recover` installs it again"), "{text}");
+            }
+        }
+        // Past helm's timeout, still not known to be abandoned: refused with the uninstall.
+        let old = Live { history: vec![rev(1, "pending-install")], status: None };
+        let text = summary(s.decide_in(&ctx(), &old, empty.path()));
+        assert!(text.contains("no deployed revision to roll back to (this deploy's journal does not show"), "{text}");
+        assert!(text.contains("then `rdeploy recover` installs it again"), "{text}");
+        // The operator's --force vouches for it.
+        let mut forced = ctx();
+        forced.force = true;
+        assert!(matches!(s.decide_in(&forced, &live, empty.path()), Decision::Reinstall { abandoned: 1, .. }));
+    }
+
+    #[test]
+    fn an_abandoned_pending_rollback_is_rolled_back_to_the_last_deployed_revision() {
+        let s = spec();
+        let live = Live {
+            history: vec![
+                young(1, "superseded"),
+                young(2, "deployed"),
+                young(3, "failed"),
+                young(4, "pending-rollback"),
+            ],
+            status: None,
+        };
+        let empty = proc_table(&[]);
+        assert!(matches!(
+            s.decide_in(&ctx_started("web@4", RunFate::LockTakenOver), &live, empty.path()),
+            Decision::Rollback { to: 2, then_upgrade: true, abandoned: Some(4), .. }
+        ));
+        assert!(matches!(s.decide_in(&ctx(), &live, empty.path()), Decision::Refuse { .. }));
     }
 
     #[test]

@@ -244,13 +244,24 @@ pub fn human_age(secs: i64) -> String {
 }
 
 /// A running helm process whose arguments name the release: `(pid, command line)`.
-/// Looks at every `/proc/<pid>/cmdline` for an argv[0] (or a script's argv[1]) named `helm`.
+/// Looks at every `/proc/<pid>/cmdline` for an argv[0] (or a script's argv[1]) named `helm`;
+/// a zombie (state `Z` or `X` in `/proc/<pid>/stat`) has exited and is not counted.
 pub fn live_helm_for(release: &str, proc_root: &Path) -> Option<(u32, String)> {
     let me = std::process::id();
     let entries = std::fs::read_dir(proc_root).ok()?;
     for entry in entries.flatten() {
         let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
         if pid == me {
+            continue;
+        }
+        // A zombie has exited (its cmdline reads empty, but say so rather than rely on it).
+        let zombie = std::fs::read_to_string(entry.path().join("stat"))
+            .ok()
+            .and_then(|stat| {
+                stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next().map(str::to_string))
+            })
+            .is_some_and(|state| state == "Z" || state == "X");
+        if zombie {
             continue;
         }
         let Ok(raw) = std::fs::read(entry.path().join("cmdline")) else { continue };

@@ -1,37 +1,13 @@
-//! Manifests into objects: multi-document YAML (and `List` kinds) parsed into one
-//! [`KubeObject`] each, with its checkpoint id `Kind/namespace/name`, and the apply order
-//! (Namespaces and CRDs first). The YAML itself is read by [`crate::yaml`].
+//! Manifests into objects: multi-document YAML (and list documents: `List`, `ConfigMapList`...)
+//! parsed into one [`KubeObject`] each, with its checkpoint id `Kind/namespace/name`, and the
+//! apply order (Namespaces and CRDs first). Whether a kind is namespaced comes from the API
+//! ([`Scopes`]: the cluster's discovery, or the `spec.scope` of a CRD among the step's own
+//! objects), never from a list of kinds. The YAML itself is read by [`crate::yaml`].
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
-
-/// Kinds of the built-in API that are not namespaced. Kinds defined by a CRD in the same
-/// step are looked up in the CRD's `spec.scope`; any other kind is taken as namespaced.
-const CLUSTER_SCOPED: &[&str] = &[
-    "Namespace",
-    "Node",
-    "PersistentVolume",
-    "CustomResourceDefinition",
-    "ClusterRole",
-    "ClusterRoleBinding",
-    "StorageClass",
-    "PriorityClass",
-    "IngressClass",
-    "RuntimeClass",
-    "APIService",
-    "MutatingWebhookConfiguration",
-    "ValidatingWebhookConfiguration",
-    "ValidatingAdmissionPolicy",
-    "ValidatingAdmissionPolicyBinding",
-    "CSIDriver",
-    "CSINode",
-    "VolumeAttachment",
-    "CertificateSigningRequest",
-    "FlowSchema",
-    "PriorityLevelConfiguration",
-];
 
 /// Kinds `kubectl rollout status` can wait for.
 pub const WORKLOADS: &[&str] = &["Deployment", "StatefulSet", "DaemonSet"];
@@ -111,27 +87,61 @@ pub fn objects_from_documents(
     docs: Vec<Value>,
     source: &Path,
     default_ns: &str,
-    scopes: &CrdScopes,
+    scopes: &Scopes,
 ) -> Result<Vec<KubeObject>, String> {
     let mut out = Vec::new();
-    for doc in docs {
-        // `kind: List` (what `kubectl get -o yaml` writes) holds its objects in `items`.
-        if doc.get("kind").and_then(Value::as_str) == Some("List") {
-            let items = doc.get("items").and_then(Value::as_array).cloned().unwrap_or_default();
-            out.extend(objects_from_documents(items, source, default_ns, scopes)?);
-            continue;
-        }
+    for doc in flatten_lists(docs) {
         out.push(object_from_value(doc, source, default_ns, scopes)?);
     }
     Ok(out)
 }
 
-fn object_from_value(
-    mut body: Value,
-    source: &Path,
-    default_ns: &str,
-    scopes: &CrdScopes,
-) -> Result<KubeObject, String> {
+/// Whether a document is a list as kubectl reads it: apimachinery decodes any object with an
+/// `items` field as an `UnstructuredList` (`kind: List` from `kubectl get -o yaml`, or a typed
+/// `ConfigMapList` as kube-prometheus ships them).
+pub fn is_list(doc: &Value) -> bool {
+    doc.get("items").is_some_and(|items| !items.is_null())
+}
+
+/// Replaces every list document by its items, nested lists too, as kubectl's
+/// `FlattenListVisitor` does. An item with neither `apiVersion` nor `kind` takes the list's
+/// `apiVersion` and its kind without the `List` suffix (apimachinery's `decodeToList`).
+pub fn flatten_lists(docs: Vec<Value>) -> Vec<Value> {
+    let mut out = Vec::new();
+    for doc in docs {
+        if !is_list(&doc) {
+            out.push(doc);
+            continue;
+        }
+        let api_version = doc.get("apiVersion").cloned();
+        let item_kind =
+            doc.get("kind").and_then(Value::as_str).map(|k| k.strip_suffix("List").unwrap_or(k).to_string());
+        let items = match doc.get("items") {
+            Some(Value::Array(items)) => items.clone(),
+            _ => Vec::new(),
+        };
+        let items = items
+            .into_iter()
+            .map(|mut item| {
+                if let Some(map) = item.as_object_mut() {
+                    if !map.contains_key("apiVersion") && !map.contains_key("kind") {
+                        if let Some(v) = &api_version {
+                            map.insert("apiVersion".into(), v.clone());
+                        }
+                        if let Some(k) = item_kind.as_ref().filter(|k| !k.is_empty()) {
+                            map.insert("kind".into(), Value::String(k.clone()));
+                        }
+                    }
+                }
+                item
+            })
+            .collect();
+        out.extend(flatten_lists(items));
+    }
+    out
+}
+
+fn object_from_value(mut body: Value, source: &Path, default_ns: &str, scopes: &Scopes) -> Result<KubeObject, String> {
     let field = |body: &Value, key: &str| body.get(key).and_then(Value::as_str).map(str::to_string);
     let (Some(api_version), Some(kind)) = (field(&body, "apiVersion"), field(&body, "kind")) else {
         return Err(format!("{}: a document has no `apiVersion` or `kind`", source.display()));
@@ -143,7 +153,10 @@ fn object_from_value(
             source.display()
         ));
     };
-    let namespaced = !(CLUSTER_SCOPED.contains(&kind.as_str()) || scopes.cluster_scoped.contains(&kind));
+    let group = api_version.rsplit_once('/').map(|(g, _)| g).unwrap_or("");
+    // A kind the API does not know (its CRD is not installed) is taken as namespaced: kubectl
+    // then fails it with "resource mapping not found ... ensure CRDs are installed first".
+    let namespaced = scopes.namespaced(group, &kind).unwrap_or(true);
     let namespace = if namespaced {
         let ns = meta.and_then(|m| m.get("namespace")).and_then(Value::as_str).unwrap_or(default_ns).to_string();
         if let Some(meta) = body.get_mut("metadata").and_then(Value::as_object_mut) {
@@ -156,28 +169,68 @@ fn object_from_value(
     Ok(KubeObject { api_version, kind, name, namespace, body, source: source.to_path_buf() })
 }
 
-/// The kinds that CRDs among the step's own objects define, by scope.
+/// Whether each kind is namespaced, by API group and kind: from the CRDs among the step's own
+/// objects (`spec.scope`), then from the cluster's discovery (`kubectl api-resources`).
 #[derive(Debug, Default)]
-pub struct CrdScopes {
-    pub cluster_scoped: HashSet<String>,
+pub struct Scopes {
+    /// (group, kind) -> namespaced.
+    known: HashMap<(String, String), bool>,
+    /// Kinds that CRDs among the step's objects define.
     pub defined: HashSet<String>,
 }
 
-impl CrdScopes {
-    pub fn from_documents(docs: &[Value]) -> CrdScopes {
-        let mut scopes = CrdScopes::default();
+impl Scopes {
+    /// The scopes the step's own CRDs declare.
+    pub fn from_documents(docs: &[Value]) -> Scopes {
+        let mut scopes = Scopes::default();
         for doc in docs {
             if doc.get("kind").and_then(Value::as_str) != Some("CustomResourceDefinition") {
                 continue;
             }
             let spec = doc.get("spec");
             let Some(kind) = spec.and_then(|s| s.pointer("/names/kind")).and_then(Value::as_str) else { continue };
+            let group = spec.and_then(|s| s.get("group")).and_then(Value::as_str).unwrap_or_default();
             scopes.defined.insert(kind.to_string());
-            if spec.and_then(|s| s.get("scope")).and_then(Value::as_str) == Some("Cluster") {
-                scopes.cluster_scoped.insert(kind.to_string());
-            }
+            let namespaced = spec.and_then(|s| s.get("scope")).and_then(Value::as_str) != Some("Cluster");
+            scopes.known.insert((group.to_string(), kind.to_string()), namespaced);
         }
         scopes
+    }
+
+    /// Whether any of these documents has a kind whose scope is not known yet (then the
+    /// cluster's discovery is needed).
+    pub fn lacks_any(&self, docs: &[Value]) -> bool {
+        docs.iter().any(|doc| {
+            let api_version = doc.get("apiVersion").and_then(Value::as_str).unwrap_or_default();
+            let group = api_version.rsplit_once('/').map(|(g, _)| g).unwrap_or("");
+            let kind = doc.get("kind").and_then(Value::as_str).unwrap_or_default();
+            self.namespaced(group, kind).is_none()
+        })
+    }
+
+    /// Adds what `kubectl api-resources` printed (its default table: `NAME SHORTNAMES APIVERSION
+    /// NAMESPACED KIND`, SHORTNAMES often empty, so a row is read from its right end). The
+    /// step's own CRDs keep precedence. Returns how many rows were read.
+    pub fn add_discovery(&mut self, lines: &[String]) -> usize {
+        let mut read = 0;
+        for line in lines {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            let [.., api_version, namespaced, kind] = words.as_slice() else { continue };
+            let namespaced = match *namespaced {
+                "true" => true,
+                "false" => false,
+                _ => continue, // the header, or not a row
+            };
+            let group = api_version.rsplit_once('/').map(|(g, _)| g).unwrap_or("");
+            self.known.entry((group.to_string(), kind.to_string())).or_insert(namespaced);
+            read += 1;
+        }
+        read
+    }
+
+    /// `Some(true)` when namespaced, `None` when neither the step nor the cluster knows the kind.
+    pub fn namespaced(&self, group: &str, kind: &str) -> Option<bool> {
+        self.known.get(&(group.to_string(), kind.to_string())).copied()
     }
 }
 
@@ -214,14 +267,28 @@ pub fn files_in(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
 }
 
 #[cfg(test)]
+impl Scopes {
+    /// The step's CRDs, then what `kubectl api-resources` printed against kubesim with
+    /// cert-manager's CRDs installed (`fixtures/kubectl/captured/api-resources.stdout`).
+    pub(crate) fn with_captured_discovery(docs: &[Value]) -> Scopes {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/kubectl/captured/api-resources.stdout");
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let lines: Vec<String> = text.lines().map(str::to_string).collect();
+        let mut scopes = Scopes::from_documents(docs);
+        assert!(scopes.add_discovery(&lines) > 30, "{}", path.display());
+        scopes
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
     const APP: &str = include_str!("../../../fixtures/kubectl/app/app.yaml");
 
     fn objects(text: &str) -> Vec<KubeObject> {
-        let docs = parse_documents(text).unwrap();
-        let scopes = CrdScopes::from_documents(&docs);
+        let docs = flatten_lists(parse_documents(text).unwrap());
+        let scopes = Scopes::with_captured_discovery(&docs);
         objects_from_documents(docs, Path::new("app.yaml"), "default", &scopes).unwrap()
     }
 
@@ -276,10 +343,58 @@ mod tests {
     #[test]
     fn rejects_objects_without_a_name_and_finds_duplicates() {
         let docs = parse_documents("apiVersion: v1\nkind: ConfigMap\nmetadata: {generateName: x-}\n").unwrap();
-        let err = objects_from_documents(docs, Path::new("a.yaml"), "default", &CrdScopes::default()).unwrap_err();
+        let err = objects_from_documents(docs, Path::new("a.yaml"), "default", &Scopes::with_captured_discovery(&[]))
+            .unwrap_err();
         assert!(err.contains("no `metadata.name`"), "{err}");
         let objs = objects("kind: ConfigMap\napiVersion: v1\nmetadata: {name: a}\n---\nkind: ConfigMap\napiVersion: v1\nmetadata: {name: a, namespace: default}\n");
         assert_eq!(first_duplicate(&objs).map(|d| d.0).as_deref(), Some("ConfigMap/default/a"));
         assert!(parse_documents("a: [").is_err());
+    }
+
+    #[test]
+    fn scope_comes_from_the_api_not_a_list_of_kinds() {
+        // ClusterIssuer and Issuer are known from discovery only (their CRDs came from an
+        // earlier step); Gadget from a CRD in the step; Widget from nowhere.
+        let text = "apiVersion: cert-manager.io/v1\nkind: ClusterIssuer\nmetadata: {name: letsencrypt}\n---\napiVersion: cert-manager.io/v1\nkind: Issuer\nmetadata: {name: selfsigned}\n---\napiVersion: v1\nkind: Namespace\nmetadata: {name: n}\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata: {name: reader}\n---\napiVersion: example.com/v1\nkind: Gadget\nmetadata: {name: g}\n---\napiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata: {name: gadgets.example.com}\nspec: {group: example.com, scope: Cluster, names: {kind: Gadget, plural: gadgets}}\n---\napiVersion: example.com/v1\nkind: Widget\nmetadata: {name: w}\n";
+        let ids: Vec<String> = objects(text).iter().map(KubeObject::id).collect();
+        assert_eq!(
+            ids,
+            [
+                "ClusterIssuer/letsencrypt",
+                "Issuer/default/selfsigned",
+                "Namespace/n",
+                "ClusterRole/reader",
+                "Gadget/g",
+                "CustomResourceDefinition/gadgets.example.com",
+                "Widget/default/w"
+            ]
+        );
+        let objs = objects(text);
+        assert_eq!(objs[0].diff_name(), "cert-manager.io.v1.ClusterIssuer..letsencrypt");
+        assert!(objs[0].body["metadata"].get("namespace").is_none(), "{}", objs[0].body);
+        // Without discovery nothing is known, not even Namespace: there is no list of kinds.
+        let docs = parse_documents(text).unwrap();
+        let scopes = Scopes::from_documents(&docs);
+        assert!(scopes.lacks_any(&docs));
+        assert_eq!(scopes.namespaced("", "Namespace"), None);
+        assert_eq!(scopes.namespaced("example.com", "Gadget"), Some(false));
+        // The same kind in another group is another kind.
+        assert_eq!(Scopes::with_captured_discovery(&[]).namespaced("example.com", "ClusterIssuer"), None);
+    }
+
+    #[test]
+    fn typed_lists_are_applied_item_by_item() {
+        // kube-prometheus ships its dashboards as a `ConfigMapList` whose items may omit
+        // apiVersion and kind; a `v1 List` may nest another.
+        let text = "apiVersion: v1\nkind: ConfigMapList\nitems:\n- apiVersion: v1\n  kind: ConfigMap\n  metadata: {name: dash-a, namespace: monitoring}\n- metadata: {name: dash-b, namespace: monitoring}\n  data: {x: y}\n---\napiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: List\n  items:\n  - {apiVersion: v1, kind: Namespace, metadata: {name: monitoring}}\n- {apiVersion: rbac.authorization.k8s.io/v1, kind: ClusterRole, metadata: {name: prom}}\n---\napiVersion: v1\nkind: ServiceList\nitems: []\n";
+        let objs = objects(text);
+        let ids: Vec<String> = objs.iter().map(KubeObject::id).collect();
+        assert_eq!(
+            ids,
+            ["ConfigMap/monitoring/dash-a", "ConfigMap/monitoring/dash-b", "Namespace/monitoring", "ClusterRole/prom"]
+        );
+        assert_eq!(objs[1].body["kind"], "ConfigMap");
+        assert_eq!(objs[1].body["apiVersion"], "v1");
+        assert_eq!(objs[1].body["data"]["x"], "y");
     }
 }

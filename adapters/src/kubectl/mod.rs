@@ -13,8 +13,10 @@ use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
-use self::manifest::{CrdScopes, KubeObject};
-use self::output::{attribute_errors, is_error_line, match_results, parse_apply_line, parse_diff, rollout_progress};
+use self::manifest::{KubeObject, Scopes};
+use self::output::{
+    attribute_errors, error_records, first_error, match_results, parse_apply_line, parse_diff, rollout_progress,
+};
 use crate::process::{capture, Captured, Command, Outcome, StdoutLog};
 use crate::{
     display_command, shell_quote, Adapter, AdapterError, DescribeContext, Event, EventSink, Failure, FieldPath,
@@ -61,6 +63,8 @@ enum Reason {
     Missing,
     Differs,
     NotDone,
+    /// `kubectl diff` reported differences it did not name as any object: not known in place.
+    Unmatched,
 }
 
 impl Reason {
@@ -69,6 +73,7 @@ impl Reason {
             Reason::Missing => "missing from the cluster",
             Reason::Differs => "differs from the live object",
             Reason::NotDone => "not recorded done",
+            Reason::Unmatched => "`kubectl diff` output could not be matched to it, so it is not known to be in place",
         }
     }
 }
@@ -82,6 +87,8 @@ struct RecoveryPlan {
     keep: Vec<usize>,
     /// The diff failed (exit > 1): kubectl's message; the checkpoint decides alone.
     diff_error: Option<String>,
+    /// Files `kubectl diff` named that match no object (`group.version.Kind.namespace.name`).
+    unmatched: Vec<String>,
 }
 
 impl KubectlSpec {
@@ -137,6 +144,24 @@ impl KubectlSpec {
         }
     }
 
+    /// The cluster's discovery (`kubectl api-resources`): which kinds are namespaced, as the API
+    /// says at the time of the apply. A kind whose CRD an earlier step installed is known here
+    /// and nowhere else. A partial answer (an aggregated API down: exit 1 with the rest printed)
+    /// is used as far as it goes; no answer at all is the step's failure (the API is down: the
+    /// apply would fail the same way, and retries treat it as transient).
+    async fn discover(&self, ctx: &StepContext, binary: &Path) -> Result<Vec<String>, Failure> {
+        let cmd = self.command(ctx, binary).arg("api-resources");
+        let Captured { outcome, stdout, stderr } =
+            capture(&cmd, ctx, Some(QUICK), None, StdoutLog::Lines).await.map_err(Failure::from)?;
+        let rows = Scopes::default().add_discovery(&stdout);
+        if outcome.interrupted || outcome.timed_out || rows == 0 {
+            return Err(kubectl_failure(&cmd.display(), &outcome, &stderr).with_hint(
+                "rdeploy asks the API which kinds are namespaced before it applies; check the cluster is reachable (`kubectl cluster-info`)",
+            ));
+        }
+        Ok(stdout)
+    }
+
     /// Every object of the step's manifests, in apply order.
     async fn objects(&self, ctx: &StepContext, binary: &Path) -> Result<Vec<KubeObject>, Failure> {
         let mut sources: Vec<(PathBuf, Vec<serde_json::Value>)> = Vec::new();
@@ -144,10 +169,10 @@ impl KubectlSpec {
             let path = ctx.resolve(manifest);
             if path.is_dir() && manifest::is_kustomization(&path) {
                 let cmd = self.command(ctx, binary).arg("kustomize").arg(&path);
-                let Captured { outcome, stdout, .. } =
+                let Captured { outcome, stdout, stderr } =
                     capture(&cmd, ctx, Some(QUICK), None, StdoutLog::Lines).await.map_err(Failure::from)?;
                 if !outcome.success() {
-                    return Err(Failure::from_process(&cmd.display(), &outcome)
+                    return Err(kubectl_failure(&cmd.display(), &outcome, &stderr)
                         .with_hint(format!("fix the kustomization in {}", manifest.display())));
                 }
                 let docs = manifest::parse_documents(&stdout.join("\n"))
@@ -164,9 +189,22 @@ impl KubectlSpec {
                 sources.push((manifest.clone(), read_documents(&path)?));
             }
         }
+        let sources: Vec<(PathBuf, Vec<serde_json::Value>)> =
+            sources.into_iter().map(|(source, docs)| (source, manifest::flatten_lists(docs))).collect();
         let all: Vec<serde_json::Value> = sources.iter().flat_map(|(_, d)| d.iter().cloned()).collect();
-        let scopes = CrdScopes::from_documents(&all);
-        let default_ns = self.default_namespace(ctx, binary).await;
+        let mut scopes = Scopes::from_documents(&all);
+        let need_discovery = scopes.lacks_any(&all);
+        let (default_ns, discovered) = tokio::join!(self.default_namespace(ctx, binary), async {
+            if need_discovery {
+                Some(self.discover(ctx, binary).await)
+            } else {
+                None
+            }
+        });
+        if let Some(discovered) = discovered {
+            let lines = discovered?;
+            scopes.add_discovery(&lines);
+        }
         let mut objects = Vec::new();
         for (source, docs) in sources {
             objects.extend(manifest::objects_from_documents(docs, &source, &default_ns, &scopes).map_err(|e| {
@@ -193,8 +231,20 @@ impl KubectlSpec {
 
     fn warn_gone(&self, objects: &[KubeObject], prior: &PriorStep, sink: &dyn EventSink) {
         let ids: HashSet<String> = objects.iter().map(KubeObject::id).collect();
-        let gone: Vec<&str> =
-            prior.sub_changes.iter().filter(|s| !ids.contains(&s.id)).map(|s| s.id.as_str()).collect();
+        let (moved, gone): (Vec<&str>, Vec<&str>) = prior
+            .sub_changes
+            .iter()
+            .filter(|s| !ids.contains(&s.id))
+            .map(|s| s.id.as_str())
+            .partition(|id| rescoped(objects, id).is_some());
+        for id in moved {
+            let now = rescoped(objects, id).expect("partitioned on it");
+            sink.emit(Event::Warning {
+                message: format!(
+                    "{id} is {now} now: the API did not know its kind when it was recorded (its CRD was not installed) and says it is cluster-scoped"
+                ),
+            });
+        }
         if !gone.is_empty() {
             sink.emit(Event::Warning {
                 message: format!(
@@ -216,7 +266,9 @@ impl KubectlSpec {
     ) -> Result<RecoveryPlan, Failure> {
         let all: Vec<usize> = (0..objects.len()).collect();
         let dir = stage(ctx, "diff", objects, &all)?;
-        let mut cmd = self.command(ctx, binary).arg("diff");
+        // The default differ: its `diff -u -N LIVE/x MERGED/x` headers are what is parsed, and
+        // an operator's `KUBECTL_EXTERNAL_DIFF` (dyff, colordiff) prints other ones.
+        let mut cmd = self.command(ctx, binary).env("KUBECTL_EXTERNAL_DIFF", "diff -u -N").arg("diff");
         if self.server_side() {
             cmd = cmd.arg("--server-side");
         }
@@ -228,36 +280,11 @@ impl KubectlSpec {
         if outcome.interrupted {
             return Err(Failure::from_process(&cmd.display(), &outcome));
         }
-        let mut plan = RecoveryPlan::default();
-        // kubectl diff: 0 no differences, 1 differences, anything else an error.
-        let entries = match outcome.code {
-            Some(0) if !outcome.timed_out => Some(Vec::new()),
-            Some(1) if !outcome.timed_out => Some(parse_diff(&stdout)),
-            _ => {
-                plan.diff_error = Some(
-                    stderr
-                        .iter()
-                        .rev()
-                        .find(|l| is_error_line(l))
-                        .map(|l| output::clean_error(l))
-                        .unwrap_or_else(|| format!("`kubectl diff` {}", outcome.describe_status())),
-                );
-                None
-            }
+        let diff = match outcome.code {
+            Some(code @ (0 | 1)) if !outcome.timed_out => Ok((code, stdout)),
+            _ => Err(first_error(&stderr).unwrap_or_else(|| format!("`kubectl diff` {}", outcome.describe_status()))),
         };
-        let by_name: HashMap<String, bool> = entries.iter().flatten().map(|e| (e.name.clone(), e.missing)).collect();
-        for (i, object) in objects.iter().enumerate() {
-            let done = prior.status_of(&object.id()) == Some(SubStatus::Done);
-            match (&entries, by_name.get(&object.diff_name())) {
-                (None, _) if done => plan.keep.push(i),
-                (None, _) => plan.apply.push((i, Reason::NotDone)),
-                (Some(_), Some(true)) => plan.apply.push((i, Reason::Missing)),
-                (Some(_), Some(false)) => plan.apply.push((i, Reason::Differs)),
-                (Some(_), None) if done => plan.keep.push(i),
-                (Some(_), None) => plan.in_place.push(i),
-            }
-        }
-        Ok(plan)
+        Ok(plan_from_diff(objects, prior, diff))
     }
 
     /// Applies the given objects (indexes into `objects`), CRDs in a batch of their own when
@@ -301,7 +328,11 @@ impl KubectlSpec {
         if failed.is_empty() {
             return Ok(());
         }
-        Err(summarize(&failed, selected.len(), Some((&command, &outcome))))
+        let mut failure = summarize(&failed, selected.len(), Some((&command, &outcome)));
+        if let Some(hint) = self.too_big_hint(objects, selected, &failed) {
+            failure.hint = Some(hint);
+        }
+        Err(failure)
     }
 
     /// One `kubectl apply -f DIR` over one file per object, each result line and error settled
@@ -344,8 +375,7 @@ impl KubectlSpec {
         let mut failed = Vec::new();
         // Interrupted or timed out: what kubectl did not report stays uncertain (started).
         if !(outcome.interrupted || outcome.timed_out || not_applied.is_empty()) {
-            let errors: Vec<String> = stderr.iter().filter(|l| is_error_line(l)).cloned().collect();
-            let attributed = attribute_errors(&not_applied, &errors);
+            let attributed = attribute_errors(&not_applied, &error_records(&stderr));
             for (object, _) in &not_applied {
                 let error = attributed.get(&object.id()).cloned().unwrap_or_else(|| "not applied".into());
                 sink.emit(Event::Failed { id: object.id(), error: error.clone() });
@@ -353,6 +383,36 @@ impl KubectlSpec {
             }
         }
         Ok(BatchOutcome { failed, to_wait, outcome, command: cmd.display() })
+    }
+
+    /// The way out for objects the API refused because their annotations pass 256 KiB, as a
+    /// client-side apply of a big CRD does (prometheus-operator's, Crossplane's): kubectl keeps
+    /// the whole object in the `kubectl.kubernetes.io/last-applied-configuration` annotation.
+    /// rdeploy says so and points at `server_side: true` rather than switching by itself: the
+    /// step asked for client-side apply, the runbook's commands are client-side, and server-side
+    /// apply changes who owns the object's fields (`kubectl` instead of
+    /// `kubectl-client-side-apply`) and how later applies remove fields: a change an SRE makes
+    /// on purpose, for the whole step, not one rdeploy makes for one object behind their back.
+    fn too_big_hint(&self, objects: &[KubeObject], selected: &[usize], failed: &[(String, String)]) -> Option<String> {
+        if self.server_side() {
+            return None;
+        }
+        let big: Vec<String> = failed
+            .iter()
+            .filter(|(_, error)| error.contains("metadata.annotations: Too long"))
+            .filter_map(|(id, _)| selected.iter().map(|&i| &objects[i]).find(|o| &o.id() == id))
+            .map(|o| {
+                let size = serde_json::to_string(&o.body).map(|t| t.len()).unwrap_or_default();
+                format!("{} ({} KiB)", o.id(), size.div_ceil(1024))
+            })
+            .collect();
+        if big.is_empty() {
+            return None;
+        }
+        Some(format!(
+            "{} too big for client-side apply: kubectl copies the object into its last-applied-configuration annotation, and the API limits annotations to 256 KiB; set `server_side: true` on the step (server-side apply keeps no such copy), then `rdeploy recover`",
+            if big.len() == 1 { format!("{} is", big[0]) } else { format!("{} are", big.join(", ")) }
+        ))
     }
 
     /// After a batch that created CRDs, waits until they are established so the custom
@@ -545,6 +605,9 @@ impl Adapter for KubectlSpec {
                 message: format!("`kubectl diff` failed ({error}); applying every object not recorded done"),
             });
         }
+        if !plan.unmatched.is_empty() {
+            sink.emit(Event::Warning { message: unmatched_words(&plan.unmatched) });
+        }
         let mut waits = Vec::new();
         for &i in &plan.in_place {
             if self.wait.unwrap_or(false) && objects[i].is_workload() {
@@ -588,6 +651,9 @@ impl Adapter for KubectlSpec {
         if let Some(error) = &plan.diff_error {
             inspection.actions.push(format!("`kubectl diff` failed ({error}): the checkpoint decides alone"));
         }
+        if !plan.unmatched.is_empty() {
+            inspection.actions.push(unmatched_words(&plan.unmatched));
+        }
         for (i, reason) in &plan.apply {
             inspection.actions.push(format!("apply {} ({})", objects[*i].id(), reason.words()));
             inspection.remaining.push(objects[*i].id());
@@ -609,7 +675,13 @@ impl Adapter for KubectlSpec {
         }
         let ids: HashSet<String> = objects.iter().map(KubeObject::id).collect();
         for gone in prior.sub_changes.iter().filter(|s| !ids.contains(&s.id)) {
-            inspection.actions.push(format!("leave {} alone: no longer in the manifests", gone.id));
+            match rescoped(&objects, &gone.id) {
+                Some(now) => inspection.actions.push(format!(
+                    "{} is {now} now: recorded before the API knew its kind, which is cluster-scoped",
+                    gone.id
+                )),
+                None => inspection.actions.push(format!("leave {} alone: no longer in the manifests", gone.id)),
+            }
         }
         Ok(inspection)
     }
@@ -659,6 +731,57 @@ impl Adapter for KubectlSpec {
     }
 }
 
+/// Decides, object by object, what recover does from `kubectl diff`'s exit code (0: no
+/// difference, 1: differences) and stdout, or its error (exit > 1), and the checkpoint.
+fn plan_from_diff(objects: &[KubeObject], prior: &PriorStep, diff: Result<(i32, Vec<String>), String>) -> RecoveryPlan {
+    let mut plan = RecoveryPlan::default();
+    let (code, entries) = match diff {
+        Ok((0, _)) => (Some(0), Some(Vec::new())),
+        Ok((code, stdout)) => (Some(code), Some(parse_diff(&stdout))),
+        Err(error) => {
+            plan.diff_error = Some(error);
+            (None, None)
+        }
+    };
+    let by_name: HashMap<String, bool> = entries.iter().flatten().map(|e| (e.name.clone(), e.missing)).collect();
+    // An object absent from the diff is in place only if the diff was read whole: every
+    // file it names is one of the objects, and exit 1 (differences) names at least one.
+    let names: HashSet<String> = objects.iter().map(KubeObject::diff_name).collect();
+    plan.unmatched = entries.iter().flatten().filter(|e| !names.contains(&e.name)).map(|e| e.name.clone()).collect();
+    let matched = by_name.keys().filter(|n| names.contains(*n)).count();
+    let unsure = code == Some(1) && (!plan.unmatched.is_empty() || matched == 0);
+    for (i, object) in objects.iter().enumerate() {
+        let done = prior.status_of(&object.id()) == Some(SubStatus::Done);
+        match (&entries, by_name.get(&object.diff_name())) {
+            (None, _) if done => plan.keep.push(i),
+            (None, _) => plan.apply.push((i, Reason::NotDone)),
+            (Some(_), Some(true)) => plan.apply.push((i, Reason::Missing)),
+            (Some(_), Some(false)) => plan.apply.push((i, Reason::Differs)),
+            (Some(_), None) if unsure => plan.apply.push((i, Reason::Unmatched)),
+            (Some(_), None) if done => plan.keep.push(i),
+            (Some(_), None) => plan.in_place.push(i),
+        }
+    }
+    plan
+}
+
+/// The object a recorded `Kind/namespace/name` is now that the API knows `Kind` as
+/// cluster-scoped (`Kind/name`): an object whose kind was unknown is taken as namespaced.
+fn rescoped(objects: &[KubeObject], recorded: &str) -> Option<String> {
+    let mut parts = recorded.split('/');
+    let (kind, _ns, name) = (parts.next()?, parts.next()?, parts.next()?);
+    objects.iter().find(|o| o.namespace.is_none() && o.kind == kind && o.name == name).map(KubeObject::id)
+}
+
+/// The warning for diff files that match no object.
+fn unmatched_words(unmatched: &[String]) -> String {
+    format!(
+        "`kubectl diff` named {} that match no object of the step ({}); every object it did not name is applied again rather than taken as in place",
+        if unmatched.len() == 1 { "a file" } else { "files" },
+        unmatched.join(", ")
+    )
+}
+
 /// Splits the selected objects into apply batches: CRDs (with the Namespaces before them) go
 /// first on their own when custom resources of theirs follow, because kubectl maps every
 /// object's kind before it applies any.
@@ -706,6 +829,16 @@ fn read_documents(path: &Path) -> Result<Vec<serde_json::Value>, Failure> {
     manifest::parse_documents(&text).map_err(|e| Failure::new(format!("{} does not parse: {e}", path.display())))
 }
 
+/// A failed kubectl call whose summary is kubectl's first error message, whole, on one line
+/// (the last line of a message that spans lines is only its tail).
+fn kubectl_failure(command: &str, outcome: &Outcome, stderr: &[String]) -> Failure {
+    let mut failure = Failure::from_process(command, outcome);
+    if let Some(error) = first_error(stderr).filter(|_| !outcome.interrupted && !outcome.timed_out) {
+        failure.summary = format!("`{command}` {}: {error}", outcome.describe_status());
+    }
+    failure
+}
+
 /// One line for the step: how many objects failed and the first one's error.
 fn summarize(failed: &[(String, String)], total: usize, process: Option<(&str, &Outcome)>) -> Failure {
     let (id, error) = &failed[0];
@@ -718,8 +851,21 @@ fn summarize(failed: &[(String, String)], total: usize, process: Option<(&str, &
         "fix the cause, then `rdeploy recover` runs `kubectl diff` and applies only the objects missing, different or not done"
             .into(),
     );
+    // The log has every line whole; the report's tail does not need a 300 KiB patch kubectl
+    // quoted (`error when applying patch:` over a big object).
+    for line in &mut failure.stderr_tail {
+        if line.len() > TAIL_LINE_MAX {
+            let cut = (0..=TAIL_LINE_MAX).rev().find(|&i| line.is_char_boundary(i)).unwrap_or(0);
+            let more = line.len() - cut;
+            line.truncate(cut);
+            line.push_str(&format!("… ({more} more bytes in the log)"));
+        }
+    }
     failure
 }
+
+/// The longest stderr line a failure's tail keeps whole.
+const TAIL_LINE_MAX: usize = 500;
 
 #[cfg(test)]
 mod tests {
@@ -772,7 +918,7 @@ mod tests {
     fn crds_get_a_batch_of_their_own_only_when_needed() {
         let text = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\n---\napiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata: {name: widgets.example.com}\nspec: {group: example.com, scope: Namespaced, names: {kind: Widget, plural: widgets}}\n---\napiVersion: example.com/v1\nkind: Widget\nmetadata: {name: w}\n";
         let docs = manifest::parse_documents(text).unwrap();
-        let scopes = CrdScopes::from_documents(&docs);
+        let scopes = Scopes::with_captured_discovery(&docs);
         let mut objs = manifest::objects_from_documents(docs, Path::new("x.yaml"), "default", &scopes).unwrap();
         manifest::order(&mut objs);
         assert_eq!(batches(&objs, &[0, 1, 2]), vec![vec![0], vec![1, 2]]);
@@ -787,5 +933,61 @@ mod tests {
         let problems = s.problems();
         assert_eq!(problems.len(), 2);
         assert_eq!(problems[0].at, vec![PathSegment::Key("manifests")]);
+    }
+
+    fn captured(name: &str) -> Vec<String> {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/kubectl/captured").join(name);
+        std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
+    fn app_done() -> (Vec<KubeObject>, PriorStep) {
+        let text = include_str!("../../../fixtures/kubectl/app/app.yaml");
+        let docs = manifest::parse_documents(text).unwrap();
+        let scopes = Scopes::with_captured_discovery(&docs);
+        let objs = manifest::objects_from_documents(docs, Path::new("app.yaml"), "default", &scopes).unwrap();
+        let prior = PriorStep {
+            sub_changes: objs
+                .iter()
+                .map(|o| PriorSubChange { id: o.id(), status: SubStatus::Done, error: None })
+                .collect(),
+            facts: Default::default(),
+        };
+        (objs, prior)
+    }
+
+    #[test]
+    fn a_diff_read_whole_keeps_what_it_does_not_name() {
+        let (objs, prior) = app_done();
+        let plan = plan_from_diff(&objs, &prior, Ok((1, captured("diff-drift-and-missing.stdout"))));
+        assert!(plan.unmatched.is_empty(), "{plan:?}");
+        assert_eq!(plan.apply, vec![(1, Reason::Differs), (4, Reason::Missing)]);
+        assert_eq!(plan.keep, vec![0, 2, 3]);
+    }
+
+    #[test]
+    fn recover_never_keeps_an_object_the_diff_could_not_be_matched_to() {
+        // The objects named otherwise than kubectl names them (a cluster-scoped kind recorded
+        // under a namespace did this): kubectl's diff files match none of them, so nothing it
+        // left unnamed is known to be in place.
+        let (mut objs, prior) = app_done();
+        for o in &mut objs {
+            o.namespace = Some("elsewhere".into());
+        }
+        let plan = plan_from_diff(&objs, &prior, Ok((1, captured("diff-drift-and-missing.stdout"))));
+        assert_eq!(plan.unmatched, ["v1.ConfigMap.shop-extra.extra", "v1.ConfigMap.shop.settings"]);
+        assert!(plan.keep.is_empty() && plan.in_place.is_empty(), "{plan:?}");
+        assert_eq!(plan.apply.len(), 5);
+        assert!(plan.apply.iter().all(|(_, r)| *r == Reason::Unmatched));
+        // Exit 1 with no file named at all (another differ's output): the same.
+        let (objs, prior) = app_done();
+        let plan = plan_from_diff(&objs, &prior, Ok((1, vec!["--- a".into(), "+++ b".into()])));
+        assert_eq!(plan.apply.len(), 5, "{plan:?}");
+        // Exit 0: everything done stays.
+        let plan = plan_from_diff(&objs, &prior, Ok((0, Vec::new())));
+        assert_eq!(plan.keep.len(), 5);
     }
 }

@@ -218,8 +218,7 @@ impl Command {
             .stdin(Stdio::null())
             .stdout(Stdio::from(stdout))
             .stderr(Stdio::from(stderr))
-            .process_group(0)
-            .kill_on_drop(true);
+            .process_group(0);
         if let Some(dir) = &self.cwd {
             cmd.current_dir(dir);
         }
@@ -230,7 +229,9 @@ impl Command {
         // [`relay_one_death_signal`]); terraform then stops, writes its state (to a file nobody
         // needs to read) and ends. Whatever still survives is noted below and the next run waits
         // for it. The price is a fork instead of a vfork per child (pre_exec), and one fork more
-        // for a relayed tool, measured in benches/core.sh.
+        // for a relayed tool, measured in benches/core.sh. Every child is forked from one thread
+        // that lives as long as rdeploy ([`spawn_on_the_spawning_thread`]), so the kernel's
+        // death signal means rdeploy's death, not a retired thread's.
         let parent = nix::unistd::getpid();
         let signal = self.death_signal;
         let relay = signal != Signal::SIGTERM && signal != Signal::SIGKILL;
@@ -250,7 +251,7 @@ impl Command {
                 Ok(())
             });
         }
-        let child = cmd.spawn()?;
+        let child = spawn_on_the_spawning_thread(cmd)?;
         Ok(Started { child, stdout: stdout_read, stderr: stderr_read })
     }
 
@@ -290,13 +291,28 @@ impl Command {
         timeout: Option<Duration>,
         on_line: &mut (dyn FnMut(Stream, &str) + Send),
     ) -> Result<Outcome, AdapterError> {
-        let Started { mut child, stdout, stderr } = self.start()?;
+        let started = self.start()?;
+        self.follow_to_the_end(started, cancel, timeout, on_line).await
+    }
+
+    /// [`Command::run`] once the child is started.
+    async fn follow_to_the_end(
+        &self,
+        started: Started,
+        cancel: &CancellationToken,
+        timeout: Option<Duration>,
+        on_line: &mut (dyn FnMut(Stream, &str) + Send),
+    ) -> Result<Outcome, AdapterError> {
+        let Started { mut child, stdout, stderr } = started;
         let pid = child.id();
         let pgid = pid.map(|id| Pid::from_raw(id as i32));
         tracing::debug!(command = %self, pid = ?pid, cwd = ?self.cwd, "spawned");
         if let Some(pid) = pid {
             self.tracker.note(pid, || self.display());
         }
+        // Until the child is reaped below: should this future be dropped first (a panic
+        // unwinding, a caller that stopped waiting), the tool is stopped as if rdeploy had died.
+        let mut unreaped = Unreaped { pgid, signal: self.death_signal };
         let mut followers = [Follower::new(stdout, Stream::Stdout), Follower::new(stderr, Stream::Stderr)];
         let mut outcome = Outcome::default();
         let mut follow = |outcome: &mut Outcome, followers: &mut [Follower; 2]| {
@@ -335,13 +351,17 @@ impl Command {
                 }
             }
         };
-        // The child is gone: what it wrote is all in the files (a grandchild that keeps writing
-        // is not waited for), the last line perhaps without its newline.
-        follow(&mut outcome, &mut followers);
+        // The child is gone: what it wrote is all in the files, the last line perhaps without
+        // its newline. Read to the end of each (however much it wrote in its last moments; a
+        // grandchild that keeps writing is not waited for beyond that).
+        for follower in &mut followers {
+            follower.read_to_end(&mut |stream, line| self.deliver(&mut outcome, stream, line, on_line));
+        }
         for follower in &mut followers {
             follower.finish(&mut |stream, line| self.deliver(&mut outcome, stream, line, on_line));
         }
-        // Reaped: only a run that dies before this line leaves its note behind.
+        unreaped.pgid = None;
+        // Reaped: only a run that dies (or is dropped) before this line leaves its note behind.
         if let Some(pid) = pid {
             self.tracker.forget(pid);
         }
@@ -369,6 +389,69 @@ impl Command {
         }
         tail.push_back(line);
     }
+}
+
+/// A child not yet reaped by [`Command::run`]. Dropped before (the run's future dropped: a panic
+/// unwinding, a caller that gave up waiting), it sends the tool's graceful death signal to its
+/// whole group, as a dying rdeploy would, instead of the SIGKILL of tokio's `kill_on_drop`,
+/// which reached only the direct child (the relay, or `sh`) and left the tool orphaned without a
+/// word. The tool's running note stays: the next run waits for it, as after a crash. The relay,
+/// which blocks the terminal signals, passes nothing on and is reaped by tokio once the tool ends.
+struct Unreaped {
+    pgid: Option<Pid>,
+    signal: Signal,
+}
+
+impl Drop for Unreaped {
+    fn drop(&mut self) {
+        if self.pgid.is_some() {
+            tracing::debug!(pgid = ?self.pgid, signal = ?self.signal, "dropped while the child runs: stopping its group");
+            signal_group(self.pgid, self.signal);
+        }
+    }
+}
+
+/// A job for the spawning thread: the command, the runtime its child belongs to, and where to
+/// send the started child.
+type SpawnJob = (
+    tokio::process::Command,
+    tokio::runtime::Handle,
+    std::sync::mpsc::SyncSender<std::io::Result<tokio::process::Child>>,
+);
+
+/// Forks every child from one long-lived thread that never exits.
+///
+/// `PR_SET_PDEATHSIG` fires when the *thread* that forked the child exits, not only when
+/// rdeploy dies: a child forked from a tokio thread that the runtime later retires (blocking
+/// threads end after a while idle; a worker that ran `block_in_place` becomes one) got its death
+/// signal while rdeploy lived on, and a long shell or kubectl command was killed for nothing.
+/// From this thread, the signal comes only with rdeploy's death.
+fn spawn_on_the_spawning_thread(mut cmd: tokio::process::Command) -> std::io::Result<tokio::process::Child> {
+    use std::sync::mpsc;
+    static SPAWNER: std::sync::OnceLock<std::io::Result<mpsc::Sender<SpawnJob>>> = std::sync::OnceLock::new();
+    let spawner = SPAWNER.get_or_init(|| {
+        let (jobs, queue) = mpsc::channel::<SpawnJob>();
+        std::thread::Builder::new().name("rdeploy-spawner".into()).spawn(move || {
+            // The static sender lives as long as the process: this loop never ends.
+            while let Ok((mut cmd, runtime, reply)) = queue.recv() {
+                let _entered = runtime.enter();
+                let _ = reply.send(cmd.spawn());
+            }
+        })?;
+        Ok(jobs)
+    });
+    let jobs = match spawner {
+        Ok(jobs) => jobs,
+        // No thread could be started (it is retried by nobody): fork from this one, as before.
+        Err(e) => {
+            tracing::debug!(error = %e, "no spawning thread: forking from the caller's");
+            return cmd.spawn();
+        }
+    };
+    let (reply, started) = mpsc::sync_channel(1);
+    let runtime = tokio::runtime::Handle::current();
+    jobs.send((cmd, runtime, reply)).map_err(|_| std::io::Error::other("the spawning thread is gone"))?;
+    started.recv().map_err(|_| std::io::Error::other("the spawning thread is gone"))?
 }
 
 /// In the forked child: makes sure the tool's group gets `signal` once when rdeploy dies, as a
@@ -480,12 +563,13 @@ impl Follower {
         Follower { file, stream, partial: Vec::new(), scanned: 0, buf: vec![0; 64 * 1024].into_boxed_slice() }
     }
 
-    /// Hands out every full line written so far.
-    fn read(&mut self, emit: &mut dyn FnMut(Stream, String)) {
+    /// Hands out the full lines written so far, up to [`READ_PER_POLL`] bytes of them. Returns
+    /// whether it reached the end of what was written (or the file cannot be read).
+    fn read(&mut self, emit: &mut dyn FnMut(Stream, String)) -> bool {
         let mut total = 0;
         while total < READ_PER_POLL {
             match self.file.read(&mut self.buf) {
-                Ok(0) => return,
+                Ok(0) => return true,
                 Ok(n) => {
                     total += n;
                     self.partial.extend_from_slice(&self.buf[..n]);
@@ -494,10 +578,16 @@ impl Follower {
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => {
                     tracing::debug!(error = %e, "could not read the child's output");
-                    return;
+                    return true;
                 }
             }
         }
+        false
+    }
+
+    /// Hands out every full line written so far, however many: for after the child exited.
+    fn read_to_end(&mut self, emit: &mut dyn FnMut(Stream, String)) {
+        while !self.read(emit) {}
     }
 
     fn split(&mut self, emit: &mut dyn FnMut(Stream, String)) {
@@ -945,6 +1035,109 @@ pub(super) mod tests {
                 (Stream::Stdout, "no newline".to_string()),
             ]
         );
+    }
+
+    /// Everything a child wrote reaches the caller, even megabytes written in its last moments
+    /// (more than one poll reads): after the exit the files are read to their end.
+    #[tokio::test]
+    async fn output_written_just_before_exit_is_read_to_the_end() {
+        let dir = tempfile::tempdir().unwrap();
+        // 5 MiB of numbered lines on each stream, copied at once by `cat`, which then exits.
+        let lines: String = (0..500_000).map(|i| format!("line {i:06}\n")).collect();
+        assert!(lines.len() >= 5 << 20);
+        std::fs::write(dir.path().join("big"), &lines).unwrap();
+        let (outcome, got) = run(Command::shell("cat big; cat big >&2").cwd(dir.path())).await;
+        assert!(outcome.success());
+        for stream in [Stream::Stdout, Stream::Stderr] {
+            let of: Vec<&str> = got.iter().filter(|(s, _)| *s == stream).map(|(_, l)| l.as_str()).collect();
+            assert_eq!(of.len(), 500_000, "{stream:?}: every line");
+            assert_eq!(of.last(), Some(&"line 499999"), "{stream:?}");
+        }
+    }
+
+    fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+        let start = Instant::now();
+        while !done() {
+            assert!(start.elapsed() < Duration::from_secs(60), "{what}: never happened");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// A child started from a thread that then exits (tokio retires its blocking threads) gets
+    /// no death signal: only rdeploy's death sends one.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_child_outlives_the_thread_it_was_started_from() {
+        let dir = tempfile::tempdir().unwrap();
+        for signal in [Signal::SIGTERM, Signal::SIGINT] {
+            let _ = std::fs::remove_file(dir.path().join("go"));
+            let _ = std::fs::remove_file(dir.path().join("ready"));
+            let cmd = Command::shell(
+                "trap 'echo INT; exit 8' INT; trap 'echo TERM; exit 9' TERM; touch ready; \
+                 while [ ! -f go ]; do sleep 0.01; done; echo finished",
+            )
+            .cwd(dir.path())
+            .on_rdeploy_death(signal);
+            let runtime = tokio::runtime::Handle::current();
+            let on_thread = cmd.clone();
+            let (started, tid) = std::thread::spawn(move || {
+                let _entered = runtime.enter();
+                let started = on_thread.start().unwrap();
+                wait_for("the child's trap", || on_thread.cwd.as_ref().unwrap().join("ready").exists());
+                (started, nix::unistd::gettid())
+            })
+            .join()
+            .unwrap();
+            // The thread is gone for good (its death signals, if any, were sent).
+            wait_for("the thread's end", || !Path::new(&format!("/proc/self/task/{tid}")).exists());
+            std::fs::write(dir.path().join("go"), "").unwrap();
+            let mut lines = Vec::new();
+            let outcome = cmd
+                .follow_to_the_end(started, &CancellationToken::new(), None, &mut |_, l| lines.push(l.to_string()))
+                .await
+                .unwrap();
+            assert_eq!(lines, ["finished"], "{signal:?}: {}", outcome.describe_status());
+            assert!(outcome.success(), "{signal:?}: {}", outcome.describe_status());
+        }
+    }
+
+    /// A run whose future is dropped while its tool runs (a panic unwinding, Ctrl-C's path)
+    /// stops the tool with its graceful signal, for its whole group, and leaves its running note
+    /// for the next run to wait on.
+    #[tokio::test]
+    async fn dropping_the_run_sends_the_graceful_signal_and_keeps_the_note() {
+        for signal in [Signal::SIGINT, Signal::SIGTERM] {
+            let dir = tempfile::tempdir().unwrap();
+            let running = dir.path().join("running");
+            let mut cmd = Command::shell(
+                "trap 'echo INT > got; exit 0' INT; trap 'echo TERM > got; exit 0' TERM; touch ready; \
+                 i=0; while [ $i -lt 6000 ]; do sleep 0.01; i=$((i+1)); done",
+            )
+            .cwd(dir.path())
+            .on_rdeploy_death(signal);
+            cmd.tracker = ProcessTracker::in_dir(running.clone());
+            let cancel = CancellationToken::new();
+            let ready = dir.path().join("ready");
+            let mut ignore = |_: Stream, _: &str| {};
+            {
+                let run = cmd.run(&cancel, None, &mut ignore);
+                tokio::pin!(run);
+                let started = async {
+                    while !ready.exists() {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                };
+                tokio::select! {
+                    _ = &mut run => panic!("the tool ended by itself"),
+                    _ = started => {}
+                }
+            } // dropped here
+            let got = dir.path().join("got");
+            wait_for("the tool's trap", || !std::fs::read_to_string(&got).unwrap_or_default().is_empty());
+            let name = signal.as_str().trim_start_matches("SIG");
+            assert_eq!(std::fs::read_to_string(&got).unwrap().trim(), name);
+            let note = std::fs::read_to_string(running.join(std::process::id().to_string())).unwrap();
+            assert!(note.contains("trap"), "the note stays: {note:?}");
+        }
     }
 
     /// Named output files stay after the child, for a later run to read.

@@ -1041,6 +1041,7 @@ mod tests {
             processes: Default::default(),
             force: false,
             reapply_missing: false,
+            started_by: Default::default(),
         };
         let sensitive = BTreeSet::from(["token".to_string(), "db_pass".to_string(), "admin".to_string()]);
         let own_env =

@@ -157,6 +157,15 @@ impl LocalStore {
         let journal = self.dir.journal_path();
         let mut said = Vec::new();
         for bad in bad {
+            if bad.line_no == 1 {
+                said.push(format!(
+                    "{}:1: the journal's header line was unreadable ({}); it was set aside in {} and written anew: it holds no record, so nothing is uncertain",
+                    journal.display(),
+                    bad.error,
+                    self.dir.path.join(QUARANTINE).display(),
+                ));
+                continue;
+            }
             let next = bad.before.map(|b| format!(" and record {b}")).unwrap_or_default();
             said.push(format!(
                 "{}:{}: an unreadable journal line ({}) was set aside in {}: the record between record {}{next} is lost, so what it said (a sub-change started or finished, a step's end) is uncertain; `rdeploy recover` lets each tool's own state and each sub-change's `check` decide",
@@ -250,8 +259,11 @@ impl LocalStore {
     }
 
     /// Moves unreadable lines out of the journal (into the quarantine file) and rewrites it
-    /// without them, so the next record starts clean and the damage is said once, durably.
-    fn quarantine(&self, bad: &[BadLine]) -> anyhow::Result<()> {
+    /// without them, so the next record starts clean and the damage is said once, durably. A
+    /// damaged header is replaced by a fresh one (the journal must still read as a journal), and
+    /// a torn last line (the first `good_len` bytes are whole lines) is a crash's, not garbage:
+    /// it is dropped, never kept for the next record to be glued onto.
+    fn quarantine(&self, bad: &[BadLine], good_len: u64) -> anyhow::Result<()> {
         let path = self.dir.journal_path();
         let mut q = self.dir.create_file(&self.dir.path.join(QUARANTINE))?;
         for b in bad {
@@ -262,9 +274,15 @@ impl LocalStore {
             }
         }
         q.sync_all()?;
-        let text = fs_err::read(&path)?;
+        let mut text = fs_err::read(&path)?;
+        text.truncate(good_len as usize);
         let skip: Vec<usize> = bad.iter().map(|b| b.line_no).collect();
         let mut kept = Vec::with_capacity(text.len());
+        if skip.contains(&1) {
+            let header = Header { format: FORMAT.into(), version: VERSION, created: now().to_string() };
+            kept.extend_from_slice(serde_json::to_string(&header)?.as_bytes());
+            kept.push(b'\n');
+        }
         for (i, line) in text.split_inclusive(|&b| b == b'\n').enumerate() {
             if !skip.contains(&(i + 1)) {
                 kept.extend_from_slice(line);
@@ -469,7 +487,7 @@ impl Store for LocalStore {
 
     fn open_journal(&self) -> anyhow::Result<(Box<dyn JournalWriter>, Deploy)> {
         let path = self.dir.journal_path();
-        let mut replay = self.replay()?;
+        let replay = self.replay()?;
         // A journal that lost records is left as it is, so every later look says so too (only
         // `reset` goes on, and archives it).
         if (!replay.bad.is_empty() || replay.unsynced_tail.is_some()) && replay.lost.is_none() {
@@ -479,10 +497,11 @@ impl Store for LocalStore {
             }
             let known = replay.known();
             if !replay.bad.is_empty() {
-                self.quarantine(&replay.bad)?;
+                // Rewritten (and synced) without the bad lines and without a torn tail.
+                self.quarantine(&replay.bad, replay.good_len)?;
             }
             let mut file = open_private(&path, OpenOptions::new().append(true))?;
-            if replay.bad.is_empty() && file.metadata()?.len() != replay.good_len {
+            if file.metadata()?.len() != replay.good_len && replay.bad.is_empty() {
                 // The torn last line a crash left (see below).
                 file.set_len(replay.good_len)?;
                 file.seek(SeekFrom::End(0))?;
@@ -490,16 +509,19 @@ impl Store for LocalStore {
             }
             // The set-aside lines and the tail an OS crash dropped are accounted for (said in
             // the warnings): they are not records the journal lost, and the next records take
-            // their sequence numbers.
+            // their sequence numbers. What the file holds now is synced (rewritten or cut and
+            // synced above), so the mark may say so.
             let mut journal = self.open_writer(file, Mark { written: known, synced: known })?;
-            replay = self.replay()?;
             // Said once, durably, as warning records.
             for (seq, message) in (known + 1..).zip(said) {
                 let entry = Entry { seq, ts: now(), record: Record::Warning { step: None, message } };
                 journal.append(&entry)?;
-                replay.deploy.apply(entry.seq, &entry.ts, &entry.record);
             }
             journal.sync()?;
+            // Read back only now: the set-aside lines counted as records until the warnings
+            // took the sequence past them, so an earlier read would see the journal end before
+            // the mark and call that lost records.
+            let replay = self.replay()?;
             return Ok((Box::new(journal), replay.deploy));
         }
         let mut file = open_private(&path, OpenOptions::new().append(true))?;
@@ -509,8 +531,13 @@ impl Store for LocalStore {
             file.seek(SeekFrom::End(0))?;
             file.sync_all()?;
         }
-        let written = self.read_mark().map_or(0, |m| m.written).max(replay.deploy.seq);
-        let mut journal = self.open_writer(file, Mark { written, synced: written })?;
+        // A killed run's last records (ends of sub-changes, written but not yet synced) are in
+        // the page cache, not on the disk: they stay unsynced until this run's first sync, so an
+        // OS crash before it reads as the unsynced tail it is, not as records lost.
+        let mark = self.read_mark().unwrap_or_default();
+        let written = mark.written.max(replay.deploy.seq);
+        let synced = mark.synced.min(written);
+        let mut journal = self.open_writer(file, Mark { written, synced })?;
         journal.lost = replay.lost.map(|(a, b)| lost_message(&path, &self.mark_path(), a, b));
         Ok((Box::new(journal), replay.deploy))
     }
@@ -628,5 +655,138 @@ impl LocalStore {
     /// The local store in the state directory at `path`.
     pub fn at_path(path: impl Into<PathBuf>) -> LocalStore {
         LocalStore::new(StateDir::new(path))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::contract;
+
+    /// A local store holding the contract's six records (synced), with its journal's lines.
+    fn store_with_records() -> (tempfile::TempDir, LocalStore, Vec<Vec<u8>>) {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = LocalStore::at_path(tmp.path().join(".rdeploy"));
+        let mut journal = store.create_journal().unwrap();
+        for entry in contract::entries("r1") {
+            journal.append(&entry).unwrap();
+        }
+        journal.sync().unwrap();
+        drop(journal);
+        let lines = read_lines(&store);
+        assert_eq!(lines.len(), 7, "a header and six records");
+        (tmp, store, lines)
+    }
+
+    fn read_lines(store: &LocalStore) -> Vec<Vec<u8>> {
+        let bytes = std::fs::read(store.dir.journal_path()).unwrap();
+        bytes.split_inclusive(|&b| b == b'\n').map(<[u8]>::to_vec).collect()
+    }
+
+    fn write_lines(store: &LocalStore, lines: &[Vec<u8>]) {
+        std::fs::write(store.dir.journal_path(), lines.concat()).unwrap();
+    }
+
+    fn warnings(deploy: &Deploy) -> String {
+        deploy.warnings.join("\n")
+    }
+
+    /// Every line of the journal on disk reads as a record (or is the header).
+    fn assert_clean(store: &LocalStore) {
+        let replay = read_journal(&store.dir.journal_path(), None).unwrap();
+        assert!(
+            replay.bad.is_empty(),
+            "unreadable lines left: {:?}",
+            replay.bad.iter().map(|b| &b.error).collect::<Vec<_>>()
+        );
+        assert_eq!(replay.good_len, std::fs::metadata(store.dir.journal_path()).unwrap().len(), "no torn tail left");
+    }
+
+    /// A damaged header is set aside and written anew: the journal stays readable, by this
+    /// open and every later one, and no record is called uncertain for it.
+    #[test]
+    fn a_damaged_header_is_replaced_not_quarantined_into_an_unreadable_journal() {
+        let (_tmp, store, mut lines) = store_with_records();
+        lines[0] = b"{\"format\":\"rdeploy-chec\xffpoint\n".to_vec();
+        write_lines(&store, &lines);
+        let (mut journal, deploy) = store.open_journal().unwrap();
+        assert!(
+            warnings(&deploy).contains("journal.jsonl:1: the journal's header line was unreadable"),
+            "{}",
+            warnings(&deploy)
+        );
+        assert!(!warnings(&deploy).contains("uncertain;"), "{}", warnings(&deploy));
+        assert_eq!(deploy.seq, 7, "six records and the warning");
+        journal
+            .append(&Entry {
+                seq: 8,
+                ts: now(),
+                record: Record::SubDone { step: "seed".into(), id: "b".into(), note: None },
+            })
+            .unwrap();
+        drop(journal);
+        assert_clean(&store);
+        let (_journal, again) = store.open_journal().expect("the quarantined journal reads again");
+        assert_eq!(again.seq, 8);
+        assert_eq!(again.warnings.len(), 1, "said once: {}", warnings(&again));
+        assert!(
+            std::fs::read(store.dir.path.join(QUARANTINE)).unwrap().windows(4).any(|w| w == b"chec"),
+            "the bad header is kept aside"
+        );
+    }
+
+    /// A torn last line is a crash's, not garbage: when another line is quarantined, the tail
+    /// is dropped (not kept, not quarantined) and the warning record starts on a line of its own.
+    #[test]
+    fn a_torn_last_line_is_dropped_when_quarantining_and_the_warning_is_not_glued_to_it() {
+        let (_tmp, store, mut lines) = store_with_records();
+        let torn = lines[6][..lines[6].len() / 2].to_vec();
+        lines[3] = b"\xde\xad\xbe\xef\n".to_vec();
+        lines[6] = torn;
+        write_lines(&store, &lines);
+        std::fs::write(store.mark_path(), "{\"written\":5,\"synced\":5}\n").unwrap();
+        let (journal, deploy) = store.open_journal().unwrap();
+        drop(journal);
+        assert_clean(&store);
+        let said = warnings(&deploy);
+        assert!(said.contains("journal.jsonl:4: an unreadable journal line"), "{said}");
+        assert_eq!(deploy.warnings.len(), 1, "one line was bad, the torn tail is no damage: {said}");
+        let quarantined =
+            String::from_utf8_lossy(&std::fs::read(store.dir.path.join(QUARANTINE)).unwrap()).into_owned();
+        assert_eq!(quarantined.matches("set aside at").count(), 1, "the torn tail is not quarantined: {quarantined}");
+        let (_journal, again) = store.open_journal().unwrap();
+        assert_eq!(again.warnings, deploy.warnings, "read back the same, the warning intact");
+    }
+
+    /// Unreadable lines at the end of the journal count as the records they were; setting
+    /// them aside is no loss of records, so no "lost records" warning follows.
+    #[test]
+    fn quarantined_trailing_lines_give_no_lost_records_warning() {
+        let (_tmp, store, mut lines) = store_with_records();
+        lines[5] = vec![0u8; 30].into_iter().chain([b'\n']).collect();
+        lines[6] = b"garbage\n".to_vec();
+        write_lines(&store, &lines);
+        let (journal, deploy) = store.open_journal().unwrap();
+        drop(journal);
+        let said = warnings(&deploy);
+        assert!(!said.contains("lost records"), "{said}");
+        assert_eq!(deploy.warnings.len(), 2, "{said}");
+        assert_clean(&store);
+        let again = store.load_unfinished().unwrap().unwrap();
+        assert!(!warnings(&again).contains("lost records"), "{}", warnings(&again));
+        assert_eq!(again.warnings.len(), 2);
+    }
+
+    /// A killed run's unsynced tail is still unsynced when the next run opens the journal: the
+    /// mark does not claim it synced until an fdatasync covered it.
+    #[test]
+    fn opening_does_not_mark_an_unsynced_tail_as_synced() {
+        let (_tmp, store, _lines) = store_with_records();
+        std::fs::write(store.mark_path(), "{\"written\":6,\"synced\":4}\n").unwrap();
+        let (mut journal, deploy) = store.open_journal().unwrap();
+        assert!(deploy.warnings.is_empty(), "{}", warnings(&deploy));
+        assert_eq!(store.read_mark(), Some(Mark { written: 6, synced: 4 }), "nothing was synced yet");
+        journal.sync().unwrap();
+        assert_eq!(store.read_mark(), Some(Mark { written: 6, synced: 6 }));
     }
 }
