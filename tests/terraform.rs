@@ -410,3 +410,23 @@ fn a_signal_during_preflight_is_an_interrupt_not_bad_input() {
         assert!(!p.exists("out"), "the shell step did not run");
     }
 }
+
+/// terraform's human diagnostics wrap: the failure keeps the first error's whole sentence
+/// ("... no such file or directory"), not the last wrapped fragment, on one line.
+#[test]
+fn an_init_failure_keeps_terraforms_first_error_sentence_whole() {
+    require_tool("terraform", "install terraform v1.11 (https://developer.hashicorp.com/terraform/install)");
+    let p = Project::new();
+    p.file("infra/main.tf", "module \"network\" {\n  source = \"./modules/network\"\n}\n");
+    p.stack("name: infra\nsteps:\n  - name: network\n    tool: terraform\n    dir: infra\n");
+    p.rdeploy(&["up"]).code(1);
+    let status = p.status();
+    let error = step(&status, "network")["error"].as_str().unwrap().to_string();
+    assert!(
+        error.contains(
+            "Unreadable module directory: Unable to evaluate directory symlink: lstat modules: no such file or directory"
+        ),
+        "{error}"
+    );
+    assert!(!error.contains('\n'), "one line: {error:?}");
+}

@@ -158,6 +158,46 @@ impl Diagnostic {
     }
 }
 
+/// Terraform's first error in its human output (`init`, `workspace`, anything run without
+/// `-json`), whole: `Error: SUMMARY`, then the first sentence of the detail, its wrapped lines
+/// joined. The source excerpt (`on main.tf line 1:` and the quoted lines) is skipped. Works with
+/// and without `-no-color` (the `│ ` frame).
+pub fn first_human_error<S: AsRef<str>>(lines: &[S]) -> Option<String> {
+    let text: Vec<&str> = lines.iter().map(|l| l.as_ref().trim_start_matches(['│', '╷', '╵']).trim_end()).collect();
+    let start = text.iter().position(|l| l.trim_start().starts_with("Error: "))?;
+    let summary = text[start].trim_start().trim_start_matches("Error: ").trim().to_string();
+    let mut detail: Vec<&str> = Vec::new();
+    let mut in_excerpt = false;
+    for line in &text[start + 1..] {
+        let trimmed = line.trim();
+        if trimmed.starts_with("Error: ") || trimmed.starts_with("Warning: ") {
+            break;
+        }
+        if trimmed.is_empty() {
+            in_excerpt = false;
+            if !detail.is_empty() {
+                break;
+            }
+            continue;
+        }
+        // The excerpt: `  on main.tf line 3, in resource ...:` then indented source lines.
+        if trimmed.starts_with("on ") && trimmed.contains(" line ") && trimmed.ends_with(':') {
+            in_excerpt = true;
+            continue;
+        }
+        if in_excerpt {
+            continue;
+        }
+        detail.push(trimmed);
+    }
+    let detail = detail.join(" ");
+    let sentence = match detail.find(". ") {
+        Some(end) => &detail[..=end],
+        None => detail.as_str(),
+    };
+    Some(if sentence.is_empty() { summary } else { truncate(&format!("{summary}: {sentence}"), 400) })
+}
+
 fn truncate(text: &str, max: usize) -> String {
     if text.len() <= max {
         return text.to_string();
@@ -527,6 +567,33 @@ mod tests {
         }));
         assert_eq!(tracker.failed().len(), 2);
         assert!(tracker.failed().iter().all(|(_, d)| d.is_some()));
+    }
+
+    #[test]
+    fn the_first_human_error_is_kept_whole_with_its_wrapped_sentence() {
+        let stderr = captured("init-module-missing.stderr");
+        let lines: Vec<&str> = stderr.lines().collect();
+        assert_eq!(
+            first_human_error(&lines).as_deref(),
+            Some("Unreadable module directory: Unable to evaluate directory symlink: lstat modules: no such file or directory")
+        );
+        // The framed form, with a source excerpt and a detail of two sentences.
+        let framed = [
+            "╷",
+            "│ Error: Unsupported argument",
+            "│",
+            "│   on main.tf line 3, in resource \"terraform_data\" \"a\":",
+            "│    3:   nope = 1",
+            "│",
+            "│ An argument named \"nope\" is not expected here. Did you mean",
+            "│ \"input\"?",
+            "╵",
+        ];
+        assert_eq!(
+            first_human_error(&framed).as_deref(),
+            Some("Unsupported argument: An argument named \"nope\" is not expected here.")
+        );
+        assert_eq!(first_human_error(&["nothing to see"]), None);
     }
 
     #[test]

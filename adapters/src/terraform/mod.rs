@@ -638,10 +638,16 @@ impl<'a> Run<'a> {
         if outcome.success() {
             Ok(())
         } else {
+            let command = self.display(args);
+            let mut failure = Failure::from_process(&command, &outcome);
+            // terraform wraps its diagnostics: the last line is a fragment of the last one.
+            let stderr: Vec<&String> = outcome.stderr_tail.iter().collect();
+            if let (Some(error), false, false) =
+                (events::first_human_error(&stderr), outcome.interrupted, outcome.timed_out)
             {
-                let command = self.display(args);
-                Err(Failure::from_process(&command, &outcome))
+                failure.summary = format!("`{command}` {}: {error}", outcome.describe_status());
             }
+            Err(failure)
         }
     }
 
