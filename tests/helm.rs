@@ -307,3 +307,27 @@ fn helm3_abandoned_pending_install_is_reinstalled_without_force() {
 fn helm4_abandoned_pending_install_is_reinstalled_without_force() {
     abandoned_pending_install_is_reinstalled_without_force(4);
 }
+
+/// A chart schema error is summarised by its first complete message (the chart and the value at
+/// fault), not its header line alone, and `status --json` carries it on one line.
+#[test]
+fn helm3_a_chart_schema_error_names_the_value_at_fault() {
+    let sim = Kubesim::start("c1");
+    let mut p = Project::new();
+    for (k, v) in sim.env() {
+        p.env(&k, &v);
+    }
+    p.file("chart/Chart.yaml", "apiVersion: v2\nname: toggles\nversion: 0.1.0\n");
+    p.file("chart/values.yaml", "replicaCount: 1\n");
+    p.file("chart/values.schema.json", r#"{"type": "object", "properties": {"replicaCount": {"type": "integer"}}}"#);
+    p.file("chart/templates/cm.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: toggles\n");
+    p.stack(&format!(
+        "name: app\nsteps:\n  - name: app\n    tool: helm\n    release: web\n    chart: ./chart\n    namespace: shop\n    context: c1\n    set: {{ replicaCount: \"two\" }}\n    binary: {}\n",
+        helm_bin(3).display()
+    ));
+    p.rdeploy(&["up"]).code(1);
+    let status = p.status();
+    let error = step(&status, "app")["error"].as_str().unwrap().to_string();
+    assert!(error.contains("schema") && error.contains("toggles:") && error.contains("replicaCount"), "{error}");
+    assert!(!error.contains('\n'), "{error:?}");
+}
