@@ -331,3 +331,43 @@ fn helm3_a_chart_schema_error_names_the_value_at_fault() {
     assert!(error.contains("schema") && error.contains("toggles:") && error.contains("replicaCount"), "{error}");
     assert!(!error.contains('\n'), "{error:?}");
 }
+
+/// helm 3 cannot roll back a failed upgrade that renamed an object (helm/helm#13437): revision 1
+/// has ConfigMap `settings`, the upgrade renames it `settings-v2` and fails at the API server, and `recover` with
+/// `recover: rollback` says why and gives both ways out instead of a bare failure.
+#[test]
+fn helm3_rollback_over_a_renamed_object_says_why_and_the_way_out() {
+    let sim = Kubesim::start("c1");
+    let mut p = Project::new();
+    for (k, v) in sim.env() {
+        p.env(&k, &v);
+    }
+    p.file("chart/Chart.yaml", "apiVersion: v2\nname: renamer\nversion: 0.1.0\n");
+    p.file("chart/values.yaml", "cmName: settings\nbroken: false\n");
+    p.file(
+        "chart/templates/cm.yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ .Values.cmName }}\ndata:\n  a: \"1\"\n",
+    );
+    p.file(
+        "chart/templates/hpa.yaml",
+        "{{ if .Values.broken }}\napiVersion: autoscaling/v2\nkind: HorizontalPodAutoscaler\nmetadata:\n  name: web\nspec:\n  scaleTargetRef: {apiVersion: apps/v1, kind: Deployment, name: web}\n  minReplicas: 1\n  maxReplicas: 0\n{{ end }}\n",
+    );
+    let stack = |set: &str| {
+        format!(
+            "name: app\nsteps:\n  - name: app\n    tool: helm\n    release: web\n    chart: ./chart\n    namespace: shop\n    context: c1\n    recover: rollback\n{set}    binary: {}\n",
+            helm_bin(3).display()
+        )
+    };
+    p.stack(&stack(""));
+    p.rdeploy(&["up"]).code(0);
+    p.stack(&stack("    set: { cmName: settings-v2, broken: true }\n"));
+    p.rdeploy(&["up"]).code(1);
+
+    let recover = p.rdeploy(&["recover"]);
+    recover
+        .code(1)
+        .stdout_has(r#"no ConfigMap with the name "settings" found"#)
+        .stdout_has("helm/helm#13437")
+        .stdout_has("kubectl delete configmap settings -n shop")
+        .stdout_has("drop `recover: rollback`");
+}

@@ -604,7 +604,10 @@ impl<'a> Release<'a> {
     async fn rollback(&self, sink: &dyn EventSink, before: &Live, to: u64) -> Result<Live, Failure> {
         let words = self.spec.rollback_words(self.major, to, Some(self.ctx));
         let what = format!("`helm rollback {} {to}`", self.spec.release);
-        self.run_revision(sink, before, words, &what, Some(to)).await
+        let namespace = self.spec.namespace.clone().unwrap_or_else(|| "default".into());
+        self.run_revision(sink, before, words, &what, Some(to))
+            .await
+            .map_err(|f| renamed_object_rollback(f, &namespace))
     }
 
     /// Runs a helm command that writes one revision, then reads history and status again and
@@ -936,6 +939,27 @@ fn helm_failure(command: &str, outcome: &Outcome, stderr: &[String]) -> Failure 
             failure.summary = format!("`{command}` {}: {message}", outcome.describe_status());
         }
     }
+    failure
+}
+
+/// helm 3 cannot roll back a failed upgrade that renamed or removed an object while the old one
+/// is still live ("no ConfigMap with the name "x" found", helm/helm#13437): say why, and the two
+/// ways out, instead of a bare failure.
+fn renamed_object_rollback(mut failure: Failure, namespace: &str) -> Failure {
+    static RE: std::sync::OnceLock<regex::Regex> = std::sync::OnceLock::new();
+    let re = RE.get_or_init(|| regex::Regex::new(r#"no (\w+) with the name "([^"]+)" found"#).expect("regex"));
+    let text =
+        std::iter::once(&failure.summary).chain(failure.stderr_tail.iter()).cloned().collect::<Vec<_>>().join("\n");
+    let Some(caps) = re.captures(&text) else { return failure };
+    let (kind, name) = (caps[1].to_string(), caps[2].to_string());
+    failure.summary = format!(
+        "{}; helm 3 cannot roll back over an object the failed upgrade renamed or removed while the old {kind} `{name}` is still live (helm/helm#13437)",
+        failure.summary
+    );
+    failure.hint = Some(format!(
+        "upgrade forward instead: fix the cause, drop `recover: rollback` from the step and `rdeploy recover` (it upgrades); or delete the leftover object (`kubectl delete {} {name} -n {namespace}`) and `rdeploy recover` rolls back",
+        kind.to_lowercase()
+    ));
     failure
 }
 
