@@ -1,12 +1,12 @@
 //! Errors knowable before anything runs (issue 19): a chart whose `dependencies` are not built, a
-//! manifest rdeploy cannot split into objects, a playbook that does not parse. `validate` fails
+//! playbook that does not parse. `validate` fails
 //! (exit 2, the file and what to do) and `up` exits 2 at the start with nothing recorded, never a
 //! recorded deploy stopped part-way that needs `reset`.
 
 mod common;
 
 use common::{repo_root, Project};
-use kubesim::testing::{helm_bin, kubectl_bin};
+use kubesim::testing::helm_bin;
 
 /// `validate` and `up` both refuse with exit 2, naming `file` and `hint`; `up` leaves no journal.
 fn refused_before_anything_runs(p: &Project, file: &str, hint: &str) {
@@ -29,20 +29,6 @@ fn a_chart_with_unbuilt_dependencies_is_bad_input() {
         helm_bin(3).display()
     ));
     refused_before_anything_runs(&p, "chart/Chart.yaml", "helm dependency build");
-}
-
-#[test]
-fn a_manifest_rdeploy_cannot_split_is_bad_input() {
-    let p = Project::new();
-    p.file(
-        "k8s/app.yaml",
-        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: ok}\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {namespace: shop}\ndata: {a: b}\n",
-    );
-    p.stack(&format!(
-        "name: k8s\nsteps:\n  - name: extras\n    tool: kubectl\n    manifests: [k8s/app.yaml]\n    binary: {}\n",
-        kubectl_bin().display()
-    ));
-    refused_before_anything_runs(&p, "k8s/app.yaml", "metadata.name");
 }
 
 #[test]

@@ -565,25 +565,13 @@ impl Adapter for KubectlSpec {
         let version = serde_json::from_str::<serde_json::Value>(&stdout.join("\n"))
             .ok()
             .and_then(|v| v.pointer("/clientVersion/gitVersion").and_then(|g| g.as_str()).map(str::to_string));
-        let info = match version {
-            Some(version) if outcome.success() => ToolInfo { binary, version },
-            _ => {
-                return Err(AdapterError::ToolUnusable {
-                    command: cmd.display(),
-                    detail: outcome.last_error_line().unwrap_or_else(|| outcome.describe_status()),
-                })
-            }
-        };
-        // Manifests rdeploy cannot split into objects are bad input, known before anything runs.
-        // Cost: reading and parsing every manifest once more (and `kubectl kustomize` for a
-        // kustomization), plus a `kubectl config view` for the default namespace; no cluster call.
-        if let Err(failure) = self.objects(ctx, &info.binary).await {
-            return Err(AdapterError::BadInput {
-                what: failure.summary,
-                hint: failure.hint.unwrap_or_else(|| "fix the manifests named above".into()),
-            });
+        match version {
+            Some(version) if outcome.success() => Ok(ToolInfo { binary, version }),
+            _ => Err(AdapterError::ToolUnusable {
+                command: cmd.display(),
+                detail: outcome.last_error_line().unwrap_or_else(|| outcome.describe_status()),
+            }),
         }
-        Ok(info)
     }
 
     async fn apply(&self, ctx: &StepContext, sink: &dyn EventSink) -> Result<(), Failure> {
