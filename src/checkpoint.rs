@@ -654,6 +654,44 @@ pub struct Checkpoint {
 }
 
 impl Record {
+    /// The record with the run's secrets redacted from every text in it: errors, notes,
+    /// reasons, warnings, failures and facts' values. Names are left as they are (steps,
+    /// sub-change ids, the stack's header, enum words): they are the checkpoint's keys, and a
+    /// short secret replaced inside `terraform_data.a1` would make recovery lose track of it.
+    pub fn redacted(self, secrets: &rdeploy_adapters::secrets::Registry) -> Record {
+        if secrets.is_empty() {
+            return self;
+        }
+        let r = |s: String| secrets.redact(&s);
+        match self {
+            Record::SubDone { step, id, note } => Record::SubDone { step, id, note: note.map(r) },
+            Record::SubFailed { step, id, error } => Record::SubFailed { step, id, error: r(error) },
+            Record::SubPending { step, id, reason } => Record::SubPending { step, id, reason: r(reason) },
+            Record::Fact { step, key, value } => Record::Fact { step, key, value: secrets.redact_json(value) },
+            Record::Warning { step, message } => Record::Warning { step, message: r(message) },
+            Record::StepFailed { step, failure } => {
+                Record::StepFailed { step, failure: secrets.redact_failure(failure) }
+            }
+            Record::StepRefused { step, reason } => Record::StepRefused { step, reason: r(reason) },
+            Record::StepReverted { step, how } => Record::StepReverted { step, how: how.map(r) },
+            Record::StepRevertFailed { step, failure } => {
+                Record::StepRevertFailed { step, failure: secrets.redact_failure(failure) }
+            }
+            Record::StepStarted { step, mode, tool_version } => {
+                Record::StepStarted { step, mode, tool_version: tool_version.map(r) }
+            }
+            // Names only (the run header, plans, starts, ends, attempts, signals, states).
+            other @ (Record::Run { .. }
+            | Record::Planned { .. }
+            | Record::SubStarted { .. }
+            | Record::SubMoved { .. }
+            | Record::StepDone { .. }
+            | Record::Attempt { .. }
+            | Record::Interrupted { .. }
+            | Record::Finished { .. }) => other,
+        }
+    }
+
     /// Whether the record must be durable before the caller goes on.
     ///
     /// A sub-change's start must be durable before it runs: after a crash it is "uncertain"
@@ -717,6 +755,9 @@ impl Checkpoint {
     /// Appends a record (durable before returning when [`Record::needs_sync`]), then folds it
     /// into the state.
     pub fn record(&mut self, record: Record) -> anyhow::Result<()> {
+        // The one place records are written: whatever an adapter or the driver forgot to
+        // redact, the run's secrets never reach the journal (nor the snapshot folded from it).
+        let record = record.redacted(crate::out::secrets());
         let entry = Entry { seq: self.deploy.seq + 1, ts: now(), record };
         tracing::trace!(seq = entry.seq, record = ?entry.record, "journal");
         if let Err(e) = self.journal.append(&entry) {

@@ -340,7 +340,21 @@ fn summary(session: &Session, status: &Status, code: Code, mode: &Mode, changes:
     text
 }
 
+/// `text` with the run's secrets redacted, also as XML escapes them (the JUnit file).
+fn redacted(text: &str) -> String {
+    let secrets = crate::out::secrets();
+    let text = secrets.redact_document(text);
+    let escaped: Vec<String> = secrets
+        .values()
+        .iter()
+        .filter(|s| s.chars().count() >= rdeploy_adapters::secrets::DOCUMENT_MIN)
+        .map(|s| xml_escape(s))
+        .collect();
+    rdeploy_adapters::secrets::redact_line(&text, &rdeploy_adapters::secrets::normalize(escaped))
+}
+
 fn append(path: &Path, text: &str) -> anyhow::Result<()> {
+    let text = redacted(text);
     let mut f = fs_err::OpenOptions::new().create(true).append(true).open(path)?;
     f.write_all(text.as_bytes())?;
     Ok(())
@@ -350,7 +364,7 @@ fn write_file(path: &Path, text: &str) -> anyhow::Result<()> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         fs_err::create_dir_all(dir)?;
     }
-    fs_err::write(path, text)?;
+    fs_err::write(path, redacted(text))?;
     Ok(())
 }
 

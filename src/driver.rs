@@ -204,6 +204,7 @@ impl Session {
             processes: self.processes.clone(),
             force: self.force,
             reapply_missing: self.reapply_missing,
+            secrets: crate::out::secrets().clone(),
             started_by: Default::default(),
         }
     }
@@ -248,6 +249,40 @@ impl Session {
             );
         }
         out
+    }
+
+    /// The step as it runs now and its context: the values the stack marks secret read (from
+    /// rdeploy's environment, files) into its tool key and `env`, and registered with the run's
+    /// secrets, as are the values secret by their name. A secret that cannot be read is a failure
+    /// of the step before its tool starts, naming the key and the source.
+    fn resolved(&self, step: &Step, cancel: CancellationToken) -> (Step, StepContext, Result<(), Failure>) {
+        let mut step = step.clone();
+        let mut ctx = self.context(&step, cancel);
+        let read = self.read_secrets(&mut step, &mut ctx);
+        (step, ctx, read)
+    }
+
+    fn read_secrets(&self, step: &mut Step, ctx: &mut StepContext) -> Result<(), Failure> {
+        let env = |name: &str| std::env::var(name).ok();
+        let failed = |key: String, e: rdeploy_adapters::secrets::SecretError| {
+            Failure::new(format!("cannot read the secret `{key}` before starting the tool: {e}")).with_hint(e.hint())
+        };
+        ctx.secrets.add_strings(rdeploy_adapters::secrets::env_secrets(&step.env));
+        let tool_key = step.spec.typed_values_mut().map(|(k, _)| k).unwrap_or("values");
+        step.spec
+            .resolve_secrets(&self.stack.dir, &env, &ctx.secrets)
+            .map_err(|(key, e)| failed(format!("{tool_key}.{key}"), e))?;
+        for (name, marked) in &step.env_marked {
+            let secret = marked.resolve(&self.stack.dir, &env).map_err(|e| failed(format!("env.{name}"), e))?;
+            ctx.secrets.add(&secret);
+            let text = match secret.expose() {
+                serde_json::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            ctx.env.insert(name.clone(), text.clone());
+            step.env.insert(name.clone(), text);
+        }
+        Ok(())
     }
 
     /// Checks every step's tool before anything changes (exit 2 when one is missing).
@@ -550,9 +585,17 @@ impl Session {
                 plan.push(DryRunStep { name: step.name.clone(), tool: step.tool, changed, plan: DryRunPlan::LeftAsIs });
                 continue;
             };
-            let mut ctx = self.context(step, self.cancel.child_token());
+            let (step, mut ctx, read) = self.resolved(step, self.cancel.child_token());
+            let step = &step;
             ctx.started_by = self.started_by(deploy, &step.name, None);
             let what = match action {
+                _ if read.is_err() => {
+                    let summary = read.err().map(|f| f.summary).unwrap_or_default();
+                    match action {
+                        Action::Recover(_) => DryRunPlan::Recover(Err(summary)),
+                        _ => DryRunPlan::Apply { why: ApplyWhy::NotStarted, actions: vec![summary] },
+                    }
+                }
                 Action::RevertThenApply => DryRunPlan::RevertThenApply { revert: step.revert.clone() },
                 Action::Apply => {
                     let why = if deploy.step(&step.name).is_some_and(|s| s.status == StepStatus::Reverted) {
@@ -729,7 +772,7 @@ impl Session {
             }
             cp.record(Record::StepStarted { step: name.clone(), mode, tool_version: tool_version.clone() })?;
             self.ui.step_started(&name, &what);
-            let mut ctx = self.context(&step, self.cancel.child_token());
+            let (step, mut ctx, read) = self.resolved(&step, self.cancel.child_token());
             if matches!(action, Action::Recover(_)) {
                 // Our own run record is the last one: every earlier run has ended or is elsewhere.
                 ctx.started_by =
@@ -740,7 +783,10 @@ impl Session {
             self.state.create_dir(&ctx.work_dir)?;
             let attempts = Attempts { retry, cp: cp.clone(), ui: self.ui.clone(), tool_version };
             run.running.spawn(async move {
-                let result = attempts.run(&step, &ctx, action, &sink).await;
+                let result = match read {
+                    Ok(()) => attempts.run(&step, &ctx, action, &sink).await,
+                    Err(failure) => Err(failure),
+                };
                 (step.name.clone(), result)
             });
         }
@@ -874,8 +920,12 @@ impl Session {
         // A revert must finish even after Ctrl-C or a journal error: a half-reverted step is the third outcome.
         let sink =
             JournalSink::new(step.name.clone(), cp.clone(), self.ui.clone(), &self.state, CancellationToken::new())?;
-        let ctx = self.context(step, CancellationToken::new());
-        match shell::run_revert(&ctx, script, &sink).await {
+        let (_, ctx, read) = self.resolved(step, CancellationToken::new());
+        let reverted = match read {
+            Ok(()) => shell::run_revert(&ctx, script, &sink).await,
+            Err(failure) => Err(failure),
+        };
+        match reverted {
             Ok(()) => {
                 cp.record(Record::StepReverted { step: step.name.clone(), how: None })?;
                 self.ui.step_finished(&step.name, &self.ui.paint.warn("reverted"));
@@ -1189,6 +1239,8 @@ impl JournalSink {
 
 impl EventSink for JournalSink {
     fn emit(&self, event: Event) {
+        // Redacted once more with the run's secrets before the journal, the log and the terminal.
+        let event = rdeploy_adapters::secrets::redact_event(event, &crate::out::secrets().values());
         let step = self.step.clone();
         match event {
             Event::Planned { ids } => {

@@ -383,19 +383,19 @@ fn init_tracing(verbose: u8) {
 fn report_error(err: &anyhow::Error, ui: &Ui) -> Code {
     let paint = ui.paint;
     if let Some(stack) = err.downcast_ref::<StackError>() {
-        eprint!("{}: {stack}", paint.bad("error"));
+        eprint!("{}: {}", paint.bad("error"), out::secrets().redact_document(&stack.to_string()));
         return Code::BadInput;
     }
     if let Some(refusal) = err.downcast_ref::<Refusal>() {
-        eprintln!("{}: {}", paint.bad("error"), refusal.message);
+        eprintln!("{}: {}", paint.bad("error"), out::secrets().redact_document(&refusal.message));
         if let Some(hint) = &refusal.hint {
-            eprintln!("  {}: {hint}", paint.strong("hint"));
+            eprintln!("  {}: {}", paint.strong("hint"), out::secrets().redact_document(hint));
         }
         return refusal.code;
     }
     // Anything else happened after work may have started (input errors are refused earlier as
     // `StackError` or `Refusal`), so it is never "nothing changed".
-    eprintln!("{}: {err:#}", paint.bad("error"));
+    eprintln!("{}: {}", paint.bad("error"), out::secrets().redact_document(&format!("{err:#}")));
     Code::Partial
 }
 
@@ -527,7 +527,7 @@ async fn run(cli: Cli, ui: Arc<Ui>) -> anyhow::Result<Code> {
             let s = session(stack, global, ui.clone(), 1)?;
             let status = report::build(&s.stack, s.store.as_ref(), &s.state, &s.stack_arg)?;
             if *json {
-                outln!("{}", serde_json::to_string_pretty(&status)?);
+                out::json(&status)?;
             } else {
                 let color = global.color.enabled(std::io::IsTerminal::is_terminal(&std::io::stdout()));
                 out!("{}", report::render_text(&status, ui::Paint { enabled: color }));

@@ -363,13 +363,17 @@ fn doc_is_empty(doc: &RecoveryDoc) -> bool {
 /// Secret values show as `***` (see `rdeploy_adapters::secrets`).
 fn settings(step: &Step, stack_dir: &std::path::Path) -> Vec<(&'static str, String)> {
     let list = |items: Vec<String>| items.iter().map(|i| code(i)).collect::<Vec<_>>().join(", ");
+    // A value the stack marks secret is named by its source (`from_env: DB_PASSWORD`), never shown.
+    let marked = step.spec.marked();
     let pairs_hiding = |map: &std::collections::BTreeMap<String, serde_json::Value>, secret: &dyn Fn(&str) -> bool| {
-        map.iter()
-            .map(|(k, v)| {
-                let shown = if secret(k) {
-                    "***".to_string()
-                } else {
-                    v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string())
+        let keys: std::collections::BTreeSet<&String> = map.keys().chain(marked.keys()).collect();
+        keys.into_iter()
+            .map(|k| {
+                let shown = match (marked.get(k), map.get(k)) {
+                    (Some(m), _) => format!("*** ({})", m.source),
+                    (None, _) if secret(k) => "***".to_string(),
+                    (None, Some(v)) => v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string()),
+                    (None, None) => "***".to_string(),
                 };
                 code(&format!("{k}={shown}"))
             })
@@ -384,7 +388,7 @@ fn settings(step: &Step, stack_dir: &std::path::Path) -> Vec<(&'static str, Stri
     match &step.spec {
         ToolSpec::Terraform(s) => {
             out.push(("configuration", path(&s.dir)));
-            if !s.vars.is_empty() {
+            if !s.vars.is_empty() || !marked.is_empty() {
                 let sensitive = rdeploy_adapters::terraform::config::declared_sensitive(&stack_dir.join(&s.dir));
                 out.push(("vars", pairs_hiding(&s.vars, &|k| sensitive.contains(k))));
             }
@@ -401,7 +405,7 @@ fn settings(step: &Step, stack_dir: &std::path::Path) -> Vec<(&'static str, Stri
             if let Some(l) = &s.limit {
                 out.push(("limit", code(l)));
             }
-            if !s.extra_vars.is_empty() {
+            if !s.extra_vars.is_empty() || !marked.is_empty() {
                 out.push(("extra vars", pairs(&s.extra_vars)));
             }
             if !s.tags.is_empty() {
@@ -420,7 +424,7 @@ fn settings(step: &Step, stack_dir: &std::path::Path) -> Vec<(&'static str, Stri
             if !s.values.is_empty() {
                 out.push(("values", list(s.values.iter().map(|p| p.display().to_string()).collect())));
             }
-            if !s.set.is_empty() {
+            if !s.set.is_empty() || !marked.is_empty() {
                 out.push(("set", pairs(&s.set)));
             }
         }
@@ -441,6 +445,15 @@ fn settings(step: &Step, stack_dir: &std::path::Path) -> Vec<(&'static str, Stri
                 out.push(("run", code(run)));
             }
         }
+    }
+    if !step.env_marked.is_empty() {
+        // The operator's shell needs them for the step's commands; the runbook names where from.
+        let exports: Vec<String> = step
+            .env_marked
+            .iter()
+            .map(|(name, m)| code(&format!("export {name}=...  # secret, {}", m.source)))
+            .collect();
+        out.push(("secret env", exports.join(", ")));
     }
     out
 }

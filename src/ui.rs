@@ -90,6 +90,8 @@ impl Ui {
 
     /// A plain line: timestamped when not drawing bars.
     fn line(&self, text: String) {
+        // The run's secrets never reach stderr, whatever printed them.
+        let text = crate::out::secrets().redact_document(&text);
         match &self.progress {
             Some(mp) => {
                 let _ = mp.println(text);

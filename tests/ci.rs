@@ -347,6 +347,9 @@ fn files_holding(dir: &std::path::Path, needle: &str) -> Vec<std::path::PathBuf>
 fn secret_journey(p: &Project, marker: &str, secret: &str) -> String {
     let mut runs = vec![p.rdeploy(&["up"])];
     assert_ne!(runs[0].status, 0, "{}\n{}", runs[0].stdout, runs[0].stderr);
+    // Not even left behind by the failed run (a saved plan, a secret values file).
+    let left = files_holding(&p.path(".rdeploy"), secret);
+    assert!(left.is_empty(), "after the failed up: {left:?}");
     runs.push(p.rdeploy(&["status"]));
     runs.push(p.rdeploy(&["status", "--json"]));
     runs.push(p.rdeploy(&["runbook"]));
@@ -509,4 +512,231 @@ steps:
     let printed = secret_journey(&p, "chart/fail-marker", "SECRETVALUE");
     let digest = format!("{:x}", sha2::Sha256::digest(b"SECRETVALUE-helm-1"));
     assert!(printed.contains(&format!("rejected password *** (sha256 {digest}) for tier gold")), "{printed}");
+}
+
+/// The journey of [`secret_journey`] for a value the stack marks secret, plus: the step's log
+/// carries the tool's output with the value redacted (`redacted_line` is in some file of the
+/// state dir), so the check is not vacuous.
+fn marked_secret_journey(p: &Project, marker: &str, secret: &str, redacted_line: &str) -> String {
+    let printed = secret_journey(p, marker, secret);
+    assert!(!files_holding(&p.path(".rdeploy/logs"), redacted_line).is_empty(), "no log holds {redacted_line:?}");
+    printed
+}
+
+/// A shell `env` value read `{ from_env: ... }` under a name that says nothing of secrets: the
+/// command gets it through its environment, the failure quoting it is redacted everywhere, and
+/// recover (with the variable still set) finishes; the value is written nowhere.
+#[test]
+fn a_shell_env_value_from_env_is_passed_and_written_nowhere() {
+    let mut p = Project::new();
+    p.env("CI_LOGIN_VALUE", "SECRETVALUE-sh-env-2");
+    p.stack(
+        r#"
+name: demo
+steps:
+  - name: seed
+    tool: shell
+    env: { APP_LOGIN: { from_env: CI_LOGIN_VALUE }, REGION: eu-west-2 }
+    sub_changes:
+      - { name: one, run: "printf %s \"$APP_LOGIN\" > received" }
+      - { name: two, run: "if [ -f fail-two ]; then echo \"login failed for $APP_LOGIN in $REGION\" >&2; exit 3; fi; echo two >> out" }
+"#,
+    );
+    p.file("fail-two", "");
+    let printed = marked_secret_journey(&p, "fail-two", "SECRETVALUE", "login failed for *** in eu-west-2");
+    assert!(printed.contains("login failed for *** in eu-west-2"), "{printed}");
+    // The runbook says what to export and where the value comes from.
+    assert!(printed.contains("export APP_LOGIN=...  # secret, from_env: CI_LOGIN_VALUE"), "{printed}");
+    assert_eq!(p.read("received"), "SECRETVALUE-sh-env-2");
+    assert_eq!(p.read("out"), "two\n");
+}
+
+/// A `from_env` variable that is not set fails the step before its tool starts, naming the
+/// variable; once it is set, recover runs the step.
+#[test]
+fn a_missing_from_env_variable_fails_the_step_before_its_tool_starts() {
+    let mut p = Project::new();
+    p.stack(
+        r#"
+name: demo
+steps:
+  - name: seed
+    tool: shell
+    env: { APP_LOGIN: { from_env: RDEPLOY_TEST_UNSET_LOGIN } }
+    run: printf %s "$APP_LOGIN" > received
+"#,
+    );
+    p.rdeploy(&["validate"]).code(0);
+    let up = p.rdeploy(&["up"]);
+    assert_ne!(up.status, 0, "{}\n{}", up.stdout, up.stderr);
+    let both = format!("{}{}", up.stdout, up.stderr);
+    assert!(both.contains("`RDEPLOY_TEST_UNSET_LOGIN` is not set"), "{both}");
+    assert!(both.contains("env.APP_LOGIN"), "{both}");
+    assert!(!p.exists("received"), "the command ran");
+    p.env("RDEPLOY_TEST_UNSET_LOGIN", "SECRETVALUE-late");
+    p.rdeploy(&["recover"]).code(0);
+    assert_eq!(p.read("received"), "SECRETVALUE-late");
+    assert!(files_holding(&p.path(".rdeploy"), "SECRETVALUE").is_empty());
+}
+
+/// A terraform variable the module does not declare sensitive, marked `{ value: V, secret: true }`
+/// in the stack: it reaches terraform as `TF_VAR_greeting` (the provisioner writes what it got),
+/// the second resource's failure quoting it is redacted everywhere, the runbook asks for
+/// `export TF_VAR_greeting=...`, and recover creates only the second resource.
+#[test]
+fn a_terraform_var_marked_secret_is_passed_in_the_environment_and_written_nowhere() {
+    require_tool("terraform", "install terraform v1.11 (https://developer.hashicorp.com/terraform/install)");
+    let p = Project::new();
+    p.copy_fixture("terraform/marked-secret", "infra");
+    p.stack(
+        r#"
+name: demo
+steps:
+  - name: infra
+    tool: terraform
+    dir: infra
+    vars: { greeting: { value: SECRETVALUE-tf-2, secret: true } }
+"#,
+    );
+    p.file("infra/fail-second", "");
+    let printed = marked_secret_journey(&p, "infra/fail-second", "SECRETVALUE", "rejected greeting ***");
+    assert!(printed.contains("export TF_VAR_greeting=..."), "{printed}");
+    assert!(printed.contains("greeting=*** (secret: true)"), "{printed}");
+    assert_eq!(p.read("infra/received"), "SECRETVALUE-tf-2");
+    assert_eq!(p.read("infra/runs"), "second\n", "the second resource was created once");
+}
+
+/// A one-character secret: the tools' JSON is parsed before it is redacted, so terraform's
+/// `-json` stream (where `a` is in every line) still yields every resource, and the checkpoint's
+/// ids (`terraform_data.first`) are names, not redacted.
+#[test]
+fn a_one_character_secret_does_not_corrupt_parsing_or_the_checkpoint() {
+    require_tool("terraform", "install terraform v1.11 (https://developer.hashicorp.com/terraform/install)");
+    let p = Project::new();
+    p.copy_fixture("terraform/marked-secret", "infra");
+    p.stack(
+        r#"
+name: demo
+steps:
+  - name: infra
+    tool: terraform
+    dir: infra
+    vars: { greeting: { value: a, secret: true } }
+"#,
+    );
+    p.rdeploy(&["up"]).code(0);
+    let status = p.status();
+    assert_eq!(
+        common::sub_statuses(&status, "infra"),
+        vec![("terraform_data.first".to_string(), "done".to_string()), ("terraform_data.second".into(), "done".into())]
+    );
+    assert_eq!(p.read("infra/received"), "a");
+}
+
+/// An ansible extra var read `{ from_file: ... }` (its trailing newline trimmed) under a name
+/// that says nothing of secrets: ansible gets it through `-e @file` (each host writes what it
+/// got), web2's failure quoting it is redacted everywhere, and recover runs web2 only.
+#[test]
+fn an_ansible_extra_var_from_file_is_passed_in_a_file_and_written_nowhere() {
+    let binary = common::repo_root().join(".venv/bin/ansible-playbook");
+    assert!(binary.is_file(), "{} is missing: run scripts/setup-ansible.sh", binary.display());
+    let p = Project::new();
+    p.file(
+        "inventory.ini",
+        "[web]\nweb1\nweb2\n\n[web:vars]\nansible_connection=local\nansible_python_interpreter={{ ansible_playbook_python }}\n",
+    );
+    p.file(
+        "play.yml",
+        r#"- hosts: web
+  gather_facts: false
+  tasks:
+    - name: write what the host got
+      ansible.builtin.copy:
+        content: "{{ login }}"
+        dest: "{{ playbook_dir }}/received-{{ inventory_hostname }}"
+    - name: fail quoting it on web2
+      ansible.builtin.fail:
+        msg: "rejected login {{ login }} in {{ region }}"
+      when: inventory_hostname == 'web2' and (playbook_dir ~ '/fail-web2') is exists
+    - name: count the runs
+      ansible.builtin.shell: "echo {{ inventory_hostname }} >> {{ playbook_dir }}/runs"
+"#,
+    );
+    p.file("secrets/login.txt", "SECRETVALUE-ans-2\n");
+    p.stack(&format!(
+        r#"
+name: demo
+steps:
+  - name: hosts
+    tool: ansible
+    playbook: play.yml
+    inventory: inventory.ini
+    binary: {}
+    env: {{ ANSIBLE_NOCOLOR: "1" }}
+    extra_vars: {{ login: {{ from_file: secrets/login.txt }}, region: eu-west-2 }}
+"#,
+        binary.display()
+    ));
+    p.file("fail-web2", "");
+    let printed = marked_secret_journey(&p, "fail-web2", "SECRETVALUE", "rejected login *** in eu-west-2");
+    assert!(printed.contains("login=*** (from_file: secrets/login.txt)"), "{printed}");
+    assert_eq!(p.read("received-web1"), "SECRETVALUE-ans-2");
+    assert_eq!(p.read("received-web2"), "SECRETVALUE-ans-2");
+    let mut runs = p.lines("runs");
+    runs.sort();
+    assert_eq!(runs, vec!["web1", "web2"], "each host ran once");
+}
+
+/// A helm `set` value read `{ from_env: ... }` under a key that says nothing of secrets, quoted
+/// by a failing chart: helm gets it in a 0600 values file, the failure is redacted everywhere,
+/// and after recover the chart has rendered the value into a ConfigMap in kubesim.
+#[test]
+fn a_helm_set_value_from_env_is_passed_in_a_file_and_written_nowhere() {
+    use kubesim::testing::{helm_bin, kubectl_bin, Kubesim};
+    let kubectl = kubectl_bin();
+    let sim = Kubesim::start("c1");
+    let mut p = Project::new();
+    for (k, v) in sim.env() {
+        p.env(&k, &v);
+    }
+    p.env("CI_APP_LOGIN", "SECRETVALUE-helm-2");
+    p.file("chart/Chart.yaml", "apiVersion: v2\nname: quoting\nversion: 0.1.0\n");
+    p.file(
+        "chart/templates/cm.yaml",
+        r#"{{ if .Files.Get "fail-marker" }}{{ fail (printf "rejected login %s for tier %s" .Values.app.login .Values.tier) }}{{ end }}
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: {{ .Release.Name }}-config
+data:
+  tier: {{ .Values.tier | quote }}
+  login: {{ .Values.app.login | quote }}
+"#,
+    );
+    p.file("chart/fail-marker", "1");
+    p.stack(&format!(
+        r#"
+name: demo
+steps:
+  - name: app
+    tool: helm
+    release: web
+    chart: chart
+    namespace: shop
+    context: c1
+    set: {{ app.login: {{ from_env: CI_APP_LOGIN }}, tier: gold }}
+    timeout: 60s
+    binary: {}
+"#,
+        helm_bin(4).display()
+    ));
+    let printed = marked_secret_journey(&p, "chart/fail-marker", "SECRETVALUE", "rejected login *** for tier gold");
+    assert!(printed.contains("app.login=*** (from_env: CI_APP_LOGIN)"), "{printed}");
+    let got = std::process::Command::new(kubectl)
+        .envs(sim.env())
+        .args(["--context", "c1", "-n", "shop", "get", "configmap", "web-config", "-o", "jsonpath={.data.login}"])
+        .output()
+        .unwrap();
+    assert!(got.status.success(), "{}", String::from_utf8_lossy(&got.stderr));
+    assert_eq!(String::from_utf8_lossy(&got.stdout), "SECRETVALUE-helm-2");
 }

@@ -33,6 +33,14 @@ pub trait Adapter {
         None
     }
 
+    /// The entries of that same key the stack marks secret (`{ from_env: NAME }`,
+    /// `{ from_file: PATH }`, `{ value: V, secret: true }`), by key. The stack module fills it;
+    /// [`crate::ToolSpec::resolve_secrets`] reads each value when the step runs and puts it in
+    /// the typed values, where the adapter finds it and passes it off the command line.
+    fn marked_mut(&mut self) -> Option<&mut BTreeMap<String, crate::secrets::Marked>> {
+        None
+    }
+
     /// Checks that the tool is installed and usable; returns what was found.
     fn preflight(&self, ctx: &StepContext) -> impl Future<Output = Result<ToolInfo, AdapterError>> + Send;
 
@@ -119,6 +127,9 @@ pub struct StepContext {
     /// The operator's `recover --reapply-missing`: a sub-change recorded done whose tool state
     /// says it is absent (terraform's state lost it) may be applied again instead of stopping.
     pub reapply_missing: bool,
+    /// The run's secret values: every command of the step redacts them, and an adapter that
+    /// learns of another (terraform's sensitive variables) adds it, so the driver redacts it too.
+    pub secrets: crate::secrets::Registry,
     /// For each of this step's sub-changes the journal records as started and never finished,
     /// the run that started it and what the driver established about that run (empty outside
     /// `recover`). helm reads it to tell an abandoned `pending-*` revision from a live one.

@@ -2,7 +2,7 @@
 //! ([`ToolSpec`]), the keys each accepts, and dispatch of the [`Adapter`] contract to them.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -10,6 +10,7 @@ use crate::contract::{
     Adapter, AdapterError, DescribeContext, EventSink, Failure, FieldPath, Inspection, PriorStep, Recovered,
     RecoveryDoc, SpecProblem, StepContext, ToolInfo,
 };
+use crate::secrets::{Marked, Registry, RegistrySink, SecretError};
 use crate::{ansible, helm, kubectl, shell, terraform};
 
 /// The tools rdeploy drives.
@@ -107,6 +108,47 @@ impl ToolSpec {
         }
     }
 
+    /// Reads every value the step marks secret ([`Adapter::marked_mut`]) and puts it in the
+    /// values the tool gets ([`Adapter::typed_values_mut`]), registering each with `registry`.
+    /// Called when the step starts, so a missing variable or file fails the step before its tool
+    /// starts; the error names the key and the source.
+    pub fn resolve_secrets(
+        &mut self,
+        stack_dir: &Path,
+        env: &dyn Fn(&str) -> Option<String>,
+        registry: &Registry,
+    ) -> Result<(), (String, SecretError)> {
+        let mut resolved = Vec::new();
+        // Values secret by their name are the run's secrets too, so the driver redacts them.
+        if let Some((_, values)) = self.typed_values_mut() {
+            registry.add_strings(crate::secrets::secret_strings(values, &BTreeMap::new()));
+        }
+        let Some(marked) = self.marked_mut() else { return Ok(()) };
+        for (key, entry) in marked.iter_mut() {
+            let secret = entry.resolve(stack_dir, env).map_err(|e| (key.clone(), e))?;
+            registry.add(&secret);
+            entry.value = Some(secret.clone());
+            resolved.push((key.clone(), secret));
+        }
+        if let Some((_, values)) = self.typed_values_mut() {
+            for (key, secret) in resolved {
+                values.insert(key, secret.expose().clone());
+            }
+        }
+        Ok(())
+    }
+
+    /// The entries the stack marks secret (none for a tool without typed values).
+    pub fn marked(&self) -> &BTreeMap<String, Marked> {
+        static NONE: BTreeMap<String, Marked> = BTreeMap::new();
+        match self {
+            ToolSpec::Terraform(s) => &s.marked,
+            ToolSpec::Ansible(s) => &s.marked,
+            ToolSpec::Helm(s) => &s.marked,
+            ToolSpec::Kubectl(_) | ToolSpec::Shell(_) => &NONE,
+        }
+    }
+
     /// The keys this tool accepts on a step (besides the common ones), for suggestions.
     pub fn keys(tool: Tool) -> &'static [&'static str] {
         match tool {
@@ -136,20 +178,32 @@ impl Adapter for ToolSpec {
         dispatch!(self, s => s.typed_values_mut())
     }
 
+    fn marked_mut(&mut self) -> Option<&mut BTreeMap<String, Marked>> {
+        dispatch!(self, s => s.marked_mut())
+    }
+
     async fn preflight(&self, ctx: &StepContext) -> Result<ToolInfo, AdapterError> {
         dispatch!(self, s => s.preflight(ctx).await)
     }
 
+    // Every tool's events, failure and inspection are redacted with the run's secrets on the way
+    // out (the driver redacts again what it writes): the adapters parse the tool's output first.
     async fn apply(&self, ctx: &StepContext, sink: &dyn EventSink) -> Result<(), Failure> {
-        dispatch!(self, s => s.apply(ctx, sink).await)
+        let sink = RegistrySink { inner: sink, registry: &ctx.secrets };
+        dispatch!(self, s => s.apply(ctx, &sink).await).map_err(|f| ctx.secrets.redact_failure(f))
     }
 
     async fn recover(&self, ctx: &StepContext, prior: &PriorStep, sink: &dyn EventSink) -> Result<Recovered, Failure> {
-        dispatch!(self, s => s.recover(ctx, prior, sink).await)
+        let sink = RegistrySink { inner: sink, registry: &ctx.secrets };
+        dispatch!(self, s => s.recover(ctx, prior, &sink).await).map_err(|f| ctx.secrets.redact_failure(f))
     }
 
     async fn inspect(&self, ctx: &StepContext, prior: &PriorStep) -> Result<Inspection, Failure> {
-        dispatch!(self, s => s.inspect(ctx, prior).await)
+        let redact = |lines: Vec<String>| lines.iter().map(|l| ctx.secrets.redact(l)).collect();
+        match dispatch!(self, s => s.inspect(ctx, prior).await) {
+            Ok(i) => Ok(Inspection { actions: redact(i.actions), remaining: redact(i.remaining) }),
+            Err(f) => Err(ctx.secrets.redact_failure(f)),
+        }
     }
 
     fn describe_recovery(&self, ctx: &DescribeContext<'_>, prior: Option<&PriorStep>) -> RecoveryDoc {

@@ -1,12 +1,286 @@
-//! What is secret, and the values rdeploy must never write: the values of `env` keys whose name
-//! says they are secret (a word part `password`, `passwd`, `token`, `secret`, `key`,
-//! `credential`, case-insensitive), and whatever an adapter learns the tool treats as sensitive
-//! (terraform variables declared `sensitive = true`). Everything else prints as it is.
+//! What is secret, and the values rdeploy must never write.
+//!
+//! A value is secret when the stack marks it ([`Marked`]: `{ from_env: NAME }`,
+//! `{ from_file: PATH }` or `{ value: V, secret: true }` in a tool key or `env`), when its name
+//! says so (a word part `password`, `passwd`, `token`, `secret`, `key`, `credential`,
+//! case-insensitive: [`is_secret_name`]), or when the tool treats it as sensitive (terraform
+//! variables declared `sensitive = true`). Everything else prints as it is.
+//!
+//! The API other modules use:
+//! - [`Secret`]: a secret value. Its `Debug` prints `***` and it has no `Serialize`, so it cannot
+//!   reach a journal, a report or a log by accident; [`Secret::expose`] is the one way in.
+//! - [`Marked`] and [`SecretSource`]: a value the stack marks secret, where it comes from, and
+//!   (once [`Marked::resolve`]d when the step runs) its [`Secret`].
+//! - [`Registry`]: the run's set of values never to write. Cloning it shares it. Whatever learns
+//!   a secret value adds it ([`Registry::add`]); whatever writes text or records redacts with it
+//!   ([`Registry::redact`], [`Registry::redact_json`], [`Registry::redact_serde`]). Adapters get
+//!   the run's registry in `StepContext::secrets`; the driver redacts every journal record, log
+//!   line and report with it, after the adapters parsed the tool's output.
+//!
+//! Only strings of one character or more are redacted: a boolean, a number or null is never
+//! registered (redacting `false` or `3` everywhere would corrupt the tools' JSON and every flag).
 
 use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
 
-use crate::process::redact_line;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::Value;
+
+pub use crate::process::redact_line;
 use crate::{Event, EventSink, Failure};
+
+/// A secret value. `Debug` and `Display` print `***`; there is no `Serialize`.
+#[derive(Clone, PartialEq)]
+pub struct Secret(Value);
+
+impl Secret {
+    pub fn new(value: Value) -> Secret {
+        Secret(value)
+    }
+
+    /// The value itself, for the tool (a 0600 file, its environment): never for text rdeploy writes.
+    pub fn expose(&self) -> &Value {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
+impl fmt::Display for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("***")
+    }
+}
+
+/// Where a value the stack marks secret comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SecretSource {
+    /// `{ from_env: NAME }`: rdeploy's own environment when the step runs.
+    Env(String),
+    /// `{ from_file: PATH }`: the file's contents (relative to the stack file), one trailing
+    /// newline (`\n` or `\r\n`) trimmed.
+    File(PathBuf),
+    /// `{ value: V, secret: true }`: the stack file holds it.
+    Inline,
+    /// A value rdeploy learned is secret while running (a sensitive step output); the text says
+    /// where it came from, for runbooks and messages (`output `db.password` of step `infra``).
+    Derived(String),
+}
+
+impl fmt::Display for SecretSource {
+    /// As the runbook and messages name it: `from_env: DB_PASSWORD`, `from_file: secrets/db`,
+    /// `secret: true`, or the derived text.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SecretSource::Env(name) => write!(f, "from_env: {name}"),
+            SecretSource::File(path) => write!(f, "from_file: {}", path.display()),
+            SecretSource::Inline => f.write_str("secret: true"),
+            SecretSource::Derived(what) => f.write_str(what),
+        }
+    }
+}
+
+/// A value the stack marks secret: its source and, once resolved, its value.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Marked {
+    pub source: SecretSource,
+    /// Set at load for [`SecretSource::Inline`] (and `Derived`), by [`Marked::resolve`] for the others.
+    pub value: Option<Secret>,
+}
+
+impl Marked {
+    pub fn inline(value: Value) -> Marked {
+        Marked { source: SecretSource::Inline, value: Some(Secret::new(value)) }
+    }
+
+    pub fn from_env(name: impl Into<String>) -> Marked {
+        Marked { source: SecretSource::Env(name.into()), value: None }
+    }
+
+    pub fn from_file(path: impl Into<PathBuf>) -> Marked {
+        Marked { source: SecretSource::File(path.into()), value: None }
+    }
+
+    /// The value, read now: from `env` (rdeploy's environment) or the file (relative to
+    /// `stack_dir`). An inline or already resolved value is returned as it is.
+    pub fn resolve(&self, stack_dir: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<Secret, SecretError> {
+        if let Some(value) = &self.value {
+            return Ok(value.clone());
+        }
+        match &self.source {
+            SecretSource::Env(name) => match env(name) {
+                Some(value) => Ok(Secret::new(Value::String(value))),
+                None => Err(SecretError::MissingEnv { name: name.clone() }),
+            },
+            SecretSource::File(path) => {
+                let full = stack_dir.join(path);
+                let text = std::fs::read_to_string(&full)
+                    .map_err(|e| SecretError::File { path: full.clone(), error: e.to_string() })?;
+                let text = text.strip_suffix('\n').map(|t| t.strip_suffix('\r').unwrap_or(t)).unwrap_or(&text);
+                Ok(Secret::new(Value::String(text.to_string())))
+            }
+            SecretSource::Inline | SecretSource::Derived(_) => {
+                Err(SecretError::Unresolved { what: self.source.to_string() })
+            }
+        }
+    }
+}
+
+/// Why a marked secret could not be read when its step started.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SecretError {
+    #[error("the environment variable `{name}` is not set (the stack reads a secret from it with `from_env: {name}`)")]
+    MissingEnv { name: String },
+    #[error("cannot read the secret file {} (`from_file`): {error}", path.display())]
+    File { path: PathBuf, error: String },
+    #[error("the secret ({what}) has no value")]
+    Unresolved { what: String },
+}
+
+impl SecretError {
+    /// The next thing to do.
+    pub fn hint(&self) -> String {
+        match self {
+            SecretError::MissingEnv { name } => {
+                format!("`export {name}=...` in rdeploy's environment, then run the command again")
+            }
+            SecretError::File { .. } => {
+                "create the file (paths are relative to the stack file), then run the command again".into()
+            }
+            SecretError::Unresolved { .. } => "run the command again; if it persists, report it as a bug".into(),
+        }
+    }
+}
+
+/// The strings to redact for a secret value: a string of one character or more, and for a map
+/// or list its JSON rendering and every such string inside. Booleans, numbers and null: none.
+pub fn redactable(value: &Value) -> Vec<String> {
+    let mut out = Vec::new();
+    fn walk(value: &Value, out: &mut Vec<String>) {
+        match value {
+            Value::String(s) if !s.is_empty() => out.push(s.clone()),
+            Value::Array(items) => items.iter().for_each(|v| walk(v, out)),
+            Value::Object(map) => map.values().for_each(|v| walk(v, out)),
+            _ => {}
+        }
+    }
+    if matches!(value, Value::Array(_) | Value::Object(_)) {
+        out.push(value.to_string());
+    }
+    walk(value, &mut out);
+    out
+}
+
+/// The shortest secret [`Registry::redact_document`] replaces in a whole document.
+pub const DOCUMENT_MIN: usize = 4;
+
+/// The run's values never to write. Cloning shares the set; it only grows.
+#[derive(Clone, Default)]
+pub struct Registry(Arc<RwLock<Vec<String>>>);
+
+impl fmt::Debug for Registry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Registry({} values)", self.read().len())
+    }
+}
+
+impl Registry {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Vec<String>> {
+        self.0.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Registers a secret value (see [`redactable`] for which strings that is).
+    pub fn add(&self, secret: &Secret) {
+        self.add_strings(redactable(secret.expose()));
+    }
+
+    /// Registers strings as they are (empty ones are ignored): for values an adapter learns are
+    /// secret by other rules (terraform's `sensitive`, a secret-sounding `env` name).
+    pub fn add_strings<I: IntoIterator<Item = String>>(&self, strings: I) {
+        let new: Vec<String> = strings.into_iter().filter(|s| !s.is_empty()).collect();
+        if new.is_empty() || new.iter().all(|s| self.read().contains(s)) {
+            return;
+        }
+        let mut all = self.0.write().unwrap_or_else(|e| e.into_inner());
+        all.extend(new);
+        *all = normalize(std::mem::take(&mut *all));
+    }
+
+    /// The registered strings, longest first.
+    pub fn values(&self) -> Vec<String> {
+        self.read().clone()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.read().is_empty()
+    }
+
+    /// `text` with every registered value replaced by `***`.
+    pub fn redact(&self, text: &str) -> String {
+        redact_line(text, &self.read())
+    }
+
+    /// A whole rendered document (a report, a runbook, a terminal line, a JUnit file) redacted
+    /// once more, as the last line of defence. Values under [`DOCUMENT_MIN`] characters are left
+    /// here: in a document they would be replaced inside names and words (`a` inside
+    /// `terraform_data.a1`, `status`), and the records, events and lines the document is built
+    /// from were redacted of them already.
+    pub fn redact_document(&self, text: &str) -> String {
+        let secrets = self.read();
+        let long: Vec<String> = secrets.iter().filter(|s| s.chars().count() >= DOCUMENT_MIN).cloned().collect();
+        redact_line(text, &long)
+    }
+
+    /// A JSON document's string values redacted as [`Registry::redact_document`] does; keys,
+    /// booleans and numbers as they are.
+    pub fn redact_json_document(&self, value: Value) -> Value {
+        let secrets = self.read();
+        let long: Vec<String> = secrets.iter().filter(|s| s.chars().count() >= DOCUMENT_MIN).cloned().collect();
+        fn walk(value: Value, secrets: &[String]) -> Value {
+            match value {
+                Value::String(s) => Value::String(redact_line(&s, secrets)),
+                Value::Array(items) => Value::Array(items.into_iter().map(|v| walk(v, secrets)).collect()),
+                Value::Object(map) => Value::Object(map.into_iter().map(|(k, v)| (k, walk(v, secrets))).collect()),
+                other => other,
+            }
+        }
+        if long.is_empty() {
+            value
+        } else {
+            walk(value, &long)
+        }
+    }
+
+    /// Every string in `value` (map keys too) redacted; booleans and numbers as they are.
+    pub fn redact_json(&self, value: Value) -> Value {
+        let secrets = self.read();
+        if secrets.is_empty() {
+            return value;
+        }
+        redact_value(value, &secrets)
+    }
+
+    /// A failure with every text in it redacted.
+    pub fn redact_failure(&self, failure: Failure) -> Failure {
+        redact_failure(failure, &self.read())
+    }
+
+    /// A serializable value with every string in it redacted, through its JSON form, so no
+    /// field can be forgotten: for journal records and reports.
+    pub fn redact_serde<T: Serialize + DeserializeOwned>(&self, value: T) -> Result<T, serde_json::Error> {
+        if self.is_empty() {
+            return Ok(value);
+        }
+        serde_json::from_value(self.redact_json(serde_json::to_value(&value)?))
+    }
+}
 
 /// Word parts that make a name secret on their own (`API_KEY`, `db-password`, `GITHUB_TOKEN`).
 const SECRET_WORDS: &[&str] = &["password", "passwd", "pwd", "token", "secret", "key", "credential", "apikey"];
@@ -96,23 +370,22 @@ pub fn is_secret_key(key: &str) -> bool {
     key.split('.').any(is_secret_name)
 }
 
-/// The entries of a value map whose key names a secret. A boolean, number or null is no secret
-/// whatever its key says (`serviceAccount.automountServiceAccountToken: false`): redacting
-/// `false` or `3` everywhere would only corrupt the tools' JSON output.
-pub fn secret_entries(values: &BTreeMap<String, serde_json::Value>) -> BTreeMap<String, serde_json::Value> {
-    values
-        .iter()
-        .filter(|(k, v)| {
-            is_secret_key(k)
-                && !matches!(v, serde_json::Value::Bool(_) | serde_json::Value::Number(_) | serde_json::Value::Null)
-        })
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect()
+/// Whether one entry of a value map is secret: the stack marks it, or its key names a secret
+/// and its value could be one. A boolean, number or null under a secret-sounding key
+/// (`serviceAccount.automountServiceAccountToken: false`) is a setting, not a secret.
+pub fn is_secret_entry(key: &str, value: &Value, marked: &BTreeMap<String, Marked>) -> bool {
+    marked.contains_key(key)
+        || (is_secret_key(key) && !matches!(value, Value::Bool(_) | Value::Number(_) | Value::Null))
+}
+
+/// The secret entries of a value map (see [`is_secret_entry`]).
+pub fn secret_entries(values: &BTreeMap<String, Value>, marked: &BTreeMap<String, Marked>) -> BTreeMap<String, Value> {
+    values.iter().filter(|(k, v)| is_secret_entry(k, v, marked)).map(|(k, v)| (k.clone(), v.clone())).collect()
 }
 
 /// Every string to redact for the secret entries of a value map.
-pub fn secret_strings(values: &BTreeMap<String, serde_json::Value>) -> Vec<String> {
-    secret_entries(values).values().flat_map(value_strings).collect()
+pub fn secret_strings(values: &BTreeMap<String, Value>, marked: &BTreeMap<String, Marked>) -> Vec<String> {
+    secret_entries(values, marked).values().flat_map(redactable).collect()
 }
 
 /// Dotted keys (`db.password`) as the nested object a values file holds.
@@ -169,28 +442,31 @@ impl Drop for SecretFile {
     }
 }
 
-/// Every secret in an event's text replaced by `***`.
+/// Every secret in an event's text replaced by `***`. Sub-change ids are names (resource
+/// addresses, hosts, objects), not values, and the checkpoint's keys: they are left as they are,
+/// so a short secret cannot turn `terraform_data.a1` into another id.
 pub fn redact_event(event: Event, secrets: &[String]) -> Event {
     let r = |s: String| redact_line(&s, secrets);
     match event {
-        Event::Planned { ids } => Event::Planned { ids: ids.into_iter().map(r).collect() },
-        Event::Started { id } => Event::Started { id: r(id) },
-        Event::Done { id, note } => Event::Done { id: r(id), note: note.map(r) },
-        Event::Failed { id, error } => Event::Failed { id: r(id), error: r(error) },
-        Event::Pending { id, reason } => Event::Pending { id: r(id), reason: r(reason) },
-        Event::Moved { from, to } => Event::Moved { from: r(from), to: r(to) },
+        Event::Planned { ids } => Event::Planned { ids },
+        Event::Started { id } => Event::Started { id },
+        Event::Done { id, note } => Event::Done { id, note: note.map(r) },
+        Event::Failed { id, error } => Event::Failed { id, error: r(error) },
+        Event::Pending { id, reason } => Event::Pending { id, reason: r(reason) },
+        Event::Moved { from, to } => Event::Moved { from, to },
         Event::Fact { key, value } => Event::Fact { key, value: redact_value(value, secrets) },
         Event::Output { stream, line } => Event::Output { stream, line: r(line) },
         Event::Warning { message } => Event::Warning { message: r(message) },
     }
 }
 
-fn redact_value(value: serde_json::Value, secrets: &[String]) -> serde_json::Value {
-    use serde_json::Value;
+fn redact_value(value: Value, secrets: &[String]) -> Value {
     match value {
         Value::String(s) => Value::String(redact_line(&s, secrets)),
         Value::Array(items) => Value::Array(items.into_iter().map(|v| redact_value(v, secrets)).collect()),
-        Value::Object(map) => Value::Object(map.into_iter().map(|(k, v)| (k, redact_value(v, secrets))).collect()),
+        Value::Object(map) => {
+            Value::Object(map.into_iter().map(|(k, v)| (redact_line(&k, secrets), redact_value(v, secrets))).collect())
+        }
         other => other,
     }
 }
@@ -204,6 +480,20 @@ pub fn redact_failure(failure: Failure, secrets: &[String]) -> Failure {
         stderr_tail: failure.stderr_tail.into_iter().map(r).collect(),
         hint: failure.hint.map(r),
         ..failure
+    }
+}
+
+/// A sink that redacts every event with the run's registry as it is when the event comes (an
+/// adapter may add secrets while it runs).
+pub struct RegistrySink<'a> {
+    pub inner: &'a dyn EventSink,
+    pub registry: &'a Registry,
+}
+
+impl EventSink for RegistrySink<'_> {
+    fn emit(&self, event: Event) {
+        let event = if self.registry.is_empty() { event } else { redact_event(event, &self.registry.read()) };
+        self.inner.emit(event);
     }
 }
 
@@ -223,6 +513,7 @@ impl EventSink for RedactingSink<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Adapter;
 
     #[test]
     fn secret_names_are_word_parts() {
@@ -273,7 +564,12 @@ mod tests {
         ]
         .map(|(k, v)| (k.to_string(), v))
         .into();
-        assert_eq!(secret_strings(&values), vec!["hunter22".to_string()]);
+        assert_eq!(secret_strings(&values, &BTreeMap::new()), vec!["hunter22".to_string()]);
+        // Marked, a number is secret too (it goes to the tool off the command line), but it is
+        // never redacted in text.
+        let marked = BTreeMap::from([("auth.tokenTtl".to_string(), Marked::inline(serde_json::json!(60)))]);
+        assert!(secret_entries(&values, &marked).contains_key("auth.tokenTtl"));
+        assert_eq!(secret_strings(&values, &marked), vec!["hunter22".to_string()]);
     }
 
     #[test]
@@ -292,6 +588,69 @@ mod tests {
         let path = file.path().to_path_buf();
         drop(file);
         assert!(!path.exists());
+    }
+
+    #[test]
+    fn the_registry_redacts_strings_of_one_character_or_more_and_never_booleans_or_numbers() {
+        let registry = Registry::default();
+        registry.add(&Secret::new(serde_json::json!("x")));
+        registry.add(&Secret::new(serde_json::json!(false)));
+        registry.add(&Secret::new(serde_json::json!(1234)));
+        registry.add(&Secret::new(serde_json::json!({"user": "admin-1", "n": 3})));
+        assert_eq!(registry.values(), vec![r#"{"n":3,"user":"admin-1"}"#.to_string(), "admin-1".into(), "x".into()]);
+        assert_eq!(registry.redact("-input=false -var n=1234 tax admin-1"), "-input=false -var n=1234 ta*** ***");
+        // A whole document keeps what is under four characters (it would be replaced inside names).
+        assert_eq!(registry.redact_document("terraform_data.x1: admin-1"), "terraform_data.x1: ***");
+        let doc = registry.redact_json_document(serde_json::json!({"x": "admin-1", "id": "x1", "ok": false}));
+        assert_eq!(doc, serde_json::json!({"x": "***", "id": "x1", "ok": false}));
+        // Clones share one set: an adapter adding a secret is seen by the driver.
+        registry.clone().add_strings(["late-secret".to_string()]);
+        assert_eq!(registry.redact("a late-secret"), "a ***");
+        assert_eq!(format!("{:?}", Secret::new(serde_json::json!("admin-1"))), "Secret(***)");
+    }
+
+    #[test]
+    fn marked_values_are_read_from_the_environment_or_a_file() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("login"), "line one\nline two\r\n").unwrap();
+        let env = |name: &str| (name == "CI_LOGIN").then(|| "from-env".to_string());
+        let read = |m: Marked| m.resolve(dir.path(), &env).map(|s| s.expose().clone());
+        assert_eq!(read(Marked::from_env("CI_LOGIN")), Ok(serde_json::json!("from-env")));
+        // One trailing newline goes; the rest of the file is the value.
+        assert_eq!(read(Marked::from_file("login")), Ok(serde_json::json!("line one\nline two")));
+        assert_eq!(read(Marked::inline(serde_json::json!(7))), Ok(serde_json::json!(7)));
+        let missing = read(Marked::from_env("NOT_SET")).unwrap_err();
+        assert_eq!(missing, SecretError::MissingEnv { name: "NOT_SET".into() });
+        assert!(missing.to_string().contains("`NOT_SET` is not set"), "{missing}");
+        assert!(missing.hint().contains("export NOT_SET="), "{}", missing.hint());
+        assert!(matches!(read(Marked::from_file("nope")), Err(SecretError::File { .. })));
+    }
+
+    #[test]
+    fn resolving_a_spec_puts_marked_values_in_its_tool_key_and_registers_them() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("key.pem"), "PEM-BODY\n").unwrap();
+        let mut spec = crate::ToolSpec::Helm(
+            serde_json::from_value(serde_json::json!({"release": "r", "chart": "c", "set": {"tier": "gold"}})).unwrap(),
+        );
+        let marked = spec.marked_mut().unwrap();
+        marked.insert("tls.key".into(), Marked::from_file("key.pem"));
+        marked.insert("db.pass".into(), Marked::from_env("CI_DB"));
+        let registry = Registry::default();
+        let env = |name: &str| (name == "CI_DB").then(|| "db-secret".to_string());
+        spec.resolve_secrets(dir.path(), &env, &registry).unwrap();
+        let crate::ToolSpec::Helm(helm) = &spec else { unreachable!() };
+        assert_eq!(helm.set.get("tls.key"), Some(&serde_json::json!("PEM-BODY")));
+        assert_eq!(helm.set.get("db.pass"), Some(&serde_json::json!("db-secret")));
+        assert_eq!(registry.values(), vec!["db-secret".to_string(), "PEM-BODY".into()]);
+        // Read once: a resolved spec is not read again; an unresolved one names the key.
+        let none = |_: &str| None;
+        spec.clone().resolve_secrets(Path::new("/nonexistent"), &none, &registry).unwrap();
+        let mut fresh =
+            crate::ToolSpec::Helm(serde_json::from_value(serde_json::json!({"release": "r", "chart": "c"})).unwrap());
+        fresh.marked_mut().unwrap().insert("db.pass".into(), Marked::from_env("CI_DB"));
+        let (key, e) = fresh.resolve_secrets(Path::new("/nonexistent"), &none, &registry).unwrap_err();
+        assert_eq!((key.as_str(), e), ("db.pass", SecretError::MissingEnv { name: "CI_DB".into() }));
     }
 
     #[test]

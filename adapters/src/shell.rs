@@ -317,6 +317,7 @@ mod tests {
             cancel: CancellationToken::new(),
             force: false,
             reapply_missing: false,
+            secrets: Default::default(),
             started_by: Default::default(),
             processes: Default::default(),
         }

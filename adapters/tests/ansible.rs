@@ -66,6 +66,7 @@ impl Stack {
 
     fn spec(&self, playbook: &str, inventory: &str) -> AnsibleSpec {
         AnsibleSpec {
+            marked: Default::default(),
             playbook: playbook.into(),
             inventory: inventory.into(),
             limit: None,
@@ -91,6 +92,7 @@ impl Stack {
             cancel: CancellationToken::new(),
             force: false,
             reapply_missing: false,
+            secrets: Default::default(),
             started_by: Default::default(),
             processes: Default::default(),
         }

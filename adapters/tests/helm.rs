@@ -27,6 +27,7 @@ impl Setup {
 
     fn spec(&self, set: &[(&str, &str)]) -> HelmSpec {
         HelmSpec {
+            marked: Default::default(),
             release: "web".into(),
             chart: testdata("webapp").to_string_lossy().into_owned(),
             namespace: Some(NS.into()),
@@ -56,6 +57,7 @@ impl Setup {
             cancel: CancellationToken::new(),
             force,
             reapply_missing: false,
+            secrets: Default::default(),
             started_by: Default::default(),
             processes: Default::default(),
         }

@@ -56,6 +56,7 @@ impl Setup {
             cancel: CancellationToken::new(),
             force: false,
             reapply_missing: false,
+            secrets: Default::default(),
             started_by: Default::default(),
             processes: Default::default(),
         }

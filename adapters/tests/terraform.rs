@@ -54,6 +54,7 @@ impl Fixture {
             cancel: CancellationToken::new(),
             force: false,
             reapply_missing: false,
+            secrets: Default::default(),
             started_by: Default::default(),
             processes: Default::default(),
         }
@@ -121,6 +122,7 @@ fn copy_dir(from: &Path, to: &Path) {
 
 fn spec() -> TerraformSpec {
     TerraformSpec {
+        marked: Default::default(),
         dir: "cfg".into(),
         vars: BTreeMap::new(),
         var_files: vec![],

@@ -1,144 +1,320 @@
-//! Two real CRD bundles from the corpus (`bundles/`, see `kubesim::testing::corpus`):
-//! cert-manager's six CRDs (the release's `cert-manager.crds.yaml`) and prometheus-operator's
-//! ten (the CRDs of its `bundle.yaml`, over 4 MiB together), applied as a user would.
-//! Client-side, kubectl stores the whole object in the `kubectl.kubernetes.io/
-//! last-applied-configuration` annotation, so a CRD whose annotations then pass the API
-//! server's 256 KiB limit fails as on a real cluster and the others are created; server-side,
-//! every CRD is created. Custom resources of the new kinds then work.
+//! Two big CRD bundles, generated here in the shape of cert-manager's and
+//! prometheus-operator's (many CRDs, deep openAPIV3Schema documents with long descriptions,
+//! the biggest over 256 KiB), applied as a user would: client-side, where a CRD over the
+//! 256 KiB annotation limit fails as on a real cluster (`kubectl.kubernetes.io/
+//! last-applied-configuration` holds the whole object) and the others are created; then
+//! server-side, where every CRD is created; custom resources of the new kinds then work.
 
-use std::path::PathBuf;
+use kubesim::testing::{stderr, Kubesim};
+use serde_json::{json, Map, Value};
 
-use kubesim::testing::{corpus, stderr, Kubesim};
-use serde::Deserialize;
-use serde_json::Value;
+/// A small deterministic generator (xorshift), so the bundles are the same on every run.
+struct Gen(u64);
+
+impl Gen {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn pick<'a>(&mut self, xs: &[&'a str]) -> &'a str {
+        xs[(self.next() % xs.len() as u64) as usize]
+    }
+}
+
+const WORDS: &[&str] = &[
+    "the",
+    "name",
+    "of",
+    "secret",
+    "in",
+    "namespace",
+    "that",
+    "holds",
+    "configuration",
+    "for",
+    "endpoint",
+    "certificate",
+    "issuer",
+    "scrape",
+    "interval",
+    "selector",
+    "matching",
+    "labels",
+    "pods",
+    "service",
+    "port",
+    "is",
+    "used",
+    "when",
+    "defaults",
+    "to",
+    "if",
+    "not",
+    "specified",
+    "must",
+    "be",
+    "a",
+    "valid",
+    "duration",
+    "TLS",
+    "authorization",
+    "header",
+    "relabeling",
+];
+const FIELDS: &[&str] = &[
+    "name",
+    "namespace",
+    "secretRef",
+    "key",
+    "selector",
+    "matchLabels",
+    "port",
+    "scheme",
+    "interval",
+    "timeout",
+    "tlsConfig",
+    "ca",
+    "cert",
+    "keySecret",
+    "serverName",
+    "labels",
+    "annotations",
+    "resources",
+    "limits",
+    "requests",
+    "affinity",
+    "tolerations",
+    "volumes",
+    "env",
+    "image",
+    "args",
+    "solver",
+    "dns01",
+    "http01",
+    "ingress",
+    "podTemplate",
+    "metadata",
+    "spec",
+    "relabelings",
+    "action",
+    "regex",
+    "replacement",
+    "sourceLabels",
+    "targetLabel",
+];
+
+/// A description of kubebuilder's usual length (one to three sentences).
+fn description(g: &mut Gen) -> String {
+    let n = 12 + (g.next() % 40) as usize;
+    let mut s: Vec<&str> = (0..n).map(|_| g.pick(WORDS)).collect();
+    s[0] = "Specifies";
+    s.join(" ") + "."
+}
+
+/// An object schema `depth` levels deep with about `breadth` properties a level, using the
+/// constructs controller-gen emits (types, formats, enums, int-or-string, required lists,
+/// arrays of objects, preserve-unknown-fields maps).
+fn object_schema(g: &mut Gen, depth: u32, breadth: u32) -> Value {
+    let mut props = Map::new();
+    let mut required = Vec::new();
+    for i in 0..breadth {
+        let name = format!("{}{}", g.pick(FIELDS), if i > 0 { i.to_string() } else { String::new() });
+        let kind = if depth == 0 { g.next() % 5 } else { g.next() % 8 };
+        let p = match kind {
+            0 => json!({"type": "string", "description": description(g)}),
+            1 => json!({"type": "integer", "format": "int32", "description": description(g)}),
+            2 => json!({"type": "boolean", "description": description(g)}),
+            3 => json!({"type": "string", "enum": ["Always", "IfNotPresent", "Never"], "description": description(g)}),
+            4 => {
+                json!({"anyOf": [{"type": "integer"}, {"type": "string"}], "x-kubernetes-int-or-string": true, "description": description(g)})
+            }
+            5 => {
+                json!({"type": "array", "description": description(g), "items": object_schema(g, depth - 1, breadth / 2 + 1)})
+            }
+            6 => json!({"type": "object", "additionalProperties": {"type": "string"}, "description": description(g)}),
+            _ => {
+                let mut o = object_schema(g, depth - 1, breadth);
+                o["description"] = json!(description(g));
+                o
+            }
+        };
+        if g.next().is_multiple_of(4) {
+            required.push(json!(name));
+        }
+        props.insert(name, p);
+    }
+    let mut o = json!({"type": "object", "properties": props});
+    if !required.is_empty() {
+        o["required"] = Value::Array(required);
+    }
+    o
+}
+
+/// One CRD whose JSON is about `target` bytes: spec properties (each a nested object
+/// schema, as an embedded pod template or TLS config is) are added until it is.
+fn crd(group: &str, kind: &str, plural: &str, scope: &str, target: usize, seed: u64) -> Value {
+    let mut g = Gen(seed);
+    let status = object_schema(&mut g, 2, 6);
+    let mut spec = Map::new();
+    let mut size = 2_000 + serde_json::to_vec(&status).unwrap().len();
+    while size < target {
+        let mut p = object_schema(&mut g, 3, 5);
+        p["description"] = json!(description(&mut g));
+        size += serde_json::to_vec(&p).unwrap().len() + 24;
+        spec.insert(format!("{}{}", g.pick(FIELDS), spec.len()), p);
+    }
+    let spec = json!({"type": "object", "description": description(&mut g), "properties": spec});
+    {
+        let schema = json!({
+            "description": format!("{kind} is the Schema for the {plural} API."),
+            "type": "object",
+            "required": ["spec"],
+            "properties": {
+                "apiVersion": {"type": "string", "description": "APIVersion defines the versioned schema of this representation of an object."},
+                "kind": {"type": "string", "description": "Kind is a string value representing the REST resource this object represents."},
+                "metadata": {"type": "object"},
+                "spec": spec,
+                "status": status,
+            }
+        });
+        let c = json!({
+            "apiVersion": "apiextensions.k8s.io/v1",
+            "kind": "CustomResourceDefinition",
+            "metadata": {
+                "name": format!("{plural}.{group}"),
+                "annotations": {"controller-gen.kubebuilder.io/version": "v0.16.1"},
+                "labels": {"app.kubernetes.io/name": group.split('.').next().unwrap()},
+            },
+            "spec": {
+                "group": group,
+                "scope": scope,
+                "names": {
+                    "kind": kind,
+                    "listKind": format!("{kind}List"),
+                    "plural": plural,
+                    "singular": kind.to_lowercase(),
+                    "categories": [group.split('.').next().unwrap()],
+                },
+                "versions": [{
+                    "name": "v1",
+                    "served": true,
+                    "storage": true,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": [
+                        {"jsonPath": ".metadata.creationTimestamp", "name": "Age", "type": "date"}
+                    ],
+                    "schema": {"openAPIV3Schema": schema},
+                }],
+            }
+        });
+        c
+    }
+}
+
+/// (CRDs, their sizes) as a multi-document YAML stream (each document in JSON, which is YAML).
+fn bundle(crds: &[Value]) -> String {
+    crds.iter().map(|c| format!("---\n{}\n", serde_json::to_string_pretty(c).unwrap())).collect()
+}
+
+/// cert-manager's six CRDs: every one under the annotation limit (they are in reality too).
+fn cert_manager() -> Vec<Value> {
+    [
+        ("cert-manager.io", "Certificate", "certificates", "Namespaced", 60_000),
+        ("cert-manager.io", "CertificateRequest", "certificaterequests", "Namespaced", 20_000),
+        ("cert-manager.io", "Issuer", "issuers", "Namespaced", 200_000),
+        ("cert-manager.io", "ClusterIssuer", "clusterissuers", "Cluster", 200_000),
+        ("acme.cert-manager.io", "Order", "orders", "Namespaced", 15_000),
+        ("acme.cert-manager.io", "Challenge", "challenges", "Namespaced", 150_000),
+    ]
+    .iter()
+    .enumerate()
+    .map(|(i, (g, k, p, s, size))| crd(g, k, p, s, *size, 0x9e37_79b9 + i as u64))
+    .collect()
+}
+
+/// prometheus-operator's ten CRDs: the four that embed pod templates are over 256 KiB.
+fn prometheus_operator() -> Vec<Value> {
+    [
+        ("AlertmanagerConfig", "alertmanagerconfigs", 240_000),
+        ("Alertmanager", "alertmanagers", 400_000),
+        ("PodMonitor", "podmonitors", 50_000),
+        ("Probe", "probes", 45_000),
+        ("PrometheusAgent", "prometheusagents", 550_000),
+        ("Prometheus", "prometheuses", 700_000),
+        ("PrometheusRule", "prometheusrules", 10_000),
+        ("ScrapeConfig", "scrapeconfigs", 180_000),
+        ("ServiceMonitor", "servicemonitors", 50_000),
+        ("ThanosRuler", "thanosrulers", 380_000),
+    ]
+    .iter()
+    .enumerate()
+    .map(|(i, (k, p, size))| crd("monitoring.coreos.com", k, p, "Namespaced", *size, 0x5bd1_e995 + i as u64))
+    .collect()
+}
 
 const LIMIT: usize = 262_144;
-
-/// The bundle's files (one CRD each) and the CRDs in them.
-fn bundle(name: &str) -> (Vec<PathBuf>, Vec<Value>) {
-    let dir = corpus().join("bundles").join(name);
-    assert!(dir.join("SOURCE").is_file(), "corpus bundle {} has no SOURCE file", dir.display());
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("corpus bundle {}: {e}", dir.display()))
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
-        .collect();
-    files.sort();
-    let crds = files
-        .iter()
-        .flat_map(|f| {
-            let text = std::fs::read_to_string(f).unwrap();
-            serde_norway::Deserializer::from_str(&text)
-                .map(|d| Value::deserialize(d).expect("a CRD file is YAML"))
-                .filter(|v| !v.is_null())
-                .collect::<Vec<_>>()
-        })
-        .collect();
-    (files, crds)
-}
 
 fn name(c: &Value) -> &str {
     c["metadata"]["name"].as_str().unwrap()
 }
 
-/// The annotations' size once kubectl has added its last-applied configuration: the object as
-/// Go's encoder writes it (keys sorted, `<`, `>` and `&` escaped as `\u003c`..., a trailing
-/// newline) under its 48-byte key, plus the annotations the file has.
-fn annotations_size(c: &Value) -> usize {
-    let json = serde_json::to_string(c).unwrap();
-    let escaped = json.bytes().filter(|b| b"<>&".contains(b)).count();
-    let own: usize = c["metadata"]["annotations"]
-        .as_object()
-        .into_iter()
-        .flatten()
-        .map(|(k, v)| k.len() + v.as_str().map_or(0, str::len))
-        .sum();
-    "kubectl.kubernetes.io/last-applied-configuration".len() + json.len() + 5 * escaped + 1 + own
+/// kubectl's last-applied annotation is the object's compact JSON: over the limit exactly
+/// when that is.
+fn too_big(c: &Value) -> bool {
+    serde_json::to_vec(c).unwrap().len() > LIMIT
 }
 
-/// Client-side apply: exactly the CRDs over the limit fail, with the API server's message;
-/// then server-side apply: every CRD (kubectl takes over the client-side ones).
-fn applies(k: &Kubesim, files: &[PathBuf], crds: &[Value], too_big: &[&str]) {
-    let mut args = vec!["apply".to_string()];
-    for f in files {
-        args.extend(["-f".to_string(), f.to_string_lossy().into_owned()]);
-    }
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let o = k.kubectl(&args);
-    assert_eq!(o.status.success(), too_big.is_empty(), "{}", stderr(&o));
+fn applies(k: &Kubesim, crds: &[Value]) {
+    let yaml = bundle(crds);
+    // client-side: the CRDs over the limit fail (kubectl goes on with the rest and exits 1)
+    let o = k.kubectl_stdin(&["apply", "-f", "-"], &yaml);
+    let big: Vec<&Value> = crds.iter().filter(|c| too_big(c)).collect();
+    assert_eq!(o.status.success(), big.is_empty(), "{}", stderr(&o));
     for c in crds {
-        let big = too_big.contains(&name(c));
         let msg = format!(
-            "CustomResourceDefinition.apiextensions.k8s.io \"{}\" is invalid: metadata.annotations: Too long: must have at most 262144 bytes",
+            "error when creating \"STDIN\": CustomResourceDefinition.apiextensions.k8s.io \"{}\" is invalid: metadata.annotations: Too long: must have at most 262144 bytes",
             name(c)
         );
-        assert_eq!(stderr(&o).contains(&msg), big, "{}: {}", name(c), stderr(&o));
-        assert_eq!(k.kubectl(&["get", "crd", name(c)]).status.success(), !big, "{}", name(c));
+        assert_eq!(stderr(&o).contains(&msg), too_big(c), "{}: {}", name(c), stderr(&o));
+        assert_eq!(k.kubectl(&["get", "crd", name(c)]).status.success(), !too_big(c), "{}", name(c));
     }
-    let mut ssa = vec!["apply", "--server-side", "--force-conflicts"];
-    ssa.extend(&args[1..]);
-    let o = k.kubectl(&ssa);
+    // server-side: every CRD, the ones created client-side included (kubectl takes them over)
+    let o = k.kubectl_stdin(&["apply", "--server-side", "--force-conflicts", "-f", "-"], &yaml);
     assert!(o.status.success(), "{}", stderr(&o));
     for c in crds {
-        let established = k.kubectl_ok(&[
-            "get",
-            "crd",
-            name(c),
-            "-o",
-            "jsonpath={.status.conditions[?(@.type==\"Established\")].status}",
-        ]);
-        assert_eq!(established, "True", "{}", name(c));
+        k.kubectl_ok(&["get", "crd", name(c)]);
     }
 }
 
 #[test]
-fn cert_managers_crds_apply_client_side_and_server_side() {
-    let (files, crds) = bundle("cert-manager-crds");
-    assert_eq!(crds.len(), 6);
-    // the biggest, issuers and clusterissuers, are over 256 KiB as YAML but not as the JSON
-    // kubectl stores: the bundle applies client-side, as cert-manager's docs say it does
-    assert!(crds.iter().all(|c| annotations_size(c) < LIMIT));
-    let yaml_sizes: Vec<u64> = files.iter().map(|f| f.metadata().unwrap().len()).collect();
-    assert!(yaml_sizes.iter().filter(|s| **s > LIMIT as u64).count() >= 2, "{yaml_sizes:?}");
-
-    let k = Kubesim::start("kubesim");
-    applies(&k, &files, &crds, &[]);
-    k.apply(
-        "kubesim",
-        "apiVersion: cert-manager.io/v1\nkind: ClusterIssuer\nmetadata: {name: selfsigned}\nspec: {selfSigned: {}}\n---\napiVersion: cert-manager.io/v1\nkind: Certificate\nmetadata: {name: web, namespace: default}\nspec: {secretName: web-tls, dnsNames: [web.example.com], issuerRef: {name: selfsigned, kind: ClusterIssuer}}\n",
-    );
-    k.kubectl_ok(&["get", "clusterissuer", "selfsigned"]);
-    k.kubectl_ok(&["get", "certificate", "web", "-n", "default"]);
-}
-
-#[test]
-fn prometheus_operators_big_crds_fail_client_side_and_apply_server_side() {
-    let (files, crds) = bundle("prometheus-operator-crds");
-    assert_eq!(crds.len(), 10);
-    let total: u64 = files.iter().map(|f| f.metadata().unwrap().len()).sum();
-    assert!(total > 4 * 1024 * 1024, "the bundle is {total} bytes");
-    // which CRDs a real cluster refuses client-side (prometheus-operator's docs send users to
-    // --server-side for them)
-    let mut too_big: Vec<&str> = crds.iter().filter(|c| annotations_size(c) > LIMIT).map(name).collect();
-    too_big.sort();
+fn big_crd_bundles_fail_client_side_over_the_limit_and_apply_server_side() {
+    let cm = cert_manager();
+    let po = prometheus_operator();
+    // the shapes the test relies on
+    assert!(cm.iter().all(|c| !too_big(c)));
+    let big: Vec<&str> = po.iter().filter(|c| too_big(c)).map(name).collect();
     assert_eq!(
-        too_big,
+        big,
         [
-            "alertmanagerconfigs.monitoring.coreos.com",
             "alertmanagers.monitoring.coreos.com",
             "prometheusagents.monitoring.coreos.com",
             "prometheuses.monitoring.coreos.com",
-            "scrapeconfigs.monitoring.coreos.com",
-            "thanosrulers.monitoring.coreos.com",
+            "thanosrulers.monitoring.coreos.com"
         ]
     );
+    let total: usize = po.iter().map(|c| serde_json::to_vec(c).unwrap().len()).sum();
+    assert!(total > 2 * 1024 * 1024, "the prometheus-operator bundle is {total} bytes");
 
     let k = Kubesim::start("kubesim");
-    applies(&k, &files, &crds, &too_big);
+    applies(&k, &cm);
+    applies(&k, &po);
+    // the new kinds are served
     k.apply(
         "kubesim",
-        "apiVersion: monitoring.coreos.com/v1\nkind: ServiceMonitor\nmetadata: {name: web, namespace: default}\nspec: {selector: {matchLabels: {app: web}}, endpoints: [{port: http}]}\n---\napiVersion: monitoring.coreos.com/v1\nkind: Prometheus\nmetadata: {name: main, namespace: default}\nspec: {replicas: 1}\n",
+        "apiVersion: monitoring.coreos.com/v1\nkind: ServiceMonitor\nmetadata: {name: web}\nspec: {}\n---\napiVersion: cert-manager.io/v1\nkind: ClusterIssuer\nmetadata: {name: selfsigned}\nspec: {}\n",
     );
-    k.kubectl_ok(&["get", "servicemonitor", "web", "-n", "default"]);
-    k.kubectl_ok(&["get", "prometheus", "main", "-n", "default"]);
+    k.kubectl_ok(&["get", "servicemonitor", "web"]);
+    k.kubectl_ok(&["get", "clusterissuer", "selfsigned"]);
 }

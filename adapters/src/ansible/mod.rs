@@ -48,6 +48,10 @@ pub struct AnsibleSpec {
     pub limit: Option<String>,
     #[serde(default)]
     pub extra_vars: BTreeMap<String, serde_json::Value>,
+    /// The entries of `extra_vars` the stack marks secret, by key (not a stack key: the stack module
+    /// fills it). Once resolved, their values are in `extra_vars` too; they never go on the command line.
+    #[serde(skip)]
+    pub marked: BTreeMap<String, crate::secrets::Marked>,
     #[serde(default)]
     pub tags: Vec<String>,
     pub binary: Option<String>,
@@ -92,12 +96,13 @@ impl AnsibleSpec {
             self.inventory.to_string_lossy().into_owned(),
             self.playbook.to_string_lossy().into_owned(),
         ];
-        let secret = secrets::secret_entries(&self.extra_vars);
+        let secret = secrets::secret_entries(&self.extra_vars, &self.marked);
         let mut plain: BTreeMap<&String, &serde_json::Value> =
             self.extra_vars.iter().filter(|(k, _)| !secret.contains_key(*k)).collect();
         let stars = serde_json::Value::String("***".into());
         if secret_file.is_none() {
-            plain.extend(secret.keys().map(|k| (k, &stars)));
+            // Marked ones are not read for the runbook: they are not in `extra_vars` yet.
+            plain.extend(secret.keys().chain(self.marked.keys()).map(|k| (k, &stars)));
         }
         if !plain.is_empty() {
             // One JSON object keeps numbers, booleans and nesting as the stack file wrote them.
@@ -117,7 +122,7 @@ impl AnsibleSpec {
 
     /// Writes the secret extra vars for one `ansible-playbook` run (0600, deleted when dropped).
     fn secret_vars_file(&self, ctx: &StepContext) -> Result<Option<secrets::SecretFile>, Failure> {
-        let entries = secrets::secret_entries(&self.extra_vars);
+        let entries = secrets::secret_entries(&self.extra_vars, &self.marked);
         if entries.is_empty() {
             return Ok(None);
         }
@@ -135,7 +140,7 @@ impl AnsibleSpec {
             .cwd(&ctx.stack_dir)
             .envs(ctx.env.iter().map(|(k, v)| (k.clone(), v.clone())))
             .in_step(ctx)
-            .redact(secrets::secret_strings(&self.extra_vars))
+            .redact(secrets::secret_strings(&self.extra_vars, &self.marked))
             .on_rdeploy_death(Signal::SIGINT)
     }
 
@@ -273,7 +278,7 @@ impl AnsibleSpec {
         planned: Vec<String>,
         phase: &str,
     ) -> Result<(), Failure> {
-        let mut found = secrets::secret_strings(&self.extra_vars);
+        let mut found = secrets::secret_strings(&self.extra_vars, &self.marked);
         found.extend(secrets::env_secrets(&ctx.env));
         let redacting = secrets::RedactingSink { inner: sink, secrets: secrets::normalize(found) };
         self.run_playbook_redacted(ctx, &redacting, binary, limit, planned, phase)
@@ -342,6 +347,9 @@ impl AnsibleSpec {
         if let Some(rest) = tail.remainder() {
             sink.emit(Event::Warning { message: format!("the callback's last record was cut off: {rest}") });
         }
+        // Read to the end, the callback's records have told everything; they hold what tasks
+        // printed as ansible printed it (a secret in a `fail` message), so they go.
+        let _ = std::fs::remove_file(&events_path);
         if !tracker.has_stats() && !recap_lines.is_empty() {
             if tracker.records() == 0 {
                 sink.emit(Event::Warning {
@@ -615,6 +623,10 @@ impl Adapter for AnsibleSpec {
     fn typed_values_mut(&mut self) -> Option<(&'static str, &mut BTreeMap<String, serde_json::Value>)> {
         Some(("extra_vars", &mut self.extra_vars))
     }
+
+    fn marked_mut(&mut self) -> Option<&mut BTreeMap<String, crate::secrets::Marked>> {
+        Some(&mut self.marked)
+    }
 }
 
 /// Feeds new callback records to the tracker and the events they settle to the sink.
@@ -738,6 +750,7 @@ mod tests {
 
     fn spec() -> AnsibleSpec {
         AnsibleSpec {
+            marked: Default::default(),
             playbook: "site.yml".into(),
             inventory: "inventory.ini".into(),
             limit: None,

@@ -46,6 +46,10 @@ pub struct HelmSpec {
     /// Values by dotted path, passed as `--set-json` so their types are the stack file's.
     #[serde(default)]
     pub set: BTreeMap<String, Value>,
+    /// The entries of `set` the stack marks secret, by key (not a stack key: the stack module
+    /// fills it). Once resolved, their values are in `set` too; they never go on the command line.
+    #[serde(skip)]
+    pub marked: BTreeMap<String, crate::secrets::Marked>,
     pub version: Option<String>,
     pub context: Option<String>,
     /// A kubeconfig file, relative to the stack file (default: `KUBECONFIG` or `~/.kube/config`).
@@ -169,17 +173,20 @@ impl HelmSpec {
         for file in &self.values {
             words.extend(["-f".to_string(), file.to_string_lossy().into_owned()]);
         }
+        let secret = secrets::secret_entries(&self.set, &self.marked);
         for (key, value) in &self.set {
-            if secrets::is_secret_key(key) {
-                if ctx.is_none() {
-                    // The runbook: the operator fills the value in.
-                    words.extend(["--set-json".to_string(), format!("{key}=***")]);
-                }
-            } else {
+            if !secret.contains_key(key) {
                 words.extend(["--set-json".to_string(), format!("{key}={value}")]);
             }
         }
-        if let Some(ctx) = ctx.filter(|_| self.set.keys().any(|k| secrets::is_secret_key(k))) {
+        if ctx.is_none() {
+            // The runbook: the operator fills each secret in (marked ones are not read for it).
+            let keys: std::collections::BTreeSet<&String> = secret.keys().chain(self.marked.keys()).collect();
+            for key in keys {
+                words.extend(["--set-json".to_string(), format!("{key}=***")]);
+            }
+        }
+        if let Some(ctx) = ctx.filter(|_| !secret.is_empty()) {
             // Secret values reach helm in a 0600 file (see `secret_values_file`), never on the
             // command line.
             words.extend(["-f".to_string(), secret_values_path(ctx).to_string_lossy().into_owned()]);
@@ -348,7 +355,7 @@ impl<'a> Release<'a> {
 
     /// Writes the stack's secret `set` values for one helm call (deleted when dropped).
     fn secret_values_file(&self) -> Result<Option<secrets::SecretFile>, Failure> {
-        let entries = secrets::secret_entries(&self.spec.set);
+        let entries = secrets::secret_entries(&self.spec.set, &self.spec.marked);
         if entries.is_empty() {
             return Ok(None);
         }
@@ -368,7 +375,7 @@ impl<'a> Release<'a> {
             .cwd(&self.ctx.stack_dir)
             .envs(self.ctx.env.iter().map(|(k, v)| (k.clone(), v.clone())))
             .in_step(self.ctx)
-            .redact(secrets::secret_strings(&self.spec.set))
+            .redact(secrets::secret_strings(&self.spec.set, &self.spec.marked))
             .on_rdeploy_death(Signal::SIGINT)
     }
 
@@ -925,6 +932,10 @@ impl Adapter for HelmSpec {
     fn typed_values_mut(&mut self) -> Option<(&'static str, &mut BTreeMap<String, serde_json::Value>)> {
         Some(("set", &mut self.set))
     }
+
+    fn marked_mut(&mut self) -> Option<&mut BTreeMap<String, crate::secrets::Marked>> {
+        Some(&mut self.marked)
+    }
 }
 
 fn now_secs() -> i64 {
@@ -1033,6 +1044,7 @@ mod tests {
 
     fn spec() -> HelmSpec {
         HelmSpec {
+            marked: Default::default(),
             release: "web".into(),
             chart: "charts/webapp".into(),
             namespace: Some("shop".into()),
@@ -1060,6 +1072,7 @@ mod tests {
             cancel: CancellationToken::new(),
             force: false,
             reapply_missing: false,
+            secrets: Default::default(),
             started_by: Default::default(),
             processes: Default::default(),
         }
@@ -1104,6 +1117,26 @@ mod tests {
             chart: "webapp-0.1.0".into(),
             description: String::new(),
         }
+    }
+
+    #[test]
+    fn secret_values_go_in_a_file_and_the_runbook_fills_them_in() {
+        let mut spec = spec();
+        spec.set.insert("serviceAccount.automountServiceAccountToken".into(), serde_json::json!(false));
+        spec.set.insert("app.login".into(), serde_json::json!("s3cr3t-login"));
+        spec.marked.insert("app.login".into(), crate::secrets::Marked::inline(serde_json::json!("s3cr3t-login")));
+        spec.marked.insert("db.password".into(), crate::secrets::Marked::from_env("DB_PASSWORD"));
+        let run = spec.upgrade_words(4, Some(&ctx())).join(" ");
+        assert!(!run.contains("s3cr3t") && !run.contains("app.login"), "{run}");
+        assert!(run.contains("-f /nonexistent/w/secret-values.json"), "{run}");
+        // A boolean under a secret-sounding key is a setting: it stays on the command line.
+        assert!(run.contains("--set-json serviceAccount.automountServiceAccountToken=false"), "{run}");
+        let runbook = spec.upgrade_words(4, None).join(" ");
+        assert!(
+            runbook.contains("--set-json app.login=***") && runbook.contains("--set-json db.password=***"),
+            "{runbook}"
+        );
+        assert!(!runbook.contains("s3cr3t") && !runbook.contains("secret-values.json"), "{runbook}");
     }
 
     #[test]

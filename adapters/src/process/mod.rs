@@ -51,8 +51,13 @@ pub struct Command {
     cwd: Option<PathBuf>,
     /// Variables set on top of rdeploy's own environment, later ones winning.
     env: Vec<(OsString, OsString)>,
-    /// Values replaced by `***` in every line handed out, kept or displayed.
+    /// Values replaced by `***` in every line kept or displayed, and in the lines handed out
+    /// unless `raw_lines`.
     redact: Vec<String>,
+    /// The line handler gets each line as the tool wrote it, so a parser sees JSON whole (a
+    /// short secret replaced inside a JSON line could break it); the caller redacts what it
+    /// keeps. The tails kept for errors are redacted either way.
+    raw_lines: bool,
     /// What the child gets when rdeploy dies before it (`PR_SET_PDEATHSIG`): the tool's graceful
     /// stop, so it ends its work and persists its state rather than stopping mid-write.
     death_signal: Signal,
@@ -97,6 +102,7 @@ impl Command {
             cwd: None,
             env: Vec::new(),
             redact: Vec::new(),
+            raw_lines: false,
             death_signal: Signal::SIGTERM,
             output: Output::default(),
             tracker: ProcessTracker::default(),
@@ -160,14 +166,28 @@ impl Command {
     /// and its output files live in the step's work directory.
     pub fn in_step(mut self, ctx: &crate::StepContext) -> Command {
         self.tracker = ctx.processes.clone();
-        // The step's secret `env` values never reach anything rdeploy prints or records.
+        // The step's secret `env` values and the run's secrets never reach anything rdeploy
+        // prints or records.
         let mut redact = std::mem::take(&mut self.redact);
         redact.extend(crate::secrets::env_secrets(&ctx.env));
+        redact.extend(ctx.secrets.values());
         self.redact = crate::secrets::normalize(redact);
         if !matches!(self.output, Output::Files { .. }) {
             self.output = Output::UnnamedIn(ctx.work_dir.clone());
         }
         self
+    }
+
+    /// Hands the line handler each line unredacted, for parsing (see `raw_lines`); redact what
+    /// you keep with [`Command::redact_text`].
+    pub fn raw_lines(mut self) -> Command {
+        self.raw_lines = true;
+        self
+    }
+
+    /// `text` with this command's secrets replaced by `***`.
+    pub fn redact_text(&self, text: &str) -> String {
+        redact_line(text, &self.redact)
     }
 
     /// The signal the child gets if rdeploy dies first (SIGTERM unless set): the one the tool
@@ -251,7 +271,10 @@ impl Command {
                 Ok(())
             });
         }
-        let child = spawn_on_the_spawning_thread(cmd)?;
+        // Noted by the spawning thread the moment the child exists: a kill -9 of rdeploy right
+        // after the tool started must still leave its note for the next run to wait on.
+        let note = self.tracker.notes.is_some().then(|| (self.tracker.clone(), self.display()));
+        let child = spawn_on_the_spawning_thread(cmd, note)?;
         Ok(Started { child, stdout: stdout_read, stderr: stderr_read })
     }
 
@@ -307,9 +330,6 @@ impl Command {
         let pid = child.id();
         let pgid = pid.map(|id| Pid::from_raw(id as i32));
         tracing::debug!(command = %self, pid = ?pid, cwd = ?self.cwd, "spawned");
-        if let Some(pid) = pid {
-            self.tracker.note(pid, || self.display());
-        }
         // Until the child is reaped below: should this future be dropped first (a panic
         // unwinding, a caller that stopped waiting), the tool is stopped as if rdeploy had died.
         let mut unreaped = Unreaped { pgid, signal: self.death_signal };
@@ -378,8 +398,9 @@ impl Command {
         line: String,
         on_line: &mut (dyn FnMut(Stream, &str) + Send),
     ) {
-        let line = redact_line(&line, &self.redact);
-        on_line(stream, &line);
+        let shown = redact_line(&line, &self.redact);
+        on_line(stream, if self.raw_lines { &line } else { &shown });
+        let line = shown;
         let tail = match stream {
             Stream::Stdout => &mut outcome.stdout_tail,
             Stream::Stderr => &mut outcome.stderr_tail,
@@ -411,11 +432,12 @@ impl Drop for Unreaped {
     }
 }
 
-/// A job for the spawning thread: the command, the runtime its child belongs to, and where to
-/// send the started child.
+/// A job for the spawning thread: the command, the runtime its child belongs to, where to note
+/// the child (and as what), and where to send the started child.
 type SpawnJob = (
     tokio::process::Command,
     tokio::runtime::Handle,
+    Option<(ProcessTracker, String)>,
     std::sync::mpsc::SyncSender<std::io::Result<tokio::process::Child>>,
 );
 
@@ -426,16 +448,21 @@ type SpawnJob = (
 /// threads end after a while idle; a worker that ran `block_in_place` becomes one) got its death
 /// signal while rdeploy lived on, and a long shell or kubectl command was killed for nothing.
 /// From this thread, the signal comes only with rdeploy's death.
-fn spawn_on_the_spawning_thread(mut cmd: tokio::process::Command) -> std::io::Result<tokio::process::Child> {
+fn spawn_on_the_spawning_thread(
+    mut cmd: tokio::process::Command,
+    note: Option<(ProcessTracker, String)>,
+) -> std::io::Result<tokio::process::Child> {
     use std::sync::mpsc;
     static SPAWNER: std::sync::OnceLock<std::io::Result<mpsc::Sender<SpawnJob>>> = std::sync::OnceLock::new();
     let spawner = SPAWNER.get_or_init(|| {
         let (jobs, queue) = mpsc::channel::<SpawnJob>();
         std::thread::Builder::new().name("rdeploy-spawner".into()).spawn(move || {
             // The static sender lives as long as the process: this loop never ends.
-            while let Ok((mut cmd, runtime, reply)) = queue.recv() {
+            while let Ok((mut cmd, runtime, note, reply)) = queue.recv() {
                 let _entered = runtime.enter();
-                let _ = reply.send(cmd.spawn());
+                let child = cmd.spawn();
+                note_child(&child, note);
+                let _ = reply.send(child);
             }
         })?;
         Ok(jobs)
@@ -445,13 +472,23 @@ fn spawn_on_the_spawning_thread(mut cmd: tokio::process::Command) -> std::io::Re
         // No thread could be started (it is retried by nobody): fork from this one, as before.
         Err(e) => {
             tracing::debug!(error = %e, "no spawning thread: forking from the caller's");
-            return cmd.spawn();
+            let child = cmd.spawn();
+            note_child(&child, note);
+            return child;
         }
     };
     let (reply, started) = mpsc::sync_channel(1);
     let runtime = tokio::runtime::Handle::current();
-    jobs.send((cmd, runtime, reply)).map_err(|_| std::io::Error::other("the spawning thread is gone"))?;
+    jobs.send((cmd, runtime, note, reply)).map_err(|_| std::io::Error::other("the spawning thread is gone"))?;
     started.recv().map_err(|_| std::io::Error::other("the spawning thread is gone"))?
+}
+
+fn note_child(child: &std::io::Result<tokio::process::Child>, note: Option<(ProcessTracker, String)>) {
+    if let (Ok(child), Some((tracker, command))) = (child, note) {
+        if let Some(pid) = child.id() {
+            tracker.note(pid, || command);
+        }
+    }
 }
 
 /// In the forked child: makes sure the tool's group gets `signal` once when rdeploy dies, as a
@@ -813,14 +850,15 @@ pub enum StdoutLog {
 #[derive(Clone, Debug, Default)]
 pub struct Captured {
     pub outcome: Outcome,
-    /// Every stdout line, redacted.
+    /// Every stdout line as the tool wrote it, for parsing (`-o json`): a secret replaced inside
+    /// a JSON line could break it. Redact what you keep from it ([`Command::redact_text`]).
     pub stdout: Vec<String>,
     /// Every stderr line, redacted.
     pub stderr: Vec<String>,
 }
 
 /// Runs a command of a step to completion, keeping its stdout and stderr for parsing and
-/// copying them to the step's log through `sink`.
+/// copying them to the step's log (redacted) through `sink`.
 pub async fn capture(
     cmd: &Command,
     ctx: &crate::StepContext,
@@ -828,16 +866,15 @@ pub async fn capture(
     sink: Option<&dyn crate::EventSink>,
     log_stdout: StdoutLog,
 ) -> Result<Captured, AdapterError> {
+    let cmd = cmd.clone().in_step(ctx).raw_lines();
     let log = |stream, line: &str| {
         if let Some(sink) = sink {
-            sink.emit(crate::Event::Output { stream, line: line.to_string() });
+            sink.emit(crate::Event::Output { stream, line: cmd.redact_text(line) });
         }
     };
     let mut stdout = Vec::new();
     let mut stderr = Vec::new();
     let outcome = cmd
-        .clone()
-        .in_step(ctx)
         .run(&ctx.cancel, timeout, &mut |stream, line| match stream {
             Stream::Stdout => {
                 if log_stdout == StdoutLog::Lines {
@@ -847,7 +884,7 @@ pub async fn capture(
             }
             Stream::Stderr => {
                 log(stream, line);
-                stderr.push(line.to_string());
+                stderr.push(cmd.redact_text(line));
             }
         })
         .await?;

@@ -51,6 +51,10 @@ pub struct TerraformSpec {
     pub dir: std::path::PathBuf,
     #[serde(default)]
     pub vars: std::collections::BTreeMap<String, serde_json::Value>,
+    /// The entries of `vars` the stack marks secret, by key (not a stack key: the stack module
+    /// fills it). Once resolved, their values are in `vars` too; they never go on the command line.
+    #[serde(skip)]
+    pub marked: BTreeMap<String, crate::secrets::Marked>,
     #[serde(default)]
     pub var_files: Vec<std::path::PathBuf>,
     pub workspace: Option<String>,
@@ -71,6 +75,108 @@ impl TerraformSpec {
 
     fn resolve_binary(&self, ctx: &StepContext) -> Result<PathBuf, AdapterError> {
         crate::resolve_binary(ctx, self.binary.as_deref().unwrap_or("terraform"), INSTALL_HINT)
+    }
+}
+
+impl TerraformSpec {
+    async fn recover_unredacted(
+        &self,
+        ctx: &StepContext,
+        prior: &PriorStep,
+        sink: &dyn EventSink,
+    ) -> Result<Recovered, Failure> {
+        let mut run = Run::new(self, ctx, sink)?;
+        // The apply of a run that died went on without it (it got SIGINT and finished what was
+        // in flight); its stream says what it completed after the checkpoint last heard.
+        let mut settled = std::collections::HashSet::new();
+        let (stream_file, _) = apply_output_files(&ctx.work_dir);
+        for addr in applied_in_stream(&stream_file) {
+            if prior.sub_changes.iter().any(|s| s.id == addr && s.status != SubStatus::Done) {
+                sink.emit(Event::Done {
+                    id: addr.clone(),
+                    note: Some("completed by the apply of the run that died (its output file says so)".into()),
+                });
+                settled.insert(addr);
+            }
+        }
+        let plan_file = ctx.work_dir.join(PLAN_FILE);
+        let plan = run.plan(&plan_file, Workspace::Create).await?;
+        // The plan went through, so whatever held the lock has let go of it.
+        for key in [FACT_LOCK_ID, FACT_LOCK] {
+            if prior.facts.get(key).is_some_and(|v| !v.is_null()) {
+                sink.emit(Event::Fact { key: key.into(), value: serde_json::Value::Null });
+            }
+        }
+        // A `moved` block renamed what the checkpoint recorded: one sub-change under its new
+        // address, its status kept; only the apply (terraform's own word) can make it done.
+        let moves = moves_of_recorded(&plan, prior);
+        for (from, to) in &moves {
+            sink.emit(Event::Moved { from: from.clone(), to: to.clone() });
+        }
+        let settled: std::collections::HashSet<String> =
+            settled.into_iter().map(|id| moves.get(&id).cloned().unwrap_or(id)).collect();
+        let prior = &renamed(prior, &moves);
+        let missing = missing_from_state(&plan, prior);
+        if !missing.is_empty() {
+            if !ctx.reapply_missing {
+                return Err(contradiction(&run.dir, self.workspace.as_deref(), &self.tool_word(), &missing));
+            }
+            sink.emit(Event::Warning {
+                message: format!(
+                    "--reapply-missing: creating again {} recorded done but absent from {}'s state: {}",
+                    if missing.len() == 1 { "a resource" } else { "resources" },
+                    self.tool_word(),
+                    missing.join(", ")
+                ),
+            });
+        }
+        if let Some(message) = changed_since_failure(&plan, prior) {
+            sink.emit(Event::Warning { message });
+        }
+        // Recorded as not done, yet terraform has nothing to do for them: they are in place
+        // (applied after all, or dropped from the configuration by the fix).
+        for sub in &prior.sub_changes {
+            if sub.status != SubStatus::Done
+                && !settled.contains(&sub.id)
+                && !plan.changes.iter().any(|c| c.addr == sub.id)
+            {
+                sink.emit(Event::Done {
+                    id: sub.id.clone(),
+                    note: Some("terraform plans no change for it now".into()),
+                });
+            }
+        }
+        run.apply_saved(&plan, &plan_file).await.map(|()| Recovered::Complete)
+    }
+
+    async fn inspect_unredacted(&self, ctx: &StepContext, prior: &PriorStep) -> Result<Inspection, Failure> {
+        let sink = Collect::default();
+        let mut run = Run::new(self, ctx, &sink)?;
+        let inspect_plan = ctx.work_dir.join(INSPECT_PLAN_FILE);
+        let plan = run.plan(&inspect_plan, Workspace::Existing).await;
+        // The saved plan holds every variable's value: it goes once read.
+        let _ = std::fs::remove_file(&inspect_plan);
+        let plan = plan?;
+        let mut inspection = Inspection::default();
+        if plan.changes.is_empty() {
+            inspection.actions.push(format!("`{} plan`: no changes; nothing left to apply", self.tool_word()));
+        } else {
+            inspection.actions.push(format!("`{} plan`: {}", self.tool_word(), plan.describe()));
+            inspection.actions.extend(plan.changes.iter().map(PlannedChange::describe));
+        }
+        let prior = &renamed(prior, &moves_of_recorded(&plan, prior));
+        let missing = missing_from_state(&plan, prior);
+        if !missing.is_empty() && !ctx.reapply_missing {
+            let failure = contradiction(&run.dir, self.workspace.as_deref(), &self.tool_word(), &missing);
+            inspection.actions.push(format!("stop: {}", failure.summary));
+            inspection.actions.extend(failure.hint);
+        }
+        if let Some(message) = changed_since_failure(&plan, prior) {
+            inspection.actions.push(message);
+        }
+        inspection.actions.extend(sink.warnings.into_inner().unwrap_or_default());
+        inspection.remaining = plan.ids();
+        Ok(inspection)
     }
 }
 
@@ -162,107 +268,30 @@ impl Adapter for TerraformSpec {
     }
 
     async fn apply(&self, ctx: &StepContext, sink: &dyn EventSink) -> Result<(), Failure> {
-        let mut run = Run::new(self, ctx, sink)?;
-        let plan_file = ctx.work_dir.join(PLAN_FILE);
-        let plan = run.plan(&plan_file, Workspace::Create).await?;
-        run.apply_saved(&plan, &plan_file).await
+        // terraform's output is parsed as it came; what the parsers report is redacted on the
+        // way out with the run's secrets, which the plan may add to (a var file's sensitive values).
+        let sink = &secrets::RegistrySink { inner: sink, registry: &ctx.secrets };
+        let applied = async {
+            let mut run = Run::new(self, ctx, sink)?;
+            let plan_file = ctx.work_dir.join(PLAN_FILE);
+            let plan = run.plan(&plan_file, Workspace::Create).await?;
+            run.apply_saved(&plan, &plan_file).await
+        };
+        applied.await.map_err(|f| ctx.secrets.redact_failure(f))
     }
 
     async fn recover(&self, ctx: &StepContext, prior: &PriorStep, sink: &dyn EventSink) -> Result<Recovered, Failure> {
-        let mut run = Run::new(self, ctx, sink)?;
-        // The apply of a run that died went on without it (it got SIGINT and finished what was
-        // in flight); its stream says what it completed after the checkpoint last heard.
-        let mut settled = std::collections::HashSet::new();
-        let (stream_file, _) = apply_output_files(&ctx.work_dir);
-        for addr in applied_in_stream(&stream_file) {
-            if prior.sub_changes.iter().any(|s| s.id == addr && s.status != SubStatus::Done) {
-                sink.emit(Event::Done {
-                    id: addr.clone(),
-                    note: Some("completed by the apply of the run that died (its output file says so)".into()),
-                });
-                settled.insert(addr);
-            }
-        }
-        let plan_file = ctx.work_dir.join(PLAN_FILE);
-        let plan = run.plan(&plan_file, Workspace::Create).await?;
-        // The plan went through, so whatever held the lock has let go of it.
-        for key in [FACT_LOCK_ID, FACT_LOCK] {
-            if prior.facts.get(key).is_some_and(|v| !v.is_null()) {
-                sink.emit(Event::Fact { key: key.into(), value: serde_json::Value::Null });
-            }
-        }
-        // A `moved` block renamed what the checkpoint recorded: one sub-change under its new
-        // address, its status kept; only the apply (terraform's own word) can make it done.
-        let moves = moves_of_recorded(&plan, prior);
-        for (from, to) in &moves {
-            sink.emit(Event::Moved { from: from.clone(), to: to.clone() });
-        }
-        let settled: std::collections::HashSet<String> =
-            settled.into_iter().map(|id| moves.get(&id).cloned().unwrap_or(id)).collect();
-        let prior = &renamed(prior, &moves);
-        let missing = missing_from_state(&plan, prior);
-        if !missing.is_empty() {
-            if !ctx.reapply_missing {
-                return Err(contradiction(&run.dir, self.workspace.as_deref(), &self.tool_word(), &missing));
-            }
-            sink.emit(Event::Warning {
-                message: format!(
-                    "--reapply-missing: creating again {} recorded done but absent from {}'s state: {}",
-                    if missing.len() == 1 { "a resource" } else { "resources" },
-                    self.tool_word(),
-                    missing.join(", ")
-                ),
-            });
-        }
-        if let Some(message) = changed_since_failure(&plan, prior) {
-            sink.emit(Event::Warning { message });
-        }
-        // Recorded as not done, yet terraform has nothing to do for them: they are in place
-        // (applied after all, or dropped from the configuration by the fix).
-        for sub in &prior.sub_changes {
-            if sub.status != SubStatus::Done
-                && !settled.contains(&sub.id)
-                && !plan.changes.iter().any(|c| c.addr == sub.id)
-            {
-                sink.emit(Event::Done {
-                    id: sub.id.clone(),
-                    note: Some("terraform plans no change for it now".into()),
-                });
-            }
-        }
-        run.apply_saved(&plan, &plan_file).await.map(|()| Recovered::Complete)
+        let sink = &secrets::RegistrySink { inner: sink, registry: &ctx.secrets };
+        self.recover_unredacted(ctx, prior, sink).await.map_err(|f| ctx.secrets.redact_failure(f))
     }
 
     async fn inspect(&self, ctx: &StepContext, prior: &PriorStep) -> Result<Inspection, Failure> {
-        let sink = Collect::default();
-        let mut run = Run::new(self, ctx, &sink)?;
-        let inspect_plan = ctx.work_dir.join(INSPECT_PLAN_FILE);
-        let plan = run.plan(&inspect_plan, Workspace::Existing).await;
-        // The saved plan holds every variable's value: it goes once read.
-        let _ = std::fs::remove_file(&inspect_plan);
-        let plan = plan?;
-        let mut inspection = Inspection::default();
-        if plan.changes.is_empty() {
-            inspection.actions.push(format!("`{} plan`: no changes; nothing left to apply", self.tool_word()));
-        } else {
-            inspection.actions.push(format!("`{} plan`: {}", self.tool_word(), plan.describe()));
-            inspection.actions.extend(plan.changes.iter().map(PlannedChange::describe));
+        let redact = |lines: Vec<String>| lines.iter().map(|l| ctx.secrets.redact(l)).collect();
+        match self.inspect_unredacted(ctx, prior).await {
+            Ok(i) => Ok(Inspection { actions: redact(i.actions), remaining: redact(i.remaining) }),
+            Err(f) => Err(ctx.secrets.redact_failure(f)),
         }
-        let prior = &renamed(prior, &moves_of_recorded(&plan, prior));
-        let missing = missing_from_state(&plan, prior);
-        if !missing.is_empty() && !ctx.reapply_missing {
-            let failure = contradiction(&run.dir, self.workspace.as_deref(), &self.tool_word(), &missing);
-            inspection.actions.push(format!("stop: {}", failure.summary));
-            inspection.actions.extend(failure.hint);
-        }
-        if let Some(message) = changed_since_failure(&plan, prior) {
-            inspection.actions.push(message);
-        }
-        inspection.actions.extend(sink.warnings.into_inner().unwrap_or_default());
-        inspection.remaining = plan.ids();
-        Ok(inspection)
     }
-
     fn describe_recovery(&self, ctx: &DescribeContext<'_>, prior: Option<&PriorStep>) -> RecoveryDoc {
         let tf = self.tool_word();
         let dir = Path::new(ctx.stack_dir).join(&self.dir);
@@ -270,7 +299,18 @@ impl Adapter for TerraformSpec {
         let sensitive = config::declared_sensitive(&dir);
         let mut plan_words = vec![tf.clone(), "plan".into(), "-input=false".into(), "-out=tfplan".into()];
         let mut doc = RecoveryDoc::default();
-        for (name, value) in &self.vars {
+        for (name, marked) in &self.marked {
+            // A secret the stack reads from rdeploy's environment can be read from the same place.
+            let value = match &marked.source {
+                secrets::SecretSource::Env(var) => format!("\"${var}\""),
+                _ => "...".into(),
+            };
+            doc.notes.push(format!(
+                "`{name}` is secret ({}): `export TF_VAR_{name}={value}` before `{tf} plan`; it is not written here",
+                marked.source
+            ));
+        }
+        for (name, value) in self.vars.iter().filter(|(name, _)| !self.marked.contains_key(*name)) {
             if sensitive.contains(name) {
                 doc.notes.push(format!(
                     "`{name}` is a sensitive variable: `export TF_VAR_{name}=...` with its value before `{tf} plan`; it is not written here"
@@ -327,6 +367,10 @@ impl Adapter for TerraformSpec {
 
     fn typed_values_mut(&mut self) -> Option<(&'static str, &mut BTreeMap<String, serde_json::Value>)> {
         Some(("vars", &mut self.vars))
+    }
+
+    fn marked_mut(&mut self) -> Option<&mut BTreeMap<String, crate::secrets::Marked>> {
+        Some(&mut self.marked)
     }
 }
 
@@ -456,7 +500,7 @@ fn sensitive_values(
         .vars
         .iter()
         .filter(|(name, _)| sensitive.contains(*name))
-        .flat_map(|(_, value)| secrets::value_strings(value))
+        .flat_map(|(_, value)| secrets::redactable(value))
         .collect();
     let is_sensitive_env = |k: &str| k.strip_prefix("TF_VAR_").is_some_and(|name| sensitive.contains(name));
     out.extend(ctx.env.iter().filter(|(k, _)| is_sensitive_env(k)).map(|(_, v)| v.clone()));
@@ -542,8 +586,11 @@ impl<'a> Run<'a> {
             }
         })?;
         let dir = ctx.resolve(&spec.dir);
-        let sensitive = config::declared_sensitive(&dir);
+        // Declared `sensitive`, or marked secret in the stack: either way never on the command line.
+        let mut sensitive = config::declared_sensitive(&dir);
+        sensitive.extend(spec.marked.keys().cloned());
         let secrets = secrets::normalize(sensitive_values(spec, ctx, &sensitive, std::env::vars()));
+        ctx.secrets.add_strings(secrets.iter().cloned());
         Ok(Run { spec, ctx, sink, binary, dir, sensitive, secrets, deadline: ctx.timeout.map(|t| Instant::now() + t) })
     }
 
@@ -552,6 +599,11 @@ impl<'a> Run<'a> {
         let mut words = vec![self.spec.tool_word()];
         words.extend(args.iter().cloned());
         redact_line(&display_command(&words), &self.secrets)
+    }
+
+    /// A line of terraform's output as rdeploy may keep or print it: secrets redacted.
+    fn shown(&self, line: &str) -> String {
+        redact_line(line, &self.secrets)
     }
 
     /// The stack's values of sensitive variables, as terraform reads them from its environment
@@ -579,6 +631,8 @@ impl<'a> Run<'a> {
             .env("TF_INPUT", "0")
             .redact(self.secrets.iter().cloned())
             .in_step(self.ctx)
+            // Parsed first (`-json` lines, `show -json`), redacted where kept (`Run::shown`).
+            .raw_lines()
             // terraform stops gracefully on SIGINT: it finishes the resources in flight, writes
             // its state and releases its lock.
             .on_rdeploy_death(Signal::SIGINT)
@@ -613,16 +667,16 @@ impl<'a> Run<'a> {
         self.exec_command(command, &self.ctx.cancel, &mut |stream, line| match (stream, parse_line(line)) {
             (Stream::Stdout, Some(ui)) => {
                 for text in ui.message.lines().filter(|l| !l.trim().is_empty()) {
-                    sink.emit(Event::Output { stream, line: text.to_string() });
+                    sink.emit(Event::Output { stream, line: self.shown(text) });
                 }
                 if let UiMessage::Diagnostic(d) = &ui.body {
                     for text in d.detail.lines().filter(|l| !l.trim().is_empty()) {
-                        sink.emit(Event::Output { stream, line: format!("  {text}") });
+                        sink.emit(Event::Output { stream, line: self.shown(&format!("  {text}")) });
                     }
                 }
                 on_message(&ui);
             }
-            _ => sink.emit(Event::Output { stream, line: line.to_string() }),
+            _ => sink.emit(Event::Output { stream, line: self.shown(line) }),
         })
         .await
     }
@@ -632,7 +686,7 @@ impl<'a> Run<'a> {
         let sink = self.sink;
         let outcome = self
             .exec(args, &self.ctx.cancel, &mut |stream, line| {
-                sink.emit(Event::Output { stream, line: line.to_string() })
+                sink.emit(Event::Output { stream, line: self.shown(line) })
             })
             .await?;
         if outcome.success() {
@@ -770,6 +824,7 @@ impl<'a> Run<'a> {
             // ones from the saved plan before anything prints during apply.
             match self.show_json(Some(plan_file)).await.map(|doc| state::sensitive_values(&doc)) {
                 Ok(Ok(values)) => {
+                    self.ctx.secrets.add_strings(values.iter().cloned());
                     self.secrets.extend(values);
                     self.secrets = secrets::normalize(std::mem::take(&mut self.secrets));
                 }
@@ -1012,6 +1067,7 @@ mod tests {
 
     fn spec() -> TerraformSpec {
         TerraformSpec {
+            marked: Default::default(),
             dir: "infra/network".into(),
             vars: [
                 ("region".to_string(), serde_json::json!("eu-west-1")),
@@ -1047,6 +1103,7 @@ mod tests {
             processes: Default::default(),
             force: false,
             reapply_missing: false,
+            secrets: Default::default(),
             started_by: Default::default(),
         };
         let sensitive = BTreeSet::from(["token".to_string(), "db_pass".to_string(), "admin".to_string()]);
@@ -1116,6 +1173,7 @@ mod tests {
     fn the_runbook_never_writes_a_sensitive_value() {
         let fixtures = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/terraform");
         let spec = TerraformSpec {
+            marked: Default::default(),
             dir: "sensitive".into(),
             vars: [("token".to_string(), serde_json::json!("s3cr3t-value"))].into_iter().collect(),
             var_files: vec![],
