@@ -12,3 +12,4 @@ export KUBESIM_CORPUS="$corpus" RDEPLOY_CORPUS="$corpus"
 scripts/fetch-helm.sh
 cargo build --workspace --bins
 cargo test -p kubesim --features corpus --test corpus --test corpus_bundles "$@"
+cargo test -p rdeploy --features corpus --test corpus "$@"

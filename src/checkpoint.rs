@@ -93,6 +93,12 @@ pub enum Record {
         id: String,
         reason: String,
     },
+    /// The tool renamed sub-change `from` to `to` (terraform `moved`): one sub-change.
+    SubMoved {
+        step: String,
+        from: String,
+        to: String,
+    },
     Fact {
         step: String,
         key: String,
@@ -278,6 +284,21 @@ impl SubChanges {
     fn clear(&mut self) {
         self.list.clear();
         self.index.clear();
+    }
+
+    /// `from` takes the id `to`, keeping its place and status; when `to` is already recorded,
+    /// `from` goes (the newer record of the address wins). Nothing happens if `from` is unknown.
+    fn rename(&mut self, from: &str, to: &str, ts: &Timestamp) {
+        let Some(pos) = self.index.remove(from) else { return };
+        if self.index.contains_key(to) {
+            self.list.remove(pos);
+            self.index = self.list.iter().enumerate().map(|(i, s)| (s.id.clone(), i)).collect();
+            return;
+        }
+        let sub = &mut self.list[pos];
+        sub.id = to.to_string();
+        sub.updated = *ts;
+        self.index.insert(to.to_string(), pos);
     }
 }
 
@@ -559,6 +580,7 @@ impl Deploy {
             Record::SubPending { step, id, reason } => {
                 self.step_mut(step).sub_mut(id, ts).fold(SubChangeEvent::Pending { reason })
             }
+            Record::SubMoved { step, from, to } => self.step_mut(step).sub_changes.rename(from, to, ts),
             Record::Fact { step, key, value } => {
                 self.step_mut(step).facts.insert(key.clone(), value.clone());
             }
@@ -717,6 +739,7 @@ impl Record {
             other @ (Record::Run { .. }
             | Record::Planned { .. }
             | Record::SubStarted { .. }
+            | Record::SubMoved { .. }
             | Record::StepDone { .. }
             | Record::Attempt { .. }
             | Record::Interrupted { .. }
@@ -1069,6 +1092,10 @@ mod tests {
             Event::Pending { id: "b".into(), reason: "retry later".into() },
             Event::Fact { key: "k".into(), value: serde_json::json!(1) },
             Event::Started { id: "d".into() },
+            // terraform `moved`: b becomes e (status kept, place kept); c onto d drops c.
+            Event::Moved { from: "b".into(), to: "e".into() },
+            Event::Moved { from: "c".into(), to: "d".into() },
+            Event::Moved { from: "nowhere".into(), to: "f".into() },
         ];
         let recorder = Recorder::default();
         let t = Timestamp::parse("2026-12-01T08:00:00Z").unwrap();
@@ -1083,12 +1110,17 @@ mod tests {
                 Event::Failed { id, error } => Record::SubFailed { step, id, error },
                 Event::Pending { id, reason } => Record::SubPending { step, id, reason },
                 Event::Fact { key, value } => Record::Fact { step, key, value },
+                Event::Moved { from, to } => Record::SubMoved { step, from, to },
                 _ => unreachable!(),
             };
             deploy.apply(i as u64 + 2, &t, &record);
             recorder.emit(event);
         }
         assert_eq!(recorder.prior(), deploy.step("seed").unwrap().prior());
+        let prior = deploy.step("seed").unwrap().prior();
+        let ids: Vec<&str> = prior.sub_changes.iter().map(|s| s.id.as_str()).collect();
+        assert_eq!(ids, ["a", "e", "d"]);
+        assert_eq!(prior.sub_changes[1].error.as_deref(), Some("boom"), "the moved sub-change kept its record");
     }
 
     #[test]

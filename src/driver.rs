@@ -1525,6 +1525,7 @@ impl EventSink for JournalSink {
                 self.ui.sub_change(&self.step, &id, &format!("failed: {error}"), true);
             }
             Event::Pending { id, reason } => self.journal(Record::SubPending { step, id, reason }),
+            Event::Moved { from, to } => self.journal(Record::SubMoved { step, from, to }),
             Event::Fact { key, value } => self.journal(Record::Fact { step, key, value }),
             Event::Warning { message } => {
                 self.ui.warn(format!("{}: {message}", self.step));

@@ -351,8 +351,8 @@ extern "C" fn note_early_signal(signal: libc::c_int) {
     );
 }
 
-/// First thing in `main`: a Ctrl-C or SIGTERM before the runtime and the run's handlers exist
-/// is noted instead of killing rdeploy by the default action; `watch_signals` acts on it.
+/// Before Rust's runtime starts: a Ctrl-C or SIGTERM before the runtime and the run's handlers
+/// exist is noted instead of killing rdeploy by the default action; `watch_signals` acts on it.
 fn note_signals_until_handled() {
     for signal in [libc::SIGINT, libc::SIGTERM] {
         // SAFETY: the handler only does an atomic compare-exchange, which is async-signal-safe;
@@ -376,8 +376,20 @@ fn take_early_signal() -> Option<&'static str> {
     }
 }
 
+/// The executable's `.init_array` (as std's own capture of the arguments on Linux): the noting
+/// handlers are in place before Rust's runtime initialisation, not only from the first line of
+/// `main`, so a signal in between (a window of microseconds that a loaded machine's scheduler
+/// stretches to milliseconds) is noted too. Only `sigaction` runs there: no allocation, no std.
+#[used]
+#[link_section = ".init_array"]
+static NOTE_SIGNALS_BEFORE_MAIN: extern "C" fn() = {
+    extern "C" fn before_main() {
+        note_signals_until_handled();
+    }
+    before_main
+};
+
 fn main() -> ExitCode {
-    note_signals_until_handled();
     let cli = Cli::parse();
     init_tracing(cli.global.verbose);
     // `ci` is for pipelines: plain timestamped lines even on a terminal.

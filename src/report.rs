@@ -302,12 +302,12 @@ pub fn from_deploy(
                 id: c.id.clone(),
                 status: c.status,
                 uncertain: c.status == SubStatus::Started,
-                error: c.error.clone(),
+                error: c.error.as_deref().map(one_line),
                 note: c.note.clone(),
             })
             .collect();
         if let Some(f) = &s.failure {
-            r.error = Some(f.summary.clone());
+            r.error = Some(one_line(&f.summary));
             r.command = f.command.clone();
             r.exit_code = f.exit_code;
             r.stderr_tail = f.stderr_tail.clone();
@@ -319,7 +319,7 @@ pub fn from_deploy(
             r.max_attempts = Some(of);
             r.attempt_errors = s.attempt_errors.clone();
         }
-        r.revert_error = s.revert_failure.as_ref().map(|f| f.summary.clone());
+        r.revert_error = s.revert_failure.as_ref().map(|f| one_line(&f.summary));
         r.reverted_how = s.reverted_how.clone();
         r.refused = s.refused.clone();
         if let Some(reason) = &s.refused {
@@ -686,9 +686,27 @@ pub fn summarize_step(s: &StepState) -> String {
     format!("{}: {} ({done}/{total} {}){attempts}{settled}", s.name, s.status.as_str(), s.tool.sub_change_plural())
 }
 
+/// An error as the one line `status --json` documents: a tool's multi-line message (a panic, a
+/// schema error) joined with spaces; its full text stays in the step's log and stderr tail.
+fn one_line(text: &str) -> String {
+    if !text.contains(['\n', '\r']) {
+        return text.to_string();
+    }
+    text.lines().map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>().join(" ")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn errors_are_one_line() {
+        assert_eq!(one_line("a plain error"), "a plain error");
+        assert_eq!(
+            one_line("Error: values don't meet the specifications of the schema(s):\nshop:\n- at '/replicaCount': got string, want integer\n"),
+            "Error: values don't meet the specifications of the schema(s): shop: - at '/replicaCount': got string, want integer"
+        );
+    }
 
     #[test]
     fn typed_statuses_keep_the_json_words() {

@@ -92,6 +92,32 @@ fn an_aborted_play_leaves_unreached_hosts_pending_and_unreachable_is_named() {
     }
 }
 
+/// A rolling deploy (`serial: 2`, `max_fail_percentage: 0`) whose health check fails on web3:
+/// web4, in the same batch, had restarted and passed its check, so it is done even though
+/// ansible marked it failed to stop the play; recover runs only web3 and web5 (no extra restart
+/// of web4).
+#[test]
+fn max_fail_percentage_keeps_the_batch_hosts_that_finished_done_and_recover_skips_them() {
+    let p = project("rolling.yml", "inventory.ini");
+    p.file("ansible/markers/unhealthy-web3", "");
+
+    p.rdeploy(&["up"]).code(1).stdout_has("health check failed on web3");
+    let status = p.status();
+    assert_eq!(
+        sub_statuses(&status, "hosts"),
+        pairs(&[("web1", "done"), ("web2", "done"), ("web3", "failed"), ("web4", "done"), ("web5", "pending")])
+    );
+
+    p.remove("ansible/markers/unhealthy-web3");
+    p.rdeploy(&["recover"]).code(0);
+    for host in ["web1", "web2", "web4"] {
+        assert_eq!(log(&p, host), ["deploy", "restart"], "{host} was not touched by recover");
+    }
+    assert_eq!(log(&p, "web3"), ["deploy", "restart", "deploy", "restart"]);
+    assert_eq!(log(&p, "web5"), ["deploy", "restart"]);
+    assert!(sub_statuses(&p.status(), "hosts").iter().all(|(_, s)| s == "done"));
+}
+
 /// `extra_vars:` reach ansible with their YAML types (`-e '{"flag": false}'`), and a quoted
 /// `"false"` stays a string: the play's asserts check both.
 #[test]

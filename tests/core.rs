@@ -766,7 +766,7 @@ fn crash_loop_kill_9_during_up_and_recover_converges_without_double_applies() {
 /// reported as bad input: 0 (the run ended first) or 130. The moments start once Rust's runtime
 /// has set SIGPIPE to ignored (`SigIgn` in /proc, just before `main`), plus at least 100 µs:
 /// before that the dynamic loader runs (10-20 ms for the debug binary here), where no program
-/// can catch a signal yet; `main` installs the handlers first thing.
+/// can catch a signal yet; the handlers are installed before that marker (`.init_array`).
 #[test]
 fn sigint_at_random_early_moments_is_never_a_default_death_nor_exit_2() {
     use std::os::unix::process::ExitStatusExt;

@@ -139,7 +139,7 @@ fn helm4_set_values_keep_their_yaml_types() {
     p.file("chart/values.yaml", "service:\n  enabled: true\nreplicaCount: 1\nlabel: x\n");
     p.file(
         "chart/templates/configmap.yaml",
-        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: kinds\ndata:\n  enabled: {{ kindOf .Values.service.enabled | quote }}\n  replicas: {{ kindOf .Values.replicaCount | quote }}\n  label: {{ kindOf .Values.label | quote }}\n  two: {{ eq (int .Values.replicaCount) 2 | quote }}\n",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: kinds\ndata:\n  enabled: {{ kindOf .Values.service.enabled | quote }}\n  replicas: {{ kindOf .Values.replicaCount | quote }}\n  label: {{ kindOf .Values.label | quote }}\n  two: {{ eq (int .Values.replicaCount) 2 | quote }}\n  hex: {{ .Values.port | quote }}\n  oct: {{ .Values.mode | quote }}\n",
     );
     p.file(
         "chart/templates/service.yaml",
@@ -155,7 +155,7 @@ steps:
     chart: ./chart
     namespace: shop
     context: c1
-    set: {{ service.enabled: false, replicaCount: 2, label: "false" }}
+    set: {{ service.enabled: false, replicaCount: 2, label: "false", port: 0x1F, mode: 0o17 }}
     binary: {helm}
 "#,
         helm = helm_bin(major).display(),
@@ -168,6 +168,8 @@ steps:
     assert_ne!(get("replicas"), "string");
     assert_eq!(get("two"), "true");
     assert_eq!(get("label"), "string");
+    // YAML 1.2 core integers reach helm as JSON numbers.
+    assert_eq!((get("hex"), get("oct")), ("31".to_string(), "15".to_string()));
     let services = sim.kubectl_ok(&["get", "services", "-n", "shop", "-o", "name"]);
     assert!(!services.contains("service/web"), "`service.enabled: false` must not create the Service: {services}");
 }
@@ -320,4 +322,68 @@ fn helm3_abandoned_pending_install_is_reinstalled_without_force() {
 #[test]
 fn helm4_abandoned_pending_install_is_reinstalled_without_force() {
     abandoned_pending_install_is_reinstalled_without_force(4);
+}
+
+/// A chart schema error is summarised by its first complete message (the chart and the value at
+/// fault), not its header line alone, and `status --json` carries it on one line.
+#[test]
+fn helm3_a_chart_schema_error_names_the_value_at_fault() {
+    let sim = Kubesim::start("c1");
+    let mut p = Project::new();
+    for (k, v) in sim.env() {
+        p.env(&k, &v);
+    }
+    p.file("chart/Chart.yaml", "apiVersion: v2\nname: toggles\nversion: 0.1.0\n");
+    p.file("chart/values.yaml", "replicaCount: 1\n");
+    p.file("chart/values.schema.json", r#"{"type": "object", "properties": {"replicaCount": {"type": "integer"}}}"#);
+    p.file("chart/templates/cm.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: toggles\n");
+    p.stack(&format!(
+        "name: app\nsteps:\n  - name: app\n    tool: helm\n    release: web\n    chart: ./chart\n    namespace: shop\n    context: c1\n    set: {{ replicaCount: \"two\" }}\n    binary: {}\n",
+        helm_bin(3).display()
+    ));
+    p.rdeploy(&["up"]).code(1);
+    let status = p.status();
+    let error = step(&status, "app")["error"].as_str().unwrap().to_string();
+    assert!(error.contains("schema") && error.contains("toggles:") && error.contains("replicaCount"), "{error}");
+    assert!(!error.contains('\n'), "{error:?}");
+}
+
+/// helm 3 cannot roll back a failed upgrade that renamed an object (helm/helm#13437): revision 1
+/// has ConfigMap `settings`, the upgrade renames it `settings-v2` and fails at the API server, and `recover` with
+/// `recover: rollback` says why and gives both ways out instead of a bare failure.
+#[test]
+fn helm3_rollback_over_a_renamed_object_says_why_and_the_way_out() {
+    let sim = Kubesim::start("c1");
+    let mut p = Project::new();
+    for (k, v) in sim.env() {
+        p.env(&k, &v);
+    }
+    p.file("chart/Chart.yaml", "apiVersion: v2\nname: renamer\nversion: 0.1.0\n");
+    p.file("chart/values.yaml", "cmName: settings\nbroken: false\n");
+    p.file(
+        "chart/templates/cm.yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ .Values.cmName }}\ndata:\n  a: \"1\"\n",
+    );
+    p.file(
+        "chart/templates/hpa.yaml",
+        "{{ if .Values.broken }}\napiVersion: autoscaling/v2\nkind: HorizontalPodAutoscaler\nmetadata:\n  name: web\nspec:\n  scaleTargetRef: {apiVersion: apps/v1, kind: Deployment, name: web}\n  minReplicas: 1\n  maxReplicas: 0\n{{ end }}\n",
+    );
+    let stack = |set: &str| {
+        format!(
+            "name: app\nsteps:\n  - name: app\n    tool: helm\n    release: web\n    chart: ./chart\n    namespace: shop\n    context: c1\n    recover: rollback\n{set}    binary: {}\n",
+            helm_bin(3).display()
+        )
+    };
+    p.stack(&stack(""));
+    p.rdeploy(&["up"]).code(0);
+    p.stack(&stack("    set: { cmName: settings-v2, broken: true }\n"));
+    p.rdeploy(&["up"]).code(1);
+
+    let recover = p.rdeploy(&["recover"]);
+    recover
+        .code(1)
+        .stdout_has(r#"no ConfigMap with the name "settings" found"#)
+        .stdout_has("helm/helm#13437")
+        .stdout_has("kubectl delete configmap settings -n shop")
+        .stdout_has("drop `recover: rollback`");
 }

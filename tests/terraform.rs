@@ -344,6 +344,48 @@ fn recover_stops_when_terraforms_state_lost_what_the_checkpoint_records_done() {
     assert_eq!(runs(&p, "a6"), 1);
 }
 
+/// The fix renames two resources with `moved` blocks: a2 (done) and a5 (the one that failed).
+/// Each address that moved is one sub-change under its new name, and b5 (was a5) stays failed
+/// until an apply of terraform's creates it, never "done" because a5 left the plan.
+#[test]
+fn moved_blocks_rename_sub_changes_and_a_moved_failed_resource_is_done_only_when_applied() {
+    let p = chain_project();
+    p.file("chain/fail-a5", "");
+    p.rdeploy(&["up"]).code(1);
+
+    let config = p.read("chain/main.tf");
+    let config = config
+        .replace(r#""terraform_data" "a2""#, r#""terraform_data" "b2""#)
+        .replace("[terraform_data.a2]", "[terraform_data.b2]")
+        .replace(r#""terraform_data" "a5""#, r#""terraform_data" "b5""#)
+        .replace("[terraform_data.a5]", "[terraform_data.b5]");
+    p.file(
+        "chain/main.tf",
+        &format!(
+            "{config}\nmoved {{\n  from = terraform_data.a2\n  to   = terraform_data.b2\n}}\n\nmoved {{\n  from = terraform_data.a5\n  to   = terraform_data.b5\n}}\n"
+        ),
+    );
+    // The provisioner still fails: the moved b5 must come out failed, not done.
+    p.rdeploy(&["recover"]).code(1).stdout_has("terraform_data.b5");
+    let expected = |b5: &str, a6: &str| {
+        pairs(&[
+            ("terraform_data.a1", "done"),
+            ("terraform_data.b2", "done"),
+            ("terraform_data.a3", "done"),
+            ("terraform_data.a4", "done"),
+            ("terraform_data.b5", b5),
+            ("terraform_data.a6", a6),
+        ])
+    };
+    assert_eq!(sub_statuses(&p.status(), "network"), expected("failed", "pending"));
+
+    p.remove("chain/fail-a5");
+    p.rdeploy(&["recover"]).code(0).stdout_has("deploy complete");
+    for name in ["a1", "a2", "a3", "a4", "a5", "a6"] {
+        assert_eq!(runs(&p, name), 1, "{name} ran exactly once (a move re-creates nothing)");
+    }
+}
+
 /// Ctrl-C or SIGTERM while preflight waits on a slow tool (`terraform version` behind a script
 /// that sleeps first) is an interrupt (130) with nothing run, never "bad input" blaming the tool.
 #[test]
@@ -367,4 +409,24 @@ fn a_signal_during_preflight_is_an_interrupt_not_bad_input() {
         assert!(!p.exists("chain/runs/a1.log"), "nothing ran");
         assert!(!p.exists("out"), "the shell step did not run");
     }
+}
+
+/// terraform's human diagnostics wrap: the failure keeps the first error's whole sentence
+/// ("... no such file or directory"), not the last wrapped fragment, on one line.
+#[test]
+fn an_init_failure_keeps_terraforms_first_error_sentence_whole() {
+    require_tool("terraform", "install terraform v1.11 (https://developer.hashicorp.com/terraform/install)");
+    let p = Project::new();
+    p.file("infra/main.tf", "module \"network\" {\n  source = \"./modules/network\"\n}\n");
+    p.stack("name: infra\nsteps:\n  - name: network\n    tool: terraform\n    dir: infra\n");
+    p.rdeploy(&["up"]).code(1);
+    let status = p.status();
+    let error = step(&status, "network")["error"].as_str().unwrap().to_string();
+    assert!(
+        error.contains(
+            "Unreadable module directory: Unable to evaluate directory symlink: lstat modules: no such file or directory"
+        ),
+        "{error}"
+    );
+    assert!(!error.contains('\n'), "one line: {error:?}");
 }

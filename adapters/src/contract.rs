@@ -285,6 +285,9 @@ pub enum Event {
     Failed { id: String, error: String },
     /// A sub-change the tool will not reach in this run (the play aborted, the apply stopped).
     Pending { id: String, reason: String },
+    /// The tool now calls sub-change `from` by the name `to` (a terraform `moved` block): one
+    /// sub-change, renamed, its status kept. If `to` is already recorded, `from` is dropped.
+    Moved { from: String, to: String },
     /// A fact worth keeping for recovery and reports (never a secret).
     Fact { key: String, value: serde_json::Value },
     /// A line of the tool's human output (already redacted).
@@ -399,12 +402,15 @@ pub enum AdapterError {
     ToolUnusable { command: String, detail: String },
     #[error("could not start `{command}`: {source}")]
     Spawn { command: String, source: std::io::Error },
+    /// An input file the tool would refuse, found before anything ran ([`crate::inputs`]).
+    #[error("{what}")]
+    BadInput { what: String, hint: String },
 }
 
 impl AdapterError {
     pub fn hint(&self) -> Option<&str> {
         match self {
-            AdapterError::ToolMissing { hint, .. } => Some(hint),
+            AdapterError::ToolMissing { hint, .. } | AdapterError::BadInput { hint, .. } => Some(hint),
             _ => None,
         }
     }

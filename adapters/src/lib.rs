@@ -16,6 +16,7 @@ pub mod binary;
 pub mod contract;
 pub mod fold;
 pub mod helm;
+pub mod inputs;
 pub mod kubectl;
 pub mod outputs;
 pub mod preview;

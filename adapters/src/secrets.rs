@@ -453,6 +453,7 @@ pub fn redact_event(event: Event, secrets: &[String]) -> Event {
         Event::Done { id, note } => Event::Done { id, note: note.map(r) },
         Event::Failed { id, error } => Event::Failed { id, error: r(error) },
         Event::Pending { id, reason } => Event::Pending { id, reason: r(reason) },
+        Event::Moved { from, to } => Event::Moved { from, to },
         Event::Fact { key, value } => Event::Fact { key, value: redact_value(value, secrets) },
         Event::Output { stream, line } => Event::Output { stream, line: r(line) },
         Event::Warning { message } => Event::Warning { message: r(message) },

@@ -129,23 +129,38 @@ impl Recorder {
     /// What the checkpoint would hold after these events, folded as the driver does: the last
     /// word on each sub-change, in the order they first appeared, and the latest facts.
     pub fn prior(&self) -> PriorStep {
+        type Fields = (SubStatus, Option<String>, Option<String>);
         let mut order: Vec<String> = Vec::new();
-        let mut state: BTreeMap<String, (SubStatus, Option<String>, Option<String>)> = BTreeMap::new();
+        let mut state: BTreeMap<String, Fields> = BTreeMap::new();
         let mut facts = BTreeMap::new();
-        let mut fold = |id: &str, event: SubChangeEvent<'_>| {
+        fn fold(order: &mut Vec<String>, state: &mut BTreeMap<String, Fields>, id: &str, event: SubChangeEvent<'_>) {
             if !order.iter().any(|o| o == id) {
                 order.push(id.to_string());
             }
             let (status, error, note) = state.entry(id.to_string()).or_insert((SubStatus::Pending, None, None));
             fold_sub_change(SubChangeFields { status, error, note }, event);
-        };
+        }
+        let (o, st) = (&mut order, &mut state);
         for event in self.events() {
             match &event {
-                Event::Planned { ids } => ids.iter().for_each(|id| fold(id, SubChangeEvent::Planned)),
-                Event::Started { id } => fold(id, SubChangeEvent::Started),
-                Event::Done { id, note } => fold(id, SubChangeEvent::Done { note: note.as_deref() }),
-                Event::Failed { id, error } => fold(id, SubChangeEvent::Failed { error }),
-                Event::Pending { id, reason } => fold(id, SubChangeEvent::Pending { reason }),
+                Event::Planned { ids } => ids.iter().for_each(|id| fold(o, st, id, SubChangeEvent::Planned)),
+                Event::Started { id } => fold(o, st, id, SubChangeEvent::Started),
+                Event::Done { id, note } => fold(o, st, id, SubChangeEvent::Done { note: note.as_deref() }),
+                Event::Failed { id, error } => fold(o, st, id, SubChangeEvent::Failed { error }),
+                Event::Pending { id, reason } => fold(o, st, id, SubChangeEvent::Pending { reason }),
+                Event::Moved { from, to } => {
+                    if let Some(old) = st.remove(from) {
+                        let at = o.iter().position(|id| id == from);
+                        if st.contains_key(to) {
+                            o.retain(|id| id != from);
+                        } else {
+                            st.insert(to.clone(), old);
+                            if let Some(at) = at {
+                                o[at] = to.clone();
+                            }
+                        }
+                    }
+                }
                 Event::Fact { key, value } => {
                     facts.insert(key.clone(), value.clone());
                 }

@@ -233,6 +233,12 @@ pub fn coercible(mut node: Node) -> Node {
 
 /// A YAML node as JSON with its YAML type: a plain scalar is null, a boolean, an integer or a
 /// float when it reads as one (YAML 1.2's core schema), a quoted scalar is always a string.
+///
+/// Core-schema integers include `0x1F` (31) and `0o17` (15); the tools get them as JSON numbers
+/// (`--set-json 'k=31'`: helm's flag takes JSON, where `0x1F` is no number). `017` is decimal 17
+/// as YAML 1.2 says, though helm's own values files (YAML 1.1) read it as octal 15; YAML 1.1's
+/// `1_000`, `0b101` and `on`/`yes` stay strings. `.inf` and `.nan` are core floats JSON cannot
+/// carry: they stay strings.
 pub fn typed_json(node: &Node) -> serde_json::Value {
     use serde_json::Value;
     match node {
@@ -258,6 +264,7 @@ pub fn typed_json(node: &Node) -> serde_json::Value {
                 "" | "~" | "null" | "Null" | "NULL" => Value::Null,
                 "true" | "True" | "TRUE" => Value::Bool(true),
                 "false" | "False" | "FALSE" => Value::Bool(false),
+                _ if radix_int(text).is_some() => radix_int(text).map_or(Value::Null, Value::from),
                 _ if digits(unsigned) => text
                     .trim_start_matches('+')
                     .parse::<i64>()
@@ -277,9 +284,37 @@ pub fn typed_json(node: &Node) -> serde_json::Value {
     }
 }
 
+/// YAML 1.2 core `0x` (hexadecimal) and `0o` (octal) integers, unsigned as the schema has them.
+fn radix_int(text: &str) -> Option<u64> {
+    let (digits, radix) =
+        if let Some(hex) = text.strip_prefix("0x") { (hex, 16) } else { (text.strip_prefix("0o")?, 8) };
+    if digits.is_empty() || !digits.chars().all(|c| c.is_digit(radix)) {
+        return None;
+    }
+    u64::from_str_radix(digits, radix).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn plain_scalars_take_their_yaml_1_2_core_types() {
+        let node = parse_located(
+            "{hex: 0x1F, oct: 0o17, leading_zero: 017, dec: -3, float: 0.5, exp: 1e3, quoted: \"0x1F\", \
+             bad_hex: 0xZZ, upper: 0X1F, signed_hex: -0x1F, underscore: 1_000, bin: 0b101, yes11: yes, \
+             inf: .inf, nan: .nan, null: ~, bool: False}",
+        )
+        .unwrap();
+        let json = typed_json(&node);
+        let expected = serde_json::json!({
+            "hex": 31, "oct": 15, "leading_zero": 17, "dec": -3, "float": 0.5, "exp": 1000.0,
+            "quoted": "0x1F", "bad_hex": "0xZZ", "upper": "0X1F", "signed_hex": "-0x1F",
+            "underscore": "1_000", "bin": "0b101", "yes11": "yes", "inf": ".inf", "nan": ".nan",
+            "null": null, "bool": false,
+        });
+        assert_eq!(json, expected);
+    }
 
     #[test]
     fn a_duplicate_key_names_both_lines() {

@@ -52,6 +52,10 @@ pub struct TaskResult {
     /// What `--diff` showed for the task (check mode previews read it).
     #[serde(default)]
     pub diff: Vec<TaskDiff>,
+    /// After this result the host had nothing left in the play (no task, no notified
+    /// handler), as ansible's own play iterator says; `None` when the plugin could not tell.
+    #[serde(default)]
+    pub finished: Option<bool>,
 }
 
 /// One item of a task's `--diff` output: the texts before and after, or a diff the module
@@ -190,6 +194,9 @@ struct HostState {
     reported: Option<HostOutcome>,
     /// A failure inside a block with `rescue`: reported only if the recap still counts it.
     deferred_failure: Option<String>,
+    /// The host's last result of the current play left it nothing to run: a play aborted by
+    /// another host's failure (max_fail_percentage, any_errors_fatal) did not cut it short.
+    finished_play: bool,
 }
 
 /// Follows one ansible-playbook run: feed it records as they arrive, then `finish`.
@@ -230,7 +237,8 @@ impl HostTracker {
             Record::Result(result) => self.observe_result(result, events),
             Record::Stats(stats) => self.stats = Some(stats),
             Record::NoHostsRemaining { .. } => self.no_hosts_remaining = true,
-            Record::PlaybookStart { .. } | Record::PlayStart { .. } => {}
+            Record::PlayStart { .. } => self.hosts.values_mut().for_each(|h| h.finished_play = false),
+            Record::PlaybookStart { .. } => {}
         }
     }
 
@@ -264,6 +272,7 @@ impl HostTracker {
         if state.reported.is_some() {
             return;
         }
+        state.finished_play = result.finished == Some(true);
         match result.status {
             ResultStatus::Failed if result.rescuable => {
                 state.deferred_failure.get_or_insert_with(|| failed_message(&result.task, &result.msg));
@@ -311,6 +320,8 @@ impl HostTracker {
                 outcomes.push((host, outcome));
                 continue;
             }
+            // Marked failed by another host's failure after it had run everything: done.
+            let finished_anyway = state.finished_play && abort.is_none_or(|a| a.last_play);
             let outcome = match stats.as_ref() {
                 None => HostOutcome::Pending(match exit_code {
                     Some(code) => format!("ansible-playbook stopped (exit {code}) before the play recap; the host may have run part of the play"),
@@ -321,6 +332,7 @@ impl HostTracker {
                     Some(s) if s.failures > 0 => HostOutcome::Failed(
                         state.deferred_failure.clone().unwrap_or_else(|| format!("the play recap counts {} failed task(s)", s.failures)),
                     ),
+                    Some(_) if finished_anyway => HostOutcome::Done,
                     Some(_) if failed_marked.contains(host.as_str()) => {
                         HostOutcome::Pending("the play aborted (any_errors_fatal or max_fail_percentage) before the host finished".into())
                     }
@@ -551,6 +563,30 @@ mod tests {
         let (_, _, outcomes) = replay("serial-one-fails", &WEB, 2);
         assert!(matches!(outcome(&outcomes, "web3"), HostOutcome::Failed(_)));
         for host in ["web1", "web2", "web4", "web5"] {
+            assert_eq!(outcome(&outcomes, host), &HostOutcome::Done, "{host}");
+        }
+    }
+
+    #[test]
+    fn max_fail_percentage_keeps_hosts_of_the_failing_batch_that_finished_everything_done() {
+        // web3 fails its last task (health check); web4, in the same batch, had passed it, and
+        // its restart handler ran: ansible marks it failed to stop the play, but it is done.
+        let (_, _, outcomes) = replay("rolling-web3-unhealthy", &WEB, 2);
+        assert!(matches!(outcome(&outcomes, "web3"), HostOutcome::Failed(e) if e.contains("health check")));
+        for host in ["web1", "web2", "web4"] {
+            assert_eq!(outcome(&outcomes, host), &HostOutcome::Done, "{host}");
+        }
+        assert!(matches!(outcome(&outcomes, "web5"), HostOutcome::Pending(r) if r.starts_with("never ran")));
+    }
+
+    #[test]
+    fn max_fail_percentage_leaves_a_host_cut_short_before_its_handler_pending() {
+        // web3 fails before the restart: web4's restart handler was notified and never ran.
+        let (_, _, outcomes) = replay("rolling-web3-fails", &WEB, 2);
+        assert!(matches!(outcome(&outcomes, "web3"), HostOutcome::Failed(_)));
+        assert!(matches!(outcome(&outcomes, "web4"), HostOutcome::Pending(_)), "{:?}", outcome(&outcomes, "web4"));
+        assert!(matches!(outcome(&outcomes, "web5"), HostOutcome::Pending(_)));
+        for host in ["web1", "web2"] {
             assert_eq!(outcome(&outcomes, host), &HostOutcome::Done, "{host}");
         }
     }

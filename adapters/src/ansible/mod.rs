@@ -495,13 +495,27 @@ impl Adapter for AnsibleSpec {
             })
             .await?;
         let version = first.as_deref().and_then(parse_version);
-        match version {
-            Some(version) if outcome.success() => Ok(ToolInfo { binary, version }),
-            _ => Err(AdapterError::ToolUnusable {
-                command: cmd.display(),
-                detail: outcome.last_error_line().unwrap_or_else(|| outcome.describe_status()),
-            }),
+        let info = match version {
+            Some(version) if outcome.success() => ToolInfo { binary, version },
+            _ => {
+                return Err(AdapterError::ToolUnusable {
+                    command: cmd.display(),
+                    detail: outcome.last_error_line().unwrap_or_else(|| outcome.describe_status()),
+                })
+            }
+        };
+        // A playbook that does not parse is bad input, known before anything runs. Cost: one
+        // more ansible-playbook start (about a second); secret extra vars show as `***` here.
+        let check = self.command(ctx, &info.binary).args(self.base_args(None)).arg("--syntax-check");
+        let outcome = check.run(&ctx.cancel, Some(Duration::from_secs(120)), &mut |_, _| {}).await?;
+        if !outcome.success() && !outcome.interrupted {
+            return Err(crate::inputs::playbook_syntax(
+                &self.playbook,
+                &display_command(&[self.runbook_words(None), vec!["--syntax-check".into()]].concat()),
+                ansible_error_line(&outcome),
+            ));
         }
+        Ok(info)
     }
 
     async fn apply(&self, ctx: &StepContext, sink: &dyn EventSink) -> Result<(), Failure> {

@@ -102,6 +102,31 @@ def _executor_frame():
     return None
 
 
+# Tasks whose result is followed by tasks ansible inserts only afterwards (the included file).
+_INCLUDES = {"include_tasks", "include_role", "ansible.builtin.include_tasks", "ansible.builtin.include_role"}
+
+
+def _finished(result):
+    """Whether the host has nothing left to run in this play once this result is in: no task,
+    no notified handler (the implicit flush_handlers is skipped only when none is notified).
+    The strategy's PlayIterator is a local of the frame that sends the result; peeking works on
+    a copy of the host's state. None when the iterator cannot be found (another strategy)."""
+    task = result.task
+    if getattr(task, "action", None) in _INCLUDES:
+        return False
+    frame = sys._getframe(1)
+    while frame is not None:
+        iterator = frame.f_locals.get("iterator")
+        if iterator is not None and type(iterator).__name__ == "PlayIterator":
+            try:
+                _, upcoming = iterator.get_next_task_for_host(result.host, peek=True)
+            except Exception:  # an internal API of ansible: never break the run over it
+                return None
+            return upcoming is None
+        frame = frame.f_back
+    return None
+
+
 class CallbackModule(CallbackBase):
     CALLBACK_VERSION = 2.0
     CALLBACK_TYPE = "aggregate"
@@ -150,11 +175,11 @@ class CallbackModule(CallbackBase):
         self._write({"event": "no_hosts_remaining", "play": self._play})
 
     def v2_runner_on_ok(self, result):
-        self._result("changed" if result.result.get("changed") else "ok", result)
+        self._result("changed" if result.result.get("changed") else "ok", result, finished=_finished(result))
 
     def v2_runner_on_failed(self, result, ignore_errors=False):
         if ignore_errors:
-            self._result("ignored", result)
+            self._result("ignored", result, finished=_finished(result))
         else:
             self._result("failed", result, rescuable=_rescuable(result.task))
 
@@ -162,7 +187,7 @@ class CallbackModule(CallbackBase):
         self._result("unreachable", result)
 
     def v2_runner_on_skipped(self, result):
-        self._result("skipped", result)
+        self._result("skipped", result, finished=_finished(result))
 
     def v2_playbook_on_stats(self, stats):
         record = {

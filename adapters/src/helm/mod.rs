@@ -630,7 +630,10 @@ impl<'a> Release<'a> {
     async fn rollback(&self, sink: &dyn EventSink, before: &Live, to: u64) -> Result<Live, Failure> {
         let words = self.spec.rollback_words(self.major, to, Some(self.ctx));
         let what = format!("`helm rollback {} {to}`", self.spec.release);
-        self.run_revision(sink, before, words, &what, Some(to)).await
+        let namespace = self.spec.namespace.clone().unwrap_or_else(|| "default".into());
+        self.run_revision(sink, before, words, &what, Some(to))
+            .await
+            .map_err(|f| renamed_object_rollback(f, &namespace))
     }
 
     /// Runs a helm command that writes one revision, then reads history and status again and
@@ -698,7 +701,11 @@ impl<'a> Release<'a> {
                 .with_hint("`rdeploy recover` reads helm's state and resumes"));
         }
         let reason = if ours.description.is_empty() { ours.status.to_string() } else { ours.description.clone() };
-        let mut error = format!("revision {} {}: {reason}", ours.revision, ours.status);
+        let mut error = match helm_panic(&stderr) {
+            // The revision's status is only what the panic left behind; the cause is the panic.
+            Some(panic) => format!("helm panicked: {panic} (revision {} left {})", ours.revision, ours.status),
+            None => format!("revision {} {}: {reason}", ours.revision, ours.status),
+        };
         if newest.revision != ours.revision {
             // --atomic / --rollback-on-failure rolled it back at once.
             error.push_str(&format!(" (then revision {}: {})", newest.revision, newest.description));
@@ -755,6 +762,9 @@ impl Adapter for HelmSpec {
 
     async fn preflight(&self, ctx: &StepContext) -> Result<ToolInfo, AdapterError> {
         let release = Release::open(self, ctx).await?;
+        if !self.chart.contains("://") {
+            crate::inputs::chart_dependencies(&ctx.resolve(Path::new(&self.chart)))?;
+        }
         Ok(ToolInfo { binary: release.binary, version: release.version })
     }
 
@@ -980,13 +990,64 @@ fn now_secs() -> i64 {
 /// A failure naming helm's own `Error: …` line.
 fn helm_failure(command: &str, outcome: &Outcome, stderr: &[String]) -> Failure {
     let mut failure = Failure::from_process(command, outcome);
-    if let Some(line) = stderr.iter().rev().find(|l| l.starts_with("Error:")) {
+    if let Some(message) = helm_error_message(stderr) {
         if !outcome.interrupted && !outcome.timed_out {
-            failure.summary =
-                format!("`{command}` {}: {}", outcome.describe_status(), line.trim_start_matches("Error:").trim());
+            failure.summary = format!("`{command}` {}: {message}", outcome.describe_status());
         }
     }
     failure
+}
+
+/// helm 3 cannot roll back a failed upgrade that renamed or removed an object while the old one
+/// is still live ("no ConfigMap with the name "x" found", helm/helm#13437): say why, and the two
+/// ways out, instead of a bare failure.
+fn renamed_object_rollback(mut failure: Failure, namespace: &str) -> Failure {
+    static RE: std::sync::OnceLock<regex::Regex> = std::sync::OnceLock::new();
+    let re = RE.get_or_init(|| regex::Regex::new(r#"no (\w+) with the name "([^"]+)" found"#).expect("regex"));
+    let text =
+        std::iter::once(&failure.summary).chain(failure.stderr_tail.iter()).cloned().collect::<Vec<_>>().join("\n");
+    let Some(caps) = re.captures(&text) else { return failure };
+    let (kind, name) = (caps[1].to_string(), caps[2].to_string());
+    failure.summary = format!(
+        "{}; helm 3 cannot roll back over an object the failed upgrade renamed or removed while the old {kind} `{name}` is still live (helm/helm#13437)",
+        failure.summary
+    );
+    failure.hint = Some(format!(
+        "upgrade forward instead: fix the cause, drop `recover: rollback` from the step and `rdeploy recover` (it upgrades); or delete the leftover object (`kubectl delete {} {name} -n {namespace}`) and `rdeploy recover` rolls back",
+        kind.to_lowercase()
+    ));
+    failure
+}
+
+/// A Go panic's own message (`panic: ...`, before the goroutine frames), when helm panicked.
+fn helm_panic(stderr: &[String]) -> Option<String> {
+    let at = stderr.iter().position(|l| l.starts_with("panic: "))?;
+    let mut message = stderr[at].trim_start_matches("panic: ").trim().to_string();
+    // `[signal SIGSEGV: segmentation violation ...]` says what the runtime caught.
+    if let Some(signal) = stderr.get(at + 1).filter(|l| l.starts_with("[signal ")) {
+        message = format!("{message} {}", signal.trim());
+    }
+    Some(message)
+}
+
+/// helm's first error, complete: a panic's message, or the last `Error:` line; a line that ends
+/// in `:` (a schema error's header) takes the lines after it up to the first `- ` item, so the
+/// summary names the chart and the value at fault.
+fn helm_error_message(stderr: &[String]) -> Option<String> {
+    if let Some(panic) = helm_panic(stderr) {
+        return Some(format!("helm panicked: {panic}"));
+    }
+    let at = stderr.iter().rposition(|l| l.starts_with("Error:"))?;
+    let mut message = stderr[at].trim_start_matches("Error:").trim().to_string();
+    if message.ends_with(':') {
+        for line in stderr[at + 1..].iter().map(|l| l.trim()).take_while(|l| !l.is_empty()) {
+            message = format!("{message} {line}");
+            if line.starts_with("- ") {
+                break;
+            }
+        }
+    }
+    Some(message)
 }
 
 /// Where one helm call reads the stack's secret `set` values from (0600, deleted after).
@@ -997,6 +1058,33 @@ fn secret_values_path(ctx: &StepContext) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn lines(text: &str) -> Vec<String> {
+        text.lines().map(str::to_string).collect()
+    }
+
+    #[test]
+    fn a_panic_is_summarised_by_its_message_not_its_frames() {
+        let stderr = lines(
+            "panic: runtime error: invalid memory address or nil pointer dereference\n[signal SIGSEGV: segmentation violation code=0x1 addr=0x0 pc=0x1d4c5a1]\n\ngoroutine 1 [running]:\nhelm.sh/helm/v3/pkg/action.(*Upgrade).performUpgrade(...)\n\t/home/runner/work/helm/pkg/action/upgrade.go:353 +0x121\n",
+        );
+        assert_eq!(
+            helm_error_message(&stderr).as_deref(),
+            Some("helm panicked: runtime error: invalid memory address or nil pointer dereference [signal SIGSEGV: segmentation violation code=0x1 addr=0x0 pc=0x1d4c5a1]")
+        );
+    }
+
+    #[test]
+    fn a_schema_error_keeps_its_first_complete_message() {
+        let stderr = lines(
+            "Error: INSTALLATION FAILED: values don't meet the specifications of the schema(s) in the following chart(s):\ntoggles:\n- at '/replicaCount': got string, want integer\n- at '/port': got string, want integer\n",
+        );
+        assert_eq!(
+            helm_error_message(&stderr).as_deref(),
+            Some("INSTALLATION FAILED: values don't meet the specifications of the schema(s) in the following chart(s): toggles: - at '/replicaCount': got string, want integer")
+        );
+        assert_eq!(helm_error_message(&lines("Error: UPGRADE FAILED: boom")).as_deref(), Some("UPGRADE FAILED: boom"));
+    }
     use crate::{CancellationToken, RunFate, StartedBy};
 
     fn spec() -> HelmSpec {

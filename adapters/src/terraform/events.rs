@@ -51,6 +51,9 @@ pub struct PlannedChange {
     pub action: String,
     /// Why, when terraform says: `tainted`, `requested`, `cannot_update`, ...
     pub reason: Option<String>,
+    /// The address the instance had before a `moved` block renamed it (`previous_resource`):
+    /// terraform carries its state over, whatever else the plan does to it.
+    pub previous: Option<String>,
 }
 
 impl PlannedChange {
@@ -70,9 +73,14 @@ impl PlannedChange {
 
     /// "replace terraform_data.a5 (tainted)", for reports.
     pub fn describe(&self) -> String {
-        match &self.reason {
-            Some(reason) => format!("{} {} ({})", self.action, self.addr, reason.replace('_', " ")),
-            None => format!("{} {}", self.action, self.addr),
+        let mut why: Vec<String> = self.reason.iter().map(|r| r.replace('_', " ")).collect();
+        if let Some(previous) = &self.previous {
+            why.push(format!("moved from {previous}"));
+        }
+        match (self.action.as_str(), why.is_empty()) {
+            ("move", _) => format!("move {} to {}", self.previous.as_deref().unwrap_or("?"), self.addr),
+            (_, true) => format!("{} {}", self.action, self.addr),
+            (_, false) => format!("{} {} ({})", self.action, self.addr, why.join(", ")),
         }
     }
 }
@@ -150,6 +158,46 @@ impl Diagnostic {
     }
 }
 
+/// Terraform's first error in its human output (`init`, `workspace`, anything run without
+/// `-json`), whole: `Error: SUMMARY`, then the first sentence of the detail, its wrapped lines
+/// joined. The source excerpt (`on main.tf line 1:` and the quoted lines) is skipped. Works with
+/// and without `-no-color` (the `│ ` frame).
+pub fn first_human_error<S: AsRef<str>>(lines: &[S]) -> Option<String> {
+    let text: Vec<&str> = lines.iter().map(|l| l.as_ref().trim_start_matches(['│', '╷', '╵']).trim_end()).collect();
+    let start = text.iter().position(|l| l.trim_start().starts_with("Error: "))?;
+    let summary = text[start].trim_start().trim_start_matches("Error: ").trim().to_string();
+    let mut detail: Vec<&str> = Vec::new();
+    let mut in_excerpt = false;
+    for line in &text[start + 1..] {
+        let trimmed = line.trim();
+        if trimmed.starts_with("Error: ") || trimmed.starts_with("Warning: ") {
+            break;
+        }
+        if trimmed.is_empty() {
+            in_excerpt = false;
+            if !detail.is_empty() {
+                break;
+            }
+            continue;
+        }
+        // The excerpt: `  on main.tf line 3, in resource ...:` then indented source lines.
+        if trimmed.starts_with("on ") && trimmed.contains(" line ") && trimmed.ends_with(':') {
+            in_excerpt = true;
+            continue;
+        }
+        if in_excerpt {
+            continue;
+        }
+        detail.push(trimmed);
+    }
+    let detail = detail.join(" ");
+    let sentence = match detail.find(". ") {
+        Some(end) => &detail[..=end],
+        None => detail.as_str(),
+    };
+    Some(if sentence.is_empty() { summary } else { truncate(&format!("{summary}: {sentence}"), 400) })
+}
+
 fn truncate(text: &str, max: usize) -> String {
     if text.len() <= max {
         return text.to_string();
@@ -182,6 +230,7 @@ struct RawResource {
 #[derive(Deserialize)]
 struct RawChange {
     resource: RawResource,
+    previous_resource: Option<RawResource>,
     action: String,
     reason: Option<String>,
 }
@@ -205,9 +254,12 @@ pub fn parse_line(line: &str) -> Option<UiLine> {
     let body = match raw.kind.as_str() {
         "version" => UiMessage::Version { terraform: raw.terraform.unwrap_or_default() },
         "planned_change" => match raw.change {
-            Some(c) => {
-                UiMessage::PlannedChange(PlannedChange { addr: c.resource.addr, action: c.action, reason: c.reason })
-            }
+            Some(c) => UiMessage::PlannedChange(PlannedChange {
+                previous: c.previous_resource.map(|r| r.addr).filter(|p| *p != c.resource.addr),
+                addr: c.resource.addr,
+                action: c.action,
+                reason: c.reason,
+            }),
             None => UiMessage::Other { kind: raw.kind },
         },
         "change_summary" => match raw.changes {
@@ -515,6 +567,50 @@ mod tests {
         }));
         assert_eq!(tracker.failed().len(), 2);
         assert!(tracker.failed().iter().all(|(_, d)| d.is_some()));
+    }
+
+    #[test]
+    fn the_first_human_error_is_kept_whole_with_its_wrapped_sentence() {
+        let stderr = captured("init-module-missing.stderr");
+        let lines: Vec<&str> = stderr.lines().collect();
+        assert_eq!(
+            first_human_error(&lines).as_deref(),
+            Some("Unreadable module directory: Unable to evaluate directory symlink: lstat modules: no such file or directory")
+        );
+        // The framed form, with a source excerpt and a detail of two sentences.
+        let framed = [
+            "╷",
+            "│ Error: Unsupported argument",
+            "│",
+            "│   on main.tf line 3, in resource \"terraform_data\" \"a\":",
+            "│    3:   nope = 1",
+            "│",
+            "│ An argument named \"nope\" is not expected here. Did you mean",
+            "│ \"input\"?",
+            "╵",
+        ];
+        assert_eq!(
+            first_human_error(&framed).as_deref(),
+            Some("Unsupported argument: An argument named \"nope\" is not expected here.")
+        );
+        assert_eq!(first_human_error(&["nothing to see"]), None);
+    }
+
+    #[test]
+    fn a_moved_address_carries_its_previous_one() {
+        let plan = plan_of("chain-moved-plan.jsonl");
+        let moved: Vec<(&str, &str, Option<&str>)> =
+            plan.changes.iter().map(|c| (c.addr.as_str(), c.action.as_str(), c.previous.as_deref())).collect();
+        assert_eq!(
+            moved,
+            [
+                ("terraform_data.b2", "move", Some("terraform_data.a2")),
+                ("terraform_data.b5", "replace", Some("terraform_data.a5")),
+                ("terraform_data.a6", "create", None),
+            ]
+        );
+        assert_eq!(plan.changes[0].describe(), "move terraform_data.a2 to terraform_data.b2");
+        assert_eq!(plan.changes[1].describe(), "replace terraform_data.b5 (tainted, moved from terraform_data.a5)");
     }
 
     #[test]

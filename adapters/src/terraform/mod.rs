@@ -108,6 +108,15 @@ impl TerraformSpec {
                 sink.emit(Event::Fact { key: key.into(), value: serde_json::Value::Null });
             }
         }
+        // A `moved` block renamed what the checkpoint recorded: one sub-change under its new
+        // address, its status kept; only the apply (terraform's own word) can make it done.
+        let moves = moves_of_recorded(&plan, prior);
+        for (from, to) in &moves {
+            sink.emit(Event::Moved { from: from.clone(), to: to.clone() });
+        }
+        let settled: std::collections::HashSet<String> =
+            settled.into_iter().map(|id| moves.get(&id).cloned().unwrap_or(id)).collect();
+        let prior = &renamed(prior, &moves);
         let missing = missing_from_state(&plan, prior);
         if !missing.is_empty() {
             if !ctx.reapply_missing {
@@ -158,6 +167,7 @@ impl TerraformSpec {
             inspection.actions.push(format!("`{} plan`: {}", self.tool_word(), plan.describe()));
             inspection.actions.extend(plan.changes.iter().map(PlannedChange::describe));
         }
+        let prior = &renamed(prior, &moves_of_recorded(&plan, prior));
         let missing = missing_from_state(&plan, prior);
         if !missing.is_empty() && !ctx.reapply_missing {
             let failure = contradiction(&run.dir, self.workspace.as_deref(), &self.tool_word(), &missing);
@@ -428,6 +438,34 @@ fn applied_in_stream(file: &Path) -> Vec<String> {
             _ => None,
         })
         .collect()
+}
+
+/// The recorded sub-changes a `moved` block renamed, old address to new, as the plan says.
+fn moves_of_recorded(plan: &PlanReport, prior: &PriorStep) -> BTreeMap<String, String> {
+    plan.changes
+        .iter()
+        .filter_map(|c| Some((c.previous.clone()?, c.addr.clone())))
+        .filter(|(from, _)| prior.sub_changes.iter().any(|s| &s.id == from))
+        .collect()
+}
+
+/// The checkpoint's view after the renames, as the journal folds them: a moved sub-change takes
+/// its new address and keeps its status; onto an address already recorded, the old one goes.
+fn renamed(prior: &PriorStep, moves: &BTreeMap<String, String>) -> PriorStep {
+    let mut out = prior.clone();
+    if moves.is_empty() {
+        return out;
+    }
+    let recorded: std::collections::HashSet<String> = prior.sub_changes.iter().map(|s| s.id.clone()).collect();
+    out.sub_changes.retain_mut(|s| match moves.get(&s.id) {
+        Some(to) if recorded.contains(to) => false,
+        Some(to) => {
+            s.id = to.clone();
+            true
+        }
+        None => true,
+    });
+    out
 }
 
 fn prior_lock(prior: &PriorStep) -> Option<LockInfo> {
@@ -701,10 +739,16 @@ impl<'a> Run<'a> {
         if outcome.success() {
             Ok(())
         } else {
+            let command = self.display(args);
+            let mut failure = Failure::from_process(&command, &outcome);
+            // terraform wraps its diagnostics: the last line is a fragment of the last one.
+            let stderr: Vec<&String> = outcome.stderr_tail.iter().collect();
+            if let (Some(error), false, false) =
+                (events::first_human_error(&stderr), outcome.interrupted, outcome.timed_out)
             {
-                let command = self.display(args);
-                Err(Failure::from_process(&command, &outcome))
+                failure.summary = format!("`{command}` {}: {error}", outcome.describe_status());
             }
+            Err(failure)
         }
     }
 
@@ -947,6 +991,15 @@ impl<'a> Run<'a> {
             let addr = &change.addr;
             match tracker.progress_of(addr) {
                 Progress::Done | Progress::Failed | Progress::Errored { .. } => {}
+                // A pure move has no hook: terraform moved it in state before the walk failed.
+                Progress::NotStarted
+                    if change.action == "move" && state.as_ref().is_ok_and(|s| s.contains_key(addr)) =>
+                {
+                    sink.emit(Event::Done {
+                        id: addr.clone(),
+                        note: Some(format!("`{}`: in state under its new address", change.describe())),
+                    })
+                }
                 Progress::NotStarted => sink.emit(Event::Pending {
                     id: addr.clone(),
                     reason: "terraform stopped before it started this resource".into(),
@@ -1220,7 +1273,7 @@ mod tests {
         for (addr, action) in
             [("terraform_data.a1", "create"), ("terraform_data.a2", "update"), ("terraform_data.a3", "create")]
         {
-            plan.changes.push(PlannedChange { addr: addr.into(), action: action.into(), reason: None });
+            plan.changes.push(PlannedChange { addr: addr.into(), action: action.into(), reason: None, previous: None });
         }
         let done = |id: &str| PriorSubChange { id: id.into(), status: SubStatus::Done, error: None };
         let prior = PriorStep {
@@ -1258,6 +1311,7 @@ mod tests {
             addr: "terraform_data.a2".into(),
             action: "replace".into(),
             reason: Some("tainted".into()),
+            previous: None,
         });
         let prior = PriorStep {
             sub_changes: vec![PriorSubChange { id: "terraform_data.a2".into(), status: SubStatus::Done, error: None }],
