@@ -67,6 +67,32 @@ pub struct ObjectChange {
     pub diff: Option<String>,
 }
 
+/// Replaces every value of a Secret's `data` and `stringData` (base64 or plain, in no registry
+/// when the chart generates it) with a mask, as `kubectl diff` does: a value the same on both
+/// sides shows as `***`, one that differs as `*** (before)` against `*** (after)`, so the diff
+/// tells which keys change and never what they hold.
+fn mask_secret_data(mut live: Option<&mut Value>, wanted: &mut Value) {
+    for field in ["data", "stringData"] {
+        let mut live_map = live.as_mut().and_then(|l| l.get_mut(field)).and_then(Value::as_object_mut);
+        let mut wanted_map = wanted.get_mut(field).and_then(Value::as_object_mut);
+        let mut keys: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
+        keys.extend(live_map.iter().flat_map(|m| m.keys().cloned()));
+        keys.extend(wanted_map.iter().flat_map(|m| m.keys().cloned()));
+        for key in keys {
+            let before = live_map.as_ref().and_then(|m| m.get(&key));
+            let after = wanted_map.as_ref().and_then(|m| m.get(&key));
+            let same = before.is_some() && before == after;
+            let (before_mask, after_mask) = if same { ("***", "***") } else { ("*** (before)", "*** (after)") };
+            if let Some(v) = live_map.as_mut().and_then(|m| m.get_mut(&key)) {
+                *v = Value::String(before_mask.into());
+            }
+            if let Some(v) = wanted_map.as_mut().and_then(|m| m.get_mut(&key)) {
+                *v = Value::String(after_mask.into());
+            }
+        }
+    }
+}
+
 /// Compares the release's objects: `current` (the current revision's manifest), `wanted` (the
 /// dry-run's manifest) and `live` (read from the cluster, by id; absent when not there).
 pub fn compare(current: &[KubeObject], wanted: &[KubeObject], live: &HashMap<String, Value>) -> Vec<ObjectChange> {
@@ -74,7 +100,12 @@ pub fn compare(current: &[KubeObject], wanted: &[KubeObject], live: &HashMap<Str
     let mut changes = Vec::new();
     for object in wanted {
         let id = object.id();
-        let wanted_text = crate::yaml::to_text(&object.body);
+        let is_secret = object.kind == "Secret";
+        let mut wanted_body = object.body.clone();
+        if is_secret {
+            mask_secret_data(None, &mut wanted_body);
+        }
+        let wanted_text = crate::yaml::to_text(&wanted_body);
         let change = match (live.get(&id), current_by_id.get(&id)) {
             (None, before) => ObjectChange {
                 reason: Some(if before.is_some() { "in the release, missing in the cluster" } else { "new" }.into()),
@@ -87,7 +118,15 @@ pub fn compare(current: &[KubeObject], wanted: &[KubeObject], live: &HashMap<Str
                     Some(before) => union_shape(&object.body, &before.body),
                     None => object.body.clone(),
                 };
-                let live_text = crate::yaml::to_text(&project(live_body, &shape));
+                let mut live_projected = project(live_body, &shape);
+                let wanted_text = if is_secret {
+                    let mut wanted_body = object.body.clone();
+                    mask_secret_data(Some(&mut live_projected), &mut wanted_body);
+                    crate::yaml::to_text(&wanted_body)
+                } else {
+                    wanted_text
+                };
+                let live_text = crate::yaml::to_text(&live_projected);
                 match unified_diff(&live_text, &wanted_text, &format!("live/{id}"), &format!("wanted/{id}")) {
                     None => ObjectChange { id, action: PlanAction::Unchanged, reason: None, diff: None },
                     Some(diff) => ObjectChange {
@@ -379,5 +418,35 @@ mod tests {
         let diff = got[1].diff.as_deref().unwrap();
         assert!(diff.contains("-  a: '2'\n") && diff.contains("+  a: '1'\n"), "an edit in the cluster shows: {diff}");
         assert!(diff.contains("-  old: x\n"), "a field the chart stops setting shows as removed: {diff}");
+    }
+
+    #[test]
+    fn a_secrets_values_never_show_only_which_keys_change() {
+        // `cGxhaW4x` is base64 of a value in no registry (a chart-generated secret).
+        let current = objects(
+            "apiVersion: v1\nkind: Secret\nmetadata: {name: s}\ndata: {same: c2FtZQ==, rotated: b2xkdmFs}\n",
+        );
+        let wanted = objects(
+            "apiVersion: v1\nkind: Secret\nmetadata: {name: s}\ndata: {same: c2FtZQ==, rotated: bmV3dmFs, added: cGxhaW4x}\n---\n\
+             apiVersion: v1\nkind: Secret\nmetadata: {name: fresh}\nstringData: {token: plain-token}\n",
+        );
+        let mut live = HashMap::new();
+        live.insert(
+            "Secret/shop/s".to_string(),
+            json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s", "namespace": "shop"},
+                   "data": {"same": "c2FtZQ==", "rotated": "b2xkdmFs"}}),
+        );
+        let got = compare(&current, &wanted, &live);
+        let diffs: String = got.iter().filter_map(|c| c.diff.clone()).collect();
+        for clear in ["c2FtZQ==", "b2xkdmFs", "bmV3dmFs", "cGxhaW4x", "plain-token"] {
+            assert!(!diffs.contains(clear), "{clear} shows in the diff: {diffs}");
+        }
+        assert_eq!(got[0].action, PlanAction::Update, "{got:?}");
+        let diff = got[0].diff.as_deref().unwrap();
+        assert!(diff.contains("-  rotated: '*** (before)'\n") && diff.contains("+  rotated: '*** (after)'\n"), "{diff}");
+        assert!(diff.contains("+  added: '*** (after)'\n"), "{diff}");
+        assert!(diff.contains("   same: '***'\n"), "an unchanged key shows masked, unchanged: {diff}");
+        assert_eq!(got[1].action, PlanAction::Create);
+        assert!(got[1].diff.as_deref().unwrap().contains("token: '*** (after)'"), "{got:?}");
     }
 }
