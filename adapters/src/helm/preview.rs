@@ -160,7 +160,7 @@ impl HelmSpec {
     fn dry_run_words(&self, ctx: &StepContext) -> Vec<String> {
         let spec = HelmSpec { wait: None, atomic: None, force: None, ..self.clone() };
         let ctx = StepContext { timeout: None, ..ctx.clone() };
-        let mut words = spec.upgrade_words(4, Some(&ctx));
+        let mut words = spec.upgrade_words_with(4, Some(&ctx), super::PREVIEW_SECRET_VALUES_FILE);
         words.extend(["--dry-run=server".to_string(), "-o".into(), "json".into()]);
         words
     }
@@ -214,7 +214,7 @@ impl HelmSpec {
             revision.map_or_else(|| "absent".to_string(), |r| r.to_string()),
         );
 
-        let _secret_values = release.secret_values_file()?;
+        let _secret_values = release.secret_values_file(super::PREVIEW_SECRET_VALUES_FILE)?;
         let dry_cmd = release.command().args(self.dry_run_words(ctx));
         let Captured { outcome, stdout, stderr } =
             capture(&dry_cmd, ctx, Some(ctx.timeout.unwrap_or(QUICK)), None, StdoutLog::UnlessJson)
