@@ -93,6 +93,45 @@ fn mask_secret_data(mut live: Option<&mut Value>, wanted: &mut Value) {
     }
 }
 
+/// Replaces the values under the stack's marked keys and under secret-named keys (see
+/// [`secrets::is_secret_entry`]) in the current (`before`) and wanted (`after`) release values,
+/// as [`mask_secret_data`] does for a Secret: `***` where both sides hold the same value,
+/// `*** (before)` against `*** (after)` where they differ. `path` is the dotted key of the maps.
+fn mask_secret_values(
+    mut before: Option<&mut Value>,
+    mut after: Option<&mut Value>,
+    path: &str,
+    marked: &std::collections::BTreeMap<String, secrets::Marked>,
+) {
+    let mut keys: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
+    keys.extend(before.as_ref().and_then(|v| v.as_object()).into_iter().flat_map(|m| m.keys().cloned()));
+    keys.extend(after.as_ref().and_then(|v| v.as_object()).into_iter().flat_map(|m| m.keys().cloned()));
+    for key in keys {
+        let dotted = if path.is_empty() { key.clone() } else { format!("{path}.{key}") };
+        let b = before.as_mut().and_then(|v| v.as_object_mut()).and_then(|m| m.get_mut(&key));
+        let a = after.as_mut().and_then(|v| v.as_object_mut()).and_then(|m| m.get_mut(&key));
+        // A map under a secret-sounding key is looked into (`secrets: {enabled: true}`), its
+        // strings masked as any under such a key; a marked key is masked whole.
+        let secret = marked.contains_key(&dotted)
+            || [b.as_deref(), a.as_deref()]
+                .into_iter()
+                .flatten()
+                .any(|v| !v.is_object() && secrets::is_secret_entry(&dotted, v, marked));
+        if secret {
+            let same = b.is_some() && b.as_deref() == a.as_deref();
+            let (before_mask, after_mask) = if same { ("***", "***") } else { ("*** (before)", "*** (after)") };
+            if let Some(b) = b {
+                *b = Value::String(before_mask.into());
+            }
+            if let Some(a) = a {
+                *a = Value::String(after_mask.into());
+            }
+        } else {
+            mask_secret_values(b, a, &dotted, marked);
+        }
+    }
+}
+
 /// Compares the release's objects: `current` (the current revision's manifest), `wanted` (the
 /// dry-run's manifest) and `live` (read from the cluster, by id; absent when not there).
 pub fn compare(current: &[KubeObject], wanted: &[KubeObject], live: &HashMap<String, Value>) -> Vec<ObjectChange> {
@@ -270,7 +309,10 @@ impl HelmSpec {
         }
         // The values helm records for the new revision against the current one's.
         let values = |r: Option<&Value>| r.and_then(|r| r.get("config")).cloned().filter(|v| !v.is_null());
-        let (before, after) = (values(current.as_ref()), values(Some(&rendered)));
+        let (mut before, mut after) = (values(current.as_ref()), values(Some(&rendered)));
+        // Masked by key, not by value: the current revision may hold a value rotated since
+        // (in no registry any more), and a chart default under a secret name is in none.
+        mask_secret_values(before.as_mut(), after.as_mut(), "", &self.marked);
         let empty = Value::Object(Map::new());
         let before_text = crate::yaml::to_text(before.as_ref().unwrap_or(&empty));
         let after_text = crate::yaml::to_text(after.as_ref().unwrap_or(&empty));
@@ -421,11 +463,34 @@ mod tests {
     }
 
     #[test]
+    fn secret_values_are_masked_by_key_in_the_values_diff() {
+        let mut marked = std::collections::BTreeMap::new();
+        marked.insert("app.apiToken".to_string(), secrets::Marked::inline(json!("new-token")));
+        marked.insert("plainly".to_string(), secrets::Marked::inline(json!("x")));
+        let mut before = json!({"app": {"apiToken": "old-token", "replicas": 2,
+                                        "db": {"password": "same-pw"}}, "plainly": "old-plain", "color": "red"});
+        let mut after = json!({"app": {"apiToken": "new-token", "replicas": 3,
+                                       "db": {"password": "same-pw"}}, "plainly": "new-plain", "color": "blue",
+                               "auth": {"enabled": true}, "secrets": {"enabled": true, "name": "generated"}});
+        mask_secret_values(Some(&mut before), Some(&mut after), "", &marked);
+        assert_eq!(
+            before,
+            json!({"app": {"apiToken": "*** (before)", "replicas": 2, "db": {"password": "***"}},
+                   "plainly": "*** (before)", "color": "red"})
+        );
+        assert_eq!(
+            after,
+            json!({"app": {"apiToken": "*** (after)", "replicas": 3, "db": {"password": "***"}},
+                   "plainly": "*** (after)", "color": "blue", "auth": {"enabled": true},
+                   "secrets": {"enabled": true, "name": "*** (after)"}})
+        );
+    }
+
+    #[test]
     fn a_secrets_values_never_show_only_which_keys_change() {
         // `cGxhaW4x` is base64 of a value in no registry (a chart-generated secret).
-        let current = objects(
-            "apiVersion: v1\nkind: Secret\nmetadata: {name: s}\ndata: {same: c2FtZQ==, rotated: b2xkdmFs}\n",
-        );
+        let current =
+            objects("apiVersion: v1\nkind: Secret\nmetadata: {name: s}\ndata: {same: c2FtZQ==, rotated: b2xkdmFs}\n");
         let wanted = objects(
             "apiVersion: v1\nkind: Secret\nmetadata: {name: s}\ndata: {same: c2FtZQ==, rotated: bmV3dmFs, added: cGxhaW4x}\n---\n\
              apiVersion: v1\nkind: Secret\nmetadata: {name: fresh}\nstringData: {token: plain-token}\n",
@@ -443,7 +508,10 @@ mod tests {
         }
         assert_eq!(got[0].action, PlanAction::Update, "{got:?}");
         let diff = got[0].diff.as_deref().unwrap();
-        assert!(diff.contains("-  rotated: '*** (before)'\n") && diff.contains("+  rotated: '*** (after)'\n"), "{diff}");
+        assert!(
+            diff.contains("-  rotated: '*** (before)'\n") && diff.contains("+  rotated: '*** (after)'\n"),
+            "{diff}"
+        );
         assert!(diff.contains("+  added: '*** (after)'\n"), "{diff}");
         assert!(diff.contains("   same: '***'\n"), "an unchanged key shows masked, unchanged: {diff}");
         assert_eq!(got[1].action, PlanAction::Create);
