@@ -339,3 +339,104 @@ fn ci_plan_only_writes_the_plan_to_the_step_summary_and_junit_and_deploys_nothin
     assert!(!p.exists("seed.log"), "--plan-only deploys nothing");
     assert!(!p.exists(".rdeploy/journal.jsonl"), "and records no deploy");
 }
+
+/// base64 as a Secret's `data` holds it (coreutils' `base64`).
+fn b64(text: &str) -> String {
+    use std::io::Write;
+    let mut child = std::process::Command::new("base64")
+        .arg("-w0")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("run base64");
+    child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// A chart with a Secret (a marked value rotated since the last deploy, and a value the chart
+/// makes itself, in no registry): plan shows which keys change, never a value, old or new,
+/// plain or base64, in its text, `--json` or `--markdown`.
+#[test]
+fn plan_masks_a_secrets_data_and_a_rotated_marked_value() {
+    let sim = Kubesim::start("s1");
+    let mut p = Project::new();
+    for (k, v) in sim.env() {
+        p.env(&k, &v);
+    }
+    p.file("chart/Chart.yaml", "apiVersion: v2\nname: secretive\nversion: 0.1.0\n");
+    p.file(
+        "chart/templates/secret.yaml",
+        r#"apiVersion: v1
+kind: Secret
+metadata:
+  name: {{ .Release.Name }}-creds
+type: Opaque
+data:
+  login: {{ .Values.app.login | b64enc | quote }}
+  generated: {{ printf "chart-made-%s" .Values.tier | b64enc | quote }}
+  fixed: {{ "unchanging-9z" | b64enc | quote }}
+"#,
+    );
+    p.stack(&format!(
+        r#"
+name: demo
+steps:
+  - name: app
+    tool: helm
+    release: web
+    chart: chart
+    namespace: shop
+    context: s1
+    set: {{ app.login: {{ from_env: APP_LOGIN }}, tier: {{ from_env: TIER }} }}
+    timeout: 60s
+    binary: {}
+"#,
+        helm_bin(4).display()
+    ));
+    p.env("APP_LOGIN", "OLDLOGIN-rot-1").env("TIER", "gold");
+    p.rdeploy(&["up"]).code(0);
+    // Rotated: the old value is in no registry of the next run.
+    p.env("APP_LOGIN", "NEWLOGIN-rot-2").env("TIER", "silver");
+    let clear = [
+        "OLDLOGIN-rot-1",
+        "NEWLOGIN-rot-2",
+        "chart-made-gold",
+        "chart-made-silver",
+        "unchanging-9z",
+        &b64("OLDLOGIN-rot-1"),
+        &b64("NEWLOGIN-rot-2"),
+        &b64("chart-made-gold"),
+        &b64("chart-made-silver"),
+        &b64("unchanging-9z"),
+    ]
+    .map(|s| s.to_string());
+    let json = p.rdeploy(&["plan", "--json"]);
+    json.code(0);
+    let text = p.rdeploy(&["plan"]);
+    text.code(0);
+    let markdown = p.rdeploy(&["plan", "--markdown"]);
+    markdown.code(0);
+    for (form, out) in [("--json", &json), ("text", &text), ("--markdown", &markdown)] {
+        for value in &clear {
+            assert!(
+                !out.stdout.contains(value.as_str()) && !out.stderr.contains(value.as_str()),
+                "plan {form} shows {value}:\n{}\n{}",
+                out.stdout,
+                out.stderr
+            );
+        }
+    }
+    let plan: Value = serde_json::from_str(&json.stdout).unwrap();
+    let app = step(&plan, "app");
+    let secret = app["items"].as_array().unwrap().iter().find(|i| i["id"] == "Secret/shop/web-creds").unwrap();
+    assert_eq!(secret["action"], "update", "{app:#}");
+    let diff = secret["diff"].as_str().unwrap();
+    assert!(diff.contains("-  login: '*** (before)'") && diff.contains("+  login: '*** (after)'"), "{diff}");
+    assert!(diff.contains("+  generated: '*** (after)'"), "{diff}");
+    assert!(diff.contains("   fixed: '***'"), "an unchanged key shows masked: {diff}");
+    let values = app["items"].as_array().unwrap().iter().find(|i| i["id"] == "web values").unwrap();
+    let diff = values["diff"].as_str().unwrap();
+    assert!(diff.contains("-  login: '*** (before)'") && diff.contains("+  login: '*** (after)'"), "{diff}");
+}

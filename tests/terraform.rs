@@ -430,3 +430,44 @@ fn an_init_failure_keeps_terraforms_first_error_sentence_whole() {
     );
     assert!(!error.contains('\n'), "one line: {error:?}");
 }
+
+fn terraform_ok(p: &Project, args: &[&str]) {
+    let out = std::process::Command::new("terraform").args(args).current_dir(p.path("chain")).output().unwrap();
+    assert!(out.status.success(), "terraform {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// `rdeploy plan` is read-only towards terraform: it plans while another terraform holds the
+/// state lock (`-lock=false`, a preview never writes state), and it plans another workspace
+/// without selecting it (`TF_WORKSPACE`): the module directory's workspace stays as it was.
+#[test]
+fn plan_runs_beside_a_held_state_lock_and_leaves_the_selected_workspace() {
+    let p = chain_project();
+    p.file("chain/slow-a1", "");
+    let mut holder = std::process::Command::new("terraform")
+        .args(["apply", "-input=false", "-auto-approve", "-no-color"])
+        .current_dir(p.path("chain"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    p.wait_for("chain/runs/a1.started", Duration::from_secs(60));
+    assert!(p.exists("chain/.terraform.tfstate.lock.info"), "the holder has the lock");
+    let plan = p.rdeploy(&["plan", "--json"]);
+    p.remove("chain/slow-a1");
+    assert!(holder.wait().unwrap().success());
+    plan.code(0);
+    let doc: serde_json::Value = serde_json::from_str(&plan.stdout).unwrap();
+    assert_eq!(step(&doc, "network")["items"].as_array().unwrap().len(), 6, "{doc:#}");
+
+    // A second workspace, the default one selected again: plan the other one.
+    terraform_ok(&p, &["workspace", "new", "staging"]);
+    terraform_ok(&p, &["workspace", "select", "default"]);
+    p.stack(&STACK.replace("    vars: { rev: \"1\" }\n", "    vars: { rev: \"1\" }\n    workspace: staging\n"));
+    let plan = p.rdeploy(&["plan", "--json"]);
+    plan.code(0);
+    let doc: serde_json::Value = serde_json::from_str(&plan.stdout).unwrap();
+    let items = step(&doc, "network")["items"].as_array().unwrap().clone();
+    assert_eq!(items.len(), 6, "{doc:#}");
+    assert!(items.iter().all(|i| i["action"] == "create"), "staging's state is empty: {doc:#}");
+    assert_eq!(p.read("chain/.terraform/environment").trim(), "default", "plan selected no workspace");
+}

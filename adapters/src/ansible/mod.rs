@@ -33,6 +33,9 @@ pub const EVENTS_ENV: &str = "RDEPLOY_ANSIBLE_EVENTS";
 const DEFAULT_BINARY: &str = "ansible-playbook";
 /// The secret extra vars of one run, in the step's work dir (0600, deleted after the run).
 const SECRET_VARS_FILE: &str = "secret-vars.json";
+/// The same for `rdeploy plan`'s `--check` run: its own name, so that a plan run during `up`
+/// never overwrites or deletes the file up's ansible-playbook is reading.
+const PREVIEW_SECRET_VARS_FILE: &str = "preview-secret-vars.json";
 const INSTALL_HINT: &str =
     "install ansible-core (`python3 -m pip install ansible-core`), or point the step's `binary:` at `ansible-playbook`";
 /// How often the callback file is read while ansible runs.
@@ -123,13 +126,13 @@ impl AnsibleSpec {
     }
 
     /// Writes the secret extra vars for one `ansible-playbook` run (0600, deleted when dropped).
-    fn secret_vars_file(&self, ctx: &StepContext) -> Result<Option<secrets::SecretFile>, Failure> {
+    fn secret_vars_file(&self, ctx: &StepContext, name: &str) -> Result<Option<secrets::SecretFile>, Failure> {
         let entries = secrets::secret_entries(&self.extra_vars, &self.marked);
         if entries.is_empty() {
             return Ok(None);
         }
         let value = serde_json::Value::Object(entries.into_iter().collect());
-        secrets::SecretFile::write(&ctx.work_dir, SECRET_VARS_FILE, &value).map(Some).map_err(|e| {
+        secrets::SecretFile::write(&ctx.work_dir, name, &value).map(Some).map_err(|e| {
             Failure::new(format!("cannot write the secret extra vars file in {}: {e}", ctx.work_dir.display()))
                 .with_hint("check that the state directory is writable, then `rdeploy recover`")
         })
@@ -148,7 +151,7 @@ impl AnsibleSpec {
 
     /// The hosts the playbook targets under `limit`, from `ansible-playbook --list-hosts`.
     async fn list_hosts(&self, ctx: &StepContext, binary: &Path, limit: Option<&str>) -> Result<Vec<String>, Failure> {
-        let secret_file = self.secret_vars_file(ctx)?;
+        let secret_file = self.secret_vars_file(ctx, SECRET_VARS_FILE)?;
         let mut cmd = self
             .command(ctx, binary)
             .args(self.base_args(secret_file.as_ref().map(secrets::SecretFile::path)))
@@ -312,7 +315,7 @@ impl AnsibleSpec {
             value: events_path.to_string_lossy().into_owned().into(),
         });
 
-        let secret_file = self.secret_vars_file(ctx)?;
+        let secret_file = self.secret_vars_file(ctx, SECRET_VARS_FILE)?;
         let mut cmd =
             self.command(ctx, binary).args(self.base_args(secret_file.as_ref().map(secrets::SecretFile::path)));
         if let Some(limit) = limit {

@@ -122,7 +122,7 @@ impl AnsibleSpec {
             ("ANSIBLE_CALLBACKS_ENABLED", super::PLUGIN_NAME.to_string()),
             ("ANSIBLE_STDOUT_CALLBACK", "ansible.builtin.default".to_string()),
         ];
-        let secret_file = self.secret_vars_file(ctx)?;
+        let secret_file = self.secret_vars_file(ctx, super::PREVIEW_SECRET_VARS_FILE)?;
         let mut cmd =
             self.command(ctx, &binary).args(self.base_args(secret_file.as_ref().map(secrets::SecretFile::path)));
         if let Some(limit) = &self.limit {

@@ -163,6 +163,11 @@ impl HelmSpec {
 
     /// `upgrade --install R CHART ...` with the flags of helm `major`.
     fn upgrade_words(&self, major: u32, ctx: Option<&StepContext>) -> Vec<String> {
+        self.upgrade_words_with(major, ctx, SECRET_VALUES_FILE)
+    }
+
+    /// [`HelmSpec::upgrade_words`], the secret values read from `secret_file` in the work directory.
+    fn upgrade_words_with(&self, major: u32, ctx: Option<&StepContext>, secret_file: &str) -> Vec<String> {
         let mut words = vec!["upgrade".to_string(), "--install".into(), self.release.clone(), self.chart.clone()];
         words.extend(self.cluster_args(ctx));
         if self.namespace.is_some() {
@@ -190,7 +195,7 @@ impl HelmSpec {
         if let Some(ctx) = ctx.filter(|_| !secret.is_empty()) {
             // Secret values reach helm in a 0600 file (see `secret_values_file`), never on the
             // command line.
-            words.extend(["-f".to_string(), secret_values_path(ctx).to_string_lossy().into_owned()]);
+            words.extend(["-f".to_string(), secret_values_path(ctx, secret_file).to_string_lossy().into_owned()]);
         }
         // The stack declares the whole config: never reuse values from an earlier revision.
         words.push("--reset-values".into());
@@ -355,15 +360,14 @@ impl<'a> Release<'a> {
     }
 
     /// Writes the stack's secret `set` values for one helm call (deleted when dropped).
-    fn secret_values_file(&self) -> Result<Option<secrets::SecretFile>, Failure> {
+    fn secret_values_file(&self, name: &str) -> Result<Option<secrets::SecretFile>, Failure> {
         let entries = secrets::secret_entries(&self.spec.set, &self.spec.marked);
         if entries.is_empty() {
             return Ok(None);
         }
-        let path = secret_values_path(self.ctx);
+        let path = secret_values_path(self.ctx, name);
         let dir = path.parent().unwrap_or(Path::new("."));
-        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        secrets::SecretFile::write(dir, &name, &secrets::nest_dotted(&entries)).map(Some).map_err(|e| {
+        secrets::SecretFile::write(dir, name, &secrets::nest_dotted(&entries)).map(Some).map_err(|e| {
             Failure::new(format!("cannot write the secret values file {}: {e}", path.display()))
                 .with_hint("check that the state directory is writable, then `rdeploy recover`")
         })
@@ -623,7 +627,7 @@ impl<'a> Release<'a> {
     async fn upgrade(&self, sink: &dyn EventSink, before: &Live) -> Result<(), Failure> {
         let words = self.spec.upgrade_words(self.major, Some(self.ctx));
         let what = format!("`helm upgrade --install {}`", self.spec.release);
-        let _secret_values = self.secret_values_file()?;
+        let _secret_values = self.secret_values_file(SECRET_VALUES_FILE)?;
         self.run_revision(sink, before, words, &what, None).await.map(|_| ())
     }
 
@@ -1050,9 +1054,15 @@ fn helm_error_message(stderr: &[String]) -> Option<String> {
     Some(message)
 }
 
+/// The file `up`'s helm calls read the stack's secret `set` values from (0600, deleted after).
+const SECRET_VALUES_FILE: &str = "secret-values.json";
+/// The same for `rdeploy plan`'s dry-run: its own name, so that a plan run during `up` never
+/// overwrites or deletes the file up's helm is reading.
+const PREVIEW_SECRET_VALUES_FILE: &str = "preview-secret-values.json";
+
 /// Where one helm call reads the stack's secret `set` values from (0600, deleted after).
-fn secret_values_path(ctx: &StepContext) -> PathBuf {
-    ctx.work_dir.join("secret-values.json")
+fn secret_values_path(ctx: &StepContext, name: &str) -> PathBuf {
+    ctx.work_dir.join(name)
 }
 
 #[cfg(test)]

@@ -67,6 +67,71 @@ pub struct ObjectChange {
     pub diff: Option<String>,
 }
 
+/// Replaces every value of a Secret's `data` and `stringData` (base64 or plain, in no registry
+/// when the chart generates it) with a mask, as `kubectl diff` does: a value the same on both
+/// sides shows as `***`, one that differs as `*** (before)` against `*** (after)`, so the diff
+/// tells which keys change and never what they hold.
+fn mask_secret_data(mut live: Option<&mut Value>, wanted: &mut Value) {
+    for field in ["data", "stringData"] {
+        let mut live_map = live.as_mut().and_then(|l| l.get_mut(field)).and_then(Value::as_object_mut);
+        let mut wanted_map = wanted.get_mut(field).and_then(Value::as_object_mut);
+        let mut keys: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
+        keys.extend(live_map.iter().flat_map(|m| m.keys().cloned()));
+        keys.extend(wanted_map.iter().flat_map(|m| m.keys().cloned()));
+        for key in keys {
+            let before = live_map.as_ref().and_then(|m| m.get(&key));
+            let after = wanted_map.as_ref().and_then(|m| m.get(&key));
+            let same = before.is_some() && before == after;
+            let (before_mask, after_mask) = if same { ("***", "***") } else { ("*** (before)", "*** (after)") };
+            if let Some(v) = live_map.as_mut().and_then(|m| m.get_mut(&key)) {
+                *v = Value::String(before_mask.into());
+            }
+            if let Some(v) = wanted_map.as_mut().and_then(|m| m.get_mut(&key)) {
+                *v = Value::String(after_mask.into());
+            }
+        }
+    }
+}
+
+/// Replaces the values under the stack's marked keys and under secret-named keys (see
+/// [`secrets::is_secret_entry`]) in the current (`before`) and wanted (`after`) release values,
+/// as [`mask_secret_data`] does for a Secret: `***` where both sides hold the same value,
+/// `*** (before)` against `*** (after)` where they differ. `path` is the dotted key of the maps.
+fn mask_secret_values(
+    mut before: Option<&mut Value>,
+    mut after: Option<&mut Value>,
+    path: &str,
+    marked: &std::collections::BTreeMap<String, secrets::Marked>,
+) {
+    let mut keys: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
+    keys.extend(before.as_ref().and_then(|v| v.as_object()).into_iter().flat_map(|m| m.keys().cloned()));
+    keys.extend(after.as_ref().and_then(|v| v.as_object()).into_iter().flat_map(|m| m.keys().cloned()));
+    for key in keys {
+        let dotted = if path.is_empty() { key.clone() } else { format!("{path}.{key}") };
+        let b = before.as_mut().and_then(|v| v.as_object_mut()).and_then(|m| m.get_mut(&key));
+        let a = after.as_mut().and_then(|v| v.as_object_mut()).and_then(|m| m.get_mut(&key));
+        // A map under a secret-sounding key is looked into (`secrets: {enabled: true}`), its
+        // strings masked as any under such a key; a marked key is masked whole.
+        let secret = marked.contains_key(&dotted)
+            || [b.as_deref(), a.as_deref()]
+                .into_iter()
+                .flatten()
+                .any(|v| !v.is_object() && secrets::is_secret_entry(&dotted, v, marked));
+        if secret {
+            let same = b.is_some() && b.as_deref() == a.as_deref();
+            let (before_mask, after_mask) = if same { ("***", "***") } else { ("*** (before)", "*** (after)") };
+            if let Some(b) = b {
+                *b = Value::String(before_mask.into());
+            }
+            if let Some(a) = a {
+                *a = Value::String(after_mask.into());
+            }
+        } else {
+            mask_secret_values(b, a, &dotted, marked);
+        }
+    }
+}
+
 /// Compares the release's objects: `current` (the current revision's manifest), `wanted` (the
 /// dry-run's manifest) and `live` (read from the cluster, by id; absent when not there).
 pub fn compare(current: &[KubeObject], wanted: &[KubeObject], live: &HashMap<String, Value>) -> Vec<ObjectChange> {
@@ -74,7 +139,12 @@ pub fn compare(current: &[KubeObject], wanted: &[KubeObject], live: &HashMap<Str
     let mut changes = Vec::new();
     for object in wanted {
         let id = object.id();
-        let wanted_text = crate::yaml::to_text(&object.body);
+        let is_secret = object.kind == "Secret";
+        let mut wanted_body = object.body.clone();
+        if is_secret {
+            mask_secret_data(None, &mut wanted_body);
+        }
+        let wanted_text = crate::yaml::to_text(&wanted_body);
         let change = match (live.get(&id), current_by_id.get(&id)) {
             (None, before) => ObjectChange {
                 reason: Some(if before.is_some() { "in the release, missing in the cluster" } else { "new" }.into()),
@@ -87,7 +157,15 @@ pub fn compare(current: &[KubeObject], wanted: &[KubeObject], live: &HashMap<Str
                     Some(before) => union_shape(&object.body, &before.body),
                     None => object.body.clone(),
                 };
-                let live_text = crate::yaml::to_text(&project(live_body, &shape));
+                let mut live_projected = project(live_body, &shape);
+                let wanted_text = if is_secret {
+                    let mut wanted_body = object.body.clone();
+                    mask_secret_data(Some(&mut live_projected), &mut wanted_body);
+                    crate::yaml::to_text(&wanted_body)
+                } else {
+                    wanted_text
+                };
+                let live_text = crate::yaml::to_text(&live_projected);
                 match unified_diff(&live_text, &wanted_text, &format!("live/{id}"), &format!("wanted/{id}")) {
                     None => ObjectChange { id, action: PlanAction::Unchanged, reason: None, diff: None },
                     Some(diff) => ObjectChange {
@@ -121,7 +199,7 @@ impl HelmSpec {
     fn dry_run_words(&self, ctx: &StepContext) -> Vec<String> {
         let spec = HelmSpec { wait: None, atomic: None, force: None, ..self.clone() };
         let ctx = StepContext { timeout: None, ..ctx.clone() };
-        let mut words = spec.upgrade_words(4, Some(&ctx));
+        let mut words = spec.upgrade_words_with(4, Some(&ctx), super::PREVIEW_SECRET_VALUES_FILE);
         words.extend(["--dry-run=server".to_string(), "-o".into(), "json".into()]);
         words
     }
@@ -175,7 +253,7 @@ impl HelmSpec {
             revision.map_or_else(|| "absent".to_string(), |r| r.to_string()),
         );
 
-        let _secret_values = release.secret_values_file()?;
+        let _secret_values = release.secret_values_file(super::PREVIEW_SECRET_VALUES_FILE)?;
         let dry_cmd = release.command().args(self.dry_run_words(ctx));
         let Captured { outcome, stdout, stderr } =
             capture(&dry_cmd, ctx, Some(ctx.timeout.unwrap_or(QUICK)), None, StdoutLog::UnlessJson)
@@ -231,7 +309,10 @@ impl HelmSpec {
         }
         // The values helm records for the new revision against the current one's.
         let values = |r: Option<&Value>| r.and_then(|r| r.get("config")).cloned().filter(|v| !v.is_null());
-        let (before, after) = (values(current.as_ref()), values(Some(&rendered)));
+        let (mut before, mut after) = (values(current.as_ref()), values(Some(&rendered)));
+        // Masked by key, not by value: the current revision may hold a value rotated since
+        // (in no registry any more), and a chart default under a secret name is in none.
+        mask_secret_values(before.as_mut(), after.as_mut(), "", &self.marked);
         let empty = Value::Object(Map::new());
         let before_text = crate::yaml::to_text(before.as_ref().unwrap_or(&empty));
         let after_text = crate::yaml::to_text(after.as_ref().unwrap_or(&empty));
@@ -379,5 +460,61 @@ mod tests {
         let diff = got[1].diff.as_deref().unwrap();
         assert!(diff.contains("-  a: '2'\n") && diff.contains("+  a: '1'\n"), "an edit in the cluster shows: {diff}");
         assert!(diff.contains("-  old: x\n"), "a field the chart stops setting shows as removed: {diff}");
+    }
+
+    #[test]
+    fn secret_values_are_masked_by_key_in_the_values_diff() {
+        let mut marked = std::collections::BTreeMap::new();
+        marked.insert("app.apiToken".to_string(), secrets::Marked::inline(json!("new-token")));
+        marked.insert("plainly".to_string(), secrets::Marked::inline(json!("x")));
+        let mut before = json!({"app": {"apiToken": "old-token", "replicas": 2,
+                                        "db": {"password": "same-pw"}}, "plainly": "old-plain", "color": "red"});
+        let mut after = json!({"app": {"apiToken": "new-token", "replicas": 3,
+                                       "db": {"password": "same-pw"}}, "plainly": "new-plain", "color": "blue",
+                               "auth": {"enabled": true}, "secrets": {"enabled": true, "name": "generated"}});
+        mask_secret_values(Some(&mut before), Some(&mut after), "", &marked);
+        assert_eq!(
+            before,
+            json!({"app": {"apiToken": "*** (before)", "replicas": 2, "db": {"password": "***"}},
+                   "plainly": "*** (before)", "color": "red"})
+        );
+        assert_eq!(
+            after,
+            json!({"app": {"apiToken": "*** (after)", "replicas": 3, "db": {"password": "***"}},
+                   "plainly": "*** (after)", "color": "blue", "auth": {"enabled": true},
+                   "secrets": {"enabled": true, "name": "*** (after)"}})
+        );
+    }
+
+    #[test]
+    fn a_secrets_values_never_show_only_which_keys_change() {
+        // `cGxhaW4x` is base64 of a value in no registry (a chart-generated secret).
+        let current =
+            objects("apiVersion: v1\nkind: Secret\nmetadata: {name: s}\ndata: {same: c2FtZQ==, rotated: b2xkdmFs}\n");
+        let wanted = objects(
+            "apiVersion: v1\nkind: Secret\nmetadata: {name: s}\ndata: {same: c2FtZQ==, rotated: bmV3dmFs, added: cGxhaW4x}\n---\n\
+             apiVersion: v1\nkind: Secret\nmetadata: {name: fresh}\nstringData: {token: plain-token}\n",
+        );
+        let mut live = HashMap::new();
+        live.insert(
+            "Secret/shop/s".to_string(),
+            json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s", "namespace": "shop"},
+                   "data": {"same": "c2FtZQ==", "rotated": "b2xkdmFs"}}),
+        );
+        let got = compare(&current, &wanted, &live);
+        let diffs: String = got.iter().filter_map(|c| c.diff.clone()).collect();
+        for clear in ["c2FtZQ==", "b2xkdmFs", "bmV3dmFs", "cGxhaW4x", "plain-token"] {
+            assert!(!diffs.contains(clear), "{clear} shows in the diff: {diffs}");
+        }
+        assert_eq!(got[0].action, PlanAction::Update, "{got:?}");
+        let diff = got[0].diff.as_deref().unwrap();
+        assert!(
+            diff.contains("-  rotated: '*** (before)'\n") && diff.contains("+  rotated: '*** (after)'\n"),
+            "{diff}"
+        );
+        assert!(diff.contains("+  added: '*** (after)'\n"), "{diff}");
+        assert!(diff.contains("   same: '***'\n"), "an unchanged key shows masked, unchanged: {diff}");
+        assert_eq!(got[1].action, PlanAction::Create);
+        assert!(got[1].diff.as_deref().unwrap().contains("token: '*** (after)'"), "{got:?}");
     }
 }

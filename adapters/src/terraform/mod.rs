@@ -314,6 +314,7 @@ impl Adapter for TerraformSpec {
         self.resolve_binary(ctx)?;
         let sink = Collect::default();
         let mut run = Run::new(self, ctx, &sink)?;
+        run.preview = true;
         let plan_file = ctx.work_dir.join(PREVIEW_PLAN_FILE);
         let plan = run.plan(&plan_file, Workspace::Existing).await;
         let _ = std::fs::remove_file(&plan_file);
@@ -620,6 +621,11 @@ struct Run<'a> {
     sensitive: BTreeSet<String>,
     secrets: Vec<String>,
     deadline: Option<Instant>,
+    /// A preview (`rdeploy plan`): read-only towards the module directory and the state. The
+    /// workspace comes from `TF_WORKSPACE` (a `workspace select` would persist in
+    /// `.terraform/environment`) and the plan runs with `-lock=false` (it never writes state,
+    /// so it must not wait on, or block, a running `up`).
+    preview: bool,
 }
 
 impl<'a> Run<'a> {
@@ -638,7 +644,17 @@ impl<'a> Run<'a> {
         sensitive.extend(spec.marked.keys().cloned());
         let secrets = secrets::normalize(sensitive_values(spec, ctx, &sensitive, std::env::vars()));
         ctx.secrets.add_strings(secrets.iter().cloned());
-        Ok(Run { spec, ctx, sink, binary, dir, sensitive, secrets, deadline: ctx.timeout.map(|t| Instant::now() + t) })
+        Ok(Run {
+            spec,
+            ctx,
+            sink,
+            binary,
+            dir,
+            sensitive,
+            secrets,
+            deadline: ctx.timeout.map(|t| Instant::now() + t),
+            preview: false,
+        })
     }
 
     /// The command line as an operator would type it, secrets redacted.
@@ -669,11 +685,16 @@ impl<'a> Run<'a> {
     }
 
     fn command(&self, args: &[String]) -> Command {
+        let workspace_env = match (&self.spec.workspace, self.preview) {
+            (Some(workspace), true) => vec![("TF_WORKSPACE".to_string(), workspace.clone())],
+            _ => Vec::new(),
+        };
         Command::new(&self.binary)
             .args(args)
             .cwd(&self.dir)
             .envs(self.ctx.env.iter().map(|(k, v)| (k.clone(), v.clone())))
             .envs(self.sensitive_env())
+            .envs(workspace_env)
             .env("TF_IN_AUTOMATION", "1")
             .env("TF_INPUT", "0")
             .redact(self.secrets.iter().cloned())
@@ -826,7 +847,7 @@ impl<'a> Run<'a> {
         if self.dir.join(".terraform.lock.hcl").exists() && !self.dir.join(".terraform").exists() {
             self.init().await?;
         }
-        if let Some(wanted) = &self.spec.workspace {
+        if let Some(wanted) = self.spec.workspace.as_ref().filter(|_| !self.preview) {
             let current = std::fs::read_to_string(self.dir.join(".terraform/environment"))
                 .map(|s| s.trim().to_string())
                 .unwrap_or_else(|_| "default".into());
@@ -845,7 +866,9 @@ impl<'a> Run<'a> {
     fn plan_args(&self, plan_file: &Path) -> Vec<String> {
         let mut args =
             vec!["plan".into(), "-input=false".into(), format!("-out={}", plan_file.display()), "-json".into()];
-        if let Some(timeout) = &self.spec.lock_timeout {
+        if self.preview {
+            args.push("-lock=false".into());
+        } else if let Some(timeout) = &self.spec.lock_timeout {
             args.push(format!("-lock-timeout={timeout}"));
         }
         for (name, value) in self.spec.vars.iter().filter(|(name, _)| !self.sensitive.contains(*name)) {
