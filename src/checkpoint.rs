@@ -673,7 +673,9 @@ impl Record {
             Record::SubDone { step, id, note } => Record::SubDone { step, id, note: note.map(r) },
             Record::SubFailed { step, id, error } => Record::SubFailed { step, id, error: r(error) },
             Record::SubPending { step, id, reason } => Record::SubPending { step, id, reason: r(reason) },
-            Record::Fact { step, key, value } => Record::Fact { step, key, value: secrets.redact_json(value) },
+            // Facts are machine values recovery reads back (terraform's lock id for `force-unlock`):
+            // a short secret replaced inside one would corrupt it, so only document-length ones.
+            Record::Fact { step, key, value } => Record::Fact { step, key, value: secrets.redact_json_document(value) },
             Record::Warning { step, message } => Record::Warning { step, message: r(message) },
             Record::StepFailed { step, failure } => {
                 Record::StepFailed { step, failure: secrets.redact_failure(failure) }

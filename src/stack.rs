@@ -351,6 +351,11 @@ pub fn load(file: &Path) -> anyhow::Result<Stack> {
         for marked in step.spec.marked().values().chain(step.env_marked.values()) {
             if let Some(value) = &marked.value {
                 secrets.add(value);
+            } else if let Ok(value) = marked.resolve(&stack.dir, &|name: &str| std::env::var(name).ok()) {
+                // `from_env`/`from_file` too, from the start: every tool inherits rdeploy's
+                // environment, so an earlier step (`set -x`, `env`, a debug log) could print a
+                // value a later step reads. One that cannot be read yet fails its own step then.
+                secrets.add(&value);
             }
         }
         let mut spec = step.spec.clone();

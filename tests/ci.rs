@@ -551,6 +551,34 @@ steps:
     assert_eq!(p.read("out"), "two\n");
 }
 
+/// Every tool inherits rdeploy's environment, so a step that runs before the one reading a
+/// `from_env` secret can print it (`env`, `set -x`, a debug log): the value is known from the
+/// start of the run, and that earlier step's output is redacted too, in every file and output.
+#[test]
+fn a_from_env_secret_printed_by_an_earlier_step_is_redacted_there_too() {
+    let mut p = Project::new();
+    p.env("CI_DEPLOY_TOKEN", "SECRETVALUE-early-3");
+    p.stack(
+        r#"
+name: demo
+steps:
+  - name: debug
+    tool: shell
+    sub_changes:
+      - { name: show, run: "echo \"token is $CI_DEPLOY_TOKEN\"; echo \"failing with $CI_DEPLOY_TOKEN\" >&2; [ ! -f fail-show ]" }
+  - name: use
+    tool: shell
+    needs: [debug]
+    env: { LOGIN: { from_env: CI_DEPLOY_TOKEN } }
+    run: printf %s "$LOGIN" > received
+"#,
+    );
+    p.file("fail-show", "");
+    let printed = marked_secret_journey(&p, "fail-show", "SECRETVALUE", "token is ***");
+    assert!(printed.contains("failing with ***"), "{printed}");
+    assert_eq!(p.read("received"), "SECRETVALUE-early-3");
+}
+
 /// A `from_env` variable that is not set fails the step before its tool starts, naming the
 /// variable; once it is set, recover runs the step.
 #[test]

@@ -622,9 +622,18 @@ impl Follower {
         false
     }
 
-    /// Hands out every full line written so far, however many: for after the child exited.
+    /// Hands out every full line written so far, however many: for after the child exited. It
+    /// stops at the length the file had when called: a grandchild that inherited the output and
+    /// keeps writing (a daemon started with `&`) must not keep the step from ending.
     fn read_to_end(&mut self, emit: &mut dyn FnMut(Stream, String)) {
-        while !self.read(emit) {}
+        use std::io::Seek;
+        let end = self.file.metadata().map(|m| m.len()).unwrap_or(0);
+        loop {
+            let at = self.file.stream_position().unwrap_or(end);
+            if at >= end || self.read(emit) {
+                break;
+            }
+        }
     }
 
     fn split(&mut self, emit: &mut dyn FnMut(Stream, String)) {
@@ -1090,6 +1099,21 @@ pub(super) mod tests {
             assert_eq!(of.len(), 500_000, "{stream:?}: every line");
             assert_eq!(of.last(), Some(&"line 499999"), "{stream:?}");
         }
+    }
+
+    /// A grandchild that inherited the output and keeps writing (a daemon started with `&`)
+    /// does not keep the run from ending once the child exited: what was written by then is
+    /// read, the rest is not waited for.
+    #[tokio::test]
+    async fn a_grandchild_writing_forever_does_not_keep_the_run_from_ending() {
+        let dir = tempfile::tempdir().unwrap();
+        // The background loop writes as fast as it can; its pid goes to a file to stop it after.
+        let script = "(while :; do echo spam; done) & echo $! > spammer; sleep 0.5; echo last";
+        let (outcome, got) = run(Command::shell(script).cwd(dir.path())).await;
+        let pid: i32 = std::fs::read_to_string(dir.path().join("spammer")).unwrap().trim().parse().unwrap();
+        let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL);
+        assert!(outcome.success());
+        assert!(got.iter().any(|(s, l)| *s == Stream::Stdout && l == "last"), "the child's own last line is read");
     }
 
     fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
