@@ -236,6 +236,10 @@ pub struct SubChangeState {
     /// host, what tells `recover` that the run which started a tool's change is gone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_by: Option<String>,
+    /// When that run's record started it: helm's abandoned-revision evidence needs the pending
+    /// revision to be younger than this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Timestamp>,
 }
 
 impl SubChangeState {
@@ -272,6 +276,7 @@ impl SubChanges {
                     note: None,
                     updated: *ts,
                     started_by: None,
+                    started_at: None,
                 });
                 self.list.len() - 1
             }
@@ -570,6 +575,7 @@ impl Deploy {
                 let sub = self.step_mut(step).sub_mut(id, ts);
                 sub.fold(SubChangeEvent::Started);
                 sub.started_by = run;
+                sub.started_at = Some(*ts);
             }
             Record::SubDone { step, id, note } => {
                 self.step_mut(step).sub_mut(id, ts).fold(SubChangeEvent::Done { note: note.as_deref() })
@@ -1035,6 +1041,13 @@ mod tests {
         let subs = &deploy.step("app").unwrap().sub_changes;
         assert_eq!(subs[0].started_by.as_deref(), Some("r1"), "kept across the next run's header");
         assert_eq!(subs[1].started_by.as_deref(), Some("r2"));
+        // The start record's time is kept when a later record (a refused recover's failure)
+        // moves `updated` on.
+        let later = Timestamp(t.0 + time::Duration::seconds(5));
+        deploy.apply(5, &later, &Record::SubFailed { step: "app".into(), id: "web@2".into(), error: "x".into() });
+        let subs = &deploy.step("app").unwrap().sub_changes;
+        assert_eq!((subs[0].started_at, subs[0].updated), (Some(t), later));
+        assert_eq!(subs[0].started_by.as_deref(), Some("r1"));
         // It survives the snapshot's JSON, and an older snapshot without it reads as unknown.
         let json = serde_json::to_value(&deploy).unwrap();
         assert_eq!(serde_json::from_value::<Deploy>(json).unwrap(), deploy);

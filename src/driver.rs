@@ -242,10 +242,12 @@ impl Session {
         let mut out = std::collections::BTreeMap::new();
         let Some(state) = deploy.steps.iter().find(|s| s.name == step) else { return out };
         // Started and never finished, or failed since: a refused recover records the pending
-        // revision failed, which does not change which run started it.
+        // revision failed, which does not change which run started it (the adapter tells the two
+        // apart by `in_flight` and the step's `pending_seen` fact).
         let unfinished = |s: &&crate::checkpoint::SubChangeState| {
             matches!(s.status, rdeploy_adapters::SubStatus::Started | rdeploy_adapters::SubStatus::Failed)
         };
+        let pending_seen = state.facts.get("pending_seen").and_then(|v| v.as_u64());
         for sub in state.sub_changes.iter().filter(unfinished) {
             let Some(run_id) = sub.started_by.as_deref().filter(|id| Some(*id) != current) else { continue };
             let Some(run) = deploy.runs.iter().find(|r| r.run_id == run_id) else { continue };
@@ -268,6 +270,9 @@ impl Session {
                     host: run.host.clone(),
                     pid: run.pid,
                     fate,
+                    in_flight: sub.status == rdeploy_adapters::SubStatus::Started,
+                    started_at: sub.started_at.map(|t| t.0.unix_timestamp()),
+                    pending_seen,
                 },
             );
         }

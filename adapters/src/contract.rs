@@ -162,6 +162,14 @@ pub struct StartedBy {
     pub host: String,
     pub pid: u32,
     pub fate: RunFate,
+    /// The sub-change is still `started` in the journal: the run ended (or died) with it in
+    /// flight. A `failed` one was reported failed, so its tool may never have changed anything.
+    pub in_flight: bool,
+    /// When the journal recorded it started (unix seconds).
+    pub started_at: Option<i64>,
+    /// The step's `pending_seen` fact: the revision a refused recover saw pending while this
+    /// sub-change was in flight (that refusal recorded it failed).
+    pub pending_seen: Option<u64>,
 }
 
 /// Whether the run that started a sub-change is known to be gone: a fact, never a guess.

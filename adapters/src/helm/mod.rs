@@ -3,8 +3,9 @@
 //! status and history read before and after. Recovery decides from helm's own state: deployed at
 //! the wanted chart and values, failed (upgrade again, or roll back to the last deployed revision,
 //! always named), or stuck in `pending-*`. A pending revision this deploy's dead run abandoned
-//! (the journal shows the run started it, the driver knows the run is dead,
-//! [`StepContext::started_by`], and no helm process names the release) is rolled back to the last
+//! (the journal shows the run started it and left it in flight, helm wrote it after that start,
+//! the driver knows the run is dead, [`StepContext::started_by`], and no helm process names the
+//! release) is rolled back to the last
 //! deployed revision, or uninstalled and installed again when it was never deployed; any other
 //! pending revision only once no helm for it is alive and it is older than helm's timeout, or
 //! when the operator forces it with `rdeploy recover --force` ([`StepContext::force`]).
@@ -323,6 +324,12 @@ impl HelmSpec {
     }
 }
 
+/// Whether the journal shows the sub-change of `revision` left in flight by the run that started
+/// it: still `started`, or failed by a refused recover that saw `revision` pending.
+fn in_flight(by: &crate::StartedBy, revision: u64) -> bool {
+    by.in_flight || by.pending_seen == Some(revision)
+}
+
 /// One helm step against its release: the spec, the step's context, and the helm binary with
 /// its major version (3 or 4: their flags differ), found once per run.
 struct Release<'a> {
@@ -581,9 +588,11 @@ impl<'a> Release<'a> {
 
     /// The evidence that the pending revision `latest` is abandoned, each piece a fact: the
     /// journal shows this deploy started that revision (its sub-change `release@N`, recorded as
-    /// started before helm ran and never finished), the run that started it is dead (the driver
-    /// took its lock over, or its pid on this host is gone), and no helm process names the
-    /// release (`live_helm`, from the process table). `Err` names the first piece missing.
+    /// started before helm ran) and the run ended with it in flight (still `started`, or failed
+    /// by a refused recover that saw it pending: the step's `pending_seen` fact), helm wrote the
+    /// revision after that start record, the run that started it is dead (the driver took its
+    /// lock over, or its pid on this host is gone), and no helm process names the release
+    /// (`live_helm`, from the process table). `Err` names the first piece missing.
     fn abandoned(&self, latest: &Revision, live_helm: Option<&(u32, String)>) -> Result<String, String> {
         let id = self.spec.id(latest.revision);
         let Some(by) = self.ctx.started_by.get(&id) else {
@@ -592,6 +601,19 @@ impl<'a> Release<'a> {
                 latest.revision
             ));
         };
+        if !in_flight(by, latest.revision) {
+            return Err(format!(
+                "this deploy's journal records its revision {} failed, not left in flight, so helm may never have written it and another client may have",
+                latest.revision
+            ));
+        }
+        let written = state::parse_rfc3339(&latest.updated);
+        if !matches!((written, by.started_at), (Some(w), Some(s)) if w >= s) {
+            return Err(format!(
+                "helm's revision {} is not known to be newer than this deploy's start of it, so another client may have written it",
+                latest.revision
+            ));
+        }
         if !by.fate.is_dead() {
             return Err(format!("revision {} was started by {by}", latest.revision));
         }
@@ -854,6 +876,12 @@ impl Adapter for HelmSpec {
             }
             Decision::Refuse { failure } => {
                 if let Some(latest) = live.latest() {
+                    // The failed record below hides that the sub-change was in flight: a fact
+                    // keeps it, so a later recover can still take the revision for abandoned.
+                    let seen = ctx.started_by.get(&self.id(latest.revision));
+                    if latest.is_pending() && seen.is_some_and(|by| in_flight(by, latest.revision)) {
+                        sink.emit(Event::Fact { key: "pending_seen".into(), value: latest.revision.into() });
+                    }
                     sink.emit(Event::Planned { ids: vec![self.id(latest.revision)] });
                     sink.emit(Event::Failed { id: self.id(latest.revision), error: failure.summary.clone() });
                 }
@@ -1255,7 +1283,16 @@ mod tests {
     }
 
     fn started_by(fate: RunFate) -> StartedBy {
-        StartedBy { run_id: "01RUN".into(), command: "up".into(), host: "here".into(), pid: 4242, fate }
+        StartedBy {
+            run_id: "01RUN".into(),
+            command: "up".into(),
+            host: "here".into(),
+            pid: 4242,
+            fate,
+            in_flight: true,
+            started_at: Some(0),
+            pending_seen: None,
+        }
     }
 
     /// `ctx()` with the journal's record of who started sub-change `id`.
@@ -1342,6 +1379,55 @@ mod tests {
         for text in [&no_record, &other_revision, &alive, &elsewhere, &running] {
             assert!(text.contains("then `rdeploy recover`"), "{text}");
         }
+    }
+
+    #[test]
+    fn a_pending_revision_is_abandoned_only_if_this_deploy_left_it_in_flight_before_helm_wrote_it() {
+        let s = spec();
+        let live = Live { history: vec![young(1, "deployed"), young(2, "pending-upgrade")], status: None };
+        let empty = proc_table(&[]);
+        let with = |in_flight: bool, started_at: Option<i64>, pending_seen: Option<u64>| {
+            let mut ctx = ctx();
+            let by = StartedBy { in_flight, started_at, pending_seen, ..started_by(RunFate::DeadHere) };
+            ctx.started_by.insert("web@2".into(), by);
+            ctx
+        };
+        // `up` journaled web@2 failed (helm never reached the cluster) and exited; another
+        // client's helm then wrote revision 2 and is in --wait: refused, by the age window.
+        let text = summary(s.decide_in(&with(false, Some(0), None), &live, empty.path()));
+        assert!(text.contains("younger than helm's timeout"), "{text}");
+        assert!(text.contains("journal records its revision 2 failed, not left in flight"), "{text}");
+        // A `pending_seen` fact for another revision does not vouch for this one.
+        let text = summary(s.decide_in(&with(false, Some(0), Some(1)), &live, empty.path()));
+        assert!(text.contains("not left in flight"), "{text}");
+        // Still started, its run dead, no live helm: rolled back.
+        assert!(matches!(
+            s.decide_in(&with(true, Some(0), None), &live, empty.path()),
+            Decision::Rollback { to: 1, abandoned: Some(2), .. }
+        ));
+        // Failed by a refused recover that saw revision 2 pending (the `pending_seen` fact).
+        assert!(matches!(
+            s.decide_in(&with(false, Some(0), Some(2)), &live, empty.path()),
+            Decision::Rollback { to: 1, abandoned: Some(2), .. }
+        ));
+        // Helm's revision older than this deploy's start record (or no start time): not ours,
+        // so today's refusal while young, and past helm's timeout the plain rollback that does
+        // not claim it abandoned.
+        let text = summary(s.decide_in(&with(true, Some(i64::MAX), None), &live, empty.path()));
+        assert!(text.contains("younger than helm's timeout"), "{text}");
+        assert!(text.contains("revision 2 is not known to be newer than this deploy's start of it"), "{text}");
+        let older = Live { history: vec![rev(1, "deployed"), rev(2, "pending-upgrade")], status: None };
+        let started_later = state::parse_rfc3339("2020-01-01T00:00:01Z");
+        assert!(matches!(
+            s.decide_in(&with(true, started_later, None), &older, empty.path()),
+            Decision::Rollback { to: 1, abandoned: None, .. }
+        ));
+        assert!(matches!(
+            s.decide_in(&with(true, Some(0), None), &older, empty.path()),
+            Decision::Rollback { to: 1, abandoned: Some(2), .. }
+        ));
+        let text = summary(s.decide_in(&with(true, None, None), &live, empty.path()));
+        assert!(text.contains("not known to be newer"), "{text}");
     }
 
     #[test]
