@@ -170,16 +170,8 @@ impl AnsibleSpec {
             .await
             .map_err(|e| Failure::new(e.to_string()))?;
         if !outcome.success() {
-            let display = cmd.display();
-            let mut failure = Failure::from_process(&display, &outcome);
-            if let Some(code) = outcome.code.filter(|_| !outcome.interrupted) {
-                let what = exit_codes::describe(code, false, false);
-                failure.summary = match ansible_error_line(&outcome) {
-                    Some(line) => format!("`{display}` exited with status {code} ({what}): {line}"),
-                    None => format!("`{display}` exited with status {code} ({what})"),
-                };
-            }
-            return Err(failure.with_hint("fix the playbook or inventory, then run the step again"));
+            return Err(command_failure(&cmd.display(), &outcome)
+                .with_hint("fix the playbook or inventory, then run the step again"));
         }
         Ok(recap::parse_list_hosts(&stdout))
     }
@@ -679,6 +671,20 @@ fn prepare_work_dir(plugin_dir: &Path, events_path: &Path) -> Result<(), Failure
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io("remove", events_path, e)),
         _ => Ok(()),
     }
+}
+
+/// An `ansible-playbook` command that did not succeed, summarised by its exit status (what
+/// ansible's code means) and its own error line.
+fn command_failure(display: &str, outcome: &Outcome) -> Failure {
+    let mut failure = Failure::from_process(display, outcome);
+    if let Some(code) = outcome.code.filter(|_| !outcome.interrupted) {
+        let what = exit_codes::describe(code, false, false);
+        failure.summary = match ansible_error_line(outcome) {
+            Some(line) => format!("`{display}` exited with status {code} ({what}): {line}"),
+            None => format!("`{display}` exited with status {code} ({what})"),
+        };
+    }
+    failure
 }
 
 /// Ansible's own `[ERROR]: ...` line (it is followed by an excerpt of the playbook, so the

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use super::callback::{parse_line, Record, ResultStatus, TaskDiff, TaskResult};
-use super::{ansible_error_line, exit_codes, prepare_work_dir, AnsibleSpec, EVENTS_ENV};
+use super::{command_failure, prepare_work_dir, AnsibleSpec, EVENTS_ENV};
 use crate::preview::{unified_diff, PlanAction, PlanItem, Preview, PreviewError};
 use crate::process::redact_line;
 use crate::{secrets, Failure, StepContext};
@@ -146,17 +146,9 @@ impl AnsibleSpec {
         }
         let has_stats = records.iter().any(|r| matches!(r, Record::Stats(_)));
         if outcome.interrupted || !has_stats {
-            let display = cmd.display();
-            let mut failure = Failure::from_process(&display, &outcome);
-            if let Some(code) = outcome.code.filter(|_| !outcome.interrupted) {
-                let what = exit_codes::describe(code, false, false);
-                failure.summary = match ansible_error_line(&outcome) {
-                    Some(line) => format!("`{display}` exited with status {code} ({what}): {line}"),
-                    None => format!("`{display}` exited with status {code} ({what})"),
-                };
-            }
             return Err(secrets::redact_failure(
-                failure.with_hint("fix the playbook or inventory, then `rdeploy plan` again"),
+                command_failure(&cmd.display(), &outcome)
+                    .with_hint("fix the playbook or inventory, then `rdeploy plan` again"),
                 &secrets,
             )
             .into());
