@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 
 use rdeploy_adapters::preview::PreviewError;
-use rdeploy_adapters::{secrets, Adapter, PlanAction, Preview, Tool};
+use rdeploy_adapters::{Adapter, PlanAction, Preview, Tool};
 use serde::Serialize;
 
 use crate::driver::Session;
@@ -114,24 +114,6 @@ fn input_key(reference: &crate::reference::Reference) -> String {
     format!("steps.{}.outputs.{}", reference.step, reference.key)
 }
 
-/// The secrets a step's preview could print: its secret-named values and its env secrets.
-fn step_secrets(step: &Step) -> Vec<String> {
-    let mut spec = step.spec.clone();
-    let marked = step.spec.marked().clone();
-    let mut found = secrets::env_secrets(&step.env);
-    if let Some((_, values)) = spec.typed_values_mut() {
-        found.extend(secrets::secret_strings(values, &marked));
-    }
-    secrets::normalize(found)
-}
-
-fn redact(text: &str, secrets: &[String]) -> String {
-    if secrets.is_empty() {
-        return text.to_string();
-    }
-    text.split_inclusive('\n').map(|l| rdeploy_adapters::process::redact_line(l, secrets)).collect()
-}
-
 fn redact_preview(preview: &mut Preview, r: impl Fn(&str) -> String) {
     preview.summary = preview.summary.as_deref().map(&r);
     preview.notes = preview.notes.iter().map(|n| r(n)).collect();
@@ -164,7 +146,6 @@ impl Session {
             _ => self.store.last_finished().ok().flatten().filter(|d| d.stack == self.stack.name),
         };
         let mut running = tokio::task::JoinSet::new();
-        let mut registries: Vec<Option<secrets::Registry>> = steps.iter().map(|_| None).collect();
         let mut results: Vec<Option<Result<Preview, PreviewError>>> = steps.iter().map(|_| None).collect();
         let mut inputs: Vec<BTreeMap<String, Resolved<serde_json::Value>>> = vec![BTreeMap::new(); steps.len()];
         let mut started = vec![false; steps.len()];
@@ -196,7 +177,6 @@ impl Session {
                 // As for `up`: marked secrets are read (and registered for redaction) before the
                 // tool starts; one that cannot be read fails this step's preview.
                 let (step, ctx, read) = self.resolved(&step, self.cancel.child_token());
-                registries[index] = Some(ctx.secrets.clone());
                 running.spawn(async move {
                     let result = match read {
                         Ok(()) => step.spec.preview(&ctx).await,
@@ -228,10 +208,10 @@ impl Session {
         if !missing.is_empty() {
             return Err(Refusal::new(Code::BadInput, missing.join("\n")).into());
         }
-        for (((step, result), registry), inputs) in steps.iter().zip(results).zip(registries).zip(inputs) {
-            let secrets = step_secrets(step);
-            let registry = registry.unwrap_or_default();
-            let redact = |text: &str, secrets: &[String]| registry.redact(&redact(text, secrets));
+        for ((step, result), inputs) in steps.iter().zip(results).zip(inputs) {
+            // The run's registry holds every secret of the stack (registered when it loaded,
+            // and the marked ones read for this step's preview).
+            let redact = |text: &str| crate::out::secrets().redact(text);
             let mut step_plan = StepPlan {
                 name: step.name.clone(),
                 tool: step.tool,
@@ -263,7 +243,7 @@ impl Session {
                     step_plan.changes = 1;
                 }
                 Some(Ok(mut preview)) => {
-                    redact_preview(&mut preview, |s| redact(s, &secrets));
+                    redact_preview(&mut preview, redact);
                     step_plan.changes = preview.changes();
                     step_plan.summary = preview.summary;
                     step_plan.items = preview.items;
@@ -279,9 +259,9 @@ impl Session {
                     .into());
                 }
                 Some(Err(PreviewError::Failed(failure))) => {
-                    let mut error = redact(&failure.summary, &secrets);
+                    let mut error = redact(&failure.summary);
                     if let Some(hint) = &failure.hint {
-                        error.push_str(&format!(" (hint: {})", redact(hint, &secrets)));
+                        error.push_str(&format!(" (hint: {})", redact(hint)));
                     }
                     step_plan.error = Some(error);
                     step_plan.changes = 1;
