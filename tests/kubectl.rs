@@ -183,3 +183,95 @@ fn subs_error(status: &serde_json::Value, step_name: &str, id: &str) -> String {
         .unwrap_or_else(|| panic!("no error recorded for {id}: {status}"))
         .to_string()
 }
+
+/// A CRD whose scope changed (deleted and created again as cluster-scoped, which also deletes
+/// its objects) leaves the checkpoint with `Widget/web/w`, a record under an identity the
+/// object no longer has, as a checkpoint of an older rdeploy does for a cluster-scoped kind.
+/// recover reconciles the record to the object's identity now (`Widget/w`): one sub-change,
+/// judged by `kubectl diff` alone (the old record's `done` does not carry over: it is missing,
+/// so it is applied), and no stale `Widget/web/w` is left reported done. Then the reverse:
+/// back to namespaced, `Widget/w` becomes `Widget/web/w`.
+#[test]
+fn a_record_under_an_older_scope_is_reconciled_to_the_objects_identity_now() {
+    let sim = Kubesim::start("c1");
+    let mut p = Project::new();
+    for (k, v) in sim.env() {
+        p.env(&k, &v);
+    }
+    let crd = |scope: &str| {
+        format!(
+            "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata: {{name: widgets.example.com}}\nspec:\n  group: example.com\n  scope: {scope}\n  names: {{kind: Widget, plural: widgets, singular: widget, listKind: WidgetList}}\n  versions:\n  - name: v1\n    served: true\n    storage: true\n    schema: {{openAPIV3Schema: {{type: object, x-kubernetes-preserve-unknown-fields: true}}}}\n"
+        )
+    };
+    let manifest = |scope: &str, cm_ns: &str| {
+        format!(
+            "{}---\napiVersion: example.com/v1\nkind: Widget\nmetadata: {{name: w}}\nspec: {{size: 3}}\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {{name: c, namespace: {cm_ns}}}\ndata: {{a: \"1\"}}\n",
+            crd(scope)
+        )
+    };
+    // An SRE changes a CRD's scope (immutable in the API) by deleting it, which deletes its
+    // objects, and creating it again.
+    let rescope = |scope: &str| {
+        sim.kubectl_ok(&["delete", "crd", "widgets.example.com"]);
+        sim.apply("c1", &crd(scope));
+        sim.kubectl_ok(&["wait", "--for=condition=Established", "crd/widgets.example.com", "--timeout=60s"]);
+    };
+    p.file("k8s/widgets.yaml", &manifest("Namespaced", "nope"));
+    p.stack(&format!(
+        "name: w\nsteps:\n  - name: widgets\n    tool: kubectl\n    manifests: [k8s/widgets.yaml]\n    namespace: web\n    context: c1\n    binary: {}\n",
+        kubectl_bin().display()
+    ));
+    sim.kubectl_ok(&["create", "namespace", "web"]);
+    p.rdeploy(&["up"]).code(1).stdout_has(r#"namespaces "nope" not found"#);
+    // Sorted: a renamed record keeps its place, a new one comes last.
+    let ids = |status: &serde_json::Value| {
+        let mut subs = sub_statuses(status, "widgets");
+        subs.sort();
+        subs
+    };
+    let pairs = |items: &[(&str, &str)]| -> Vec<(String, String)> {
+        let mut pairs: Vec<(String, String)> = items.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
+        pairs.sort();
+        pairs
+    };
+    assert_eq!(
+        ids(&p.status()),
+        pairs(&[
+            ("CustomResourceDefinition/widgets.example.com", "done"),
+            ("Widget/web/w", "done"),
+            ("ConfigMap/nope/c", "failed")
+        ])
+    );
+
+    // The CRD comes back cluster-scoped: its old objects are gone with it.
+    rescope("Cluster");
+    p.file("k8s/widgets.yaml", &manifest("Cluster", "nope"));
+    sim.kubectl_ok(&["create", "namespace", "nope"]);
+    p.rdeploy(&["recover", "--dry-run"])
+        .code(0)
+        .stdout_has("apply Widget/w (missing from the cluster)")
+        .stdout_has("Widget/web/w is Widget/w now");
+    p.rdeploy(&["recover"]).code(0).stderr_has("Widget/web/w is Widget/w now");
+    assert_eq!(sim.kubectl_ok(&["get", "widget", "w", "-o", "jsonpath={.spec.size}"]), "3");
+    let status = p.status();
+    assert_eq!(status["state"], "complete");
+    assert_eq!(
+        ids(&status),
+        pairs(&[
+            ("CustomResourceDefinition/widgets.example.com", "done"),
+            ("Widget/w", "done"),
+            ("ConfigMap/nope/c", "done")
+        ])
+    );
+
+    // And back to namespaced, with another object failing so that recover runs.
+    rescope("Namespaced");
+    p.file("k8s/widgets.yaml", &manifest("Namespaced", "gone"));
+    p.rdeploy(&["up"]).code(1).stdout_has(r#"namespaces "gone" not found"#);
+    sim.kubectl_ok(&["create", "namespace", "gone"]);
+    p.rdeploy(&["recover"]).code(0);
+    assert_eq!(sim.kubectl_ok(&["get", "widget", "w", "-n", "web", "-o", "jsonpath={.spec.size}"]), "3");
+    let widgets: Vec<(String, String)> =
+        ids(&p.status()).into_iter().filter(|(id, _)| id.starts_with("Widget/")).collect();
+    assert_eq!(widgets, pairs(&[("Widget/web/w", "done")]));
+}
