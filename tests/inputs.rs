@@ -104,3 +104,45 @@ fn subcharts_are_found_by_their_own_chart_name_as_helm_finds_them() {
         "memcached"
     );
 }
+
+/// Manifests rdeploy cannot split into objects are found by `validate` from their text, with
+/// no cluster (none is running here): YAML that does not parse, documents without `kind` or
+/// `metadata.name` (a `generateName` one), a `*List` without `items` and one whose `items` is
+/// not a list. Each is named by file, line and document; `up` refuses the same at its start
+/// (exit 2, nothing recorded) instead of a recorded deploy stopped at the step. A manifest that
+/// splits passes without a cluster to ask about scopes.
+#[test]
+fn a_manifest_rdeploy_cannot_split_is_bad_input_found_without_a_cluster() {
+    let p = Project::new();
+    p.file(
+        "k8s/app.yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: ok}\n---\n# the second\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  generateName: job-\n---\napiVersion: v1\nmetadata: {name: nokind}\n",
+    );
+    p.file("k8s/lists.yaml", "apiVersion: v1\nkind: ConfigMapList\n---\napiVersion: v1\nkind: List\nitems: {a: b}\n---\napiVersion: v1\nkind: ConfigMapList\nitems:\n- metadata: {name: fine}\n- metadata: {labels: {a: b}}\n");
+    p.file("k8s/more/broken.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a\ndata: [\n");
+    p.file("k8s/fine.yaml", "apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: w}\n");
+    p.stack(&format!(
+        "name: app\nsteps:\n  - name: objects\n    tool: kubectl\n    manifests: [k8s/app.yaml, k8s/lists.yaml, k8s/more]\n    context: nowhere\n    binary: {}\n",
+        kubesim::testing::kubectl_bin().display()
+    ));
+    for args in [&["validate"][..], &["up"][..]] {
+        let run = p.rdeploy(args);
+        run.code(2)
+            .stderr_has("k8s/app.yaml:6: document 2: a ConfigMap has no `metadata.name` (it has `generateName`, which cannot be checkpointed)")
+            .stderr_has("k8s/app.yaml:11: document 3: an object has no `kind`")
+            .stderr_has("k8s/lists.yaml:1: document 1: a ConfigMapList has no `items`")
+            .stderr_has("k8s/lists.yaml:4: document 2: the List's `items` is not a list")
+            .stderr_has("k8s/lists.yaml:8: document 3: item 2 of the ConfigMapList: a ConfigMap has no `metadata.name`")
+            .stderr_has("k8s/more/broken.yaml:4:5: the YAML does not parse: did not find expected ',' or '}', while parsing a flow mapping")
+            .stderr_has("hint: every object needs `apiVersion`, `kind` and `metadata.name`");
+        assert!(!run.stderr.contains("app.yaml:1:"), "the good object is not blamed: {}", run.stderr);
+    }
+    assert!(!p.exists(".rdeploy/journal.jsonl"), "up recorded a deploy");
+    assert_eq!(p.status()["state"], "none");
+
+    p.stack(&format!(
+        "name: app\nsteps:\n  - name: objects\n    tool: kubectl\n    manifests: [k8s/fine.yaml]\n    context: nowhere\n    binary: {}\n",
+        kubesim::testing::kubectl_bin().display()
+    ));
+    p.rdeploy(&["validate"]).code(0);
+}

@@ -111,6 +111,61 @@ fn dependency_names(text: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// A kubectl step's manifest files that rdeploy could not split into objects: YAML that does
+/// not parse, a document without `apiVersion`, `kind` or `metadata.name`, a list (`*List`)
+/// whose `items` is not a list of objects. Each is named by file and line. Only the text is
+/// read: whether a kind is namespaced is the API's answer, asked when the step runs.
+/// `paths` are (as written in the stack, as read); a directory is read as `kubectl apply -f
+/// DIR` reads it; a kustomize directory is left to the run (`kubectl kustomize` builds it).
+/// Cost: reading and parsing each file once, no kubectl call.
+pub fn kubectl_manifests(paths: &[(std::path::PathBuf, std::path::PathBuf)]) -> Result<(), AdapterError> {
+    use crate::kubectl::manifest;
+    let mut files = Vec::new();
+    for (shown, path) in paths {
+        if path.is_dir() {
+            if manifest::is_kustomization(path) {
+                continue;
+            }
+            for file in manifest::files_in(path).unwrap_or_default() {
+                files.push((shown.join(file.file_name().unwrap_or_default()), file));
+            }
+        } else {
+            files.push((shown.clone(), path.clone()));
+        }
+    }
+    let mut problems = Vec::new();
+    for (shown, path) in &files {
+        // A file that cannot be read is the stack check's to report (`manifests[0]` not found).
+        let Ok(text) = std::fs::read_to_string(path) else { continue };
+        match crate::yaml::documents_located(&text) {
+            Err(e) => problems.push(match e.at {
+                Some(at) => {
+                    format!("{}:{}:{}: the YAML does not parse: {}", shown.display(), at.line, at.column, e.message)
+                }
+                None => format!("{}: the YAML does not parse: {}", shown.display(), e.message),
+            }),
+            Ok(docs) => {
+                for (n, (line, doc)) in docs.iter().enumerate() {
+                    let at = match line {
+                        Some(line) => format!("{}:{line}", shown.display()),
+                        None => shown.display().to_string(),
+                    };
+                    for problem in manifest::split_problems(doc) {
+                        problems.push(format!("{at}: document {}: {problem}", n + 1));
+                    }
+                }
+            }
+        }
+    }
+    if problems.is_empty() {
+        return Ok(());
+    }
+    Err(AdapterError::BadInput {
+        what: format!("a manifest rdeploy cannot split into objects:\n  {}", problems.join("\n  ")),
+        hint: "every object needs `apiVersion`, `kind` and `metadata.name` (rdeploy checkpoints each object by kind, namespace and name, so `generateName` cannot be used), and a `*List` needs `items:` with a list of them; fix the file, then `rdeploy validate`".into(),
+    })
+}
+
 /// `ansible-playbook --syntax-check`'s last error line when it failed, as a refusal naming the
 /// playbook. Cost: one more ansible-playbook start (about a second).
 pub fn playbook_syntax(playbook: &Path, command: &str, detail: Option<String>) -> AdapterError {

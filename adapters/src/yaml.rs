@@ -159,6 +159,61 @@ pub fn documents(text: &str) -> Result<Vec<Value>, String> {
     Ok(docs)
 }
 
+/// Like [`documents`], each value with the line its document's content starts on (1-based),
+/// for messages that name a document by its place in the file. An error says where it is
+/// when the parser does.
+pub fn documents_located(text: &str) -> Result<Vec<(Option<usize>, Value)>, LoadError> {
+    let mut docs = Vec::new();
+    for doc in serde_norway::Deserializer::from_str(text) {
+        let value = Value::deserialize(doc).map_err(|e| LoadError {
+            at: e.location().map(|l| Location { line: l.line(), column: l.column() }),
+            message: lowercase_first(&strip_location(&e.to_string())),
+        })?;
+        if !value.is_null() {
+            docs.push(value);
+        }
+    }
+    // The same documents read again for where each starts; if the two readers ever disagree
+    // on how many there are, no line is given rather than a wrong one.
+    let lines = content_lines(text);
+    if lines.len() == docs.len() {
+        Ok(lines.into_iter().map(Some).zip(docs).collect())
+    } else {
+        Ok(docs.into_iter().map(|d| (None, d)).collect())
+    }
+}
+
+/// serde_norway's ` at line L column C`, which [`LoadError::at`] carries instead.
+fn strip_location(message: &str) -> String {
+    static AT: std::sync::LazyLock<regex::Regex> =
+        std::sync::LazyLock::new(|| regex::Regex::new(r" at line \d+ column \d+").expect("static regex"));
+    AT.replace(message, "").into_owned()
+}
+
+/// The line on which each document's content starts, empty documents (nothing, or a plain
+/// `null`/`~`) left out as [`documents`] leaves them out.
+fn content_lines(text: &str) -> Vec<usize> {
+    use yaml_rust2::parser::{Event, Parser};
+    use yaml_rust2::scanner::TScalarStyle;
+    let mut parser = Parser::new_from_str(text);
+    let mut lines = Vec::new();
+    let mut at_root = false;
+    loop {
+        match parser.next_token() {
+            Ok((Event::DocumentStart, _)) => at_root = true,
+            Ok((Event::StreamEnd, _)) | Err(_) => return lines,
+            Ok((event, mark)) if at_root => {
+                at_root = false;
+                let empty = matches!(&event, Event::Scalar(v, TScalarStyle::Plain, ..) if matches!(v.as_str(), "" | "~" | "null" | "Null" | "NULL"));
+                if !empty {
+                    lines.push(mark.line());
+                }
+            }
+            Ok(_) => {}
+        }
+    }
+}
+
 /// Parses one YAML document (a helm values file, a `Chart.yaml`) into a JSON value; an empty
 /// text is an empty mapping.
 pub fn value(text: &str) -> Result<Value, String> {

@@ -638,6 +638,8 @@ impl Adapter for KubectlSpec {
 
     async fn preflight(&self, ctx: &StepContext) -> Result<ToolInfo, AdapterError> {
         let binary = self.resolve_binary(ctx)?;
+        let paths: Vec<(PathBuf, PathBuf)> = self.manifests.iter().map(|m| (m.clone(), ctx.resolve(m))).collect();
+        crate::inputs::kubectl_manifests(&paths)?;
         let cmd = Command::new(&binary)
             .envs(ctx.env.iter().map(|(k, v)| (k.clone(), v.clone())))
             .args(["version", "--client", "-o", "json"]);
