@@ -275,3 +275,65 @@ fn a_record_under_an_older_scope_is_reconciled_to_the_objects_identity_now() {
         ids(&p.status()).into_iter().filter(|(id, _)| id.starts_with("Widget/")).collect();
     assert_eq!(widgets, pairs(&[("Widget/web/w", "done")]));
 }
+
+/// kubectl's own client-side validation (`error validating "FILE": ...`), printed for real
+/// through rdeploy: kubectl v1.32 validates with `--validate=strict` by default, which checks an
+/// object's `apiVersion` and `kind` before it sends anything (field checks are the server's).
+/// Two objects whose `apiVersion` is no group/version (`apps/v1/beta`, a typo), and one whose
+/// namespace does not exist, among objects that are fine: each bad one is failed with
+/// kubectl's message, attributed through its staged file to its document, and every other
+/// object is applied (kubectl goes on past them, and so does the checkpoint).
+#[test]
+fn kubectl_validation_errors_fail_each_object_by_its_document_and_the_rest_apply() {
+    let sim = Kubesim::start("c1");
+    let mut p = Project::new();
+    for (k, v) in sim.env() {
+        p.env(&k, &v);
+    }
+    p.file(
+        "k8s/app.yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: one}\n---\napiVersion: rbac.authorization.k8s.io/v1/Role\nkind: Role\nmetadata: {name: two}\nrules: []\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: three}\n---\napiVersion: apps/v1/Deployment\nkind: Deployment\nmetadata: {name: four}\nspec: {selector: {matchLabels: {a: b}}, template: {metadata: {labels: {a: b}}, spec: {containers: [{name: c, image: nginx}]}}}\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: five, namespace: nope}\n",
+    );
+    p.stack(&format!(
+        "name: v\nsteps:\n  - name: objects\n    tool: kubectl\n    manifests: [k8s/app.yaml]\n    context: c1\n    binary: {}\n",
+        kubectl_bin().display()
+    ));
+    p.rdeploy(&["up"]).code(1).stdout_has("3 of 5 objects failed");
+    let status = p.status();
+    let mut subs = sub_statuses(&status, "objects");
+    subs.sort();
+    let want: Vec<(String, String)> = [
+        ("ConfigMap/default/one", "done"),
+        ("ConfigMap/default/three", "done"),
+        ("ConfigMap/nope/five", "failed"),
+        ("Deployment/default/four", "failed"),
+        ("Role/default/two", "failed"),
+    ]
+    .iter()
+    .map(|(a, b)| (a.to_string(), b.to_string()))
+    .collect();
+    assert_eq!(subs, want);
+    let validation = |group_version: &str, document: u32| {
+        format!(
+            "error validating data: unexpected GroupVersion string: {group_version}; if you choose to ignore these errors, turn validation off with --validate=false (k8s/app.yaml, document {document})"
+        )
+    };
+    assert_eq!(subs_error(&status, "objects", "Role/default/two"), validation("rbac.authorization.k8s.io/v1/Role", 2));
+    assert_eq!(subs_error(&status, "objects", "Deployment/default/four"), validation("apps/v1/Deployment", 4));
+    assert_eq!(
+        subs_error(&status, "objects", "ConfigMap/nope/five"),
+        r#"Error from server (NotFound): error when creating: namespaces "nope" not found"#
+    );
+    for name in ["one", "three"] {
+        assert_eq!(sim.kubectl_ok(&["get", "configmap", name, "-o", "jsonpath={.metadata.name}"]), name);
+    }
+
+    // Fixed, recover applies the three and touches nothing else.
+    let text = p.read("k8s/app.yaml").replace("/v1/Role", "/v1").replace("apps/v1/Deployment", "apps/v1");
+    p.file("k8s/app.yaml", &text);
+    sim.kubectl_ok(&["create", "namespace", "nope"]);
+    p.rdeploy(&["recover"]).code(0);
+    let mut subs = sub_statuses(&p.status(), "objects");
+    subs.sort();
+    assert!(subs.iter().all(|(_, s)| s == "done"), "{subs:?}");
+}

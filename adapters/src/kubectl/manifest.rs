@@ -24,6 +24,9 @@ pub struct KubeObject {
     pub body: Value,
     /// The file it came from, for messages.
     pub source: PathBuf,
+    /// Which document of that file it is (1-based; empty documents not counted, the items of a
+    /// list all the list's).
+    pub document: usize,
 }
 
 impl KubeObject {
@@ -90,8 +93,11 @@ pub fn objects_from_documents(
     scopes: &Scopes,
 ) -> Result<Vec<KubeObject>, String> {
     let mut out = Vec::new();
-    for doc in flatten_lists(docs) {
-        out.push(object_from_value(doc, source, default_ns, scopes)?);
+    for (i, doc) in docs.into_iter().enumerate() {
+        for item in flatten_lists(vec![doc]) {
+            let object = object_from_value(item, source, default_ns, scopes)?;
+            out.push(KubeObject { document: i + 1, ..object });
+        }
     }
     Ok(out)
 }
@@ -233,7 +239,7 @@ fn object_from_value(mut body: Value, source: &Path, default_ns: &str, scopes: &
     } else {
         None
     };
-    Ok(KubeObject { api_version, kind, name, namespace, body, source: source.to_path_buf() })
+    Ok(KubeObject { api_version, kind, name, namespace, body, source: source.to_path_buf(), document: 0 })
 }
 
 /// Whether each kind is namespaced, by API group and kind: from the CRDs among the step's own

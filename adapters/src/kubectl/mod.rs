@@ -250,9 +250,8 @@ impl KubectlSpec {
                 sources.push((manifest.clone(), read_documents(&path)?));
             }
         }
-        let sources: Vec<(PathBuf, Vec<serde_json::Value>)> =
-            sources.into_iter().map(|(source, docs)| (source, manifest::flatten_lists(docs))).collect();
-        let all: Vec<serde_json::Value> = sources.iter().flat_map(|(_, d)| d.iter().cloned()).collect();
+        let all: Vec<serde_json::Value> =
+            sources.iter().flat_map(|(_, d)| manifest::flatten_lists(d.clone())).collect();
         let mut scopes = Scopes::from_documents(&all);
         let need_discovery = scopes.lacks_any(&all);
         let (default_ns, discovered) = tokio::join!(self.default_namespace(ctx, binary), async {
@@ -441,7 +440,13 @@ impl KubectlSpec {
         if !(outcome.interrupted || outcome.timed_out || not_applied.is_empty()) {
             let attributed = attribute_errors(&not_applied, &error_records(&stderr));
             for (object, _) in &not_applied {
-                let error = attributed.get(&object.id()).cloned().unwrap_or_else(|| "not applied".into());
+                let mut error = attributed.get(&object.id()).cloned().unwrap_or_else(|| "not applied".into());
+                // kubectl's own validation names the file it read (rdeploy's staged copy): say
+                // which of the operator's documents it is, since what failed may be the very
+                // `apiVersion` or `kind` the object's id is made of.
+                if error.starts_with("error validating data") {
+                    error = format!("{error} ({}, document {})", object.source.display(), object.document);
+                }
                 sink.emit(Event::Failed { id: object.id(), error: error.clone() });
                 failed.push((object.id(), error));
             }
