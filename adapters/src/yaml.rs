@@ -190,28 +190,39 @@ fn strip_location(message: &str) -> String {
     AT.replace(message, "").into_owned()
 }
 
-/// The line on which each document's content starts, empty documents (nothing, or a plain
-/// `null`/`~`) left out as [`documents`] leaves them out.
+/// The line on which each document's content starts, documents with nothing but comments left
+/// out as [`documents`] leaves them out. A line scan for `---` markers at the start of a line
+/// (YAML allows them nowhere else: not inside a quoted or block scalar), not a second parse:
+/// a few megabytes of CRDs cost milliseconds. A document of only `null` or `~` is counted here
+/// and not by [`documents`]: the counts differ and no line is given.
 fn content_lines(text: &str) -> Vec<usize> {
-    use yaml_rust2::parser::{Event, Parser};
-    use yaml_rust2::scanner::TScalarStyle;
-    let mut parser = Parser::new_from_str(text);
     let mut lines = Vec::new();
-    let mut at_root = false;
-    loop {
-        match parser.next_token() {
-            Ok((Event::DocumentStart, _)) => at_root = true,
-            Ok((Event::StreamEnd, _)) | Err(_) => return lines,
-            Ok((event, mark)) if at_root => {
-                at_root = false;
-                let empty = matches!(&event, Event::Scalar(v, TScalarStyle::Plain, ..) if matches!(v.as_str(), "" | "~" | "null" | "Null" | "NULL"));
-                if !empty {
-                    lines.push(mark.line());
+    let mut open = true; // the stream's first document needs no marker
+    for (n, line) in text.lines().enumerate() {
+        let line = line.strip_prefix('\u{feff}').unwrap_or(line);
+        if let Some(rest) = line.strip_prefix("---") {
+            if rest.is_empty() || rest.starts_with([' ', '\t']) {
+                open = true;
+                // `--- {a: b}`: content on the marker's line.
+                let rest = rest.trim();
+                if !rest.is_empty() && !rest.starts_with('#') {
+                    lines.push(n + 1);
+                    open = false;
                 }
+                continue;
             }
-            Ok(_) => {}
+        }
+        if line == "..." || line.starts_with("... ") {
+            open = false;
+            continue;
+        }
+        let trimmed = line.trim();
+        if open && !trimmed.is_empty() && !trimmed.starts_with('#') && !line.starts_with('%') {
+            lines.push(n + 1);
+            open = false;
         }
     }
+    lines
 }
 
 /// Parses one YAML document (a helm values file, a `Chart.yaml`) into a JSON value; an empty
@@ -352,6 +363,20 @@ fn radix_int(text: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn documents_located_say_where_each_document_starts() {
+        let text = "# header\napiVersion: v1\nkind: A\n---\n---\n# only a comment\n---\n\nkind: B\n--- {kind: C}\n...\n---\nkind: D\n";
+        let docs = documents_located(text).unwrap();
+        let lines: Vec<Option<usize>> = docs.iter().map(|(l, _)| *l).collect();
+        assert_eq!(lines, [Some(2), Some(9), Some(10), Some(13)]);
+        assert_eq!(docs[2].1["kind"], "C");
+        // A `null` document counts for the scan, not for the parser: no line rather than a wrong one.
+        let docs = documents_located("kind: A\n---\nnull\n---\nkind: B\n").unwrap();
+        assert!(docs.iter().all(|(l, _)| l.is_none()) && docs.len() == 2, "{docs:?}");
+        let err = documents_located("a: b\n---\nc: [d\n").unwrap_err();
+        assert_eq!(err.at.map(|a| a.line), Some(4), "{err:?}");
+    }
 
     #[test]
     fn plain_scalars_take_their_yaml_1_2_core_types() {
