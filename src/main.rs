@@ -26,6 +26,7 @@ mod exit;
 mod fleet;
 mod gate;
 mod plan;
+mod planfile;
 mod reference;
 mod report;
 mod runbook;
@@ -94,6 +95,10 @@ enum Command {
         /// that do are skipped (stack key `on_failure: continue` sets this by default).
         #[arg(long)]
         keep_going: bool,
+        /// Apply exactly the reviewed plan `rdeploy plan -o PLANFILE` saved: refused (exit 2,
+        /// nothing recorded) when anything it saw has moved since; terraform applies its saved plan.
+        #[arg(long, value_name = "PLANFILE")]
+        plan: Option<PathBuf>,
     },
     /// Resume a stopped deploy from its checkpoint.
     Recover {
@@ -189,6 +194,10 @@ enum Command {
         /// Exit 0 when nothing would change and 7 when something would (other codes as usual).
         #[arg(long)]
         detailed_exitcode: bool,
+        /// Also save the plan to PLANFILE (owner-only), for `rdeploy up --plan PLANFILE` to apply
+        /// exactly as reviewed.
+        #[arg(short = 'o', long = "out", value_name = "PLANFILE")]
+        out: Option<PathBuf>,
     },
     /// CI wrapper: `up` when no unfinished deploy is recorded, `recover` when one is; plain
     /// lines, GitHub annotations and step summary, JUnit.
@@ -500,6 +509,7 @@ fn session(stack_path: &Path, global: &Global, ui: Arc<Ui>, parallel: usize) -> 
         processes,
         sensitive: Default::default(),
         took_over: Mutex::new(None),
+        from_plan: None,
     })
 }
 
@@ -543,9 +553,12 @@ fn watch_signals(cancel: CancellationToken, signal: Arc<Mutex<Option<String>>>, 
 async fn run(cli: Cli, ui: Arc<Ui>) -> anyhow::Result<Code> {
     let global = &cli.global;
     match &cli.command {
-        Command::Up { stack, parallel, keep_going } => {
+        Command::Up { stack, parallel, keep_going, plan } => {
             let mut s = session(stack, global, ui, *parallel)?;
             s.keep_going |= *keep_going;
+            if let Some(path) = plan {
+                s.from_plan = Some(Arc::new(planfile::load(path)?));
+            }
             cmd::present(&s, &s.up().await?)
         }
         Command::Recover { stack, dry_run, parallel, force, reapply_missing, keep_going } => {
@@ -617,9 +630,19 @@ async fn run(cli: Cli, ui: Arc<Ui>) -> anyhow::Result<Code> {
             }
             ci::run(&s, &outputs).await
         }
-        Command::Plan { stack, json, markdown, detailed_exitcode } => {
-            let s = session(stack, global, ui, 1)?;
+        Command::Plan { stack, json, markdown, detailed_exitcode, out } => {
+            let s = session(stack, global, ui.clone(), 1)?;
             let plan = s.plan().await?;
+            if let Some(path) = out {
+                let digest = planfile::write(path, &planfile::build(&s, &plan)?)?;
+                ui.info(format!(
+                    "saved the plan to {} (sha256:{}); apply it with `rdeploy up {} --plan {}`",
+                    path.display(),
+                    &digest[..12],
+                    s.stack_arg,
+                    path.display()
+                ));
+            }
             if *json {
                 outln!("{}", plan::render_json(&plan)?);
             } else if *markdown {

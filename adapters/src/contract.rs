@@ -76,6 +76,17 @@ pub trait Adapter {
     /// anywhere but the step's work dir (terraform's saved plan goes there).
     fn preview(&self, ctx: &StepContext) -> impl Future<Output = Result<Preview, PreviewError>> + Send;
 
+    /// Read-only, for `up --plan`: what [`Adapter::preview`] recorded in [`Preview::observed`],
+    /// read again now (a helm release's revision, the resourceVersions of the objects a diff
+    /// read, terraform's state serial and lineage), so a saved plan can tell what moved since.
+    /// The default: the tool's preview observes nothing (ansible, shell).
+    fn observe(
+        &self,
+        _ctx: &StepContext,
+    ) -> impl Future<Output = Result<Vec<crate::preview::Observed>, PreviewError>> + Send {
+        async { Ok(Vec::new()) }
+    }
+
     /// The runbook section for this step: exact commands an operator would type.
     fn describe_recovery(&self, ctx: &DescribeContext<'_>, prior: Option<&PriorStep>) -> RecoveryDoc;
 }
