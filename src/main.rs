@@ -208,9 +208,16 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         junit: Option<PathBuf>,
         /// For pull requests: `rdeploy plan` to stdout, the step summary and `--junit`; nothing
-        /// is deployed.
-        #[arg(long)]
+        /// is deployed (with `-o PLANFILE`, the plan is saved too, for `ci --plan` on merge).
+        #[arg(long, conflicts_with = "plan")]
         plan_only: bool,
+        /// With `--plan-only`: save the plan to PLANFILE (owner-only), as `plan -o` does.
+        #[arg(short = 'o', long = "out", value_name = "PLANFILE", requires = "plan_only")]
+        out: Option<PathBuf>,
+        /// On merge: apply exactly the reviewed plan (`up --plan PLANFILE`), refused (exit 2)
+        /// when anything it saw has moved.
+        #[arg(long, value_name = "PLANFILE")]
+        plan: Option<PathBuf>,
         #[arg(long, default_value_t = 1, value_name = "N")]
         parallel: usize,
         /// After a failure, keep running the steps that do not need the failed one; the steps
@@ -613,9 +620,9 @@ async fn run(cli: Cli, ui: Arc<Ui>) -> anyhow::Result<Code> {
             }
             Ok(Code::Ok)
         }
-        Command::Ci { stack, junit, plan_only, parallel, keep_going } => {
+        Command::Ci { stack, junit, plan_only, out, plan, parallel, keep_going } => {
             let outputs = ci::Outputs::from_env(junit.clone());
-            let s = match session(stack, global, ui.clone(), *parallel) {
+            let mut s = match session(stack, global, ui.clone(), *parallel) {
                 Ok(mut s) => {
                     s.keep_going |= *keep_going;
                     s
@@ -626,9 +633,13 @@ async fn run(cli: Cli, ui: Arc<Ui>) -> anyhow::Result<Code> {
                 }
             };
             if *plan_only {
-                return ci::plan_only(&s, &outputs).await;
+                return ci::plan_only(&s, &outputs, out.as_deref()).await;
             }
-            ci::run(&s, &outputs).await
+            let plan = match plan.as_deref().map(planfile::load).transpose() {
+                Ok(plan) => plan,
+                Err(e) => return Err(ci::report_error(&outputs, &ui, &s.stack.name, &s.stack_arg, e)),
+            };
+            ci::run(&mut s, &outputs, plan).await
         }
         Command::Plan { stack, json, markdown, detailed_exitcode, out } => {
             let s = session(stack, global, ui.clone(), 1)?;
