@@ -279,6 +279,10 @@ pub fn step_files(stack: &Stack, step: &Step) -> anyhow::Result<BTreeMap<String,
                 }
             }
         }
+        // `repo/chart` and a local `charts/web` look alike; helm takes a path that exists.
+        ToolSpec::Helm(spec) if !spec.chart.contains("://") && stack.dir.join(&spec.chart).exists() => {
+            roots.push(PathBuf::from(&spec.chart));
+        }
         ToolSpec::Shell(spec) => {
             let cwd = spec.dir.clone().unwrap_or_default();
             let mut commands: Vec<&str> = spec.run.iter().map(String::as_str).collect();
