@@ -872,3 +872,55 @@ fn ci_plan_applies_a_reviewed_plan_on_merge() {
     let stale = p.rdeploy(&["ci", "--plan", "pr.plan"]);
     stale.code(2).stdout_has("::error ").stderr_has("terraform state (serial, lineage) was absent when planned");
 }
+
+/// Output values: one known when the plan was made (its producer would not change) must be the
+/// same when the consumer starts, or the consumer fails before its tool runs; one known only
+/// after its producer applies was never reviewed and is taken as it comes, as `up` does.
+#[test]
+fn up_plan_checks_the_output_values_a_consumer_was_previewed_with() {
+    let p = Project::new();
+    p.stack(
+        r#"name: small
+steps:
+  - name: infra
+    tool: shell
+    sub_changes:
+      - name: mint
+        check: test -e minted
+        run: touch minted && echo "ip=$(cat ip.txt)" >> "$RDEPLOY_OUTPUT"
+  - name: app
+    tool: shell
+    needs: [infra]
+    sub_changes:
+      - name: use
+        check: grep -qx "${{ steps.infra.outputs.ip }}" used
+        run: echo "${{ steps.infra.outputs.ip }}" > used
+"#,
+    );
+    p.file("ip.txt", "10.0.0.7\n");
+    p.rdeploy(&["plan", "-o", "first.plan"]).code(0);
+    let saved = planfile(&p, "first.plan");
+    assert_eq!(saved["steps"][1]["previewed"], false);
+    assert_eq!(saved["steps"][1]["inputs"]["steps.infra.outputs.ip"]["state"], "pending");
+    p.rdeploy(&["up", "--plan", "first.plan"]).code(0);
+    assert_eq!(p.read("used"), "10.0.0.7\n", "a value known only after its producer applies is taken as it comes");
+
+    // Known when planned: the consumer was previewed with 10.0.0.7.
+    p.file("used", "stale\n");
+    p.rdeploy(&["plan", "-o", "second.plan", "--detailed-exitcode"]).code(7);
+    let saved = planfile(&p, "second.plan");
+    assert_eq!(
+        saved["steps"][1]["inputs"]["steps.infra.outputs.ip"],
+        serde_json::json!({"state": "known", "value": "10.0.0.7"})
+    );
+    // The producer outputs something else when it runs again.
+    p.file("ip.txt", "10.0.0.8\n");
+    let run = p.rdeploy(&["up", "--plan", "second.plan"]);
+    run.code(1).stdout_has(
+        "step `app` is not as the plan previewed it: `steps.infra.outputs.ip` is 10.0.0.8 now but the plan previewed the step with 10.0.0.7; nothing was run",
+    );
+    assert_eq!(p.read("used"), "stale\n", "the consumer's tool never ran");
+    // Recovering applies it with the new value, as after any `up`.
+    p.rdeploy(&["recover"]).code(0);
+    assert_eq!(p.read("used"), "10.0.0.8\n");
+}
