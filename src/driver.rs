@@ -468,7 +468,9 @@ impl Session {
         }
         self.ui.info(format!("deploy {run_id} of stack {} ({} steps)", self.stack.name, steps.len()));
         let actions = self.stack.ordered().map(|s| (s.name.clone(), Action::Apply)).collect();
-        let (outcome, deploy) = self.run(cp, actions, tools).await?;
+        let ran = self.run(cp, actions, tools).await;
+        self.unstage_saved_plans();
+        let (outcome, deploy) = ran?;
         Ok(RunReport::new(outcome, Some(deploy), Ended::Ran))
     }
 

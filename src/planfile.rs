@@ -158,7 +158,12 @@ pub fn build(session: &Session, plan: &StackPlan) -> anyhow::Result<PlanFile> {
             previewed: step_plan.unknown_until.is_empty(),
             error: step_plan.error.clone(),
             files: step_files(stack, step)?,
-            observed: step_plan.observed.clone(),
+            observed: {
+                // In a stable order, whatever order the tool listed its objects in.
+                let mut observed = step_plan.observed.clone();
+                observed.sort_by(|a, b| a.what.cmp(&b.what));
+                observed
+            },
             inputs,
             secrets: secret_keys(step),
             terraform_plan,
@@ -556,6 +561,15 @@ impl Session {
         Ok(())
     }
 
+    /// After `up --plan`: a staged saved plan no apply consumed (its step never ran) holds
+    /// variable values; it goes, and `recover` plans on terraform's own path.
+    pub fn unstage_saved_plans(&self) {
+        let Some(loaded) = &self.from_plan else { return };
+        for saved in loaded.plan.steps.iter().filter(|s| s.terraform_plan.is_some()) {
+            let _ = std::fs::remove_file(self.state.step_dir(&saved.name).join(REVIEWED_TFPLAN));
+        }
+    }
+
     /// The reviewed terraform plan `up --plan` staged for `step`, if any.
     pub fn saved_plan_of(&self, step: &str) -> Option<PathBuf> {
         let loaded = self.from_plan.as_ref()?;
@@ -625,6 +639,33 @@ mod tests {
         assert!(moved[1].contains("revision of helm release shop was 1"));
         assert!(moved[2].contains("serial 3, lineage x when planned and is serial 4"));
         assert!(observed_moved("s", &then, &then).is_empty());
+    }
+
+    #[test]
+    fn digests_the_files_each_step_reads_and_not_its_data_or_state() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |rel: &str, text: &str| {
+            let path = dir.path().join(rel);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, text).unwrap();
+        };
+        write("infra/main.tf", "");
+        write("infra/modules/net/main.tf", "");
+        write("infra/terraform.tfstate", "{}");
+        write("infra/.terraform/providers/x", "");
+        write("play/site.yml", "");
+        write("play/roles/web/tasks/main.yml", "");
+        write("play/inventory.ini", "");
+        write("seed.sh", "");
+        write("out/seed.log", "");
+        let text = "name: s\nsteps:\n  - name: net\n    tool: terraform\n    dir: infra\n  - name: hosts\n    tool: ansible\n    playbook: play/site.yml\n    inventory: play/inventory.ini\n  - name: seed\n    tool: shell\n    sub_changes:\n      - { name: a, run: sh seed.sh >> out/seed.log, check: grep -q a out/seed.log }\n";
+        let file = dir.path().join("stack.yaml");
+        std::fs::write(&file, text).unwrap();
+        let stack = crate::stack::parse(&file, text).unwrap();
+        let files = |name: &str| step_files(&stack, stack.step(name).unwrap()).unwrap().into_keys().collect::<Vec<_>>();
+        assert_eq!(files("net"), ["infra/main.tf", "infra/modules/net/main.tf"]);
+        assert_eq!(files("hosts"), ["play/inventory.ini", "play/roles/web/tasks/main.yml", "play/site.yml"]);
+        assert_eq!(files("seed"), ["seed.sh"], "the script, not the file it appends to");
     }
 
     #[test]
