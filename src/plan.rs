@@ -97,11 +97,13 @@ fn known_inputs(
 ) -> BTreeMap<String, Resolved<serde_json::Value>> {
     let mut out = BTreeMap::new();
     for reference in &step.refs {
-        let unchanged = steps
-            .iter()
-            .position(|s| s.name == reference.step)
-            .and_then(|i| results[i].as_ref())
-            .is_some_and(|r| matches!(r, Ok(preview) if preview.changes() == 0));
+        let producer = steps.iter().position(|s| s.name == reference.step);
+        // A value the producer makes anew on every apply (helm's `revision`) is never known.
+        let volatile = producer.is_some_and(|i| steps[i].spec.volatile_outputs().contains(&reference.key.as_str()));
+        let unchanged = !volatile
+            && producer
+                .and_then(|i| results[i].as_ref())
+                .is_some_and(|r| matches!(r, Ok(preview) if preview.changes() == 0));
         let value = recorded.and_then(|d| d.step(&reference.step)).and_then(|s| s.outputs.get(&reference.key));
         let resolved = match value {
             Some(value) if unchanged => Resolved::Known(value.clone()),

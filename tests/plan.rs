@@ -924,3 +924,28 @@ steps:
     p.rdeploy(&["recover"]).code(0);
     assert_eq!(p.read("used"), "10.0.0.8\n");
 }
+
+/// helm's `revision` is new on every upgrade, one that changes nothing included: the plan never
+/// takes its recorded value as known, so `up --plan` of an unchanged release hands the consumer
+/// the new revision instead of refusing it (found on the demo stack's `migrate`).
+#[test]
+fn a_helm_revision_is_known_only_after_the_release_applies() {
+    let sim = Kubesim::start("demo");
+    let p = kube_project(&sim);
+    let text = p.read("stack.yaml")
+        + "  - name: migrate\n    tool: shell\n    needs: [app]\n    run: echo \"revision ${{ steps.app.outputs.revision }}\" > out/schema\n";
+    p.stack(&text);
+    p.rdeploy(&["up"]).code(0);
+    assert_eq!(p.read("out/schema"), "revision 1\n");
+    p.rdeploy(&["plan", "-o", "p.plan"]).code(0);
+    let saved = planfile(&p, "p.plan");
+    let migrate = saved["steps"].as_array().unwrap().iter().find(|s| s["name"] == "migrate").unwrap();
+    assert_eq!(
+        migrate["inputs"]["steps.app.outputs.revision"],
+        serde_json::json!({"state": "pending", "value": {"step": "app"}})
+    );
+    let app = saved["steps"].as_array().unwrap().iter().find(|s| s["name"] == "app").unwrap();
+    assert_eq!(app["changes"], 0, "the release would not change: {app:#}");
+    p.rdeploy(&["up", "--plan", "p.plan"]).code(0);
+    assert_eq!(p.read("out/schema"), "revision 2\n");
+}

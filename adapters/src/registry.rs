@@ -219,6 +219,10 @@ impl Adapter for ToolSpec {
         dispatch!(self, s => s.preview(ctx).await)
     }
 
+    fn volatile_outputs(&self) -> &'static [&'static str] {
+        dispatch!(self, s => s.volatile_outputs())
+    }
+
     async fn observe(&self, ctx: &StepContext) -> Result<Vec<crate::preview::Observed>, PreviewError> {
         dispatch!(self, s => s.observe(ctx).await)
     }
