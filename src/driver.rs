@@ -460,15 +460,19 @@ impl Session {
             self.check_plan(loaded).await?;
             self.stage_saved_plans(loaded)?;
         }
-        let mut cp = Checkpoint::create(self.store.as_ref())?;
-        let run_id = ulid::Ulid::new().to_string();
-        cp.record(Checkpoint::run_record(&self.stack, "up", &run_id))?;
-        if let Some(loaded) = &self.from_plan {
-            cp.record(Record::FromPlan { file: loaded.path.display().to_string(), digest: loaded.digest.clone() })?;
+        let ran = async {
+            let mut cp = Checkpoint::create(self.store.as_ref())?;
+            let run_id = ulid::Ulid::new().to_string();
+            cp.record(Checkpoint::run_record(&self.stack, "up", &run_id))?;
+            if let Some(loaded) = &self.from_plan {
+                cp.record(Record::FromPlan { file: loaded.path.display().to_string(), digest: loaded.digest.clone() })?;
+            }
+            self.ui.info(format!("deploy {run_id} of stack {} ({} steps)", self.stack.name, steps.len()));
+            let actions = self.stack.ordered().map(|s| (s.name.clone(), Action::Apply)).collect();
+            self.run(cp, actions, tools).await
         }
-        self.ui.info(format!("deploy {run_id} of stack {} ({} steps)", self.stack.name, steps.len()));
-        let actions = self.stack.ordered().map(|s| (s.name.clone(), Action::Apply)).collect();
-        let ran = self.run(cp, actions, tools).await;
+        .await;
+        // A reviewed saved plan no apply consumed (its step never ran) goes, whatever happened.
         self.unstage_saved_plans();
         let (outcome, deploy) = ran?;
         Ok(RunReport::new(outcome, Some(deploy), Ended::Ran))

@@ -255,7 +255,8 @@ fn secret_keys(step: &Step) -> Vec<String> {
 /// Every file the step reads, by path relative to the stack's directory, with its sha256:
 /// terraform's directory (its `.tf`, `.tfvars`, modules and templates; not its state nor
 /// `.terraform/`) and var files, a local chart and values files, manifests, the playbook with
-/// the roles, group_vars and host_vars beside it and the inventory, and the scripts a shell
+/// what playbooks read beside them (`roles/`, `group_vars/`, `host_vars/`, `tasks/`, `vars/`,
+/// `templates/`, `files/`, `ansible.cfg`, ...) and the inventory, and the scripts a shell
 /// step's commands name when they are files. A kubeconfig is left out (tokens refresh in it),
 /// as is a shell step's working `dir` (its scripts write there).
 pub fn step_files(stack: &Stack, step: &Step) -> anyhow::Result<BTreeMap<String, String>> {
@@ -279,7 +280,19 @@ pub fn step_files(stack: &Stack, step: &Step) -> anyhow::Result<BTreeMap<String,
                 });
             }
             for dir in beside {
-                for sub in ["roles", "group_vars", "host_vars", "library", "filter_plugins"] {
+                for sub in [
+                    "roles",
+                    "group_vars",
+                    "host_vars",
+                    "library",
+                    "filter_plugins",
+                    "tasks",
+                    "handlers",
+                    "vars",
+                    "templates",
+                    "files",
+                    "ansible.cfg",
+                ] {
                     roots.push(dir.join(sub));
                 }
             }
