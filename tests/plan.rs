@@ -949,3 +949,30 @@ fn a_helm_revision_is_known_only_after_the_release_applies() {
     p.rdeploy(&["up", "--plan", "p.plan"]).code(0);
     assert_eq!(p.read("out/schema"), "revision 2\n");
 }
+
+/// A retry of the merge job after its deploy stopped part-way recovers that deploy (its record
+/// names the plan's digest); an unfinished deploy that did not start from the plan is refused.
+#[test]
+fn ci_plan_retried_recovers_its_own_deploy_and_refuses_another() {
+    let p = Project::new();
+    p.stack(
+        "name: small\nsteps:\n  - name: seed\n    tool: shell\n    sub_changes:\n      - { name: users, run: echo users >> seed.log }\n      - { name: orders, run: test -e fixed && echo orders >> seed.log }\n",
+    );
+    p.rdeploy(&["plan", "-o", "merge.plan"]).code(0);
+    p.rdeploy(&["ci", "--plan", "merge.plan"]).code(1);
+    p.file("fixed", "");
+    let retry = p.rdeploy(&["ci", "--plan", "merge.plan"]);
+    retry.code(0);
+    assert!(retry.stderr.contains("running `rdeploy recover stack.yaml`"), "{}", retry.stderr);
+    assert_eq!(p.lines("seed.log"), ["users", "orders"], "users ran once");
+
+    // An unfinished deploy of plain `up`: a plan was not made on top of it.
+    p.remove("fixed");
+    p.remove("seed.log");
+    p.rdeploy(&["up"]).code(1);
+    p.rdeploy(&["plan", "-o", "other.plan"]).code(0);
+    p.rdeploy(&["ci", "--plan", "other.plan"])
+        .code(2)
+        .stderr_has("that did not start from the plan other.plan: the plan was not made on top of it");
+    assert_eq!(p.lines("seed.log"), ["users"]);
+}
