@@ -871,6 +871,8 @@ fn ci_plan_applies_a_reviewed_plan_on_merge() {
     // The same plan again: the state moved (its own apply), so it is stale now.
     let stale = p.rdeploy(&["ci", "--plan", "pr.plan"]);
     stale.code(2).stdout_has("::error ").stderr_has("terraform state (serial, lineage) was absent when planned");
+    let md = p.read("summary.md");
+    assert!(md.contains("**Exit 2**") && md.contains("the plan pr.plan is stale: nothing was applied"), "{md}");
 }
 
 /// Output values: one known when the plan was made (its producer would not change) must be the
