@@ -195,3 +195,199 @@ steps:
         .collect();
     assert_eq!(before, after, "recover left the objects that were in place alone");
 }
+
+// ---- The charts and CRD bundles through rdeploy: multi-step stacks on one kubesim each ----
+
+/// A project whose every tool run talks to `sim`.
+fn sim_project(sim: &Kubesim) -> Project {
+    let mut p = Project::new();
+    for (k, v) in sim.env() {
+        p.env(&k, &v);
+    }
+    p
+}
+
+/// `metadata.resourceVersion` of each named object (`kind`, `namespace` or "" for
+/// cluster-scoped): an object recover did not touch keeps it.
+fn versions(sim: &Kubesim, kind: &str, ns: &str, names: &[String]) -> Vec<(String, String)> {
+    names
+        .iter()
+        .map(|n| {
+            let mut args = vec!["get", kind, n.as_str(), "-o", "jsonpath={.metadata.resourceVersion}"];
+            if !ns.is_empty() {
+                args.extend(["-n", ns]);
+            }
+            (n.clone(), sim.kubectl_ok(&args))
+        })
+        .collect()
+}
+
+/// The CRD names of a corpus bundle, from its files (one CRD each, named GROUP_PLURAL.yaml).
+fn bundle_crds(item: &str) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(corpus().join(item))
+        .unwrap_or_else(|e| panic!("corpus {item}: {e}"))
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter_map(|f| f.strip_suffix(".yaml").map(|s| s.to_string()))
+        .map(|f| {
+            let (group, plural) = f.split_once('_').unwrap();
+            format!("{plural}.{group}")
+        })
+        .collect();
+    names.sort();
+    names
+}
+
+fn helm(major: u32) -> String {
+    kubesim::testing::helm_bin(major).display().to_string()
+}
+
+/// The sub-changes of a step with the given status.
+fn with_status(status: &serde_json::Value, step_name: &str, want: &str) -> Vec<String> {
+    let mut ids: Vec<String> =
+        sub_statuses(status, step_name).into_iter().filter(|(_, s)| s == want).map(|(id, _)| id).collect();
+    ids.sort();
+    ids
+}
+
+/// prometheus-operator's ten CRDs (a kubectl step), kube-state-metrics and prometheus (helm 3
+/// steps, default values), then ServiceMonitors of the new kind (a kubectl step).
+/// 1. Client-side, the six CRDs over the 256 KiB annotation limit fail with the hint to set
+///    `server_side: true`; with it, recover applies exactly those six and the rest of the stack.
+/// 2. A prometheus upgrade to a server image that cannot be pulled fails; recover upgrades only
+///    that release and applies the monitors, leaving the CRDs and kube-state-metrics alone.
+#[test]
+fn bundle_prometheus_operator_crds_then_kube_state_metrics_and_prometheus_on_helm3() {
+    let sim = Kubesim::start_with("c1", &["--pod-startup-ms", "50", "--fail-image", "*prometheus/prometheus:v3.14.9"]);
+    let p = sim_project(&sim);
+    copy_corpus(&p, "bundles/prometheus-operator-crds", "crds");
+    copy_corpus(&p, "charts/kube-state-metrics", "charts/kube-state-metrics");
+    copy_corpus(&p, "charts/prometheus", "charts/prometheus");
+    p.file(
+        "monitors/ksm.yaml",
+        "apiVersion: monitoring.coreos.com/v1\nkind: ServiceMonitor\nmetadata: {name: ksm, namespace: monitoring}\nspec:\n  selector: {matchLabels: {app.kubernetes.io/name: kube-state-metrics}}\n  endpoints: [{port: http}]\n",
+    );
+    let stack = |server_side: bool, prom_set: &str| {
+        format!(
+            r#"
+name: corpus-monitoring
+steps:
+  - name: crds
+    tool: kubectl
+    manifests: [crds/]
+    context: c1
+{ssa}    binary: {kubectl}
+  - name: ksm
+    tool: helm
+    release: ksm
+    chart: charts/kube-state-metrics
+    namespace: monitoring
+    context: c1
+    wait: true
+    timeout: 120s
+    binary: {helm}
+  - name: prometheus
+    tool: helm
+    release: prom
+    chart: charts/prometheus
+    namespace: monitoring
+    context: c1
+    wait: true
+    timeout: 20s
+{prom_set}    binary: {helm}
+  - name: monitors
+    tool: kubectl
+    needs: [crds, prometheus]
+    manifests: [monitors/]
+    context: c1
+    binary: {kubectl}
+"#,
+            ssa = if server_side { "    server_side: true\n" } else { "" },
+            kubectl = kubectl_bin().display(),
+            helm = helm(3),
+        )
+    };
+    let all = bundle_crds("bundles/prometheus-operator-crds");
+    let big: Vec<String> =
+        ["alertmanagerconfigs", "alertmanagers", "prometheusagents", "prometheuses", "scrapeconfigs", "thanosrulers"]
+            .iter()
+            .map(|n| format!("{n}.monitoring.coreos.com"))
+            .collect();
+    let small: Vec<String> = all.iter().filter(|n| !big.contains(n)).cloned().collect();
+    let ids =
+        |names: &[String]| -> Vec<String> { names.iter().map(|n| format!("CustomResourceDefinition/{n}")).collect() };
+
+    // 1. client-side: the six big CRDs fail, the hint names server_side
+    p.stack(&stack(false, ""));
+    p.rdeploy(&["up"]).code(1).stdout_has("server_side: true").stdout_has("prometheuses.monitoring.coreos.com");
+    let status = p.status();
+    assert_eq!(status["state"], "partial");
+    assert_eq!(with_status(&status, "crds", "done"), ids(&small), "{status}");
+    assert_eq!(with_status(&status, "crds", "failed"), ids(&big), "{status}");
+    for s in ["ksm", "prometheus", "monitors"] {
+        assert!(step(&status, s)["sub_changes"].as_array().is_none_or(|a| a.is_empty()), "{s} ran: {status}");
+        assert_ne!(step(&status, s)["status"], "done", "{status}");
+    }
+    assert!(step(&status, "crds")["error"].as_str().unwrap().contains("Too long"), "{status}");
+    let in_place = versions(&sim, "crd", "", &small);
+    assert!(sim.kubectl(&["get", "crd", &big[0]]).status.code() != Some(0), "{} must not exist", big[0]);
+
+    p.stack(&stack(true, ""));
+    p.rdeploy(&["recover"]).code(0).stdout_has("deploy complete");
+    let status = p.status();
+    assert_eq!(with_status(&status, "crds", "done"), ids(&all), "{status}");
+    assert_eq!(versions(&sim, "crd", "", &small), in_place, "recover left the CRDs that were in place alone");
+    for n in &big {
+        let est = sim.kubectl_ok(&[
+            "get",
+            "crd",
+            n,
+            "-o",
+            "jsonpath={.status.conditions[?(@.type==\"Established\")].status}",
+        ]);
+        assert_eq!(est, "True", "{n}");
+    }
+    assert_eq!(sim.helm_statuses(3, "ksm", "monitoring"), ["deployed"]);
+    assert_eq!(sim.helm_statuses(3, "prom", "monitoring"), ["deployed"]);
+    sim.kubectl_ok(&["get", "servicemonitor", "ksm", "-n", "monitoring"]);
+
+    // 2. an upgrade to a prometheus image that cannot be pulled
+    p.stack(&stack(true, "    set: { server.image.tag: v3.14.9 }\n"));
+    p.rdeploy(&["up"]).code(1).stdout_has("prom@2");
+    // (this `up` applied the CRDs server-side again: kubectl moves the four first applied
+    // client-side to server-side field management, a new resourceVersion)
+    let crds_before = versions(&sim, "crd", "", &all);
+    let status = p.status();
+    assert_eq!(status["state"], "partial");
+    assert_eq!(sub_statuses(&status, "ksm"), pairs(&[("ksm@2", "done")]));
+    assert_eq!(sub_statuses(&status, "prometheus"), pairs(&[("prom@2", "failed")]));
+    assert_eq!(step(&status, "crds")["status"], "done");
+    assert_ne!(step(&status, "monitors")["status"], "done");
+    assert_eq!(sim.helm_statuses(3, "prom", "monitoring"), ["deployed", "failed"]);
+    let ksm_history = sim.helm_statuses(3, "ksm", "monitoring");
+    assert_eq!(ksm_history, ["superseded", "deployed"]);
+    let monitor = versions(&sim, "servicemonitor", "monitoring", &["ksm".to_string()]);
+
+    // the fix: a tag that exists
+    p.stack(&stack(true, "    set: { server.image.tag: v3.14.1 }\n"));
+    p.rdeploy(&["recover"]).code(0).stdout_has("deploy complete");
+    let status = p.status();
+    assert!(status["steps"].as_array().unwrap().iter().all(|s| s["status"] == "done"), "{status}");
+    assert_eq!(sim.helm_statuses(3, "prom", "monitoring"), ["superseded", "failed", "deployed"]);
+    assert_eq!(
+        sim.helm_statuses(3, "ksm", "monitoring"),
+        ksm_history,
+        "recover did not upgrade kube-state-metrics again"
+    );
+    assert_eq!(versions(&sim, "crd", "", &all), crds_before, "recover left the CRDs alone");
+    assert_eq!(versions(&sim, "servicemonitor", "monitoring", &["ksm".to_string()]), monitor);
+    let image = sim.kubectl_ok(&[
+        "get",
+        "deploy",
+        "prom-prometheus-server",
+        "-n",
+        "monitoring",
+        "-o",
+        "jsonpath={.spec.template.spec.containers[*].image}",
+    ]);
+    assert!(image.contains("prometheus:v3.14.1"), "{image}");
+}
