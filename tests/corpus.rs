@@ -3,8 +3,15 @@
 //! through `kubesim::testing::corpus`: `$KUBESIM_CORPUS`, else `../shared/corpus`; these tests
 //! are behind the `corpus` feature, run by `scripts/test-corpus.sh`) through the real `rdeploy` binary
 //! and the real tools: each item deploys, fails part-way on an injected realistic failure (a host
-//! whose task fails, a provisioner that fails, an image that cannot pull), `status` says exactly
-//! what is in place and what is missing, and `recover` touches only what was missing.
+//! whose task fails, a provisioner that fails, an image that cannot pull, CRDs too big for
+//! client-side apply, a hook Job that never runs, a claim that cannot bind, a value the chart's
+//! schema rejects), `status` says exactly what is in place and what is missing, and `recover`
+//! touches only what was missing (helm history per release, resourceVersions of the objects
+//! that were in place).
+//!
+//! The eight charts and two CRD bundles run in four multi-step stacks, one kubesim each, on
+//! helm 3 and helm 4 (two stacks each); values are the charts' defaults except where a test says
+//! why (the failure itself, or what kubesim needs: ingress-nginx's Service as NodePort).
 
 mod common;
 
