@@ -824,15 +824,19 @@ impl Adapter for HelmSpec {
     }
 
     async fn recover(&self, ctx: &StepContext, prior: &PriorStep, sink: &dyn EventSink) -> Result<Recovered, Failure> {
-        let recording = LastDone { inner: sink, last: std::sync::Mutex::new(None) };
+        let recording = LastDone { inner: sink, seen: Default::default() };
         let result = self.recover_release(ctx, &recording).await;
-        let last = recording.last.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let (last, settled) = recording.seen.lock().unwrap_or_else(|e| e.into_inner()).clone();
         if let (Ok(Recovered::Complete), Some(done)) = (&result, last) {
-            // The revisions this deploy wrote that failed (or were left uncertain) are
-            // superseded by the one now deployed: the release is one thing in place, not a
-            // done revision beside a failed one (a report that says complete with a failed
-            // sub-change, a CI summary counting one failure).
-            for old in prior.sub_changes.iter().filter(|s| s.status != SubStatus::Done && s.id != done) {
+            // The revisions this deploy wrote that failed are superseded by the one now
+            // deployed: the release is one thing in place, not a done revision beside a failed
+            // one (a report that says complete with a failed sub-change, a CI summary counting
+            // one failure). An abandoned revision this recover settled keeps its own record.
+            let superseded = prior
+                .sub_changes
+                .iter()
+                .filter(|s| s.status == SubStatus::Failed && s.id != done && !settled.contains(&s.id));
+            for old in superseded {
                 if old.id.rsplit_once('@').is_some_and(|(r, _)| r == self.release) {
                     sink.emit(Event::Moved { from: old.id.clone(), to: done.clone() });
                 }
@@ -1044,16 +1048,22 @@ fn secret_values_path(ctx: &StepContext, name: &str) -> PathBuf {
     ctx.work_dir.join(name)
 }
 
-/// Passes events on, keeping the id of the last sub-change settled Done.
+/// Passes events on, keeping the id of the last sub-change settled Done and those settled
+/// Pending (an abandoned revision).
 struct LastDone<'a> {
     inner: &'a dyn EventSink,
-    last: std::sync::Mutex<Option<String>>,
+    seen: std::sync::Mutex<(Option<String>, Vec<String>)>,
 }
 
 impl EventSink for LastDone<'_> {
     fn emit(&self, event: Event) {
-        if let Event::Done { id, .. } = &event {
-            *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(id.clone());
+        {
+            let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+            match &event {
+                Event::Done { id, .. } => seen.0 = Some(id.clone()),
+                Event::Pending { id, .. } => seen.1.push(id.clone()),
+                _ => {}
+            }
         }
         self.inner.emit(event);
     }
