@@ -30,7 +30,7 @@ use crate::secrets;
 use crate::{
     display_command, shell_quote, Adapter, AdapterError, CancellationToken, DescribeContext, Event, EventSink, Failure,
     FieldPath, Inspection, PathSegment, PlanAction, PlanItem, Preview, PriorStep, Recovered, RecoveryDoc, SpecProblem,
-    StepContext, Stream, SubStatus, ToolInfo,
+    StepContext, Stream, SubStatus, ToolInfo, TOOL_VERSION_FACT,
 };
 
 /// Facts kept in the checkpoint when another process holds the state lock.
@@ -258,16 +258,16 @@ impl Adapter for TerraformSpec {
             command: command.clone(),
             detail: "no `terraform_version` in its output".into(),
         })?;
-        let major: u64 = version.split('.').next().and_then(|m| m.parse().ok()).unwrap_or(0);
-        if major < 1 {
-            return Err(AdapterError::ToolUnusable {
-                command,
-                detail: format!(
-                    "version {version} is too old; rdeploy needs 1.0 or later for `apply -json` of a saved plan"
-                ),
-            });
-        }
+        check_version(&version).map_err(|detail| AdapterError::ToolUnusable { command, detail })?;
         Ok(ToolInfo { binary, version })
+    }
+
+    /// `up` and `recover` plan first, and the plan's `-json` stream opens with the version: it is
+    /// checked and reported there ([`Run::plan`]), one terraform start fewer per step. The
+    /// binary must be there all the same.
+    async fn preflight_for_run(&self, ctx: &StepContext) -> Result<Option<ToolInfo>, AdapterError> {
+        self.resolve_binary(ctx)?;
+        Ok(None)
     }
 
     async fn apply(&self, ctx: &StepContext, sink: &dyn EventSink) -> Result<(), Failure> {
@@ -596,6 +596,17 @@ fn is_duration(text: &str) -> bool {
     !digits.is_empty() && digits.chars().all(|c| c.is_ascii_digit()) && matches!(unit, "ms" | "s" | "m" | "h")
 }
 
+/// Whether rdeploy can drive this version (1.0 or later: `apply -json` of a saved plan).
+fn check_version(version: &str) -> Result<(), String> {
+    let major: u64 = version.split('.').next().and_then(|m| m.parse().ok()).unwrap_or(0);
+    if major < 1 {
+        return Err(format!(
+            "version {version} is too old; rdeploy needs 1.0 or later for `apply -json` of a saved plan"
+        ));
+    }
+    Ok(())
+}
+
 /// `terraform_version` from `terraform version -json` (OpenTofu uses the same key).
 pub fn parse_version(json: &str) -> Option<String> {
     let doc: serde_json::Value = serde_json::from_str(json.trim()).ok()?;
@@ -891,10 +902,33 @@ impl<'a> Run<'a> {
         self.prepare(workspace).await?;
         let args = self.plan_args(plan_file);
         let mut initialized = false;
+        let mut version_reported = self.preview;
         let plan = loop {
             let mut plan = PlanReport::default();
             let outcome = self.exec_json(self.command(&args), &mut |ui| plan.observe(&ui.body)).await?;
             let errors: Vec<Diagnostic> = plan.diagnostics.iter().filter(|d| d.is_error()).cloned().collect();
+            if let Some(version) = &plan.version {
+                // The version the step ran with (its preflight did not ask: see
+                // `preflight_for_run`), and whether rdeploy can drive it, before anything applies.
+                if !std::mem::replace(&mut version_reported, true) {
+                    self.sink.emit(Event::Fact { key: TOOL_VERSION_FACT.into(), value: version.clone().into() });
+                }
+                if let Err(detail) = check_version(version) {
+                    return Err(Failure::new(format!("`{}`: {detail}", self.display(&args)))
+                        .with_hint(format!("install {} 1.0 or later", self.spec.tool_word())));
+                }
+            } else if !outcome.success() && !outcome.interrupted {
+                // No version message at all: a terraform too old for `plan -json`, or not one. The
+                // preflight's own check says which, as it would have before the run.
+                if let Err(e) = self.spec.preflight(self.ctx).await {
+                    let hint = e.hint().map(str::to_string);
+                    let failure = Failure::new(e.to_string());
+                    return Err(match hint {
+                        Some(hint) => failure.with_hint(hint),
+                        None => failure,
+                    });
+                }
+            }
             if outcome.success() {
                 break plan;
             }
