@@ -442,9 +442,19 @@ fn up_and_recover_take_terraforms_version_from_its_json_stream_without_a_version
     let calls = p.read("terraform-calls");
     assert!(!calls.lines().any(|l| l == "version"), "no version preflight: {calls}");
     assert!(calls.lines().filter(|l| *l == "plan").count() >= 2, "a plan on up and on recover: {calls}");
+    // Nor on `output -json`: the apply's stream ends with the outputs (none sensitive here).
+    assert!(!calls.lines().any(|l| l == "output"), "outputs from the apply's stream: {calls}");
     let history = std::fs::read_dir(p.path(".rdeploy/history")).unwrap().next().unwrap().unwrap().path();
     let deploy: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(history).unwrap()).unwrap();
     assert_eq!(step(&deploy, "network")["tool_version"], version.as_str(), "{deploy:#}");
+    let last = std::process::Command::new(&terraform)
+        .args(["output", "-raw", "last"])
+        .current_dir(p.path("chain"))
+        .output()
+        .unwrap();
+    let last = String::from_utf8(last.stdout).unwrap();
+    assert!(!last.is_empty());
+    assert_eq!(step(&deploy, "network")["outputs"]["last"], last.as_str(), "{deploy:#}");
     // `validate` still asks terraform itself.
     p.rdeploy(&["validate"]).code(0).stdout_has(&format!("terraform {version}"));
     assert!(p.read("terraform-calls").lines().any(|l| l == "version"), "validate's preflight");

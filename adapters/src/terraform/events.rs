@@ -36,7 +36,10 @@ pub enum UiMessage {
         action: String,
     },
     Diagnostic(Diagnostic),
-    /// `log`, `outputs`, `refresh_*`, `provision_*`, `apply_progress` and types added later.
+    /// The root module's outputs at the end of a successful apply, as `output -json` gives them
+    /// except that a sensitive output has no `value`.
+    Outputs(serde_json::Map<String, serde_json::Value>),
+    /// `log`, `refresh_*`, `provision_*`, `apply_progress` and types added later.
     Other {
         kind: String,
     },
@@ -220,6 +223,7 @@ struct RawLine {
     hook: Option<RawHook>,
     changes: Option<ChangeSummary>,
     diagnostic: Option<Diagnostic>,
+    outputs: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 #[derive(Deserialize)]
@@ -276,6 +280,10 @@ pub fn parse_line(line: &str) -> Option<UiLine> {
         },
         "diagnostic" => match raw.diagnostic {
             Some(d) => UiMessage::Diagnostic(d),
+            None => UiMessage::Other { kind: raw.kind },
+        },
+        "outputs" => match raw.outputs {
+            Some(outputs) => UiMessage::Outputs(outputs),
             None => UiMessage::Other { kind: raw.kind },
         },
         _ => UiMessage::Other { kind: raw.kind },

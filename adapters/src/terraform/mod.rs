@@ -33,6 +33,9 @@ use crate::{
     StepContext, Stream, SubStatus, ToolInfo, TOOL_VERSION_FACT,
 };
 
+/// The `outputs` message of an apply's `-json` stream: name to `{sensitive, type, value}`.
+type OutputsMessage = serde_json::Map<String, serde_json::Value>;
+
 /// Facts kept in the checkpoint when another process holds the state lock.
 pub const FACT_LOCK_ID: &str = "lock_id";
 pub const FACT_LOCK: &str = "lock";
@@ -147,8 +150,8 @@ impl TerraformSpec {
                 });
             }
         }
-        run.apply_saved(&plan, &plan_file).await?;
-        run.report_outputs().await?;
+        let outputs = run.apply_saved(&plan, &plan_file).await?;
+        run.report_outputs(outputs).await?;
         Ok(Recovered::Complete)
     }
 
@@ -278,8 +281,8 @@ impl Adapter for TerraformSpec {
             let mut run = Run::new(self, ctx, sink)?;
             let plan_file = ctx.work_dir.join(PLAN_FILE);
             let plan = run.plan(&plan_file, Workspace::Create).await?;
-            run.apply_saved(&plan, &plan_file).await?;
-            run.report_outputs().await
+            let outputs = run.apply_saved(&plan, &plan_file).await?;
+            run.report_outputs(outputs).await
         };
         applied.await.map_err(|f| ctx.secrets.redact_failure(f))
     }
@@ -836,9 +839,18 @@ impl<'a> Run<'a> {
             .map_err(|e| Failure::new(format!("`{}` printed what rdeploy cannot read: {e}", self.display(&args))))
     }
 
-    /// Reports the root module's outputs after an apply, for later steps.
-    async fn report_outputs(&self) -> Result<(), Failure> {
-        let values = self.outputs().await?;
+    /// Reports the root module's outputs after an apply, for later steps: the ones the apply's
+    /// stream ended with (`applied`), read as `output -json`'s, or, when that message is missing
+    /// or one output is sensitive (the stream leaves its value out), `output -json` itself.
+    async fn report_outputs(&self, applied: Option<OutputsMessage>) -> Result<(), Failure> {
+        let sensitive = |values: &OutputsMessage| {
+            values.values().any(|v| v.get("sensitive").and_then(serde_json::Value::as_bool) != Some(false))
+        };
+        let values = match applied.filter(|values| !sensitive(values)) {
+            Some(values) => crate::outputs::parse_terraform_outputs(&serde_json::Value::Object(values).to_string())
+                .map_err(|e| Failure::new(format!("terraform's `outputs` message is not what rdeploy reads: {e}")))?,
+            None => self.outputs().await?,
+        };
         if !values.is_empty() {
             self.sink.emit(Event::Outputs { values });
         }
@@ -976,7 +988,8 @@ impl<'a> Run<'a> {
 
     /// Applies the saved plan, reporting each resource as terraform reports it, and after a
     /// failure settles every planned resource against state.
-    async fn apply_saved(&self, plan: &PlanReport, plan_file: &Path) -> Result<(), Failure> {
+    /// Returns the outputs the apply's stream ended with, when it did (see [`Run::report_outputs`]).
+    async fn apply_saved(&self, plan: &PlanReport, plan_file: &Path) -> Result<Option<OutputsMessage>, Failure> {
         let plan_file = &absolute(plan_file);
         let sink = self.sink;
         sink.emit(Event::Planned { ids: plan.ids() });
@@ -1000,8 +1013,14 @@ impl<'a> Run<'a> {
         // file has told everything and goes.
         let (stream_file, stderr_file) = apply_output_files(&self.ctx.work_dir);
         let command = self.command(&args).output_files(&stream_file, &stderr_file);
+        let mut outputs = None;
         let outcome = self
-            .exec_json(command, &mut |ui| tracker.observe(&ui.body, &ui.message, &mut |event| sink.emit(event)))
+            .exec_json(command, &mut |ui| {
+                if let UiMessage::Outputs(values) = &ui.body {
+                    outputs = Some(values.clone());
+                }
+                tracker.observe(&ui.body, &ui.message, &mut |event| sink.emit(event))
+            })
             .await;
         let _ = std::fs::remove_file(&stream_file);
         let _ = std::fs::remove_file(&stderr_file);
@@ -1024,7 +1043,7 @@ impl<'a> Run<'a> {
                     });
                 }
             }
-            return Ok(());
+            return Ok(outputs);
         }
 
         if let Some(lock) = tracker.errors.iter().find_map(parse_lock_diagnostic) {
