@@ -281,8 +281,15 @@ pub struct PriorStep {
 }
 
 impl PriorStep {
+    /// One sub-change's status (a scan: for many look-ups, [`PriorStep::statuses`]).
     pub fn status_of(&self, id: &str) -> Option<SubStatus> {
         self.sub_changes.iter().find(|s| s.id == id).map(|s| s.status)
+    }
+
+    /// Every sub-change's status by id, for an adapter that looks each of its sub-changes up
+    /// (a scan per look-up made recovering a 100,000-sub-change step quadratic).
+    pub fn statuses(&self) -> std::collections::HashMap<&str, SubStatus> {
+        self.sub_changes.iter().map(|s| (s.id.as_str(), s.status)).collect()
     }
 
     pub fn ids_with(&self, status: SubStatus) -> impl Iterator<Item = &str> {
