@@ -674,6 +674,17 @@ mod tests {
         assert_eq!(unknown.body, UiMessage::Other { kind: "resource_drift".into() });
     }
 
+    /// An apply's closing `outputs` message holds `output -json`'s document, a sensitive
+    /// output without its value.
+    #[test]
+    fn the_outputs_message_is_read_with_its_values() {
+        let line = r#"{"@level":"info","@message":"Outputs: 2","@module":"terraform.ui","outputs":{"plain":{"sensitive":false,"type":"string","value":"hello"},"secret":{"sensitive":true,"type":"string"}},"type":"outputs"}"#;
+        let UiMessage::Outputs(outputs) = parse_line(line).unwrap().body else { panic!("not outputs") };
+        assert_eq!(outputs["plain"]["value"], "hello");
+        assert_eq!(outputs["secret"]["sensitive"], true);
+        assert!(outputs["secret"].get("value").is_none());
+    }
+
     #[test]
     fn stderr_noise_is_not_json() {
         assert!(captured("stderr-cli-config-warning.txt").lines().all(|l| parse_line(l).is_none()));
