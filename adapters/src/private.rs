@@ -24,6 +24,11 @@ pub fn write(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     open(path, OpenOptions::new().write(true).create(true).truncate(true))?.write_all(bytes)
 }
 
+/// Creates the directory `path` (its parent must exist) with mode 0700.
+pub fn create_dir(path: &Path) -> std::io::Result<()> {
+    DirBuilder::new().mode(DIR_MODE).create(path)
+}
+
 /// Creates `path` and its missing parents with mode 0700.
 pub fn create_dir_all(path: &Path) -> std::io::Result<()> {
     DirBuilder::new().recursive(true).mode(DIR_MODE).create(path)

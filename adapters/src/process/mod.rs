@@ -754,8 +754,10 @@ impl RunningNotes {
             .map(|(pid, (start, cmd))| format!("{pid}\t{start}\t{}\n", cmd.replace(['\n', '\r'], " ")))
             .collect();
         if crate::private::write(&self.file, text.as_bytes()).is_err() {
+            // `running/` itself, never the state directory above it: a state directory deleted
+            // mid-run is not recreated here (the driver says it is gone).
             if let Some(dir) = self.file.parent() {
-                let _ = crate::private::create_dir_all(dir);
+                let _ = crate::private::create_dir(dir);
             }
             let _ = crate::private::write(&self.file, text.as_bytes());
         }
