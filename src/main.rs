@@ -28,6 +28,7 @@ mod gate;
 mod plan;
 mod reference;
 mod report;
+mod rollout;
 mod runbook;
 mod stack;
 mod store;
