@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use common::{step, sub_statuses, Project};
 use kubesim::testing::{helm_bin, kubectl_bin, Kubesim};
+use std::time::Instant;
 
 const HELM: u32 = 4;
 
@@ -126,5 +127,177 @@ fn an_offline_cluster_is_a_straggler_and_recover_finishes_it_once_it_is_back() {
     assert!(sub_statuses(&status, "agent").iter().all(|(_, s)| s == "done"), "{status}");
     for i in 1..=10 {
         assert_eq!(revisions(&sim, &format!("edge-{i}")), 1, "edge-{i} must have exactly one revision");
+    }
+}
+
+/// A broken image on the first cluster fails the first wave (helm's wait times out): the rollout
+/// halts with no cluster of the later waves touched; once the image is fixed, `recover` upgrades
+/// the failed cluster and goes on.
+#[test]
+fn a_failing_first_wave_halts_the_rollout_before_any_later_cluster_is_touched() {
+    let sim = Kubesim::start(&names(5));
+    let p = project(&sim);
+    let rollout = r#"{ waves: [1, "50%", "100%"], parallel: 2, max_failures: 0 }"#;
+    p.stack(&helm_stack("edge-*", rollout, "set: { image: \"nginx:broken\" }").replace("timeout: 20s", "timeout: 5s"));
+    p.rdeploy(&["up"])
+        .code(1)
+        .stdout_has("stopped in wave 1 of 3")
+        .stdout_has("no cluster of a later wave was touched");
+    let status = p.status();
+    assert_eq!(sub(&status, "edge-1")["status"], "failed", "{status}");
+    assert_eq!(revisions(&sim, "edge-1"), 1);
+    for i in 2..=5 {
+        let c = format!("edge-{i}");
+        assert_eq!(sub(&status, &c)["status"], "pending", "{c}: {status}");
+        assert_eq!(revisions(&sim, &c), 0, "{c} is in a later wave and must not be touched");
+    }
+
+    p.stack(&helm_stack("edge-*", rollout, ""));
+    p.rdeploy(&["recover"]).code(0);
+    // edge-1 is the kubeconfig's current context: its failed revision, then the fixed one.
+    assert_eq!(sim.helm_statuses(HELM, "agent", "monitoring"), ["superseded", "deployed"]);
+    for i in 2..=5 {
+        assert_eq!(revisions(&sim, &format!("edge-{i}")), 1, "edge-{i}");
+    }
+}
+
+/// Polls `status --json` until `f` holds for it (or panics after `timeout`).
+fn until_status(
+    p: &Project,
+    timeout: Duration,
+    what: &str,
+    mut f: impl FnMut(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let end = Instant::now() + timeout;
+    loop {
+        let run = p.rdeploy(&["status", "--json"]);
+        if let Ok(status) = serde_json::from_str::<serde_json::Value>(&run.stdout) {
+            if status["steps"].as_array().is_some_and(|s| !s.is_empty()) && f(&status) {
+                return status;
+            }
+        }
+        assert!(Instant::now() < end, "timed out waiting for {what}: {}", run.stdout);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn done_clusters(status: &serde_json::Value) -> Vec<String> {
+    sub_statuses(status, "agent").into_iter().filter(|(_, s)| s == "done").map(|(id, _)| id).collect()
+}
+
+/// kill -9 of rdeploy in the middle of a wave: `recover` converges without `--force`, and no
+/// cluster that was done before the kill gets a second revision.
+#[test]
+fn kill_9_during_a_wave_then_recover_converges_without_upgrading_a_done_cluster_again() {
+    let sim = Kubesim::start_with(&names(6), &["--pod-startup-ms", "1500"]);
+    let p = project(&sim);
+    p.stack(&helm_stack("edge-*", r#"{ waves: [1, "100%"], parallel: 2 }"#, ""));
+    let mut child = p.spawn(&["up"]);
+    let status = until_status(&p, Duration::from_secs(120), "three clusters done", |s| {
+        step(s, "agent")["sub_changes"].as_array().is_some() && done_clusters(s).len() >= 3
+    });
+    child.kill().unwrap();
+    let _ = child.wait();
+    let done_before: Vec<String> = done_clusters(&status);
+    assert!(done_before.len() < 6, "the rollout finished before the kill: {status}");
+
+    p.rdeploy(&["recover"]).code(0);
+    let status = p.status();
+    assert_eq!(status["state"], "complete", "{status}");
+    for c in &done_before {
+        assert_eq!(revisions(&sim, c), 1, "{c} was done before the kill and must not be upgraded again");
+    }
+    for i in 1..=6 {
+        let c = format!("edge-{i}");
+        let out = sim.helm_ok(HELM, &["status", "agent", "-n", "monitoring", "--kube-context", &c, "-o", "json"]);
+        let st: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(st["info"]["status"], "deployed", "{c}");
+    }
+}
+
+/// The bake holds the next wave: while wave 1 bakes, no cluster of wave 2 has the release; once
+/// the bake has passed (with wave 1 read again, still healthy), wave 2 runs.
+#[test]
+fn the_bake_holds_the_next_wave_until_it_has_passed() {
+    let sim = Kubesim::start(&names(3));
+    let p = project(&sim);
+    p.stack(&helm_stack("edge-*", r#"{ waves: [1, "100%"], parallel: 2, bake: 6s }"#, ""));
+    let mut child = p.spawn(&["up"]);
+    let status = until_status(&p, Duration::from_secs(120), "the bake of wave 1", |s| {
+        let bake = &step(s, "agent")["facts"]["bake"];
+        bake["wave"] == 1 && bake.get("ended").is_none()
+    });
+    assert_eq!(sub(&status, "edge-1")["status"], "done", "{status}");
+    for c in ["edge-2", "edge-3"] {
+        assert_eq!(sub(&status, c)["status"], "pending", "{status}");
+        assert_eq!(revisions(&sim, c), 0, "{c} is in wave 2: untouched while wave 1 bakes");
+    }
+    assert!(child.wait().unwrap().success());
+    let status = p.status();
+    assert_eq!(status["state"], "complete", "{status}");
+    assert!(step(&status, "agent")["facts"]["bake"].get("ended").is_some(), "{status}");
+    for c in ["edge-1", "edge-2", "edge-3"] {
+        assert_eq!(revisions(&sim, c), 1, "{c}");
+    }
+}
+
+/// `absent: wait`: the wave waits for an offline cluster and goes on once it answers.
+#[test]
+fn absent_wait_waits_for_an_offline_cluster_then_goes_on() {
+    let sim = Kubesim::start(&names(3));
+    let p = project(&sim);
+    p.stack(
+        &helm_stack("edge-*", r#"{ waves: [1, "100%"], parallel: 3, absent: wait, inventory_timeout: 2s }"#, "")
+            .replace("timeout: 20s", "timeout: 120s"),
+    );
+    sim.post("/_sim/clusters/edge-3/offline");
+    let mut child = p.spawn(&["up"]);
+    until_status(&p, Duration::from_secs(120), "the wave waiting for edge-3", |s| {
+        step(s, "agent")["warnings"]
+            .as_array()
+            .is_some_and(|w| w.iter().any(|m| m.as_str().unwrap_or("").contains("waits for it")))
+            && done_clusters(s).len() == 2
+    });
+    assert_eq!(revisions(&sim, "edge-2"), 1);
+    sim.post("/_sim/clusters/edge-3/online");
+    assert!(child.wait().unwrap().success(), "the deploy goes on once edge-3 answers");
+    let status = p.status();
+    assert_eq!(status["state"], "complete", "{status}");
+    assert_eq!(revisions(&sim, "edge-3"), 1);
+}
+
+/// A kubectl fleet step: the manifests are applied once per listed context, each cluster done.
+#[test]
+fn a_kubectl_fleet_step_applies_its_manifests_once_per_cluster() {
+    let sim = Kubesim::start(&names(3));
+    let p = project(&sim);
+    p.file(
+        "k8s/config.yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: agent-config\n  namespace: default\ndata:\n  level: info\n",
+    );
+    p.stack(&format!(
+        r#"
+name: fleet
+steps:
+  - name: agent
+    tool: kubectl
+    manifests: [k8s/]
+    binary: {kubectl}
+    contexts: [edge-3, edge-1, edge-2]
+    rollout: {{ waves: [1, "100%"], parallel: 2 }}
+"#,
+        kubectl = kubectl_bin().display()
+    ));
+    p.rdeploy(&["up"]).code(0);
+    let status = p.status();
+    assert_eq!(
+        sub_statuses(&status, "agent"),
+        [("edge-1", "done"), ("edge-2", "done"), ("edge-3", "done")].map(|(a, b)| (a.to_string(), b.to_string()))
+    );
+    assert_eq!(sub(&status, "edge-1")["note"], "1 object applied");
+    for c in ["edge-1", "edge-2", "edge-3"] {
+        let level =
+            sim.kubectl_ok(&["--context", c, "get", "configmap", "agent-config", "-o", "jsonpath={.data.level}"]);
+        assert_eq!(level, "info", "{c}");
     }
 }
