@@ -94,11 +94,16 @@ fn sub<'a>(status: &'a serde_json::Value, id: &str) -> &'a serde_json::Value {
 fn an_offline_cluster_is_a_straggler_and_recover_finishes_it_once_it_is_back() {
     let sim = Kubesim::start(&names(10));
     let p = project(&sim);
-    p.stack(&helm_stack("edge-*", r#"{ waves: [1, "50%", "100%"], parallel: 4, inventory_timeout: 2s }"#, ""));
+    let rollout = r#"{ waves: [1, "50%", "100%"], parallel: 4, inventory_timeout: 2s }"#;
+    p.stack(&helm_stack("edge-*", rollout, "slo: \"90%@1h,100%@2h\""));
     sim.post("/_sim/clusters/edge-7/offline");
 
-    let up = p.rdeploy(&["up"]);
-    up.code(1).stdout_has("edge-7");
+    p.rdeploy(&["up"])
+        .code(1)
+        .stdout_has("waves:    1: 1/1 done, 2: 4/4 done, 3: 4/5 passed (1 straggler)")
+        .stdout_has("straggler: edge-7 (never seen by rdeploy)")
+        .stdout_has("complete: 90% (9/10 clusters)")
+        .stdout_has("slo: 90%@1h met");
     let status = p.status();
     assert_eq!(status["state"], "partial");
     for i in (1..=10).filter(|i| *i != 7) {
@@ -109,6 +114,13 @@ fn an_offline_cluster_is_a_straggler_and_recover_finishes_it_once_it_is_back() {
     let straggler = sub(&status, "edge-7");
     assert_eq!(straggler["status"], "pending", "{status}");
     assert!(straggler["note"].as_str().unwrap().contains("absent"), "{straggler}");
+    assert_eq!(straggler["absent_since"], serde_json::Value::Null, "never seen: {straggler}");
+    assert!(!straggler["absent_why"].as_str().unwrap().is_empty(), "{straggler}");
+    assert_eq!(straggler["wave"], 3);
+    let rollout = &step(&status, "agent")["rollout"];
+    assert_eq!(rollout["percent"], 90.0, "{rollout}");
+    assert_eq!(rollout["stragglers"][0]["id"], "edge-7", "{rollout}");
+    assert_eq!(rollout["slo"][1]["state"], "pending", "{rollout}");
     let facts = &step(&status, "agent")["facts"];
     assert_eq!(
         facts["rollout"]["waves"],
@@ -128,6 +140,16 @@ fn an_offline_cluster_is_a_straggler_and_recover_finishes_it_once_it_is_back() {
     for i in 1..=10 {
         assert_eq!(revisions(&sim, &format!("edge-{i}")), 1, "edge-{i} must have exactly one revision");
     }
+
+    // The rollout's journaled start is the start `inventory --slo` measures from.
+    let started = step(&status, "agent")["facts"]["rollout"]["started"].as_str().unwrap().to_string();
+    let inv =
+        p.rdeploy(&["inventory", "--contexts", "edge-*", "--namespace", "monitoring", "--slo", "100%@1h", "--json"]);
+    inv.code(0);
+    let inv: serde_json::Value = serde_json::from_str(&inv.stdout).unwrap();
+    let slo = &inv["slo"][0];
+    assert_eq!(slo["started"], started.as_str(), "{inv}");
+    assert!(slo["started_by"].as_str().unwrap().contains("rollout of step `agent`"), "{slo}");
 }
 
 /// A broken image on the first cluster fails the first wave (helm's wait times out): the rollout

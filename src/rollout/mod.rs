@@ -18,6 +18,7 @@
 //! until when) and one `cluster:NAME` per cluster.
 
 pub mod plan;
+pub mod report;
 
 use std::collections::BTreeMap;
 use std::ops::Range;
