@@ -1548,6 +1548,41 @@ mod tests {
         assert_eq!(stack.step("a").unwrap().line, 7);
     }
 
+    const FLEET: &str = "name: s\nsteps:\n  - name: agent\n    tool: helm\n    release: agent\n    chart: repo/agent\n    contexts: [\"edge-*\", core-1]\n    slo: \"95%@48h\"\n    rollout: { waves: [1, \"10%\", \"100%\"], parallel: 20, bake: 10m, max_failures: \"5%\", absent: wait }\n";
+
+    #[test]
+    fn a_fleet_step_reads_its_scope_and_rollout() {
+        let stack = parse(Path::new("stack.yaml"), FLEET).unwrap();
+        let fleet = stack.step("agent").unwrap().fleet.clone().expect("a fleet step");
+        assert_eq!(fleet.contexts, ["edge-*", "core-1"]);
+        assert_eq!(fleet.slo.as_deref(), Some("95%@48h"));
+        let r = fleet.rollout;
+        assert_eq!(r.waves, [WaveSize::Count(1), WaveSize::Percent(10.0), WaveSize::Percent(100.0)]);
+        assert_eq!((r.parallel, r.bake, r.absent), (20, Duration::from_secs(600), AbsentPolicy::Wait));
+        assert_eq!(r.max_failures, MaxFailures::Percent(5.0));
+        // Without `rollout:`: one wave of every cluster, one at a time, nothing tolerated.
+        let plain = FLEET.replace("    rollout: { waves: [1, \"10%\", \"100%\"], parallel: 20, bake: 10m, max_failures: \"5%\", absent: wait }\n", "");
+        let stack = parse(Path::new("stack.yaml"), &plain).unwrap();
+        assert_eq!(stack.step("agent").unwrap().fleet.as_ref().unwrap().rollout, Rollout::default());
+    }
+
+    #[test]
+    fn fleet_keys_are_checked_where_they_are_written() {
+        let p = problems(&FLEET.replace("absent: wait", "absent: wiat").replace("bake: 10m", "bake: soon"));
+        let messages: Vec<&str> = p.iter().map(|p| p.message.as_str()).collect();
+        assert!(messages.iter().any(|m| m.contains("`rollout.bake: soon` is not a duration")), "{messages:?}");
+        let absent = p.iter().find(|p| p.message.contains("`rollout.absent`")).expect("absent is checked");
+        assert_eq!(absent.hint.as_deref(), Some("did you mean `wait`?"));
+        let p = problems(&FLEET.replace("waves: [1,", "waves: [first,"));
+        assert!(p[0].message.contains("`first` is neither a cluster count nor a percentage"), "{p:?}");
+        let p = problems(&FLEET.replace("    contexts:", "    context: c1\n    contexts:"));
+        assert!(p[0].message.contains("both `context` and `contexts`"), "{p:?}");
+        let p = problems(&FLEET.replace("    contexts: [\"edge-*\", core-1]\n", "    selector: tier=edge\n"));
+        assert!(p.iter().any(|p| p.message.contains("`selector` belongs to a fleet step")), "{p:?}");
+        let p = problems("name: s\nsteps:\n  - name: a\n    tool: shell\n    run: echo\n    contexts: [edge-1]\n");
+        assert_eq!(p[0].hint.as_deref(), Some("`contexts` is a key of fleet steps, which are helm or kubectl steps"));
+    }
+
     #[test]
     fn a_typo_inside_a_gate_is_matched_against_the_gate_keys() {
         let p = problems(
