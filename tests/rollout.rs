@@ -174,6 +174,14 @@ fn a_failing_first_wave_halts_the_rollout_before_any_later_cluster_is_touched() 
         assert_eq!(revisions(&sim, &c), 0, "{c} is in a later wave and must not be touched");
     }
 
+    // The runbook names the waves, the stop rule and the commands for the failed cluster.
+    p.rdeploy(&["runbook"])
+        .code(0)
+        .stdout_has("- waves: 1, 50%, 100% (cumulative")
+        .stdout_has("- stop rule: more than 0 failed clusters stop the rollout before the next wave")
+        .stdout_has("`helm rollback agent REVISION -n monitoring --kube-context edge-1 --wait`")
+        .stdout_has("helm status agent -n monitoring --kube-context CLUSTER");
+
     p.stack(&helm_stack("edge-*", rollout, ""));
     p.rdeploy(&["recover"]).code(0);
     // edge-1 is the kubeconfig's current context: its failed revision, then the fixed one.

@@ -19,6 +19,7 @@
 
 pub mod plan;
 pub mod report;
+pub mod runbook;
 
 use std::collections::BTreeMap;
 use std::ops::Range;
