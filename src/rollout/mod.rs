@@ -436,8 +436,8 @@ impl Runner<'_> {
         });
         match self.apply(m).await {
             Ok(note) => match self.healthy(m).await {
-                Ok(()) => {
-                    self.note_rollout_start(m).await;
+                Ok(seen) => {
+                    self.note_rollout_start(&seen);
                     self.fact(&m.name, |f| {
                         f.insert("done_at".into(), rfc3339(OffsetDateTime::now_utc()).into());
                         f.remove("in_flight");
@@ -515,8 +515,8 @@ impl Runner<'_> {
         })
     }
 
-    /// Reads the cluster until its workloads are healthy (bounded).
-    async fn healthy(&self, m: &Member) -> Result<(), String> {
+    /// Reads the cluster until its workloads are healthy (bounded); the healthy read.
+    async fn healthy(&self, m: &Member) -> Result<ClusterInventory, String> {
         let limit = self.r.step.timeout.unwrap_or(HEALTH_WAIT).min(HEALTH_WAIT);
         let deadline = Instant::now() + limit;
         loop {
@@ -526,7 +526,7 @@ impl Runner<'_> {
                 None => unhealthy(&c),
             };
             if why.is_empty() {
-                return Ok(());
+                return Ok(c);
             }
             if Instant::now() >= deadline || self.r.ctx.cancel.is_cancelled() {
                 return Err(why.join("; "));
@@ -595,11 +595,10 @@ impl Runner<'_> {
 
     /// The rollout's start becomes the start `inventory --slo` measures each image version the
     /// cluster now runs from (instead of when `inventory` first saw it).
-    async fn note_rollout_start(&self, m: &Member) {
+    fn note_rollout_start(&self, c: &ClusterInventory) {
         let Ok(started) = OffsetDateTime::parse(&self.started, &time::format_description::well_known::Rfc3339) else {
             return;
         };
-        let c = self.read(m).await;
         let source = format!("the rollout of step `{}` (rdeploy)", self.r.step.name);
         let mut rollouts = Rollouts::load(self.r.state_dir);
         let mut changed = false;
