@@ -341,6 +341,16 @@ steps:
             sim.kubectl_ok(&["--context", c, "get", "configmap", "agent-config", "-o", "jsonpath={.data.level}"]);
         assert_eq!(level, "info", "{c}");
     }
+
+    // A fleet file's clusters, narrowed by a selector on their labels, in the file's order.
+    p.file("fleet.yaml", "clusters:\n  edge-3: { tier: edge }\n  edge-1: { tier: core }\n  edge-2: { tier: edge }\n");
+    p.stack(
+        &p.read("stack.yaml")
+            .replace("contexts: [edge-3, edge-1, edge-2]", "fleet: fleet.yaml\n    selector: tier=edge"),
+    );
+    p.rdeploy(&["up"]).code(0);
+    let status = p.status();
+    assert_eq!(step(&status, "agent")["facts"]["rollout"]["waves"], serde_json::json!([["edge-3"], ["edge-2"]]));
 }
 
 /// A release this deploy's killed run left pending-upgrade on one cluster of the fleet is
