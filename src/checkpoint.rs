@@ -65,6 +65,12 @@ pub enum Record {
         pid: u32,
         rdeploy_version: String,
     },
+    /// The run applies a reviewed plan (`up --plan PLANFILE`): the file as given and the
+    /// sha256 of its bytes, so `status` and the report say which plan the deploy ran from.
+    FromPlan {
+        file: String,
+        digest: String,
+    },
     StepStarted {
         step: String,
         mode: StepMode,
@@ -441,6 +447,9 @@ pub struct RunInfo {
     pub host: String,
     pub pid: u32,
     pub stack_digest: String,
+    /// The reviewed plan this run applied (`up --plan`): `FILE (sha256:DIGEST)`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<String>,
 }
 
 /// Everything the checkpoint knows about one deploy, rebuilt from the journal.
@@ -528,6 +537,7 @@ impl Deploy {
                     host: host.clone(),
                     pid: *pid,
                     stack_digest: stack_digest.clone(),
+                    plan: None,
                 });
                 // Keep what is known of each step; take the new settings; order as the stack.
                 let mut old = std::mem::take(&mut self.steps);
@@ -541,6 +551,11 @@ impl Deploy {
                     state.digest = h.digest.clone();
                     state.tool = h.tool;
                     self.steps.push(state);
+                }
+            }
+            Record::FromPlan { file, digest } => {
+                if let Some(run) = self.runs.last_mut() {
+                    run.plan = Some(format!("{file} (sha256:{digest})"));
                 }
             }
             Record::StepStarted { step, tool_version, mode } => {
@@ -745,6 +760,7 @@ impl Record {
             }
             // Names only (the run header, plans, starts, ends, attempts, signals, states).
             other @ (Record::Run { .. }
+            | Record::FromPlan { .. }
             | Record::Planned { .. }
             | Record::SubStarted { .. }
             | Record::SubMoved { .. }

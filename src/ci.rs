@@ -43,8 +43,45 @@ enum Mode {
 }
 
 /// Runs the CI wrapper and returns its exit code (docs/exit-codes.md).
-pub async fn run(session: &Session, outputs: &Outputs) -> anyhow::Result<Code> {
+///
+/// With a reviewed plan (`ci --plan PLANFILE`, on merge): `up --plan` when no unfinished deploy
+/// is recorded; a retry of the job after that deploy stopped part-way recovers it (the plan is
+/// spent, as after `up --plan`); an unfinished deploy of anything else is refused (exit 2): the
+/// plan was not made on top of it.
+pub async fn run(
+    session: &mut Session,
+    outputs: &Outputs,
+    plan: Option<crate::planfile::Loaded>,
+) -> anyhow::Result<Code> {
     let unfinished = session.store.load_unfinished()?;
+    if let (Some(deploy), Some(plan)) = (&unfinished, &plan) {
+        let of_this_plan = deploy.runs.iter().filter_map(|r| r.plan.as_deref()).any(|p| p.contains(&plan.digest));
+        if !of_this_plan {
+            let err = Refusal::new(
+                Code::BadInput,
+                format!(
+                    "an unfinished deploy ({}) is recorded in {} that did not start from the plan {}: the plan was not made on top of it",
+                    deploy.deploy_id,
+                    session.store.location(),
+                    plan.path.display()
+                ),
+            )
+            .with_hint(format!(
+                "settle it first (`rdeploy ci {0}` recovers it), then plan again: `rdeploy plan {0} -o {1}`",
+                session.stack_arg,
+                plan.path.display()
+            ))
+            .into();
+            return Err(refused(session, outputs, err));
+        }
+    }
+    let session: &Session = match (&unfinished, plan) {
+        (None, Some(plan)) => {
+            session.from_plan = Some(std::sync::Arc::new(plan));
+            session
+        }
+        _ => session,
+    };
     let mode = match &unfinished {
         None => {
             session.ui.info(format!(
@@ -104,12 +141,24 @@ pub async fn run(session: &Session, outputs: &Outputs) -> anyhow::Result<Code> {
 /// `rdeploy ci --plan-only`, for pull requests: the plan on stdout, appended as markdown to
 /// `$GITHUB_STEP_SUMMARY`, and a JUnit test case per step (a step whose preview failed is a
 /// failure; changes are what a pull request is for, so they are not). Nothing is deployed.
-pub async fn plan_only(session: &Session, outputs: &Outputs) -> anyhow::Result<Code> {
+pub async fn plan_only(session: &Session, outputs: &Outputs, save: Option<&Path>) -> anyhow::Result<Code> {
     session.ui.info(format!("ci: --plan-only: running `rdeploy plan {}`; nothing is deployed", session.stack_arg));
     let plan = match session.plan().await {
         Ok(plan) => plan,
         Err(err) => return Err(refused(session, outputs, err)),
     };
+    if let Some(path) = save {
+        let saved = crate::planfile::build(session, &plan).and_then(|file| crate::planfile::write(path, &file));
+        match saved {
+            Ok(digest) => session.ui.info(format!(
+                "ci: saved the plan to {} (sha256:{}): keep it as an artifact for `rdeploy ci --plan {}` on merge",
+                path.display(),
+                &digest[..12],
+                path.display()
+            )),
+            Err(err) => return Err(refused(session, outputs, err)),
+        }
+    }
     out!("{}", crate::plan::render_text(&plan));
     if outputs.annotations {
         for step in plan.steps.iter().filter(|s| s.error.is_some()) {
@@ -373,9 +422,20 @@ fn summary(session: &Session, status: &Status, code: Code, mode: &Mode, changes:
     let _ = writeln!(text, "\n## CI run\n");
     let _ = writeln!(text, "- exit code: **{}** ({})", code as i32, code_meaning(code));
     match mode {
-        Mode::Up => {
-            let _ = writeln!(text, "- ran: `rdeploy up {}` (no unfinished deploy was recorded)", session.stack_arg);
-        }
+        Mode::Up => match &session.from_plan {
+            Some(plan) => {
+                let _ = writeln!(
+                    text,
+                    "- ran: `rdeploy up {} --plan {}`: the reviewed plan (sha256:`{}`), checked against the stack and the live state first",
+                    session.stack_arg,
+                    plan.path.display(),
+                    plan.digest
+                );
+            }
+            None => {
+                let _ = writeln!(text, "- ran: `rdeploy up {}` (no unfinished deploy was recorded)", session.stack_arg);
+            }
+        },
         Mode::Recover { deploy_id, done } => {
             let before = if done.is_empty() {
                 "none".to_string()

@@ -62,6 +62,8 @@ pub struct Session {
     /// The holder this run took the lock (or lease) over from, when it died holding it: a fact
     /// the adapters get through `StepContext::started_by` (helm's abandoned `pending-*`).
     pub took_over: Mutex<Option<crate::store::Holder>>,
+    /// `up --plan PLANFILE`: the reviewed plan this run applies exactly, or refuses.
+    pub from_plan: Option<Arc<crate::planfile::Loaded>>,
 }
 
 /// Sensitive output values by producing step and key, held in memory only.
@@ -448,12 +450,31 @@ impl Session {
         }
         let steps: Vec<&Step> = self.stack.ordered().collect();
         let tools = self.preflight(&steps).await?;
-        let mut cp = Checkpoint::create(self.store.as_ref())?;
-        let run_id = ulid::Ulid::new().to_string();
-        cp.record(Checkpoint::run_record(&self.stack, "up", &run_id))?;
-        self.ui.info(format!("deploy {run_id} of stack {} ({} steps)", self.stack.name, steps.len()));
-        let actions = self.stack.ordered().map(|s| (s.name.clone(), Action::Apply)).collect();
-        let (outcome, deploy) = self.run(cp, actions, tools).await?;
+        if let Some(loaded) = &self.from_plan {
+            // Before anything runs or is recorded: whatever moved since the plan refuses it.
+            self.ui.info(format!(
+                "checking the plan {} (sha256:{}) against the stack and the live state",
+                loaded.path.display(),
+                loaded.short()
+            ));
+            self.check_plan(loaded).await?;
+            self.stage_saved_plans(loaded)?;
+        }
+        let ran = async {
+            let mut cp = Checkpoint::create(self.store.as_ref())?;
+            let run_id = ulid::Ulid::new().to_string();
+            cp.record(Checkpoint::run_record(&self.stack, "up", &run_id))?;
+            if let Some(loaded) = &self.from_plan {
+                cp.record(Record::FromPlan { file: loaded.path.display().to_string(), digest: loaded.digest.clone() })?;
+            }
+            self.ui.info(format!("deploy {run_id} of stack {} ({} steps)", self.stack.name, steps.len()));
+            let actions = self.stack.ordered().map(|s| (s.name.clone(), Action::Apply)).collect();
+            self.run(cp, actions, tools).await
+        }
+        .await;
+        // A reviewed saved plan no apply consumed (its step never ran) goes, whatever happened.
+        self.unstage_saved_plans();
+        let (outcome, deploy) = ran?;
         Ok(RunReport::new(outcome, Some(deploy), Ended::Ran))
     }
 
@@ -809,7 +830,22 @@ impl Session {
             let tool_version = tools.get(&name).map(|t| t.version.clone());
             // Its references take their values before the tool starts: a missing output fails
             // the step here, having run nothing.
-            let step = match self.resolve_references(cp, &step).await {
+            let resolved = self.resolve_references(cp, &step).await.and_then(|resolved| {
+                let recorded = |producer: &str, key: &str| {
+                    cp.read(|d| d.step(producer).and_then(|s| s.outputs.get(key).cloned()))
+                };
+                match self.plan_inputs_moved(&step, &recorded) {
+                    None => Ok(resolved),
+                    Some(why) => Err(Failure::new(format!(
+                        "step `{name}` is not as the plan previewed it: {why}; nothing was run"
+                    ))
+                    .with_hint(format!(
+                        "`rdeploy recover {0}` applies it with the new values; to review them first, `rdeploy plan {0}`",
+                        self.stack_arg
+                    ))),
+                }
+            });
+            let step = match resolved {
                 Ok(resolved) => resolved,
                 Err(failure) => {
                     cp.record(Record::StepStarted { step: name.clone(), mode, tool_version: tool_version.clone() })?;
@@ -827,7 +863,11 @@ impl Session {
             }
             cp.record(Record::StepStarted { step: name.clone(), mode, tool_version: tool_version.clone() })?;
             self.ui.step_started(&name, &what);
-            let (step, mut ctx, read) = self.resolved(&step, self.cancel.child_token());
+            let (mut step, mut ctx, read) = self.resolved(&step, self.cancel.child_token());
+            if let (Action::Apply, Some(saved)) = (&action, self.saved_plan_of(&name)) {
+                // `up --plan`: terraform applies the reviewed saved plan as it is.
+                step.spec.use_saved_plan(saved);
+            }
             if matches!(action, Action::Recover(_)) {
                 // Our own run record is the last one: every earlier run has ended or is elsewhere.
                 ctx.started_by =

@@ -26,6 +26,7 @@ mod exit;
 mod fleet;
 mod gate;
 mod plan;
+mod planfile;
 mod reference;
 mod report;
 mod rollout;
@@ -95,6 +96,10 @@ enum Command {
         /// that do are skipped (stack key `on_failure: continue` sets this by default).
         #[arg(long)]
         keep_going: bool,
+        /// Apply exactly the reviewed plan `rdeploy plan -o PLANFILE` saved: refused (exit 2,
+        /// nothing recorded) when anything it saw has moved since; terraform applies its saved plan.
+        #[arg(long, value_name = "PLANFILE")]
+        plan: Option<PathBuf>,
     },
     /// Resume a stopped deploy from its checkpoint.
     Recover {
@@ -190,6 +195,10 @@ enum Command {
         /// Exit 0 when nothing would change and 7 when something would (other codes as usual).
         #[arg(long)]
         detailed_exitcode: bool,
+        /// Also save the plan to PLANFILE (owner-only), for `rdeploy up --plan PLANFILE` to apply
+        /// exactly as reviewed.
+        #[arg(short = 'o', long = "out", value_name = "PLANFILE")]
+        out: Option<PathBuf>,
     },
     /// CI wrapper: `up` when no unfinished deploy is recorded, `recover` when one is; plain
     /// lines, GitHub annotations and step summary, JUnit.
@@ -200,9 +209,16 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         junit: Option<PathBuf>,
         /// For pull requests: `rdeploy plan` to stdout, the step summary and `--junit`; nothing
-        /// is deployed.
-        #[arg(long)]
+        /// is deployed (with `-o PLANFILE`, the plan is saved too, for `ci --plan` on merge).
+        #[arg(long, conflicts_with = "plan")]
         plan_only: bool,
+        /// With `--plan-only`: save the plan to PLANFILE (owner-only), as `plan -o` does.
+        #[arg(short = 'o', long = "out", value_name = "PLANFILE", requires = "plan_only")]
+        out: Option<PathBuf>,
+        /// On merge: apply exactly the reviewed plan (`up --plan PLANFILE`), refused (exit 2)
+        /// when anything it saw has moved.
+        #[arg(long, value_name = "PLANFILE")]
+        plan: Option<PathBuf>,
         #[arg(long, default_value_t = 1, value_name = "N")]
         parallel: usize,
         /// After a failure, keep running the steps that do not need the failed one; the steps
@@ -501,6 +517,7 @@ fn session(stack_path: &Path, global: &Global, ui: Arc<Ui>, parallel: usize) -> 
         processes,
         sensitive: Default::default(),
         took_over: Mutex::new(None),
+        from_plan: None,
     })
 }
 
@@ -544,9 +561,12 @@ fn watch_signals(cancel: CancellationToken, signal: Arc<Mutex<Option<String>>>, 
 async fn run(cli: Cli, ui: Arc<Ui>) -> anyhow::Result<Code> {
     let global = &cli.global;
     match &cli.command {
-        Command::Up { stack, parallel, keep_going } => {
+        Command::Up { stack, parallel, keep_going, plan } => {
             let mut s = session(stack, global, ui, *parallel)?;
             s.keep_going |= *keep_going;
+            if let Some(path) = plan {
+                s.from_plan = Some(Arc::new(planfile::load(path)?));
+            }
             cmd::present(&s, &s.up().await?)
         }
         Command::Recover { stack, dry_run, parallel, force, reapply_missing, keep_going } => {
@@ -601,9 +621,9 @@ async fn run(cli: Cli, ui: Arc<Ui>) -> anyhow::Result<Code> {
             }
             Ok(Code::Ok)
         }
-        Command::Ci { stack, junit, plan_only, parallel, keep_going } => {
+        Command::Ci { stack, junit, plan_only, out, plan, parallel, keep_going } => {
             let outputs = ci::Outputs::from_env(junit.clone());
-            let s = match session(stack, global, ui.clone(), *parallel) {
+            let mut s = match session(stack, global, ui.clone(), *parallel) {
                 Ok(mut s) => {
                     s.keep_going |= *keep_going;
                     s
@@ -614,13 +634,27 @@ async fn run(cli: Cli, ui: Arc<Ui>) -> anyhow::Result<Code> {
                 }
             };
             if *plan_only {
-                return ci::plan_only(&s, &outputs).await;
+                return ci::plan_only(&s, &outputs, out.as_deref()).await;
             }
-            ci::run(&s, &outputs).await
+            let plan = match plan.as_deref().map(planfile::load).transpose() {
+                Ok(plan) => plan,
+                Err(e) => return Err(ci::report_error(&outputs, &ui, &s.stack.name, &s.stack_arg, e)),
+            };
+            ci::run(&mut s, &outputs, plan).await
         }
-        Command::Plan { stack, json, markdown, detailed_exitcode } => {
-            let s = session(stack, global, ui, 1)?;
+        Command::Plan { stack, json, markdown, detailed_exitcode, out } => {
+            let s = session(stack, global, ui.clone(), 1)?;
             let plan = s.plan().await?;
+            if let Some(path) = out {
+                let digest = planfile::write(path, &planfile::build(&s, &plan)?)?;
+                ui.info(format!(
+                    "saved the plan to {} (sha256:{}); apply it with `rdeploy up {} --plan {}`",
+                    path.display(),
+                    &digest[..12],
+                    s.stack_arg,
+                    path.display()
+                ));
+            }
             if *json {
                 outln!("{}", plan::render_json(&plan)?);
             } else if *markdown {

@@ -23,7 +23,7 @@ use crate::exit::{Code, Refusal};
 use crate::stack::Step;
 
 /// A value a step reads: known when the plan is made, or only once an upstream step applies.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case", tag = "state", content = "value")]
 pub enum Resolved<T> {
     /// Journaled by a producer whose preview changes nothing: `up` would hand the step this.
@@ -75,6 +75,9 @@ pub struct StepPlan {
     /// What the preview read, for a saved plan (not in the JSON: see `-o PLANFILE`).
     #[serde(skip)]
     pub observed: Vec<rdeploy_adapters::preview::Observed>,
+    /// The tool's own saved plan (terraform's `plan -out`), for `-o PLANFILE` only.
+    #[serde(skip)]
+    pub saved_plan: Option<Vec<u8>>,
 }
 
 impl StackPlan {
@@ -94,11 +97,13 @@ fn known_inputs(
 ) -> BTreeMap<String, Resolved<serde_json::Value>> {
     let mut out = BTreeMap::new();
     for reference in &step.refs {
-        let unchanged = steps
-            .iter()
-            .position(|s| s.name == reference.step)
-            .and_then(|i| results[i].as_ref())
-            .is_some_and(|r| matches!(r, Ok(preview) if preview.changes() == 0));
+        let producer = steps.iter().position(|s| s.name == reference.step);
+        // A value the producer makes anew on every apply (helm's `revision`) is never known.
+        let volatile = producer.is_some_and(|i| steps[i].spec.volatile_outputs().contains(&reference.key.as_str()));
+        let unchanged = !volatile
+            && producer
+                .and_then(|i| results[i].as_ref())
+                .is_some_and(|r| matches!(r, Ok(preview) if preview.changes() == 0));
         let value = recorded.and_then(|d| d.step(&reference.step)).and_then(|s| s.outputs.get(&reference.key));
         let resolved = match value {
             Some(value) if unchanged => Resolved::Known(value.clone()),
@@ -223,6 +228,7 @@ impl Session {
                 inputs,
                 error: None,
                 observed: Vec::new(),
+                saved_plan: None,
             };
             match result {
                 None => {
@@ -249,6 +255,7 @@ impl Session {
                     step_plan.items = preview.items;
                     step_plan.notes = preview.notes;
                     step_plan.observed = preview.observed;
+                    step_plan.saved_plan = preview.saved_plan;
                 }
                 Some(Err(PreviewError::Failed(failure))) if failure.interrupted || self.cancel.is_cancelled() => {
                     return Err(Refusal::new(
@@ -414,6 +421,7 @@ mod tests {
                     inputs: BTreeMap::new(),
                     error: None,
                     observed: vec![],
+                    saved_plan: None,
                 },
                 StepPlan {
                     name: "extras".into(),
@@ -426,6 +434,7 @@ mod tests {
                     inputs: BTreeMap::new(),
                     error: None,
                     observed: vec![],
+                    saved_plan: None,
                 },
                 StepPlan {
                     name: "app".into(),
@@ -438,6 +447,7 @@ mod tests {
                     inputs: BTreeMap::new(),
                     error: None,
                     observed: vec![],
+                    saved_plan: None,
                 },
             ],
         }

@@ -34,6 +34,9 @@ pub struct Status {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lock: Option<Holder>,
     pub warnings: Vec<String>,
+    /// The reviewed plan the deploy was applied from (`up --plan`): `FILE (sha256:DIGEST)`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub from_plan: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -255,6 +258,7 @@ pub fn build(stack: &Stack, store: &dyn Store, state_dir: &StateDir, stack_file:
             interrupted: None,
             lock: holder,
             warnings: Vec::new(),
+            from_plan: None,
         },
     };
     status.state = state;
@@ -377,6 +381,7 @@ pub fn from_deploy(
         interrupted: deploy.interrupted.clone(),
         lock,
         warnings: deploy.warnings.clone(),
+        from_plan: deploy.runs.iter().find_map(|r| r.plan.clone()),
     }
 }
 
@@ -468,6 +473,9 @@ pub fn render_text(status: &Status, paint: Paint) -> String {
     let _ = writeln!(out, "{}", paint.strong(&headline));
     if let (Some(id), Some(updated)) = (&status.deploy_id, &status.updated) {
         let _ = writeln!(out, "{}", paint.dim(&format!("deploy {id}, last recorded {updated}")));
+    }
+    if let Some(plan) = &status.from_plan {
+        let _ = writeln!(out, "applied from the reviewed plan {plan}");
     }
     if let Some(signal) = &status.interrupted {
         let _ = writeln!(out, "interrupted by {signal}; the checkpoint is consistent");
@@ -618,6 +626,9 @@ pub fn render_markdown(status: &Status) -> String {
     );
     if let Some(id) = &status.deploy_id {
         let _ = writeln!(out, "- deploy: `{id}`");
+    }
+    if let Some(plan) = &status.from_plan {
+        let _ = writeln!(out, "- applied from the reviewed plan: `{plan}`");
     }
     if let Some(updated) = &status.updated {
         let _ = writeln!(out, "- last recorded: {updated}");

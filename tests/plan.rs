@@ -440,3 +440,541 @@ steps:
     let diff = values["diff"].as_str().unwrap();
     assert!(diff.contains("-  login: '*** (before)'") && diff.contains("+  login: '*** (after)'"), "{diff}");
 }
+
+// ---- `plan -o PLANFILE`, `up --plan PLANFILE`, `ci --plan PLANFILE` ----
+
+fn mode_of(p: &Project, rel: &str) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p.path(rel)).unwrap().permissions().mode() & 0o777
+}
+
+fn planfile(p: &Project, rel: &str) -> Value {
+    serde_json::from_str(&p.read(rel)).unwrap_or_else(|e| panic!("{rel} is not JSON: {e}"))
+}
+
+fn terraform(p: &Project, dir: &str, args: &[&str]) -> String {
+    let out = std::process::Command::new("terraform").args(args).current_dir(p.path(dir)).output().unwrap();
+    assert!(out.status.success(), "terraform {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// A resource whose value comes from rdeploy's environment (`TF_VAR_owner`), so a new plan at
+/// apply time would differ from the reviewed one.
+const OWNER_TF: &str = r#"
+variable "owner" {
+  type = string
+}
+
+resource "terraform_data" "owner" {
+  input = var.owner
+}
+
+output "owner" {
+  value = terraform_data.owner.output
+}
+"#;
+
+/// The issue's "done when": a plan of all five tools saved (0600), `--detailed-exitcode` 7;
+/// `up --plan` applies exactly that set (read back from terraform's state, the release, the
+/// cluster, the hosts and the shell's file), terraform from its saved plan (the value it
+/// applies is the one planned, though the environment changed since); then the plan is empty.
+#[test]
+fn up_plan_applies_exactly_the_saved_plan_of_five_tools_and_then_plan_is_empty() {
+    let sim = Kubesim::start("demo");
+    let mut p = five_tools(&sim);
+    p.file("infra/owner.tf", OWNER_TF);
+    p.env("TF_VAR_owner", "alice");
+
+    let run = p.rdeploy(&["plan", "-o", "reviewed.plan", "--detailed-exitcode"]);
+    run.code(7).stdout_has("network (terraform): 5 to add, 0 to change, 0 to destroy");
+    assert_eq!(mode_of(&p, "reviewed.plan"), 0o600, "the PLANFILE is owner-only");
+    let saved = planfile(&p, "reviewed.plan");
+    assert_eq!(saved["format"], "rdeploy-plan");
+    assert_eq!(saved["version"], 1);
+    assert_eq!(saved["stack"]["name"], "shop");
+    assert_eq!(saved["changes"], 5 + 4 + 3 + 2 + 2);
+    let steps = saved["steps"].as_array().unwrap();
+    let network = &steps[0];
+    assert!(network["files"]["infra/main.tf"].is_string() && network["files"]["infra/owner.tf"].is_string());
+    assert_eq!(network["observed"][0]["value"], "absent", "no state yet: {network:#}");
+    assert!(network["terraform_plan"]["base64"].as_str().unwrap().len() > 100, "terraform's saved plan rides along");
+    let app = steps.iter().find(|s| s["name"] == "app").unwrap();
+    assert!(app["files"]["charts/webapp/values.yaml"].is_string(), "{app:#}");
+    assert!(app["observed"].as_array().unwrap().iter().any(|o| o["what"] == "revision of helm release shop"));
+    let hosts = steps.iter().find(|s| s["name"] == "hosts").unwrap();
+    assert!(hosts["files"]["hosts/plan.yml"].is_string() && hosts["files"]["hosts/inventory.ini"].is_string());
+    assert!(saved["rendered"].as_str().unwrap().contains("+ create ConfigMap/shop/worker-settings"));
+    assert!(!p.exists("infra/terraform.tfstate"), "planning applied nothing");
+
+    // Another value in the environment now: a fresh plan would create `bob`; the saved one says alice.
+    p.env("TF_VAR_owner", "bob");
+    let up = p.rdeploy(&["up", "--plan", "reviewed.plan"]);
+    up.code(0).stdout_has("applied from the reviewed plan reviewed.plan (sha256:");
+    let owner = p.rdeploy(&["output", "stack.yaml", "network", "owner"]);
+    owner.code(0);
+    assert_eq!(owner.stdout.trim(), "alice", "terraform applied the saved plan, not a new one");
+
+    // Exactly the planned set is in place, read from each tool.
+    let mut state: Vec<String> = terraform(&p, "infra", &["state", "list"]).lines().map(str::to_string).collect();
+    state.sort();
+    assert_eq!(
+        state,
+        [
+            "terraform_data.lb",
+            "terraform_data.owner",
+            "terraform_data.subnet[\"a\"]",
+            "terraform_data.subnet[\"b\"]",
+            "terraform_data.vpc"
+        ]
+    );
+    let release = sim.helm(4, &["status", "shop", "-n", "shop", "--kube-context", "demo", "-o", "json"]);
+    assert!(release.status.success(), "{}", kubesim::testing::stderr(&release));
+    let release: Value = serde_json::from_slice(&release.stdout).unwrap();
+    assert_eq!((release["version"].as_u64(), release["info"]["status"].as_str()), (Some(1), Some("deployed")));
+    let objects =
+        sim.kubectl_ok(&["--context", "demo", "-n", "shop", "get", "configmaps,deployments,services", "-o", "name"]);
+    for object in [
+        "configmap/shop-config",
+        "configmap/worker-settings",
+        "deployment.apps/shop",
+        "deployment.apps/worker",
+        "service/shop",
+    ] {
+        assert!(objects.lines().any(|l| l == object), "{object} is in the cluster: {objects}");
+    }
+    for host in ["web1", "web2", "web3", "web4"] {
+        assert_eq!(p.read(&format!("out/{host}.release")), "1.4.2\n");
+    }
+    assert_eq!(p.lines("out/seed.log"), ["users", "orders"]);
+    let status = p.status();
+    assert!(status["from_plan"].as_str().unwrap().starts_with("reviewed.plan (sha256:"), "{status:#}");
+    assert!(!p.exists(".rdeploy/steps/network/reviewed.tfplan"), "the saved plan is consumed once applied");
+
+    // The world is now as the plan said (the environment's `bob` aside, which only terraform reads).
+    p.env("TF_VAR_owner", "alice");
+    let after = plan_json(&p, 0);
+    assert_eq!(after["changes"], 0, "{after:#}");
+}
+
+fn shell_and_terraform(p: &Project) {
+    p.copy_fixture("demo/infra", "infra");
+    std::fs::create_dir_all(p.path("out")).unwrap();
+    p.file("seed.sh", "#!/bin/sh\necho users >> out/seed.log\n");
+    p.stack(
+        r#"name: shop
+steps:
+  - name: network
+    tool: terraform
+    dir: infra
+    vars: { env: demo }
+  - name: seed
+    tool: shell
+    needs: [network]
+    sub_changes:
+      - { name: users, run: sh seed.sh, check: grep -q users out/seed.log }
+"#,
+    );
+}
+
+/// A stale plan is refused with exit 2 before anything runs or is recorded.
+fn assert_refused(p: &Project, planfile: &str, cause: &str) {
+    let run = p.rdeploy(&["up", "--plan", planfile]);
+    run.code(2)
+        .stderr_has(&format!("the plan {planfile} is stale: nothing was applied and nothing recorded"))
+        .stderr_has(cause)
+        .stderr_has(&format!("hint: plan again with `rdeploy plan stack.yaml -o {planfile}`"));
+    assert!(!p.exists(".rdeploy/journal.jsonl"), "nothing recorded:\n{}", run.stderr);
+    assert!(!p.exists("out/seed.log"), "nothing ran");
+}
+
+#[test]
+fn up_plan_refuses_a_plan_whose_stack_file_changed() {
+    require_tool("terraform", "https://developer.hashicorp.com/terraform/install");
+    let p = Project::new();
+    shell_and_terraform(&p);
+    p.rdeploy(&["plan", "-o", "p.plan"]).code(0);
+    let text = p.read("stack.yaml").replace("vars: { env: demo }", "vars: { env: prod }");
+    p.stack(&text);
+    assert_refused(&p, "p.plan", "the stack file stack.yaml changed since the plan");
+    assert!(!p.exists("infra/terraform.tfstate"));
+}
+
+#[test]
+fn up_plan_refuses_a_plan_whose_step_files_changed() {
+    require_tool("terraform", "https://developer.hashicorp.com/terraform/install");
+    let p = Project::new();
+    shell_and_terraform(&p);
+    p.rdeploy(&["plan", "-o", "p.plan"]).code(0);
+    assert!(
+        planfile(&p, "p.plan")["steps"][1]["files"]["seed.sh"].is_string(),
+        "the script a command names is digested"
+    );
+    p.file("infra/extra.tf", "resource \"terraform_data\" \"extra\" {}\n");
+    p.file("seed.sh", "#!/bin/sh\necho others >> out/seed.log\n");
+    assert_refused(&p, "p.plan", "step `network`: file infra/extra.tf was added since the plan");
+    assert_refused(&p, "p.plan", "step `seed`: file seed.sh changed since the plan");
+    assert!(!p.exists("infra/terraform.tfstate"));
+}
+
+/// "terraform state moved": another apply between the plan and `up --plan`.
+#[test]
+fn up_plan_refuses_a_plan_whose_terraform_state_moved() {
+    require_tool("terraform", "https://developer.hashicorp.com/terraform/install");
+    let p = Project::new();
+    shell_and_terraform(&p);
+    p.rdeploy(&["plan", "-o", "p.plan"]).code(0);
+    terraform(&p, "infra", &["apply", "-auto-approve", "-input=false", "-var", "env=demo"]);
+    let before = p.read("infra/terraform.tfstate");
+    assert_refused(
+        &p,
+        "p.plan",
+        "step `network`: terraform state (serial, lineage) was absent when planned and is serial ",
+    );
+    assert_eq!(p.read("infra/terraform.tfstate"), before, "the state is untouched");
+}
+
+#[test]
+fn up_plan_refuses_a_plan_of_another_stack_or_format_version() {
+    let p = Project::new();
+    p.file("other.yaml", "name: other\nsteps:\n  - name: seed\n    tool: shell\n    run: echo other >> out/seed.log\n");
+    p.stack("name: shop\nsteps:\n  - name: seed\n    tool: shell\n    run: echo shop >> out/seed.log\n");
+    std::fs::create_dir_all(p.path("out")).unwrap();
+    p.rdeploy(&["plan", "other.yaml", "-o", "other.plan"]).code(0);
+    assert_refused(&p, "other.plan", "the plan is of stack `other` (other.yaml), not of stack `shop` (stack.yaml)");
+
+    p.rdeploy(&["plan", "-o", "shop.plan"]).code(0);
+    let newer = p.read("shop.plan").replacen("\"version\": 1,", "\"version\": 2,", 1);
+    p.file("newer.plan", &newer);
+    p.rdeploy(&["up", "--plan", "newer.plan"])
+        .code(2)
+        .stderr_has("the plan file newer.plan is of format version 2; this rdeploy (")
+        .stderr_has("hint: plan again with this rdeploy: `rdeploy plan -o newer.plan`");
+    p.file("garbage.plan", "not json");
+    p.rdeploy(&["up", "--plan", "garbage.plan"]).code(2).stderr_has("garbage.plan is not an rdeploy plan file");
+    assert!(!p.exists(".rdeploy/journal.jsonl") && !p.exists("out/seed.log"));
+    // The plan of this stack applies.
+    p.rdeploy(&["up", "--plan", "shop.plan"]).code(0);
+    assert_eq!(p.lines("out/seed.log"), ["shop"]);
+}
+
+fn kube_project(sim: &Kubesim) -> Project {
+    require_tool("kubectl", "https://kubernetes.io/docs/tasks/tools/");
+    let mut p = Project::new();
+    for (k, v) in sim.env() {
+        p.env(&k, &v);
+    }
+    p.copy_fixture("demo/charts", "charts");
+    p.copy_fixture("demo/k8s", "k8s");
+    std::fs::create_dir_all(p.path("out")).unwrap();
+    p.stack(&format!(
+        r#"
+name: shop
+steps:
+  - name: app
+    tool: helm
+    release: shop
+    chart: charts/webapp
+    namespace: shop
+    context: demo
+    set: {{ image: "nginx:1.27", color: green }}
+    binary: {helm}
+  - name: extras
+    tool: kubectl
+    needs: [app]
+    manifests: [k8s/]
+    context: demo
+"#,
+        helm = helm_bin(4).display(),
+    ));
+    p
+}
+
+#[test]
+fn up_plan_refuses_a_plan_whose_kubectl_object_was_edited_in_the_cluster() {
+    let sim = Kubesim::start("demo");
+    let p = kube_project(&sim);
+    p.rdeploy(&["up"]).code(0);
+    std::fs::remove_dir_all(p.path(".rdeploy")).unwrap();
+    p.rdeploy(&["plan", "-o", "p.plan", "--detailed-exitcode"]).code(0);
+    sim.kubectl_ok(&[
+        "--context",
+        "demo",
+        "-n",
+        "shop",
+        "patch",
+        "configmap",
+        "worker-settings",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"data":{"queue":"manual"}}"#,
+    ]);
+    assert_refused(&p, "p.plan", "step `extras`: resourceVersion of ConfigMap/shop/worker-settings was ");
+    let run = p.rdeploy(&["up", "--plan", "p.plan"]);
+    run.code(2).stderr_has(" now: the object was edited in the cluster");
+    let queue = sim.kubectl_ok(&[
+        "--context",
+        "demo",
+        "-n",
+        "shop",
+        "get",
+        "configmap",
+        "worker-settings",
+        "-o",
+        "jsonpath={.data.queue}",
+    ]);
+    assert_eq!(queue, "manual", "nothing was applied over the edit");
+}
+
+#[test]
+fn up_plan_refuses_a_plan_whose_helm_release_or_its_objects_moved() {
+    let sim = Kubesim::start("demo");
+    let p = kube_project(&sim);
+    p.rdeploy(&["up"]).code(0);
+    std::fs::remove_dir_all(p.path(".rdeploy")).unwrap();
+    let text = p.read("stack.yaml").replace("color: green", "color: blue");
+    p.stack(&text);
+    p.rdeploy(&["plan", "-o", "p.plan", "--detailed-exitcode"]).code(7);
+    // Out of band: someone upgrades the release by hand.
+    let upgrade = sim.helm(
+        4,
+        &[
+            "upgrade",
+            "shop",
+            &p.path("charts/webapp").display().to_string(),
+            "-n",
+            "shop",
+            "--kube-context",
+            "demo",
+            "--reuse-values",
+            "--set",
+            "color=red",
+        ],
+    );
+    assert!(upgrade.status.success(), "{}", kubesim::testing::stderr(&upgrade));
+    assert_refused(&p, "p.plan", "step `app`: revision of helm release shop was 1 when planned and is 2 now: the release was upgraded, rolled back or uninstalled");
+    let run = p.rdeploy(&["up", "--plan", "p.plan"]);
+    run.code(2).stderr_has("step `app`: resourceVersion of ConfigMap/shop/shop-config was ");
+    let color = sim.kubectl_ok(&[
+        "--context",
+        "demo",
+        "-n",
+        "shop",
+        "get",
+        "configmap",
+        "shop-config",
+        "-o",
+        "jsonpath={.data.color}",
+    ]);
+    assert_eq!(color, "red", "nothing was applied over the upgrade");
+    // A file of the chart changed since the plan: refused before the cluster is even read.
+    let template = p.read("charts/webapp/templates/configmap.yaml");
+    p.file("charts/webapp/templates/configmap.yaml", &format!("{template}# edited\n"));
+    assert_refused(&p, "p.plan", "step `app`: file charts/webapp/templates/configmap.yaml changed since the plan");
+}
+
+/// PLANFILE: 0600, and neither a marked secret nor a secret by name is in it, in clear or
+/// base64 (terraform's saved plan, which holds every variable's value, included).
+#[test]
+fn the_planfile_is_owner_only_and_holds_no_secret_in_clear() {
+    require_tool("terraform", "https://developer.hashicorp.com/terraform/install");
+    let mut p = Project::new();
+    p.file(
+        "tf/main.tf",
+        "variable \"db_password\" {\n  type = string\n  sensitive = true\n}\nresource \"terraform_data\" \"db\" {\n  input = sha256(var.db_password)\n}\n",
+    );
+    p.stack(
+        r#"name: shop
+steps:
+  - name: db
+    tool: terraform
+    dir: tf
+    vars: { db_password: { from_env: DB_PASSWORD } }
+  - name: call
+    tool: shell
+    env: { API_TOKEN: tok-5f3a9c-cafe }
+    sub_changes:
+      - { name: notify, run: 'echo "token: tok-5f3a9c-cafe" > /dev/null' }
+"#,
+    );
+    p.env("DB_PASSWORD", "hunter2-Zq81-secret");
+    p.rdeploy(&["plan", "-o", "s.plan"]).code(0);
+    assert_eq!(mode_of(&p, "s.plan"), 0o600);
+    let text = p.read("s.plan");
+    for value in ["hunter2-Zq81-secret", "tok-5f3a9c-cafe"] {
+        assert!(!text.contains(value), "{value} in clear in the PLANFILE");
+        assert!(!text.contains(&b64(value)), "{value} in base64 in the PLANFILE");
+    }
+    let saved = planfile(&p, "s.plan");
+    assert_eq!(saved["steps"][0]["secrets"], serde_json::json!(["vars.db_password"]));
+    assert_eq!(saved["steps"][1]["secrets"], serde_json::json!(["env.API_TOKEN"]));
+    assert!(saved["rendered"].as_str().unwrap().contains("token: ***"), "{}", saved["rendered"]);
+    // Written again over the old one: still owner-only (a new file, created 0600).
+    std::fs::set_permissions(p.path("s.plan"), std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    p.rdeploy(&["plan", "-o", "s.plan"]).code(0);
+    assert_eq!(mode_of(&p, "s.plan"), 0o600);
+    p.rdeploy(&["up", "--plan", "s.plan"]).code(0);
+}
+
+/// A failure part-way through `up --plan` is recovered as after `up`: terraform's saved plan
+/// was consumed by the failed apply, so `recover` takes terraform's own path (a plan on the
+/// current state, then apply), and every resource is created once.
+#[test]
+fn recover_after_a_failed_up_plan_takes_terraforms_own_path() {
+    require_tool("terraform", "https://developer.hashicorp.com/terraform/install");
+    let p = Project::new();
+    shell_and_terraform(&p);
+    std::fs::remove_dir_all(p.path("out")).unwrap();
+    p.rdeploy(&["plan", "-o", "p.plan"]).code(0);
+    // The provisioners log to ../out, which is missing: the first resource fails.
+    let run = p.rdeploy(&["up", "--plan", "p.plan"]);
+    run.code(1).stdout_has("applied from the reviewed plan p.plan (sha256:");
+    assert!(run.stdout.contains("reviewed.tfplan"), "terraform applied the saved plan: {}", run.stdout);
+    assert!(!p.exists(".rdeploy/steps/network/reviewed.tfplan"), "the saved plan is consumed");
+    std::fs::create_dir_all(p.path("out")).unwrap();
+    let recover = p.rdeploy(&["recover"]);
+    recover.code(0);
+    let mut lines = p.lines("out/terraform.log");
+    lines.sort();
+    assert_eq!(lines, ["lb", "subnet-a", "subnet-b", "vpc"], "each resource created once");
+    assert_eq!(p.lines("out/seed.log"), ["users"]);
+    let status = p.status();
+    assert!(status["from_plan"].as_str().unwrap().starts_with("p.plan (sha256:"), "{status:#}");
+    p.rdeploy(&["plan", "--detailed-exitcode"]).code(0);
+}
+
+/// The pull-request and merge jobs: `ci --plan-only -o PLANFILE` saves the plan (the artifact),
+/// `ci --plan PLANFILE` applies it with the step summary and JUnit of `ci`; a stale one is
+/// refused with exit 2 and an annotation.
+#[test]
+fn ci_plan_applies_a_reviewed_plan_on_merge() {
+    require_tool("terraform", "https://developer.hashicorp.com/terraform/install");
+    let mut p = Project::new();
+    shell_and_terraform(&p);
+    let summary = p.path("summary.md");
+    p.env("GITHUB_ACTIONS", "true").env("GITHUB_STEP_SUMMARY", summary.to_str().unwrap());
+    p.rdeploy(&["ci", "--plan-only", "-o", "pr.plan", "--junit", "pr.xml"])
+        .code(0)
+        .stdout_has("network (terraform): 4 to add");
+    assert_eq!(mode_of(&p, "pr.plan"), 0o600);
+    assert!(!p.exists(".rdeploy/journal.jsonl"), "the pull request deploys nothing");
+
+    let run = p.rdeploy(&["ci", "--plan", "pr.plan", "--junit", "merge.xml"]);
+    run.code(0).stdout_has("applied from the reviewed plan pr.plan (sha256:");
+    let md = p.read("summary.md");
+    assert!(md.contains("- ran: `rdeploy up stack.yaml --plan pr.plan`: the reviewed plan (sha256:`"), "{md}");
+    assert!(md.contains("- applied from the reviewed plan: `pr.plan (sha256:"), "{md}");
+    let junit = p.read("merge.xml");
+    assert!(junit.contains("<testcase name=\"network\"") && !junit.contains("<failure"), "{junit}");
+    assert_eq!(p.lines("out/seed.log"), ["users"]);
+
+    // The same plan again: the state moved (its own apply), so it is stale now.
+    let stale = p.rdeploy(&["ci", "--plan", "pr.plan"]);
+    stale.code(2).stdout_has("::error ").stderr_has("terraform state (serial, lineage) was absent when planned");
+    let md = p.read("summary.md");
+    assert!(md.contains("**Exit 2**") && md.contains("the plan pr.plan is stale: nothing was applied"), "{md}");
+}
+
+/// Output values: one known when the plan was made (its producer would not change) must be the
+/// same when the consumer starts, or the consumer fails before its tool runs; one known only
+/// after its producer applies was never reviewed and is taken as it comes, as `up` does.
+#[test]
+fn up_plan_checks_the_output_values_a_consumer_was_previewed_with() {
+    let p = Project::new();
+    p.stack(
+        r#"name: small
+steps:
+  - name: infra
+    tool: shell
+    sub_changes:
+      - name: mint
+        check: test -e minted
+        run: touch minted && echo "ip=$(cat ip.txt)" >> "$RDEPLOY_OUTPUT"
+  - name: app
+    tool: shell
+    needs: [infra]
+    sub_changes:
+      - name: use
+        check: grep -qx "${{ steps.infra.outputs.ip }}" used
+        run: echo "${{ steps.infra.outputs.ip }}" > used
+"#,
+    );
+    p.file("ip.txt", "10.0.0.7\n");
+    p.rdeploy(&["plan", "-o", "first.plan"]).code(0);
+    let saved = planfile(&p, "first.plan");
+    assert_eq!(saved["steps"][1]["previewed"], false);
+    assert_eq!(saved["steps"][1]["inputs"]["steps.infra.outputs.ip"]["state"], "pending");
+    p.rdeploy(&["up", "--plan", "first.plan"]).code(0);
+    assert_eq!(p.read("used"), "10.0.0.7\n", "a value known only after its producer applies is taken as it comes");
+
+    // Known when planned: the consumer was previewed with 10.0.0.7.
+    p.file("used", "stale\n");
+    p.rdeploy(&["plan", "-o", "second.plan", "--detailed-exitcode"]).code(7);
+    let saved = planfile(&p, "second.plan");
+    assert_eq!(
+        saved["steps"][1]["inputs"]["steps.infra.outputs.ip"],
+        serde_json::json!({"state": "known", "value": "10.0.0.7"})
+    );
+    // The producer outputs something else when it runs again.
+    p.file("ip.txt", "10.0.0.8\n");
+    let run = p.rdeploy(&["up", "--plan", "second.plan"]);
+    run.code(1).stdout_has(
+        "step `app` is not as the plan previewed it: `steps.infra.outputs.ip` is 10.0.0.8 now but the plan previewed the step with 10.0.0.7; nothing was run",
+    );
+    assert_eq!(p.read("used"), "stale\n", "the consumer's tool never ran");
+    // Recovering applies it with the new value, as after any `up`.
+    p.rdeploy(&["recover"]).code(0);
+    assert_eq!(p.read("used"), "10.0.0.8\n");
+}
+
+/// helm's `revision` is new on every upgrade, one that changes nothing included: the plan never
+/// takes its recorded value as known, so `up --plan` of an unchanged release hands the consumer
+/// the new revision instead of refusing it (found on the demo stack's `migrate`).
+#[test]
+fn a_helm_revision_is_known_only_after_the_release_applies() {
+    let sim = Kubesim::start("demo");
+    let p = kube_project(&sim);
+    let text = p.read("stack.yaml")
+        + "  - name: migrate\n    tool: shell\n    needs: [app]\n    run: echo \"revision ${{ steps.app.outputs.revision }}\" > out/schema\n";
+    p.stack(&text);
+    p.rdeploy(&["up"]).code(0);
+    assert_eq!(p.read("out/schema"), "revision 1\n");
+    p.rdeploy(&["plan", "-o", "p.plan"]).code(0);
+    let saved = planfile(&p, "p.plan");
+    let migrate = saved["steps"].as_array().unwrap().iter().find(|s| s["name"] == "migrate").unwrap();
+    assert_eq!(
+        migrate["inputs"]["steps.app.outputs.revision"],
+        serde_json::json!({"state": "pending", "value": {"step": "app"}})
+    );
+    let app = saved["steps"].as_array().unwrap().iter().find(|s| s["name"] == "app").unwrap();
+    assert_eq!(app["changes"], 0, "the release would not change: {app:#}");
+    p.rdeploy(&["up", "--plan", "p.plan"]).code(0);
+    assert_eq!(p.read("out/schema"), "revision 2\n");
+}
+
+/// A retry of the merge job after its deploy stopped part-way recovers that deploy (its record
+/// names the plan's digest); an unfinished deploy that did not start from the plan is refused.
+#[test]
+fn ci_plan_retried_recovers_its_own_deploy_and_refuses_another() {
+    let p = Project::new();
+    p.stack(
+        "name: small\nsteps:\n  - name: seed\n    tool: shell\n    sub_changes:\n      - { name: users, run: echo users >> seed.log }\n      - { name: orders, run: test -e fixed && echo orders >> seed.log }\n",
+    );
+    p.rdeploy(&["plan", "-o", "merge.plan"]).code(0);
+    p.rdeploy(&["ci", "--plan", "merge.plan"]).code(1);
+    p.file("fixed", "");
+    let retry = p.rdeploy(&["ci", "--plan", "merge.plan"]);
+    retry.code(0);
+    assert!(retry.stderr.contains("running `rdeploy recover stack.yaml`"), "{}", retry.stderr);
+    assert_eq!(p.lines("seed.log"), ["users", "orders"], "users ran once");
+
+    // An unfinished deploy of plain `up`: a plan was not made on top of it.
+    p.remove("fixed");
+    p.remove("seed.log");
+    p.rdeploy(&["up"]).code(1);
+    p.rdeploy(&["plan", "-o", "other.plan"]).code(0);
+    p.rdeploy(&["ci", "--plan", "other.plan"])
+        .code(2)
+        .stderr_has("that did not start from the plan other.plan: the plan was not made on top of it");
+    assert_eq!(p.lines("seed.log"), ["users"]);
+}

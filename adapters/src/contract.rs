@@ -76,6 +76,24 @@ pub trait Adapter {
     /// anywhere but the step's work dir (terraform's saved plan goes there).
     fn preview(&self, ctx: &StepContext) -> impl Future<Output = Result<Preview, PreviewError>> + Send;
 
+    /// The outputs whose value changes on every apply, even one that changes nothing else
+    /// (helm's `revision`: an upgrade to the same chart and values is a new revision). `plan`
+    /// never takes their recorded value as known: they are known after the step applies.
+    fn volatile_outputs(&self) -> &'static [&'static str] {
+        &[]
+    }
+
+    /// Read-only, for `up --plan`: what [`Adapter::preview`] recorded in [`Preview::observed`],
+    /// read again now (a helm release's revision, the resourceVersions of the objects a diff
+    /// read, terraform's state serial and lineage), so a saved plan can tell what moved since.
+    /// The default: the tool's preview observes nothing (ansible, shell).
+    fn observe(
+        &self,
+        _ctx: &StepContext,
+    ) -> impl Future<Output = Result<Vec<crate::preview::Observed>, PreviewError>> + Send {
+        async { Ok(Vec::new()) }
+    }
+
     /// The runbook section for this step: exact commands an operator would type.
     fn describe_recovery(&self, ctx: &DescribeContext<'_>, prior: Option<&PriorStep>) -> RecoveryDoc;
 }

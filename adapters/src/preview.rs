@@ -122,6 +122,11 @@ pub struct Preview {
     /// What the preview read, for a saved plan's staleness check.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub observed: Vec<Observed>,
+    /// The tool's own saved plan, for `rdeploy plan -o PLANFILE` to carry and `up --plan` to
+    /// apply (terraform's `plan -out` file, a zip that holds every variable's value: never
+    /// printed, only written to the owner-only PLANFILE).
+    #[serde(skip)]
+    pub saved_plan: Option<Vec<u8>>,
 }
 
 impl Preview {

@@ -150,6 +150,14 @@ impl ToolSpec {
         }
     }
 
+    /// `up --plan`: the step applies this saved plan of its tool (terraform's `plan -out`, from
+    /// the reviewed PLANFILE) instead of planning again. Tools without a saved plan ignore it.
+    pub fn use_saved_plan(&mut self, file: PathBuf) {
+        if let ToolSpec::Terraform(s) = self {
+            s.saved_plan = Some(file);
+        }
+    }
+
     /// The keys this tool accepts on a step (besides the common ones), for suggestions.
     pub fn keys(tool: Tool) -> &'static [&'static str] {
         match tool {
@@ -209,6 +217,14 @@ impl Adapter for ToolSpec {
 
     async fn preview(&self, ctx: &StepContext) -> Result<Preview, PreviewError> {
         dispatch!(self, s => s.preview(ctx).await)
+    }
+
+    fn volatile_outputs(&self) -> &'static [&'static str] {
+        dispatch!(self, s => s.volatile_outputs())
+    }
+
+    async fn observe(&self, ctx: &StepContext) -> Result<Vec<crate::preview::Observed>, PreviewError> {
+        dispatch!(self, s => s.observe(ctx).await)
     }
 
     async fn read_outputs(&self, ctx: &StepContext) -> Result<Option<crate::outputs::Outputs>, Failure> {

@@ -129,6 +129,7 @@ fn spec() -> TerraformSpec {
         workspace: None,
         binary: None,
         lock_timeout: None,
+        saved_plan: None,
     }
 }
 

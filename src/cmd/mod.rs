@@ -92,6 +92,9 @@ fn render(session: &Session, run: &RunReport) -> (String, Option<String>) {
                 })
                 .collect();
             let _ = writeln!(out, "stack {}: deploy complete\n  {}", deploy.stack, summary.join("\n  "));
+            if let Some(plan) = deploy.runs.iter().find_map(|r| r.plan.as_deref()) {
+                let _ = writeln!(out, "applied from the reviewed plan {plan}");
+            }
         }
         (Ended::Ran, Some(deploy)) => {
             let status = report::from_deploy(&session.stack, &session.state, deploy, &session.stack_arg, None);

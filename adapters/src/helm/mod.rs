@@ -949,6 +949,16 @@ impl Adapter for HelmSpec {
         self.preview_release(ctx).await
     }
 
+    /// Every `helm upgrade` makes a new revision, one that changes nothing included.
+    fn volatile_outputs(&self) -> &'static [&'static str] {
+        &["revision"]
+    }
+
+    /// The release's revision and the resourceVersion of each live object its manifest names, read again by the same read-only preview.
+    async fn observe(&self, ctx: &StepContext) -> Result<Vec<crate::preview::Observed>, crate::preview::PreviewError> {
+        Ok(self.preview_release(ctx).await?.observed)
+    }
+
     fn describe_recovery(&self, ctx: &DescribeContext<'_>, prior: Option<&PriorStep>) -> RecoveryDoc {
         let cd = format!("cd {}", shell_quote(ctx.stack_dir));
         let mut doc = RecoveryDoc::default();

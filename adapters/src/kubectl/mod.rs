@@ -758,6 +758,11 @@ impl Adapter for KubectlSpec {
         self.preview_objects(ctx).await
     }
 
+    /// The resourceVersion of each object the step applies, read again by the same read-only preview.
+    async fn observe(&self, ctx: &StepContext) -> Result<Vec<crate::preview::Observed>, crate::preview::PreviewError> {
+        Ok(self.preview_objects(ctx).await?.observed)
+    }
+
     fn describe_recovery(&self, ctx: &DescribeContext<'_>, prior: Option<&PriorStep>) -> RecoveryDoc {
         let cd = format!("cd {}", shell_quote(ctx.stack_dir));
         let mut doc = RecoveryDoc::default();

@@ -308,6 +308,11 @@ impl PlanReport {
         }
     }
 
+    /// A report of a saved plan's changes read back (`show -json`), for applying it as it is.
+    pub fn of_saved(changes: Vec<PlannedChange>) -> PlanReport {
+        PlanReport { changes, ..PlanReport::default() }
+    }
+
     pub fn ids(&self) -> Vec<String> {
         self.changes.iter().map(|c| c.addr.clone()).collect()
     }

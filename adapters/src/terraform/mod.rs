@@ -42,6 +42,8 @@ const PLAN_FILE: &str = "tfplan";
 /// `recover --dry-run` plans into its own file so it never replaces a plan being applied.
 const INSPECT_PLAN_FILE: &str = "inspect.tfplan";
 const PREVIEW_PLAN_FILE: &str = "preview.tfplan";
+/// What a preview observes of the state, in words a stale plan's refusal names.
+const STATE_OBSERVED: &str = "terraform state (serial, lineage)";
 const INSTALL_HINT: &str =
     "install terraform 1.x (https://developer.hashicorp.com/terraform/install), or set `binary: tofu` for OpenTofu";
 
@@ -63,6 +65,10 @@ pub struct TerraformSpec {
     pub binary: Option<String>,
     /// Passed as `-lock-timeout`, e.g. `30s`.
     pub lock_timeout: Option<String>,
+    /// `up --plan`: the reviewed saved plan (`plan -out`, written into the step's work dir from
+    /// the PLANFILE) that `apply` applies as it is, instead of planning again (not a stack key).
+    #[serde(skip)]
+    pub saved_plan: Option<PathBuf>,
 }
 
 impl TerraformSpec {
@@ -276,6 +282,20 @@ impl Adapter for TerraformSpec {
         let sink = &secrets::RegistrySink { inner: sink, registry: &ctx.secrets };
         let applied = async {
             let mut run = Run::new(self, ctx, sink)?;
+            if let Some(saved) = self.saved_plan.as_ref().filter(|p| p.is_file()) {
+                // The reviewed plan, applied as it is: no new plan. terraform itself refuses it
+                // if the state moved since ("Saved plan is stale"); `up --plan` checked first.
+                let plan = run.read_saved(saved).await?;
+                run.apply_saved(&plan, saved).await?;
+                return run.report_outputs().await;
+            }
+            if self.saved_plan.is_some() {
+                // An earlier attempt of this run (`retry:`) applied the saved plan: it is spent,
+                // and this attempt plans again against the state, as `recover` does.
+                sink.emit(Event::Warning {
+                    message: "the reviewed saved plan was consumed by an earlier attempt: planning again against the current state".into(),
+                });
+            }
             let plan_file = ctx.work_dir.join(PLAN_FILE);
             let plan = run.plan(&plan_file, Workspace::Create).await?;
             run.apply_saved(&plan, &plan_file).await?;
@@ -317,9 +337,12 @@ impl Adapter for TerraformSpec {
         run.preview = true;
         let plan_file = ctx.work_dir.join(PREVIEW_PLAN_FILE);
         let plan = run.plan(&plan_file, Workspace::Existing).await;
+        // Kept in memory for `plan -o PLANFILE` (owner-only there), never left on disk here.
+        let saved = std::fs::read(&plan_file).ok();
         let _ = std::fs::remove_file(&plan_file);
         let plan = plan?;
-        let mut preview = Preview { summary: Some(plan.describe()), ..Preview::default() };
+        let mut preview = Preview { summary: Some(plan.describe()), saved_plan: saved, ..Preview::default() };
+        preview.observe(STATE_OBSERVED, run.state_identity().await?);
         for change in &plan.changes {
             let action = match change.action.as_str() {
                 "create" => PlanAction::Create,
@@ -338,6 +361,18 @@ impl Adapter for TerraformSpec {
         }
         preview.notes.extend(sink.warnings.into_inner().unwrap_or_default());
         Ok(preview)
+    }
+
+    /// The state's serial and lineage (`state pull`), as the preview recorded them: another
+    /// apply in between moves the serial, a state replaced by another moves the lineage.
+    async fn observe(&self, ctx: &StepContext) -> Result<Vec<crate::preview::Observed>, crate::preview::PreviewError> {
+        self.resolve_binary(ctx)?;
+        let sink = Collect::default();
+        let mut run = Run::new(self, ctx, &sink)?;
+        run.preview = true;
+        run.prepare(Workspace::Existing).await?;
+        let identity = run.state_identity().await?;
+        Ok(vec![crate::preview::Observed { what: STATE_OBSERVED.into(), value: identity }])
     }
 
     fn describe_recovery(&self, ctx: &DescribeContext<'_>, prior: Option<&PriorStep>) -> RecoveryDoc {
@@ -803,6 +838,48 @@ impl<'a> Run<'a> {
             .map_err(|e| format!("`{} show -json` printed what rdeploy cannot read: {e}", self.spec.tool_word()))
     }
 
+    /// `state pull`'s serial and lineage (`absent` before the first apply). Its stdout is the
+    /// whole state, sensitive values in clear: read here, never forwarded.
+    async fn state_identity(&self) -> Result<String, Failure> {
+        let args = vec!["state".to_string(), "pull".to_string()];
+        let mut doc = String::new();
+        let outcome = self
+            .exec(&args, &self.ctx.cancel, &mut |stream, line| {
+                if stream == Stream::Stdout {
+                    doc.push_str(line);
+                    doc.push('\n');
+                }
+            })
+            .await?;
+        if !outcome.success() {
+            return Err(Failure::from_process(&self.display(&args), &outcome));
+        }
+        state::state_identity(&doc)
+            .map_err(|e| Failure::new(format!("`{}` printed what rdeploy cannot read: {e}", self.display(&args))))
+    }
+
+    /// A saved plan read back for applying it as it is: its changes (`show -json PLAN`), and
+    /// the values of its sensitive variables registered as the run's secrets first.
+    async fn read_saved(&mut self, plan_file: &Path) -> Result<PlanReport, Failure> {
+        let plan_file = &absolute(plan_file);
+        self.prepare(Workspace::Create).await?;
+        let doc = self.show_json(Some(plan_file)).await.map_err(|e| {
+            Failure::new(format!("cannot read the reviewed saved plan: {e}"))
+                .with_hint("plan again: `rdeploy plan -o PLANFILE`, review it, then `rdeploy up --plan PLANFILE`")
+        })?;
+        let unreadable = |e: serde_json::Error| {
+            Failure::new(format!(
+                "`{} show -json` of the saved plan printed what rdeploy cannot read: {e}",
+                self.spec.tool_word()
+            ))
+        };
+        let values = state::sensitive_values(&doc).map_err(unreadable)?;
+        self.ctx.secrets.add_strings(values.iter().cloned());
+        self.secrets.extend(values);
+        self.secrets = secrets::normalize(std::mem::take(&mut self.secrets));
+        Ok(PlanReport::of_saved(state::planned_changes(&doc).map_err(unreadable)?))
+    }
+
     /// The root module's outputs (`output -json`); its stdout holds sensitive values in clear,
     /// so it is read here and never forwarded.
     async fn outputs(&self) -> Result<crate::outputs::Outputs, Failure> {
@@ -1180,6 +1257,7 @@ mod tests {
             workspace: None,
             binary: None,
             lock_timeout: Some("30s".into()),
+            saved_plan: None,
         }
     }
 
@@ -1281,6 +1359,7 @@ mod tests {
             workspace: Some("prod".into()),
             binary: Some("tofu".into()),
             lock_timeout: None,
+            saved_plan: None,
         };
         let ctx = DescribeContext { step: "s", stack_file: "stack.yaml", stack_dir: fixtures, resumable: true };
         let doc = spec.describe_recovery(&ctx, None);

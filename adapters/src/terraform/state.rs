@@ -80,6 +80,54 @@ fn collect_strings(value: &serde_json::Value, out: &mut Vec<String>) {
     }
 }
 
+/// The resource instances a saved plan changes, from `show -json <plan>`'s `resource_changes`,
+/// in the words of the streamed plan (`create`, `update`, `replace`, `delete`, `move`,
+/// `import`, `remove`); reads and no-ops are left out, as [`super::events::PlanReport`] does.
+pub fn planned_changes(plan_json: &str) -> Result<Vec<super::events::PlannedChange>, serde_json::Error> {
+    let doc: serde_json::Value = serde_json::from_str(plan_json)?;
+    let mut out = Vec::new();
+    for change in doc["resource_changes"].as_array().into_iter().flatten() {
+        let Some(addr) = change["address"].as_str() else { continue };
+        let previous = change["previous_address"].as_str().map(str::to_string);
+        let actions: Vec<&str> =
+            change["change"]["actions"].as_array().into_iter().flatten().filter_map(|a| a.as_str()).collect();
+        let action = match actions.as_slice() {
+            ["create"] => "create",
+            ["update"] => "update",
+            ["delete"] => "delete",
+            ["delete", "create"] | ["create", "delete"] => "replace",
+            ["forget"] => "remove",
+            ["no-op"] if previous.is_some() => "move",
+            ["no-op"] if !change["change"]["importing"].is_null() => "import",
+            _ => continue,
+        };
+        let reason = change["action_reason"].as_str().map(|r| {
+            let r = r.strip_prefix("replace_because_").unwrap_or(r);
+            if r == "replace_by_request" {
+                "requested".to_string()
+            } else {
+                r.to_string()
+            }
+        });
+        out.push(super::events::PlannedChange { addr: addr.to_string(), action: action.to_string(), reason, previous });
+    }
+    Ok(out)
+}
+
+/// The serial and lineage of a state document (`terraform state pull`), as one value a saved
+/// plan can compare: `serial 4, lineage 5c1e...`; `absent` for no state yet.
+pub fn state_identity(pulled: &str) -> Result<String, serde_json::Error> {
+    if pulled.trim().is_empty() {
+        return Ok("absent".into());
+    }
+    let doc: serde_json::Value = serde_json::from_str(pulled)?;
+    Ok(format!(
+        "serial {}, lineage {}",
+        doc["serial"].as_u64().map_or_else(|| "?".to_string(), |s| s.to_string()),
+        doc["lineage"].as_str().unwrap_or("?")
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -87,6 +135,25 @@ mod tests {
     fn captured(name: &str) -> String {
         std::fs::read_to_string(format!("{}/../fixtures/terraform/captured/{name}", env!("CARGO_MANIFEST_DIR")))
             .unwrap()
+    }
+
+    #[test]
+    fn reads_a_saved_plans_changes_and_a_states_identity() {
+        let doc = r#"{"resource_changes":[
+            {"address":"terraform_data.a","change":{"actions":["create"]}},
+            {"address":"terraform_data.b","change":{"actions":["delete","create"]},"action_reason":"replace_because_tainted"},
+            {"address":"terraform_data.c","change":{"actions":["no-op"]}},
+            {"address":"terraform_data.d","previous_address":"terraform_data.old","change":{"actions":["no-op"]}},
+            {"address":"data.x.y","change":{"actions":["read"]}}]}"#;
+        let changes = planned_changes(doc).unwrap();
+        let words: Vec<(&str, &str)> = changes.iter().map(|c| (c.addr.as_str(), c.action.as_str())).collect();
+        assert_eq!(
+            words,
+            [("terraform_data.a", "create"), ("terraform_data.b", "replace"), ("terraform_data.d", "move")]
+        );
+        assert_eq!(changes[1].reason.as_deref(), Some("tainted"));
+        assert_eq!(state_identity("").unwrap(), "absent");
+        assert_eq!(state_identity(r#"{"serial":4,"lineage":"abc"}"#).unwrap(), "serial 4, lineage abc");
     }
 
     #[test]

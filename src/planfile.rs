@@ -1,0 +1,697 @@
+//! A saved, reviewed plan: `rdeploy plan -o PLANFILE` writes it, `rdeploy up --plan PLANFILE`
+//! (and `ci --plan`) applies it exactly as reviewed or refuses (exit 2) naming what moved.
+//!
+//! The PLANFILE is one JSON document (docs/plan.md "The PLANFILE"), written atomically and
+//! created owner-only (0600): terraform's saved plan rides inside it, base64, because it holds
+//! every variable's value (a zip terraform compresses, not encrypts). One file is what a CI
+//! artifact upload, a digest and an atomic rename want; a directory or a tarball would add
+//! nothing but a second place for the mode to go wrong. What it holds, per step: the digests of
+//! the files the step reads, what its preview observed (helm release revisions, the
+//! resourceVersion of every object a diff read, terraform's state serial and lineage), the
+//! resolved output values it was previewed with (or the producers they wait on), the names of
+//! its secret values (never the values, nor a digest of them: see [`SavedStep::secrets`]), and
+//! terraform's saved plan; for the whole stack its name and the sha256 of its file, and the
+//! rendered (redacted) plan for reviewers. Everything but terraform's own bytes (which carry a
+//! timestamp) is deterministic: the same stack and world give the same file.
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context as _;
+use base64::Engine as _;
+use rdeploy_adapters::preview::{Observed, PreviewError};
+use rdeploy_adapters::{Adapter, PathSegment, Tool, ToolSpec};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest as _, Sha256};
+
+use crate::driver::Session;
+use crate::exit::{Code, Refusal};
+use crate::plan::{Resolved, StackPlan};
+use crate::stack::{Stack, Step};
+
+pub const FORMAT: &str = "rdeploy-plan";
+pub const VERSION: u32 = 1;
+/// Where `up --plan` puts a step's reviewed terraform plan, in the step's work dir (0700).
+pub const REVIEWED_TFPLAN: &str = "reviewed.tfplan";
+
+/// The PLANFILE.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PlanFile {
+    pub format: String,
+    pub version: u32,
+    pub rdeploy_version: String,
+    pub stack: StackId,
+    /// Items that would change, over every step (as `plan --json`'s `changes`).
+    pub changes: usize,
+    pub steps: Vec<SavedStep>,
+    /// The human plan as reviewers read it (secrets redacted).
+    pub rendered: String,
+}
+
+/// Which stack the plan is of.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StackId {
+    pub name: String,
+    /// The stack file as `plan` was given it.
+    pub file: String,
+    /// sha256 of the stack file's bytes.
+    pub digest: String,
+}
+
+/// One step's part of the PLANFILE.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SavedStep {
+    pub name: String,
+    pub tool: Tool,
+    pub changes: usize,
+    /// Whether its preview ran: not when it reads outputs known only after a producer applies.
+    pub previewed: bool,
+    /// Why its preview failed: such a plan cannot be applied as reviewed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// sha256 of every file the step reads, by path relative to the stack file's directory.
+    pub files: BTreeMap<String, String>,
+    /// What its preview read whose change makes the plan stale.
+    pub observed: Vec<Observed>,
+    /// Each output reference it reads: the value it was previewed with, or the producer it
+    /// waits on (`up --plan` checks a known one again before the step starts).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub inputs: BTreeMap<String, Resolved<serde_json::Value>>,
+    /// The keys whose values are secret (`vars.token`, `env.API_KEY`): neither the value nor
+    /// a digest of it is stored. A digest of a short secret can be searched for offline, and a
+    /// keyed one needs a key the CI runner would have to keep beside the file; a rotated secret
+    /// therefore does not make a plan stale (the reviewers never saw it either).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<String>,
+    /// terraform's saved plan (`plan -out`), applied as it is by `up --plan`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub terraform_plan: Option<SavedTool>,
+}
+
+/// A tool's own saved plan, carried in the PLANFILE.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SavedTool {
+    /// sha256 of the bytes.
+    pub digest: String,
+    /// The bytes, base64 (standard alphabet, padded).
+    pub base64: String,
+}
+
+impl SavedTool {
+    fn bytes(&self) -> anyhow::Result<Vec<u8>> {
+        base64::engine::general_purpose::STANDARD.decode(&self.base64).context("terraform's saved plan is not base64")
+    }
+}
+
+/// A PLANFILE read for `up --plan`: the document, the path given and the sha256 of its bytes.
+#[derive(Clone, Debug)]
+pub struct Loaded {
+    pub path: PathBuf,
+    pub digest: String,
+    pub plan: PlanFile,
+}
+
+impl Loaded {
+    pub fn step(&self, name: &str) -> Option<&SavedStep> {
+        self.plan.steps.iter().find(|s| s.name == name)
+    }
+
+    /// A short form of the digest for messages.
+    pub fn short(&self) -> &str {
+        &self.digest[..12.min(self.digest.len())]
+    }
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// Builds the PLANFILE of a plan the session just made.
+pub fn build(session: &Session, plan: &StackPlan) -> anyhow::Result<PlanFile> {
+    let stack = &session.stack;
+    let stack_bytes =
+        fs_err::read(&stack.file).with_context(|| format!("cannot read the stack file {}", stack.file.display()))?;
+    let secrets = crate::out::secrets();
+    let mut steps = Vec::new();
+    for step_plan in &plan.steps {
+        let step = stack.step(&step_plan.name).expect("a plan's steps are the stack's");
+        let inputs = step_plan
+            .inputs
+            .iter()
+            .map(|(k, v)| {
+                let v = match v {
+                    Resolved::Known(value) => Resolved::Known(secrets.redact_json(value.clone())),
+                    pending => pending.clone(),
+                };
+                (k.clone(), v)
+            })
+            .collect();
+        let terraform_plan = step_plan.saved_plan.as_ref().map(|bytes| SavedTool {
+            digest: sha256_hex(bytes),
+            base64: base64::engine::general_purpose::STANDARD.encode(bytes),
+        });
+        steps.push(SavedStep {
+            name: step.name.clone(),
+            tool: step.tool,
+            changes: step_plan.changes,
+            previewed: step_plan.unknown_until.is_empty(),
+            error: step_plan.error.clone(),
+            files: step_files(stack, step)?,
+            observed: {
+                // In a stable order, whatever order the tool listed its objects in.
+                let mut observed = step_plan.observed.clone();
+                observed.sort_by(|a, b| a.what.cmp(&b.what));
+                observed
+            },
+            inputs,
+            secrets: secret_keys(step),
+            terraform_plan,
+        });
+    }
+    Ok(PlanFile {
+        format: FORMAT.into(),
+        version: VERSION,
+        rdeploy_version: env!("CARGO_PKG_VERSION").into(),
+        stack: StackId { name: stack.name.clone(), file: session.stack_arg.clone(), digest: sha256_hex(&stack_bytes) },
+        changes: plan.changes,
+        steps,
+        rendered: crate::plan::render_text(plan),
+    })
+}
+
+/// Writes the PLANFILE atomically: a temporary file beside it, created 0600 (never chmod-ed
+/// after), written and synced, then renamed over `path`.
+pub fn write(path: &Path, plan: &PlanFile) -> anyhow::Result<String> {
+    let mut text = serde_json::to_string_pretty(plan)?;
+    text.push('\n');
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    // tempfile creates its files with O_EXCL and mode 0600.
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".rdeploy-plan-")
+        .tempfile_in(&dir)
+        .with_context(|| format!("cannot create a temporary file in {}", dir.display()))?;
+    tmp.write_all(text.as_bytes()).with_context(|| format!("cannot write {}", tmp.path().display()))?;
+    tmp.as_file().sync_all().with_context(|| format!("cannot sync {}", tmp.path().display()))?;
+    tmp.persist(path).map_err(|e| e.error).with_context(|| format!("cannot write the plan file {}", path.display()))?;
+    if let Ok(d) = std::fs::File::open(&dir) {
+        let _ = d.sync_all();
+    }
+    Ok(sha256_hex(text.as_bytes()))
+}
+
+/// Reads a PLANFILE for `up --plan`; anything but a plan of this format version is bad input.
+pub fn load(path: &Path) -> anyhow::Result<Loaded> {
+    let bad = |message: String| -> anyhow::Error {
+        Refusal::new(Code::BadInput, message)
+            .with_hint(format!("make it with `rdeploy plan -o {}`", path.display()))
+            .into()
+    };
+    let bytes = std::fs::read(path).map_err(|e| bad(format!("cannot read the plan file {}: {e}", path.display())))?;
+    let doc: serde_json::Value = serde_json::from_slice(&bytes)
+        .map_err(|e| bad(format!("{} is not an rdeploy plan file (not JSON: {e})", path.display())))?;
+    if doc["format"] != FORMAT {
+        return Err(bad(format!("{} is not an rdeploy plan file (no `format: {FORMAT}`)", path.display())));
+    }
+    if doc["version"] != VERSION {
+        return Err(Refusal::new(
+            Code::BadInput,
+            format!(
+                "the plan file {} is of format version {}; this rdeploy ({}) applies version {VERSION} only",
+                path.display(),
+                doc["version"],
+                env!("CARGO_PKG_VERSION")
+            ),
+        )
+        .with_hint(format!("plan again with this rdeploy: `rdeploy plan -o {}`", path.display()))
+        .into());
+    }
+    let plan: PlanFile = serde_json::from_value(doc)
+        .map_err(|e| bad(format!("the plan file {} cannot be read: {e}", path.display())))?;
+    Ok(Loaded { path: path.to_path_buf(), digest: sha256_hex(&bytes), plan })
+}
+
+/// The keys of a step whose values are secret, as `plan` names them (values never stored).
+fn secret_keys(step: &Step) -> Vec<String> {
+    let tool_key = match step.tool {
+        Tool::Terraform => "vars",
+        Tool::Ansible => "extra_vars",
+        Tool::Helm => "set",
+        Tool::Kubectl | Tool::Shell => "values",
+    };
+    let mut out: Vec<String> = step.spec.marked().keys().map(|k| format!("{tool_key}.{k}")).collect();
+    out.extend(step.env_marked.keys().map(|k| format!("env.{k}")));
+    // `env` values secret by their name (`API_TOKEN`), which the run redacts too.
+    let secret_values = rdeploy_adapters::secrets::env_secrets(&step.env);
+    out.extend(step.env.iter().filter(|(_, v)| secret_values.contains(v)).map(|(k, _)| format!("env.{k}")));
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// Every file the step reads, by path relative to the stack's directory, with its sha256:
+/// terraform's directory (its `.tf`, `.tfvars`, modules and templates; not its state nor
+/// `.terraform/`) and var files, a local chart and values files, manifests, the playbook with
+/// what playbooks read beside them (`roles/`, `group_vars/`, `host_vars/`, `tasks/`, `vars/`,
+/// `templates/`, `files/`, `ansible.cfg`, ...) and the inventory, and the scripts a shell
+/// step's commands name when they are files. A kubeconfig is left out (tokens refresh in it),
+/// as is a shell step's working `dir` (its scripts write there).
+pub fn step_files(stack: &Stack, step: &Step) -> anyhow::Result<BTreeMap<String, String>> {
+    let mut roots: Vec<PathBuf> = Vec::new();
+    for (at, path) in step.spec.referenced_paths() {
+        let key = |name: &str| matches!(at.first(), Some(PathSegment::Key(k)) if *k == name);
+        if key("kubeconfig") || (step.tool == Tool::Shell && key("dir")) {
+            continue;
+        }
+        roots.push(path);
+    }
+    match &step.spec {
+        ToolSpec::Ansible(spec) => {
+            let mut beside = vec![spec.playbook.parent().map(Path::to_path_buf).unwrap_or_default()];
+            if !spec.inventory.to_string_lossy().contains(',') {
+                let inventory = stack.dir.join(&spec.inventory);
+                beside.push(if inventory.is_dir() {
+                    spec.inventory.clone()
+                } else {
+                    spec.inventory.parent().map(Path::to_path_buf).unwrap_or_default()
+                });
+            }
+            for dir in beside {
+                for sub in [
+                    "roles",
+                    "group_vars",
+                    "host_vars",
+                    "library",
+                    "filter_plugins",
+                    "tasks",
+                    "handlers",
+                    "vars",
+                    "templates",
+                    "files",
+                    "ansible.cfg",
+                ] {
+                    roots.push(dir.join(sub));
+                }
+            }
+        }
+        // `repo/chart` and a local `charts/web` look alike; helm takes a path that exists.
+        ToolSpec::Helm(spec) if !spec.chart.contains("://") && stack.dir.join(&spec.chart).exists() => {
+            roots.push(PathBuf::from(&spec.chart));
+        }
+        ToolSpec::Shell(spec) => {
+            let cwd = spec.dir.clone().unwrap_or_default();
+            let mut commands: Vec<&str> = spec.run.iter().map(String::as_str).collect();
+            for sub in spec.sub_changes.iter().flatten() {
+                commands.push(&sub.run);
+                commands.extend(sub.check.as_deref());
+            }
+            commands.extend(step.revert.as_deref());
+            for word in
+                commands.iter().flat_map(|c| c.split(|ch: char| ch.is_whitespace() || ";&|()<>\"'`".contains(ch)))
+            {
+                let script = [".sh", ".bash", ".py", ".rb", ".pl"].iter().any(|e| word.ends_with(e))
+                    || (word.contains('/') && !word.starts_with('/') && !word.contains('$'));
+                if script && stack.dir.join(&cwd).join(word).is_file() {
+                    let path = cwd.join(word);
+                    // A file the commands write to (`>> out/seed.log`) is data, not a script:
+                    // only executables and script files count.
+                    if is_script(&stack.dir.join(&path)) {
+                        roots.push(path);
+                    }
+                }
+            }
+        }
+        _ => {}
+    }
+    let mut out = BTreeMap::new();
+    for root in roots {
+        let full = stack.dir.join(&root);
+        if full.is_file() {
+            out.insert(display(&root), digest_file(&full)?);
+        } else if full.is_dir() {
+            walk(&stack.dir, &full, &mut out)?;
+        }
+    }
+    Ok(out)
+}
+
+fn is_script(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    let by_name = path.extension().is_some_and(|e| ["sh", "bash", "py", "rb", "pl"].iter().any(|x| e == *x));
+    let executable = std::fs::metadata(path).is_ok_and(|m| m.permissions().mode() & 0o111 != 0);
+    by_name || executable
+}
+
+fn display(path: &Path) -> String {
+    let text = path.to_string_lossy().into_owned();
+    text.strip_prefix("./").map(str::to_string).unwrap_or(text)
+}
+
+fn digest_file(path: &Path) -> anyhow::Result<String> {
+    Ok(sha256_hex(&fs_err::read(path)?))
+}
+
+/// Every file under `dir` but hidden ones (`.terraform/`, `.git/`; `.terraform.lock.hcl` is
+/// kept), terraform's state (`terraform.tfstate*`, `terraform.tfstate.d/`) and saved plans.
+fn walk(base: &Path, dir: &Path, out: &mut BTreeMap<String, String>) -> anyhow::Result<()> {
+    let mut entries: Vec<_> = fs_err::read_dir(dir)?.filter_map(Result::ok).collect();
+    entries.sort_by_key(|e| e.file_name());
+    for entry in entries {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let path = entry.path();
+        let skipped = (name.starts_with('.') && name != ".terraform.lock.hcl")
+            || name.starts_with("terraform.tfstate")
+            || name.ends_with(".tfplan");
+        if skipped {
+            continue;
+        }
+        let kind = entry.file_type()?;
+        if kind.is_dir() {
+            walk(base, &path, out)?;
+        } else if path.is_file() {
+            let relative = path.strip_prefix(base).unwrap_or(&path);
+            out.insert(display(relative), digest_file(&path)?);
+        }
+    }
+    Ok(())
+}
+
+/// Differences between two digests of a step's files, in words.
+fn files_moved(step: &str, then: &BTreeMap<String, String>, now: &BTreeMap<String, String>) -> Vec<String> {
+    let mut out = Vec::new();
+    for (path, digest) in then {
+        match now.get(path) {
+            None => out.push(format!("step `{step}`: file {path} was removed since the plan")),
+            Some(d) if d != digest => out.push(format!("step `{step}`: file {path} changed since the plan")),
+            Some(_) => {}
+        }
+    }
+    for path in now.keys().filter(|p| !then.contains_key(*p)) {
+        out.push(format!("step `{step}`: file {path} was added since the plan"));
+    }
+    out
+}
+
+/// What moved among a step's observations, in words naming the cause.
+fn observed_moved(step: &str, then: &[Observed], now: &[Observed]) -> Vec<String> {
+    let now: BTreeMap<&str, &str> = now.iter().map(|o| (o.what.as_str(), o.value.as_str())).collect();
+    let mut out = Vec::new();
+    for o in then {
+        let is = now.get(o.what.as_str()).copied().unwrap_or("not observed");
+        if is == o.value {
+            continue;
+        }
+        let cause = if o.what.starts_with("resourceVersion of") {
+            if is == "absent" {
+                ": the object was deleted in the cluster"
+            } else if o.value == "absent" {
+                ": the object was created in the cluster"
+            } else {
+                ": the object was edited in the cluster"
+            }
+        } else if o.what.starts_with("revision of helm release") {
+            ": the release was upgraded, rolled back or uninstalled"
+        } else if o.what.starts_with("terraform state") {
+            ": the state moved (another apply, an import or a state edit)"
+        } else {
+            ""
+        };
+        out.push(format!("step `{step}`: {} was {} when planned and is {is} now{cause}", o.what, o.value));
+    }
+    let known: std::collections::HashSet<&str> = then.iter().map(|o| o.what.as_str()).collect();
+    for (what, value) in now.iter().filter(|(w, _)| !known.contains(**w)) {
+        out.push(format!("step `{step}`: {what} is {value} now and was not part of the plan"));
+    }
+    out
+}
+
+impl Session {
+    /// `up --plan`: before anything runs or is recorded, everything the plan saw is read again;
+    /// anything that moved refuses the run (exit 2), naming each thing.
+    pub async fn check_plan(&self, loaded: &Loaded) -> anyhow::Result<()> {
+        let saved = &loaded.plan;
+        let again = format!(
+            "plan again with `rdeploy plan {} -o {}`, review it, then `rdeploy up {} --plan {}`",
+            self.stack_arg,
+            loaded.path.display(),
+            self.stack_arg,
+            loaded.path.display()
+        );
+        let stale = |moved: Vec<String>| -> anyhow::Error {
+            Refusal::new(
+                Code::BadInput,
+                format!(
+                    "the plan {} is stale: nothing was applied and nothing recorded\n  {}",
+                    loaded.path.display(),
+                    moved.join("\n  ")
+                ),
+            )
+            .with_hint(again.clone())
+            .into()
+        };
+        if saved.stack.name != self.stack.name {
+            return Err(stale(vec![format!(
+                "the plan is of stack `{}` ({}), not of stack `{}` ({})",
+                saved.stack.name, saved.stack.file, self.stack.name, self.stack_arg
+            )]));
+        }
+        let bytes = fs_err::read(&self.stack.file)?;
+        if sha256_hex(&bytes) != saved.stack.digest {
+            return Err(stale(vec![format!("the stack file {} changed since the plan", self.stack_arg)]));
+        }
+        let failed: Vec<&SavedStep> = saved.steps.iter().filter(|s| s.error.is_some()).collect();
+        if !failed.is_empty() {
+            let what: Vec<String> = failed
+                .iter()
+                .map(|s| format!("step `{}` could not be planned: {}", s.name, s.error.as_deref().unwrap_or_default()))
+                .collect();
+            return Err(Refusal::new(
+                Code::BadInput,
+                format!("the plan {} cannot be applied as reviewed:\n  {}", loaded.path.display(), what.join("\n  ")),
+            )
+            .with_hint(format!("fix the cause, then {again}"))
+            .into());
+        }
+        let mut moved = Vec::new();
+        for step in self.stack.ordered() {
+            let Some(saved_step) = saved.steps.iter().find(|s| s.name == step.name) else {
+                moved.push(format!("step `{}` is not in the plan", step.name));
+                continue;
+            };
+            moved.extend(files_moved(&step.name, &saved_step.files, &step_files(&self.stack, step)?));
+        }
+        if !moved.is_empty() {
+            return Err(stale(moved));
+        }
+        // The live state, read again by each tool (concurrently, read-only, as `plan` does).
+        let mut running = tokio::task::JoinSet::new();
+        for step in self.stack.ordered() {
+            let saved_step = saved.steps.iter().find(|s| s.name == step.name).expect("checked above");
+            if !saved_step.previewed || saved_step.observed.is_empty() {
+                continue;
+            }
+            let values: std::collections::HashMap<String, String> = saved_step
+                .inputs
+                .iter()
+                .filter_map(|(k, v)| match v {
+                    Resolved::Known(v) => Some((k.clone(), rdeploy_adapters::outputs::value_text(v))),
+                    Resolved::Pending { .. } => None,
+                })
+                .collect();
+            let step = step
+                .resolve(&|r| values.get(&format!("steps.{}.outputs.{}", r.step, r.key)).cloned())
+                .map_err(|e| anyhow::anyhow!("step `{}`: {e:?}", step.name))?;
+            let (step, ctx, read) = self.resolved(&step, self.cancel.child_token());
+            let then = saved_step.observed.clone();
+            running.spawn(async move {
+                let now = match read {
+                    Ok(()) => step.spec.observe(&ctx).await,
+                    Err(failure) => Err(PreviewError::Failed(failure)),
+                };
+                (step.name.clone(), then, now)
+            });
+        }
+        let mut results = Vec::new();
+        while let Some(joined) = running.join_next().await {
+            results.push(joined.map_err(|e| anyhow::anyhow!("an observation task panicked: {e}"))?);
+        }
+        if self.cancel.is_cancelled() {
+            return Err(Refusal::new(Code::Interrupted, "interrupted while checking the plan: nothing was changed")
+                .with_hint(format!("run `rdeploy up {} --plan {}` again", self.stack_arg, loaded.path.display()))
+                .into());
+        }
+        let order: Vec<String> = self.stack.ordered().map(|s| s.name.clone()).collect();
+        results.sort_by_key(|(name, ..)| order.iter().position(|n| n == name));
+        for (name, then, now) in results {
+            match now {
+                Ok(now) => moved.extend(observed_moved(&name, &then, &now)),
+                Err(PreviewError::Tool(e)) => {
+                    moved.push(format!("step `{name}`: cannot read its live state again: {e}"));
+                }
+                Err(PreviewError::Failed(f)) => {
+                    moved.push(format!(
+                        "step `{name}`: cannot read its live state again: {}",
+                        crate::out::secrets().redact(&f.summary)
+                    ));
+                }
+            }
+        }
+        if !moved.is_empty() {
+            return Err(stale(moved));
+        }
+        Ok(())
+    }
+
+    /// Puts each reviewed terraform plan of the PLANFILE in its step's work dir (0700, the
+    /// file 0600), where [`Session::saved_plan_of`] finds it for the step's apply.
+    pub fn stage_saved_plans(&self, loaded: &Loaded) -> anyhow::Result<()> {
+        for saved in &loaded.plan.steps {
+            let Some(tf) = &saved.terraform_plan else { continue };
+            let bytes = tf.bytes()?;
+            if sha256_hex(&bytes) != tf.digest {
+                return Err(Refusal::new(
+                    Code::BadInput,
+                    format!(
+                        "the plan file {}: terraform's saved plan of step `{}` does not match its digest",
+                        loaded.path.display(),
+                        saved.name
+                    ),
+                )
+                .with_hint(format!("make it again with `rdeploy plan -o {}`", loaded.path.display()))
+                .into());
+            }
+            let dir = self.state.step_dir(&saved.name);
+            self.state.create_dir(&dir)?;
+            let path = dir.join(REVIEWED_TFPLAN);
+            let mut file = tempfile::Builder::new().prefix(".reviewed-").tempfile_in(&dir)?;
+            file.write_all(&bytes)?;
+            file.as_file().sync_all()?;
+            file.persist(&path).map_err(|e| e.error)?;
+        }
+        Ok(())
+    }
+
+    /// After `up --plan`: a staged saved plan no apply consumed (its step never ran) holds
+    /// variable values; it goes, and `recover` plans on terraform's own path.
+    pub fn unstage_saved_plans(&self) {
+        let Some(loaded) = &self.from_plan else { return };
+        for saved in loaded.plan.steps.iter().filter(|s| s.terraform_plan.is_some()) {
+            let _ = std::fs::remove_file(self.state.step_dir(&saved.name).join(REVIEWED_TFPLAN));
+        }
+    }
+
+    /// The reviewed terraform plan `up --plan` staged for `step`, if any.
+    pub fn saved_plan_of(&self, step: &str) -> Option<PathBuf> {
+        let loaded = self.from_plan.as_ref()?;
+        loaded.step(step)?.terraform_plan.as_ref()?;
+        let path = self.state.step_dir(step).join(REVIEWED_TFPLAN);
+        Some(std::path::absolute(&path).unwrap_or(path))
+    }
+
+    /// `up --plan`: a step previewed with known output values is applied with those only; a
+    /// value that differs now (its producer applied and output something else) fails the step
+    /// before its tool starts. Values known only after a producer applies were never reviewed
+    /// and are taken as they come, as `up` does.
+    pub fn plan_inputs_moved(
+        &self,
+        step: &Step,
+        current: &dyn Fn(&str, &str) -> Option<serde_json::Value>,
+    ) -> Option<String> {
+        let loaded = self.from_plan.as_ref()?;
+        let saved = loaded.step(&step.name)?;
+        let mut moved = Vec::new();
+        for reference in &step.refs {
+            let key = format!("steps.{}.outputs.{}", reference.step, reference.key);
+            match saved.inputs.get(&key) {
+                Some(Resolved::Known(then)) => {
+                    let now = current(&reference.step, &reference.key);
+                    if now.as_ref() != Some(then) {
+                        moved.push(format!(
+                            "`{key}` is {} now but the plan previewed the step with {}",
+                            now.map_or_else(|| "unset".to_string(), |v| rdeploy_adapters::outputs::value_text(&v)),
+                            rdeploy_adapters::outputs::value_text(then)
+                        ));
+                    }
+                }
+                Some(Resolved::Pending { .. }) => {}
+                None => moved.push(format!("`{key}` is not a reference the plan recorded for this step")),
+            }
+        }
+        (!moved.is_empty()).then(|| crate::out::secrets().redact(&moved.join("; ")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn observed(what: &str, value: &str) -> Observed {
+        Observed { what: what.into(), value: value.into() }
+    }
+
+    #[test]
+    fn names_each_moved_observation_with_its_cause() {
+        let then = [
+            observed("resourceVersion of ConfigMap/shop/a", "10"),
+            observed("resourceVersion of ConfigMap/shop/b", "absent"),
+            observed("revision of helm release shop", "1"),
+            observed("terraform state (serial, lineage)", "serial 3, lineage x"),
+        ];
+        let now = [
+            observed("resourceVersion of ConfigMap/shop/a", "12"),
+            observed("resourceVersion of ConfigMap/shop/b", "absent"),
+            observed("revision of helm release shop", "2"),
+            observed("terraform state (serial, lineage)", "serial 4, lineage x"),
+        ];
+        let moved = observed_moved("s", &then, &now);
+        assert_eq!(moved.len(), 3, "{moved:#?}");
+        assert!(moved[0].contains("ConfigMap/shop/a was 10 when planned and is 12 now: the object was edited"));
+        assert!(moved[1].contains("revision of helm release shop was 1"));
+        assert!(moved[2].contains("serial 3, lineage x when planned and is serial 4"));
+        assert!(observed_moved("s", &then, &then).is_empty());
+    }
+
+    #[test]
+    fn digests_the_files_each_step_reads_and_not_its_data_or_state() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |rel: &str, text: &str| {
+            let path = dir.path().join(rel);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, text).unwrap();
+        };
+        write("infra/main.tf", "");
+        write("infra/modules/net/main.tf", "");
+        write("infra/terraform.tfstate", "{}");
+        write("infra/.terraform/providers/x", "");
+        write("play/site.yml", "");
+        write("play/roles/web/tasks/main.yml", "");
+        write("play/inventory.ini", "");
+        write("seed.sh", "");
+        write("out/seed.log", "");
+        let text = "name: s\nsteps:\n  - name: net\n    tool: terraform\n    dir: infra\n  - name: hosts\n    tool: ansible\n    playbook: play/site.yml\n    inventory: play/inventory.ini\n  - name: seed\n    tool: shell\n    sub_changes:\n      - { name: a, run: sh seed.sh >> out/seed.log, check: grep -q a out/seed.log }\n";
+        let file = dir.path().join("stack.yaml");
+        std::fs::write(&file, text).unwrap();
+        let stack = crate::stack::parse(&file, text).unwrap();
+        let files = |name: &str| step_files(&stack, stack.step(name).unwrap()).unwrap().into_keys().collect::<Vec<_>>();
+        assert_eq!(files("net"), ["infra/main.tf", "infra/modules/net/main.tf"]);
+        assert_eq!(files("hosts"), ["play/inventory.ini", "play/roles/web/tasks/main.yml", "play/site.yml"]);
+        assert_eq!(files("seed"), ["seed.sh"], "the script, not the file it appends to");
+    }
+
+    #[test]
+    fn names_changed_added_and_removed_files() {
+        let then = BTreeMap::from([("a.tf".to_string(), "1".to_string()), ("b.tf".to_string(), "2".to_string())]);
+        let now = BTreeMap::from([("a.tf".to_string(), "9".to_string()), ("c.tf".to_string(), "3".to_string())]);
+        assert_eq!(
+            files_moved("net", &then, &now),
+            [
+                "step `net`: file a.tf changed since the plan",
+                "step `net`: file b.tf was removed since the plan",
+                "step `net`: file c.tf was added since the plan"
+            ]
+        );
+    }
+}
