@@ -715,6 +715,77 @@ steps:
     assert_eq!(runs, vec!["web1", "web2"], "each host ran once");
 }
 
+/// rdeploy killed with `kill -9` while ansible runs, after tasks printed a marked secret: in
+/// a `debug` message, a `--diff` of a file holding it (`diff: true`) and an ignored failure.
+/// Nothing under the state directory holds it: not the callback's records of those results,
+/// not the extra vars ansible reads it from (both are files with no name on disk), not the
+/// journal or the log. recover then finishes the play, and still nothing holds it.
+#[test]
+fn a_kill_9_during_an_ansible_step_leaves_no_secret_in_the_state_dir() {
+    let binary = common::repo_root().join(".venv/bin/ansible-playbook");
+    assert!(binary.is_file(), "{} is missing: run scripts/setup-ansible.sh", binary.display());
+    let mut p = Project::new();
+    p.env("CI_DB_LOGIN", "SECRETVALUE-kill-9");
+    p.file(
+        "inventory.ini",
+        "[web]\nweb1\n\n[web:vars]\nansible_connection=local\nansible_python_interpreter={{ ansible_playbook_python }}\n",
+    );
+    p.file(
+        "play.yml",
+        r#"- hosts: web
+  gather_facts: false
+  tasks:
+    - name: say it
+      ansible.builtin.debug:
+        msg: "the login is {{ login }}"
+    - name: write it, with its diff
+      ansible.builtin.copy:
+        content: "login={{ login }}\n"
+        dest: "{{ playbook_dir }}/app.conf"
+      diff: true
+    - name: fail quoting it
+      ansible.builtin.fail:
+        msg: "rejected {{ login }}"
+      ignore_errors: true
+    - name: say where it is
+      ansible.builtin.file:
+        path: "{{ playbook_dir }}/reached"
+        state: touch
+    - name: wait to be let go
+      ansible.builtin.wait_for:
+        path: "{{ playbook_dir }}/go"
+        timeout: 300
+"#,
+    );
+    p.stack(&format!(
+        r#"
+name: demo
+steps:
+  - name: hosts
+    tool: ansible
+    playbook: play.yml
+    inventory: inventory.ini
+    binary: {}
+    env: {{ ANSIBLE_NOCOLOR: "1" }}
+    extra_vars: {{ login: {{ from_env: CI_DB_LOGIN }} }}
+"#,
+        binary.display()
+    ));
+    let mut child = p.spawn(&["up"]);
+    p.wait_for("reached", std::time::Duration::from_secs(120));
+    // The callback's records of the three results are written before the next task starts.
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
+    child.wait().unwrap();
+    let left = files_holding(&p.path(".rdeploy"), "SECRETVALUE");
+    assert!(left.is_empty(), "after kill -9 mid-run: {left:?}");
+    assert_eq!(p.read("app.conf"), "login=SECRETVALUE-kill-9\n", "ansible had the secret");
+
+    p.file("go", "");
+    p.rdeploy(&["recover"]).code(0);
+    let left = files_holding(&p.path(".rdeploy"), "SECRETVALUE");
+    assert!(left.is_empty(), "after recover: {left:?}");
+}
+
 /// A helm `set` value read `{ from_env: ... }` under a key that says nothing of secrets, quoted
 /// by a failing chart: helm gets it in a 0600 values file, the failure is redacted everywhere,
 /// and after recover the chart has rendered the value into a ConfigMap in kubesim.

@@ -43,3 +43,106 @@ fn a_playbook_that_does_not_parse_is_bad_input() {
     ));
     refused_before_anything_runs(&p, "ansible/broken.yml", "--syntax-check");
 }
+
+/// helm matches a dependency to a subchart by the subchart's own Chart.yaml `name`
+/// (`CheckDependencies` compares `Dependencies()[i].Name()`), so a chart helm installs is not
+/// refused because of how its `charts/` entries are called: a vendored `charts/bitnami-redis/`
+/// of `name: redis`, and `helm package`'s archive of `memcached` renamed `cache.tgz`. Both helm
+/// majors accept the chart, rdeploy `validate` says ok and `up` installs it.
+#[test]
+fn subcharts_are_found_by_their_own_chart_name_as_helm_finds_them() {
+    let sim = kubesim::testing::Kubesim::start("c1");
+    let mut p = Project::new();
+    for (k, v) in sim.env() {
+        p.env(&k, &v);
+    }
+    p.file(
+        "chart/Chart.yaml",
+        "apiVersion: v2\nname: shop\nversion: 0.1.0\ndependencies:\n  - name: redis\n    version: 17.1.0\n    repository: https://charts.bitnami.com/bitnami\n  - name: memcached\n    version: 6.2.0\n    repository: https://charts.bitnami.com/bitnami\n",
+    );
+    p.file("chart/templates/cm.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: shop}\n");
+    p.file("chart/charts/bitnami-redis/Chart.yaml", "apiVersion: v2\nname: redis\nversion: 17.1.0\n");
+    p.file(
+        "chart/charts/bitnami-redis/templates/cm.yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: redis}\n",
+    );
+    p.file("memcached/Chart.yaml", "apiVersion: v2\nname: memcached\nversion: 6.2.0\n");
+    p.file("memcached/templates/cm.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: memcached}\n");
+    let packaged = std::process::Command::new(helm_bin(3))
+        .args(["package", "memcached", "-d", "packaged"])
+        .current_dir(p.path("."))
+        .output()
+        .unwrap();
+    assert!(packaged.status.success(), "helm package: {}", String::from_utf8_lossy(&packaged.stderr));
+    std::fs::rename(p.path("packaged/memcached-6.2.0.tgz"), p.path("chart/charts/cache.tgz")).unwrap();
+    for major in [3, 4] {
+        let template = std::process::Command::new(helm_bin(major))
+            .args(["template", "shop", "./chart"])
+            .current_dir(p.path("."))
+            .output()
+            .unwrap();
+        let out = String::from_utf8_lossy(&template.stdout);
+        assert!(
+            template.status.success(),
+            "helm {major} refused the chart: {}",
+            String::from_utf8_lossy(&template.stderr)
+        );
+        assert!(out.contains("name: redis") && out.contains("name: memcached"), "{out}");
+    }
+    p.stack(&format!(
+        "name: app\nsteps:\n  - name: app\n    tool: helm\n    release: shop\n    chart: ./chart\n    namespace: shop\n    context: c1\n    binary: {}\n",
+        helm_bin(3).display()
+    ));
+    p.rdeploy(&["validate"]).code(0);
+    p.rdeploy(&["up"]).code(0);
+    assert_eq!(
+        sim.kubectl_ok(&["get", "configmap", "redis", "-n", "shop", "-o", "jsonpath={.metadata.name}"]),
+        "redis"
+    );
+    assert_eq!(
+        sim.kubectl_ok(&["get", "configmap", "memcached", "-n", "shop", "-o", "jsonpath={.metadata.name}"]),
+        "memcached"
+    );
+}
+
+/// Manifests rdeploy cannot split into objects are found by `validate` from their text, with
+/// no cluster (none is running here): YAML that does not parse, documents without `kind` or
+/// `metadata.name` (a `generateName` one), a `*List` without `items` and one whose `items` is
+/// not a list. Each is named by file, line and document; `up` refuses the same at its start
+/// (exit 2, nothing recorded) instead of a recorded deploy stopped at the step. A manifest that
+/// splits passes without a cluster to ask about scopes.
+#[test]
+fn a_manifest_rdeploy_cannot_split_is_bad_input_found_without_a_cluster() {
+    let p = Project::new();
+    p.file(
+        "k8s/app.yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: ok}\n---\n# the second\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  generateName: job-\n---\napiVersion: v1\nmetadata: {name: nokind}\n",
+    );
+    p.file("k8s/lists.yaml", "apiVersion: v1\nkind: ConfigMapList\n---\napiVersion: v1\nkind: List\nitems: {a: b}\n---\napiVersion: v1\nkind: ConfigMapList\nitems:\n- metadata: {name: fine}\n- metadata: {labels: {a: b}}\n");
+    p.file("k8s/more/broken.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a\ndata: [\n");
+    p.file("k8s/fine.yaml", "apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: w}\n");
+    p.stack(&format!(
+        "name: app\nsteps:\n  - name: objects\n    tool: kubectl\n    manifests: [k8s/app.yaml, k8s/lists.yaml, k8s/more]\n    context: nowhere\n    binary: {}\n",
+        kubesim::testing::kubectl_bin().display()
+    ));
+    for args in [&["validate"][..], &["up"][..]] {
+        let run = p.rdeploy(args);
+        run.code(2)
+            .stderr_has("k8s/app.yaml:6: document 2: a ConfigMap has no `metadata.name` (it has `generateName`, which cannot be checkpointed)")
+            .stderr_has("k8s/app.yaml:11: document 3: an object has no `kind`")
+            .stderr_has("k8s/lists.yaml:1: document 1: a ConfigMapList has no `items`")
+            .stderr_has("k8s/lists.yaml:4: document 2: the List's `items` is not a list")
+            .stderr_has("k8s/lists.yaml:8: document 3: item 2 of the ConfigMapList: a ConfigMap has no `metadata.name`")
+            .stderr_has("k8s/more/broken.yaml:4:5: the YAML does not parse: did not find expected ',' or '}', while parsing a flow mapping")
+            .stderr_has("hint: every object needs `apiVersion`, `kind` and `metadata.name`");
+        assert!(!run.stderr.contains("app.yaml:1:"), "the good object is not blamed: {}", run.stderr);
+    }
+    assert!(!p.exists(".rdeploy/journal.jsonl"), "up recorded a deploy");
+    assert_eq!(p.status()["state"], "none");
+
+    p.stack(&format!(
+        "name: app\nsteps:\n  - name: objects\n    tool: kubectl\n    manifests: [k8s/fine.yaml]\n    context: nowhere\n    binary: {}\n",
+        kubesim::testing::kubectl_bin().display()
+    ));
+    p.rdeploy(&["validate"]).code(0);
+}

@@ -183,3 +183,157 @@ fn subs_error(status: &serde_json::Value, step_name: &str, id: &str) -> String {
         .unwrap_or_else(|| panic!("no error recorded for {id}: {status}"))
         .to_string()
 }
+
+/// A CRD whose scope changed (deleted and created again as cluster-scoped, which also deletes
+/// its objects) leaves the checkpoint with `Widget/web/w`, a record under an identity the
+/// object no longer has, as a checkpoint of an older rdeploy does for a cluster-scoped kind.
+/// recover reconciles the record to the object's identity now (`Widget/w`): one sub-change,
+/// judged by `kubectl diff` alone (the old record's `done` does not carry over: it is missing,
+/// so it is applied), and no stale `Widget/web/w` is left reported done. Then the reverse:
+/// back to namespaced, `Widget/w` becomes `Widget/web/w`.
+#[test]
+fn a_record_under_an_older_scope_is_reconciled_to_the_objects_identity_now() {
+    let sim = Kubesim::start("c1");
+    let mut p = Project::new();
+    for (k, v) in sim.env() {
+        p.env(&k, &v);
+    }
+    let crd = |scope: &str| {
+        format!(
+            "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata: {{name: widgets.example.com}}\nspec:\n  group: example.com\n  scope: {scope}\n  names: {{kind: Widget, plural: widgets, singular: widget, listKind: WidgetList}}\n  versions:\n  - name: v1\n    served: true\n    storage: true\n    schema: {{openAPIV3Schema: {{type: object, x-kubernetes-preserve-unknown-fields: true}}}}\n"
+        )
+    };
+    let manifest = |scope: &str, cm_ns: &str| {
+        format!(
+            "{}---\napiVersion: example.com/v1\nkind: Widget\nmetadata: {{name: w}}\nspec: {{size: 3}}\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {{name: c, namespace: {cm_ns}}}\ndata: {{a: \"1\"}}\n",
+            crd(scope)
+        )
+    };
+    // An SRE changes a CRD's scope (immutable in the API) by deleting it, which deletes its
+    // objects, and creating it again.
+    let rescope = |scope: &str| {
+        sim.kubectl_ok(&["delete", "crd", "widgets.example.com"]);
+        sim.apply("c1", &crd(scope));
+        sim.kubectl_ok(&["wait", "--for=condition=Established", "crd/widgets.example.com", "--timeout=60s"]);
+    };
+    p.file("k8s/widgets.yaml", &manifest("Namespaced", "nope"));
+    p.stack(&format!(
+        "name: w\nsteps:\n  - name: widgets\n    tool: kubectl\n    manifests: [k8s/widgets.yaml]\n    namespace: web\n    context: c1\n    binary: {}\n",
+        kubectl_bin().display()
+    ));
+    sim.kubectl_ok(&["create", "namespace", "web"]);
+    p.rdeploy(&["up"]).code(1).stdout_has(r#"namespaces "nope" not found"#);
+    // Sorted: a renamed record keeps its place, a new one comes last.
+    let ids = |status: &serde_json::Value| {
+        let mut subs = sub_statuses(status, "widgets");
+        subs.sort();
+        subs
+    };
+    let pairs = |items: &[(&str, &str)]| -> Vec<(String, String)> {
+        let mut pairs: Vec<(String, String)> = items.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
+        pairs.sort();
+        pairs
+    };
+    assert_eq!(
+        ids(&p.status()),
+        pairs(&[
+            ("CustomResourceDefinition/widgets.example.com", "done"),
+            ("Widget/web/w", "done"),
+            ("ConfigMap/nope/c", "failed")
+        ])
+    );
+
+    // The CRD comes back cluster-scoped: its old objects are gone with it.
+    rescope("Cluster");
+    p.file("k8s/widgets.yaml", &manifest("Cluster", "nope"));
+    sim.kubectl_ok(&["create", "namespace", "nope"]);
+    p.rdeploy(&["recover", "--dry-run"])
+        .code(0)
+        .stdout_has("apply Widget/w (missing from the cluster)")
+        .stdout_has("Widget/web/w is Widget/w now");
+    p.rdeploy(&["recover"]).code(0).stderr_has("Widget/web/w is Widget/w now");
+    assert_eq!(sim.kubectl_ok(&["get", "widget", "w", "-o", "jsonpath={.spec.size}"]), "3");
+    let status = p.status();
+    assert_eq!(status["state"], "complete");
+    assert_eq!(
+        ids(&status),
+        pairs(&[
+            ("CustomResourceDefinition/widgets.example.com", "done"),
+            ("Widget/w", "done"),
+            ("ConfigMap/nope/c", "done")
+        ])
+    );
+
+    // And back to namespaced, with another object failing so that recover runs.
+    rescope("Namespaced");
+    p.file("k8s/widgets.yaml", &manifest("Namespaced", "gone"));
+    p.rdeploy(&["up"]).code(1).stdout_has(r#"namespaces "gone" not found"#);
+    sim.kubectl_ok(&["create", "namespace", "gone"]);
+    p.rdeploy(&["recover"]).code(0);
+    assert_eq!(sim.kubectl_ok(&["get", "widget", "w", "-n", "web", "-o", "jsonpath={.spec.size}"]), "3");
+    let widgets: Vec<(String, String)> =
+        ids(&p.status()).into_iter().filter(|(id, _)| id.starts_with("Widget/")).collect();
+    assert_eq!(widgets, pairs(&[("Widget/web/w", "done")]));
+}
+
+/// kubectl's own client-side validation (`error validating "FILE": ...`), printed for real
+/// through rdeploy: kubectl v1.32 validates with `--validate=strict` by default, which checks an
+/// object's `apiVersion` and `kind` before it sends anything (field checks are the server's).
+/// Two objects whose `apiVersion` is no group/version (`apps/v1/beta`, a typo), and one whose
+/// namespace does not exist, among objects that are fine: each bad one is failed with
+/// kubectl's message, attributed through its staged file to its document, and every other
+/// object is applied (kubectl goes on past them, and so does the checkpoint).
+#[test]
+fn kubectl_validation_errors_fail_each_object_by_its_document_and_the_rest_apply() {
+    let sim = Kubesim::start("c1");
+    let mut p = Project::new();
+    for (k, v) in sim.env() {
+        p.env(&k, &v);
+    }
+    p.file(
+        "k8s/app.yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: one}\n---\napiVersion: rbac.authorization.k8s.io/v1/Role\nkind: Role\nmetadata: {name: two}\nrules: []\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: three}\n---\napiVersion: apps/v1/Deployment\nkind: Deployment\nmetadata: {name: four}\nspec: {selector: {matchLabels: {a: b}}, template: {metadata: {labels: {a: b}}, spec: {containers: [{name: c, image: nginx}]}}}\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: five, namespace: nope}\n",
+    );
+    p.stack(&format!(
+        "name: v\nsteps:\n  - name: objects\n    tool: kubectl\n    manifests: [k8s/app.yaml]\n    context: c1\n    binary: {}\n",
+        kubectl_bin().display()
+    ));
+    p.rdeploy(&["up"]).code(1).stdout_has("3 of 5 objects failed");
+    let status = p.status();
+    let mut subs = sub_statuses(&status, "objects");
+    subs.sort();
+    let want: Vec<(String, String)> = [
+        ("ConfigMap/default/one", "done"),
+        ("ConfigMap/default/three", "done"),
+        ("ConfigMap/nope/five", "failed"),
+        ("Deployment/default/four", "failed"),
+        ("Role/default/two", "failed"),
+    ]
+    .iter()
+    .map(|(a, b)| (a.to_string(), b.to_string()))
+    .collect();
+    assert_eq!(subs, want);
+    let validation = |group_version: &str, document: u32| {
+        format!(
+            "error validating data: unexpected GroupVersion string: {group_version}; if you choose to ignore these errors, turn validation off with --validate=false (k8s/app.yaml, document {document})"
+        )
+    };
+    assert_eq!(subs_error(&status, "objects", "Role/default/two"), validation("rbac.authorization.k8s.io/v1/Role", 2));
+    assert_eq!(subs_error(&status, "objects", "Deployment/default/four"), validation("apps/v1/Deployment", 4));
+    assert_eq!(
+        subs_error(&status, "objects", "ConfigMap/nope/five"),
+        r#"Error from server (NotFound): error when creating: namespaces "nope" not found"#
+    );
+    for name in ["one", "three"] {
+        assert_eq!(sim.kubectl_ok(&["get", "configmap", name, "-o", "jsonpath={.metadata.name}"]), name);
+    }
+
+    // Fixed, recover applies the three and touches nothing else.
+    let text = p.read("k8s/app.yaml").replace("/v1/Role", "/v1").replace("apps/v1/Deployment", "apps/v1");
+    p.file("k8s/app.yaml", &text);
+    sim.kubectl_ok(&["create", "namespace", "nope"]);
+    p.rdeploy(&["recover"]).code(0);
+    let mut subs = sub_statuses(&p.status(), "objects");
+    subs.sort();
+    assert!(subs.iter().all(|(_, s)| s == "done"), "{subs:?}");
+}

@@ -386,6 +386,43 @@ fn moved_blocks_rename_sub_changes_and_a_moved_failed_resource_is_done_only_when
     }
 }
 
+/// A `moved` block for a resource that was never created (a6, which the failure at a5 left
+/// pending, is renamed b6): terraform has nothing to move in its state and plans b6 as a
+/// create. It is one sub-change under its new address, never `a6` "done" because a6 left the
+/// plan; it stays pending while a5 still fails and is done only once terraform created it.
+#[test]
+fn a_moved_block_for_a_resource_never_created_is_one_sub_change_done_when_terraform_creates_it() {
+    let p = chain_project();
+    p.file("chain/fail-a5", "");
+    p.rdeploy(&["up"]).code(1);
+    assert!(!p.exists("chain/runs/a6.log"), "a6 never ran");
+
+    let config = p.read("chain/main.tf").replace(r#""terraform_data" "a6""#, r#""terraform_data" "b6""#);
+    let config = config.replace("terraform_data.a6.id", "terraform_data.b6.id");
+    p.file(
+        "chain/main.tf",
+        &format!("{config}\nmoved {{\n  from = terraform_data.a6\n  to   = terraform_data.b6\n}}\n"),
+    );
+    let expected = |a5: &str, b6: &str| {
+        pairs(&[
+            ("terraform_data.a1", "done"),
+            ("terraform_data.a2", "done"),
+            ("terraform_data.a3", "done"),
+            ("terraform_data.a4", "done"),
+            ("terraform_data.a5", a5),
+            ("terraform_data.b6", b6),
+        ])
+    };
+    p.rdeploy(&["recover"]).code(1).stdout_has("terraform_data.a5");
+    assert_eq!(sub_statuses(&p.status(), "network"), expected("failed", "pending"));
+    assert!(!p.exists("chain/runs/a6.log"), "b6 was not created while a5 fails");
+
+    p.remove("chain/fail-a5");
+    p.rdeploy(&["recover"]).code(0).stdout_has("deploy complete");
+    assert_eq!(sub_statuses(&p.status(), "network"), expected("done", "done"));
+    assert_eq!(runs(&p, "a6"), 1, "b6 (the provisioner still says a6) was created once");
+}
+
 /// Ctrl-C or SIGTERM while preflight waits on a slow tool (`terraform version` behind a script
 /// that sleeps first) is an interrupt (130) with nothing run, never "bad input" blaming the tool.
 #[test]

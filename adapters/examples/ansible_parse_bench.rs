@@ -69,7 +69,7 @@ fn main() {
     let mut summary = (0, 0, 0, 0);
     for _ in 0..5 {
         let started = Instant::now();
-        let mut tail = Tail::new(&path);
+        let mut tail = Tail::new(std::fs::File::open(&path).unwrap());
         let mut tracker = HostTracker::new(hosts.clone());
         // Stand-in for the driver's journal: every sub-change event serialized to a line.
         let mut journal: Vec<String> = Vec::with_capacity(3 * n);

@@ -442,6 +442,40 @@ impl Drop for SecretFile {
     }
 }
 
+/// A file with no name on disk, for what a child writes that may hold secrets (the task
+/// messages and diffs ansible's callback records): created unlinked in
+/// `dir` (`O_TMPFILE` where the filesystem has it, else created and removed at once; 0600) and
+/// reached by the child through this process's descriptor, `/proc/PID/fd/N`, which it opens
+/// again as a file of its own while rdeploy holds it. Nothing of it outlives the two: when
+/// rdeploy is killed with `kill -9` its descriptor closes and, once the child has closed its
+/// own, the kernel frees the file; no run leaves it behind for the next one to delete.
+#[derive(Debug)]
+pub struct UnlinkedFile {
+    file: std::fs::File,
+    path: std::path::PathBuf,
+}
+
+impl UnlinkedFile {
+    /// An empty unlinked file in `dir` (created if missing).
+    pub fn new(dir: &std::path::Path) -> std::io::Result<UnlinkedFile> {
+        use std::os::fd::AsRawFd;
+        crate::private::create_dir_all(dir)?;
+        let file = tempfile::tempfile_in(dir)?;
+        let path = std::path::PathBuf::from(format!("/proc/{}/fd/{}", std::process::id(), file.as_raw_fd()));
+        Ok(UnlinkedFile { file, path })
+    }
+
+    /// The name a child opens it by (`/proc/PID/fd/N`), valid while this value lives.
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+
+    /// A descriptor of rdeploy's own to read it by (its offset shared with the others it has).
+    pub fn reader(&self) -> std::io::Result<std::fs::File> {
+        self.file.try_clone()
+    }
+}
+
 /// Every secret in an event's text replaced by `***`. Sub-change ids are names (resource
 /// addresses, hosts, objects), not values, and the checkpoint's keys: they are left as they are,
 /// so a short secret cannot turn `terraform_data.a1` into another id.

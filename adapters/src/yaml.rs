@@ -159,6 +159,72 @@ pub fn documents(text: &str) -> Result<Vec<Value>, String> {
     Ok(docs)
 }
 
+/// Like [`documents`], each value with the line its document's content starts on (1-based),
+/// for messages that name a document by its place in the file. An error says where it is
+/// when the parser does.
+pub fn documents_located(text: &str) -> Result<Vec<(Option<usize>, Value)>, LoadError> {
+    let mut docs = Vec::new();
+    for doc in serde_norway::Deserializer::from_str(text) {
+        let value = Value::deserialize(doc).map_err(|e| LoadError {
+            at: e.location().map(|l| Location { line: l.line(), column: l.column() }),
+            message: lowercase_first(&strip_location(&e.to_string())),
+        })?;
+        if !value.is_null() {
+            docs.push(value);
+        }
+    }
+    // The same documents read again for where each starts; if the two readers ever disagree
+    // on how many there are, no line is given rather than a wrong one.
+    let lines = content_lines(text);
+    if lines.len() == docs.len() {
+        Ok(lines.into_iter().map(Some).zip(docs).collect())
+    } else {
+        Ok(docs.into_iter().map(|d| (None, d)).collect())
+    }
+}
+
+/// serde_norway's ` at line L column C`, which [`LoadError::at`] carries instead.
+fn strip_location(message: &str) -> String {
+    static AT: std::sync::LazyLock<regex::Regex> =
+        std::sync::LazyLock::new(|| regex::Regex::new(r" at line \d+ column \d+").expect("static regex"));
+    AT.replace(message, "").into_owned()
+}
+
+/// The line on which each document's content starts, documents with nothing but comments left
+/// out as [`documents`] leaves them out. A line scan for `---` markers at the start of a line
+/// (YAML allows them nowhere else: not inside a quoted or block scalar), not a second parse:
+/// a few megabytes of CRDs cost milliseconds. A document of only `null` or `~` is counted here
+/// and not by [`documents`]: the counts differ and no line is given.
+fn content_lines(text: &str) -> Vec<usize> {
+    let mut lines = Vec::new();
+    let mut open = true; // the stream's first document needs no marker
+    for (n, line) in text.lines().enumerate() {
+        let line = line.strip_prefix('\u{feff}').unwrap_or(line);
+        if let Some(rest) = line.strip_prefix("---") {
+            if rest.is_empty() || rest.starts_with([' ', '\t']) {
+                open = true;
+                // `--- {a: b}`: content on the marker's line.
+                let rest = rest.trim();
+                if !rest.is_empty() && !rest.starts_with('#') {
+                    lines.push(n + 1);
+                    open = false;
+                }
+                continue;
+            }
+        }
+        if line == "..." || line.starts_with("... ") {
+            open = false;
+            continue;
+        }
+        let trimmed = line.trim();
+        if open && !trimmed.is_empty() && !trimmed.starts_with('#') && !line.starts_with('%') {
+            lines.push(n + 1);
+            open = false;
+        }
+    }
+    lines
+}
+
 /// Parses one YAML document (a helm values file, a `Chart.yaml`) into a JSON value; an empty
 /// text is an empty mapping.
 pub fn value(text: &str) -> Result<Value, String> {
@@ -297,6 +363,20 @@ fn radix_int(text: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn documents_located_say_where_each_document_starts() {
+        let text = "# header\napiVersion: v1\nkind: A\n---\n---\n# only a comment\n---\n\nkind: B\n--- {kind: C}\n...\n---\nkind: D\n";
+        let docs = documents_located(text).unwrap();
+        let lines: Vec<Option<usize>> = docs.iter().map(|(l, _)| *l).collect();
+        assert_eq!(lines, [Some(2), Some(9), Some(10), Some(13)]);
+        assert_eq!(docs[2].1["kind"], "C");
+        // A `null` document counts for the scan, not for the parser: no line rather than a wrong one.
+        let docs = documents_located("kind: A\n---\nnull\n---\nkind: B\n").unwrap();
+        assert!(docs.iter().all(|(l, _)| l.is_none()) && docs.len() == 2, "{docs:?}");
+        let err = documents_located("a: b\n---\nc: [d\n").unwrap_err();
+        assert_eq!(err.at.map(|a| a.line), Some(4), "{err:?}");
+    }
 
     #[test]
     fn plain_scalars_take_their_yaml_1_2_core_types() {

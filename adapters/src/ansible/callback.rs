@@ -5,7 +5,6 @@
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
-use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
@@ -399,27 +398,20 @@ fn unreachable_message(task: &str, msg: &str) -> String {
 /// per line while ansible runs, so tailing the file checkpoints hosts as they finish. A plain
 /// file (not a fifo) never blocks ansible and survives a crash for a later look.
 pub struct Tail {
-    path: PathBuf,
-    file: Option<File>,
+    file: File,
     pos: u64,
     partial: Vec<u8>,
 }
 
 impl Tail {
-    pub fn new(path: &Path) -> Tail {
-        Tail { path: path.to_path_buf(), file: None, pos: 0, partial: Vec::new() }
+    /// Reads `file` (rdeploy's own descriptor of the file the callback appends to) from its start.
+    pub fn new(file: File) -> Tail {
+        Tail { file, pos: 0, partial: Vec::new() }
     }
 
     /// New complete lines; a line still being written waits for the next call.
     pub fn read_lines(&mut self) -> std::io::Result<Vec<String>> {
-        if self.file.is_none() {
-            match File::open(&self.path) {
-                Ok(f) => self.file = Some(f),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-                Err(e) => return Err(e),
-            }
-        }
-        let file = self.file.as_mut().expect("opened above");
+        let file = &mut self.file;
         file.seek(SeekFrom::Start(self.pos))?;
         let mut buf = Vec::new();
         let read = file.read_to_end(&mut buf)?;
@@ -445,7 +437,7 @@ mod tests {
     use super::*;
 
     fn captured(name: &str) -> String {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/ansible/captured").join(name);
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/ansible/captured").join(name);
         std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
     }
 
@@ -642,9 +634,9 @@ mod tests {
         use std::io::Write;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("events.jsonl");
-        let mut tail = Tail::new(&path);
-        assert!(tail.read_lines().unwrap().is_empty(), "a missing file is not an error yet");
         let mut file = std::fs::File::create(&path).unwrap();
+        let mut tail = Tail::new(std::fs::File::open(&path).unwrap());
+        assert!(tail.read_lines().unwrap().is_empty(), "nothing written yet");
         write!(file, "one\ntw").unwrap();
         assert_eq!(tail.read_lines().unwrap(), vec!["one".to_string()]);
         write!(file, "o\nthree").unwrap();

@@ -27,15 +27,19 @@ use crate::{
 pub const PLUGIN_NAME: &str = "rdeploy_events";
 /// The plugin's source, written into the step's work dir before each run.
 pub const PLUGIN_SOURCE: &str = include_str!("rdeploy_events.py");
-/// The environment variable naming the file the plugin writes its records to.
+/// The environment variable naming the file the plugin writes its records to (`/proc/PID/fd/N`
+/// of a file with no name on disk).
 pub const EVENTS_ENV: &str = "RDEPLOY_ANSIBLE_EVENTS";
-
-const DEFAULT_BINARY: &str = "ansible-playbook";
+/// The environment variable naming the secret extra vars file, which the plugin removes as soon
+/// as ansible has read it (ansible reads `-e @FILE` once, before callbacks load, and keeps it).
+pub const UNLINK_ENV: &str = "RDEPLOY_ANSIBLE_UNLINK";
 /// The secret extra vars of one run, in the step's work dir (0600, deleted after the run).
 const SECRET_VARS_FILE: &str = "secret-vars.json";
 /// The same for `rdeploy plan`'s `--check` run: its own name, so that a plan run during `up`
 /// never overwrites or deletes the file up's ansible-playbook is reading.
 const PREVIEW_SECRET_VARS_FILE: &str = "preview-secret-vars.json";
+
+const DEFAULT_BINARY: &str = "ansible-playbook";
 const INSTALL_HINT: &str =
     "install ansible-core (`python3 -m pip install ansible-core`), or point the step's `binary:` at `ansible-playbook`";
 /// How often the callback file is read while ansible runs.
@@ -126,6 +130,9 @@ impl AnsibleSpec {
     }
 
     /// Writes the secret extra vars for one `ansible-playbook` run (0600, deleted when dropped).
+    /// ansible resolves `-e @FILE` to a real path and wants a regular file, so it has a name;
+    /// the callback removes it once ansible has read it (see [`UNLINK_ENV`]), so a kill -9 of
+    /// rdeploy mid-run leaves it behind only if it comes before the playbook starts.
     fn secret_vars_file(&self, ctx: &StepContext, name: &str) -> Result<Option<secrets::SecretFile>, Failure> {
         let entries = secrets::secret_entries(&self.extra_vars, &self.marked);
         if entries.is_empty() {
@@ -296,16 +303,11 @@ impl AnsibleSpec {
             return Err(Failure { interrupted: true, ..Failure::new("stopped before `ansible-playbook` started") });
         }
         let plugin_dir = ctx.work_dir.join("callback_plugins");
-        let events_path = ctx.work_dir.join(format!("{phase}-events.jsonl"));
-        prepare_work_dir(&plugin_dir, &events_path)?;
+        let events = events_file(&plugin_dir, &ctx.work_dir.join(format!("{phase}-events.jsonl")))?;
         let (callback_env, warning) = self.callback_env(ctx, binary, &plugin_dir).await;
         if let Some(message) = warning {
             sink.emit(Event::Warning { message });
         }
-        sink.emit(Event::Fact {
-            key: "ansible_events".into(),
-            value: events_path.to_string_lossy().into_owned().into(),
-        });
 
         let secret_file = self.secret_vars_file(ctx, SECRET_VARS_FILE)?;
         let mut cmd =
@@ -313,10 +315,15 @@ impl AnsibleSpec {
         if let Some(limit) = limit {
             cmd = cmd.arg("--limit").arg(limit);
         }
-        let cmd = cmd.envs(callback_env).env(EVENTS_ENV, &events_path).env("PYTHONUNBUFFERED", "1");
+        let mut cmd = cmd.envs(callback_env).env(EVENTS_ENV, events.path()).env("PYTHONUNBUFFERED", "1");
+        if let Some(file) = &secret_file {
+            cmd = cmd.env(UNLINK_ENV, std::path::absolute(file.path()).unwrap_or_else(|_| file.path().to_path_buf()));
+        }
 
         let mut tracker = HostTracker::new(planned);
-        let mut tail = Tail::new(&events_path);
+        let mut tail = Tail::new(
+            events.reader().map_err(|e| Failure::new(format!("could not read the callback's records: {e}")))?,
+        );
         let mut recap_lines = Vec::new();
         let mut no_more_hosts = false;
         let outcome = {
@@ -345,8 +352,9 @@ impl AnsibleSpec {
             sink.emit(Event::Warning { message: format!("the callback's last record was cut off: {rest}") });
         }
         // Read to the end, the callback's records have told everything; they hold what tasks
-        // printed as ansible printed it (a secret in a `fail` message), so they go.
-        let _ = std::fs::remove_file(&events_path);
+        // printed as ansible printed it (a secret in a `fail` message): the file has no name
+        // and goes with its last descriptor.
+        drop(events);
         if !tracker.has_stats() && !recap_lines.is_empty() {
             if tracker.records() == 0 {
                 sink.emit(Event::Warning {
@@ -660,17 +668,22 @@ fn drain(tail: &mut Tail, tracker: &mut HostTracker, sink: &dyn EventSink) {
     }
 }
 
-fn prepare_work_dir(plugin_dir: &Path, events_path: &Path) -> Result<(), Failure> {
+/// Writes the callback plugin and makes the file its records go to: one with no name on disk
+/// (see [`secrets::UnlinkedFile`]), since they hold task messages and `--diff` texts as ansible
+/// printed them, secrets included, and a kill -9 must not leave them in the state dir. The
+/// named file `stale` of an older rdeploy, which had such records, is removed.
+fn events_file(plugin_dir: &Path, stale: &Path) -> Result<secrets::UnlinkedFile, Failure> {
     let io =
         |what: &str, path: &Path, e: std::io::Error| Failure::new(format!("could not {what} {}: {e}", path.display()));
     crate::private::create_dir_all(plugin_dir).map_err(|e| io("create", plugin_dir, e))?;
     let plugin = plugin_dir.join(format!("{PLUGIN_NAME}.py"));
     crate::private::write(&plugin, PLUGIN_SOURCE.as_bytes()).map_err(|e| io("write", &plugin, e))?;
-    // Records of an earlier run must not be read as this run's.
-    match std::fs::remove_file(events_path) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io("remove", events_path, e)),
-        _ => Ok(()),
+    match std::fs::remove_file(stale) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io("remove", stale, e)),
+        _ => {}
     }
+    let dir = plugin_dir.parent().unwrap_or(plugin_dir);
+    secrets::UnlinkedFile::new(dir).map_err(|e| io("create a file in", dir, e))
 }
 
 /// An `ansible-playbook` command that did not succeed, summarised by its exit status (what

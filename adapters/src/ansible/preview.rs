@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use super::callback::{parse_line, Record, ResultStatus, TaskDiff, TaskResult};
-use super::{command_failure, prepare_work_dir, AnsibleSpec, EVENTS_ENV};
+use super::{command_failure, events_file, AnsibleSpec, EVENTS_ENV};
 use crate::preview::{unified_diff, PlanAction, PlanItem, Preview, PreviewError};
 use crate::process::redact_line;
 use crate::{secrets, Failure, StepContext};
@@ -109,8 +109,7 @@ impl AnsibleSpec {
     pub(super) async fn preview_check(&self, ctx: &StepContext) -> Result<Preview, PreviewError> {
         let binary = self.resolve_binary(ctx)?;
         let plugin_dir = ctx.work_dir.join("callback_plugins");
-        let events_path = ctx.work_dir.join("plan-events.jsonl");
-        prepare_work_dir(&plugin_dir, &events_path)?;
+        let events = events_file(&plugin_dir, &ctx.work_dir.join("plan-events.jsonl"))?;
         // Only rdeploy's callback, and the built-in stdout one: a plan sends no notification a
         // user's callback would, and so needs no `ansible-config dump` (seconds) to keep them.
         let from_env =
@@ -128,14 +127,23 @@ impl AnsibleSpec {
         if let Some(limit) = &self.limit {
             cmd = cmd.arg("--limit").arg(limit);
         }
-        let cmd = cmd.args(["--check", "--diff"]).envs(callback_env).env(EVENTS_ENV, &events_path);
+        let cmd = cmd.args(["--check", "--diff"]).envs(callback_env).env(EVENTS_ENV, events.path());
+        let cmd = match &secret_file {
+            Some(file) => cmd
+                .env(super::UNLINK_ENV, std::path::absolute(file.path()).unwrap_or_else(|_| file.path().to_path_buf())),
+            None => cmd,
+        };
         let outcome =
             cmd.run(&ctx.cancel, ctx.timeout, &mut |_, _| {}).await.map_err(|e| Failure::new(e.to_string()))?;
         let mut found = secrets::secret_strings(&self.extra_vars, &self.marked);
         found.extend(secrets::env_secrets(&ctx.env));
         let secrets = secrets::normalize(found);
-        let text = std::fs::read_to_string(&events_path).unwrap_or_default();
-        let _ = std::fs::remove_file(&events_path);
+        let mut text = String::new();
+        if let Ok(mut reader) = events.reader() {
+            use std::io::{Read, Seek};
+            let _ = reader.seek(std::io::SeekFrom::Start(0)).and_then(|_| reader.read_to_string(&mut text));
+        }
+        drop(events);
         let mut records = Vec::new();
         for line in text.lines() {
             match parse_line(line) {

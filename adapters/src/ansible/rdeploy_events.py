@@ -135,10 +135,32 @@ class CallbackModule(CallbackBase):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        # rdeploy's own file, with no name on disk (/proc/PID/fd/N): records hold task messages
+        # and diffs as printed, secrets included. Line buffering plus an explicit flush: each
+        # record reaches the file whole, at once.
         path = os.environ.get("RDEPLOY_ANSIBLE_EVENTS")
-        # Line buffering plus an explicit flush: each record reaches the file whole, at once.
         self._out = open(path, "a", encoding="utf-8", buffering=1) if path else None
         self._play = None
+        self._unlink_secret_vars()
+
+    def _unlink_secret_vars(self):
+        """Removes the secret extra vars file once ansible has read it: `-e @FILE` is loaded once
+        (load_extra_vars keeps it) when the variable manager is made, before callbacks load; so a
+        kill -9 of rdeploy later in the run leaves no secret in its state directory."""
+        path = os.environ.get("RDEPLOY_ANSIBLE_UNLINK")
+        if not path:
+            return
+        try:
+            from ansible.utils.vars import load_extra_vars
+        except ImportError:
+            return
+        if getattr(load_extra_vars, "extra_vars", None) is None:
+            return  # not read yet: the playbook start comes after it
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        os.environ.pop("RDEPLOY_ANSIBLE_UNLINK", None)
 
     def _write(self, record):
         if self._out is None:
@@ -165,6 +187,7 @@ class CallbackModule(CallbackBase):
         self._write(record)
 
     def v2_playbook_on_start(self, playbook):
+        self._unlink_secret_vars()
         self._write({"event": "playbook_start", "playbook": getattr(playbook, "_file_name", None)})
 
     def v2_playbook_on_play_start(self, play):

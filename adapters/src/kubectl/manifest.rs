@@ -24,6 +24,9 @@ pub struct KubeObject {
     pub body: Value,
     /// The file it came from, for messages.
     pub source: PathBuf,
+    /// Which document of that file it is (1-based; empty documents not counted, the items of a
+    /// list all the list's).
+    pub document: usize,
 }
 
 impl KubeObject {
@@ -90,8 +93,11 @@ pub fn objects_from_documents(
     scopes: &Scopes,
 ) -> Result<Vec<KubeObject>, String> {
     let mut out = Vec::new();
-    for doc in flatten_lists(docs) {
-        out.push(object_from_value(doc, source, default_ns, scopes)?);
+    for (i, doc) in docs.into_iter().enumerate() {
+        for item in flatten_lists(vec![doc]) {
+            let object = object_from_value(item, source, default_ns, scopes)?;
+            out.push(KubeObject { document: i + 1, ..object });
+        }
     }
     Ok(out)
 }
@@ -141,6 +147,73 @@ pub fn flatten_lists(docs: Vec<Value>) -> Vec<Value> {
     out
 }
 
+/// Why a parsed document cannot become objects, found from its text alone (no cluster): a
+/// missing `apiVersion`, `kind` or `metadata.name`, or a list whose `items` is not a list of
+/// objects; items of a list are checked as its objects. Empty when it splits.
+pub fn split_problems(doc: &Value) -> Vec<String> {
+    let kind = doc.get("kind").and_then(Value::as_str);
+    let lacks_items =
+        kind.is_some_and(|k| k.ends_with("List")) && doc.get("metadata").and_then(|m| m.get("name")).is_none();
+    match doc.get("items") {
+        Some(Value::Array(items)) => items
+            .iter()
+            .enumerate()
+            .flat_map(|(i, item)| {
+                // As `flatten_lists` reads it: an item with neither takes the list's.
+                let mut item = item.clone();
+                if let Some(map) =
+                    item.as_object_mut().filter(|m| !m.contains_key("apiVersion") && !m.contains_key("kind"))
+                {
+                    if let Some(v) = doc.get("apiVersion") {
+                        map.insert("apiVersion".into(), v.clone());
+                    }
+                    if let Some(k) = kind.map(|k| k.strip_suffix("List").unwrap_or(k)).filter(|k| !k.is_empty()) {
+                        map.insert("kind".into(), Value::String(k.to_string()));
+                    }
+                }
+                split_problems(&item)
+                    .into_iter()
+                    .map(move |p| format!("item {} of the {}: {p}", i + 1, kind.unwrap_or("list")))
+                    .collect::<Vec<_>>()
+            })
+            .collect(),
+        Some(Value::Null) | None if lacks_items => {
+            vec![format!("a {} has no `items` (a list holds its objects under `items:`)", kind.unwrap_or("list"))]
+        }
+        Some(Value::Null) | None => object_problems(doc),
+        Some(_) => vec![format!("the {}'s `items` is not a list", kind.unwrap_or("list"))],
+    }
+}
+
+/// A single object's missing fields.
+fn object_problems(doc: &Value) -> Vec<String> {
+    if !doc.is_object() {
+        return vec!["is not a mapping (an object is `apiVersion`, `kind`, `metadata`, ...)".into()];
+    }
+    let text = |key: &str| doc.get(key).and_then(Value::as_str).filter(|v| !v.is_empty());
+    let mut missing = Vec::new();
+    if text("apiVersion").is_none() {
+        missing.push("`apiVersion`");
+    }
+    if text("kind").is_none() {
+        missing.push("`kind`");
+    }
+    let name = doc.get("metadata").and_then(|m| m.get("name")).and_then(Value::as_str).filter(|n| !n.is_empty());
+    if name.is_none() {
+        missing.push("`metadata.name`");
+    }
+    if missing.is_empty() {
+        return Vec::new();
+    }
+    let what = text("kind").map(|k| format!("a {k}")).unwrap_or_else(|| "an object".into());
+    let generate = doc.pointer("/metadata/generateName").is_some() && name.is_none();
+    vec![format!(
+        "{what} has no {}{}",
+        missing.join(" or "),
+        if generate { " (it has `generateName`, which cannot be checkpointed)" } else { "" }
+    )]
+}
+
 fn object_from_value(mut body: Value, source: &Path, default_ns: &str, scopes: &Scopes) -> Result<KubeObject, String> {
     let field = |body: &Value, key: &str| body.get(key).and_then(Value::as_str).map(str::to_string);
     let (Some(api_version), Some(kind)) = (field(&body, "apiVersion"), field(&body, "kind")) else {
@@ -166,7 +239,7 @@ fn object_from_value(mut body: Value, source: &Path, default_ns: &str, scopes: &
     } else {
         None
     };
-    Ok(KubeObject { api_version, kind, name, namespace, body, source: source.to_path_buf() })
+    Ok(KubeObject { api_version, kind, name, namespace, body, source: source.to_path_buf(), document: 0 })
 }
 
 /// Whether each kind is namespaced, by API group and kind: from the CRDs among the step's own

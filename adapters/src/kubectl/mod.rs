@@ -250,9 +250,8 @@ impl KubectlSpec {
                 sources.push((manifest.clone(), read_documents(&path)?));
             }
         }
-        let sources: Vec<(PathBuf, Vec<serde_json::Value>)> =
-            sources.into_iter().map(|(source, docs)| (source, manifest::flatten_lists(docs))).collect();
-        let all: Vec<serde_json::Value> = sources.iter().flat_map(|(_, d)| d.iter().cloned()).collect();
+        let all: Vec<serde_json::Value> =
+            sources.iter().flat_map(|(_, d)| manifest::flatten_lists(d.clone())).collect();
         let mut scopes = Scopes::from_documents(&all);
         let need_discovery = scopes.lacks_any(&all);
         let (default_ns, discovered) = tokio::join!(self.default_namespace(ctx, binary), async {
@@ -290,21 +289,24 @@ impl KubectlSpec {
         Ok(objects)
     }
 
-    fn warn_gone(&self, objects: &[KubeObject], prior: &PriorStep, sink: &dyn EventSink) {
+    /// Settles records that name no object of the manifests: a record under the identity an
+    /// object had under another scope (`Widget/default/w` when the API says Widget is
+    /// cluster-scoped now, or the reverse) is renamed to the object's identity now, so the
+    /// checkpoint holds one sub-change for it and never a stale one reported done. Called after
+    /// `Planned`, so the rename drops the old record: the object is judged afresh (by `kubectl
+    /// diff`, or applied when the diff fails), never kept on a record made under another name.
+    /// Records matching no object are left alone (rdeploy does not prune) and said so.
+    fn settle_unmatched_records(&self, objects: &[KubeObject], prior: &PriorStep, sink: &dyn EventSink) {
         let ids: HashSet<String> = objects.iter().map(KubeObject::id).collect();
-        let (moved, gone): (Vec<&str>, Vec<&str>) = prior
-            .sub_changes
-            .iter()
-            .filter(|s| !ids.contains(&s.id))
-            .map(|s| s.id.as_str())
-            .partition(|id| rescoped(objects, id).is_some());
-        for id in moved {
-            let now = rescoped(objects, id).expect("partitioned on it");
-            sink.emit(Event::Warning {
-                message: format!(
-                    "{id} is {now} now: the API did not know its kind when it was recorded (its CRD was not installed) and says it is cluster-scoped"
-                ),
-            });
+        let mut gone = Vec::new();
+        for record in prior.sub_changes.iter().filter(|s| !ids.contains(&s.id)) {
+            match rescoped(objects, &record.id) {
+                Some(now) => {
+                    sink.emit(Event::Moved { from: record.id.clone(), to: now.clone() });
+                    sink.emit(Event::Warning { message: rescoped_words(&record.id, &now) });
+                }
+                None => gone.push(record.id.as_str()),
+            }
         }
         if !gone.is_empty() {
             sink.emit(Event::Warning {
@@ -438,7 +440,13 @@ impl KubectlSpec {
         if !(outcome.interrupted || outcome.timed_out || not_applied.is_empty()) {
             let attributed = attribute_errors(&not_applied, &error_records(&stderr));
             for (object, _) in &not_applied {
-                let error = attributed.get(&object.id()).cloned().unwrap_or_else(|| "not applied".into());
+                let mut error = attributed.get(&object.id()).cloned().unwrap_or_else(|| "not applied".into());
+                // kubectl's own validation names the file it read (rdeploy's staged copy): say
+                // which of the operator's documents it is, since what failed may be the very
+                // `apiVersion` or `kind` the object's id is made of.
+                if error.starts_with("error validating data") {
+                    error = format!("{error} ({}, document {})", object.source.display(), object.document);
+                }
                 sink.emit(Event::Failed { id: object.id(), error: error.clone() });
                 failed.push((object.id(), error));
             }
@@ -635,6 +643,8 @@ impl Adapter for KubectlSpec {
 
     async fn preflight(&self, ctx: &StepContext) -> Result<ToolInfo, AdapterError> {
         let binary = self.resolve_binary(ctx)?;
+        let paths: Vec<(PathBuf, PathBuf)> = self.manifests.iter().map(|m| (m.clone(), ctx.resolve(m))).collect();
+        crate::inputs::kubectl_manifests(&paths)?;
         let cmd = Command::new(&binary)
             .envs(ctx.env.iter().map(|(k, v)| (k.clone(), v.clone())))
             .args(["version", "--client", "-o", "json"]);
@@ -664,7 +674,7 @@ impl Adapter for KubectlSpec {
         let binary = self.resolve_binary(ctx).map_err(Failure::from)?;
         let objects = self.objects(ctx, &binary).await?;
         sink.emit(Event::Planned { ids: objects.iter().map(KubeObject::id).collect() });
-        self.warn_gone(&objects, prior, sink);
+        self.settle_unmatched_records(&objects, prior, sink);
         let plan = self.plan_recovery(ctx, &binary, &objects, prior, Some(sink)).await?;
         if let Some(error) = &plan.diff_error {
             sink.emit(Event::Warning {
@@ -744,10 +754,7 @@ impl Adapter for KubectlSpec {
         let ids: HashSet<String> = objects.iter().map(KubeObject::id).collect();
         for gone in prior.sub_changes.iter().filter(|s| !ids.contains(&s.id)) {
             match rescoped(&objects, &gone.id) {
-                Some(now) => inspection.actions.push(format!(
-                    "{} is {now} now: recorded before the API knew its kind, which is cluster-scoped",
-                    gone.id
-                )),
+                Some(now) => inspection.actions.push(rescoped_words(&gone.id, &now)),
                 None => inspection.actions.push(format!("leave {} alone: no longer in the manifests", gone.id)),
             }
         }
@@ -842,12 +849,28 @@ fn plan_from_diff(objects: &[KubeObject], prior: &PriorStep, diff: Result<(i32, 
     plan
 }
 
-/// The object a recorded `Kind/namespace/name` is now that the API knows `Kind` as
-/// cluster-scoped (`Kind/name`): an object whose kind was unknown is taken as namespaced.
+/// The object a record names under the other scope: `Kind/namespace/name` recorded when the
+/// API did not know the kind (its CRD came later) or knew it as namespaced, and the object is
+/// `Kind/name` now; or `Kind/name` recorded and the kind is namespaced now. Only when exactly
+/// one object has that kind and name.
 fn rescoped(objects: &[KubeObject], recorded: &str) -> Option<String> {
-    let mut parts = recorded.split('/');
-    let (kind, _ns, name) = (parts.next()?, parts.next()?, parts.next()?);
-    objects.iter().find(|o| o.namespace.is_none() && o.kind == kind && o.name == name).map(KubeObject::id)
+    let parts: Vec<&str> = recorded.split('/').collect();
+    let (kind, name, was_namespaced) = match parts[..] {
+        [kind, _, name] => (kind, name, true),
+        [kind, name] => (kind, name, false),
+        _ => return None,
+    };
+    let mut found =
+        objects.iter().filter(|o| o.kind == kind && o.name == name && o.namespace.is_some() != was_namespaced);
+    let object = found.next()?;
+    found.next().is_none().then(|| object.id())
+}
+
+/// What recover says of a record it renames to an object's identity now.
+fn rescoped_words(recorded: &str, now: &str) -> String {
+    format!(
+        "{recorded} is {now} now: recorded when the API gave its kind another scope (its CRD was not installed yet, or was created again with another scope); recorded as {now} from here on, and judged by `kubectl diff`, not by the old record"
+    )
 }
 
 /// The warning for diff files that match no object.
@@ -1001,6 +1024,21 @@ mod tests {
         manifest::order(&mut objs);
         assert_eq!(batches(&objs, &[0, 1, 2]), vec![vec![0], vec![1, 2]]);
         assert_eq!(batches(&objs, &[1]), vec![vec![1]]);
+    }
+
+    #[test]
+    fn a_record_under_the_other_scope_names_the_one_object_of_that_kind_and_name() {
+        let text = "apiVersion: cert-manager.io/v1\nkind: ClusterIssuer\nmetadata: {name: le}\n---\napiVersion: cert-manager.io/v1\nkind: Issuer\nmetadata: {name: s, namespace: a}\n---\napiVersion: cert-manager.io/v1\nkind: Issuer\nmetadata: {name: t, namespace: a}\n---\napiVersion: cert-manager.io/v1\nkind: Issuer\nmetadata: {name: t, namespace: b}\n";
+        let docs = manifest::parse_documents(text).unwrap();
+        let scopes = Scopes::with_captured_discovery(&docs);
+        let objs = manifest::objects_from_documents(docs, Path::new("x.yaml"), "default", &scopes).unwrap();
+        assert_eq!(rescoped(&objs, "ClusterIssuer/default/le").as_deref(), Some("ClusterIssuer/le"));
+        assert_eq!(rescoped(&objs, "Issuer/s").as_deref(), Some("Issuer/a/s"));
+        // Two objects could be it: no guess.
+        assert_eq!(rescoped(&objs, "Issuer/t"), None);
+        // Same scope, another namespace: a different object, not a rename.
+        assert_eq!(rescoped(&objs, "Issuer/c/s"), None);
+        assert_eq!(rescoped(&objs, "ClusterIssuer/other"), None);
     }
 
     #[test]

@@ -116,7 +116,7 @@ impl TerraformSpec {
         }
         // A `moved` block renamed what the checkpoint recorded: one sub-change under its new
         // address, its status kept; only the apply (terraform's own word) can make it done.
-        let moves = moves_of_recorded(&plan, prior);
+        let moves = moves_of(&plan, prior, &run.dir);
         for (from, to) in &moves {
             sink.emit(Event::Moved { from: from.clone(), to: to.clone() });
         }
@@ -173,7 +173,7 @@ impl TerraformSpec {
             inspection.actions.push(format!("`{} plan`: {}", self.tool_word(), plan.describe()));
             inspection.actions.extend(plan.changes.iter().map(PlannedChange::describe));
         }
-        let prior = &renamed(prior, &moves_of_recorded(&plan, prior));
+        let prior = &renamed(prior, &moves_of(&plan, prior, &run.dir));
         let missing = missing_from_state(&plan, prior);
         if !missing.is_empty() && !ctx.reapply_missing {
             let failure = contradiction(&run.dir, self.workspace.as_deref(), &self.tool_word(), &missing);
@@ -483,6 +483,31 @@ fn moves_of_recorded(plan: &PlanReport, prior: &PriorStep) -> BTreeMap<String, S
         .filter_map(|c| Some((c.previous.clone()?, c.addr.clone())))
         .filter(|(from, _)| prior.sub_changes.iter().any(|s| &s.id == from))
         .collect()
+}
+
+/// Every recorded sub-change a `moved` block renamed: those terraform moved in its state (the
+/// plan's `previous_resource`), and those it had nothing to move for because the old address
+/// was never in its state (a resource that was never created), which terraform plans as a plain
+/// create of the new address without a word about the block. The second kind is read from the
+/// configuration's `moved` blocks, and taken only when terraform plans the new address and no
+/// longer knows the old one. Either way it is one sub-change under the new address with its
+/// status kept: only terraform's apply makes it done.
+fn moves_of(plan: &PlanReport, prior: &PriorStep, dir: &Path) -> BTreeMap<String, String> {
+    let mut moves = moves_of_recorded(plan, prior);
+    let planned = |addr: &str| plan.changes.iter().any(|c| c.addr == addr);
+    let blocks = config::moved_blocks(dir);
+    if blocks.is_empty() {
+        return moves;
+    }
+    for sub in &prior.sub_changes {
+        if moves.contains_key(&sub.id) || planned(&sub.id) || moves.values().any(|to| to == &sub.id) {
+            continue;
+        }
+        if let Some(to) = config::moved_address(&blocks, &sub.id).filter(|to| planned(to)) {
+            moves.insert(sub.id.clone(), to);
+        }
+    }
+    moves
 }
 
 /// The checkpoint's view after the renames, as the journal folds them: a moved sub-change takes
