@@ -659,6 +659,14 @@ impl Session {
                     }
                 }
                 Action::RevertThenApply => DryRunPlan::RevertThenApply { revert: step.revert.clone() },
+                // A fleet step's plan comes from the checkpoint: no cluster is asked.
+                Action::Recover(prior) if step.fleet.is_some() => {
+                    DryRunPlan::Recover(Ok(crate::rollout::dry_run(prior)))
+                }
+                Action::Apply if step.fleet.is_some() => DryRunPlan::Apply {
+                    why: ApplyWhy::NotStarted,
+                    actions: vec!["runs once per cluster in scope, wave by wave".into()],
+                },
                 Action::Apply => {
                     let why = if deploy.step(&step.name).is_some_and(|s| s.status == StepStatus::Reverted) {
                         ApplyWhy::Reverted
@@ -883,7 +891,13 @@ impl Session {
             sink.sensitive = self.sensitive.clone();
             // 0700: the tools' files in it (terraform's saved plan) are nobody else's to read.
             self.state.create_dir(&ctx.work_dir)?;
-            let attempts = Attempts { retry, cp: cp.clone(), ui: self.ui.clone(), tool_version };
+            let attempts = Attempts {
+                retry,
+                cp: cp.clone(),
+                ui: self.ui.clone(),
+                tool_version,
+                state_dir: self.state.path.clone(),
+            };
             run.outputs_before.insert(name.clone(), self.outputs_seen(cp, &name));
             run.running.spawn(async move {
                 let result = match read {
@@ -1321,6 +1335,8 @@ struct Attempts {
     cp: SharedCheckpoint,
     ui: Arc<Ui>,
     tool_version: Option<String>,
+    /// The local state directory (a fleet step keeps last-seen times and rollout starts there).
+    state_dir: std::path::PathBuf,
 }
 
 impl Attempts {
@@ -1333,9 +1349,18 @@ impl Attempts {
     ) -> Result<Recovered, Failure> {
         let mut attempt = 1;
         loop {
-            let result = match &action {
-                Action::Recover(prior) => step.spec.recover(ctx, prior, sink).await,
-                _ => step.spec.apply(ctx, sink).await.map(|()| Recovered::Complete),
+            let result = match (&step.fleet, &action) {
+                (Some(fleet), action) => {
+                    let fresh = PriorStep::default();
+                    let prior = match action {
+                        Action::Recover(prior) => prior,
+                        _ => &fresh,
+                    };
+                    let run = crate::rollout::FleetRun { step, fleet, ctx, prior, state_dir: &self.state_dir };
+                    crate::rollout::run(run, sink).await
+                }
+                (None, Action::Recover(prior)) => step.spec.recover(ctx, prior, sink).await,
+                (None, _) => step.spec.apply(ctx, sink).await.map(|()| Recovered::Complete),
             };
             let failure = match (result, sink.journal_error()) {
                 (_, Some(e)) => return Err(journal_failure(e)),

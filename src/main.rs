@@ -29,6 +29,7 @@ mod plan;
 mod planfile;
 mod reference;
 mod report;
+mod rollout;
 mod runbook;
 mod stack;
 mod store;

@@ -96,6 +96,9 @@ pub struct StepReport {
     /// Why it was (or is to be) applied again after it was done: an output it used changed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reapplied_because: Option<String>,
+    /// A fleet step's rollout: waves, completion, stragglers and the SLO.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<crate::rollout::report::RolloutReport>,
 }
 
 impl StepReport {
@@ -124,6 +127,15 @@ pub struct SubReport {
     pub error: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+    /// A fleet step's cluster: the wave it belongs to (1 for the first).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wave: Option<u64>,
+    /// A fleet step's absent straggler: when the cluster was last seen (`null`: never).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub absent_since: Option<Option<String>>,
+    /// ... and why it counts as absent (no answer within the inventory timeout, no context).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub absent_why: Option<String>,
 }
 
 /// A step's status as the report shows it. Several variants share a word in `status --json`
@@ -282,6 +294,7 @@ fn pending_step(name: String, tool: String, resumable: bool) -> StepReport {
         outputs: Default::default(),
         sensitive_outputs: Vec::new(),
         reapplied_because: None,
+        rollout: None,
     }
 }
 
@@ -308,8 +321,12 @@ pub fn from_deploy(
                 uncertain: c.status == SubStatus::Started,
                 error: c.error.as_deref().map(one_line),
                 note: c.note.clone(),
+                wave: None,
+                absent_since: None,
+                absent_why: None,
             })
             .collect();
+        r.rollout = crate::rollout::report::of_step(s, &mut r.sub_changes);
         if let Some(f) = &s.failure {
             r.error = Some(one_line(&f.summary));
             r.command = f.command.clone();
@@ -499,6 +516,9 @@ pub fn render_text(status: &Status, paint: Paint) -> String {
             if let Some(because) = &s.reapplied_because {
                 let _ = writeln!(out, "      applied again: {because}");
             }
+            for line in s.rollout.iter().flat_map(|r| r.lines()) {
+                let _ = writeln!(out, "      {line}");
+            }
         }
     }
     if !failed.is_empty() {
@@ -530,6 +550,9 @@ pub fn render_text(status: &Status, paint: Paint) -> String {
         let said = s.sub_changes.iter().any(|c| c.error.is_some() && c.error == s.error);
         if let Some(e) = s.error.as_ref().filter(|_| !said) {
             let _ = writeln!(out, "      why:      {e}");
+        }
+        for line in s.rollout.iter().flat_map(|r| r.lines()) {
+            let _ = writeln!(out, "      {line}");
         }
         if let Some(words) = s.attempt_words() {
             let _ = writeln!(out, "      attempts: {words}");
@@ -740,8 +763,16 @@ mod tests {
         .collect();
         assert_eq!(words, ["pending", "pending", "pending", "done", "failed", "failed", "reverted", "skipped"]);
         let sub = |status| {
-            let r =
-                SubReport { id: "a".into(), status, uncertain: status == SubStatus::Started, error: None, note: None };
+            let r = SubReport {
+                id: "a".into(),
+                status,
+                uncertain: status == SubStatus::Started,
+                error: None,
+                note: None,
+                wave: None,
+                absent_since: None,
+                absent_why: None,
+            };
             serde_json::to_string(&r).unwrap()
         };
         assert_eq!(sub(SubStatus::Started), r#"{"id":"a","status":"pending","uncertain":true}"#);

@@ -46,7 +46,20 @@ fn stack_dir(stack: &Stack) -> String {
 fn describe(stack: &Stack, stack_file: &str, step: &Step, prior: Option<&PriorStep>) -> RecoveryDoc {
     let dir = stack_dir(stack);
     let ctx = DescribeContext { step: &step.name, stack_file, stack_dir: &dir, resumable: step.resumable };
-    let doc = step.spec.describe_recovery(&ctx, prior);
+    let doc = match &step.fleet {
+        // One cluster's commands: the first one in trouble, else a placeholder.
+        Some(_) => {
+            let cluster = prior
+                .and_then(|p| {
+                    let troubled = |st: SubStatus| p.sub_changes.iter().find(|c| c.status == st);
+                    troubled(SubStatus::Failed).or(troubled(SubStatus::Started)).or(troubled(SubStatus::Pending))
+                })
+                .map(|c| c.id.clone())
+                .unwrap_or_else(|| crate::rollout::runbook::CLUSTER.to_string());
+            crate::rollout::runbook::doc(step, &ctx, &cluster)
+        }
+        None => step.spec.describe_recovery(&ctx, prior),
+    };
     let tidy = |lines: Vec<String>| lines.into_iter().map(|l| tidy(&l)).collect();
     RecoveryDoc {
         inspect: tidy(doc.inspect),
@@ -568,12 +581,16 @@ fn render_steps(out: &mut String, stack: &Stack, stack_file: &str) {
         } else {
             "no: it completes, or its `revert` runs and recovery runs it again from the start".to_string()
         };
-        let _ = writeln!(out, "- sub-change: {}", step.tool.sub_change_noun());
+        let noun = if step.fleet.is_some() { "cluster (its kube context)" } else { step.tool.sub_change_noun() };
+        let _ = writeln!(out, "- sub-change: {noun}");
         let _ = writeln!(out, "- resumable: {resumable}");
         if !step.needs.is_empty() {
             let _ = writeln!(out, "- needs: {}", step.needs.iter().map(|n| code(n)).collect::<Vec<_>>().join(", "));
         }
         for (key, value) in settings(step, &stack.dir) {
+            let _ = writeln!(out, "- {key}: {value}");
+        }
+        for (key, value) in step.fleet.iter().flat_map(crate::rollout::runbook::settings) {
             let _ = writeln!(out, "- {key}: {value}");
         }
         if let Some(t) = step.timeout {

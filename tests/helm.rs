@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{step, sub_statuses, Project};
+use common::{helm_group_for, step, sub_statuses, Project};
 use kubesim::testing::{helm_bin, testdata, Kubesim};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -177,22 +177,6 @@ steps:
     assert_eq!((get("hex"), get("oct")), ("31".to_string(), "15".to_string()));
     let services = sim.kubectl_ok(&["get", "services", "-n", "shop", "-o", "name"]);
     assert!(!services.contains("service/web"), "`service.enabled: false` must not create the Service: {services}");
-}
-
-/// The helm process (and its group) working on `release`, from the process table.
-fn helm_group_for(release: &str, verb: &str) -> Option<i32> {
-    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Ok(raw) = std::fs::read(entry.path().join("cmdline")) else { continue };
-        let args: Vec<String> =
-            raw.split(|b| *b == 0).filter(|a| !a.is_empty()).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
-        let is_helm = args.first().is_some_and(|a| a.ends_with("/helm"));
-        if is_helm && args.iter().any(|a| a == verb) && args.iter().any(|a| a == release) {
-            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
-            // Field 5, after the parenthesised command name: the process group.
-            return stat.rsplit_once(')')?.1.split_whitespace().nth(2)?.parse().ok();
-        }
-    }
-    None
 }
 
 /// Kills rdeploy with SIGKILL while helm is writing `status` (pending-upgrade or

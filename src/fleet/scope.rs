@@ -16,6 +16,7 @@ pub struct Scope {
     pub clusters: Vec<Member>,
 }
 
+#[derive(Clone)]
 pub struct Member {
     pub name: String,
     pub labels: BTreeMap<String, String>,

@@ -202,3 +202,19 @@ pub fn sub_statuses(status: &serde_json::Value, name: &str) -> Vec<(String, Stri
         .map(|s| (s["id"].as_str().unwrap().to_string(), s["status"].as_str().unwrap().to_string()))
         .collect()
 }
+
+/// The helm process (and its group) working on `release`, from the process table.
+pub fn helm_group_for(release: &str, verb: &str) -> Option<i32> {
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(raw) = std::fs::read(entry.path().join("cmdline")) else { continue };
+        let args: Vec<String> =
+            raw.split(|b| *b == 0).filter(|a| !a.is_empty()).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
+        let is_helm = args.first().is_some_and(|a| a.ends_with("/helm"));
+        if is_helm && args.iter().any(|a| a == verb) && args.iter().any(|a| a == release) {
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            // Field 5, after the parenthesised command name: the process group.
+            return stat.rsplit_once(')')?.1.split_whitespace().nth(2)?.parse().ok();
+        }
+    }
+    None
+}

@@ -1,0 +1,697 @@
+//! Fleet steps: a helm or kubectl step with `contexts:` (or `fleet:`) runs once per cluster,
+//! in cumulative waves, each cluster one sub-change of the step (id: its context name).
+//!
+//! Inside a cluster the tool's adapter works as for a single-cluster step, with the cluster's
+//! context passed through; [`ClusterSink`] folds its events into the cluster's sub-change
+//! (started when the tool first starts a change there, done once the tool succeeded and a read
+//! of the cluster through the API shows its workloads healthy) and keeps what the tool told
+//! about the cluster as the step fact `cluster:NAME`. A cluster that does not answer a read in
+//! `rollout.inventory_timeout` (or has no context) is absent: a straggler with `absent: skip`,
+//! waited for (up to the step's `timeout`) with `absent: wait`, never a failure. Done clusters
+//! are never applied again: `recover` (and a retry) skips them and goes on with the stragglers
+//! and the waves not reached. A wave is done once its clusters are, and its bake has passed with
+//! them still healthy (read again at its end); more failed clusters than `max_failures` stop
+//! the rollout before any cluster of a later wave is touched.
+//!
+//! Facts the step journals (shape in docs/status-json.md): `rollout` (the start, the waves, the
+//! settings), `waves_baked` (how many waves are through their bake), `bake` (the wave baking and
+//! until when) and one `cluster:NAME` per cluster.
+
+pub mod plan;
+pub mod report;
+pub mod runbook;
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use futures::stream::{FuturesUnordered, StreamExt};
+use rdeploy_adapters::{Adapter, Event, EventSink, Failure, PriorStep, Recovered, StepContext, SubStatus, ToolSpec};
+use serde_json::{json, Map, Value};
+use time::OffsetDateTime;
+
+use crate::fleet::analysis::{rfc3339, Selector};
+use crate::fleet::collect::{collect, CollectOptions};
+use crate::fleet::model::{ClusterInventory, Kind, Presence};
+use crate::fleet::scope::{self, FleetFile, Member, Scope};
+use crate::fleet::state::{LastSeen, RolloutStart, Rollouts};
+use crate::stack::{AbsentPolicy, FleetStep, Step};
+
+/// The prefix of the per-cluster step facts: `cluster:edge-17`.
+pub const CLUSTER_FACT: &str = "cluster:";
+
+/// How long `absent: wait` waits for a cluster when the step sets no `timeout`.
+const DEFAULT_WAIT: Duration = Duration::from_secs(300);
+/// How often a cluster that is absent, or applied but not yet healthy, is read again.
+const POLL: Duration = Duration::from_millis(500);
+/// How long an applied cluster may take to show healthy workloads (at most the step's timeout).
+const HEALTH_WAIT: Duration = Duration::from_secs(60);
+
+pub fn cluster_fact(name: &str) -> String {
+    format!("{CLUSTER_FACT}{name}")
+}
+
+/// One fleet step's run.
+pub struct FleetRun<'a> {
+    pub step: &'a Step,
+    pub fleet: &'a FleetStep,
+    pub ctx: &'a StepContext,
+    /// What the checkpoint knows of the step (empty on `up`).
+    pub prior: &'a PriorStep,
+    /// The local state directory: last-seen times and rollout starts (`fleet/`).
+    pub state_dir: &'a Path,
+}
+
+/// How one cluster's turn ended in this run.
+#[derive(Debug)]
+enum ClusterEnd {
+    Done,
+    Failed(String),
+    /// Absent: a straggler (why, and when it was last seen).
+    Absent(String),
+    /// Not started: the rollout is stopping (failures, or a signal).
+    NotStarted,
+}
+
+/// The clusters in scope, in the rollout's stable order: the fleet file's order, else by
+/// context name (digit runs by value).
+pub fn scope_of(step: &Step, fleet: &FleetStep, ctx: &StepContext) -> Result<(Vec<Member>, String), Failure> {
+    let kubeconfig = match &step.spec {
+        ToolSpec::Helm(h) => h.kubeconfig.as_ref(),
+        ToolSpec::Kubectl(k) => k.kubeconfig.as_ref(),
+        _ => None,
+    }
+    .map(|k| ctx.resolve(k))
+    .or_else(|| ctx.env.get("KUBECONFIG").map(Into::into));
+    let (kc, source) = scope::read_kubeconfig(kubeconfig.as_deref()).map_err(|e| {
+        Failure::new(format!("cannot read the kubeconfig of fleet step `{}`: {e:#}", step.name))
+            .with_hint("set `kubeconfig:` on the step or `KUBECONFIG`, then `rdeploy recover`")
+    })?;
+    let file = match &fleet.fleet_file {
+        Some(path) => Some(FleetFile::load(path).map_err(|e| Failure::new(format!("{e:#}")))?),
+        None => None,
+    };
+    let chosen = Scope::select(kc, source.clone(), &fleet.contexts, file.as_ref())
+        .map_err(|e| Failure::new(format!("fleet step `{}`: {e:#}", step.name)))?;
+    let mut members = chosen.clusters;
+    if let Some(text) = &fleet.selector {
+        let selector = Selector::parse(text).map_err(|e| Failure::new(format!("`selector: {text}`: {e}")))?;
+        members.retain(|m| selector.matches(&m.labels));
+    }
+    match &fleet.fleet_file {
+        Some(path) => {
+            let order = fleet_file_order(path);
+            let at = |name: &str| order.iter().position(|n| n == name).unwrap_or(usize::MAX);
+            members.sort_by(|a, b| at(&a.name).cmp(&at(&b.name)).then_with(|| plan::natural_cmp(&a.name, &b.name)));
+        }
+        None => members.sort_by(|a, b| plan::natural_cmp(&a.name, &b.name)),
+    }
+    if members.is_empty() {
+        return Err(Failure::new(format!("fleet step `{}` has no cluster in scope", step.name)).with_hint(
+            "check `contexts`, `fleet` and `selector` against the kubeconfig (`kubectl config get-contexts`)",
+        ));
+    }
+    Ok((members, source))
+}
+
+/// The clusters of a fleet file in the order written (serde's map loses it).
+fn fleet_file_order(path: &Path) -> Vec<String> {
+    let Ok(text) = std::fs::read_to_string(path) else { return Vec::new() };
+    let Ok(root) = rdeploy_adapters::yaml::parse_located(&text) else { return Vec::new() };
+    root.as_mapping()
+        .and_then(|m| m.get_mapping("clusters"))
+        .map(|m| m.keys().map(|k| k.as_str().to_string()).collect())
+        .unwrap_or_default()
+}
+
+/// The waves as cluster names.
+pub fn wave_names(members: &[Member], waves: &[Range<usize>]) -> Vec<Vec<String>> {
+    waves.iter().map(|w| members[w.clone()].iter().map(|m| m.name.clone()).collect()).collect()
+}
+
+/// Runs (or resumes) the rollout. `Ok` once every cluster in scope is done; a failure names
+/// the failed clusters and the stragglers (the deploy is partial, `recover` goes on).
+pub async fn run(r: FleetRun<'_>, sink: &dyn EventSink) -> Result<Recovered, Failure> {
+    let (members, source) = scope_of(r.step, r.fleet, r.ctx)?;
+    let rollout = &r.fleet.rollout;
+    let waves = plan::waves(members.len(), &rollout.waves);
+    let names = wave_names(&members, &waves);
+    let started = r
+        .prior
+        .facts
+        .get("rollout")
+        .and_then(|v| v.get("started"))
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .unwrap_or_else(|| rfc3339(OffsetDateTime::now_utc()));
+    let tolerated = rollout.max_failures.of(members.len());
+    sink.emit(Event::Planned { ids: members.iter().map(|m| m.name.clone()).collect() });
+    sink.emit(Event::Fact {
+        key: "rollout".into(),
+        value: json!({
+            "started": started,
+            "waves": names,
+            "parallel": rollout.parallel,
+            "bake": humantime::format_duration(rollout.bake).to_string(),
+            "max_failures": tolerated,
+            "absent": rollout.absent,
+            "slo": r.fleet.slo,
+        }),
+    });
+    let baked = r.prior.facts.get("waves_baked").and_then(Value::as_u64).unwrap_or(0) as usize;
+    let status: BTreeMap<&str, SubStatus> = r.prior.sub_changes.iter().map(|s| (s.id.as_str(), s.status)).collect();
+    let runner = Runner {
+        r: &r,
+        sink,
+        source,
+        options: CollectOptions {
+            timeout: rollout.inventory_timeout,
+            namespace: namespace_of(&r.step.spec),
+            kinds: vec![Kind::Deployment, Kind::StatefulSet, Kind::DaemonSet],
+            gitops: false,
+            concurrency: 1,
+        },
+        last_seen: LastSeen::load(r.state_dir),
+        failures: AtomicUsize::new(0),
+        tolerated,
+        started,
+    };
+    let mut failed: Vec<(String, String)> = Vec::new();
+    let mut stragglers: Vec<(String, String)> = Vec::new();
+    for (w, range) in waves.iter().enumerate() {
+        let todo: Vec<&Member> =
+            members[range.clone()].iter().filter(|m| status.get(m.name.as_str()) != Some(&SubStatus::Done)).collect();
+        if runner.r.ctx.cancel.is_cancelled() {
+            return Err(interrupted(format!("stopped before wave {} of {}", w + 1, waves.len())));
+        }
+        let mut ends = Vec::new();
+        let mut queue = todo.into_iter();
+        let mut running = FuturesUnordered::new();
+        loop {
+            while running.len() < rollout.parallel.max(1) {
+                let Some(m) = queue.next() else { break };
+                running.push(runner.named(m, w, waves.len()));
+            }
+            match running.next().await {
+                Some(end) => ends.push(end),
+                None => break,
+            }
+        }
+        let mut done_now = Vec::new();
+        for (name, end) in ends {
+            match end {
+                ClusterEnd::Done => done_now.push(name),
+                ClusterEnd::Failed(why) => failed.push((name, why)),
+                ClusterEnd::Absent(why) => stragglers.push((name, why)),
+                ClusterEnd::NotStarted => {}
+            }
+        }
+        if runner.r.ctx.cancel.is_cancelled() {
+            return Err(interrupted(format!("stopped during wave {} of {}", w + 1, waves.len())));
+        }
+        if plan::must_stop(failed.len(), tolerated) {
+            return Err(stopped(r.step, w, waves.len(), &failed, tolerated, &stragglers));
+        }
+        // The bake holds the next wave; the last wave has none to hold. A wave baked in an
+        // earlier run is not baked again for its stragglers.
+        let last = w + 1 == waves.len();
+        if w >= baked {
+            if !last && !rollout.bake.is_zero() {
+                let in_wave: Vec<&Member> = members[range.clone()]
+                    .iter()
+                    .filter(|m| done_now.contains(&m.name) || status.get(m.name.as_str()) == Some(&SubStatus::Done))
+                    .collect();
+                failed.extend(runner.bake(w, waves.len(), &in_wave).await?);
+                if plan::must_stop(failed.len(), tolerated) {
+                    return Err(stopped(r.step, w, waves.len(), &failed, tolerated, &stragglers));
+                }
+            }
+            sink.emit(Event::Fact { key: "waves_baked".into(), value: (w + 1).into() });
+        }
+    }
+    if failed.is_empty() && stragglers.is_empty() {
+        return Ok(Recovered::Complete);
+    }
+    let mut parts = Vec::new();
+    if !failed.is_empty() {
+        parts.push(format!("failed (within `max_failures: {tolerated}`): {}", list(&failed)));
+    }
+    if !stragglers.is_empty() {
+        parts.push(format!("stragglers: {}", list(&stragglers)));
+    }
+    let left = failed.len() + stragglers.len();
+    Err(Failure::new(format!(
+        "{left} of {} clusters not done; every wave ran; {}",
+        members.len(),
+        parts.join("; ")
+    ))
+    .with_hint(format!(
+        "`rdeploy recover` applies the stragglers once they answer and retries the failed clusters; done clusters are never applied again (`rdeploy status` lists each cluster; step `{}`)",
+        r.step.name
+    )))
+}
+
+fn list(items: &[(String, String)]) -> String {
+    items.iter().map(|(n, why)| format!("{n} ({why})")).collect::<Vec<_>>().join(", ")
+}
+
+fn interrupted(summary: String) -> Failure {
+    Failure { interrupted: true, ..Failure::new(summary) }
+}
+
+fn stopped(
+    step: &Step,
+    wave: usize,
+    waves: usize,
+    failed: &[(String, String)],
+    tolerated: usize,
+    stragglers: &[(String, String)],
+) -> Failure {
+    let later = if wave + 1 < waves {
+        format!("waves {}-{waves} not started: no cluster of a later wave was touched", wave + 2)
+    } else {
+        "it was the last wave".to_string()
+    };
+    let absent = if stragglers.is_empty() { String::new() } else { format!("; stragglers: {}", list(stragglers)) };
+    let first = &failed[0].0;
+    let rollback = match &step.spec {
+        ToolSpec::Helm(h) => format!(
+            "; to roll one cluster back: `helm history {0} --kube-context {first}{ns}`, then `helm rollback {0} REVISION --kube-context {first}{ns}`",
+            h.release,
+            ns = h.namespace.as_ref().map(|n| format!(" -n {n}")).unwrap_or_default()
+        ),
+        _ => String::new(),
+    };
+    Failure::new(format!(
+        "the rollout stopped in wave {} of {waves}: {} cluster{} failed (max_failures: {tolerated}): {}; {later}{absent}",
+        wave + 1,
+        failed.len(),
+        if failed.len() == 1 { "" } else { "s" },
+        list(failed)
+    ))
+    .with_hint(format!("fix the cause, then `rdeploy recover` retries the failed clusters and goes on with the waves not reached{rollback}"))
+}
+
+fn namespace_of(spec: &ToolSpec) -> Option<String> {
+    match spec {
+        ToolSpec::Helm(h) => h.namespace.clone(),
+        ToolSpec::Kubectl(k) => k.namespace.clone(),
+        _ => None,
+    }
+}
+
+/// The step's spec for one cluster: its context passed through, and waiting for the
+/// workloads to be ready unless the step says `wait: false`.
+pub fn spec_for_cluster(spec: &ToolSpec, cluster: &str) -> ToolSpec {
+    match spec {
+        ToolSpec::Helm(h) => {
+            let mut h = h.clone();
+            h.context = Some(cluster.to_string());
+            h.wait.get_or_insert(true);
+            ToolSpec::Helm(h)
+        }
+        ToolSpec::Kubectl(k) => {
+            let mut k = k.clone();
+            k.context = Some(cluster.to_string());
+            k.wait.get_or_insert(true);
+            ToolSpec::Kubectl(k)
+        }
+        other => other.clone(),
+    }
+}
+
+/// What makes a present cluster unhealthy: its workloads (in the step's namespace) whose
+/// rollout has not finished. Empty when healthy.
+fn unhealthy(c: &ClusterInventory) -> Vec<String> {
+    c.workloads.iter().flat_map(|w| w.rollout.iter().filter(|f| f.blocks()).map(move |f| f.describe(&w.id()))).collect()
+}
+
+struct Runner<'a> {
+    r: &'a FleetRun<'a>,
+    sink: &'a dyn EventSink,
+    source: String,
+    options: CollectOptions,
+    last_seen: LastSeen,
+    failures: AtomicUsize,
+    tolerated: usize,
+    started: String,
+}
+
+impl Runner<'_> {
+    async fn named(&self, m: &Member, wave: usize, waves: usize) -> (String, ClusterEnd) {
+        (m.name.clone(), self.cluster(m, wave, waves).await)
+    }
+
+    async fn named_read(&self, m: &Member) -> (String, ClusterInventory) {
+        (m.name.clone(), self.read(m).await)
+    }
+
+    /// One read of the cluster through the API (bounded by the inventory timeout).
+    async fn read(&self, m: &Member) -> ClusterInventory {
+        let one = Scope { source: self.source.clone(), clusters: vec![m.clone()] };
+        let inv = collect(&one, &self.options, &self.last_seen).await;
+        if let Err(e) = LastSeen::record(self.r.state_dir, &inv) {
+            tracing::warn!("could not record when {} was last seen: {e:#}", m.name);
+        }
+        inv.clusters.into_iter().next().unwrap_or_else(|| ClusterInventory::absent(&m.name, "no answer".into(), None))
+    }
+
+    fn absent_why(c: &ClusterInventory) -> Option<(String, Option<OffsetDateTime>)> {
+        match &c.presence {
+            Presence::Present => None,
+            Presence::Absent { error, last_seen } => Some((error.clone(), *last_seen)),
+        }
+    }
+
+    fn fact(&self, cluster: &str, update: impl FnOnce(&mut Map<String, Value>)) {
+        let key = cluster_fact(cluster);
+        let mut facts = FACTS.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = facts
+            .entry((self.r.ctx.step.clone(), key.clone()))
+            .or_insert_with(|| self.r.prior.facts.get(&key).and_then(Value::as_object).cloned().unwrap_or_default());
+        update(entry);
+        self.sink.emit(Event::Fact { key, value: Value::Object(entry.clone()) });
+    }
+
+    /// Leaves an absent cluster as a straggler: pending, with why and since when.
+    fn straggle(&self, m: &Member, why: &str, last_seen: Option<OffsetDateTime>) -> ClusterEnd {
+        let since = match last_seen {
+            Some(t) => format!("absent since {} (last seen)", rfc3339(t)),
+            None => "absent, never seen by rdeploy".to_string(),
+        };
+        let reason = format!("{since}: {why}");
+        self.fact(&m.name, |f| {
+            f.insert("absent_since".into(), last_seen.map(rfc3339).map(Value::from).unwrap_or(Value::Null));
+            f.insert("absent_why".into(), why.into());
+        });
+        self.sink.emit(Event::Pending { id: m.name.clone(), reason: reason.clone() });
+        self.sink.emit(Event::Warning { message: format!("{}: {reason}; left as a straggler", m.name) });
+        ClusterEnd::Absent(reason)
+    }
+
+    /// One cluster's turn: absent or not, then the tool, then a healthy read.
+    async fn cluster(&self, m: &Member, wave: usize, waves: usize) -> ClusterEnd {
+        if self.r.ctx.cancel.is_cancelled() || plan::must_stop(self.failures.load(Ordering::SeqCst), self.tolerated) {
+            return ClusterEnd::NotStarted;
+        }
+        let seen = self.read(m).await;
+        if let Some((why, last_seen)) = Self::absent_why(&seen) {
+            if self.r.fleet.rollout.absent == AbsentPolicy::Skip {
+                return self.straggle(m, &why, last_seen);
+            }
+            let limit = self.r.step.timeout.unwrap_or(DEFAULT_WAIT);
+            self.sink.emit(Event::Warning {
+                message: format!(
+                    "{}: absent ({why}); wave {} of {waves} waits for it up to {} (`absent: wait`)",
+                    m.name,
+                    wave + 1,
+                    humantime::format_duration(limit)
+                ),
+            });
+            let deadline = Instant::now() + limit;
+            loop {
+                if Instant::now() >= deadline {
+                    return self.straggle(
+                        m,
+                        &format!("{why}; waited {}", humantime::format_duration(limit)),
+                        last_seen,
+                    );
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(POLL) => {}
+                    _ = self.r.ctx.cancel.cancelled() => return ClusterEnd::NotStarted,
+                }
+                if Self::absent_why(&self.read(m).await).is_none() {
+                    break;
+                }
+            }
+        }
+        self.fact(&m.name, |f| {
+            f.remove("absent_since");
+            f.remove("absent_why");
+            f.insert("wave".into(), (wave + 1).into());
+        });
+        match self.apply(m).await {
+            Ok(note) => match self.healthy(m).await {
+                Ok(seen) => {
+                    self.note_rollout_start(&seen);
+                    self.fact(&m.name, |f| {
+                        f.insert("done_at".into(), rfc3339(OffsetDateTime::now_utc()).into());
+                        f.remove("in_flight");
+                    });
+                    self.sink.emit(Event::Done { id: m.name.clone(), note: Some(note) });
+                    ClusterEnd::Done
+                }
+                Err(why) => self.fail(m, format!("applied, but not healthy: {why}")),
+            },
+            Err(failure) if failure.interrupted => {
+                // The sub-change stays as the tool left it (started: uncertain); recover decides.
+                ClusterEnd::NotStarted
+            }
+            Err(failure) => {
+                // Gone offline during its run: a straggler, not a failure of the change.
+                let now = self.read(m).await;
+                if let Some((why, last_seen)) = Self::absent_why(&now) {
+                    return self.straggle(m, &format!("{why} (its tool failed: {})", failure.summary), last_seen);
+                }
+                self.fail(m, failure.summary)
+            }
+        }
+    }
+
+    fn fail(&self, m: &Member, why: String) -> ClusterEnd {
+        self.failures.fetch_add(1, Ordering::SeqCst);
+        self.sink.emit(Event::Failed { id: m.name.clone(), error: why.clone() });
+        ClusterEnd::Failed(why)
+    }
+
+    /// The tool against this one cluster, as a single-cluster step would run it: `recover`
+    /// when an earlier run started it there, else `apply`. The note for the done record.
+    async fn apply(&self, m: &Member) -> Result<String, Failure> {
+        let spec = spec_for_cluster(&self.r.step.spec, &m.name);
+        let mut ctx = self.r.ctx.clone();
+        ctx.work_dir = self.r.ctx.work_dir.join("clusters").join(&m.name);
+        if let Err(e) = std::fs::create_dir_all(&ctx.work_dir) {
+            return Err(Failure::new(format!("cannot create {}: {e}", ctx.work_dir.display())));
+        }
+        let prior_fact = self.r.prior.facts.get(&cluster_fact(&m.name)).and_then(Value::as_object).cloned();
+        ctx.started_by = BTreeMap::new();
+        if let (Some(by), Some(inner)) = (
+            self.r.ctx.started_by.get(&m.name),
+            prior_fact.as_ref().and_then(|f| f.get("in_flight")).and_then(Value::as_str),
+        ) {
+            let mut by = by.clone();
+            by.pending_seen = prior_fact.as_ref().and_then(|f| f.get("pending_seen")).and_then(Value::as_u64);
+            ctx.started_by.insert(inner.to_string(), by);
+        }
+        let earlier = self.r.prior.sub_changes.iter().find(|s| s.id == m.name).map(|s| s.status);
+        let csink = ClusterSink { runner: self, cluster: &m.name, done: AtomicUsize::new(0) };
+        let result = match earlier {
+            Some(SubStatus::Started | SubStatus::Failed) => {
+                spec.recover(&ctx, &PriorStep::default(), &csink).await.and_then(|r| match r {
+                    Recovered::Complete => Ok(()),
+                    Recovered::RolledBack { to } => Err(Failure::new(format!(
+                        "`recover: rollback` rolled it back to {to}: the stack's version is not in place"
+                    ))),
+                })
+            }
+            _ => spec.apply(&ctx, &csink).await,
+        };
+        result?;
+        let facts = FACTS.lock().unwrap_or_else(|e| e.into_inner());
+        let revision = facts
+            .get(&(self.r.ctx.step.clone(), cluster_fact(&m.name)))
+            .and_then(|f| f.get("revision"))
+            .and_then(Value::as_u64);
+        Ok(match (revision, &self.r.step.spec) {
+            (Some(rev), ToolSpec::Helm(_)) => format!("rev {rev}"),
+            _ => {
+                let n = csink.done.load(Ordering::SeqCst);
+                format!("{n} object{} applied", if n == 1 { "" } else { "s" })
+            }
+        })
+    }
+
+    /// Reads the cluster until its workloads are healthy (bounded); the healthy read.
+    async fn healthy(&self, m: &Member) -> Result<ClusterInventory, String> {
+        let limit = self.r.step.timeout.unwrap_or(HEALTH_WAIT).min(HEALTH_WAIT);
+        let deadline = Instant::now() + limit;
+        loop {
+            let c = self.read(m).await;
+            let why = match Self::absent_why(&c) {
+                Some((error, _)) => vec![format!("did not answer the read after its change: {error}")],
+                None => unhealthy(&c),
+            };
+            if why.is_empty() {
+                return Ok(c);
+            }
+            if Instant::now() >= deadline || self.r.ctx.cancel.is_cancelled() {
+                return Err(why.join("; "));
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// The wave's bake: wait, then read each of its done clusters again. The clusters no longer
+    /// healthy are failed (returned); an absent one is kept done, with a warning.
+    async fn bake(&self, wave: usize, waves: usize, done: &[&Member]) -> Result<Vec<(String, String)>, Failure> {
+        let bake = self.r.fleet.rollout.bake;
+        let until = OffsetDateTime::now_utc() + bake;
+        self.sink.emit(Event::Fact { key: "bake".into(), value: json!({ "wave": wave + 1, "until": rfc3339(until) }) });
+        self.sink.emit(Event::Warning {
+            message: format!(
+                "wave {} of {waves} is applied: baking {} before wave {}",
+                wave + 1,
+                humantime::format_duration(bake),
+                wave + 2
+            ),
+        });
+        tokio::select! {
+            _ = tokio::time::sleep(bake) => {}
+            _ = self.r.ctx.cancel.cancelled() => {
+                return Err(interrupted(format!("stopped during the bake of wave {} of {waves}", wave + 1)));
+            }
+        }
+        let mut reads = Vec::new();
+        let mut queue = done.iter().copied();
+        let mut running = FuturesUnordered::new();
+        loop {
+            while running.len() < self.r.fleet.rollout.parallel.max(1) {
+                let Some(m) = queue.next() else { break };
+                running.push(self.named_read(m));
+            }
+            match running.next().await {
+                Some(read) => reads.push(read),
+                None => break,
+            }
+        }
+        let mut failed = Vec::new();
+        for (name, c) in reads {
+            if let Some((why, _)) = Self::absent_why(&c) {
+                self.sink.emit(Event::Warning {
+                    message: format!(
+                        "{name}: absent at the end of the bake ({why}); kept done, as it was healthy when applied"
+                    ),
+                });
+                continue;
+            }
+            let why = unhealthy(&c);
+            if !why.is_empty() {
+                let error = format!("unhealthy at the end of the bake of wave {}: {}", wave + 1, why.join("; "));
+                self.failures.fetch_add(1, Ordering::SeqCst);
+                self.sink.emit(Event::Failed { id: name.clone(), error: error.clone() });
+                failed.push((name, error));
+            }
+        }
+        self.sink.emit(Event::Fact {
+            key: "bake".into(),
+            value: json!({ "wave": wave + 1, "ended": rfc3339(OffsetDateTime::now_utc()) }),
+        });
+        Ok(failed)
+    }
+
+    /// The rollout's start becomes the start `inventory --slo` measures each image version the
+    /// cluster now runs from (instead of when `inventory` first saw it).
+    fn note_rollout_start(&self, c: &ClusterInventory) {
+        let Ok(started) = OffsetDateTime::parse(&self.started, &time::format_description::well_known::Rfc3339) else {
+            return;
+        };
+        let source = format!("the rollout of step `{}` (rdeploy)", self.r.step.name);
+        let mut rollouts = Rollouts::load(self.r.state_dir);
+        let mut changed = false;
+        for container in c.workloads.iter().flat_map(|w| &w.containers) {
+            let versions = rollouts.components.entry(container.component.clone()).or_default();
+            let ours = RolloutStart { started, source: source.clone() };
+            if versions.get(&container.version) != Some(&ours) {
+                versions.insert(container.version.clone(), ours);
+                changed = true;
+            }
+        }
+        if changed {
+            if let Err(e) = rollouts.save(self.r.state_dir) {
+                tracing::warn!("could not record the rollout start: {e:#}");
+            }
+        }
+    }
+}
+
+/// Each cluster's fact object as this process last wrote it, by (step, fact key): the facts
+/// of one cluster are one record, updated as the tool reports.
+static FACTS: Mutex<BTreeMap<(String, String), Map<String, Value>>> = Mutex::new(BTreeMap::new());
+
+/// The adapter's events for one cluster, folded into that cluster's sub-change of the step.
+struct ClusterSink<'a> {
+    runner: &'a Runner<'a>,
+    cluster: &'a str,
+    /// Sub-changes the tool finished there (kubectl objects).
+    done: AtomicUsize,
+}
+
+impl EventSink for ClusterSink<'_> {
+    fn emit(&self, event: Event) {
+        let outer = self.runner.sink;
+        match event {
+            Event::Started { id } => {
+                // What the tool starts changing there: recover maps the cluster back to it
+                // (helm's evidence that a pending revision was abandoned).
+                self.runner.fact(self.cluster, |f| {
+                    f.insert("in_flight".into(), id.into());
+                });
+                outer.emit(Event::Started { id: self.cluster.to_string() });
+            }
+            Event::Done { .. } => {
+                self.done.fetch_add(1, Ordering::SeqCst);
+            }
+            Event::Fact { key, value } => self.runner.fact(self.cluster, |f| {
+                f.insert(key, value);
+            }),
+            Event::Warning { message } => {
+                outer.emit(Event::Warning { message: format!("{}: {message}", self.cluster) })
+            }
+            Event::Output { stream, line } => {
+                outer.emit(Event::Output { stream, line: format!("[{}] {line}", self.cluster) })
+            }
+            // The tool's failure comes back as its `Err`; the plan, per-revision bookkeeping and outputs stay inside the cluster: the step's
+            // sub-changes are its clusters, and a fleet step produces no outputs.
+            Event::Failed { .. }
+            | Event::Planned { .. }
+            | Event::Pending { .. }
+            | Event::Moved { .. }
+            | Event::Outputs { .. } => {}
+        }
+    }
+}
+
+/// What `recover --dry-run` says of a fleet step, from the checkpoint alone (no cluster is
+/// asked): per wave, the clusters done and those left.
+pub fn dry_run(prior: &PriorStep) -> Vec<String> {
+    let waves: Vec<Vec<String>> = prior
+        .facts
+        .get("rollout")
+        .and_then(|r| r.get("waves"))
+        .and_then(|w| serde_json::from_value(w.clone()).ok())
+        .unwrap_or_default();
+    let status: BTreeMap<&str, SubStatus> = prior.sub_changes.iter().map(|s| (s.id.as_str(), s.status)).collect();
+    let baked = prior.facts.get("waves_baked").and_then(Value::as_u64).unwrap_or(0) as usize;
+    let mut lines = Vec::new();
+    for (i, wave) in waves.iter().enumerate() {
+        let left: Vec<&str> =
+            wave.iter().map(String::as_str).filter(|c| status.get(c) != Some(&SubStatus::Done)).collect();
+        let done = wave.len() - left.len();
+        let state = if left.is_empty() && i < baked {
+            "done".to_string()
+        } else if left.is_empty() {
+            "applied, bake not passed".to_string()
+        } else {
+            format!("to apply: {}", left.join(", "))
+        };
+        lines.push(format!("wave {} of {}: {done}/{} clusters done; {state}", i + 1, waves.len(), wave.len()));
+    }
+    if lines.is_empty() {
+        lines.push("no wave was planned yet: the rollout starts from its first wave".into());
+    }
+    lines
+}

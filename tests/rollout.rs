@@ -1,0 +1,408 @@
+//! Fleet steps through the real `rdeploy` binary, real helm 4 and real kubectl, against kubesim
+//! fleets: one step runs once per cluster in waves, each cluster a checkpointed sub-change;
+//! offline clusters are stragglers that `recover` finishes, a failing wave halts the rollout
+//! before any later cluster is touched, and a done cluster never gets a second revision.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{helm_group_for, step, sub_statuses, Project};
+use kubesim::testing::{helm_bin, kubectl_bin, Kubesim};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use std::time::Instant;
+
+const HELM: u32 = 4;
+
+fn names(n: usize) -> String {
+    (1..=n).map(|i| format!("edge-{i}")).collect::<Vec<_>>().join(",")
+}
+
+/// A project on the fleet: the kubesim environment and a one-Deployment chart.
+fn project(sim: &Kubesim) -> Project {
+    let mut p = Project::new();
+    for (k, v) in sim.env() {
+        p.env(&k, &v);
+    }
+    p.file("chart/Chart.yaml", "apiVersion: v2\nname: agent\nversion: 0.1.0\n");
+    p.file("chart/values.yaml", "image: nginx:1.27\n");
+    p.file(
+        "chart/templates/deployment.yaml",
+        r#"apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: agent
+spec:
+  replicas: 1
+  selector:
+    matchLabels: { app: agent }
+  template:
+    metadata:
+      labels: { app: agent }
+    spec:
+      containers:
+        - name: agent
+          image: {{ .Values.image | quote }}
+"#,
+    );
+    p
+}
+
+/// A helm fleet step of `release` on `contexts`, with `rollout` and more keys (`extra`, one per
+/// line). Each test has a release of its own: a helm naming the release anywhere on the machine
+/// counts as alive for the abandoned-revision evidence.
+fn helm_stack(release: &str, contexts: &str, rollout: &str, extra: &str) -> String {
+    format!(
+        r#"
+name: fleet
+steps:
+  - name: agent
+    tool: helm
+    release: {release}
+    chart: chart
+    namespace: monitoring
+    binary: {helm}
+    contexts: [{contexts}]
+    timeout: 20s
+    rollout: {rollout}
+{extra}"#,
+        helm = helm_bin(HELM).display(),
+        extra = extra.lines().map(|l| format!("    {l}\n")).collect::<String>(),
+    )
+}
+
+/// How many revisions the release has on `cluster` (0: not installed).
+fn revisions(sim: &Kubesim, release: &str, cluster: &str) -> usize {
+    let out = sim.helm(HELM, &["history", release, "-n", "monitoring", "--kube-context", cluster, "-o", "json"]);
+    if !out.status.success() {
+        return 0;
+    }
+    let revs: serde_json::Value = serde_json::from_slice(&out.stdout).expect("history json");
+    revs.as_array().map(Vec::len).unwrap_or(0)
+}
+
+fn sub<'a>(status: &'a serde_json::Value, id: &str) -> &'a serde_json::Value {
+    step(status, "agent")["sub_changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["id"] == id)
+        .unwrap_or_else(|| panic!("no sub-change {id} in {status}"))
+}
+
+/// 10 clusters in three waves, one offline: the other nine are done, the offline one is a
+/// straggler (exit 1, named with when it was last seen); once it is back, `recover` finishes it
+/// and no other cluster gets a second revision.
+#[test]
+fn an_offline_cluster_is_a_straggler_and_recover_finishes_it_once_it_is_back() {
+    let rel = "agent-straggler";
+    let sim = Kubesim::start(&names(10));
+    let p = project(&sim);
+    let rollout = r#"{ waves: [1, "50%", "100%"], parallel: 4, inventory_timeout: 2s }"#;
+    p.stack(&helm_stack(rel, "edge-*", rollout, "slo: \"90%@1h,100%@2h\""));
+    sim.post("/_sim/clusters/edge-7/offline");
+
+    p.rdeploy(&["up"])
+        .code(1)
+        .stdout_has("waves:    1: 1/1 done, 2: 4/4 done, 3: 4/5 passed (1 straggler)")
+        .stdout_has("straggler: edge-7 (never seen by rdeploy)")
+        .stdout_has("complete: 90% (9/10 clusters)")
+        .stdout_has("slo: 90%@1h met");
+    let status = p.status();
+    assert_eq!(status["state"], "partial");
+    for i in (1..=10).filter(|i| *i != 7) {
+        let c = format!("edge-{i}");
+        assert_eq!(sub(&status, &c)["status"], "done", "{c}: {status}");
+        assert_eq!(revisions(&sim, rel, &c), 1, "{c}");
+    }
+    let straggler = sub(&status, "edge-7");
+    assert_eq!(straggler["status"], "pending", "{status}");
+    assert!(straggler["note"].as_str().unwrap().contains("absent"), "{straggler}");
+    assert_eq!(straggler["absent_since"], serde_json::Value::Null, "never seen: {straggler}");
+    assert!(!straggler["absent_why"].as_str().unwrap().is_empty(), "{straggler}");
+    assert_eq!(straggler["wave"], 3);
+    let rollout = &step(&status, "agent")["rollout"];
+    assert_eq!(rollout["percent"], 90.0, "{rollout}");
+    assert_eq!(rollout["stragglers"][0]["id"], "edge-7", "{rollout}");
+    assert_eq!(rollout["slo"][1]["state"], "pending", "{rollout}");
+    let facts = &step(&status, "agent")["facts"];
+    assert_eq!(
+        facts["rollout"]["waves"],
+        serde_json::json!([
+            ["edge-1"],
+            ["edge-2", "edge-3", "edge-4", "edge-5"],
+            ["edge-6", "edge-7", "edge-8", "edge-9", "edge-10"]
+        ])
+    );
+
+    sim.post("/_sim/clusters/edge-7/online");
+    p.rdeploy(&["recover", "--dry-run"]).code(0).stdout_has("to apply: edge-7");
+    p.rdeploy(&["recover"]).code(0);
+    let status = p.status();
+    assert_eq!(status["state"], "complete");
+    assert!(sub_statuses(&status, "agent").iter().all(|(_, s)| s == "done"), "{status}");
+    for i in 1..=10 {
+        assert_eq!(revisions(&sim, rel, &format!("edge-{i}")), 1, "edge-{i} must have exactly one revision");
+    }
+
+    // The rollout's journaled start is the start `inventory --slo` measures from.
+    let started = step(&status, "agent")["facts"]["rollout"]["started"].as_str().unwrap().to_string();
+    let inv =
+        p.rdeploy(&["inventory", "--contexts", "edge-*", "--namespace", "monitoring", "--slo", "100%@1h", "--json"]);
+    inv.code(0);
+    let inv: serde_json::Value = serde_json::from_str(&inv.stdout).unwrap();
+    let slo = &inv["slo"][0];
+    assert_eq!(slo["started"], started.as_str(), "{inv}");
+    assert!(slo["started_by"].as_str().unwrap().contains("rollout of step `agent`"), "{slo}");
+}
+
+/// A broken image on the first cluster fails the first wave (helm's wait times out): the rollout
+/// halts with no cluster of the later waves touched; once the image is fixed, `recover` upgrades
+/// the failed cluster and goes on.
+#[test]
+fn a_failing_first_wave_halts_the_rollout_before_any_later_cluster_is_touched() {
+    let rel = "agent-broken";
+    let sim = Kubesim::start(&names(5));
+    let p = project(&sim);
+    let rollout = r#"{ waves: [1, "50%", "100%"], parallel: 2, max_failures: 0 }"#;
+    p.stack(
+        &helm_stack(rel, "edge-*", rollout, "set: { image: \"nginx:broken\" }").replace("timeout: 20s", "timeout: 5s"),
+    );
+    p.rdeploy(&["up"])
+        .code(1)
+        .stdout_has("stopped in wave 1 of 3")
+        .stdout_has("no cluster of a later wave was touched");
+    let status = p.status();
+    assert_eq!(sub(&status, "edge-1")["status"], "failed", "{status}");
+    assert_eq!(revisions(&sim, rel, "edge-1"), 1);
+    for i in 2..=5 {
+        let c = format!("edge-{i}");
+        assert_eq!(sub(&status, &c)["status"], "pending", "{c}: {status}");
+        assert_eq!(revisions(&sim, rel, &c), 0, "{c} is in a later wave and must not be touched");
+    }
+
+    // The runbook names the waves, the stop rule and the commands for the failed cluster.
+    p.rdeploy(&["runbook"])
+        .code(0)
+        .stdout_has("- waves: 1, 50%, 100% (cumulative")
+        .stdout_has("- stop rule: more than 0 failed clusters stop the rollout before the next wave")
+        .stdout_has("`helm rollback agent-broken REVISION -n monitoring --kube-context edge-1 --wait`")
+        .stdout_has("helm status agent-broken -n monitoring --kube-context CLUSTER");
+
+    p.stack(&helm_stack(rel, "edge-*", rollout, ""));
+    p.rdeploy(&["recover"]).code(0);
+    // edge-1 is the kubeconfig's current context: its failed revision, then the fixed one.
+    assert_eq!(sim.helm_statuses(HELM, rel, "monitoring"), ["superseded", "deployed"]);
+    for i in 2..=5 {
+        assert_eq!(revisions(&sim, rel, &format!("edge-{i}")), 1, "edge-{i}");
+    }
+}
+
+/// Polls `status --json` until `f` holds for it (or panics after `timeout`).
+fn until_status(
+    p: &Project,
+    timeout: Duration,
+    what: &str,
+    mut f: impl FnMut(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let end = Instant::now() + timeout;
+    loop {
+        let run = p.rdeploy(&["status", "--json"]);
+        if let Ok(status) = serde_json::from_str::<serde_json::Value>(&run.stdout) {
+            if status["steps"].as_array().is_some_and(|s| !s.is_empty()) && f(&status) {
+                return status;
+            }
+        }
+        assert!(Instant::now() < end, "timed out waiting for {what}: {}", run.stdout);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn done_clusters(status: &serde_json::Value) -> Vec<String> {
+    sub_statuses(status, "agent").into_iter().filter(|(_, s)| s == "done").map(|(id, _)| id).collect()
+}
+
+/// kill -9 of rdeploy in the middle of a wave: `recover` converges without `--force`, and no
+/// cluster that was done before the kill gets a second revision.
+#[test]
+fn kill_9_during_a_wave_then_recover_converges_without_upgrading_a_done_cluster_again() {
+    let rel = "agent-kill";
+    let sim = Kubesim::start_with(&names(6), &["--pod-startup-ms", "1500"]);
+    let p = project(&sim);
+    p.stack(&helm_stack(rel, "edge-*", r#"{ waves: [1, "100%"], parallel: 2 }"#, ""));
+    let mut child = p.spawn(&["up"]);
+    let status = until_status(&p, Duration::from_secs(120), "three clusters done", |s| {
+        step(s, "agent")["sub_changes"].as_array().is_some() && done_clusters(s).len() >= 3
+    });
+    child.kill().unwrap();
+    let _ = child.wait();
+    let done_before: Vec<String> = done_clusters(&status);
+    assert!(done_before.len() < 6, "the rollout finished before the kill: {status}");
+
+    p.rdeploy(&["recover"]).code(0);
+    let status = p.status();
+    assert_eq!(status["state"], "complete", "{status}");
+    for c in &done_before {
+        assert_eq!(revisions(&sim, rel, c), 1, "{c} was done before the kill and must not be upgraded again");
+    }
+    for i in 1..=6 {
+        let c = format!("edge-{i}");
+        let out = sim.helm_ok(HELM, &["status", rel, "-n", "monitoring", "--kube-context", &c, "-o", "json"]);
+        let st: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(st["info"]["status"], "deployed", "{c}");
+    }
+}
+
+/// The bake holds the next wave: while wave 1 bakes, no cluster of wave 2 has the release; once
+/// the bake has passed (with wave 1 read again, still healthy), wave 2 runs.
+#[test]
+fn the_bake_holds_the_next_wave_until_it_has_passed() {
+    let rel = "agent-bake";
+    let sim = Kubesim::start(&names(3));
+    let p = project(&sim);
+    p.stack(&helm_stack(rel, "edge-*", r#"{ waves: [1, "100%"], parallel: 2, bake: 6s }"#, ""));
+    let mut child = p.spawn(&["up"]);
+    let status = until_status(&p, Duration::from_secs(120), "the bake of wave 1", |s| {
+        let bake = &step(s, "agent")["facts"]["bake"];
+        bake["wave"] == 1 && bake.get("ended").is_none()
+    });
+    assert_eq!(sub(&status, "edge-1")["status"], "done", "{status}");
+    for c in ["edge-2", "edge-3"] {
+        assert_eq!(sub(&status, c)["status"], "pending", "{status}");
+        assert_eq!(revisions(&sim, rel, c), 0, "{c} is in wave 2: untouched while wave 1 bakes");
+    }
+    assert!(child.wait().unwrap().success());
+    let status = p.status();
+    assert_eq!(status["state"], "complete", "{status}");
+    assert!(step(&status, "agent")["facts"]["bake"].get("ended").is_some(), "{status}");
+    for c in ["edge-1", "edge-2", "edge-3"] {
+        assert_eq!(revisions(&sim, rel, c), 1, "{c}");
+    }
+}
+
+/// `absent: wait`: the wave waits for an offline cluster and goes on once it answers.
+#[test]
+fn absent_wait_waits_for_an_offline_cluster_then_goes_on() {
+    let rel = "agent-wait";
+    let sim = Kubesim::start(&names(3));
+    let p = project(&sim);
+    p.stack(
+        &helm_stack(rel, "edge-*", r#"{ waves: [1, "100%"], parallel: 3, absent: wait, inventory_timeout: 2s }"#, "")
+            .replace("timeout: 20s", "timeout: 120s"),
+    );
+    sim.post("/_sim/clusters/edge-3/offline");
+    let mut child = p.spawn(&["up"]);
+    until_status(&p, Duration::from_secs(120), "the wave waiting for edge-3", |s| {
+        step(s, "agent")["warnings"]
+            .as_array()
+            .is_some_and(|w| w.iter().any(|m| m.as_str().unwrap_or("").contains("waits for it")))
+            && done_clusters(s).len() == 2
+    });
+    assert_eq!(revisions(&sim, rel, "edge-2"), 1);
+    sim.post("/_sim/clusters/edge-3/online");
+    assert!(child.wait().unwrap().success(), "the deploy goes on once edge-3 answers");
+    let status = p.status();
+    assert_eq!(status["state"], "complete", "{status}");
+    assert_eq!(revisions(&sim, rel, "edge-3"), 1);
+}
+
+/// A kubectl fleet step: the manifests are applied once per listed context, each cluster done.
+#[test]
+fn a_kubectl_fleet_step_applies_its_manifests_once_per_cluster() {
+    let sim = Kubesim::start(&names(3));
+    let p = project(&sim);
+    p.file(
+        "k8s/config.yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: agent-config\n  namespace: default\ndata:\n  level: info\n",
+    );
+    p.stack(&format!(
+        r#"
+name: fleet
+steps:
+  - name: agent
+    tool: kubectl
+    manifests: [k8s/]
+    binary: {kubectl}
+    contexts: [edge-3, edge-1, edge-2]
+    rollout: {{ waves: [1, "100%"], parallel: 2 }}
+"#,
+        kubectl = kubectl_bin().display()
+    ));
+    p.rdeploy(&["up"]).code(0);
+    let status = p.status();
+    assert_eq!(
+        sub_statuses(&status, "agent"),
+        [("edge-1", "done"), ("edge-2", "done"), ("edge-3", "done")].map(|(a, b)| (a.to_string(), b.to_string()))
+    );
+    assert_eq!(sub(&status, "edge-1")["note"], "1 object applied");
+    for c in ["edge-1", "edge-2", "edge-3"] {
+        let level =
+            sim.kubectl_ok(&["--context", c, "get", "configmap", "agent-config", "-o", "jsonpath={.data.level}"]);
+        assert_eq!(level, "info", "{c}");
+    }
+
+    // A fleet file's clusters, narrowed by a selector on their labels, in the file's order.
+    p.file("fleet.yaml", "clusters:\n  edge-3: { tier: edge }\n  edge-1: { tier: core }\n  edge-2: { tier: edge }\n");
+    p.stack(
+        &p.read("stack.yaml")
+            .replace("contexts: [edge-3, edge-1, edge-2]", "fleet: fleet.yaml\n    selector: tier=edge"),
+    );
+    p.rdeploy(&["up"]).code(0);
+    let status = p.status();
+    assert_eq!(step(&status, "agent")["facts"]["rollout"]["waves"], serde_json::json!([["edge-3"], ["edge-2"]]));
+}
+
+/// A release this deploy's killed run left pending-upgrade on one cluster of the fleet is
+/// recovered without `--force`, as on a single-cluster step: the journal shows this deploy
+/// started that revision there, the run is dead, and no helm names the release. The cluster done
+/// before the kill keeps its one upgrade.
+#[test]
+fn a_pending_upgrade_a_killed_run_left_on_one_cluster_is_recovered_without_force() {
+    let rel = "abandoned-fleet";
+    let sim = Kubesim::start(&names(2));
+    let p = project(&sim);
+    let rollout = r#"{ waves: [1, "100%"], parallel: 1 }"#;
+    p.stack(&helm_stack(rel, "edge-*", rollout, ""));
+    p.rdeploy(&["up"]).code(0);
+
+    p.stack(&helm_stack(rel, "edge-*", rollout, "set: { image: \"nginx:1.28\" }"));
+    sim.control("POST", "/_sim/clusters/edge-2/slow?ms=300");
+    let mut child = p.spawn(&["up"]);
+    let pending = format!(
+        "/clusters/edge-2/api/v1/namespaces/monitoring/secrets?labelSelector=name%3D{rel}%2Cowner%3Dhelm%2Cstatus%3Dpending-upgrade"
+    );
+    let seen = sim.eventually(Duration::from_secs(90), || sim.control("GET", &pending).contains("sh.helm.release.v1."));
+    // helm gets no chance to mark the revision failed: its group is stopped, then killed with rdeploy.
+    let group = helm_group_for(rel, "upgrade");
+    if let Some(pgid) = group {
+        let _ = kill(Pid::from_raw(-pgid), Signal::SIGSTOP);
+    }
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL).unwrap();
+    if let Some(pgid) = group {
+        let _ = kill(Pid::from_raw(-pgid), Signal::SIGKILL);
+    }
+    child.wait().unwrap();
+    sim.control("POST", "/_sim/clusters/edge-2/slow?ms=0");
+    assert!(seen && group.is_some(), "helm never left a pending-upgrade revision on edge-2");
+    let statuses = |c: &str| {
+        let out = sim.helm_ok(HELM, &["history", rel, "-n", "monitoring", "--kube-context", c, "-o", "json"]);
+        let revs: serde_json::Value = serde_json::from_str(&out).unwrap();
+        revs.as_array().unwrap().iter().map(|r| r["status"].as_str().unwrap().to_string()).collect::<Vec<_>>()
+    };
+    assert_eq!(statuses("edge-2"), ["deployed", "pending-upgrade"]);
+    assert_eq!(sub(&p.status(), "edge-2")["uncertain"], true);
+
+    p.rdeploy(&["recover"])
+        .code(0)
+        .stderr_has(&format!("rolled back abandoned revision 2 of {rel} (pending-upgrade) to revision 1"));
+    assert_eq!(
+        statuses("edge-2"),
+        ["superseded", "pending-upgrade", "superseded", "deployed"],
+        "one rollback and one upgrade"
+    );
+    assert_eq!(statuses("edge-1"), ["superseded", "deployed"], "edge-1 was done before the kill: upgraded once");
+    let status = p.status();
+    assert_eq!(status["state"], "complete", "{status}");
+    assert_eq!(sub(&status, "edge-2")["status"], "done");
+}
