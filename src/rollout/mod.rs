@@ -178,6 +178,7 @@ pub async fn run(r: FleetRun<'_>, sink: &dyn EventSink) -> Result<Recovered, Fai
         failures: AtomicUsize::new(0),
         tolerated,
         started,
+        facts: Mutex::default(),
     };
     let mut failed: Vec<(String, String)> = Vec::new();
     let mut stragglers: Vec<(String, String)> = Vec::new();
@@ -338,6 +339,10 @@ struct Runner<'a> {
     failures: AtomicUsize,
     tolerated: usize,
     started: String,
+    /// Each cluster's fact object as this run last wrote it, by fact key: the facts of one
+    /// cluster are one record, updated as the tool reports (a retry starts again from the
+    /// checkpoint's copy in `r.prior`).
+    facts: Mutex<BTreeMap<String, Map<String, Value>>>,
 }
 
 impl Runner<'_> {
@@ -368,9 +373,9 @@ impl Runner<'_> {
 
     fn fact(&self, cluster: &str, update: impl FnOnce(&mut Map<String, Value>)) {
         let key = cluster_fact(cluster);
-        let mut facts = FACTS.lock().unwrap_or_else(|e| e.into_inner());
+        let mut facts = self.facts.lock().unwrap_or_else(|e| e.into_inner());
         let entry = facts
-            .entry((self.r.ctx.step.clone(), key.clone()))
+            .entry(key.clone())
             .or_insert_with(|| self.r.prior.facts.get(&key).and_then(Value::as_object).cloned().unwrap_or_default());
         update(entry);
         self.sink.emit(Event::Fact { key, value: Value::Object(entry.clone()) });
@@ -501,11 +506,8 @@ impl Runner<'_> {
             _ => spec.apply(&ctx, &csink).await,
         };
         result?;
-        let facts = FACTS.lock().unwrap_or_else(|e| e.into_inner());
-        let revision = facts
-            .get(&(self.r.ctx.step.clone(), cluster_fact(&m.name)))
-            .and_then(|f| f.get("revision"))
-            .and_then(Value::as_u64);
+        let facts = self.facts.lock().unwrap_or_else(|e| e.into_inner());
+        let revision = facts.get(&cluster_fact(&m.name)).and_then(|f| f.get("revision")).and_then(Value::as_u64);
         Ok(match (revision, &self.r.step.spec) {
             (Some(rev), ToolSpec::Helm(_)) => format!("rev {rev}"),
             _ => {
@@ -617,10 +619,6 @@ impl Runner<'_> {
         }
     }
 }
-
-/// Each cluster's fact object as this process last wrote it, by (step, fact key): the facts
-/// of one cluster are one record, updated as the tool reports.
-static FACTS: Mutex<BTreeMap<(String, String), Map<String, Value>>> = Mutex::new(BTreeMap::new());
 
 /// The adapter's events for one cluster, folded into that cluster's sub-change of the step.
 struct ClusterSink<'a> {
