@@ -461,6 +461,9 @@ impl Session {
             ))
             .into());
         }
+        if self.from_plan.is_some() {
+            crate::planfile::refuse_fleet_steps(&self.stack, "rdeploy up --plan")?;
+        }
         let steps: Vec<&Step> = self.stack.ordered().collect();
         let tools = self.check_tools(&steps, true).await?;
         if let Some(loaded) = &self.from_plan {

@@ -648,6 +648,9 @@ async fn run(cli: Cli, ui: Arc<Ui>) -> anyhow::Result<Code> {
         }
         Command::Plan { stack, json, markdown, detailed_exitcode, out } => {
             let s = session(stack, global, ui.clone(), 1)?;
+            if out.is_some() {
+                planfile::refuse_fleet_steps(&s.stack, "rdeploy plan -o")?;
+            }
             let plan = s.plan().await?;
             if let Some(path) = out {
                 let digest = planfile::write(path, &planfile::build(&s, &plan)?)?;

@@ -203,6 +203,24 @@ pub fn write(path: &Path, plan: &PlanFile) -> anyhow::Result<String> {
     Ok(sha256_hex(text.as_bytes()))
 }
 
+/// `plan -o` and `up --plan`: a fleet step (`contexts:` / `fleet:`) is previewed against the
+/// current kube context only, yet would apply to every cluster: the reviewed plan refuses it.
+pub fn refuse_fleet_steps(stack: &Stack, command: &str) -> anyhow::Result<()> {
+    let fleet: Vec<&str> = stack.ordered().filter(|s| s.fleet.is_some()).map(|s| s.name.as_str()).collect();
+    if fleet.is_empty() {
+        return Ok(());
+    }
+    Err(Refusal::new(
+        Code::BadInput,
+        format!(
+            "`{command}` refuses fleet step {}: the reviewed plan does not cover fleet steps yet (they are previewed against the current kube context only, and would apply to every cluster)",
+            fleet.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ")
+        ),
+    )
+    .with_hint("`rdeploy up` without --plan, or move the fleet step to its own stack")
+    .into())
+}
+
 /// Reads a PLANFILE for `up --plan`; anything but a plan of this format version is bad input.
 pub fn load(path: &Path) -> anyhow::Result<Loaded> {
     let bad = |message: String| -> anyhow::Error {

@@ -978,3 +978,28 @@ fn ci_plan_retried_recovers_its_own_deploy_and_refuses_another() {
         .stderr_has("that did not start from the plan other.plan: the plan was not made on top of it");
     assert_eq!(p.lines("seed.log"), ["users"]);
 }
+
+/// A fleet step is previewed against the current kube context only, yet would apply to every
+/// cluster: `plan -o` and `up --plan` refuse it (exit 2) naming it; plain `plan` still previews.
+#[test]
+fn plan_out_and_up_plan_refuse_a_stack_with_a_fleet_step() {
+    let p = Project::new();
+    std::fs::create_dir_all(p.path("out")).unwrap();
+    p.file("seed.sh", "#!/bin/sh\necho users >> out/seed.log\n");
+    p.file("k8s/agent.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata: { name: agent }\ndata: { a: b }\n");
+    let shell = "name: shop\nsteps:\n  - name: seed\n    tool: shell\n    sub_changes:\n      - { name: users, run: sh seed.sh, check: grep -q users out/seed.log }\n";
+    p.stack(shell);
+    p.rdeploy(&["plan", "-o", "p.plan"]).code(0);
+    p.stack(&format!(
+        "{shell}  - name: agent\n    tool: kubectl\n    manifests: [k8s/agent.yaml]\n    contexts: [edge-1, edge-2]\n"
+    ));
+    for args in [&["plan", "-o", "q.plan"][..], &["up", "--plan", "p.plan"][..]] {
+        let run = p.rdeploy(args);
+        run.code(2)
+            .stderr_has("refuses fleet step `agent`: the reviewed plan does not cover fleet steps yet")
+            .stderr_has("hint: `rdeploy up` without --plan, or move the fleet step to its own stack");
+        assert!(!p.exists("q.plan"), "no plan file written");
+        assert!(!p.exists(".rdeploy/journal.jsonl"), "nothing recorded:\n{}", run.stderr);
+        assert!(!p.exists("out/seed.log"), "nothing ran");
+    }
+}
