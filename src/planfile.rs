@@ -14,13 +14,14 @@
 //! rendered (redacted) plan for reviewers. Everything but terraform's own bytes (which carry a
 //! timestamp) is deterministic: the same stack and world give the same file.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 use base64::Engine as _;
 use rdeploy_adapters::preview::{Observed, PreviewError};
+use rdeploy_adapters::secrets::SecretSource;
 use rdeploy_adapters::{Adapter, PathSegment, Tool, ToolSpec};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
@@ -157,7 +158,7 @@ pub fn build(session: &Session, plan: &StackPlan) -> anyhow::Result<PlanFile> {
             changes: step_plan.changes,
             previewed: step_plan.unknown_until.is_empty(),
             error: step_plan.error.clone(),
-            files: step_files(stack, step)?,
+            files: step_files(stack, step, &session.state.path)?,
             observed: {
                 // In a stable order, whatever order the tool listed its objects in.
                 let mut observed = step_plan.observed.clone();
@@ -277,7 +278,7 @@ fn secret_keys(step: &Step) -> Vec<String> {
 /// `templates/`, `files/`, `ansible.cfg`, ...) and the inventory, and the scripts a shell
 /// step's commands name when they are files. A kubeconfig is left out (tokens refresh in it),
 /// as is a shell step's working `dir` (its scripts write there).
-pub fn step_files(stack: &Stack, step: &Step) -> anyhow::Result<BTreeMap<String, String>> {
+pub fn step_files(stack: &Stack, step: &Step, state_dir: &Path) -> anyhow::Result<BTreeMap<String, String>> {
     let mut roots: Vec<PathBuf> = Vec::new();
     for (at, path) in step.spec.referenced_paths() {
         let key = |name: &str| matches!(at.first(), Some(PathSegment::Key(k)) if *k == name);
@@ -288,30 +289,17 @@ pub fn step_files(stack: &Stack, step: &Step) -> anyhow::Result<BTreeMap<String,
     }
     match &step.spec {
         ToolSpec::Ansible(spec) => {
-            let mut beside = vec![spec.playbook.parent().map(Path::to_path_buf).unwrap_or_default()];
+            // The playbook's whole directory tree: what it imports, includes and reads beside
+            // it (`import_playbook`, `include_tasks`, `vars_files`, roles, group_vars, ...).
+            roots.push(spec.playbook.parent().map(Path::to_path_buf).unwrap_or_default());
             if !spec.inventory.to_string_lossy().contains(',') {
                 let inventory = stack.dir.join(&spec.inventory);
-                beside.push(if inventory.is_dir() {
-                    spec.inventory.clone()
-                } else {
-                    spec.inventory.parent().map(Path::to_path_buf).unwrap_or_default()
-                });
-            }
-            for dir in beside {
-                for sub in [
-                    "roles",
-                    "group_vars",
-                    "host_vars",
-                    "library",
-                    "filter_plugins",
-                    "tasks",
-                    "handlers",
-                    "vars",
-                    "templates",
-                    "files",
-                    "ansible.cfg",
-                ] {
-                    roots.push(dir.join(sub));
+                roots.push(spec.inventory.clone());
+                if !inventory.is_dir() {
+                    let beside = spec.inventory.parent().map(Path::to_path_buf).unwrap_or_default();
+                    for sub in ["group_vars", "host_vars"] {
+                        roots.push(beside.join(sub));
+                    }
                 }
             }
         }
@@ -344,16 +332,85 @@ pub fn step_files(stack: &Stack, step: &Step) -> anyhow::Result<BTreeMap<String,
         }
         _ => {}
     }
-    let mut out = BTreeMap::new();
-    for root in roots {
-        let full = stack.dir.join(&root);
-        if full.is_file() {
-            out.insert(display(&root), digest_file(&full)?);
-        } else if full.is_dir() {
-            walk(&stack.dir, &full, &mut out)?;
+    // Never digested: a file the stack reads a secret from (its sha256 would give a guess
+    // away) and the state directory (rdeploy writes there).
+    let mut excluded: HashSet<PathBuf> = HashSet::new();
+    for any in &stack.steps {
+        for marked in any.spec.marked().values().chain(any.env_marked.values()) {
+            if let SecretSource::File(path) = &marked.source {
+                excluded.extend(std::fs::canonicalize(stack.dir.join(path)));
+            }
         }
     }
-    Ok(out)
+    excluded.extend(std::fs::canonicalize(state_dir));
+    let mut walker = Walker { base: &stack.dir, excluded, seen: HashSet::new(), out: BTreeMap::new() };
+    for root in roots {
+        let full = stack.dir.join(&root);
+        let Ok(canonical) = std::fs::canonicalize(&full) else { continue };
+        if walker.excluded.contains(&canonical) {
+            continue;
+        }
+        if full.is_file() {
+            walker.file(&full)?;
+        } else if full.is_dir() {
+            walker.walk(&full)?;
+        }
+    }
+    Ok(walker.out)
+}
+
+struct Walker<'a> {
+    base: &'a Path,
+    excluded: HashSet<PathBuf>,
+    /// Canonical directories walked: a symlink loop, or two roots sharing a tree, is walked once.
+    seen: HashSet<PathBuf>,
+    out: BTreeMap<String, String>,
+}
+
+impl Walker<'_> {
+    fn file(&mut self, path: &Path) -> anyhow::Result<()> {
+        let bytes = fs_err::read(path)?;
+        // A PLANFILE saved in the tree (`plan -o p.plan`) is what is reviewed, not an input.
+        if bytes.starts_with(format!("{{\n  \"format\": \"{FORMAT}\"").as_bytes()) {
+            return Ok(());
+        }
+        let relative = path.strip_prefix(self.base).unwrap_or(path);
+        self.out.insert(display(relative), sha256_hex(&bytes));
+        Ok(())
+    }
+
+    /// Every file under `dir`, symlinked files and directories followed, but hidden ones
+    /// (`.terraform/`, `.git/`; `.terraform.lock.hcl` is kept), terraform's state
+    /// (`terraform.tfstate*`, `terraform.tfstate.d/`), saved plans, ansible's `*.retry` and
+    /// what is excluded.
+    fn walk(&mut self, dir: &Path) -> anyhow::Result<()> {
+        let Ok(canonical) = std::fs::canonicalize(dir) else { return Ok(()) };
+        if self.excluded.contains(&canonical) || !self.seen.insert(canonical) {
+            return Ok(());
+        }
+        let mut entries: Vec<_> = fs_err::read_dir(dir)?.filter_map(Result::ok).collect();
+        entries.sort_by_key(|e| e.file_name());
+        for entry in entries {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let path = entry.path();
+            let skipped = (name.starts_with('.') && name != ".terraform.lock.hcl")
+                || name.starts_with("terraform.tfstate")
+                || name.ends_with(".tfplan")
+                || name.ends_with(".retry");
+            if skipped {
+                continue;
+            }
+            if path.is_dir() {
+                self.walk(&path)?;
+            } else if path.is_file() {
+                if std::fs::canonicalize(&path).is_ok_and(|c| self.excluded.contains(&c)) {
+                    continue;
+                }
+                self.file(&path)?;
+            }
+        }
+        Ok(())
+    }
 }
 
 fn is_script(path: &Path) -> bool {
@@ -366,35 +423,6 @@ fn is_script(path: &Path) -> bool {
 fn display(path: &Path) -> String {
     let text = path.to_string_lossy().into_owned();
     text.strip_prefix("./").map(str::to_string).unwrap_or(text)
-}
-
-fn digest_file(path: &Path) -> anyhow::Result<String> {
-    Ok(sha256_hex(&fs_err::read(path)?))
-}
-
-/// Every file under `dir` but hidden ones (`.terraform/`, `.git/`; `.terraform.lock.hcl` is
-/// kept), terraform's state (`terraform.tfstate*`, `terraform.tfstate.d/`) and saved plans.
-fn walk(base: &Path, dir: &Path, out: &mut BTreeMap<String, String>) -> anyhow::Result<()> {
-    let mut entries: Vec<_> = fs_err::read_dir(dir)?.filter_map(Result::ok).collect();
-    entries.sort_by_key(|e| e.file_name());
-    for entry in entries {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let path = entry.path();
-        let skipped = (name.starts_with('.') && name != ".terraform.lock.hcl")
-            || name.starts_with("terraform.tfstate")
-            || name.ends_with(".tfplan");
-        if skipped {
-            continue;
-        }
-        let kind = entry.file_type()?;
-        if kind.is_dir() {
-            walk(base, &path, out)?;
-        } else if path.is_file() {
-            let relative = path.strip_prefix(base).unwrap_or(&path);
-            out.insert(display(relative), digest_file(&path)?);
-        }
-    }
-    Ok(())
 }
 
 /// Differences between two digests of a step's files, in words.
@@ -499,7 +527,7 @@ impl Session {
                 moved.push(format!("step `{}` is not in the plan", step.name));
                 continue;
             };
-            moved.extend(files_moved(&step.name, &saved_step.files, &step_files(&self.stack, step)?));
+            moved.extend(files_moved(&step.name, &saved_step.files, &step_files(&self.stack, step, &self.state.path)?));
         }
         if !moved.is_empty() {
             return Err(stale(moved));
@@ -693,10 +721,57 @@ mod tests {
         let file = dir.path().join("stack.yaml");
         std::fs::write(&file, text).unwrap();
         let stack = crate::stack::parse(&file, text).unwrap();
-        let files = |name: &str| step_files(&stack, stack.step(name).unwrap()).unwrap().into_keys().collect::<Vec<_>>();
+        let files = |name: &str| {
+            step_files(&stack, stack.step(name).unwrap(), Path::new(".rdeploy"))
+                .unwrap()
+                .into_keys()
+                .collect::<Vec<_>>()
+        };
         assert_eq!(files("net"), ["infra/main.tf", "infra/modules/net/main.tf"]);
         assert_eq!(files("hosts"), ["play/inventory.ini", "play/roles/web/tasks/main.yml", "play/site.yml"]);
         assert_eq!(files("seed"), ["seed.sh"], "the script, not the file it appends to");
+    }
+
+    /// Ansible reads what a playbook imports, includes and loads beside it: the playbook's
+    /// whole tree, symlinked entries followed (a loop walked once), hidden entries and `*.retry`
+    /// skipped; a `from_file` secret and the state directory are never digested.
+    #[test]
+    fn digests_the_playbooks_whole_tree_and_never_a_secret_file_or_the_state_dir() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |rel: &str, text: &str| {
+            let path = dir.path().join(rel);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, text).unwrap();
+        };
+        write("play/site.yml", "");
+        write("play/web.yml", "");
+        write("play/setup/extra.yml", "");
+        write("play/vars.yml", "");
+        write("play/site.retry", "");
+        write("play/.hidden/x.yml", "");
+        write("play/db-password", "hunter2");
+        write("play/st/journal.jsonl", "");
+        write("shared/common.yml", "");
+        write("inv/hosts.ini", "");
+        std::os::unix::fs::symlink(dir.path().join("shared"), dir.path().join("play/shared")).unwrap();
+        std::os::unix::fs::symlink(dir.path().join("play"), dir.path().join("play/setup/loop")).unwrap();
+        let text = "name: s\nsteps:\n  - name: hosts\n    tool: ansible\n    playbook: play/site.yml\n    inventory: inv/hosts.ini\n    env: { DB: { from_file: play/db-password } }\n";
+        let file = dir.path().join("stack.yaml");
+        std::fs::write(&file, text).unwrap();
+        let stack = crate::stack::parse(&file, text).unwrap();
+        let files = step_files(&stack, stack.step("hosts").unwrap(), &dir.path().join("play/st")).unwrap();
+        assert_eq!(
+            files.keys().collect::<Vec<_>>(),
+            [
+                "inv/hosts.ini",
+                "play/setup/extra.yml",
+                "play/shared/common.yml",
+                "play/site.yml",
+                "play/vars.yml",
+                "play/web.yml"
+            ]
+        );
+        assert!(!files.values().any(|d| *d == sha256_hex(b"hunter2")));
     }
 
     #[test]

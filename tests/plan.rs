@@ -1003,3 +1003,26 @@ fn plan_out_and_up_plan_refuse_a_stack_with_a_fleet_step() {
         assert!(!p.exists("out/seed.log"), "nothing ran");
     }
 }
+
+/// A `from_file:` secret beside what a step reads is not digested: its sha256 would let a
+/// reader of the PLANFILE check a guess. A PLANFILE saved in the same tree is not an input.
+#[test]
+fn a_from_file_secret_inside_a_digested_tree_is_not_in_the_planfile() {
+    use sha2::Digest as _;
+    require_tool("terraform", "https://developer.hashicorp.com/terraform/install");
+    let p = Project::new();
+    p.file(
+        "main.tf",
+        "variable \"db_password\" {\n  type = string\n  sensitive = true\n}\nresource \"terraform_data\" \"db\" {\n  input = sha256(var.db_password)\n}\n",
+    );
+    p.file("db-password", "hunter2-Zq81-secret");
+    p.stack("name: shop\nsteps:\n  - name: db\n    tool: terraform\n    dir: .\n    vars: { db_password: { from_file: db-password } }\n");
+    p.rdeploy(&["plan", "-o", "s.plan"]).code(0);
+    let text = p.read("s.plan");
+    let digest: String = sha2::Sha256::digest(b"hunter2-Zq81-secret").iter().map(|b| format!("{b:02x}")).collect();
+    assert!(!text.contains(&digest), "the secret file's sha256 is in the PLANFILE");
+    assert!(!text.contains("hunter2-Zq81-secret"));
+    let files = &planfile(&p, "s.plan")["steps"][0]["files"];
+    assert!(files.get("main.tf").is_some() && files.get("db-password").is_none(), "{files:#}");
+    p.rdeploy(&["up", "--plan", "s.plan"]).code(0);
+}
