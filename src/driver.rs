@@ -474,7 +474,11 @@ impl Session {
                 loaded.short()
             ));
             self.check_plan(loaded).await?;
-            self.stage_saved_plans(loaded)?;
+            if let Err(e) = self.stage_saved_plans(loaded) {
+                // A write that failed part-way leaves no earlier step's reviewed plan behind.
+                self.unstage_saved_plans();
+                return Err(e);
+            }
         }
         let ran = async {
             let mut cp = Checkpoint::create(self.store.as_ref())?;
@@ -497,6 +501,9 @@ impl Session {
     /// `rdeploy recover`: resume the unfinished deploy through each tool's recovery path.
     pub async fn recover(&self, dry_run: bool) -> anyhow::Result<RunReport> {
         let _lock = self.lock(if dry_run { "recover --dry-run" } else { "recover" })?;
+        if !dry_run {
+            self.remove_leftover_saved_plans();
+        }
         self.archive_if_finished()?;
         // We hold the lock, so steps recorded as running were left by a dead run.
         let holder_alive = false;
@@ -1307,6 +1314,7 @@ impl Session {
     /// `rdeploy reset --yes`: forget the unfinished deploy (kept in history).
     pub fn reset(&self) -> anyhow::Result<RunReport> {
         let _lock = self.lock("reset")?;
+        self.remove_leftover_saved_plans();
         // `reset --yes` always works: a journal that cannot be read at all is moved aside.
         let archived = self.archive_if_finished();
         if !self.store.has_unfinished()? {

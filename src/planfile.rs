@@ -594,6 +594,8 @@ impl Session {
     /// Puts each reviewed terraform plan of the PLANFILE in its step's work dir (0700, the
     /// file 0600), where [`Session::saved_plan_of`] finds it for the step's apply.
     pub fn stage_saved_plans(&self, loaded: &Loaded) -> anyhow::Result<()> {
+        // Every digest is checked before any file is written: a refusal leaves nothing behind.
+        let mut staged = Vec::new();
         for saved in &loaded.plan.steps {
             let Some(tf) = &saved.terraform_plan else { continue };
             let bytes = tf.bytes()?;
@@ -609,6 +611,9 @@ impl Session {
                 .with_hint(format!("make it again with `rdeploy plan -o {}`", loaded.path.display()))
                 .into());
             }
+            staged.push((saved, bytes));
+        }
+        for (saved, bytes) in staged {
             let dir = self.state.step_dir(&saved.name);
             self.state.create_dir(&dir)?;
             let path = dir.join(REVIEWED_TFPLAN);
@@ -626,6 +631,14 @@ impl Session {
         let Some(loaded) = &self.from_plan else { return };
         for saved in loaded.plan.steps.iter().filter(|s| s.terraform_plan.is_some()) {
             let _ = std::fs::remove_file(self.state.step_dir(&saved.name).join(REVIEWED_TFPLAN));
+        }
+    }
+
+    /// `recover` and `reset`: a `reviewed.tfplan` a killed `up --plan` left (it holds
+    /// variable values) goes before anything else; neither applies a reviewed plan.
+    pub fn remove_leftover_saved_plans(&self) {
+        for step in &self.stack.steps {
+            let _ = std::fs::remove_file(self.state.step_dir(&step.name).join(REVIEWED_TFPLAN));
         }
     }
 

@@ -1026,3 +1026,37 @@ fn a_from_file_secret_inside_a_digested_tree_is_not_in_the_planfile() {
     assert!(files.get("main.tf").is_some() && files.get("db-password").is_none(), "{files:#}");
     p.rdeploy(&["up", "--plan", "s.plan"]).code(0);
 }
+
+/// A staging refusal leaves no earlier step's reviewed terraform plan (it holds variable
+/// values) behind; one a killed `up --plan` left is removed by `recover` and `reset`.
+#[test]
+fn no_reviewed_terraform_plan_outlives_a_refused_staging_or_a_killed_up_plan() {
+    require_tool("terraform", "https://developer.hashicorp.com/terraform/install");
+    let p = Project::new();
+    let tf = "variable \"env\" {\n  type = string\n}\nresource \"terraform_data\" \"x\" {\n  input = var.env\n}\n";
+    p.file("a/main.tf", tf);
+    p.file("b/main.tf", tf);
+    p.stack("name: shop\nsteps:\n  - name: a\n    tool: terraform\n    dir: a\n    vars: { env: one }\n  - name: b\n    tool: terraform\n    dir: b\n    needs: [a]\n    vars: { env: two }\n");
+    p.rdeploy(&["plan", "-o", "s.plan"]).code(0);
+    let mut saved = planfile(&p, "s.plan");
+    saved["steps"][1]["terraform_plan"]["digest"] = serde_json::json!("0".repeat(64));
+    p.file("s.plan", &serde_json::to_string_pretty(&saved).unwrap());
+    p.rdeploy(&["up", "--plan", "s.plan"])
+        .code(2)
+        .stderr_has("terraform's saved plan of step `b` does not match its digest");
+    for step in ["a", "b"] {
+        assert!(
+            !p.exists(&format!(".rdeploy/steps/{step}/reviewed.tfplan")),
+            "step {step}'s reviewed plan left behind"
+        );
+    }
+    for command in ["recover", "reset"] {
+        p.file(".rdeploy/steps/a/reviewed.tfplan", "left by a killed up --plan");
+        let mut args = vec![command];
+        if command == "reset" {
+            args.push("--yes");
+        }
+        p.rdeploy(&args).code(0);
+        assert!(!p.exists(".rdeploy/steps/a/reviewed.tfplan"), "`{command}` left the reviewed plan");
+    }
+}
