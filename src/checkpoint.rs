@@ -602,6 +602,13 @@ impl Deploy {
                 self.step_mut(step).sub_mut(id, ts).fold(SubChangeEvent::Pending { reason })
             }
             Record::SubMoved { step, from, to } => self.step_mut(step).sub_changes.rename(from, to, ts),
+            // The version a tool said as its step ran (terraform's `-json` stream), when the
+            // preflight did not ask for it: the step's `tool_version`, as `StepStarted` gives it.
+            Record::Fact { step, key, value } if key == rdeploy_adapters::TOOL_VERSION_FACT => {
+                if let Some(version) = value.as_str() {
+                    self.step_mut(step).tool_version = Some(version.to_string());
+                }
+            }
             Record::Fact { step, key, value } => {
                 self.step_mut(step).facts.insert(key.clone(), value.clone());
             }

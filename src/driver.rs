@@ -317,6 +317,12 @@ impl Session {
 
     /// Checks every step's tool before anything changes (exit 2 when one is missing).
     pub async fn preflight(&self, steps: &[&Step]) -> anyhow::Result<HashMap<String, ToolInfo>> {
+        self.check_tools(steps, false).await
+    }
+
+    /// [`Session::preflight`] for `up` and `recover`: a tool that says its version as its step
+    /// runs is not started once more for it (see `Adapter::preflight_for_run`).
+    async fn check_tools(&self, steps: &[&Step], for_run: bool) -> anyhow::Result<HashMap<String, ToolInfo>> {
         let mut found = HashMap::new();
         let mut problems = Vec::new();
         for step in steps.iter().filter(|s| !s.resumable && s.revert.is_none()) {
@@ -335,10 +341,17 @@ impl Session {
             if self.cancel.is_cancelled() {
                 break;
             }
-            match step.spec.preflight(&self.context(step, self.cancel.clone())).await {
-                Ok(info) => {
+            let ctx = self.context(step, self.cancel.clone());
+            let checked = if for_run {
+                step.spec.preflight_for_run(&ctx).await
+            } else {
+                step.spec.preflight(&ctx).await.map(Some)
+            };
+            match checked {
+                Ok(Some(info)) => {
                     found.insert(step.name.clone(), info);
                 }
+                Ok(None) => {}
                 Err(e) => {
                     let hint = e.hint().map(|h| format!("\n  hint: {h}")).unwrap_or_default();
                     problems.push(format!("step `{}`: {e}{hint}", step.name));
@@ -449,7 +462,7 @@ impl Session {
             .into());
         }
         let steps: Vec<&Step> = self.stack.ordered().collect();
-        let tools = self.preflight(&steps).await?;
+        let tools = self.check_tools(&steps, true).await?;
         if let Some(loaded) = &self.from_plan {
             // Before anything runs or is recorded: whatever moved since the plan refuses it.
             self.ui.info(format!(
@@ -492,7 +505,7 @@ impl Session {
         let diff = StackDiff::between(&self.stack, &deploy);
         let actions = self.recovery_actions(&deploy)?;
         let pending: Vec<&Step> = self.stack.ordered().filter(|s| actions.iter().any(|(n, _)| *n == s.name)).collect();
-        let tools = self.preflight(&pending).await?;
+        let tools = self.check_tools(&pending, !dry_run).await?;
         if dry_run {
             let plan = self.dry_run(&deploy, &diff, &actions).await;
             return Ok(RunReport {

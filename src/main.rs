@@ -406,6 +406,10 @@ static NOTE_SIGNALS_BEFORE_MAIN: extern "C" fn() = {
 };
 
 fn main() -> ExitCode {
+    // Before anything grows: the process that starts every tool is a copy of rdeploy as small
+    // as it will ever be, and this thread (which lives as long as rdeploy) is the one whose
+    // death the tools' death signal means.
+    rdeploy_adapters::process::start_spawner();
     let cli = Cli::parse();
     init_tracing(cli.global.verbose);
     // `ci` is for pipelines: plain timestamped lines even on a terminal.

@@ -61,6 +61,11 @@ fn failed_upgrade_then_recover(major: u32) {
     p.rdeploy(&["recover"]).code(0);
     assert_eq!(sim.helm_statuses(major, "web", "shop"), ["superseded", "failed", "deployed"]);
     assert_eq!(p.read("after.log"), "after\n");
+    // The failed revision is superseded by the one recover deployed: the release is in place,
+    // and a complete deploy lists no failed sub-change (nor counts one in a CI summary).
+    let status = p.status();
+    assert_eq!(status["state"], "complete");
+    assert_eq!(sub_statuses(&status, "app"), [("web@3".to_string(), "done".to_string())]);
 }
 
 #[test]

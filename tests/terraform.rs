@@ -423,20 +423,27 @@ fn a_moved_block_for_a_resource_never_created_is_one_sub_change_done_when_terraf
     assert_eq!(runs(&p, "a6"), 1, "b6 (the provisioner still says a6) was created once");
 }
 
-/// Ctrl-C or SIGTERM while preflight waits on a slow tool (`terraform version` behind a script
-/// that sleeps first) is an interrupt (130) with nothing run, never "bad input" blaming the tool.
+/// Ctrl-C or SIGTERM while preflight waits on a slow tool (`kubectl version --client` behind a
+/// script that sleeps first; terraform's own version comes from its plan's `-json` stream, so
+/// `up` starts no terraform before its step) is an interrupt (130) with nothing run, never
+/// "bad input" blaming the tool.
 #[test]
 fn a_signal_during_preflight_is_an_interrupt_not_bad_input() {
+    require_tool("kubectl", "install kubectl (https://kubernetes.io/docs/tasks/tools/)");
     for signal in [Signal::SIGINT, Signal::SIGTERM] {
         let p = chain_project();
-        let terraform = std::process::Command::new("sh").args(["-c", "command -v terraform"]).output().unwrap();
-        let terraform = String::from_utf8(terraform.stdout).unwrap().trim().to_string();
+        let kubectl = std::process::Command::new("sh").args(["-c", "command -v kubectl"]).output().unwrap();
+        let kubectl = String::from_utf8(kubectl.stdout).unwrap().trim().to_string();
         p.file(
-            "slowtf",
-            &format!("#!/bin/sh\ntouch \"$(dirname \"$0\")/preflight-started\"\nsleep 60\nexec {terraform} \"$@\"\n"),
+            "slowkubectl",
+            &format!("#!/bin/sh\ntouch \"$(dirname \"$0\")/preflight-started\"\nsleep 60\nexec {kubectl} \"$@\"\n"),
         );
-        std::fs::set_permissions(p.path("slowtf"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-        p.stack(&STACK.replace("dir: chain", &format!("dir: chain\n    binary: {}", p.path("slowtf").display())));
+        std::fs::set_permissions(p.path("slowkubectl"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        p.file("cm.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c\n");
+        p.stack(&format!(
+            "{STACK}  - name: objects\n    tool: kubectl\n    needs: [after]\n    manifests: [cm.yaml]\n    binary: {}\n",
+            p.path("slowkubectl").display()
+        ));
         let child = p.spawn(&["up"]);
         p.wait_for("preflight-started", Duration::from_secs(60));
         kill(Pid::from_raw(child.id() as i32), signal).unwrap();
@@ -446,6 +453,48 @@ fn a_signal_during_preflight_is_an_interrupt_not_bad_input() {
         assert!(!p.exists("chain/runs/a1.log"), "nothing ran");
         assert!(!p.exists("out"), "the shell step did not run");
     }
+}
+
+/// `up` and `recover` spend no terraform start on `terraform version -json`: the version is the
+/// one the plan's `-json` stream opens with, kept as the step's `tool_version`. Every start of
+/// terraform goes through a wrapper that logs its arguments.
+#[test]
+fn up_and_recover_take_terraforms_version_from_its_json_stream_without_a_version_preflight() {
+    let p = chain_project();
+    let terraform = std::process::Command::new("sh").args(["-c", "command -v terraform"]).output().unwrap();
+    let terraform = String::from_utf8(terraform.stdout).unwrap().trim().to_string();
+    let version = std::process::Command::new(&terraform).args(["version", "-json"]).output().unwrap();
+    let version: serde_json::Value = serde_json::from_slice(&version.stdout).unwrap();
+    let version = version["terraform_version"].as_str().unwrap().to_string();
+    p.file(
+        "logtf",
+        &format!("#!/bin/sh\necho \"$1\" >> \"$(dirname \"$0\")/terraform-calls\"\nexec {terraform} \"$@\"\n"),
+    );
+    std::fs::set_permissions(p.path("logtf"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    p.stack(&STACK.replace("dir: chain", &format!("dir: chain\n    binary: {}", p.path("logtf").display())));
+    p.file("chain/fail-a5", "");
+    p.rdeploy(&["up"]).code(1).stdout_has("fail-a5 is present");
+    p.remove("chain/fail-a5");
+    p.rdeploy(&["recover"]).code(0).stdout_has("deploy complete");
+    let calls = p.read("terraform-calls");
+    assert!(!calls.lines().any(|l| l == "version"), "no version preflight: {calls}");
+    assert!(calls.lines().filter(|l| *l == "plan").count() >= 2, "a plan on up and on recover: {calls}");
+    // Nor on `output -json`: the apply's stream ends with the outputs (none sensitive here).
+    assert!(!calls.lines().any(|l| l == "output"), "outputs from the apply's stream: {calls}");
+    let history = std::fs::read_dir(p.path(".rdeploy/history")).unwrap().next().unwrap().unwrap().path();
+    let deploy: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(history).unwrap()).unwrap();
+    assert_eq!(step(&deploy, "network")["tool_version"], version.as_str(), "{deploy:#}");
+    let last = std::process::Command::new(&terraform)
+        .args(["output", "-raw", "last"])
+        .current_dir(p.path("chain"))
+        .output()
+        .unwrap();
+    let last = String::from_utf8(last.stdout).unwrap();
+    assert!(!last.is_empty());
+    assert_eq!(step(&deploy, "network")["outputs"]["last"], last.as_str(), "{deploy:#}");
+    // `validate` still asks terraform itself.
+    p.rdeploy(&["validate"]).code(0).stdout_has(&format!("terraform {version}"));
+    assert!(p.read("terraform-calls").lines().any(|l| l == "version"), "validate's preflight");
 }
 
 /// terraform's human diagnostics wrap: the failure keeps the first error's whole sentence

@@ -195,6 +195,10 @@ impl Adapter for ToolSpec {
         dispatch!(self, s => s.preflight(ctx).await)
     }
 
+    async fn preflight_for_run(&self, ctx: &StepContext) -> Result<Option<ToolInfo>, AdapterError> {
+        dispatch!(self, s => s.preflight_for_run(ctx).await)
+    }
+
     // Every tool's events, failure and inspection are redacted with the run's secrets on the way
     // out (the driver redacts again what it writes): the adapters parse the tool's output first.
     async fn apply(&self, ctx: &StepContext, sink: &dyn EventSink) -> Result<(), Failure> {

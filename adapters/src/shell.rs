@@ -253,8 +253,9 @@ impl Adapter for ShellSpec {
     async fn recover(&self, ctx: &StepContext, prior: &PriorStep, sink: &dyn EventSink) -> Result<Recovered, Failure> {
         let planned = self.planned();
         sink.emit(Event::Planned { ids: planned.iter().map(|(id, ..)| id.to_string()).collect() });
+        let statuses = prior.statuses();
         for (id, run, check) in planned {
-            match prior.status_of(id) {
+            match statuses.get(id).copied() {
                 Some(SubStatus::Done) => continue,
                 Some(SubStatus::Started) => {
                     if let Some(check) = check {
@@ -272,8 +273,9 @@ impl Adapter for ShellSpec {
 
     async fn inspect(&self, _ctx: &StepContext, prior: &PriorStep) -> Result<Inspection, Failure> {
         let mut inspection = Inspection::default();
+        let statuses = prior.statuses();
         for (id, run, check) in self.planned() {
-            match (prior.status_of(id), check) {
+            match (statuses.get(id).copied(), check) {
                 (Some(SubStatus::Done), _) => inspection.actions.push(format!("keep {id}: done")),
                 (Some(SubStatus::Started), Some(check)) => {
                     inspection.actions.push(format!(
@@ -342,8 +344,9 @@ impl Adapter for ShellSpec {
         };
         let mut doc = RecoveryDoc::default();
         let planned = self.planned();
+        let statuses = prior.map(PriorStep::statuses).unwrap_or_default();
         let left: Vec<_> =
-            planned.iter().filter(|(id, ..)| prior.is_none_or(|p| p.status_of(id) != Some(SubStatus::Done))).collect();
+            planned.iter().filter(|(id, ..)| statuses.get(id).copied() != Some(SubStatus::Done)).collect();
         for (id, _, check) in &planned {
             if let Some(check) = check {
                 doc.inspect.push(format!("{check}    # exits 0 when `{id}` is in place"));

@@ -25,7 +25,7 @@ use crate::process::{capture, Captured, Command, Outcome, Signal, StdoutLog};
 use crate::secrets;
 use crate::{
     display_command, shell_quote, Adapter, AdapterError, DescribeContext, Event, EventSink, Failure, FieldPath,
-    Inspection, PathSegment, Preview, PriorStep, Recovered, RecoveryDoc, SpecProblem, StepContext, ToolInfo,
+    Inspection, PathSegment, Preview, PriorStep, Recovered, RecoveryDoc, SpecProblem, StepContext, SubStatus, ToolInfo,
 };
 
 const DEFAULT_BINARY: &str = "helm";
@@ -823,71 +823,26 @@ impl Adapter for HelmSpec {
         release.report_outputs(sink).await
     }
 
-    async fn recover(&self, ctx: &StepContext, _prior: &PriorStep, sink: &dyn EventSink) -> Result<Recovered, Failure> {
-        let release = Release::open(self, ctx).await?;
-        let live = release.live(Some(sink)).await?;
-        self.record_facts(&live, sink);
-        match release.decide(&live, Path::new("/proc")) {
-            Decision::InPlace { revision } => {
-                let id = self.id(revision);
-                sink.emit(Event::Planned { ids: vec![id.clone()] });
-                sink.emit(Event::Done { id, note: Some("already deployed at the wanted chart and values".into()) });
-                release.report_outputs(sink).await?;
-                Ok(Recovered::Complete)
-            }
-            Decision::Upgrade { why } => {
-                sink.emit(Event::Planned { ids: vec![self.id(live.next_revision())] });
-                sink.emit(Event::Warning { message: format!("{why}; running `helm upgrade --install`") });
-                release.upgrade(sink, &live).await?;
-                release.report_outputs(sink).await?;
-                Ok(Recovered::Complete)
-            }
-            Decision::Rollback { to, why, then_upgrade, abandoned } => {
-                let mut ids = vec![self.id(live.next_revision())];
-                if then_upgrade {
-                    ids.push(self.id(live.next_revision() + 1));
+    async fn recover(&self, ctx: &StepContext, prior: &PriorStep, sink: &dyn EventSink) -> Result<Recovered, Failure> {
+        let recording = LastDone { inner: sink, seen: Default::default() };
+        let result = self.recover_release(ctx, &recording).await;
+        let (last, settled) = recording.seen.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if let (Ok(Recovered::Complete), Some(done)) = (&result, last) {
+            // The revisions this deploy wrote that failed are superseded by the one now
+            // deployed: the release is one thing in place, not a done revision beside a failed
+            // one (a report that says complete with a failed sub-change, a CI summary counting
+            // one failure). An abandoned revision this recover settled keeps its own record.
+            let superseded = prior
+                .sub_changes
+                .iter()
+                .filter(|s| s.status == SubStatus::Failed && s.id != done && !settled.contains(&s.id));
+            for old in superseded {
+                if old.id.rsplit_once('@').is_some_and(|(r, _)| r == self.release) {
+                    sink.emit(Event::Moved { from: old.id.clone(), to: done.clone() });
                 }
-                sink.emit(Event::Planned { ids });
-                sink.emit(Event::Warning { message: format!("{why}; rolling back to revision {to}") });
-                let after = release.rollback(sink, &live, to).await?;
-                if let Some(abandoned) = abandoned {
-                    self.settle_abandoned(sink, &live, abandoned, &format!("rolled back to revision {to}"));
-                }
-                if then_upgrade {
-                    release.upgrade(sink, &after).await?;
-                    release.report_outputs(sink).await?;
-                    Ok(Recovered::Complete)
-                } else {
-                    sink.emit(Event::Warning {
-                        message: format!(
-                            "`recover: rollback`: {} runs revision {to}'s chart and values again, not the stack's; `rdeploy recover` upgrades to them once the cause is fixed",
-                            self.release
-                        ),
-                    });
-                    Ok(Recovered::RolledBack { to: format!("{} revision {to}", self.release) })
-                }
-            }
-            Decision::Reinstall { abandoned, why } => {
-                sink.emit(Event::Warning { message: format!("{why}; uninstalling it, then installing it again") });
-                let after = release.uninstall(sink).await?;
-                self.settle_abandoned(sink, &live, abandoned, "uninstalled");
-                sink.emit(Event::Planned { ids: vec![self.id(after.next_revision())] });
-                release.upgrade(sink, &after).await.map(|()| Recovered::Complete)
-            }
-            Decision::Refuse { failure } => {
-                if let Some(latest) = live.latest() {
-                    // The failed record below hides that the sub-change was in flight: a fact
-                    // keeps it, so a later recover can still take the revision for abandoned.
-                    let seen = ctx.started_by.get(&self.id(latest.revision));
-                    if latest.is_pending() && seen.is_some_and(|by| in_flight(by, latest.revision)) {
-                        sink.emit(Event::Fact { key: "pending_seen".into(), value: latest.revision.into() });
-                    }
-                    sink.emit(Event::Planned { ids: vec![self.id(latest.revision)] });
-                    sink.emit(Event::Failed { id: self.id(latest.revision), error: failure.summary.clone() });
-                }
-                Err(failure)
             }
         }
+        result
     }
 
     async fn inspect(&self, ctx: &StepContext, _prior: &PriorStep) -> Result<Inspection, Failure> {
@@ -1101,6 +1056,97 @@ const PREVIEW_SECRET_VALUES_FILE: &str = "preview-secret-values.json";
 /// Where one helm call reads the stack's secret `set` values from (0600, deleted after).
 fn secret_values_path(ctx: &StepContext, name: &str) -> PathBuf {
     ctx.work_dir.join(name)
+}
+
+/// Passes events on, keeping the id of the last sub-change settled Done and those settled
+/// Pending (an abandoned revision).
+struct LastDone<'a> {
+    inner: &'a dyn EventSink,
+    seen: std::sync::Mutex<(Option<String>, Vec<String>)>,
+}
+
+impl EventSink for LastDone<'_> {
+    fn emit(&self, event: Event) {
+        {
+            let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+            match &event {
+                Event::Done { id, .. } => seen.0 = Some(id.clone()),
+                Event::Pending { id, .. } => seen.1.push(id.clone()),
+                _ => {}
+            }
+        }
+        self.inner.emit(event);
+    }
+}
+
+impl HelmSpec {
+    /// `recover` proper: reads helm's state and resumes the release as [`Release::decide`] says.
+    async fn recover_release(&self, ctx: &StepContext, sink: &dyn EventSink) -> Result<Recovered, Failure> {
+        let release = Release::open(self, ctx).await?;
+        let live = release.live(Some(sink)).await?;
+        self.record_facts(&live, sink);
+        match release.decide(&live, Path::new("/proc")) {
+            Decision::InPlace { revision } => {
+                let id = self.id(revision);
+                sink.emit(Event::Planned { ids: vec![id.clone()] });
+                sink.emit(Event::Done { id, note: Some("already deployed at the wanted chart and values".into()) });
+                release.report_outputs(sink).await?;
+                Ok(Recovered::Complete)
+            }
+            Decision::Upgrade { why } => {
+                sink.emit(Event::Planned { ids: vec![self.id(live.next_revision())] });
+                sink.emit(Event::Warning { message: format!("{why}; running `helm upgrade --install`") });
+                release.upgrade(sink, &live).await?;
+                release.report_outputs(sink).await?;
+                Ok(Recovered::Complete)
+            }
+            Decision::Rollback { to, why, then_upgrade, abandoned } => {
+                let mut ids = vec![self.id(live.next_revision())];
+                if then_upgrade {
+                    ids.push(self.id(live.next_revision() + 1));
+                }
+                sink.emit(Event::Planned { ids });
+                sink.emit(Event::Warning { message: format!("{why}; rolling back to revision {to}") });
+                let after = release.rollback(sink, &live, to).await?;
+                if let Some(abandoned) = abandoned {
+                    self.settle_abandoned(sink, &live, abandoned, &format!("rolled back to revision {to}"));
+                }
+                if then_upgrade {
+                    release.upgrade(sink, &after).await?;
+                    release.report_outputs(sink).await?;
+                    Ok(Recovered::Complete)
+                } else {
+                    sink.emit(Event::Warning {
+                        message: format!(
+                            "`recover: rollback`: {} runs revision {to}'s chart and values again, not the stack's; `rdeploy recover` upgrades to them once the cause is fixed",
+                            self.release
+                        ),
+                    });
+                    Ok(Recovered::RolledBack { to: format!("{} revision {to}", self.release) })
+                }
+            }
+            Decision::Reinstall { abandoned, why } => {
+                sink.emit(Event::Warning { message: format!("{why}; uninstalling it, then installing it again") });
+                let after = release.uninstall(sink).await?;
+                self.settle_abandoned(sink, &live, abandoned, "uninstalled");
+                sink.emit(Event::Planned { ids: vec![self.id(after.next_revision())] });
+                release.upgrade(sink, &after).await.map(|()| Recovered::Complete)
+            }
+            Decision::Refuse { failure } => {
+                if let Some(latest) = live.latest() {
+                    // The failed record below hides that the sub-change was in flight: a fact
+                    // keeps it, so a later recover can still take the revision for abandoned.
+                    let seen = ctx.started_by.get(&self.id(latest.revision));
+                    if latest.is_pending() && seen.is_some_and(|by| in_flight(by, latest.revision)) {
+                        sink.emit(Event::Fact { key: "pending_seen".into(), value: latest.revision.into() });
+                    }
+                    sink.emit(Event::Planned { ids: vec![self.id(latest.revision)] });
+                    sink.emit(Event::Failed { id: self.id(latest.revision), error: failure.summary.clone() });
+                }
+                Err(failure)
+            }
+        }
+    }
 }
 
 #[cfg(test)]

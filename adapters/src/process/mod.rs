@@ -9,6 +9,9 @@
 //! `run:` lines lives apart, in [`shell_line`].
 
 mod shell_line;
+mod spawner;
+
+pub use spawner::start_from_this_thread as start_spawner;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::ffi::OsString;
@@ -89,9 +92,33 @@ enum Output {
 
 /// A started child and the read ends of its output files.
 struct Started {
-    child: tokio::process::Child,
+    child: Child,
     stdout: File,
     stderr: File,
+}
+
+/// A child rdeploy waits for: started by the spawner (see [`spawner`]), or forked by rdeploy
+/// itself when there is no spawner.
+enum Child {
+    Spawned(spawner::Spawned),
+    Forked(tokio::process::Child),
+}
+
+impl Child {
+    fn id(&self) -> Option<u32> {
+        match self {
+            Child::Spawned(child) => Some(child.id()),
+            Child::Forked(child) => child.id(),
+        }
+    }
+
+    /// Waits for the child's exit and reaps it; cancel safe.
+    async fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
+        match self {
+            Child::Spawned(child) => child.wait().await,
+            Child::Forked(child) => child.wait().await,
+        }
+    }
 }
 
 impl Command {
@@ -229,12 +256,38 @@ impl Command {
     fn start_plain(&self, extra_env: &[(OsString, OsString)]) -> std::io::Result<Started> {
         let (stdout, stdout_read) = self.output_file(Stream::Stdout)?;
         let (stderr, stderr_read) = self.output_file(Stream::Stderr)?;
+        let parent = nix::unistd::getpid();
+        let signal = self.death_signal;
+        let relay = signal != Signal::SIGTERM && signal != Signal::SIGKILL;
+        let env: Vec<(&OsString, &OsString)> = self.env.iter().chain(extra_env).map(|(k, v)| (k, v)).collect();
+        // Noted the moment the child exists: a kill -9 of rdeploy right after the tool started
+        // must still leave its note for the next run to wait on.
+        let note = self.tracker.notes.is_some().then(|| (self.tracker.clone(), self.display()));
+        // The spawner starts it (see [`spawner`]: the same child, without copying rdeploy).
+        let request = spawner::Request {
+            program: self.program.as_os_str(),
+            args: &self.args,
+            env: &env,
+            cwd: self.cwd.as_deref(),
+            death_signal: signal,
+            relay,
+            stdout: &stdout,
+            stderr: &stderr,
+        };
+        if let Some(spawned) = spawner::spawn(&request) {
+            let child = spawned?;
+            if let Some((tracker, command)) = note {
+                tracker.note(child.id(), || command);
+            }
+            return Ok(Started { child: Child::Spawned(child), stdout: stdout_read, stderr: stderr_read });
+        }
+        // No spawner: rdeploy forks the child itself, the same way.
         // A relative path names a file in the child's directory, as it does for `sh -c`: the
         // child changes directory before it execs (the fork path pre_exec implies; a test holds
         // this), and the interpreter of a `#!` script sees the path as written in `$0`.
         let mut cmd = tokio::process::Command::new(&self.program);
         cmd.args(&self.args)
-            .envs(self.env.iter().chain(extra_env).map(|(k, v)| (k, v)))
+            .envs(env)
             .stdin(Stdio::null())
             .stdout(Stdio::from(stdout))
             .stderr(Stdio::from(stderr))
@@ -248,13 +301,9 @@ impl Command {
         // Ctrl-C) exactly once, for its whole group, through a relay (see
         // [`relay_one_death_signal`]); terraform then stops, writes its state (to a file nobody
         // needs to read) and ends. Whatever still survives is noted below and the next run waits
-        // for it. The price is a fork instead of a vfork per child (pre_exec), and one fork more
-        // for a relayed tool, measured in benches/core.sh. Every child is forked from one thread
-        // that lives as long as rdeploy ([`spawn_on_the_spawning_thread`]), so the kernel's
-        // death signal means rdeploy's death, not a retired thread's.
-        let parent = nix::unistd::getpid();
-        let signal = self.death_signal;
-        let relay = signal != Signal::SIGTERM && signal != Signal::SIGKILL;
+        // for it. Every child is forked from one thread that lives as long as rdeploy
+        // ([`spawn_on_the_spawning_thread`]), so the kernel's death signal means rdeploy's
+        // death, not a retired thread's.
         // SAFETY: only async-signal-safe calls (prctl, getppid, fork, sigprocmask, waitpid,
         // sigwaitinfo, close_range, kill, _exit), touching no memory of the parent.
         unsafe {
@@ -271,11 +320,8 @@ impl Command {
                 Ok(())
             });
         }
-        // Noted by the spawning thread the moment the child exists: a kill -9 of rdeploy right
-        // after the tool started must still leave its note for the next run to wait on.
-        let note = self.tracker.notes.is_some().then(|| (self.tracker.clone(), self.display()));
         let child = spawn_on_the_spawning_thread(cmd, note)?;
-        Ok(Started { child, stdout: stdout_read, stderr: stderr_read })
+        Ok(Started { child: Child::Forked(child), stdout: stdout_read, stderr: stderr_read })
     }
 
     /// One output file: the end the child writes and the end rdeploy reads (a separate open
@@ -1294,45 +1340,94 @@ pub(super) mod tests {
         }
     }
 
-    /// The death signal is the one set on the command: a child whose parent dies gets it.
+    /// The death signal is the one set on the command: a child whose parent dies gets it, the
+    /// relayed SIGINT and the kernel's own SIGTERM alike (the spawner starts both).
     #[test]
     fn a_dying_parent_sends_the_commands_signal() {
-        let dir = tempfile::tempdir().unwrap();
-        // An intermediate process that starts the tool through this very code, then dies.
-        let exe = std::env::current_exe().unwrap();
-        let mut parent = std::process::Command::new(exe)
-            .args(["--exact", "process::tests::death_signal_helper", "--nocapture", "--include-ignored"])
-            .env("RDEPLOY_TEST_DEATH_DIR", dir.path())
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap();
-        let ready = dir.path().join("ready");
-        let start = Instant::now();
-        while !ready.exists() {
-            assert!(start.elapsed() < Duration::from_secs(60), "the helper never started its child");
-            std::thread::sleep(Duration::from_millis(10));
+        for signal in ["INT", "TERM"] {
+            let dir = tempfile::tempdir().unwrap();
+            // An intermediate process that starts the tool through this very code, then dies.
+            let exe = std::env::current_exe().unwrap();
+            let mut parent = std::process::Command::new(exe)
+                .args(["--exact", "process::tests::death_signal_helper", "--nocapture", "--include-ignored"])
+                .env("RDEPLOY_TEST_DEATH_DIR", dir.path())
+                .env("RDEPLOY_TEST_DEATH_SIGNAL", signal)
+                .stdout(Stdio::null())
+                .spawn()
+                .unwrap();
+            let ready = dir.path().join("ready");
+            let start = Instant::now();
+            while !ready.exists() {
+                assert!(start.elapsed() < Duration::from_secs(60), "the helper never started its child");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            parent.kill().unwrap();
+            parent.wait().unwrap();
+            let got = dir.path().join("got");
+            let start = Instant::now();
+            while std::fs::read_to_string(&got).unwrap_or_default().is_empty() {
+                assert!(start.elapsed() < Duration::from_secs(60), "the child never heard of its parent's death");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            assert_eq!(std::fs::read_to_string(&got).unwrap().trim(), signal);
         }
-        parent.kill().unwrap();
-        parent.wait().unwrap();
-        let got = dir.path().join("got");
-        let start = Instant::now();
-        while std::fs::read_to_string(&got).unwrap_or_default().is_empty() {
-            assert!(start.elapsed() < Duration::from_secs(60), "the child never heard of its parent's death");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        assert_eq!(std::fs::read_to_string(&got).unwrap().trim(), "INT");
     }
 
     #[tokio::test]
     #[ignore = "run by a_dying_parent_sends_the_commands_signal"]
     async fn death_signal_helper() {
         let Some(dir) = std::env::var_os("RDEPLOY_TEST_DEATH_DIR") else { return };
+        let signal = match std::env::var("RDEPLOY_TEST_DEATH_SIGNAL").as_deref() {
+            Ok("TERM") => Signal::SIGTERM,
+            _ => Signal::SIGINT,
+        };
         let script = "trap 'echo INT > got; exit 0' INT; trap 'echo TERM > got; exit 0' TERM; touch ready; \
                       while :; do sleep 0.05; done";
         let _ = Command::shell(script)
             .cwd(dir)
-            .on_rdeploy_death(Signal::SIGINT)
+            .on_rdeploy_death(signal)
             .run(&CancellationToken::new(), None, &mut |_, _| {})
             .await;
+    }
+
+    /// Children are not forked from rdeploy but started by the spawner, forked before rdeploy
+    /// opened anything: a descriptor rdeploy opens later, even one an exec would keep, never
+    /// reaches a tool; the tool's parent is still rdeploy, which reaps it; it runs in its own
+    /// process group with stdin from /dev/null.
+    #[tokio::test]
+    async fn children_come_from_the_spawner_and_see_none_of_rdeploys_descriptors() {
+        let (outcome, _) = run(Command::shell("true")).await; // the spawner exists from here
+        assert!(outcome.success());
+        let dir = tempfile::tempdir().unwrap();
+        let kept = std::fs::File::create(dir.path().join("rdeploy-only")).unwrap();
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&kept);
+        // Inheritable, as a fork of rdeploy would hand it down.
+        nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty())).unwrap();
+        let script = format!(
+            "test -e /proc/self/fd/{fd} && echo inherited; echo ppid=$PPID; \
+             echo pgid=$(cut -d' ' -f5 /proc/self/stat) pid=$$; readlink /proc/self/fd/0"
+        );
+        let (outcome, lines) = run(Command::shell(&script)).await;
+        assert!(outcome.success(), "{lines:?}");
+        let lines: Vec<&str> = lines.iter().map(|(_, l)| l.as_str()).collect();
+        assert!(!lines.contains(&"inherited"), "the tool got rdeploy's descriptor {fd}: {lines:?}");
+        assert!(lines.contains(&format!("ppid={}", std::process::id()).as_str()), "rdeploy's child: {lines:?}");
+        let group = lines.iter().find(|l| l.starts_with("pgid=")).unwrap();
+        let (pgid, pid) = group.trim_start_matches("pgid=").split_once(" pid=").unwrap();
+        assert_eq!(pgid, pid, "its own process group");
+        assert!(lines.contains(&"/dev/null"), "{lines:?}");
+        let spawners = std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|pid| {
+                let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+                stat.contains("(rdeploy-spawner)")
+                    && stat.rsplit(')').next().and_then(|r| r.split_whitespace().nth(1))
+                        == Some(std::process::id().to_string().as_str())
+            })
+            .count();
+        assert_eq!(spawners, 1, "one spawner, a child of this process");
+        drop(kept);
     }
 }

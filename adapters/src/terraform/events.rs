@@ -36,7 +36,10 @@ pub enum UiMessage {
         action: String,
     },
     Diagnostic(Diagnostic),
-    /// `log`, `outputs`, `refresh_*`, `provision_*`, `apply_progress` and types added later.
+    /// The root module's outputs at the end of a successful apply, as `output -json` gives them
+    /// except that a sensitive output has no `value`.
+    Outputs(serde_json::Map<String, serde_json::Value>),
+    /// `log`, `refresh_*`, `provision_*`, `apply_progress` and types added later.
     Other {
         kind: String,
     },
@@ -220,6 +223,7 @@ struct RawLine {
     hook: Option<RawHook>,
     changes: Option<ChangeSummary>,
     diagnostic: Option<Diagnostic>,
+    outputs: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 #[derive(Deserialize)]
@@ -276,6 +280,10 @@ pub fn parse_line(line: &str) -> Option<UiLine> {
         },
         "diagnostic" => match raw.diagnostic {
             Some(d) => UiMessage::Diagnostic(d),
+            None => UiMessage::Other { kind: raw.kind },
+        },
+        "outputs" => match raw.outputs {
+            Some(outputs) => UiMessage::Outputs(outputs),
             None => UiMessage::Other { kind: raw.kind },
         },
         _ => UiMessage::Other { kind: raw.kind },
@@ -669,6 +677,17 @@ mod tests {
         // A type this parser does not know is kept as Other, not dropped.
         let unknown = parse_line(r#"{"@message":"x","type":"resource_drift"}"#).unwrap();
         assert_eq!(unknown.body, UiMessage::Other { kind: "resource_drift".into() });
+    }
+
+    /// An apply's closing `outputs` message holds `output -json`'s document, a sensitive
+    /// output without its value.
+    #[test]
+    fn the_outputs_message_is_read_with_its_values() {
+        let line = r#"{"@level":"info","@message":"Outputs: 2","@module":"terraform.ui","outputs":{"plain":{"sensitive":false,"type":"string","value":"hello"},"secret":{"sensitive":true,"type":"string"}},"type":"outputs"}"#;
+        let UiMessage::Outputs(outputs) = parse_line(line).unwrap().body else { panic!("not outputs") };
+        assert_eq!(outputs["plain"]["value"], "hello");
+        assert_eq!(outputs["secret"]["sensitive"], true);
+        assert!(outputs["secret"].get("value").is_none());
     }
 
     #[test]

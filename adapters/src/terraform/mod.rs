@@ -30,8 +30,11 @@ use crate::secrets;
 use crate::{
     display_command, shell_quote, Adapter, AdapterError, CancellationToken, DescribeContext, Event, EventSink, Failure,
     FieldPath, Inspection, PathSegment, PlanAction, PlanItem, Preview, PriorStep, Recovered, RecoveryDoc, SpecProblem,
-    StepContext, Stream, SubStatus, ToolInfo,
+    StepContext, Stream, SubStatus, ToolInfo, TOOL_VERSION_FACT,
 };
+
+/// The `outputs` message of an apply's `-json` stream: name to `{sensitive, type, value}`.
+type OutputsMessage = serde_json::Map<String, serde_json::Value>;
 
 /// Facts kept in the checkpoint when another process holds the state lock.
 pub const FACT_LOCK_ID: &str = "lock_id";
@@ -153,8 +156,8 @@ impl TerraformSpec {
                 });
             }
         }
-        run.apply_saved(&plan, &plan_file).await?;
-        run.report_outputs().await?;
+        let outputs = run.apply_saved(&plan, &plan_file).await?;
+        run.report_outputs(outputs).await?;
         Ok(Recovered::Complete)
     }
 
@@ -264,16 +267,16 @@ impl Adapter for TerraformSpec {
             command: command.clone(),
             detail: "no `terraform_version` in its output".into(),
         })?;
-        let major: u64 = version.split('.').next().and_then(|m| m.parse().ok()).unwrap_or(0);
-        if major < 1 {
-            return Err(AdapterError::ToolUnusable {
-                command,
-                detail: format!(
-                    "version {version} is too old; rdeploy needs 1.0 or later for `apply -json` of a saved plan"
-                ),
-            });
-        }
+        check_version(&version).map_err(|detail| AdapterError::ToolUnusable { command, detail })?;
         Ok(ToolInfo { binary, version })
+    }
+
+    /// `up` and `recover` plan first, and the plan's `-json` stream opens with the version: it is
+    /// checked and reported there ([`Run::plan`]), one terraform start fewer per step. The
+    /// binary must be there all the same.
+    async fn preflight_for_run(&self, ctx: &StepContext) -> Result<Option<ToolInfo>, AdapterError> {
+        self.resolve_binary(ctx)?;
+        Ok(None)
     }
 
     async fn apply(&self, ctx: &StepContext, sink: &dyn EventSink) -> Result<(), Failure> {
@@ -286,8 +289,8 @@ impl Adapter for TerraformSpec {
                 // The reviewed plan, applied as it is: no new plan. terraform itself refuses it
                 // if the state moved since ("Saved plan is stale"); `up --plan` checked first.
                 let plan = run.read_saved(saved).await?;
-                run.apply_saved(&plan, saved).await?;
-                return run.report_outputs().await;
+                let outputs = run.apply_saved(&plan, saved).await?;
+                return run.report_outputs(outputs).await;
             }
             if self.saved_plan.is_some() {
                 // An earlier attempt of this run (`retry:`) applied the saved plan: it is spent,
@@ -298,8 +301,8 @@ impl Adapter for TerraformSpec {
             }
             let plan_file = ctx.work_dir.join(PLAN_FILE);
             let plan = run.plan(&plan_file, Workspace::Create).await?;
-            run.apply_saved(&plan, &plan_file).await?;
-            run.report_outputs().await
+            let outputs = run.apply_saved(&plan, &plan_file).await?;
+            run.report_outputs(outputs).await
         };
         applied.await.map_err(|f| ctx.secrets.redact_failure(f))
     }
@@ -656,6 +659,17 @@ fn is_duration(text: &str) -> bool {
     !digits.is_empty() && digits.chars().all(|c| c.is_ascii_digit()) && matches!(unit, "ms" | "s" | "m" | "h")
 }
 
+/// Whether rdeploy can drive this version (1.0 or later: `apply -json` of a saved plan).
+fn check_version(version: &str) -> Result<(), String> {
+    let major: u64 = version.split('.').next().and_then(|m| m.parse().ok()).unwrap_or(0);
+    if major < 1 {
+        return Err(format!(
+            "version {version} is too old; rdeploy needs 1.0 or later for `apply -json` of a saved plan"
+        ));
+    }
+    Ok(())
+}
+
 /// `terraform_version` from `terraform version -json` (OpenTofu uses the same key).
 pub fn parse_version(json: &str) -> Option<String> {
     let doc: serde_json::Value = serde_json::from_str(json.trim()).ok()?;
@@ -686,6 +700,8 @@ struct Run<'a> {
     /// `.terraform/environment`) and the plan runs with `-lock=false` (it never writes state,
     /// so it must not wait on, or block, a running `up`).
     preview: bool,
+    /// The step's [`TOOL_VERSION_FACT`] was reported (from the first `-json` stream that said it).
+    version_reported: std::sync::atomic::AtomicBool,
 }
 
 impl<'a> Run<'a> {
@@ -714,6 +730,7 @@ impl<'a> Run<'a> {
             secrets,
             deadline: ctx.timeout.map(|t| Instant::now() + t),
             preview: false,
+            version_reported: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -927,9 +944,18 @@ impl<'a> Run<'a> {
             .map_err(|e| Failure::new(format!("`{}` printed what rdeploy cannot read: {e}", self.display(&args))))
     }
 
-    /// Reports the root module's outputs after an apply, for later steps.
-    async fn report_outputs(&self) -> Result<(), Failure> {
-        let values = self.outputs().await?;
+    /// Reports the root module's outputs after an apply, for later steps: the ones the apply's
+    /// stream ended with (`applied`), read as `output -json`'s, or, when that message is missing
+    /// or one output is sensitive (the stream leaves its value out), `output -json` itself.
+    async fn report_outputs(&self, applied: Option<OutputsMessage>) -> Result<(), Failure> {
+        let sensitive = |values: &OutputsMessage| {
+            values.values().any(|v| v.get("sensitive").and_then(serde_json::Value::as_bool) != Some(false))
+        };
+        let values = match applied.filter(|values| !sensitive(values)) {
+            Some(values) => crate::outputs::parse_terraform_outputs(&serde_json::Value::Object(values).to_string())
+                .map_err(|e| Failure::new(format!("terraform's `outputs` message is not what rdeploy reads: {e}")))?,
+            None => self.outputs().await?,
+        };
         if !values.is_empty() {
             self.sink.emit(Event::Outputs { values });
         }
@@ -997,6 +1023,26 @@ impl<'a> Run<'a> {
             let mut plan = PlanReport::default();
             let outcome = self.exec_json(self.command(&args), &mut |ui| plan.observe(&ui.body)).await?;
             let errors: Vec<Diagnostic> = plan.diagnostics.iter().filter(|d| d.is_error()).cloned().collect();
+            if let Some(version) = &plan.version {
+                // The version the step ran with (its preflight did not ask: see
+                // `preflight_for_run`), and whether rdeploy can drive it, before anything applies.
+                self.report_version(version);
+                if let Err(detail) = check_version(version) {
+                    return Err(Failure::new(format!("`{}`: {detail}", self.display(&args)))
+                        .with_hint(format!("install {} 1.0 or later", self.spec.tool_word())));
+                }
+            } else if !outcome.success() && !outcome.interrupted {
+                // No version message at all: a terraform too old for `plan -json`, or not one. The
+                // preflight's own check says which, as it would have before the run.
+                if let Err(e) = self.spec.preflight(self.ctx).await {
+                    let hint = e.hint().map(str::to_string);
+                    let failure = Failure::new(e.to_string());
+                    return Err(match hint {
+                        Some(hint) => failure.with_hint(hint),
+                        None => failure,
+                    });
+                }
+            }
             if outcome.success() {
                 break plan;
             }
@@ -1044,7 +1090,16 @@ impl<'a> Run<'a> {
 
     /// Applies the saved plan, reporting each resource as terraform reports it, and after a
     /// failure settles every planned resource against state.
-    async fn apply_saved(&self, plan: &PlanReport, plan_file: &Path) -> Result<(), Failure> {
+    /// Reports the version a `-json` stream opened with, once per step run (a preview reports
+    /// nothing: its preflight asked terraform).
+    fn report_version(&self, version: &str) {
+        if !self.preview && !self.version_reported.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            self.sink.emit(Event::Fact { key: TOOL_VERSION_FACT.into(), value: version.into() });
+        }
+    }
+
+    /// Returns the outputs the apply's stream ended with, when it did (see [`Run::report_outputs`]).
+    async fn apply_saved(&self, plan: &PlanReport, plan_file: &Path) -> Result<Option<OutputsMessage>, Failure> {
         let plan_file = &absolute(plan_file);
         let sink = self.sink;
         sink.emit(Event::Planned { ids: plan.ids() });
@@ -1068,8 +1123,17 @@ impl<'a> Run<'a> {
         // file has told everything and goes.
         let (stream_file, stderr_file) = apply_output_files(&self.ctx.work_dir);
         let command = self.command(&args).output_files(&stream_file, &stderr_file);
+        let mut outputs = None;
         let outcome = self
-            .exec_json(command, &mut |ui| tracker.observe(&ui.body, &ui.message, &mut |event| sink.emit(event)))
+            .exec_json(command, &mut |ui| {
+                match &ui.body {
+                    UiMessage::Outputs(values) => outputs = Some(values.clone()),
+                    // A reviewed saved plan (`up --plan`) is applied without planning again.
+                    UiMessage::Version { terraform } => self.report_version(terraform),
+                    _ => {}
+                }
+                tracker.observe(&ui.body, &ui.message, &mut |event| sink.emit(event))
+            })
             .await;
         let _ = std::fs::remove_file(&stream_file);
         let _ = std::fs::remove_file(&stderr_file);
@@ -1092,7 +1156,7 @@ impl<'a> Run<'a> {
                     });
                 }
             }
-            return Ok(());
+            return Ok(outputs);
         }
 
         if let Some(lock) = tracker.errors.iter().find_map(parse_lock_diagnostic) {

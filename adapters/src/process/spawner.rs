@@ -1,0 +1,546 @@
+//! The spawner: a small process forked from rdeploy once, first thing (before the runtime, the
+//! parsed stack and the journal exist), that starts every tool.
+//!
+//! Forking a tool from rdeploy itself copies rdeploy's page tables, which grow with what it
+//! holds (a 100,000-sub-change stack is a large heap), on every sub-change; `posix_spawn`
+//! would not copy them but cannot set `PR_SET_PDEATHSIG`. The spawner is as small as rdeploy
+//! was when it started, so its fork costs what a fork of a small process costs, whatever rdeploy
+//! holds later.
+//!
+//! The tool is still rdeploy's child, not the spawner's: the spawner starts it with
+//! `clone(CLONE_PARENT)`, so rdeploy reaps it (through a pidfd), its `PR_SET_PDEATHSIG` means
+//! rdeploy's death (the parent it names is the rdeploy thread that started the spawner, which
+//! lives as long as rdeploy: `main`'s, or in a test binary a thread that never exits), and a
+//! `getppid()` check in the child still tells whether rdeploy died before the signal was set.
+//! Everything else the child does before its `exec` is what the fork path did: its own process
+//! group, output to the files rdeploy passed (over a unix socket, `SCM_RIGHTS`), its directory,
+//! no signal blocked or ignored, the death signal or the relay that sends it once to the group
+//! ([`super::relay_one_death_signal`]), and `execvp` with the child's environment, as std does.
+//!
+//! The spawner itself dies with rdeploy (`PR_SET_PDEATHSIG` SIGKILL) or when rdeploy closes its
+//! end of the socket; it ignores the terminal's signals (rdeploy decides what a Ctrl-C means) and
+//! holds no file rdeploy opens later (it is forked before any), so not the state directory's lock.
+
+use std::collections::BTreeMap;
+use std::ffi::{CString, OsStr, OsString};
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
+use std::process::ExitStatus;
+use std::sync::{Mutex, OnceLock};
+
+use nix::libc;
+use nix::sys::signal::Signal;
+use tokio::io::unix::AsyncFd;
+
+/// The connection to the spawner; `None` when none could be started (then rdeploy forks its
+/// children itself, as before).
+static SPAWNER: OnceLock<Option<Mutex<Connection>>> = OnceLock::new();
+
+struct Connection {
+    socket: UnixStream,
+    /// Cleared when the spawner is gone: later children are forked by rdeploy itself.
+    alive: bool,
+    spawner: libc::pid_t,
+}
+
+/// Starts the spawner from the calling thread, which must live as long as the process (`main`'s,
+/// called first thing, while rdeploy is one small thread). Later calls do nothing.
+pub fn start_from_this_thread() {
+    SPAWNER.get_or_init(|| fork_spawner().map_err(|e| tracing::debug!(error = %e, "no spawner")).ok().map(Mutex::new));
+}
+
+/// The spawner, started on first use when `main` did not (a test binary): from a thread that
+/// never exits, so its death signal means the process's death.
+fn connection() -> Option<&'static Mutex<Connection>> {
+    SPAWNER
+        .get_or_init(|| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let thread = std::thread::Builder::new().name("rdeploy-spawner".into()).spawn(move || {
+                let _ = tx.send(fork_spawner());
+                loop {
+                    std::thread::park();
+                }
+            });
+            let started = thread.ok().and_then(|_| rx.recv().ok());
+            match started {
+                Some(Ok(conn)) => Some(Mutex::new(conn)),
+                Some(Err(e)) => {
+                    tracing::debug!(error = %e, "no spawner");
+                    None
+                }
+                None => None,
+            }
+        })
+        .as_ref()
+}
+
+fn last_error() -> std::io::Error {
+    std::io::Error::last_os_error()
+}
+
+fn fork_spawner() -> std::io::Result<Connection> {
+    let (ours, theirs) = UnixStream::pair()?;
+    // SAFETY: getpid and fork are plain system calls; the child runs `serve`, which never
+    // returns and takes no lock another thread of the parent could have held (see there).
+    let rdeploy = unsafe { libc::getpid() };
+    match unsafe { libc::fork() } {
+        -1 => Err(last_error()),
+        0 => {
+            drop(ours);
+            // SAFETY: in the forked child, which ends in `_exit` and never returns.
+            unsafe { serve(theirs, rdeploy) }
+        }
+        spawner => Ok(Connection { socket: ours, alive: true, spawner }),
+    }
+}
+
+/// What rdeploy asks the spawner to start.
+pub(super) struct Request<'a> {
+    pub program: &'a OsStr,
+    pub args: &'a [OsString],
+    /// Variables set on top of rdeploy's own environment, later ones winning.
+    pub env: &'a [(&'a OsString, &'a OsString)],
+    pub cwd: Option<&'a Path>,
+    pub death_signal: Signal,
+    /// Start the tool under the relay that sends `death_signal` once to its group.
+    pub relay: bool,
+    pub stdout: &'a std::fs::File,
+    pub stderr: &'a std::fs::File,
+}
+
+/// A child the spawner started: rdeploy's own, reaped through its pidfd.
+pub(super) struct Spawned {
+    pid: u32,
+    pidfd: AsyncFd<OwnedFd>,
+    reaped: bool,
+}
+
+impl Spawned {
+    pub fn id(&self) -> u32 {
+        self.pid
+    }
+
+    /// Waits for the child to exit and reaps it (cancel safe: a wait dropped half-way leaves
+    /// the child to the next one).
+    pub async fn wait(&mut self) -> std::io::Result<ExitStatus> {
+        loop {
+            let mut ready = self.pidfd.readable().await?;
+            let mut status = 0;
+            // SAFETY: waitpid on our own child.
+            match unsafe { libc::waitpid(self.pid as libc::pid_t, &mut status, libc::WNOHANG) } {
+                0 => ready.clear_ready(),
+                -1 if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted => {}
+                -1 => return Err(last_error()),
+                _ => {
+                    self.reaped = true;
+                    return Ok(ExitStatus::from_raw(status));
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Spawned {
+    /// A child not waited for to its end (the run's future dropped: see `Unreaped`) is reaped
+    /// when it ends, so it leaves no zombie.
+    fn drop(&mut self) {
+        if !self.reaped {
+            let pid = self.pid as libc::pid_t;
+            let _ = std::thread::Builder::new().name("rdeploy-reaper".into()).spawn(move || reap(pid));
+        }
+    }
+}
+
+fn reap(pid: libc::pid_t) {
+    let mut status = 0;
+    // SAFETY: waitpid on our own child; retried when a signal interrupts it.
+    while unsafe { libc::waitpid(pid, &mut status, 0) } == -1
+        && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted
+    {}
+}
+
+/// Starts a child through the spawner. `None` when there is no spawner (then nothing was
+/// started and the caller forks the child itself).
+pub(super) fn spawn(req: &Request<'_>) -> Option<std::io::Result<Spawned>> {
+    let conn = connection()?;
+    let mut conn = conn.lock().unwrap_or_else(|e| e.into_inner());
+    if !conn.alive {
+        return None;
+    }
+    let message = match encode(req) {
+        Ok(message) => message,
+        Err(e) => return Some(Err(e)),
+    };
+    if let Err(e) = send(&conn.socket, &message, [req.stdout.as_raw_fd(), req.stderr.as_raw_fd()]) {
+        // The spawner acts on a whole request only: nothing was started.
+        tracing::debug!(error = %e, "the spawner is gone: forking children from rdeploy");
+        conn.gone();
+        return None;
+    }
+    let mut reply = [0u8; 8];
+    if let Err(e) = (&conn.socket).read_exact(&mut reply) {
+        // A request sent and no answer: the child may exist, so it is not started again.
+        conn.gone();
+        return Some(Err(std::io::Error::other(format!("the spawner ended while starting the command: {e}"))));
+    }
+    let pid = i32::from_ne_bytes(reply[..4].try_into().expect("4 bytes"));
+    let errno = i32::from_ne_bytes(reply[4..].try_into().expect("4 bytes"));
+    drop(conn);
+    if errno != 0 {
+        if pid > 0 {
+            // The child could not exec and exits at once: ours to reap.
+            reap(pid);
+        }
+        return Some(Err(std::io::Error::from_raw_os_error(errno)));
+    }
+    Some(adopt(pid))
+}
+
+impl Connection {
+    fn gone(&mut self) {
+        self.alive = false;
+        let mut status = 0;
+        // SAFETY: reaps the spawner if it already exited (it is our child); never blocks.
+        unsafe { libc::waitpid(self.spawner, &mut status, libc::WNOHANG) };
+    }
+}
+
+/// The pidfd through which rdeploy waits for its new child.
+fn adopt(pid: i32) -> std::io::Result<Spawned> {
+    // SAFETY: pidfd_open returns a new descriptor we own, or -1. The child is ours and not yet
+    // reaped, so the pid cannot name another process.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, libc::PIDFD_NONBLOCK) };
+    if fd < 0 {
+        let e = last_error();
+        // Never left unreaped (a tool rdeploy cannot wait for would run unobserved).
+        // SAFETY: our own child.
+        unsafe { libc::kill(-pid, libc::SIGKILL) };
+        reap(pid);
+        return Err(e);
+    }
+    // SAFETY: a descriptor just returned by pidfd_open, owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+    // SAFETY: the AsyncFd owns the descriptor and deregisters it before closing it.
+    let pidfd = unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) };
+    match pidfd {
+        Ok(pidfd) => Ok(Spawned { pid: pid as u32, pidfd, reaped: false }),
+        Err(e) => {
+            // SAFETY: our own child, in its own group.
+            unsafe { libc::kill(-pid, libc::SIGKILL) };
+            reap(pid);
+            Err(e.into())
+        }
+    }
+}
+
+/// The request as bytes: the death signal, the relay flag, then NUL-ended strings with counts:
+/// the directory (or none), the program, the arguments, the environment (`KEY=VALUE`, the whole
+/// of it, sorted as std sorts a changed environment).
+fn encode(req: &Request<'_>) -> std::io::Result<Vec<u8>> {
+    let mut env: BTreeMap<OsString, OsString> = std::env::vars_os().collect();
+    for (k, v) in req.env {
+        env.insert((*k).clone(), (*v).clone());
+    }
+    let mut out = Vec::with_capacity(4096);
+    out.extend_from_slice(&(req.death_signal as i32).to_ne_bytes());
+    out.push(req.relay as u8);
+    let string = |out: &mut Vec<u8>, bytes: &[u8]| -> std::io::Result<()> {
+        if bytes.contains(&0) {
+            return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "nul byte found in provided data"));
+        }
+        out.extend_from_slice(bytes);
+        out.push(0);
+        Ok(())
+    };
+    match req.cwd {
+        Some(dir) => {
+            out.push(1);
+            string(&mut out, dir.as_os_str().as_bytes())?;
+        }
+        None => out.push(0),
+    }
+    string(&mut out, req.program.as_bytes())?;
+    out.extend_from_slice(&(req.args.len() as u32).to_ne_bytes());
+    for arg in req.args {
+        string(&mut out, arg.as_bytes())?;
+    }
+    out.extend_from_slice(&(env.len() as u32).to_ne_bytes());
+    for (k, v) in &env {
+        let mut var = k.as_bytes().to_vec();
+        var.push(b'=');
+        var.extend_from_slice(v.as_bytes());
+        string(&mut out, &var)?;
+    }
+    Ok(out)
+}
+
+/// A request read back in the spawner.
+struct Decoded {
+    death_signal: i32,
+    relay: bool,
+    cwd: Option<CString>,
+    program: CString,
+    args: Vec<CString>,
+    env: Vec<CString>,
+}
+
+fn decode(bytes: &[u8]) -> Option<Decoded> {
+    let death_signal = i32::from_ne_bytes(bytes.get(..4)?.try_into().ok()?);
+    let relay = *bytes.get(4)? != 0;
+    let has_cwd = *bytes.get(5)? != 0;
+    let mut rest = &bytes[6..];
+    let cwd = if has_cwd { Some(cstring(&mut rest)?) } else { None };
+    let program = cstring(&mut rest)?;
+    let n = count(&mut rest)?;
+    let args = (0..n).map(|_| cstring(&mut rest)).collect::<Option<Vec<_>>>()?;
+    let n = count(&mut rest)?;
+    let env = (0..n).map(|_| cstring(&mut rest)).collect::<Option<Vec<_>>>()?;
+    Some(Decoded { death_signal, relay, cwd, program, args, env })
+}
+
+fn count(rest: &mut &[u8]) -> Option<usize> {
+    let n = u32::from_ne_bytes(rest.get(..4)?.try_into().ok()?) as usize;
+    *rest = &rest[4..];
+    Some(n)
+}
+
+fn cstring(rest: &mut &[u8]) -> Option<CString> {
+    let end = rest.iter().position(|&b| b == 0)?;
+    let s = CString::new(&rest[..end]).ok()?;
+    *rest = &rest[end + 1..];
+    Some(s)
+}
+
+/// One request: its length and the two output descriptors in one message, then its bytes.
+fn send(socket: &UnixStream, message: &[u8], fds: [RawFd; 2]) -> std::io::Result<()> {
+    use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+    let len = (message.len() as u32).to_ne_bytes();
+    let iov = [std::io::IoSlice::new(&len)];
+    let cmsg = [ControlMessage::ScmRights(&fds)];
+    let sent = sendmsg::<()>(socket.as_raw_fd(), &iov, &cmsg, MsgFlags::MSG_NOSIGNAL, None)?;
+    if sent != len.len() {
+        return Err(std::io::Error::new(std::io::ErrorKind::WriteZero, "short write to the spawner"));
+    }
+    let mut socket = socket;
+    socket.write_all(message)
+}
+
+/// The spawner's loop, in the process forked from rdeploy: reads a request, starts the child,
+/// answers its pid and errno (0: it runs the program), until rdeploy closes the socket or dies.
+///
+/// It may have been forked from a multi-threaded process (a test binary), so it takes no lock
+/// such a process's other threads could have held at the fork: no std environment, stdio or
+/// tracing, only system calls and the allocator (which glibc's fork leaves usable).
+///
+/// # Safety
+/// Only in the child of `fork_spawner`'s fork: it ends the process.
+unsafe fn serve(socket: UnixStream, rdeploy: libc::pid_t) -> ! {
+    // SAFETY: system calls on our own process and descriptors.
+    unsafe {
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
+        if libc::getppid() != rdeploy {
+            libc::_exit(0);
+        }
+        libc::prctl(libc::PR_SET_NAME, c"rdeploy-spawner".as_ptr() as libc::c_ulong);
+        // The terminal's signals reach rdeploy's whole group: rdeploy decides what they mean.
+        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGQUIT, libc::SIGHUP, libc::SIGPIPE] {
+            libc::signal(sig, libc::SIG_IGN);
+        }
+        // Nothing of rdeploy's input or output: a test reading rdeploy's stdout to its end must
+        // not wait for the spawner. The children get /dev/null as stdin from here.
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+        if null >= 0 {
+            for fd in 0..3 {
+                libc::dup2(null, fd);
+            }
+            if null > 2 {
+                libc::close(null);
+            }
+        }
+        // Descriptors that an exec would close (every one rdeploy opened itself) are no business
+        // of the spawner: held here they would keep a pipe of another thread's child open.
+        let keep = socket.as_raw_fd();
+        if let Ok(dir) = std::fs::read_dir("/proc/self/fd") {
+            let fds: Vec<RawFd> =
+                dir.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).filter(|&fd| fd > 2).collect();
+            for fd in fds {
+                if fd != keep && libc::fcntl(fd, libc::F_GETFD) & libc::FD_CLOEXEC != 0 {
+                    libc::close(fd);
+                }
+            }
+        }
+        let mut socket = socket;
+        loop {
+            let Some((len, fds)) = receive(&socket) else { libc::_exit(0) };
+            let mut message = vec![0u8; len];
+            if socket.read_exact(&mut message).is_err() {
+                libc::_exit(0);
+            }
+            let (pid, errno) = match (decode(&message), fds) {
+                (Some(req), Some([out, err])) => {
+                    let started = start_child(&req, out.as_raw_fd(), err.as_raw_fd(), rdeploy);
+                    drop((out, err));
+                    started
+                }
+                _ => (0, libc::EINVAL),
+            };
+            let mut reply = [0u8; 8];
+            reply[..4].copy_from_slice(&pid.to_ne_bytes());
+            reply[4..].copy_from_slice(&errno.to_ne_bytes());
+            if socket.write_all(&reply).is_err() {
+                libc::_exit(0);
+            }
+        }
+    }
+}
+
+/// A request's length and its two descriptors; `None` when rdeploy closed the socket.
+fn receive(socket: &UnixStream) -> Option<(usize, Option<[OwnedFd; 2]>)> {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+    let mut len = [0u8; 4];
+    let mut space = nix::cmsg_space!([RawFd; 2]);
+    let (got, fds) = loop {
+        let mut iov = [std::io::IoSliceMut::new(&mut len)];
+        match recvmsg::<()>(socket.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC) {
+            Ok(msg) => {
+                let mut fds: Vec<OwnedFd> = Vec::new();
+                for cmsg in msg.cmsgs().ok()? {
+                    if let ControlMessageOwned::ScmRights(received) = cmsg {
+                        // SAFETY: descriptors the kernel just installed for us.
+                        fds.extend(received.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
+                    }
+                }
+                break (msg.bytes, fds);
+            }
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(_) => return None,
+        }
+    };
+    if got == 0 {
+        return None;
+    }
+    if got < len.len() {
+        let mut socket = socket;
+        socket.read_exact(&mut len[got..]).ok()?;
+    }
+    let fds = <[OwnedFd; 2]>::try_from(fds).ok();
+    Some((u32::from_ne_bytes(len) as usize, fds))
+}
+
+/// Starts one child as rdeploy's (`CLONE_PARENT`) and waits until it has exec'd: `(pid, 0)`, or
+/// `(pid, errno)` when it could not (it then exits 127 and rdeploy reaps it), `(0, errno)` when
+/// no process could be made.
+///
+/// # Safety
+/// Only in the spawner, which is single-threaded.
+unsafe fn start_child(req: &Decoded, out: RawFd, err: RawFd, rdeploy: libc::pid_t) -> (i32, i32) {
+    let mut argv: Vec<*const libc::c_char> = std::iter::once(req.program.as_ptr())
+        .chain(req.args.iter().map(|a| a.as_ptr()))
+        .chain(std::iter::once(std::ptr::null()))
+        .collect();
+    let envp: Vec<*const libc::c_char> =
+        req.env.iter().map(|v| v.as_ptr()).chain(std::iter::once(std::ptr::null())).collect();
+    // SAFETY: system calls in the single-threaded spawner; the child only makes
+    // async-signal-safe calls on memory prepared above, then execs or `_exit`s.
+    unsafe {
+        let mut pipe = [0; 2];
+        if libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
+            return (0, errno());
+        }
+        let pid = libc::syscall(libc::SYS_clone, libc::CLONE_PARENT | libc::SIGCHLD, 0, 0, 0, 0);
+        if pid == 0 {
+            libc::close(pipe[0]);
+            let code = exec_child(req, &mut argv, &envp, out, err, rdeploy);
+            let bytes = code.to_ne_bytes();
+            libc::write(pipe[1], bytes.as_ptr().cast(), bytes.len());
+            libc::_exit(127);
+        }
+        libc::close(pipe[1]);
+        if pid < 0 {
+            libc::close(pipe[0]);
+            return (0, errno());
+        }
+        let mut bytes = [0u8; 4];
+        let mut got = 0;
+        while got < 4 {
+            let n = libc::read(pipe[0], bytes[got..].as_mut_ptr().cast(), 4 - got);
+            if n == -1 && errno() == libc::EINTR {
+                continue;
+            }
+            if n <= 0 {
+                break;
+            }
+            got += n as usize;
+        }
+        libc::close(pipe[0]);
+        if got == 4 {
+            (pid as i32, i32::from_ne_bytes(bytes))
+        } else {
+            (pid as i32, 0)
+        }
+    }
+}
+
+fn errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
+}
+
+/// In the new child: everything std's fork path did before exec, then the exec. Returns the
+/// errno of what failed.
+///
+/// # Safety
+/// Only in the child `start_child` made.
+unsafe fn exec_child(
+    req: &Decoded,
+    argv: &mut [*const libc::c_char],
+    envp: &[*const libc::c_char],
+    out: RawFd,
+    err: RawFd,
+    rdeploy: libc::pid_t,
+) -> i32 {
+    extern "C" {
+        static mut environ: *const *const libc::c_char;
+    }
+    // SAFETY: async-signal-safe calls in the child, on memory the spawner prepared.
+    unsafe {
+        // Started as std starts a child: no signal blocked, none ignored.
+        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGQUIT, libc::SIGHUP, libc::SIGPIPE] {
+            libc::signal(sig, libc::SIG_DFL);
+        }
+        let mut none: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut none);
+        libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+        if libc::dup2(out, 1) < 0 || libc::dup2(err, 2) < 0 {
+            return errno();
+        }
+        if let Some(dir) = &req.cwd {
+            if libc::chdir(dir.as_ptr()) != 0 {
+                return errno();
+            }
+        }
+        if libc::setpgid(0, 0) != 0 {
+            return errno();
+        }
+        let signal = Signal::try_from(req.death_signal).unwrap_or(Signal::SIGTERM);
+        if req.relay {
+            if let Err(e) = super::relay_one_death_signal(nix::unistd::Pid::from_raw(rdeploy), signal) {
+                return e.raw_os_error().unwrap_or(libc::EIO);
+            }
+        } else {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, req.death_signal as libc::c_ulong) != 0 {
+                return errno();
+            }
+            // rdeploy may have died before the signal was set; then none would come.
+            if libc::getppid() != rdeploy {
+                return libc::ESRCH;
+            }
+        }
+        environ = envp.as_ptr();
+        libc::execvp(req.program.as_ptr(), argv.as_mut_ptr().cast());
+        errno()
+    }
+}
