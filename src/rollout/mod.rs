@@ -7,7 +7,8 @@
 //! of the cluster through the API shows its workloads healthy) and keeps what the tool told
 //! about the cluster as the step fact `cluster:NAME`. A cluster that does not answer a read in
 //! `rollout.inventory_timeout` (or has no context) is absent: a straggler with `absent: skip`,
-//! waited for (up to the step's `timeout`) with `absent: wait`, never a failure. Done clusters
+//! waited for (up to the step's `timeout`) with `absent: wait`, never a failure, unless its
+//! tool had started changing it and failed (then it counts toward `max_failures`). Done clusters
 //! are never applied again: `recover` (and a retry) skips them and goes on with the stragglers
 //! and the waves not reached. A wave is done once its clusters are, and its bake has passed with
 //! them still healthy (read again at its end); more failed clusters than `max_failures` stop
@@ -24,7 +25,7 @@ pub mod runbook;
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -74,6 +75,29 @@ enum ClusterEnd {
     Absent(String),
     /// Not started: the rollout is stopping (failures, or a signal).
     NotStarted,
+}
+
+/// What a cluster whose tool run failed counts as.
+#[derive(Debug, PartialEq, Eq)]
+enum AfterFailure {
+    /// Absent before its tool changed anything there: a straggler (why).
+    Straggler(String),
+    /// A failure toward `max_failures` (why).
+    Failed(String),
+}
+
+/// Decides a cluster whose tool run failed, from whether it answers a read now (`absent`: why
+/// not) and whether the tool had started changing it. A cluster that stops answering after its
+/// tool started changing it and failed is a failure: the change may be what broke its API
+/// server, and rolling on would spread it (`max_failures` must see it).
+fn after_tool_failure(absent: Option<&str>, changing: bool, failure: &str) -> AfterFailure {
+    match absent {
+        None => AfterFailure::Failed(failure.to_string()),
+        Some(why) if changing => {
+            AfterFailure::Failed(format!("{failure}; then it stopped answering after the failure ({why})"))
+        }
+        Some(why) => AfterFailure::Straggler(format!("{why} (its tool failed before changing it: {failure})")),
+    }
 }
 
 /// The clusters in scope, in the rollout's stable order: the fleet file's order, else by
@@ -439,7 +463,8 @@ impl Runner<'_> {
             f.remove("absent_why");
             f.insert("wave".into(), (wave + 1).into());
         });
-        match self.apply(m).await {
+        let started = AtomicBool::new(false);
+        match self.apply(m, &started).await {
             Ok(note) => match self.healthy(m).await {
                 Ok(seen) => {
                     self.note_rollout_start(&seen);
@@ -457,12 +482,13 @@ impl Runner<'_> {
                 ClusterEnd::NotStarted
             }
             Err(failure) => {
-                // Gone offline during its run: a straggler, not a failure of the change.
                 let now = self.read(m).await;
-                if let Some((why, last_seen)) = Self::absent_why(&now) {
-                    return self.straggle(m, &format!("{why} (its tool failed: {})", failure.summary), last_seen);
+                let absent = Self::absent_why(&now);
+                let changing = started.load(Ordering::SeqCst);
+                match after_tool_failure(absent.as_ref().map(|(why, _)| why.as_str()), changing, &failure.summary) {
+                    AfterFailure::Straggler(why) => self.straggle(m, &why, absent.and_then(|(_, seen)| seen)),
+                    AfterFailure::Failed(why) => self.fail(m, why),
                 }
-                self.fail(m, failure.summary)
             }
         }
     }
@@ -475,7 +501,8 @@ impl Runner<'_> {
 
     /// The tool against this one cluster, as a single-cluster step would run it: `recover`
     /// when an earlier run started it there, else `apply`. The note for the done record.
-    async fn apply(&self, m: &Member) -> Result<String, Failure> {
+    /// `started` is set once the tool starts changing the cluster in this run.
+    async fn apply(&self, m: &Member, started: &AtomicBool) -> Result<String, Failure> {
         let spec = spec_for_cluster(&self.r.step.spec, &m.name);
         let mut ctx = self.r.ctx.clone();
         ctx.work_dir = self.r.ctx.work_dir.join("clusters").join(&m.name);
@@ -493,7 +520,7 @@ impl Runner<'_> {
             ctx.started_by.insert(inner.to_string(), by);
         }
         let earlier = self.r.prior.sub_changes.iter().find(|s| s.id == m.name).map(|s| s.status);
-        let csink = ClusterSink { runner: self, cluster: &m.name, done: AtomicUsize::new(0) };
+        let csink = ClusterSink { runner: self, cluster: &m.name, done: AtomicUsize::new(0), started };
         let result = match earlier {
             Some(SubStatus::Started | SubStatus::Failed) => {
                 spec.recover(&ctx, &PriorStep::default(), &csink).await.and_then(|r| match r {
@@ -626,6 +653,8 @@ struct ClusterSink<'a> {
     cluster: &'a str,
     /// Sub-changes the tool finished there (kubectl objects).
     done: AtomicUsize,
+    /// Set once the tool starts changing the cluster.
+    started: &'a AtomicBool,
 }
 
 impl EventSink for ClusterSink<'_> {
@@ -633,6 +662,7 @@ impl EventSink for ClusterSink<'_> {
         let outer = self.runner.sink;
         match event {
             Event::Started { id } => {
+                self.started.store(true, Ordering::SeqCst);
                 // What the tool starts changing there: recover maps the cluster back to it
                 // (helm's evidence that a pending revision was abandoned).
                 self.runner.fact(self.cluster, |f| {
@@ -692,4 +722,37 @@ pub fn dry_run(prior: &PriorStep) -> Vec<String> {
         lines.push("no wave was planned yet: the rollout starts from its first wave".into());
     }
     lines
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cluster_that_stops_answering_after_its_tool_changed_it_and_failed_is_a_failure() {
+        let end = after_tool_failure(Some("connection refused"), true, "helm upgrade failed");
+        assert_eq!(
+            end,
+            AfterFailure::Failed(
+                "helm upgrade failed; then it stopped answering after the failure (connection refused)".into()
+            )
+        );
+    }
+
+    #[test]
+    fn a_cluster_absent_before_its_tool_changed_anything_is_a_straggler() {
+        let end = after_tool_failure(Some("connection refused"), false, "helm upgrade failed");
+        assert_eq!(
+            end,
+            AfterFailure::Straggler(
+                "connection refused (its tool failed before changing it: helm upgrade failed)".into()
+            )
+        );
+    }
+
+    #[test]
+    fn a_cluster_that_still_answers_after_its_tool_failed_is_a_failure() {
+        assert_eq!(after_tool_failure(None, true, "boom"), AfterFailure::Failed("boom".into()));
+        assert_eq!(after_tool_failure(None, false, "boom"), AfterFailure::Failed("boom".into()));
+    }
 }
