@@ -869,16 +869,19 @@ impl Session {
                     continue;
                 }
             };
-            // A step that cannot resume completes or reverts: it is never retried.
-            let retry = step.retry.clone().filter(|_| step.resumable);
+            // `up --plan`: terraform applies the reviewed saved plan as it is.
+            let saved = if matches!(action, Action::Apply) { self.saved_plan_of(&name) } else { None };
+            // A step that cannot resume completes or reverts: it is never retried. Nor is a
+            // step applying a reviewed saved plan: another attempt would apply a plan nobody
+            // reviewed; after its failure `rdeploy recover` (an operator's choice) plans again.
+            let retry = step.retry.clone().filter(|_| step.resumable && saved.is_none());
             if let Some(retry) = &retry {
                 cp.record(Record::Attempt { step: name.clone(), attempt: 1, of: retry.attempts })?;
             }
             cp.record(Record::StepStarted { step: name.clone(), mode, tool_version: tool_version.clone() })?;
             self.ui.step_started(&name, &what);
             let (mut step, mut ctx, read) = self.resolved(&step, self.cancel.child_token());
-            if let (Action::Apply, Some(saved)) = (&action, self.saved_plan_of(&name)) {
-                // `up --plan`: terraform applies the reviewed saved plan as it is.
+            if let Some(saved) = saved {
                 step.spec.use_saved_plan(saved);
             }
             if matches!(action, Action::Recover(_)) {

@@ -337,3 +337,61 @@ fn kubectl_validation_errors_fail_each_object_by_its_document_and_the_rest_apply
     subs.sort();
     assert!(subs.iter().all(|(_, s)| s == "done"), "{subs:?}");
 }
+
+/// A CRD deleted out of band (and with it its custom resources) while the step is unfinished:
+/// `kubectl diff` cannot map the custom resource's kind and fails as a whole, so it says nothing
+/// of any object. recover does not let the checkpoint decide alone (it kept the CRD, recorded
+/// done, and the apply of the custom resource then failed with "resource mapping not found"):
+/// it asks the API which objects exist, applies the CRD again, then the custom resource, leaves
+/// the untouched ConfigMap alone and ends complete.
+#[test]
+fn recover_applies_a_crd_deleted_out_of_band_when_kubectl_diff_fails_as_a_whole() {
+    let sim = Kubesim::start("c1");
+    let mut p = Project::new();
+    for (k, v) in sim.env() {
+        p.env(&k, &v);
+    }
+    p.file(
+        "k8s/gadgets.yaml",
+        "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata: {name: gadgets.example.com}\nspec:\n  group: example.com\n  scope: Namespaced\n  names: {kind: Gadget, plural: gadgets, singular: gadget, listKind: GadgetList}\n  versions:\n  - name: v1\n    served: true\n    storage: true\n    schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}\n---\napiVersion: example.com/v1\nkind: Gadget\nmetadata: {name: g}\nspec: {size: 3}\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: settings}\ndata: {a: \"1\"}\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: late, namespace: later}\ndata: {b: \"2\"}\n",
+    );
+    p.stack(&format!(
+        "name: g\nsteps:\n  - name: gadgets\n    tool: kubectl\n    manifests: [k8s/gadgets.yaml]\n    namespace: web\n    context: c1\n    binary: {}\n",
+        kubectl_bin().display()
+    ));
+    sim.kubectl_ok(&["create", "namespace", "web"]);
+    p.rdeploy(&["up"]).code(1).stdout_has(r#"namespaces "later" not found"#);
+    let mut subs = sub_statuses(&p.status(), "gadgets");
+    subs.sort();
+    assert_eq!(
+        subs,
+        [
+            ("ConfigMap/later/late".to_string(), "failed".to_string()),
+            ("ConfigMap/web/settings".to_string(), "done".to_string()),
+            ("CustomResourceDefinition/gadgets.example.com".to_string(), "done".to_string()),
+            ("Gadget/web/g".to_string(), "done".to_string()),
+        ]
+    );
+
+    // Out of band: the CRD is deleted, and its Gadget with it.
+    sim.kubectl_ok(&["delete", "crd", "gadgets.example.com"]);
+    assert!(sim.eventually(std::time::Duration::from_secs(30), || {
+        !sim.kubectl(&["get", "crd", "gadgets.example.com"]).status.success()
+    }));
+    sim.kubectl_ok(&["create", "namespace", "later"]);
+    let rv = || sim.kubectl_ok(&["get", "cm", "settings", "-n", "web", "-o", "jsonpath={.metadata.resourceVersion}"]);
+    let before = rv();
+
+    p.rdeploy(&["recover", "--dry-run"])
+        .code(0)
+        .stdout_has("apply CustomResourceDefinition/gadgets.example.com (missing from the cluster)")
+        .stdout_has("apply Gadget/web/g (missing from the cluster)")
+        .stdout_has("keep ConfigMap/web/settings: done and in the cluster");
+    p.rdeploy(&["recover"]).code(0).stderr_has("`kubectl diff` failed");
+    assert_eq!(sim.kubectl_ok(&["get", "gadget", "g", "-n", "web", "-o", "jsonpath={.spec.size}"]), "3");
+    assert_eq!(sim.kubectl_ok(&["get", "cm", "late", "-n", "later", "-o", "jsonpath={.data.b}"]), "2");
+    assert_eq!(rv(), before, "the untouched ConfigMap was applied again");
+    let status = p.status();
+    assert_eq!(status["state"], "complete");
+    assert!(sub_statuses(&status, "gadgets").iter().all(|(_, st)| st == "done"), "{status}");
+}

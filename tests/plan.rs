@@ -843,6 +843,33 @@ fn recover_after_a_failed_up_plan_takes_terraforms_own_path() {
     p.rdeploy(&["plan", "--detailed-exitcode"]).code(0);
 }
 
+/// `retry:` never applies a plan nobody reviewed: a terraform step applying its reviewed saved
+/// plan under `up --plan` is not retried (a second attempt would plan afresh); `recover`, the
+/// operator's choice, does that.
+#[test]
+fn up_plan_does_not_retry_a_terraform_step_with_a_fresh_plan() {
+    require_tool("terraform", "https://developer.hashicorp.com/terraform/install");
+    let p = Project::new();
+    shell_and_terraform(&p);
+    let stack = p.read("stack.yaml").replace(
+        "    vars: { env: demo }\n",
+        "    vars: { env: demo }\n    retry: { attempts: 3, delay: 0s, matching: [\".\"] }\n",
+    );
+    assert!(stack.contains("retry:"), "{stack}");
+    p.stack(&stack);
+    std::fs::remove_dir_all(p.path("out")).unwrap();
+    p.rdeploy(&["plan", "-o", "p.plan"]).code(0);
+    let run = p.rdeploy(&["up", "--plan", "p.plan"]);
+    run.code(1).stdout_has("applied from the reviewed plan p.plan (sha256:");
+    assert!(!run.stderr.contains("attempt 1/3 failed"), "not retried: {}", run.stderr);
+    assert!(!run.stdout.contains("attempt 2/3"), "not retried: {}", run.stdout);
+    std::fs::create_dir_all(p.path("out")).unwrap();
+    p.rdeploy(&["recover"]).code(0);
+    let mut lines = p.lines("out/terraform.log");
+    lines.sort();
+    assert_eq!(lines, ["lb", "subnet-a", "subnet-b", "vpc"], "each resource created once");
+}
+
 /// The pull-request and merge jobs: `ci --plan-only -o PLANFILE` saves the plan (the artifact),
 /// `ci --plan PLANFILE` applies it with the step summary and JUnit of `ci`; a stale one is
 /// refused with exit 2 and an annotation.

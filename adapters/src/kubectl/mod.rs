@@ -100,6 +100,9 @@ enum Reason {
     NotDone,
     /// `kubectl diff` reported differences it did not name as any object: not known in place.
     Unmatched,
+    /// `kubectl diff` failed and `kubectl get` did not return it, for a reason other than
+    /// NotFound or a kind the API cannot map: not known in place.
+    Unconfirmed,
 }
 
 impl Reason {
@@ -109,6 +112,7 @@ impl Reason {
             Reason::Differs => "differs from the live object",
             Reason::NotDone => "not recorded done",
             Reason::Unmatched => "`kubectl diff` output could not be matched to it, so it is not known to be in place",
+            Reason::Unconfirmed => "`kubectl get` did not return it, so it is not known to be in place",
         }
     }
 }
@@ -120,7 +124,8 @@ struct RecoveryPlan {
     /// Not recorded done, but `kubectl diff` shows the live object already matches.
     in_place: Vec<usize>,
     keep: Vec<usize>,
-    /// The diff failed (exit > 1): kubectl's message; the checkpoint decides alone.
+    /// The diff failed (exit > 1): kubectl's message. Then `kubectl get` decides which objects
+    /// exist: one recorded done and returned is kept, any other is applied.
     diff_error: Option<String>,
     /// Files `kubectl diff` named that match no object (`group.version.Kind.namespace.name`).
     unmatched: Vec<String>,
@@ -343,11 +348,42 @@ impl KubectlSpec {
         if outcome.interrupted {
             return Err(Failure::from_process(&cmd.display(), &outcome));
         }
-        let diff = match outcome.code {
-            Some(code @ (0 | 1)) if !outcome.timed_out => Ok((code, stdout)),
-            _ => Err(first_error(&stderr).unwrap_or_else(|| format!("`kubectl diff` {}", outcome.describe_status()))),
-        };
-        Ok(plan_from_diff(objects, prior, diff))
+        match outcome.code {
+            Some(code @ (0 | 1)) if !outcome.timed_out => Ok(plan_from_diff(objects, prior, Ok((code, stdout)))),
+            _ => {
+                let error =
+                    first_error(&stderr).unwrap_or_else(|| format!("`kubectl diff` {}", outcome.describe_status()));
+                let presence = self.presence(ctx, binary, objects, &dir, sink).await?;
+                Ok(plan_from_presence(objects, prior, error, &presence))
+            }
+        }
+    }
+
+    /// When `kubectl diff` fails as a whole (one kind it cannot map, as a custom resource whose
+    /// CRD was deleted out of band, fails all of it), it says nothing of any object, and the
+    /// checkpoint alone would keep what was deleted. One `kubectl get -f DIR --ignore-not-found`
+    /// over the same staged files tells which objects exist: kubectl goes on past objects it
+    /// cannot map or find, prints those it found, and says on stderr why it skipped the others.
+    async fn presence(
+        &self,
+        ctx: &StepContext,
+        binary: &Path,
+        objects: &[KubeObject],
+        dir: &Path,
+        sink: Option<&dyn EventSink>,
+    ) -> Result<Presence, Failure> {
+        let cmd = self.command(ctx, binary).arg("get").arg("-f").arg(dir).args(["--ignore-not-found", "-o", "json"]);
+        let Captured { outcome, stdout, stderr } =
+            capture(&cmd, ctx, Some(ctx.timeout.unwrap_or(QUICK)), sink, StdoutLog::UnlessJson)
+                .await
+                .map_err(Failure::from)?;
+        if outcome.interrupted {
+            return Err(Failure::from_process(&cmd.display(), &outcome));
+        }
+        if outcome.timed_out {
+            return Ok(Presence::default());
+        }
+        Ok(presence_from_get(objects, &stdout.join("\n"), &stderr))
     }
 
     /// Applies the given objects (indexes into `objects`), CRDs in a batch of their own when
@@ -678,7 +714,9 @@ impl Adapter for KubectlSpec {
         let plan = self.plan_recovery(ctx, &binary, &objects, prior, Some(sink)).await?;
         if let Some(error) = &plan.diff_error {
             sink.emit(Event::Warning {
-                message: format!("`kubectl diff` failed ({error}); applying every object not recorded done"),
+                message: format!(
+                    "`kubectl diff` failed ({error}); `kubectl get` decides which objects exist: applying every object missing, not returned or not recorded done"
+                ),
             });
         }
         if !plan.unmatched.is_empty() {
@@ -727,7 +765,9 @@ impl Adapter for KubectlSpec {
         let plan = self.plan_recovery(ctx, &binary, &objects, prior, None).await?;
         let mut inspection = Inspection::default();
         if let Some(error) = &plan.diff_error {
-            inspection.actions.push(format!("`kubectl diff` failed ({error}): the checkpoint decides alone"));
+            inspection.actions.push(format!(
+                "`kubectl diff` failed ({error}): `kubectl get` decides which objects exist, and the checkpoint the rest"
+            ));
         }
         if !plan.unmatched.is_empty() {
             inspection.actions.push(unmatched_words(&plan.unmatched));
@@ -748,8 +788,9 @@ impl Adapter for KubectlSpec {
                     .push(format!("mark {} done: in place, `kubectl diff` shows no difference", objects[i].id()));
             }
         }
+        let kept = if plan.diff_error.is_some() { "done and in the cluster" } else { "done and unchanged" };
         for &i in &plan.keep {
-            inspection.actions.push(format!("keep {}: done and unchanged", objects[i].id()));
+            inspection.actions.push(format!("keep {}: {kept}", objects[i].id()));
         }
         let ids: HashSet<String> = objects.iter().map(KubeObject::id).collect();
         for gone in prior.sub_changes.iter().filter(|s| !ids.contains(&s.id)) {
@@ -844,6 +885,76 @@ fn plan_from_diff(objects: &[KubeObject], prior: &PriorStep, diff: Result<(i32, 
             (Some(_), None) if unsure => plan.apply.push((i, Reason::Unmatched)),
             (Some(_), None) if done => plan.keep.push(i),
             (Some(_), None) => plan.in_place.push(i),
+        }
+    }
+    plan
+}
+
+/// Which objects `kubectl get` returned, and whether every one it did not return is known
+/// missing (NotFound, or a kind the API cannot map) rather than skipped for another error.
+#[derive(Debug, Default)]
+struct Presence {
+    found: HashSet<usize>,
+    /// Every object not found is missing: stderr held no error but unmappable kinds.
+    sure: bool,
+}
+
+/// Reads `kubectl get -o json` (one object, or a `List` of them) and its stderr. An object is
+/// found when one returned has its API group, kind, namespace and name (the version may be
+/// another served one).
+fn presence_from_get(objects: &[KubeObject], stdout: &str, stderr: &[String]) -> Presence {
+    let group = |api_version: &str| api_version.rsplit_once('/').map(|(g, _)| g.to_string()).unwrap_or_default();
+    let key = |api_version: &str, kind: &str, ns: Option<&str>, name: &str| {
+        (group(api_version), kind.to_string(), ns.unwrap_or("").to_string(), name.to_string())
+    };
+    let mut returned = HashSet::new();
+    let mut parsed = true;
+    if !stdout.trim().is_empty() {
+        match serde_json::from_str::<serde_json::Value>(stdout) {
+            Ok(value) => {
+                let items = match value.get("items").and_then(|i| i.as_array()) {
+                    Some(items) if value["kind"] == "List" => items.clone(),
+                    _ => vec![value],
+                };
+                for item in &items {
+                    let s = |p: &str| item.pointer(p).and_then(|v| v.as_str()).unwrap_or("");
+                    let ns = Some(s("/metadata/namespace")).filter(|n| !n.is_empty());
+                    returned.insert(key(s("/apiVersion"), s("/kind"), ns, s("/metadata/name")));
+                }
+            }
+            Err(_) => parsed = false,
+        }
+    }
+    let found = (0..objects.len())
+        .filter(|&i| {
+            let o = &objects[i];
+            returned.contains(&key(&o.api_version, &o.kind, o.namespace.as_deref(), &o.name))
+        })
+        .collect();
+    // kubectl prints an unmappable kind as `error: resource mapping not found for name: ...`,
+    // then (with more than one) the rest again without `error: `, each followed by
+    // `ensure CRDs are installed first`.
+    let sure = parsed
+        && stderr.iter().map(|l| l.trim()).filter(|l| !l.is_empty()).all(|l| {
+            l.trim_start_matches("error: ").starts_with("resource mapping not found for name:")
+                || l == "ensure CRDs are installed first"
+        });
+    Presence { found, sure }
+}
+
+/// What recover applies when `kubectl diff` failed: every object `kubectl get` did not return
+/// (missing when every skip was NotFound or an unmappable kind, not confirmed otherwise) and
+/// every object not recorded done; an object recorded done and returned is kept. Nothing is
+/// taken as in place: existing is not matching.
+fn plan_from_presence(objects: &[KubeObject], prior: &PriorStep, error: String, presence: &Presence) -> RecoveryPlan {
+    let mut plan = RecoveryPlan { diff_error: Some(error), ..RecoveryPlan::default() };
+    for (i, object) in objects.iter().enumerate() {
+        let done = prior.status_of(&object.id()) == Some(SubStatus::Done);
+        match (presence.found.contains(&i), done) {
+            (true, true) => plan.keep.push(i),
+            (true, false) => plan.apply.push((i, Reason::NotDone)),
+            (false, _) if presence.sure => plan.apply.push((i, Reason::Missing)),
+            (false, _) => plan.apply.push((i, Reason::Unconfirmed)),
         }
     }
     plan
@@ -1105,5 +1216,47 @@ mod tests {
         // Exit 0: everything done stays.
         let plan = plan_from_diff(&objs, &prior, Ok((0, Vec::new())));
         assert_eq!(plan.keep.len(), 5);
+    }
+
+    /// `kubectl get -f DIR --ignore-not-found -o json` when `kubectl diff` failed as a whole:
+    /// only the objects returned are kept; a skip for a kind the API cannot map (or NotFound,
+    /// which prints nothing) is missing, and any other error leaves the rest unconfirmed.
+    #[test]
+    fn when_the_diff_fails_only_objects_kubectl_get_returns_are_kept() {
+        let (objs, prior) = app_done();
+        let item = |o: &KubeObject| {
+            let mut v = serde_json::json!({"apiVersion": o.api_version, "kind": o.kind, "metadata": {"name": o.name}});
+            if let Some(ns) = &o.namespace {
+                v["metadata"]["namespace"] = ns.clone().into();
+            }
+            v
+        };
+        let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": [item(&objs[0]), item(&objs[2])]});
+        let mapping = vec![
+            "error: resource mapping not found for name: \"g\" namespace: \"web\" from \"d/0002.json\": no matches for kind \"Gadget\" in version \"example.com/v1\"".to_string(),
+            "ensure CRDs are installed first".to_string(),
+        ];
+        let presence = presence_from_get(&objs, &list.to_string(), &mapping);
+        assert!(presence.sure);
+        let plan = plan_from_presence(&objs, &prior, "mapping".into(), &presence);
+        assert_eq!(plan.keep, vec![0, 2]);
+        assert!(plan.in_place.is_empty());
+        assert_eq!(plan.apply, vec![(1, Reason::Missing), (3, Reason::Missing), (4, Reason::Missing)]);
+
+        // One object alone comes back as itself, not in a List.
+        let presence = presence_from_get(&objs, &item(&objs[3]).to_string(), &[]);
+        assert_eq!(presence.found, HashSet::from([3]));
+
+        // Another error (forbidden, the API down): what was not returned is not known missing,
+        // and nothing is kept that was not returned.
+        let forbidden = vec!["Error from server (Forbidden): configmaps \"settings\" is forbidden".to_string()];
+        let presence = presence_from_get(&objs, &list.to_string(), &forbidden);
+        assert!(!presence.sure);
+        let plan = plan_from_presence(&objs, &prior, "forbidden".into(), &presence);
+        assert_eq!(plan.keep, vec![0, 2]);
+        assert!(plan.apply.iter().all(|(_, r)| *r == Reason::Unconfirmed), "{plan:?}");
+        let presence = presence_from_get(&objs, "", &forbidden);
+        let plan = plan_from_presence(&objs, &prior, "forbidden".into(), &presence);
+        assert!(plan.keep.is_empty() && plan.apply.len() == 5, "{plan:?}");
     }
 }

@@ -292,12 +292,13 @@ impl Adapter for TerraformSpec {
                 let outputs = run.apply_saved(&plan, saved).await?;
                 return run.report_outputs(outputs).await;
             }
-            if self.saved_plan.is_some() {
-                // An earlier attempt of this run (`retry:`) applied the saved plan: it is spent,
-                // and this attempt plans again against the state, as `recover` does.
-                sink.emit(Event::Warning {
-                    message: "the reviewed saved plan was consumed by an earlier attempt: planning again against the current state".into(),
-                });
+            if let Some(saved) = &self.saved_plan {
+                // Never a fresh plan in place of the reviewed one (`up --plan` is never retried).
+                return Err(Failure::new(format!(
+                    "the reviewed saved plan {} is gone: nothing was applied in its place",
+                    saved.display()
+                ))
+                .with_hint("rdeploy recover (plans again against the current state), or rdeploy plan -o PLANFILE and review it"));
             }
             let plan_file = ctx.work_dir.join(PLAN_FILE);
             let plan = run.plan(&plan_file, Workspace::Create).await?;
