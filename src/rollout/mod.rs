@@ -156,13 +156,36 @@ pub fn wave_names(members: &[Member], waves: &[Range<usize>]) -> Vec<Vec<String>
     waves.iter().map(|w| members[w.clone()].iter().map(|m| m.name.clone()).collect()).collect()
 }
 
+/// The waves of this run, as cluster names. On `recover` the journaled membership stays (the
+/// journaled `waves_baked` counts those waves): a cluster no longer in scope leaves its wave (a
+/// wave left empty stays, so the count still holds), and a cluster new to the scope joins the
+/// last wave. On `up` (nothing journaled): `fresh`, the waves cut from the scope now.
+fn resumed_waves(fresh: Vec<Vec<String>>, journaled: Option<Vec<Vec<String>>>) -> Vec<Vec<String>> {
+    let Some(mut journaled) = journaled.filter(|j| !j.is_empty()) else { return fresh };
+    let in_scope: Vec<&String> = fresh.iter().flatten().collect();
+    for wave in &mut journaled {
+        wave.retain(|n| in_scope.contains(&n));
+    }
+    let known: Vec<String> = journaled.iter().flatten().cloned().collect();
+    let new: Vec<String> = in_scope.into_iter().filter(|n| !known.contains(n)).cloned().collect();
+    if let Some(last) = journaled.last_mut() {
+        last.extend(new);
+    }
+    journaled
+}
+
 /// Runs (or resumes) the rollout. `Ok` once every cluster in scope is done; a failure names
 /// the failed clusters and the stragglers (the deploy is partial, `recover` goes on).
 pub async fn run(r: FleetRun<'_>, sink: &dyn EventSink) -> Result<Recovered, Failure> {
     let (members, source) = scope_of(r.step, r.fleet, r.ctx)?;
     let rollout = &r.fleet.rollout;
-    let waves = plan::waves(members.len(), &rollout.waves);
-    let names = wave_names(&members, &waves);
+    let fresh = wave_names(&members, &plan::waves(members.len(), &rollout.waves));
+    let journaled: Option<Vec<Vec<String>>> =
+        r.prior.facts.get("rollout").and_then(|v| v.get("waves")).and_then(|w| serde_json::from_value(w.clone()).ok());
+    let names = resumed_waves(fresh, journaled);
+    let by_name: BTreeMap<&str, &Member> = members.iter().map(|m| (m.name.as_str(), m)).collect();
+    let waves: Vec<Vec<&Member>> =
+        names.iter().map(|w| w.iter().filter_map(|n| by_name.get(n.as_str()).copied()).collect()).collect();
     let started = r
         .prior
         .facts
@@ -206,9 +229,9 @@ pub async fn run(r: FleetRun<'_>, sink: &dyn EventSink) -> Result<Recovered, Fai
     };
     let mut failed: Vec<(String, String)> = Vec::new();
     let mut stragglers: Vec<(String, String)> = Vec::new();
-    for (w, range) in waves.iter().enumerate() {
+    for (w, wave) in waves.iter().enumerate() {
         let todo: Vec<&Member> =
-            members[range.clone()].iter().filter(|m| status.get(m.name.as_str()) != Some(&SubStatus::Done)).collect();
+            wave.iter().copied().filter(|m| status.get(m.name.as_str()) != Some(&SubStatus::Done)).collect();
         if runner.r.ctx.cancel.is_cancelled() {
             return Err(interrupted(format!("stopped before wave {} of {}", w + 1, waves.len())));
         }
@@ -244,9 +267,10 @@ pub async fn run(r: FleetRun<'_>, sink: &dyn EventSink) -> Result<Recovered, Fai
         // earlier run is not baked again for its stragglers.
         let last = w + 1 == waves.len();
         if w >= baked {
-            if !last && !rollout.bake.is_zero() {
-                let in_wave: Vec<&Member> = members[range.clone()]
+            if !last && !rollout.bake.is_zero() && !wave.is_empty() {
+                let in_wave: Vec<&Member> = wave
                     .iter()
+                    .copied()
                     .filter(|m| done_now.contains(&m.name) || status.get(m.name.as_str()) == Some(&SubStatus::Done))
                     .collect();
                 failed.extend(runner.bake(w, waves.len(), &in_wave).await?);
@@ -748,6 +772,32 @@ mod tests {
                 "connection refused (its tool failed before changing it: helm upgrade failed)".into()
             )
         );
+    }
+
+    fn w(waves: &[&[&str]]) -> Vec<Vec<String>> {
+        waves.iter().map(|w| w.iter().map(|n| n.to_string()).collect()).collect()
+    }
+
+    #[test]
+    fn recover_keeps_the_journaled_waves_and_puts_new_clusters_in_the_last() {
+        // Journaled with 4 clusters as [1], [2, 3, 4]; now edge-0 and edge-5 are in scope and
+        // edge-3 is gone: the fresh cut would move edge-1 out of wave 1.
+        let journaled = w(&[&["edge-1"], &["edge-2", "edge-3", "edge-4"]]);
+        let fresh = w(&[&["edge-0"], &["edge-1", "edge-2", "edge-4", "edge-5"]]);
+        assert_eq!(resumed_waves(fresh, Some(journaled)), w(&[&["edge-1"], &["edge-2", "edge-4", "edge-0", "edge-5"]]));
+    }
+
+    #[test]
+    fn a_wave_emptied_by_the_scope_stays_so_waves_baked_still_counts_the_same_waves() {
+        let journaled = w(&[&["edge-1"], &["edge-2"], &["edge-3"]]);
+        let fresh = w(&[&["edge-2"], &["edge-3"]]);
+        assert_eq!(resumed_waves(fresh, Some(journaled)), w(&[&[], &["edge-2"], &["edge-3"]]));
+    }
+
+    #[test]
+    fn up_cuts_the_waves_from_the_scope() {
+        let fresh = w(&[&["edge-1"], &["edge-2"]]);
+        assert_eq!(resumed_waves(fresh.clone(), None), fresh);
     }
 
     #[test]
