@@ -224,21 +224,30 @@ fn done_clusters(status: &serde_json::Value) -> Vec<String> {
 }
 
 /// kill -9 of rdeploy in the middle of a wave: `recover` converges without `--force`, and no
-/// cluster that was done before the kill gets a second revision.
+/// cluster that was done before the kill gets a second revision. edge-6 is offline (`absent:
+/// wait`) until after the kill, so the wave cannot finish before it under any load; the clusters
+/// done before the kill are read from the journal after it.
 #[test]
 fn kill_9_during_a_wave_then_recover_converges_without_upgrading_a_done_cluster_again() {
     let rel = "agent-kill";
     let sim = Kubesim::start_with(&names(6), &["--pod-startup-ms", "1500"]);
     let p = project(&sim);
-    p.stack(&helm_stack(rel, "edge-*", r#"{ waves: [1, "100%"], parallel: 2 }"#, ""));
+    p.stack(
+        &helm_stack(rel, "edge-*", r#"{ waves: [1, "100%"], parallel: 2, absent: wait, inventory_timeout: 2s }"#, "")
+            .replace("timeout: 20s", "timeout: 600s"),
+    );
+    sim.post("/_sim/clusters/edge-6/offline");
     let mut child = p.spawn(&["up"]);
-    let status = until_status(&p, Duration::from_secs(120), "three clusters done", |s| {
+    until_status(&p, Duration::from_secs(120), "three clusters done", |s| {
         step(s, "agent")["sub_changes"].as_array().is_some() && done_clusters(s).len() >= 3
     });
     child.kill().unwrap();
     let _ = child.wait();
+    let status = p.status();
     let done_before: Vec<String> = done_clusters(&status);
-    assert!(done_before.len() < 6, "the rollout finished before the kill: {status}");
+    assert!(done_before.len() >= 3, "{status}");
+    assert!(!done_before.iter().any(|c| c == "edge-6"), "edge-6 is offline, it cannot be done: {status}");
+    sim.post("/_sim/clusters/edge-6/online");
 
     p.rdeploy(&["recover"]).code(0);
     let status = p.status();
@@ -255,7 +264,10 @@ fn kill_9_during_a_wave_then_recover_converges_without_upgrading_a_done_cluster_
 }
 
 /// The bake holds the next wave: while wave 1 bakes, no cluster of wave 2 has the release; once
-/// the bake has passed (with wave 1 read again, still healthy), wave 2 runs.
+/// the bake has passed (with wave 1 read again, still healthy), wave 2 runs. What holds under any
+/// load: the `helm history` reads prove "untouched" only when the bake is still running after
+/// them; the ordering is proven from the journal and helm's own records either way (each wave-2
+/// cluster's first revision was made after the bake's recorded end).
 #[test]
 fn the_bake_holds_the_next_wave_until_it_has_passed() {
     let rel = "agent-bake";
@@ -263,22 +275,53 @@ fn the_bake_holds_the_next_wave_until_it_has_passed() {
     let p = project(&sim);
     p.stack(&helm_stack(rel, "edge-*", r#"{ waves: [1, "100%"], parallel: 2, bake: 6s }"#, ""));
     let mut child = p.spawn(&["up"]);
-    let status = until_status(&p, Duration::from_secs(120), "the bake of wave 1", |s| {
+    let baking = |s: &serde_json::Value| {
         let bake = &step(s, "agent")["facts"]["bake"];
         bake["wave"] == 1 && bake.get("ended").is_none()
-    });
+    };
+    let status = until_status(&p, Duration::from_secs(120), "the bake of wave 1", baking);
+    let until = step(&status, "agent")["facts"]["bake"]["until"].clone();
     assert_eq!(sub(&status, "edge-1")["status"], "done", "{status}");
+    let mut untouched = Vec::new();
     for c in ["edge-2", "edge-3"] {
         assert_eq!(sub(&status, c)["status"], "pending", "{status}");
-        assert_eq!(revisions(&sim, rel, c), 0, "{c} is in wave 2: untouched while wave 1 bakes");
+        untouched.push((c, revisions(&sim, rel, c)));
+    }
+    // The same bake still running after the reads: they were made while it held wave 2.
+    let after = p.status();
+    if baking(&after) && step(&after, "agent")["facts"]["bake"]["until"] == until {
+        for (c, n) in &untouched {
+            assert_eq!(*n, 0, "{c} is in wave 2: untouched while wave 1 bakes");
+        }
     }
     assert!(child.wait().unwrap().success());
     let status = p.status();
     assert_eq!(status["state"], "complete", "{status}");
-    assert!(step(&status, "agent")["facts"]["bake"].get("ended").is_some(), "{status}");
+    let ended = step(&status, "agent")["facts"]["bake"]["ended"]
+        .as_str()
+        .unwrap_or_else(|| panic!("the bake has no recorded end: {status}"))
+        .to_string();
+    let ended = parse_time(&ended);
     for c in ["edge-1", "edge-2", "edge-3"] {
         assert_eq!(revisions(&sim, rel, c), 1, "{c}");
     }
+    for c in ["edge-2", "edge-3"] {
+        let first = first_revision_time(&sim, rel, c);
+        assert!(first >= ended, "{c}'s first revision ({first}) was made before the bake of wave 1 ended ({ended})");
+    }
+}
+
+fn parse_time(text: &str) -> time::OffsetDateTime {
+    time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339)
+        .unwrap_or_else(|e| panic!("not an RFC 3339 time: {text}: {e}"))
+}
+
+/// When helm made the release's first revision in `cluster` (helm's own record).
+fn first_revision_time(sim: &Kubesim, release: &str, cluster: &str) -> time::OffsetDateTime {
+    let out = sim.helm_ok(HELM, &["history", release, "-n", "monitoring", "--kube-context", cluster, "-o", "json"]);
+    let revs: serde_json::Value = serde_json::from_str(&out).expect("history json");
+    let first = revs.as_array().and_then(|r| r.iter().find(|r| r["revision"] == 1)).expect("revision 1");
+    parse_time(first["updated"].as_str().unwrap_or_else(|| panic!("no `updated` in {first}")))
 }
 
 /// `absent: wait`: the wave waits for an offline cluster and goes on once it answers.

@@ -7,7 +7,8 @@
 //! of the cluster through the API shows its workloads healthy) and keeps what the tool told
 //! about the cluster as the step fact `cluster:NAME`. A cluster that does not answer a read in
 //! `rollout.inventory_timeout` (or has no context) is absent: a straggler with `absent: skip`,
-//! waited for (up to the step's `timeout`) with `absent: wait`, never a failure. Done clusters
+//! waited for (up to the step's `timeout`) with `absent: wait`, never a failure, unless its
+//! tool had started changing it and failed (then it counts toward `max_failures`). Done clusters
 //! are never applied again: `recover` (and a retry) skips them and goes on with the stragglers
 //! and the waves not reached. A wave is done once its clusters are, and its bake has passed with
 //! them still healthy (read again at its end); more failed clusters than `max_failures` stop
@@ -24,7 +25,7 @@ pub mod runbook;
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -74,6 +75,29 @@ enum ClusterEnd {
     Absent(String),
     /// Not started: the rollout is stopping (failures, or a signal).
     NotStarted,
+}
+
+/// What a cluster whose tool run failed counts as.
+#[derive(Debug, PartialEq, Eq)]
+enum AfterFailure {
+    /// Absent before its tool changed anything there: a straggler (why).
+    Straggler(String),
+    /// A failure toward `max_failures` (why).
+    Failed(String),
+}
+
+/// Decides a cluster whose tool run failed, from whether it answers a read now (`absent`: why
+/// not) and whether the tool had started changing it. A cluster that stops answering after its
+/// tool started changing it and failed is a failure: the change may be what broke its API
+/// server, and rolling on would spread it (`max_failures` must see it).
+fn after_tool_failure(absent: Option<&str>, changing: bool, failure: &str) -> AfterFailure {
+    match absent {
+        None => AfterFailure::Failed(failure.to_string()),
+        Some(why) if changing => {
+            AfterFailure::Failed(format!("{failure}; then it stopped answering after the failure ({why})"))
+        }
+        Some(why) => AfterFailure::Straggler(format!("{why} (its tool failed before changing it: {failure})")),
+    }
 }
 
 /// The clusters in scope, in the rollout's stable order: the fleet file's order, else by
@@ -132,13 +156,36 @@ pub fn wave_names(members: &[Member], waves: &[Range<usize>]) -> Vec<Vec<String>
     waves.iter().map(|w| members[w.clone()].iter().map(|m| m.name.clone()).collect()).collect()
 }
 
+/// The waves of this run, as cluster names. On `recover` the journaled membership stays (the
+/// journaled `waves_baked` counts those waves): a cluster no longer in scope leaves its wave (a
+/// wave left empty stays, so the count still holds), and a cluster new to the scope joins the
+/// last wave. On `up` (nothing journaled): `fresh`, the waves cut from the scope now.
+fn resumed_waves(fresh: Vec<Vec<String>>, journaled: Option<Vec<Vec<String>>>) -> Vec<Vec<String>> {
+    let Some(mut journaled) = journaled.filter(|j| !j.is_empty()) else { return fresh };
+    let in_scope: Vec<&String> = fresh.iter().flatten().collect();
+    for wave in &mut journaled {
+        wave.retain(|n| in_scope.contains(&n));
+    }
+    let known: Vec<String> = journaled.iter().flatten().cloned().collect();
+    let new: Vec<String> = in_scope.into_iter().filter(|n| !known.contains(n)).cloned().collect();
+    if let Some(last) = journaled.last_mut() {
+        last.extend(new);
+    }
+    journaled
+}
+
 /// Runs (or resumes) the rollout. `Ok` once every cluster in scope is done; a failure names
 /// the failed clusters and the stragglers (the deploy is partial, `recover` goes on).
 pub async fn run(r: FleetRun<'_>, sink: &dyn EventSink) -> Result<Recovered, Failure> {
     let (members, source) = scope_of(r.step, r.fleet, r.ctx)?;
     let rollout = &r.fleet.rollout;
-    let waves = plan::waves(members.len(), &rollout.waves);
-    let names = wave_names(&members, &waves);
+    let fresh = wave_names(&members, &plan::waves(members.len(), &rollout.waves));
+    let journaled: Option<Vec<Vec<String>>> =
+        r.prior.facts.get("rollout").and_then(|v| v.get("waves")).and_then(|w| serde_json::from_value(w.clone()).ok());
+    let names = resumed_waves(fresh, journaled);
+    let by_name: BTreeMap<&str, &Member> = members.iter().map(|m| (m.name.as_str(), m)).collect();
+    let waves: Vec<Vec<&Member>> =
+        names.iter().map(|w| w.iter().filter_map(|n| by_name.get(n.as_str()).copied()).collect()).collect();
     let started = r
         .prior
         .facts
@@ -182,9 +229,9 @@ pub async fn run(r: FleetRun<'_>, sink: &dyn EventSink) -> Result<Recovered, Fai
     };
     let mut failed: Vec<(String, String)> = Vec::new();
     let mut stragglers: Vec<(String, String)> = Vec::new();
-    for (w, range) in waves.iter().enumerate() {
+    for (w, wave) in waves.iter().enumerate() {
         let todo: Vec<&Member> =
-            members[range.clone()].iter().filter(|m| status.get(m.name.as_str()) != Some(&SubStatus::Done)).collect();
+            wave.iter().copied().filter(|m| status.get(m.name.as_str()) != Some(&SubStatus::Done)).collect();
         if runner.r.ctx.cancel.is_cancelled() {
             return Err(interrupted(format!("stopped before wave {} of {}", w + 1, waves.len())));
         }
@@ -220,9 +267,10 @@ pub async fn run(r: FleetRun<'_>, sink: &dyn EventSink) -> Result<Recovered, Fai
         // earlier run is not baked again for its stragglers.
         let last = w + 1 == waves.len();
         if w >= baked {
-            if !last && !rollout.bake.is_zero() {
-                let in_wave: Vec<&Member> = members[range.clone()]
+            if !last && !rollout.bake.is_zero() && !wave.is_empty() {
+                let in_wave: Vec<&Member> = wave
                     .iter()
+                    .copied()
                     .filter(|m| done_now.contains(&m.name) || status.get(m.name.as_str()) == Some(&SubStatus::Done))
                     .collect();
                 failed.extend(runner.bake(w, waves.len(), &in_wave).await?);
@@ -439,7 +487,8 @@ impl Runner<'_> {
             f.remove("absent_why");
             f.insert("wave".into(), (wave + 1).into());
         });
-        match self.apply(m).await {
+        let started = AtomicBool::new(false);
+        match self.apply(m, &started).await {
             Ok(note) => match self.healthy(m).await {
                 Ok(seen) => {
                     self.note_rollout_start(&seen);
@@ -457,12 +506,13 @@ impl Runner<'_> {
                 ClusterEnd::NotStarted
             }
             Err(failure) => {
-                // Gone offline during its run: a straggler, not a failure of the change.
                 let now = self.read(m).await;
-                if let Some((why, last_seen)) = Self::absent_why(&now) {
-                    return self.straggle(m, &format!("{why} (its tool failed: {})", failure.summary), last_seen);
+                let absent = Self::absent_why(&now);
+                let changing = started.load(Ordering::SeqCst);
+                match after_tool_failure(absent.as_ref().map(|(why, _)| why.as_str()), changing, &failure.summary) {
+                    AfterFailure::Straggler(why) => self.straggle(m, &why, absent.and_then(|(_, seen)| seen)),
+                    AfterFailure::Failed(why) => self.fail(m, why),
                 }
-                self.fail(m, failure.summary)
             }
         }
     }
@@ -475,7 +525,8 @@ impl Runner<'_> {
 
     /// The tool against this one cluster, as a single-cluster step would run it: `recover`
     /// when an earlier run started it there, else `apply`. The note for the done record.
-    async fn apply(&self, m: &Member) -> Result<String, Failure> {
+    /// `started` is set once the tool starts changing the cluster in this run.
+    async fn apply(&self, m: &Member, started: &AtomicBool) -> Result<String, Failure> {
         let spec = spec_for_cluster(&self.r.step.spec, &m.name);
         let mut ctx = self.r.ctx.clone();
         ctx.work_dir = self.r.ctx.work_dir.join("clusters").join(&m.name);
@@ -493,7 +544,7 @@ impl Runner<'_> {
             ctx.started_by.insert(inner.to_string(), by);
         }
         let earlier = self.r.prior.sub_changes.iter().find(|s| s.id == m.name).map(|s| s.status);
-        let csink = ClusterSink { runner: self, cluster: &m.name, done: AtomicUsize::new(0) };
+        let csink = ClusterSink { runner: self, cluster: &m.name, done: AtomicUsize::new(0), started };
         let result = match earlier {
             Some(SubStatus::Started | SubStatus::Failed) => {
                 spec.recover(&ctx, &PriorStep::default(), &csink).await.and_then(|r| match r {
@@ -626,6 +677,8 @@ struct ClusterSink<'a> {
     cluster: &'a str,
     /// Sub-changes the tool finished there (kubectl objects).
     done: AtomicUsize,
+    /// Set once the tool starts changing the cluster.
+    started: &'a AtomicBool,
 }
 
 impl EventSink for ClusterSink<'_> {
@@ -633,6 +686,7 @@ impl EventSink for ClusterSink<'_> {
         let outer = self.runner.sink;
         match event {
             Event::Started { id } => {
+                self.started.store(true, Ordering::SeqCst);
                 // What the tool starts changing there: recover maps the cluster back to it
                 // (helm's evidence that a pending revision was abandoned).
                 self.runner.fact(self.cluster, |f| {
@@ -692,4 +746,63 @@ pub fn dry_run(prior: &PriorStep) -> Vec<String> {
         lines.push("no wave was planned yet: the rollout starts from its first wave".into());
     }
     lines
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cluster_that_stops_answering_after_its_tool_changed_it_and_failed_is_a_failure() {
+        let end = after_tool_failure(Some("connection refused"), true, "helm upgrade failed");
+        assert_eq!(
+            end,
+            AfterFailure::Failed(
+                "helm upgrade failed; then it stopped answering after the failure (connection refused)".into()
+            )
+        );
+    }
+
+    #[test]
+    fn a_cluster_absent_before_its_tool_changed_anything_is_a_straggler() {
+        let end = after_tool_failure(Some("connection refused"), false, "helm upgrade failed");
+        assert_eq!(
+            end,
+            AfterFailure::Straggler(
+                "connection refused (its tool failed before changing it: helm upgrade failed)".into()
+            )
+        );
+    }
+
+    fn w(waves: &[&[&str]]) -> Vec<Vec<String>> {
+        waves.iter().map(|w| w.iter().map(|n| n.to_string()).collect()).collect()
+    }
+
+    #[test]
+    fn recover_keeps_the_journaled_waves_and_puts_new_clusters_in_the_last() {
+        // Journaled with 4 clusters as [1], [2, 3, 4]; now edge-0 and edge-5 are in scope and
+        // edge-3 is gone: the fresh cut would move edge-1 out of wave 1.
+        let journaled = w(&[&["edge-1"], &["edge-2", "edge-3", "edge-4"]]);
+        let fresh = w(&[&["edge-0"], &["edge-1", "edge-2", "edge-4", "edge-5"]]);
+        assert_eq!(resumed_waves(fresh, Some(journaled)), w(&[&["edge-1"], &["edge-2", "edge-4", "edge-0", "edge-5"]]));
+    }
+
+    #[test]
+    fn a_wave_emptied_by_the_scope_stays_so_waves_baked_still_counts_the_same_waves() {
+        let journaled = w(&[&["edge-1"], &["edge-2"], &["edge-3"]]);
+        let fresh = w(&[&["edge-2"], &["edge-3"]]);
+        assert_eq!(resumed_waves(fresh, Some(journaled)), w(&[&[], &["edge-2"], &["edge-3"]]));
+    }
+
+    #[test]
+    fn up_cuts_the_waves_from_the_scope() {
+        let fresh = w(&[&["edge-1"], &["edge-2"]]);
+        assert_eq!(resumed_waves(fresh.clone(), None), fresh);
+    }
+
+    #[test]
+    fn a_cluster_that_still_answers_after_its_tool_failed_is_a_failure() {
+        assert_eq!(after_tool_failure(None, true, "boom"), AfterFailure::Failed("boom".into()));
+        assert_eq!(after_tool_failure(None, false, "boom"), AfterFailure::Failed("boom".into()));
+    }
 }
