@@ -349,7 +349,7 @@ impl KubectlSpec {
             return Err(Failure::from_process(&cmd.display(), &outcome));
         }
         match outcome.code {
-            Some(code @ (0 | 1)) if !outcome.timed_out => Ok(plan_from_diff(objects, prior, Ok((code, stdout)))),
+            Some(code @ (0 | 1)) if !outcome.timed_out => Ok(plan_from_diff(objects, prior, code, stdout)),
             _ => {
                 let error =
                     first_error(&stderr).unwrap_or_else(|| format!("`kubectl diff` {}", outcome.describe_status()));
@@ -857,34 +857,26 @@ impl Adapter for KubectlSpec {
 }
 
 /// Decides, object by object, what recover does from `kubectl diff`'s exit code (0: no
-/// difference, 1: differences) and stdout, or its error (exit > 1), and the checkpoint.
-fn plan_from_diff(objects: &[KubeObject], prior: &PriorStep, diff: Result<(i32, Vec<String>), String>) -> RecoveryPlan {
+/// difference, 1: differences) and stdout, and the checkpoint. A diff that failed as a whole
+/// never comes here: `kubectl get` decides then ([`plan_from_presence`]).
+fn plan_from_diff(objects: &[KubeObject], prior: &PriorStep, code: i32, stdout: Vec<String>) -> RecoveryPlan {
     let mut plan = RecoveryPlan::default();
-    let (code, entries) = match diff {
-        Ok((0, _)) => (Some(0), Some(Vec::new())),
-        Ok((code, stdout)) => (Some(code), Some(parse_diff(&stdout))),
-        Err(error) => {
-            plan.diff_error = Some(error);
-            (None, None)
-        }
-    };
-    let by_name: HashMap<String, bool> = entries.iter().flatten().map(|e| (e.name.clone(), e.missing)).collect();
+    let entries = if code == 0 { Vec::new() } else { parse_diff(&stdout) };
+    let by_name: HashMap<String, bool> = entries.iter().map(|e| (e.name.clone(), e.missing)).collect();
     // An object absent from the diff is in place only if the diff was read whole: every
     // file it names is one of the objects, and exit 1 (differences) names at least one.
     let names: HashSet<String> = objects.iter().map(KubeObject::diff_name).collect();
-    plan.unmatched = entries.iter().flatten().filter(|e| !names.contains(&e.name)).map(|e| e.name.clone()).collect();
+    plan.unmatched = entries.iter().filter(|e| !names.contains(&e.name)).map(|e| e.name.clone()).collect();
     let matched = by_name.keys().filter(|n| names.contains(*n)).count();
-    let unsure = code == Some(1) && (!plan.unmatched.is_empty() || matched == 0);
+    let unsure = code == 1 && (!plan.unmatched.is_empty() || matched == 0);
     for (i, object) in objects.iter().enumerate() {
         let done = prior.status_of(&object.id()) == Some(SubStatus::Done);
-        match (&entries, by_name.get(&object.diff_name())) {
-            (None, _) if done => plan.keep.push(i),
-            (None, _) => plan.apply.push((i, Reason::NotDone)),
-            (Some(_), Some(true)) => plan.apply.push((i, Reason::Missing)),
-            (Some(_), Some(false)) => plan.apply.push((i, Reason::Differs)),
-            (Some(_), None) if unsure => plan.apply.push((i, Reason::Unmatched)),
-            (Some(_), None) if done => plan.keep.push(i),
-            (Some(_), None) => plan.in_place.push(i),
+        match by_name.get(&object.diff_name()) {
+            Some(true) => plan.apply.push((i, Reason::Missing)),
+            Some(false) => plan.apply.push((i, Reason::Differs)),
+            None if unsure => plan.apply.push((i, Reason::Unmatched)),
+            None if done => plan.keep.push(i),
+            None => plan.in_place.push(i),
         }
     }
     plan
@@ -1189,7 +1181,7 @@ mod tests {
     #[test]
     fn a_diff_read_whole_keeps_what_it_does_not_name() {
         let (objs, prior) = app_done();
-        let plan = plan_from_diff(&objs, &prior, Ok((1, captured("diff-drift-and-missing.stdout"))));
+        let plan = plan_from_diff(&objs, &prior, 1, captured("diff-drift-and-missing.stdout"));
         assert!(plan.unmatched.is_empty(), "{plan:?}");
         assert_eq!(plan.apply, vec![(1, Reason::Differs), (4, Reason::Missing)]);
         assert_eq!(plan.keep, vec![0, 2, 3]);
@@ -1204,17 +1196,17 @@ mod tests {
         for o in &mut objs {
             o.namespace = Some("elsewhere".into());
         }
-        let plan = plan_from_diff(&objs, &prior, Ok((1, captured("diff-drift-and-missing.stdout"))));
+        let plan = plan_from_diff(&objs, &prior, 1, captured("diff-drift-and-missing.stdout"));
         assert_eq!(plan.unmatched, ["v1.ConfigMap.shop-extra.extra", "v1.ConfigMap.shop.settings"]);
         assert!(plan.keep.is_empty() && plan.in_place.is_empty(), "{plan:?}");
         assert_eq!(plan.apply.len(), 5);
         assert!(plan.apply.iter().all(|(_, r)| *r == Reason::Unmatched));
         // Exit 1 with no file named at all (another differ's output): the same.
         let (objs, prior) = app_done();
-        let plan = plan_from_diff(&objs, &prior, Ok((1, vec!["--- a".into(), "+++ b".into()])));
+        let plan = plan_from_diff(&objs, &prior, 1, vec!["--- a".into(), "+++ b".into()]);
         assert_eq!(plan.apply.len(), 5, "{plan:?}");
         // Exit 0: everything done stays.
-        let plan = plan_from_diff(&objs, &prior, Ok((0, Vec::new())));
+        let plan = plan_from_diff(&objs, &prior, 0, Vec::new());
         assert_eq!(plan.keep.len(), 5);
     }
 
