@@ -18,7 +18,8 @@
 # status, get metadata) and 2 API reads, against 1 helm for the plain loop.
 #
 # Usage: benches/rollout.sh [N] [PARALLEL] [SAMPLE]   (default 400, 50, 40).
-# Builds the release binaries first (honours CARGO_TARGET_DIR; PROFILE=debug for a smoke run);
+# Builds the release binaries first (honours CARGO_TARGET_DIR; PROFILE=debug for a smoke run;
+# RDEPLOY=path KUBESIM=path use those binaries instead, so a build can go on meanwhile);
 # needs helm (HELM, default tools/helm4/helm, else helm on PATH) and bc.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,10 +27,12 @@ N=${1:-400}
 PARALLEL=${2:-50}
 SAMPLE=${3:-40}
 PROFILE=${PROFILE:-release}
-if [ "$PROFILE" = release ]; then cargo build --release --quiet -p rdeploy -p kubesim; else cargo build --quiet -p rdeploy -p kubesim; fi
 TARGET=${CARGO_TARGET_DIR:-$PWD/target}
-RDEPLOY=$TARGET/$PROFILE/rdeploy
-KUBESIM=$TARGET/$PROFILE/kubesim
+if [ -z "${RDEPLOY:-}" ] || [ -z "${KUBESIM:-}" ]; then
+  if [ "$PROFILE" = release ]; then cargo build --release --quiet -p rdeploy -p kubesim; else cargo build --quiet -p rdeploy -p kubesim; fi
+  RDEPLOY=$TARGET/$PROFILE/rdeploy
+  KUBESIM=$TARGET/$PROFILE/kubesim
+fi
 HELM=${HELM:-$(ls "$PWD"/tools/helm4/helm 2>/dev/null || command -v helm)}
 work=$(mktemp -d)
 sim_pid=

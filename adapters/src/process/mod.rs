@@ -17,7 +17,6 @@ use std::collections::{BTreeMap, VecDeque};
 use std::ffi::OsString;
 use std::fmt;
 use std::fs::File;
-use std::io::Read;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -93,8 +92,15 @@ enum Output {
 /// A started child and the read ends of its output files.
 struct Started {
     child: Child,
-    stdout: File,
-    stderr: File,
+    stdout: Reader,
+    stderr: Reader,
+}
+
+/// The end of an output file rdeploy reads.
+struct Reader {
+    file: File,
+    /// A memory file, whose pages rdeploy gives back once it has read them.
+    release: bool,
 }
 
 /// A child rdeploy waits for: started by the spawner (see [`spawner`]), or forked by rdeploy
@@ -324,18 +330,37 @@ impl Command {
         Ok(Started { child: Child::Forked(child), stdout: stdout_read, stderr: stderr_read })
     }
 
-    /// One output file: the end the child writes and the end rdeploy reads (a separate open
-    /// file description, so reading never moves the child's write offset).
-    fn output_file(&self, stream: Stream) -> std::io::Result<(File, File)> {
-        let unnamed = |dir: &Path| -> std::io::Result<(File, File)> {
+    /// One output file: the end the child writes and the end rdeploy reads (with `pread` at its
+    /// own position, so reading never moves the child's write offset).
+    fn output_file(&self, stream: Stream) -> std::io::Result<(File, Reader)> {
+        // A memory file (`memfd_create`): nothing of a tool's output (which may hold a secret
+        // the tool printed) reaches a disk, and making one costs a fraction of an `O_TMPFILE`
+        // on ext4, which scans its inode table for each. What rdeploy has read is given back as
+        // it goes (see [`Follower::release`]), so memory holds only the unread tail.
+        let memory = || -> std::io::Result<(File, Reader)> {
+            let fd = nix::sys::memfd::memfd_create(c"rdeploy-output", nix::sys::memfd::MemFdCreateFlag::MFD_CLOEXEC)?;
+            // Appending: a memory file's position is not locked across writers as a file
+            // opened by name is, so a tool and a process it left running (or two threads)
+            // writing at once would overwrite each other's lines at a shared offset.
+            nix::fcntl::fcntl(
+                std::os::fd::AsRawFd::as_raw_fd(&fd),
+                nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_APPEND),
+            )?;
+            let write = File::from(fd);
+            let read = write.try_clone()?;
+            Ok((write, Reader { file: read, release: true }))
+        };
+        // Where memory files are not to be had (an old kernel, a seccomp filter): an unnamed
+        // file on disk, gone once the child and rdeploy have both closed it.
+        let unnamed = |dir: &Path| -> std::io::Result<(File, Reader)> {
             let write = tempfile::tempfile_in(dir)?;
-            let read = File::open(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&write)))?;
-            Ok((write, read))
+            let read = write.try_clone()?;
+            Ok((write, Reader { file: read, release: false }))
         };
         match &self.output {
-            Output::Unnamed => unnamed(&std::env::temp_dir()),
+            Output::Unnamed => memory().or_else(|_| unnamed(&std::env::temp_dir())),
             // The step's directory is made before the step runs; a preflight runs earlier.
-            Output::UnnamedIn(dir) => unnamed(dir).or_else(|_| unnamed(&std::env::temp_dir())),
+            Output::UnnamedIn(dir) => memory().or_else(|_| unnamed(dir)).or_else(|_| unnamed(&std::env::temp_dir())),
             Output::Files { stdout, stderr } => {
                 let path = match stream {
                     Stream::Stdout => stdout,
@@ -344,7 +369,7 @@ impl Command {
                 let write =
                     crate::private::open(path, std::fs::OpenOptions::new().write(true).create(true).truncate(true))?;
                 let read = crate::private::open(path, std::fs::OpenOptions::new().read(true))?;
-                Ok((write, read))
+                Ok((write, Reader { file: read, release: false }))
             }
         }
     }
@@ -634,52 +659,93 @@ impl fmt::Display for Command {
 struct Follower {
     file: File,
     stream: Stream,
+    /// Where the next read starts.
+    at: u64,
+    /// For a memory file: up to where its pages were given back.
+    released: Option<u64>,
     /// Bytes read after the last newline.
     partial: Vec<u8>,
     /// How much of `partial` is known to hold no newline.
     scanned: usize,
-    buf: Box<[u8]>,
+    /// Made at the first read that fills the small buffer on the stack: most children write a
+    /// few lines or nothing.
+    buf: Vec<u8>,
 }
 
+/// Pages of a memory file given back once this much of it was read.
+const RELEASE_EVERY: u64 = 1 << 20;
+
 impl Follower {
-    fn new(file: File, stream: Stream) -> Follower {
-        Follower { file, stream, partial: Vec::new(), scanned: 0, buf: vec![0; 64 * 1024].into_boxed_slice() }
+    fn new(reader: Reader, stream: Stream) -> Follower {
+        let released = reader.release.then_some(0);
+        Follower { file: reader.file, stream, at: 0, released, partial: Vec::new(), scanned: 0, buf: Vec::new() }
     }
 
     /// Hands out the full lines written so far, up to [`READ_PER_POLL`] bytes of them. Returns
-    /// whether it reached the end of what was written (or the file cannot be read).
+    /// whether it reached the end of what was written.
     fn read(&mut self, emit: &mut dyn FnMut(Stream, String)) -> bool {
+        use std::os::unix::fs::FileExt as _;
+        let mut small = [0u8; 4096];
         let mut total = 0;
-        while total < READ_PER_POLL {
-            match self.file.read(&mut self.buf) {
-                Ok(0) => return true,
+        let reached_end = loop {
+            if total >= READ_PER_POLL {
+                break false;
+            }
+            let buf: &mut [u8] = if self.buf.is_empty() { &mut small } else { &mut self.buf };
+            match self.file.read_at(buf, self.at) {
+                Ok(0) => break true,
                 Ok(n) => {
+                    let full = n == buf.len();
                     total += n;
-                    self.partial.extend_from_slice(&self.buf[..n]);
+                    self.at += n as u64;
+                    self.partial.extend_from_slice(&buf[..n]);
+                    if full && self.buf.is_empty() {
+                        self.buf = vec![0; 64 * 1024];
+                    }
                     self.split(emit);
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => {
                     tracing::debug!(error = %e, "could not read the child's output");
-                    return true;
+                    break true;
                 }
             }
+        };
+        self.release();
+        reached_end
+    }
+
+    /// Gives a memory file's pages back up to what was read, a MiB at a time: the file keeps
+    /// its length (the child's offset), the hole reads as zeros nobody reads again.
+    fn release(&mut self) {
+        use nix::fcntl::FallocateFlags as F;
+        let Some(released) = self.released else { return };
+        let upto = self.at & !4095;
+        if upto < released + RELEASE_EVERY {
+            return;
         }
-        false
+        let len = (upto - released) as i64;
+        match nix::fcntl::fallocate(
+            std::os::fd::AsRawFd::as_raw_fd(&self.file),
+            F::FALLOC_FL_PUNCH_HOLE | F::FALLOC_FL_KEEP_SIZE,
+            released as i64,
+            len,
+        ) {
+            Ok(()) => self.released = Some(upto),
+            // Kept whole (a kernel without holes in memory files): only memory, as on a disk.
+            Err(e) => {
+                tracing::debug!(error = %e, "could not release the output already read");
+                self.released = None;
+            }
+        }
     }
 
     /// Hands out every full line written so far, however many: for after the child exited. It
     /// stops at the length the file had when called: a grandchild that inherited the output and
     /// keeps writing (a daemon started with `&`) must not keep the step from ending.
     fn read_to_end(&mut self, emit: &mut dyn FnMut(Stream, String)) {
-        use std::io::Seek;
         let end = self.file.metadata().map(|m| m.len()).unwrap_or(0);
-        loop {
-            let at = self.file.stream_position().unwrap_or(end);
-            if at >= end || self.read(emit) {
-                break;
-            }
-        }
+        while self.at < end && !self.read(emit) {}
     }
 
     fn split(&mut self, emit: &mut dyn FnMut(Stream, String)) {
@@ -739,28 +805,62 @@ pub struct ProcessTracker {
 
 #[derive(Debug)]
 struct RunningNotes {
-    file: PathBuf,
+    path: PathBuf,
+    /// The note file, opened once and rewritten in place (see [`RunningNotes::save`]).
+    file: Option<File>,
+    /// How many bytes the file holds: its longest text so far.
+    len: usize,
     /// pid -> (start time, command)
     groups: BTreeMap<u32, (u64, String)>,
 }
 
 impl RunningNotes {
-    fn save(&self) {
-        // One file rewritten in place: creating and deleting a file per child costs more than
-        // the child on ext4.
-        let text: String = self
+    /// Rewrites the note with one `pwrite` at offset 0 into the file opened once; a shorter text
+    /// is padded with empty lines (which say nothing) to the file's length, so the file is never
+    /// truncated. On ext4 a truncation frees the file's block (a synchronous discard on a
+    /// `discard` mount) and makes the next close flush it: twice per child, that cost more than
+    /// the child.
+    fn save(&mut self) {
+        let text: Vec<u8> = self
             .groups
             .iter()
             .map(|(pid, (start, cmd))| format!("{pid}\t{start}\t{}\n", cmd.replace(['\n', '\r'], " ")))
-            .collect();
-        if crate::private::write(&self.file, text.as_bytes()).is_err() {
-            // `running/` itself, never the state directory above it: a state directory deleted
-            // mid-run is not recreated here (the driver says it is gone).
-            if let Some(dir) = self.file.parent() {
-                let _ = crate::private::create_dir(dir);
+            .collect::<String>()
+            .into_bytes();
+        for _ in 0..2 {
+            let Ok((file, len)) = self.open() else { continue };
+            let mut padded = text.clone();
+            padded.resize(padded.len().max(len), b'\n');
+            if std::os::unix::fs::FileExt::write_all_at(file, &padded, 0).is_ok() {
+                self.len = padded.len();
+                return;
             }
-            let _ = crate::private::write(&self.file, text.as_bytes());
+            self.file = None;
         }
+    }
+
+    /// The note file and its length: the one opened before while it still has a name, else
+    /// opened (created 0600, never through a link) again. A file of an earlier process with the
+    /// same pid is overwritten whole by the next save, as its length is taken here.
+    fn open(&mut self) -> std::io::Result<(&File, usize)> {
+        let still_named = |f: &File| f.metadata().is_ok_and(|m| std::os::unix::fs::MetadataExt::nlink(&m) > 0);
+        if !self.file.as_ref().is_some_and(still_named) {
+            let options = || std::fs::OpenOptions::new().write(true).create(true).clone();
+            let file = match crate::private::open(&self.path, &mut options()) {
+                Ok(file) => file,
+                Err(_) => {
+                    // `running/` itself, never the state directory above it: a state directory
+                    // deleted mid-run is not recreated here (the driver says it is gone).
+                    if let Some(dir) = self.path.parent() {
+                        let _ = crate::private::create_dir(dir);
+                    }
+                    crate::private::open(&self.path, &mut options())?
+                }
+            };
+            self.len = file.metadata().map_or(0, |m| m.len() as usize);
+            self.file = Some(file);
+        }
+        Ok((self.file.as_ref().expect("opened above"), self.len))
     }
 }
 
@@ -768,8 +868,9 @@ impl ProcessTracker {
     /// Notes every child of this rdeploy process under `dir` while it runs.
     /// Nothing is written until a child starts.
     pub fn in_dir(dir: PathBuf) -> ProcessTracker {
-        let file = dir.join(std::process::id().to_string());
-        ProcessTracker { notes: Some(Arc::new(Mutex::new(RunningNotes { file, groups: BTreeMap::new() }))) }
+        let path = dir.join(std::process::id().to_string());
+        let notes = RunningNotes { path, file: None, len: 0, groups: BTreeMap::new() };
+        ProcessTracker { notes: Some(Arc::new(Mutex::new(notes))) }
     }
 
     fn note(&self, pid: u32, command: impl FnOnce() -> String) {
@@ -1282,6 +1383,63 @@ pub(super) mod tests {
         tracker.note(1, || "init".into());
         assert_eq!(std::fs::metadata(&planted).unwrap().permissions().mode() & 0o777, 0o600);
         assert!(std::fs::read_to_string(&planted).unwrap().contains("\tinit\n"));
+    }
+
+    /// A memory file's pages are given back as rdeploy reads them; every line still arrives,
+    /// the file keeps its length, and the child's next write lands after what it wrote.
+    #[test]
+    fn a_memory_file_is_given_back_as_it_is_read() {
+        use std::io::Write as _;
+        use std::os::unix::fs::MetadataExt as _;
+        let fd = nix::sys::memfd::memfd_create(c"test", nix::sys::memfd::MemFdCreateFlag::MFD_CLOEXEC).unwrap();
+        let mut write = File::from(fd);
+        let text: String = (0..100_000).map(|i| format!("line {i:06} of the tool's output\n")).collect();
+        write.write_all(text.as_bytes()).unwrap();
+        let mut follower = Follower::new(Reader { file: write.try_clone().unwrap(), release: true }, Stream::Stdout);
+        let mut lines = Vec::new();
+        follower.read_to_end(&mut |_, line| lines.push(line));
+        assert_eq!(lines.len(), 100_000);
+        assert_eq!(lines[99_999], "line 099999 of the tool's output");
+        let meta = write.metadata().unwrap();
+        assert_eq!(meta.len(), text.len() as u64, "the length stays");
+        assert!(
+            meta.blocks() * 512 < text.len() as u64 - RELEASE_EVERY,
+            "{} bytes held of {}",
+            meta.blocks() * 512,
+            text.len()
+        );
+        write.write_all(b"after\n").unwrap();
+        follower.read_to_end(&mut |_, line| lines.push(line));
+        assert_eq!(lines.last().map(String::as_str), Some("after"));
+    }
+
+    /// The note is one file rewritten in place (never truncated): a shorter note leaves no line
+    /// of a longer one, an older process's file with the same pid is overwritten whole, and a
+    /// file deleted under the run (its state directory removed) is made again.
+    #[test]
+    fn running_notes_are_rewritten_in_place() {
+        use std::os::unix::fs::MetadataExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let running = dir.path().join("running");
+        std::fs::create_dir(&running).unwrap();
+        let path = running.join(std::process::id().to_string());
+        std::fs::write(&path, "99\t5\tan older rdeploy's tool with a long command line\n".repeat(3)).unwrap();
+        let pids = || -> Vec<i32> {
+            std::fs::read_to_string(&path).unwrap().lines().filter_map(parse_note).map(|(pid, ..)| pid).collect()
+        };
+        let tracker = ProcessTracker::in_dir(running.clone());
+        tracker.note(11, || "terraform apply -auto-approve -input=false".into());
+        assert_eq!(pids(), [11], "the older file is overwritten whole");
+        tracker.note(12, || "helm".into());
+        let inode = std::fs::metadata(&path).unwrap().ino();
+        tracker.forget(11);
+        assert_eq!(pids(), [12]);
+        tracker.forget(12);
+        assert_eq!(pids(), Vec::<i32>::new());
+        assert_eq!(std::fs::metadata(&path).unwrap().ino(), inode, "rewritten in place");
+        std::fs::remove_dir_all(&running).unwrap();
+        tracker.note(13, || "kubectl".into());
+        assert_eq!(pids(), [13], "noted again after its file was deleted");
     }
 
     fn note(dir: &Path, lines: &[(u32, u64, &str)]) {

@@ -444,6 +444,11 @@ unsafe fn start_child(req: &Decoded, out: RawFd, err: RawFd, rdeploy: libc::pid_
         .collect();
     let envp: Vec<*const libc::c_char> =
         req.env.iter().map(|v| v.as_ptr()).chain(std::iter::once(std::ptr::null())).collect();
+    if !req.relay {
+        // SAFETY: as this function's.
+        return unsafe { start_sharing_memory(req, &mut argv, &envp, out, err, rdeploy) };
+    }
+    // The relay forks a process of its own in the child, so this child is a full copy.
     // SAFETY: system calls in the single-threaded spawner; the child only makes
     // async-signal-safe calls on memory prepared above, then execs or `_exit`s.
     unsafe {
@@ -485,6 +490,65 @@ unsafe fn start_child(req: &Decoded, out: RawFd, err: RawFd, rdeploy: libc::pid_
     }
 }
 
+/// What the child started by [`start_sharing_memory`] works on: the spawner's own memory.
+struct Shared<'a> {
+    req: &'a Decoded,
+    argv: &'a mut [*const libc::c_char],
+    envp: &'a [*const libc::c_char],
+    out: RawFd,
+    err: RawFd,
+    rdeploy: libc::pid_t,
+    /// Written by the child when it cannot exec.
+    errno: i32,
+}
+
+/// The child's stack for [`start_sharing_memory`], made once. The child runs on it only between
+/// `clone` and `exec`, which an exec of a script without `#!` (argv rebuilt on the stack) fits
+/// in many times over.
+static mut CHILD_STACK: Option<Box<[u8]>> = None;
+const CHILD_STACK_SIZE: usize = 256 * 1024;
+
+/// [`start_child`] as `posix_spawn` starts a child: `clone(CLONE_VM | CLONE_VFORK)`, the child
+/// running on the spawner's memory (no page tables copied, nothing torn down at its exec) until
+/// it execs, the spawner stopped meanwhile. It reports a failure before the exec in that memory,
+/// so no pipe is needed either.
+///
+/// # Safety
+/// Only in the spawner, which is single-threaded (`CLONE_VFORK` stops only the calling thread).
+unsafe fn start_sharing_memory(
+    req: &Decoded,
+    argv: &mut [*const libc::c_char],
+    envp: &[*const libc::c_char],
+    out: RawFd,
+    err: RawFd,
+    rdeploy: libc::pid_t,
+) -> (i32, i32) {
+    extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
+        // SAFETY: `arg` is the `Shared` of the stopped spawner, alive until this child execs or
+        // exits; only async-signal-safe calls follow.
+        unsafe {
+            let shared = &mut *(arg as *mut Shared<'_>);
+            let code = exec_child(shared.req, shared.argv, shared.envp, shared.out, shared.err, shared.rdeploy);
+            std::ptr::write_volatile(&mut shared.errno, code);
+            libc::_exit(127)
+        }
+    }
+    let mut shared = Shared { req, argv, envp, out, err, rdeploy, errno: 0 };
+    // SAFETY: the stack is only touched here, in the single-threaded spawner, and by the child
+    // while the spawner is stopped.
+    unsafe {
+        let stack = (*std::ptr::addr_of_mut!(CHILD_STACK)).get_or_insert_with(|| vec![0; CHILD_STACK_SIZE].into());
+        // The stack grows down from its end, kept 16-byte aligned.
+        let top = (stack.as_mut_ptr().add(stack.len()) as usize & !15) as *mut libc::c_void;
+        let flags = libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PARENT | libc::SIGCHLD;
+        let pid = libc::clone(child, top, flags, (&mut shared as *mut Shared<'_>).cast());
+        if pid < 0 {
+            return (0, errno());
+        }
+        (pid, std::ptr::read_volatile(&shared.errno))
+    }
+}
+
 fn errno() -> i32 {
     std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
 }
@@ -502,9 +566,6 @@ unsafe fn exec_child(
     err: RawFd,
     rdeploy: libc::pid_t,
 ) -> i32 {
-    extern "C" {
-        static mut environ: *const *const libc::c_char;
-    }
     // SAFETY: async-signal-safe calls in the child, on memory the spawner prepared.
     unsafe {
         // Started as std starts a child: no signal blocked, none ignored.
@@ -539,8 +600,9 @@ unsafe fn exec_child(
                 return libc::ESRCH;
             }
         }
-        environ = envp.as_ptr();
-        libc::execvp(req.program.as_ptr(), argv.as_mut_ptr().cast());
+        // `execvpe`, not `environ` and `execvp`: a child sharing the spawner's memory must
+        // not change the spawner's globals.
+        libc::execvpe(req.program.as_ptr(), argv.as_mut_ptr().cast(), envp.as_ptr());
         errno()
     }
 }
