@@ -376,3 +376,75 @@ fn helm3_rollback_over_a_renamed_object_says_why_and_the_way_out() {
         .stdout_has("kubectl delete configmap settings -n shop")
         .stdout_has("drop `recover: rollback`");
 }
+
+/// One helm step costs rdeploy four helm processes, not seven: `helm version` once per run
+/// (preflight and apply share it), `helm history` before and after the upgrade (no `helm
+/// status`: only recover's decision reads it), and the upgrade itself, whose `-o json` release
+/// gives the step's outputs (no `helm get metadata`). The outputs are exactly what `helm get
+/// metadata` says, with and without an `appVersion`, and the step's log keeps the chart's NOTES.
+fn one_helm_step_costs_four_helm_processes_with_the_outputs_of_get_metadata(major: u32) {
+    let sim = Kubesim::start("c1");
+    let mut p = Project::new();
+    for (k, v) in sim.env() {
+        p.env(&k, &v);
+    }
+    p.file(
+        "bin/helm",
+        &format!(
+            "#!/bin/sh\necho \"$1\" >> '{}'\nexec '{}' \"$@\"\n",
+            p.path("helm-calls").display(),
+            helm_bin(major).display()
+        ),
+    );
+    std::fs::set_permissions(p.path("bin/helm"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    p.file("chart/values.yaml", "color: red\n");
+    p.file(
+        "chart/templates/cm.yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: web\ndata:\n  color: {{ .Values.color | quote }}\n",
+    );
+    p.file("chart/templates/NOTES.txt", "the color is {{ .Values.color }}\n");
+    let stack = |color: &str| {
+        format!(
+            "name: app\nsteps:\n  - name: app\n    tool: helm\n    release: web\n    chart: ./chart\n    namespace: shop\n    context: c1\n    set: {{ color: {color} }}\n    binary: {}\n  - name: after\n    tool: shell\n    needs: [app]\n    run: echo \"{}\" > outputs.txt\n",
+            p.path("bin/helm").display(),
+            ["revision", "status", "chart_version", "app_version", "namespace"]
+                .map(|o| format!("${{{{ steps.app.outputs.{o} }}}}"))
+                .join(" "),
+        )
+    };
+    let metadata = || {
+        let text = sim.helm_ok(major, &["get", "metadata", "web", "-n", "shop", "--kube-context", "c1", "-o", "json"]);
+        let m: serde_json::Value = serde_json::from_str(&text).unwrap();
+        format!(
+            "{} {} {} {} {}\n",
+            m["revision"],
+            m["status"].as_str().unwrap(),
+            m["version"].as_str().unwrap(),
+            m["appVersion"].as_str().unwrap(),
+            m["namespace"].as_str().unwrap()
+        )
+    };
+    for (round, (chart, color)) in
+        [("version: 0.1.0\nappVersion: \"2.5\"\n", "red"), ("version: 0.2.0-rc.1\n", "blue")].into_iter().enumerate()
+    {
+        p.file("chart/Chart.yaml", &format!("apiVersion: v2\nname: web-app\n{chart}"));
+        p.stack(&stack(color));
+        p.remove("helm-calls");
+        p.rdeploy(&["up"]).code(0);
+        assert_eq!(p.lines("helm-calls"), ["version", "history", "upgrade", "history"], "round {round}");
+        assert_eq!(p.read("outputs.txt"), metadata(), "round {round}");
+        let log = p.read(".rdeploy/logs/app.log");
+        assert!(log.contains(&format!("NOTES:\nthe color is {color}\n")), "{log}");
+    }
+    assert_eq!(p.read("outputs.txt"), "2 deployed 0.2.0-rc.1  shop\n");
+}
+
+#[test]
+fn helm3_one_helm_step_costs_four_helm_processes_with_the_outputs_of_get_metadata() {
+    one_helm_step_costs_four_helm_processes_with_the_outputs_of_get_metadata(3);
+}
+
+#[test]
+fn helm4_one_helm_step_costs_four_helm_processes_with_the_outputs_of_get_metadata() {
+    one_helm_step_costs_four_helm_processes_with_the_outputs_of_get_metadata(4);
+}

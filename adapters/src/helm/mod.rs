@@ -330,6 +330,38 @@ fn in_flight(by: &crate::StartedBy, revision: u64) -> bool {
     by.in_flight || by.pending_seen == Some(revision)
 }
 
+/// A helm binary as found on disk: its resolved path and the file it names (device, inode,
+/// modification time), so a binary replaced at the same path is asked again.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct BinaryKey {
+    path: PathBuf,
+    file: (u64, u64, i64, i64),
+}
+
+impl BinaryKey {
+    fn of(path: &Path) -> Option<BinaryKey> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(path).ok()?;
+        Some(BinaryKey { path: path.to_path_buf(), file: (meta.dev(), meta.ino(), meta.mtime(), meta.mtime_nsec()) })
+    }
+}
+
+/// `helm version --short` of each binary this process asked (major, version): only a usable
+/// answer (helm 3 or 4) is kept, so a failing binary is asked again and reports its own error.
+fn versions() -> &'static std::sync::Mutex<std::collections::HashMap<BinaryKey, (u32, String)>> {
+    static VERSIONS: std::sync::OnceLock<std::sync::Mutex<std::collections::HashMap<BinaryKey, (u32, String)>>> =
+        std::sync::OnceLock::new();
+    VERSIONS.get_or_init(Default::default)
+}
+
+fn known_version(key: &BinaryKey) -> Option<(u32, String)> {
+    versions().lock().unwrap_or_else(|e| e.into_inner()).get(key).cloned()
+}
+
+fn remember_version(key: BinaryKey, major: u32, version: &str) {
+    versions().lock().unwrap_or_else(|e| e.into_inner()).insert(key, (major, version.to_string()));
+}
+
 /// One helm step against its release: the spec, the step's context, and the helm binary with
 /// its major version (3 or 4: their flags differ), found once per run.
 struct Release<'a> {
@@ -342,15 +374,25 @@ struct Release<'a> {
 }
 
 impl<'a> Release<'a> {
-    /// Finds helm and asks its version.
+    /// Finds helm and asks its version: once per binary per rdeploy process ([`known_version`]),
+    /// so a fleet step's clusters and the preflight before them share one `helm version`.
     async fn open(spec: &'a HelmSpec, ctx: &'a StepContext) -> Result<Release<'a>, AdapterError> {
         let binary = crate::resolve_binary(ctx, spec.binary_name(), INSTALL_HINT)?;
         let mut release = Release { spec, ctx, binary, major: 0, version: String::new() };
+        let key = BinaryKey::of(&release.binary);
+        if let Some((major, version)) = key.as_ref().and_then(known_version) {
+            release.major = major;
+            release.version = version;
+            return Ok(release);
+        }
         let cmd = release.command().args(["version", "--short"]);
         let Captured { outcome, stdout, .. } = capture(&cmd, ctx, Some(QUICK), None, StdoutLog::UnlessJson).await?;
         let version = stdout.first().map(|s| s.trim().to_string()).unwrap_or_default();
         match state::parse_major(&version) {
             Some(major @ (3 | 4)) if outcome.success() => {
+                if let Some(key) = key {
+                    remember_version(key, major, &version);
+                }
                 release.major = major;
                 release.version = version;
                 Ok(release)
@@ -392,8 +434,18 @@ impl<'a> Release<'a> {
     }
 
     /// The release's outputs for later steps: `revision`, `status`, `chart_version`,
-    /// `app_version` and `namespace`, from `helm get metadata` once the step's revision is in place.
-    async fn report_outputs(&self, sink: &dyn EventSink) -> Result<(), Failure> {
+    /// `app_version` and `namespace`, once the step's revision is in place: from the release
+    /// `helm upgrade -o json` printed for that revision when there is one ([`printed_outputs`]),
+    /// else from `helm get metadata`.
+    async fn report_outputs(
+        &self,
+        sink: &dyn EventSink,
+        printed: Option<crate::outputs::Outputs>,
+    ) -> Result<(), Failure> {
+        if let Some(values) = printed {
+            sink.emit(Event::Outputs { values });
+            return Ok(());
+        }
         let cmd = self
             .command()
             .args(["get", "metadata", &self.spec.release, "-o", "json"])
@@ -409,8 +461,48 @@ impl<'a> Release<'a> {
         Ok(())
     }
 
-    /// `helm history` and `helm status`; a release that does not exist is an empty state.
+    /// The step's log keeps what helm's text output said (`-o json` replaces it, and a JSON
+    /// document is not logged line by line): the release's name, namespace, status and
+    /// revision, and the chart's NOTES, redacted like any output.
+    fn log_printed_release(&self, sink: &dyn EventSink, cmd: &Command, stdout: &[String]) {
+        let Some(printed) = stdout
+            .first()
+            .filter(|l| l.starts_with('{'))
+            .and_then(|_| serde_json::from_str::<Value>(&stdout.join("\n")).ok())
+        else {
+            return;
+        };
+        let text = |v: Option<&Value>| v.and_then(Value::as_str).unwrap_or("").to_string();
+        let info = printed.get("info");
+        let mut lines = vec![
+            format!("NAME: {}", text(printed.get("name"))),
+            format!("NAMESPACE: {}", text(printed.get("namespace"))),
+            format!("STATUS: {}", text(info.and_then(|i| i.get("status")))),
+            format!("REVISION: {}", printed.get("version").and_then(Value::as_u64).unwrap_or(0)),
+        ];
+        let notes = text(info.and_then(|i| i.get("notes")));
+        if !notes.trim().is_empty() {
+            lines.push("NOTES:".into());
+            lines.extend(notes.lines().map(str::to_string));
+        }
+        for line in lines {
+            sink.emit(Event::Output { stream: crate::Stream::Stdout, line: cmd.redact_text(&line) });
+        }
+    }
+
+    /// `helm history` and `helm status`; a release that does not exist is an empty state. Only
+    /// [`Release::decide`] needs the status (the values of [`HelmSpec::same_as`]).
     async fn live(&self, sink: Option<&dyn EventSink>) -> Result<Live, Failure> {
+        self.read(sink, true).await
+    }
+
+    /// `helm history` alone (no status): enough where only the revisions matter, before an
+    /// upgrade and when settling what a helm command wrote.
+    async fn history(&self, sink: Option<&dyn EventSink>) -> Result<Live, Failure> {
+        self.read(sink, false).await
+    }
+
+    async fn read(&self, sink: Option<&dyn EventSink>, with_status: bool) -> Result<Live, Failure> {
         let history_cmd = self
             .command()
             .args(["history", &self.spec.release, "-o", "json", "--max", "256"])
@@ -425,6 +517,9 @@ impl<'a> Release<'a> {
                 .with_hint("check that the cluster is reachable"));
         }
         let history = state::parse_history(&stdout.join("\n")).map_err(Failure::new)?;
+        if !with_status {
+            return Ok(Live { history, status: None });
+        }
         let status_cmd = self
             .command()
             .args(["status", &self.spec.release, "-o", "json"])
@@ -642,15 +737,20 @@ impl<'a> Release<'a> {
             return Err(helm_failure(&cmd.display(), &outcome, &stderr)
                 .with_hint("check the release with `helm status`, then `rdeploy recover`"));
         }
-        self.live(Some(sink)).await
+        self.history(Some(sink)).await
     }
 
     /// One `helm upgrade --install`, settled from history: the first new revision is ours.
-    async fn upgrade(&self, sink: &dyn EventSink, before: &Live) -> Result<(), Failure> {
-        let words = self.spec.upgrade_words(self.major, Some(self.ctx));
+    /// `-o json` (on the command rdeploy runs, not in the runbook) makes helm print the release
+    /// it wrote; the outputs of that revision come from it ([`printed_outputs`]), `None` when
+    /// helm printed no release for exactly that revision.
+    async fn upgrade(&self, sink: &dyn EventSink, before: &Live) -> Result<Option<crate::outputs::Outputs>, Failure> {
+        let mut words = self.spec.upgrade_words(self.major, Some(self.ctx));
+        words.extend(["-o".to_string(), "json".to_string()]);
         let what = format!("`helm upgrade --install {}`", self.spec.release);
         let _secret_values = self.secret_values_file(SECRET_VALUES_FILE)?;
-        self.run_revision(sink, before, words, &what, None).await.map(|_| ())
+        let written = self.run_revision(sink, before, words, &what, None).await?;
+        Ok(printed_outputs(&written.stdout, &self.spec.release, written.revision))
     }
 
     async fn rollback(&self, sink: &dyn EventSink, before: &Live, to: u64) -> Result<Live, Failure> {
@@ -659,11 +759,12 @@ impl<'a> Release<'a> {
         let namespace = self.spec.namespace.clone().unwrap_or_else(|| "default".into());
         self.run_revision(sink, before, words, &what, Some(to))
             .await
+            .map(|written| written.after)
             .map_err(|f| renamed_object_rollback(f, &namespace))
     }
 
-    /// Runs a helm command that writes one revision, then reads history and status again and
-    /// settles the revision it wrote as Done (deployed) or Failed.
+    /// Runs a helm command that writes one revision, then reads the history again and settles
+    /// the revision it wrote as Done (deployed) or Failed.
     async fn run_revision(
         &self,
         sink: &dyn EventSink,
@@ -671,7 +772,7 @@ impl<'a> Release<'a> {
         words: Vec<String>,
         what: &str,
         rollback_to: Option<u64>,
-    ) -> Result<Live, Failure> {
+    ) -> Result<Written, Failure> {
         if self.ctx.cancel.is_cancelled() {
             return Err(Failure { interrupted: true, ..Failure::new(format!("stopped before {what}")) });
         }
@@ -679,10 +780,11 @@ impl<'a> Release<'a> {
         sink.emit(Event::Started { id: self.spec.id(expected) });
         let cmd = self.command().args(&words);
         let backstop = self.ctx.timeout.map(|t| t + BACKSTOP);
-        let Captured { outcome, stderr, .. } =
+        let Captured { outcome, stdout, stderr } =
             capture(&cmd, self.ctx, backstop, Some(sink), StdoutLog::UnlessJson).await.map_err(Failure::from)?;
+        self.log_printed_release(sink, &cmd, &stdout);
         // Read helm's state even after an interrupt: the revision may be written already.
-        let after = match self.live(Some(sink)).await {
+        let after = match self.history(Some(sink)).await {
             Ok(after) => after,
             Err(e) if outcome.interrupted => return Err(Failure { interrupted: true, ..e }),
             Err(e) => return Err(e),
@@ -719,7 +821,7 @@ impl<'a> Release<'a> {
                 None => format!("revision {} deployed ({})", ours.revision, ours.chart),
             };
             sink.emit(Event::Done { id, note: Some(note) });
-            return Ok(after);
+            return Ok(Written { revision: ours.revision, after, stdout });
         }
         if ours.is_pending() && outcome.interrupted {
             // helm was stopped mid-way: the revision stays uncertain, recover reads helm's state.
@@ -796,7 +898,7 @@ impl Adapter for HelmSpec {
 
     async fn apply(&self, ctx: &StepContext, sink: &dyn EventSink) -> Result<(), Failure> {
         let release = Release::open(self, ctx).await?;
-        let before = release.live(Some(sink)).await?;
+        let before = release.history(Some(sink)).await?;
         if let Some(latest) = before.latest().filter(|r| r.is_pending()) {
             // helm itself would refuse ("another operation is in progress"); say why plainly.
             let id = self.id(before.next_revision());
@@ -819,8 +921,8 @@ impl Adapter for HelmSpec {
             return Err(Failure::new(error).with_hint(hint));
         }
         sink.emit(Event::Planned { ids: vec![self.id(before.next_revision())] });
-        release.upgrade(sink, &before).await?;
-        release.report_outputs(sink).await
+        let printed = release.upgrade(sink, &before).await?;
+        release.report_outputs(sink, printed).await
     }
 
     async fn recover(&self, ctx: &StepContext, prior: &PriorStep, sink: &dyn EventSink) -> Result<Recovered, Failure> {
@@ -964,6 +1066,43 @@ impl Adapter for HelmSpec {
     }
 }
 
+/// What a helm command that wrote a revision left: the history read after it, the revision
+/// settled as ours (deployed), and helm's stdout (the release, for `upgrade -o json`).
+struct Written {
+    after: Live,
+    revision: u64,
+    stdout: Vec<String>,
+}
+
+/// The release `helm upgrade --install -o json` printed (helm 3 and 4 print the release they
+/// wrote, on success), when it is `release` at `revision`.
+fn printed_release(stdout: &[String], release: &str, revision: u64) -> Option<Value> {
+    if !stdout.first().is_some_and(|l| l.starts_with('{')) {
+        return None;
+    }
+    let printed: Value = serde_json::from_str(&stdout.join("\n")).ok()?;
+    let exact = printed.get("name").and_then(Value::as_str) == Some(release)
+        && printed.get("version").and_then(Value::as_u64) == Some(revision);
+    exact.then_some(printed)
+}
+
+/// The outputs `helm get metadata -o json` would give for the release `upgrade -o json`
+/// printed, field by field from the same release record: `version` is the revision,
+/// `info.status`, `chart.metadata.version` and `appVersion` (omitted when the chart has none,
+/// which `get metadata` shows as ""), `namespace`. `None` unless it is `release` at `revision`.
+fn printed_outputs(stdout: &[String], release: &str, revision: u64) -> Option<crate::outputs::Outputs> {
+    let printed = printed_release(stdout, release, revision)?;
+    let chart = printed.get("chart")?.get("metadata")?;
+    let metadata = serde_json::json!({
+        "revision": printed.get("version")?,
+        "status": printed.get("info")?.get("status")?.as_str()?,
+        "version": chart.get("version")?.as_str()?,
+        "appVersion": chart.get("appVersion").and_then(Value::as_str).unwrap_or(""),
+        "namespace": printed.get("namespace")?.as_str()?,
+    });
+    Some(release_outputs(&metadata))
+}
+
 /// A release's outputs from its `helm get metadata -o json`.
 fn release_outputs(metadata: &Value) -> crate::outputs::Outputs {
     use crate::outputs::OutputValue::Plain;
@@ -1090,14 +1229,14 @@ impl HelmSpec {
                 let id = self.id(revision);
                 sink.emit(Event::Planned { ids: vec![id.clone()] });
                 sink.emit(Event::Done { id, note: Some("already deployed at the wanted chart and values".into()) });
-                release.report_outputs(sink).await?;
+                release.report_outputs(sink, None).await?;
                 Ok(Recovered::Complete)
             }
             Decision::Upgrade { why } => {
                 sink.emit(Event::Planned { ids: vec![self.id(live.next_revision())] });
                 sink.emit(Event::Warning { message: format!("{why}; running `helm upgrade --install`") });
-                release.upgrade(sink, &live).await?;
-                release.report_outputs(sink).await?;
+                let printed = release.upgrade(sink, &live).await?;
+                release.report_outputs(sink, printed).await?;
                 Ok(Recovered::Complete)
             }
             Decision::Rollback { to, why, then_upgrade, abandoned } => {
@@ -1112,8 +1251,8 @@ impl HelmSpec {
                     self.settle_abandoned(sink, &live, abandoned, &format!("rolled back to revision {to}"));
                 }
                 if then_upgrade {
-                    release.upgrade(sink, &after).await?;
-                    release.report_outputs(sink).await?;
+                    let printed = release.upgrade(sink, &after).await?;
+                    release.report_outputs(sink, printed).await?;
                     Ok(Recovered::Complete)
                 } else {
                     sink.emit(Event::Warning {
@@ -1130,7 +1269,7 @@ impl HelmSpec {
                 let after = release.uninstall(sink).await?;
                 self.settle_abandoned(sink, &live, abandoned, "uninstalled");
                 sink.emit(Event::Planned { ids: vec![self.id(after.next_revision())] });
-                release.upgrade(sink, &after).await.map(|()| Recovered::Complete)
+                release.upgrade(sink, &after).await.map(|_| Recovered::Complete)
             }
             Decision::Refuse { failure } => {
                 if let Some(latest) = live.latest() {
@@ -1214,6 +1353,80 @@ mod tests {
             secrets: Default::default(),
             started_by: Default::default(),
             processes: Default::default(),
+        }
+    }
+
+    /// A wrapper around the real helm `major` at `dir/helm` that appends its first argument to
+    /// `dir/calls`; `tag` makes a different file of it.
+    fn counting_helm(dir: &Path, major: u32, tag: &str) -> PathBuf {
+        let real = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../tools/helm{major}/helm"));
+        assert!(real.is_file(), "helm {major} is missing at {} (scripts/fetch-helm.sh)", real.display());
+        let wrapper = dir.join("helm");
+        let _ = std::fs::remove_file(&wrapper);
+        let script = format!(
+            "#!/bin/sh\n# {tag}\necho \"$1\" >> '{}'\nexec '{}' \"$@\"\n",
+            dir.join("calls").display(),
+            real.display()
+        );
+        std::fs::write(&wrapper, script).unwrap();
+        std::fs::set_permissions(&wrapper, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        wrapper
+    }
+
+    #[tokio::test]
+    async fn helm_version_is_asked_once_per_binary_and_again_when_it_is_replaced() {
+        for major in [3, 4] {
+            let dir = tempfile::tempdir().unwrap();
+            let calls = || std::fs::read_to_string(dir.path().join("calls")).unwrap_or_default().lines().count();
+            let wrapper = counting_helm(dir.path(), major, "first");
+            let spec = HelmSpec { binary: Some(wrapper.to_string_lossy().into_owned()), ..spec() };
+            let ctx = StepContext { stack_dir: dir.path().into(), work_dir: dir.path().into(), ..ctx() };
+            let first = Release::open(&spec, &ctx).await.unwrap();
+            let second = Release::open(&spec, &ctx).await.unwrap();
+            assert_eq!((first.major, second.major), (major, major));
+            assert!(first.version.starts_with(&format!("v{major}.")), "{}", first.version);
+            assert_eq!(first.version, second.version);
+            assert_eq!(calls(), 1, "helm {major}: the second open asks no helm");
+            // Another binary at the same path (a new file: inode or modification time differ).
+            let before = BinaryKey::of(&wrapper).unwrap();
+            let mut n = 0;
+            while BinaryKey::of(&wrapper).unwrap() == before {
+                n += 1;
+                counting_helm(dir.path(), major, &format!("replaced {n}"));
+            }
+            assert_eq!(Release::open(&spec, &ctx).await.unwrap().major, major);
+            assert_eq!(calls(), 2, "helm {major}: a replaced binary is asked again");
+        }
+    }
+
+    /// `helm upgrade --install -o json` as helm 3.17 and 4.1 printed it against kubesim (manifest
+    /// shortened), and `helm get metadata -o json` of the same revision right after.
+    #[test]
+    fn the_printed_release_gives_the_outputs_of_get_metadata() {
+        let cases = [
+            (
+                r#"{"name":"r3","info":{"first_deployed":"2026-12-01T17:44:54.711526059Z","last_deployed":"2026-12-01T17:44:57.087750867Z","deleted":"","description":"Upgrade complete","status":"deployed","notes":"hello notes\n"},"chart":{"metadata":{"name":"agent","version":"0.1.0","apiVersion":"v2","appVersion":"1.2.3"},"lock":null,"templates":[],"values":{"level":"info"},"schema":null,"files":[]},"config":{},"manifest":"---\n","version":2,"namespace":"ns3"}"#,
+                r#"{"name":"r3","chart":"agent","version":"0.1.0","appVersion":"1.2.3","namespace":"ns3","revision":2,"status":"deployed","deployedAt":"2026-12-01T17:44:57Z"}"#,
+                ("r3", 2),
+            ),
+            (
+                r#"{"name":"b4","info":{"first_deployed":"2026-12-01T17:45:24.866714587Z","last_deployed":"2026-12-01T17:45:24.866714587Z","description":"Install complete","status":"deployed"},"chart":{"metadata":{"name":"bare","version":"2.0.0-rc.1","apiVersion":"v2"},"lock":null,"templates":[],"values":null,"schema":null,"files":[]},"config":{},"manifest":"---\n","version":1,"namespace":"ns4","apply_method":"ssa"}"#,
+                r#"{"name":"b4","chart":"bare","version":"2.0.0-rc.1","appVersion":"","labels":{"modifiedAt":"1796147124","name":"b4","owner":"helm","status":"deployed","version":"1"},"namespace":"ns4","revision":1,"status":"deployed","deployedAt":"2026-12-01T17:45:24Z","applyMethod":"ssa"}"#,
+                ("b4", 1),
+            ),
+        ];
+        for (printed, metadata, (release, revision)) in cases {
+            let metadata: Value = serde_json::from_str(metadata).unwrap();
+            let printed = lines(printed);
+            assert_eq!(printed_outputs(&printed, release, revision), Some(release_outputs(&metadata)), "{release}");
+            // Not exactly the step's revision, or not a release at all: `helm get metadata` instead.
+            assert_eq!(printed_outputs(&printed, release, revision + 1), None);
+            assert_eq!(printed_outputs(&printed, "other", revision), None);
+            assert_eq!(
+                printed_outputs(&lines("Release \"r3\" has been upgraded. Happy Helming!"), release, revision),
+                None
+            );
+            assert_eq!(printed_outputs(&[], release, revision), None);
         }
     }
 
