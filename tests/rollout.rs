@@ -449,3 +449,33 @@ fn a_pending_upgrade_a_killed_run_left_on_one_cluster_is_recovered_without_force
     assert_eq!(status["state"], "complete", "{status}");
     assert_eq!(sub(&status, "edge-2")["status"], "done");
 }
+
+/// A fleet step asks `helm version` once for all its clusters (preflight and every cluster share
+/// the answer), and each cluster costs three helm processes: `history`, the upgrade, `history`
+/// (no `helm status`, no `helm get metadata`).
+#[test]
+fn a_fleet_step_asks_helm_version_once_and_three_helm_processes_per_cluster() {
+    let rel = "agent-helmcut";
+    let sim = Kubesim::start(&names(4));
+    let p = project(&sim);
+    p.file(
+        "bin/helm",
+        &format!(
+            "#!/bin/sh\necho \"$1\" >> '{}'\nexec '{}' \"$@\"\n",
+            p.path("helm-calls").display(),
+            helm_bin(HELM).display()
+        ),
+    );
+    std::fs::set_permissions(p.path("bin/helm"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let stack = helm_stack(rel, "edge-*", r#"{ waves: [1, "100%"], parallel: 2 }"#, "")
+        .replace(&helm_bin(HELM).display().to_string(), &p.path("bin/helm").display().to_string());
+    p.stack(&stack);
+    p.rdeploy(&["up"]).code(0);
+    let mut calls = p.lines("helm-calls");
+    calls.sort();
+    let count = |verb: &str| calls.iter().filter(|c| *c == verb).count();
+    assert_eq!([count("version"), count("history"), count("upgrade"), calls.len()], [1, 8, 4, 13], "{calls:?}");
+    for i in 1..=4 {
+        assert_eq!(revisions(&sim, rel, &format!("edge-{i}")), 1, "edge-{i}");
+    }
+}
