@@ -8,17 +8,21 @@
 # are done, and `rdeploy recover --dry-run` (which decides from the checkpoint what is left) and
 # the real `rdeploy recover` are timed. Goal: recover decides in under 1 s for 400 clusters.
 #
-# Measured once, release build, on the shared 2-core machine under heavy load (load average
-# 40-78: the full test suite and other engineers' builds ran at the same time), helm 4.1.4:
-#   400 clusters, parallel 50: rdeploy up 818.7 s, 2.05 s per cluster;
-#   sequential helm upgrade --install --wait (40-cluster sample): 134.0 s, 3.35 s per cluster.
-#   The resume phase was not measured at 400 clusters (stopped to free the machine); a debug-build
-#   smoke run at 8 clusters killed at 50%: recover --dry-run decided what was left in 0.17 s.
-# Each cluster costs rdeploy 3 helm processes (history, upgrade -o json, history: `helm version`
-# is asked once per run, the outputs come from the release the upgrade prints) and 2 API reads,
-# against 1 helm for the plain loop; it was 7 (version, history, status, upgrade, history,
-# status, get metadata) before. Debug build, 20 clusters, parallel 5, load average about 6:
-# 0.79/0.49/0.87 s per cluster before, 0.51/0.35/0.52 s after (sequential helm 0.32-0.59 s).
+# Measured on the shared 2-core machine, release builds, helm 4.1.4:
+# - under heavy load (load average 40-78: the test suite and other builds ran meanwhile):
+#   400 clusters, parallel 50: rdeploy up 818.7 s, 2.05 s per cluster; sequential helm upgrade
+#   --install --wait (40-cluster sample): 134.0 s, 3.35 s per cluster.
+# - quiet (nothing else running; the rollout itself drives the load average to 36-43):
+#   `benches/rollout.sh 400 50 20`: rdeploy up 536.4 s, 1.34 s per cluster; sequential helm
+#   (20-cluster sample) 18.1 s, 0.906 s per cluster. Killed with 200 of 400 clusters done (waves
+#   1-3 done, wave 4 at 0/200): `recover --dry-run` decided what was left in 0.234 s (goal < 1 s);
+#   the real `recover` finished the rollout in 371.3 s.
+# These figures are from before the helm cut: each cluster cost rdeploy 7 helm processes
+# (version, history, status, upgrade, history, status, get metadata) and 2 API reads, against 1
+# helm for the plain loop. Now it costs 3 (history, upgrade -o json, history: `helm version` is
+# asked once per run, the outputs come from the release the upgrade prints). Debug build, 20
+# clusters, parallel 5, load average about 6, three runs each: 0.79/0.49/0.87 s per cluster
+# before, 0.51/0.35/0.52 s after (sequential helm 0.32-0.59 s per cluster meanwhile).
 #
 # Usage: benches/rollout.sh [N] [PARALLEL] [SAMPLE]   (default 400, 50, 40).
 # Builds the release binaries first (honours CARGO_TARGET_DIR; PROFILE=debug for a smoke run;
