@@ -21,8 +21,8 @@
 # (version, history, status, upgrade, history, status, get metadata) and 2 API reads, against 1
 # helm for the plain loop. Now it costs 3 (history, upgrade -o json, history: `helm version` is
 # asked once per run, the outputs come from the release the upgrade prints). Debug build, 20
-# clusters, parallel 5, load average about 6, three runs each: 0.79/0.49/0.87 s per cluster
-# before, 0.51/0.35/0.52 s after (sequential helm 0.32-0.59 s per cluster meanwhile).
+# clusters, parallel 5, load average 6-8, four runs each: 0.79/0.49/0.87/0.80 s per cluster
+# before, 0.51/0.35/0.52/0.54 s after (sequential helm 0.32-0.59 s per cluster meanwhile).
 #
 # Usage: benches/rollout.sh [N] [PARALLEL] [SAMPLE]   (default 400, 50, 40).
 # Builds the release binaries first (honours CARGO_TARGET_DIR; PROFILE=debug for a smoke run;
