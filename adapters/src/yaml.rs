@@ -87,43 +87,13 @@ pub fn parse_located(text: &str) -> Result<Node, LoadError> {
     let text = text.strip_prefix(BOM).unwrap_or(text);
     let options = marked_yaml::LoaderOptions::default().error_on_duplicate_keys(true).prevent_coercion(true);
     let node = marked_yaml::parse_yaml_with_options(0, text, options).map_err(|e| describe(&e))?;
-    if may_hold_a_second_document(text) {
-        if let Some(at) = second_document(text) {
-            return Err(LoadError {
-                at: Some(at),
-                message: "a second YAML document starts here; a stack file holds one".into(),
-            });
-        }
+    if let Some(at) = second_document(text) {
+        return Err(LoadError {
+            at: Some(at),
+            message: "a second YAML document starts here; a stack file holds one".into(),
+        });
     }
     Ok(node)
-}
-
-/// Whether the text has a document marker (`---` or `...` starting a line) after its content
-/// began: only then can a second document follow (YAML 1.2: a document after the first starts
-/// with `---` or follows a `...`, and neither may start a line inside any scalar). Reading the
-/// stream's events again costs as much as the parse itself, so a stack file without one (most
-/// do: at most a `---` on top) is not read twice.
-fn may_hold_a_second_document(text: &str) -> bool {
-    let marker = |line: &str| {
-        (line.starts_with("---") || line.starts_with("..."))
-            && line[3..].chars().next().is_none_or(|c| c == ' ' || c == '\t' || c == '\r')
-    };
-    let mut content = false;
-    for line in text.lines() {
-        if marker(line) {
-            if content || line.starts_with("...") {
-                return true;
-            }
-            // The first document's own `---`: what follows it on the line is content.
-            content = !line[3..].trim().is_empty() && !line[3..].trim_start().starts_with('#');
-            continue;
-        }
-        let trimmed = line.trim_start();
-        if !(trimmed.is_empty() || trimmed.starts_with('#') || (line.starts_with('%') && !content)) {
-            content = true;
-        }
-    }
-    false
 }
 
 /// Where a second document starts, if the text has one. `marked_yaml` reads the first
@@ -446,10 +416,8 @@ mod tests {
         // A bare document after `...` is a second one too.
         let e = parse_located("name: s\n...\nname: t\n").unwrap_err();
         assert_eq!(e.at.map(|a| a.line), Some(3), "{}", e.message);
-        // Only a marker after the content began sends the text to the second read.
-        assert!(!may_hold_a_second_document("# top\n--- # one\nname: s\nrun: |\n  --- not a marker\n---x: 1\n"));
-        assert!(may_hold_a_second_document("name: s\n---\n"));
-        assert!(may_hold_a_second_document("--- {name: s}\n---\n"));
+        // Content after the first document that is not a document at all is an error too.
+        assert!(parse_located("{\"name\": \"s\"}\n{\"name\": \"t\", \"steps\": []}\n").is_err());
     }
 
     #[test]

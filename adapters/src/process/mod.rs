@@ -78,11 +78,11 @@ pub struct Command {
 /// Where a child's output is written while rdeploy follows it.
 #[derive(Clone, Debug, Default)]
 enum Output {
-    /// Unnamed files (`O_TMPFILE` where the filesystem has it) in the temporary directory:
-    /// gone once the child and rdeploy have both closed them.
+    /// Memory files (else unnamed files in the temporary directory): gone once the child and
+    /// rdeploy have both closed them.
     #[default]
     Unnamed,
-    /// The same in this directory (the step's work directory), else in the temporary one.
+    /// The same, the fallback unnamed file in this directory (the step's work directory).
     UnnamedIn(PathBuf),
     /// Files that stay after the child ends, so a later run can read what it did (terraform's
     /// JSON stream of an apply that outlived a killed rdeploy).
@@ -450,6 +450,8 @@ impl Command {
         }
         for follower in &mut followers {
             follower.finish(&mut |stream, line| self.deliver(&mut outcome, stream, line, on_line));
+            // All of it: a process the tool left running may keep the file, and write on.
+            follower.release_read(0);
         }
         unreaped.pgid = None;
         // Reaped: only a run that dies (or is dropped) before this line leaves its note behind.
@@ -718,10 +720,15 @@ impl Follower {
     /// Gives a memory file's pages back up to what was read, a MiB at a time: the file keeps
     /// its length (the child's offset), the hole reads as zeros nobody reads again.
     fn release(&mut self) {
+        self.release_read(RELEASE_EVERY);
+    }
+
+    /// Gives back what was read once at least `every` bytes of it are held.
+    fn release_read(&mut self, every: u64) {
         use nix::fcntl::FallocateFlags as F;
         let Some(released) = self.released else { return };
         let upto = self.at & !4095;
-        if upto < released + RELEASE_EVERY {
+        if upto <= released || upto < released + every {
             return;
         }
         let len = (upto - released) as i64;
@@ -1385,6 +1392,26 @@ pub(super) mod tests {
         assert!(std::fs::read_to_string(&planted).unwrap().contains("\tinit\n"));
     }
 
+    /// A program named without a `/` is looked up in the PATH the command sets, not rdeploy's:
+    /// with and without the death-signal relay (two ways the spawner starts a child).
+    #[tokio::test]
+    async fn a_program_is_found_on_the_commands_own_path() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let pinned = dir.path().join("pinned");
+        std::fs::create_dir(&pinned).unwrap();
+        let tool = pinned.join("rdeploy-test-pinned-tool");
+        std::fs::write(&tool, "#!/bin/sh\necho pinned\n").unwrap();
+        std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let path = format!("{}:/usr/bin:/bin", pinned.display());
+        for signal in [Signal::SIGTERM, Signal::SIGINT] {
+            let cmd = Command::new("rdeploy-test-pinned-tool").env("PATH", &path).on_rdeploy_death(signal);
+            let (outcome, lines) = run(cmd).await;
+            assert!(outcome.success(), "{signal}: {outcome:?}");
+            assert_eq!(lines, [(Stream::Stdout, "pinned".to_string())], "{signal}");
+        }
+    }
+
     /// A memory file's pages are given back as rdeploy reads them; every line still arrives,
     /// the file keeps its length, and the child's next write lands after what it wrote.
     #[test]
@@ -1576,18 +1603,13 @@ pub(super) mod tests {
         let (pgid, pid) = group.trim_start_matches("pgid=").split_once(" pid=").unwrap();
         assert_eq!(pgid, pid, "its own process group");
         assert!(lines.contains(&"/dev/null"), "{lines:?}");
-        let spawners = std::fs::read_dir("/proc")
-            .unwrap()
-            .flatten()
-            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-            .filter(|pid| {
-                let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-                stat.contains("(rdeploy-spawner)")
-                    && stat.rsplit(')').next().and_then(|r| r.split_whitespace().nth(1))
-                        == Some(std::process::id().to_string().as_str())
-            })
-            .count();
-        assert_eq!(spawners, 1, "one spawner, a child of this process");
+        // The spawner: named so, a child of this process. (Counting processes by that name
+        // would also count another test's tool between its clone and its exec.)
+        let spawner = spawner::pid().expect("a spawner runs");
+        let stat = std::fs::read_to_string(format!("/proc/{spawner}/stat")).unwrap();
+        assert!(stat.contains("(rdeploy-spawner)"), "{stat}");
+        let ppid = stat.rsplit(')').next().and_then(|r| r.split_whitespace().nth(1)).unwrap();
+        assert_eq!(ppid, std::process::id().to_string(), "a child of this process: {stat}");
         drop(kept);
     }
 }

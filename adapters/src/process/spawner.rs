@@ -53,6 +53,13 @@ pub fn start_from_this_thread() {
     SPAWNER.get_or_init(|| fork_spawner().map_err(|e| tracing::debug!(error = %e, "no spawner")).ok().map(Mutex::new));
 }
 
+/// The spawner's pid, while it serves.
+#[cfg(test)]
+pub(super) fn pid() -> Option<libc::pid_t> {
+    let conn = connection()?.lock().unwrap_or_else(|e| e.into_inner());
+    conn.alive.then_some(conn.spawner)
+}
+
 /// The spawner, started on first use when `main` did not (a test binary): from a thread that
 /// never exits, so its death signal means the process's death.
 fn connection() -> Option<&'static Mutex<Connection>> {
@@ -444,11 +451,50 @@ unsafe fn start_child(req: &Decoded, out: RawFd, err: RawFd, rdeploy: libc::pid_
         .collect();
     let envp: Vec<*const libc::c_char> =
         req.env.iter().map(|v| v.as_ptr()).chain(std::iter::once(std::ptr::null())).collect();
-    if !req.relay {
-        // SAFETY: as this function's.
-        return unsafe { start_sharing_memory(req, &mut argv, &envp, out, err, rdeploy) };
+    extern "C" {
+        static mut environ: *const *const libc::c_char;
     }
-    // The relay forks a process of its own in the child, so this child is a full copy.
+    // `execvp` in the child searches the PATH of `environ` (`execvpe` too: its `envp` is only
+    // what the program gets), so the child's environment is the spawner's own for the length of
+    // the clone: the spawner is single-threaded and reads no variable of its own.
+    // SAFETY: single-threaded; restored before `envp` is dropped.
+    let saved = unsafe { environ };
+    unsafe { environ = envp.as_ptr() };
+    // Every signal blocked across the clone, as `posix_spawn` does: no handler may run in a child
+    // that shares the spawner's memory before it reset the handlers ([`exec_child`]).
+    let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
+    let mut before: libc::sigset_t = unsafe { std::mem::zeroed() };
+    unsafe {
+        libc::sigfillset(&mut all);
+        libc::sigprocmask(libc::SIG_SETMASK, &all, &mut before);
+    }
+    // SAFETY: as this function's.
+    let started = unsafe {
+        if req.relay {
+            start_copy(req, &mut argv, out, err, rdeploy)
+        } else {
+            start_sharing_memory(req, &mut argv, out, err, rdeploy)
+        }
+    };
+    unsafe {
+        libc::sigprocmask(libc::SIG_SETMASK, &before, std::ptr::null_mut());
+        environ = saved;
+    }
+    started
+}
+
+/// [`start_child`] for a tool with a relay, which forks a process of its own in the child: the
+/// child is a full copy of the spawner, reporting a failure before its exec through a pipe.
+///
+/// # Safety
+/// Only in the spawner, which is single-threaded.
+unsafe fn start_copy(
+    req: &Decoded,
+    argv: &mut [*const libc::c_char],
+    out: RawFd,
+    err: RawFd,
+    rdeploy: libc::pid_t,
+) -> (i32, i32) {
     // SAFETY: system calls in the single-threaded spawner; the child only makes
     // async-signal-safe calls on memory prepared above, then execs or `_exit`s.
     unsafe {
@@ -459,7 +505,7 @@ unsafe fn start_child(req: &Decoded, out: RawFd, err: RawFd, rdeploy: libc::pid_
         let pid = libc::syscall(libc::SYS_clone, libc::CLONE_PARENT | libc::SIGCHLD, 0, 0, 0, 0);
         if pid == 0 {
             libc::close(pipe[0]);
-            let code = exec_child(req, &mut argv, &envp, out, err, rdeploy);
+            let code = exec_child(req, argv, out, err, rdeploy);
             let bytes = code.to_ne_bytes();
             libc::write(pipe[1], bytes.as_ptr().cast(), bytes.len());
             libc::_exit(127);
@@ -494,7 +540,6 @@ unsafe fn start_child(req: &Decoded, out: RawFd, err: RawFd, rdeploy: libc::pid_
 struct Shared<'a> {
     req: &'a Decoded,
     argv: &'a mut [*const libc::c_char],
-    envp: &'a [*const libc::c_char],
     out: RawFd,
     err: RawFd,
     rdeploy: libc::pid_t,
@@ -518,7 +563,6 @@ const CHILD_STACK_SIZE: usize = 256 * 1024;
 unsafe fn start_sharing_memory(
     req: &Decoded,
     argv: &mut [*const libc::c_char],
-    envp: &[*const libc::c_char],
     out: RawFd,
     err: RawFd,
     rdeploy: libc::pid_t,
@@ -528,16 +572,22 @@ unsafe fn start_sharing_memory(
         // exits; only async-signal-safe calls follow.
         unsafe {
             let shared = &mut *(arg as *mut Shared<'_>);
-            let code = exec_child(shared.req, shared.argv, shared.envp, shared.out, shared.err, shared.rdeploy);
+            let code = exec_child(shared.req, shared.argv, shared.out, shared.err, shared.rdeploy);
             std::ptr::write_volatile(&mut shared.errno, code);
             libc::_exit(127)
         }
     }
-    let mut shared = Shared { req, argv, envp, out, err, rdeploy, errno: 0 };
+    let mut shared = Shared { req, argv, out, err, rdeploy, errno: 0 };
     // SAFETY: the stack is only touched here, in the single-threaded spawner, and by the child
     // while the spawner is stopped.
     unsafe {
-        let stack = (*std::ptr::addr_of_mut!(CHILD_STACK)).get_or_insert_with(|| vec![0; CHILD_STACK_SIZE].into());
+        // Room for an argv rebuilt on the stack (a script without `#!`), however many arguments.
+        let size = CHILD_STACK_SIZE + shared.argv.len() * 2 * std::mem::size_of::<*const libc::c_char>();
+        let cached = &mut *std::ptr::addr_of_mut!(CHILD_STACK);
+        if cached.as_ref().is_none_or(|s| s.len() < size) {
+            *cached = Some(vec![0; size].into());
+        }
+        let stack = cached.as_mut().expect("made above");
         // The stack grows down from its end, kept 16-byte aligned.
         let top = (stack.as_mut_ptr().add(stack.len()) as usize & !15) as *mut libc::c_void;
         let flags = libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PARENT | libc::SIGCHLD;
@@ -561,16 +611,26 @@ fn errno() -> i32 {
 unsafe fn exec_child(
     req: &Decoded,
     argv: &mut [*const libc::c_char],
-    envp: &[*const libc::c_char],
     out: RawFd,
     err: RawFd,
     rdeploy: libc::pid_t,
 ) -> i32 {
     // SAFETY: async-signal-safe calls in the child, on memory the spawner prepared.
     unsafe {
-        // Started as std starts a child: no signal blocked, none ignored.
+        // Started as std starts a child: no signal blocked, none ignored (the spawner ignores
+        // the terminal's), and no handler the spawner inherited (a test binary's) left to run
+        // before the exec; signals stay blocked (see `start_child`) until then.
         for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGQUIT, libc::SIGHUP, libc::SIGPIPE] {
             libc::signal(sig, libc::SIG_DFL);
+        }
+        for sig in 1..=libc::SIGRTMAX() {
+            let mut old: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(sig, std::ptr::null(), &mut old) == 0
+                && old.sa_sigaction != libc::SIG_DFL
+                && old.sa_sigaction != libc::SIG_IGN
+            {
+                libc::signal(sig, libc::SIG_DFL);
+            }
         }
         let mut none: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut none);
@@ -600,9 +660,8 @@ unsafe fn exec_child(
                 return libc::ESRCH;
             }
         }
-        // `execvpe`, not `environ` and `execvp`: a child sharing the spawner's memory must
-        // not change the spawner's globals.
-        libc::execvpe(req.program.as_ptr(), argv.as_mut_ptr().cast(), envp.as_ptr());
+        // `environ` is the child's environment already (see `start_child`).
+        libc::execvp(req.program.as_ptr(), argv.as_mut_ptr().cast());
         errno()
     }
 }
