@@ -333,9 +333,9 @@ impl Command {
     /// One output file: the end the child writes and the end rdeploy reads (with `pread` at its
     /// own position, so reading never moves the child's write offset).
     fn output_file(&self, stream: Stream) -> std::io::Result<(File, Reader)> {
-        // A memory file (`memfd_create`): nothing of a tool's output (which may hold a secret
-        // the tool printed) reaches a disk, and making one costs a fraction of an `O_TMPFILE`
-        // on ext4, which scans its inode table for each. What rdeploy has read is given back as
+        // A memory file (`memfd_create`): a tool's output (which may hold a secret the tool
+        // printed) is not written to a filesystem (memory may still be swapped), and making one
+        // costs a fraction of an `O_TMPFILE` on ext4, which scans its inode table for each. What rdeploy has read is given back as
         // it goes (see [`Follower::release`]), so memory holds only the unread tail.
         let memory = || -> std::io::Result<(File, Reader)> {
             let fd = nix::sys::memfd::memfd_create(c"rdeploy-output", nix::sys::memfd::MemFdCreateFlag::MFD_CLOEXEC)?;
@@ -718,7 +718,7 @@ impl Follower {
     }
 
     /// Gives a memory file's pages back up to what was read, a MiB at a time: the file keeps
-    /// its length (the child's offset), the hole reads as zeros nobody reads again.
+    /// its length (where the writers append), the hole reads as zeros nobody reads again.
     fn release(&mut self) {
         self.release_read(RELEASE_EVERY);
     }

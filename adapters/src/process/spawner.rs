@@ -547,9 +547,9 @@ struct Shared<'a> {
     errno: i32,
 }
 
-/// The child's stack for [`start_sharing_memory`], made once. The child runs on it only between
-/// `clone` and `exec`, which an exec of a script without `#!` (argv rebuilt on the stack) fits
-/// in many times over.
+/// The child's stack for [`start_sharing_memory`], kept and grown when a request's argv needs
+/// more. The child runs on it only between `clone` and `exec`; an exec of a script without `#!`
+/// rebuilds argv on it, hence the room per argument.
 static mut CHILD_STACK: Option<Box<[u8]>> = None;
 const CHILD_STACK_SIZE: usize = 256 * 1024;
 
