@@ -1158,8 +1158,13 @@ mod tests {
 
     /// A one-second lease that nothing renews, so a test can let it run out.
     fn short_lease(url: &str) -> PostgresStore {
+        lease_of(url, Duration::from_secs(1))
+    }
+
+    /// A lease of `lease` that nothing renews.
+    fn lease_of(url: &str, lease: Duration) -> PostgresStore {
         let settings = Settings {
-            lease: Duration::from_secs(1),
+            lease,
             heartbeat: Duration::from_secs(3600),
             retry: Duration::from_secs(2),
             timeout: Duration::from_secs(5),
@@ -1170,7 +1175,9 @@ mod tests {
     #[test]
     fn a_lease_is_taken_over_only_once_expired_and_the_old_holder_is_fenced() {
         let server = test_server::PgServer::start();
-        let (a, b) = (short_lease(&server.url()), short_lease(&server.url()));
+        // b's own lease is long: the checks after its takeover must not race its expiry on a
+        // loaded machine (a lease nothing renews, 1 s, ran out before `b.holder()` at load 72).
+        let (a, b) = (short_lease(&server.url()), lease_of(&server.url(), Duration::from_secs(120)));
         let lock_a = a.lock("up").unwrap();
         let mut journal_a = a.create_journal().unwrap();
         journal_a.append(&warning(1, "from a")).unwrap();
