@@ -464,14 +464,8 @@ impl<'a> Release<'a> {
     /// The step's log keeps what helm's text output said (`-o json` replaces it, and a JSON
     /// document is not logged line by line): the release's name, namespace, status and
     /// revision, and the chart's NOTES, redacted like any output.
-    fn log_printed_release(&self, sink: &dyn EventSink, cmd: &Command, stdout: &[String]) {
-        let Some(printed) = stdout
-            .first()
-            .filter(|l| l.starts_with('{'))
-            .and_then(|_| serde_json::from_str::<Value>(&stdout.join("\n")).ok())
-        else {
-            return;
-        };
+    fn log_printed_release(&self, sink: &dyn EventSink, cmd: &Command, printed: Option<&Value>) {
+        let Some(printed) = printed else { return };
         let text = |v: Option<&Value>| v.and_then(Value::as_str).unwrap_or("").to_string();
         let info = printed.get("info");
         let mut lines = vec![
@@ -750,7 +744,7 @@ impl<'a> Release<'a> {
         let what = format!("`helm upgrade --install {}`", self.spec.release);
         let _secret_values = self.secret_values_file(SECRET_VALUES_FILE)?;
         let written = self.run_revision(sink, before, words, &what, None).await?;
-        Ok(printed_outputs(&written.stdout, &self.spec.release, written.revision))
+        Ok(printed_outputs(written.printed.as_ref(), &self.spec.release, written.revision))
     }
 
     async fn rollback(&self, sink: &dyn EventSink, before: &Live, to: u64) -> Result<Live, Failure> {
@@ -782,7 +776,8 @@ impl<'a> Release<'a> {
         let backstop = self.ctx.timeout.map(|t| t + BACKSTOP);
         let Captured { outcome, stdout, stderr } =
             capture(&cmd, self.ctx, backstop, Some(sink), StdoutLog::UnlessJson).await.map_err(Failure::from)?;
-        self.log_printed_release(sink, &cmd, &stdout);
+        let printed = printed_json(&stdout);
+        self.log_printed_release(sink, &cmd, printed.as_ref());
         // Read helm's state even after an interrupt: the revision may be written already.
         let after = match self.history(Some(sink)).await {
             Ok(after) => after,
@@ -821,7 +816,7 @@ impl<'a> Release<'a> {
                 None => format!("revision {} deployed ({})", ours.revision, ours.chart),
             };
             sink.emit(Event::Done { id, note: Some(note) });
-            return Ok(Written { revision: ours.revision, after, stdout });
+            return Ok(Written { revision: ours.revision, after, printed });
         }
         if ours.is_pending() && outcome.interrupted {
             // helm was stopped mid-way: the revision stays uncertain, recover reads helm's state.
@@ -1067,20 +1062,25 @@ impl Adapter for HelmSpec {
 }
 
 /// What a helm command that wrote a revision left: the history read after it, the revision
-/// settled as ours (deployed), and helm's stdout (the release, for `upgrade -o json`).
+/// settled as ours (deployed), and the JSON helm printed (the release, for `upgrade -o json`).
 struct Written {
     after: Live,
     revision: u64,
-    stdout: Vec<String>,
+    printed: Option<Value>,
 }
 
-/// The release `helm upgrade --install -o json` printed (helm 3 and 4 print the release they
-/// wrote, on success), when it is `release` at `revision`.
-fn printed_release(stdout: &[String], release: &str, revision: u64) -> Option<Value> {
+/// The JSON document a helm command printed on stdout (`upgrade --install -o json`: helm 3 and 4
+/// print the release they wrote, on success), read once for the log and the outputs.
+fn printed_json(stdout: &[String]) -> Option<Value> {
     if !stdout.first().is_some_and(|l| l.starts_with('{')) {
         return None;
     }
-    let printed: Value = serde_json::from_str(&stdout.join("\n")).ok()?;
+    serde_json::from_str(&stdout.join("\n")).ok()
+}
+
+/// The printed release when it is `release` at `revision`.
+fn printed_release<'a>(printed: Option<&'a Value>, release: &str, revision: u64) -> Option<&'a Value> {
+    let printed = printed?;
     let exact = printed.get("name").and_then(Value::as_str) == Some(release)
         && printed.get("version").and_then(Value::as_u64) == Some(revision);
     exact.then_some(printed)
@@ -1090,8 +1090,8 @@ fn printed_release(stdout: &[String], release: &str, revision: u64) -> Option<Va
 /// printed, field by field from the same release record: `version` is the revision,
 /// `info.status`, `chart.metadata.version` and `appVersion` (omitted when the chart has none,
 /// which `get metadata` shows as ""), `namespace`. `None` unless it is `release` at `revision`.
-fn printed_outputs(stdout: &[String], release: &str, revision: u64) -> Option<crate::outputs::Outputs> {
-    let printed = printed_release(stdout, release, revision)?;
+fn printed_outputs(printed: Option<&Value>, release: &str, revision: u64) -> Option<crate::outputs::Outputs> {
+    let printed = printed_release(printed, release, revision)?;
     let chart = printed.get("chart")?.get("metadata")?;
     let metadata = serde_json::json!({
         "revision": printed.get("version")?,
@@ -1417,16 +1417,21 @@ mod tests {
         ];
         for (printed, metadata, (release, revision)) in cases {
             let metadata: Value = serde_json::from_str(metadata).unwrap();
-            let printed = lines(printed);
-            assert_eq!(printed_outputs(&printed, release, revision), Some(release_outputs(&metadata)), "{release}");
+            let printed = printed_json(&lines(printed));
+            let printed = printed.as_ref();
+            assert_eq!(printed_outputs(printed, release, revision), Some(release_outputs(&metadata)), "{release}");
             // Not exactly the step's revision, or not a release at all: `helm get metadata` instead.
-            assert_eq!(printed_outputs(&printed, release, revision + 1), None);
-            assert_eq!(printed_outputs(&printed, "other", revision), None);
+            assert_eq!(printed_outputs(printed, release, revision + 1), None);
+            assert_eq!(printed_outputs(printed, "other", revision), None);
             assert_eq!(
-                printed_outputs(&lines("Release \"r3\" has been upgraded. Happy Helming!"), release, revision),
+                printed_outputs(
+                    printed_json(&lines("Release \"r3\" has been upgraded. Happy Helming!")).as_ref(),
+                    release,
+                    revision
+                ),
                 None
             );
-            assert_eq!(printed_outputs(&[], release, revision), None);
+            assert_eq!(printed_outputs(printed_json(&[]).as_ref(), release, revision), None);
         }
     }
 

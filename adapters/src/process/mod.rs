@@ -336,7 +336,7 @@ impl Command {
         // A memory file (`memfd_create`): a tool's output (which may hold a secret the tool
         // printed) is not written to a filesystem (memory may still be swapped), and making one
         // costs a fraction of an `O_TMPFILE` on ext4, which scans its inode table for each. What rdeploy has read is given back as
-        // it goes (see [`Follower::release`]), so memory holds only the unread tail.
+        // it goes (see [`Follower::release_read`]), so memory holds only the unread tail.
         let memory = || -> std::io::Result<(File, Reader)> {
             let fd = nix::sys::memfd::memfd_create(c"rdeploy-output", nix::sys::memfd::MemFdCreateFlag::MFD_CLOEXEC)?;
             // Appending: a memory file's position is not locked across writers as a file
@@ -713,17 +713,13 @@ impl Follower {
                 }
             }
         };
-        self.release();
+        self.release_read(RELEASE_EVERY);
         reached_end
     }
 
-    /// Gives a memory file's pages back up to what was read, a MiB at a time: the file keeps
-    /// its length (where the writers append), the hole reads as zeros nobody reads again.
-    fn release(&mut self) {
-        self.release_read(RELEASE_EVERY);
-    }
-
-    /// Gives back what was read once at least `every` bytes of it are held.
+    /// Gives a memory file's pages back up to what was read once at least `every` bytes of it
+    /// are held: the file keeps its length (where the writers append), the hole reads as zeros
+    /// nobody reads again.
     fn release_read(&mut self, every: u64) {
         use nix::fcntl::FallocateFlags as F;
         let Some(released) = self.released else { return };
@@ -828,7 +824,7 @@ impl RunningNotes {
     /// `discard` mount) and makes the next close flush it: twice per child, that cost more than
     /// the child.
     fn save(&mut self) {
-        let text: Vec<u8> = self
+        let mut text: Vec<u8> = self
             .groups
             .iter()
             .map(|(pid, (start, cmd))| format!("{pid}\t{start}\t{}\n", cmd.replace(['\n', '\r'], " ")))
@@ -836,10 +832,10 @@ impl RunningNotes {
             .into_bytes();
         for _ in 0..2 {
             let Ok((file, len)) = self.open() else { continue };
-            let mut padded = text.clone();
-            padded.resize(padded.len().max(len), b'\n');
-            if std::os::unix::fs::FileExt::write_all_at(file, &padded, 0).is_ok() {
-                self.len = padded.len();
+            // Padding only ever adds empty lines, so a retry may write it again.
+            text.resize(text.len().max(len), b'\n');
+            if std::os::unix::fs::FileExt::write_all_at(file, &text, 0).is_ok() {
+                self.len = text.len();
                 return;
             }
             self.file = None;
