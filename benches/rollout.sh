@@ -40,7 +40,7 @@ if [ -z "${RDEPLOY:-}" ] || [ -z "${KUBESIM:-}" ]; then
   RDEPLOY=$TARGET/$PROFILE/rdeploy
   KUBESIM=$TARGET/$PROFILE/kubesim
 fi
-HELM=${HELM:-$(ls "$PWD"/tools/helm4/helm 2>/dev/null || command -v helm)}
+REAL_HELM=${HELM:-$(ls "$PWD"/tools/helm4/helm 2>/dev/null || command -v helm)}
 work=$(mktemp -d)
 sim_pid=
 run_pid=
@@ -53,6 +53,15 @@ trap cleanup EXIT
 export HOME=$work/home HELM_CACHE_HOME=$work/home/.cache/helm HELM_CONFIG_HOME=$work/home/.config/helm
 export HELM_DATA_HOME=$work/home/.local/share/helm NO_COLOR=1
 mkdir -p "$HOME"
+# The counter: every helm run (rdeploy's and the loop's alike) goes through this wrapper, which
+# logs its subcommand; CPU is user+sys of the run and its children (/usr/bin/time).
+HELM=$work/helm
+printf '#!/bin/sh\necho "$1" >> "%s"\nexec "%s" "$@"\n' "$work/helm-calls" "$REAL_HELM" > "$HELM"
+chmod +x "$HELM"
+calls() { sort "$work/helm-calls" 2>/dev/null | uniq -c | awk '{printf "%s %s, ", $1, $2}' | sed 's/, $//'; : > "$work/helm-calls"; }
+timed() { /usr/bin/time -f '%e %U %S' -o "$work/time" "$@"; }
+wall_of() { awk '{print $1}' "$work/time"; }
+cpu_of() { awk '{print $2 + $3}' "$work/time"; }
 
 now() { date +%s%N; }
 secs() { echo "scale=3; ($2 - $1) / 1000000000" | bc; }
@@ -108,20 +117,20 @@ steps:
 EOF
 }
 
-echo "== $N clusters, parallel $PARALLEL, helm $("$HELM" version --short)"
+echo "== $N clusters, parallel $PARALLEL, helm $("$REAL_HELM" version --short), load average $(cut -d' ' -f1-3 /proc/loadavg)"
 stack info
-t0=$(now); "$RDEPLOY" -q --no-progress up > "$work/up.out" 2> "$work/up.err" || { tail -20 "$work/up.out"; exit 1; }; t1=$(now)
-total=$(secs "$t0" "$t1")
-echo "rdeploy up (first install):   ${total} s, $(per "$total" "$N") s per cluster"
+timed "$RDEPLOY" -q --no-progress up > "$work/up.out" 2> "$work/up.err" || { tail -20 "$work/up.out"; exit 1; }
+total=$(wall_of); rd_cpu=$(cpu_of)
+echo "rdeploy up (first install):   ${total} s, $(per "$total" "$N") s per cluster; CPU $(per "$rd_cpu" "$N") s per cluster"
+echo "  helm processes: $(calls) (for $N clusters)"
 
 mapfile -t contexts < <(grep -o 'name: cluster-[0-9]*' "$KUBECONFIG" | awk '{print $2}' | sort -u | head -n "$SAMPLE")
-t0=$(now)
-for ctx in "${contexts[@]}"; do
-  "$HELM" upgrade --install plain chart -n plain --create-namespace --kube-context "$ctx" --wait=watcher --timeout 2m > /dev/null
-done
-t1=$(now)
-plain=$(secs "$t0" "$t1")
-echo "sequential helm upgrade:      ${plain} s for ${#contexts[@]} clusters, $(per "$plain" "${#contexts[@]}") s per cluster"
+printf '%s\n' "${contexts[@]}" > "$work/sample"
+timed sh -c 'while read -r ctx; do "$0" upgrade --install plain chart -n plain --create-namespace --kube-context "$ctx" --wait=watcher --timeout 2m > /dev/null || exit 1; done < "$1"' "$HELM" "$work/sample"
+plain=$(wall_of); plain_cpu=$(cpu_of)
+echo "sequential helm upgrade:      ${plain} s for ${#contexts[@]} clusters, $(per "$plain" "${#contexts[@]}") s per cluster; CPU $(per "$plain_cpu" "${#contexts[@]}") s per cluster"
+echo "  helm processes: $(calls) (for ${#contexts[@]} clusters)"
+echo "ratios, rdeploy over the loop, per cluster: wall $(echo "scale=2; ($total / $N) / ($plain / ${#contexts[@]})" | bc), CPU $(echo "scale=2; ($rd_cpu / $N) / ($plain_cpu / ${#contexts[@]})" | bc)"
 
 echo "== resume after kill -9 at 50%"
 first=$("$RDEPLOY" status --json | grep -m1 '"deploy_id"' | cut -d'"' -f4)

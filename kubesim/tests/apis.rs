@@ -750,3 +750,45 @@ fn a_jobs_pod_template_is_immutable() {
     let o = k.kubectl_stdin(&["apply", "-f", "-"], &job("held", "migrate:2", "suspend: true\n  "));
     assert!(stderr(&o).contains("spec.template: Invalid value"), "{}", stderr(&o));
 }
+
+/// `Accept: application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1` (client-go's
+/// metadata client, kube's `list_metadata`): each item is its metadata alone, labels included,
+/// selected by `labelSelector`; without it the full objects come back.
+#[test]
+fn metadata_only_lists_carry_the_metadata_alone() {
+    use std::io::{Read, Write};
+    let k = Kubesim::start("c1");
+    for (name, owner) in [("s1", "helm"), ("s2", "helm"), ("s3", "someone")] {
+        k.kubectl_ok(&["--context", "c1", "create", "secret", "generic", name, "--from-literal=release=c2VjcmV0"]);
+        k.kubectl_ok(&["--context", "c1", "label", "secret", name, &format!("owner={owner}"), "name=web"]);
+    }
+    let list = |accept: &str| -> serde_json::Value {
+        let mut s = std::net::TcpStream::connect(&k.addr).unwrap();
+        write!(
+            s,
+            "GET /clusters/c1/api/v1/namespaces/default/secrets?labelSelector=owner%3Dhelm%2Cname%3Dweb HTTP/1.1\r\nHost: {}\r\nAccept: {accept}\r\nConnection: close\r\n\r\n",
+            k.addr
+        )
+        .unwrap();
+        let mut reply = String::new();
+        s.read_to_string(&mut reply).unwrap();
+        let body = reply.split_once("\r\n\r\n").unwrap().1;
+        // The body may be chunked: the JSON document is between the first `{` and the last `}`.
+        let json = &body[body.find('{').unwrap()..=body.rfind('}').unwrap()];
+        serde_json::from_str(json).unwrap()
+    };
+    let meta = list("application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json");
+    assert_eq!(meta["kind"], "PartialObjectMetadataList");
+    assert_eq!(meta["apiVersion"], "meta.k8s.io/v1");
+    let items = meta["items"].as_array().unwrap();
+    let names: Vec<&str> = items.iter().map(|i| i["metadata"]["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["s1", "s2"]);
+    for item in items {
+        assert_eq!(item["kind"], "PartialObjectMetadata");
+        assert_eq!(item["metadata"]["labels"]["owner"], "helm");
+        assert!(item.get("data").is_none(), "{item}");
+    }
+    let full = list("application/json");
+    assert_eq!(full["kind"], "SecretList");
+    assert_eq!(full["items"][0]["data"]["release"], "YzJWamNtVjA=");
+}

@@ -1,6 +1,8 @@
 //! The helm adapter: `helm upgrade --install` with the stack's values, checkpointed as the
 //! release revision it creates (sub-change id `release@revision`, e.g. `web@3`), with helm's
-//! status and history read before and after. Recovery decides from helm's own state: deployed at
+//! status and history read before and after: from its release records in the cluster's API
+//! ([`records`]; helm itself runs only to change the cluster), or from `helm history` and
+//! `helm status` where those records cannot be read in-process. Recovery decides from helm's own state: deployed at
 //! the wanted chart and values, failed (upgrade again, or roll back to the last deployed revision,
 //! always named), or stuck in `pending-*`. A pending revision this deploy's dead run abandoned
 //! (the journal shows the run started it and left it in flight, helm wrote it after that start,
@@ -11,6 +13,7 @@
 //! when the operator forces it with `rdeploy recover --force` ([`StepContext::force`]).
 
 pub mod preview;
+pub mod records;
 pub mod state;
 
 use std::collections::BTreeMap;
@@ -371,14 +374,54 @@ struct Release<'a> {
     major: u32,
     /// `helm version --short`, for preflight.
     version: String,
+    /// helm's release records read from the API in-process ([`records`]), opened at the first
+    /// read; `None` when helm must be asked instead (its storage or cluster settings are ones
+    /// [`records::Records::open`] does not read).
+    records: tokio::sync::OnceCell<Option<records::Records>>,
+}
+
+/// How much of the release a read needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Detail {
+    /// Revision numbers and statuses: what an upgrade needs before it runs.
+    Revisions,
+    /// Those, and every revision newer than this one in full: what a helm command wrote.
+    Since(u64),
+    /// Those, the latest revision in full and the release's status (its values): what
+    /// [`Release::decide`] needs.
+    Latest,
 }
 
 impl<'a> Release<'a> {
+    fn new(spec: &'a HelmSpec, ctx: &'a StepContext, binary: PathBuf) -> Release<'a> {
+        Release { spec, ctx, binary, major: 0, version: String::new(), records: tokio::sync::OnceCell::new() }
+    }
+
+    /// The release's records in the cluster's API, opened once; `None` (and helm is asked)
+    /// where they cannot be read in-process.
+    async fn records(&self) -> Option<&records::Records> {
+        self.records
+            .get_or_init(|| async {
+                let kubeconfig = self.spec.kubeconfig.as_ref().map(|k| self.ctx.resolve(k));
+                let opened = records::Records::open(
+                    &self.spec.release,
+                    kubeconfig,
+                    self.spec.context.as_deref(),
+                    self.spec.namespace.as_deref(),
+                    self.ctx,
+                )
+                .await;
+                opened.map_err(|why| tracing::debug!("helm release records read through helm: {why}")).ok()
+            })
+            .await
+            .as_ref()
+    }
+
     /// Finds helm and asks its version: once per binary per rdeploy process ([`known_version`]),
     /// so a fleet step's clusters and the preflight before them share one `helm version`.
     async fn open(spec: &'a HelmSpec, ctx: &'a StepContext) -> Result<Release<'a>, AdapterError> {
         let binary = crate::resolve_binary(ctx, spec.binary_name(), INSTALL_HINT)?;
-        let mut release = Release { spec, ctx, binary, major: 0, version: String::new() };
+        let mut release = Release::new(spec, ctx, binary);
         let key = BinaryKey::of(&release.binary);
         if let Some((major, version)) = key.as_ref().and_then(known_version) {
             release.major = major;
@@ -446,6 +489,28 @@ impl<'a> Release<'a> {
             sink.emit(Event::Outputs { values });
             return Ok(());
         }
+        if let Some(records) = self.records().await {
+            let read = async {
+                let latest = records.revisions().await?.last().map(|r| r.revision);
+                match latest {
+                    Some(revision) => records.record(revision).await,
+                    None => Ok(None),
+                }
+            };
+            let record = read.await.map_err(|e| Failure::new(e.0).with_hint("check that the cluster is reachable"))?;
+            let record = record.ok_or_else(|| {
+                Failure::new(format!("release {} has no revision to take outputs from", self.spec.release))
+            })?;
+            let metadata = serde_json::json!({
+                "revision": record.status.version,
+                "status": record.status.info.status.as_str(),
+                "version": record.chart_version,
+                "appVersion": record.revision.app_version,
+                "namespace": record.status.namespace,
+            });
+            sink.emit(Event::Outputs { values: release_outputs(&metadata) });
+            return Ok(());
+        }
         let cmd = self
             .command()
             .args(["get", "metadata", &self.spec.release, "-o", "json"])
@@ -487,16 +552,25 @@ impl<'a> Release<'a> {
     /// `helm history` and `helm status`; a release that does not exist is an empty state. Only
     /// [`Release::decide`] needs the status (the values of [`HelmSpec::same_as`]).
     async fn live(&self, sink: Option<&dyn EventSink>) -> Result<Live, Failure> {
-        self.read(sink, true).await
+        self.read(sink, Detail::Latest).await
     }
 
     /// `helm history` alone (no status): enough where only the revisions matter, before an
     /// upgrade and when settling what a helm command wrote.
     async fn history(&self, sink: Option<&dyn EventSink>) -> Result<Live, Failure> {
-        self.read(sink, false).await
+        self.read(sink, Detail::Revisions).await
     }
 
-    async fn read(&self, sink: Option<&dyn EventSink>, with_status: bool) -> Result<Live, Failure> {
+    /// helm's state from its records in the API ([`Release::records`]), or else from `helm
+    /// history` (and `helm status` for [`Detail::Latest`]). A read that fails is what a failed
+    /// `helm history` is: the step fails, the cluster is judged as the rollout's rules say.
+    async fn read(&self, sink: Option<&dyn EventSink>, detail: Detail) -> Result<Live, Failure> {
+        if let Some(records) = self.records().await {
+            return read_records(records, detail)
+                .await
+                .map_err(|e| Failure::new(e.0).with_hint("check that the cluster is reachable"));
+        }
+        let with_status = detail == Detail::Latest;
         let history_cmd = self
             .command()
             .args(["history", &self.spec.release, "-o", "json", "--max", "256"])
@@ -779,13 +853,13 @@ impl<'a> Release<'a> {
         let printed = printed_json(&stdout);
         self.log_printed_release(sink, &cmd, printed.as_ref());
         // Read helm's state even after an interrupt: the revision may be written already.
-        let after = match self.history(Some(sink)).await {
+        let last_before = before.latest().map_or(0, |r| r.revision);
+        let after = match self.read(Some(sink), Detail::Since(last_before)).await {
             Ok(after) => after,
             Err(e) if outcome.interrupted => return Err(Failure { interrupted: true, ..e }),
             Err(e) => return Err(e),
         };
         self.spec.record_facts(&after, sink);
-        let last_before = before.latest().map_or(0, |r| r.revision);
         let created: Vec<&Revision> = after.history.iter().filter(|r| r.revision > last_before).collect();
         let Some(ours) = created.first() else {
             // helm stopped before it wrote a revision (chart not found, cluster unreachable).
@@ -1059,6 +1133,28 @@ impl Adapter for HelmSpec {
     fn marked_mut(&mut self) -> Option<&mut BTreeMap<String, crate::secrets::Marked>> {
         Some(&mut self.marked)
     }
+}
+
+/// helm's state from its records: the revisions from their labels, and the ones `detail` names
+/// from their bodies (a record pruned between the two reads keeps its labels' facts).
+async fn read_records(records: &records::Records, detail: Detail) -> Result<Live, records::ReadError> {
+    let mut history = records.revisions().await?;
+    let full: Vec<u64> = match detail {
+        Detail::Revisions => Vec::new(),
+        Detail::Since(last) => history.iter().filter(|r| r.revision > last).map(|r| r.revision).collect(),
+        Detail::Latest => history.last().map(|r| r.revision).into_iter().collect(),
+    };
+    let mut status = None;
+    for revision in full {
+        let Some(record) = records.record(revision).await? else { continue };
+        if let Some(slot) = history.iter_mut().find(|r| r.revision == revision) {
+            *slot = record.revision;
+        }
+        if detail == Detail::Latest {
+            status = Some(record.status);
+        }
+    }
+    Ok(Live { history, status })
 }
 
 /// What a helm command that wrote a revision left: the history read after it, the revision
@@ -1461,7 +1557,7 @@ mod tests {
 
         /// Decides with the process table under `proc` (a test's own `/proc`).
         fn decide_in(&self, ctx: &StepContext, live: &Live, proc: &Path) -> Decision {
-            let release = Release { spec: self, ctx, binary: DEFAULT_BINARY.into(), major: 4, version: String::new() };
+            let release = Release { major: 4, ..Release::new(self, ctx, DEFAULT_BINARY.into()) };
             release.decide(live, proc)
         }
     }
@@ -1472,6 +1568,7 @@ mod tests {
             updated: "2020-01-01T00:00:00Z".into(),
             status: status.into(),
             chart: "webapp-0.1.0".into(),
+            app_version: String::new(),
             description: String::new(),
         }
     }

@@ -227,25 +227,23 @@ impl HelmSpec {
     pub(super) async fn preview_release(&self, ctx: &StepContext) -> Result<Preview, PreviewError> {
         let binary = crate::resolve_binary(ctx, self.binary_name(), super::INSTALL_HINT)?;
         // No `helm version`: the dry-run's flags are the same for both majors.
-        let release = Release { spec: self, ctx, binary, major: 0, version: String::new() };
+        let release = Release::new(self, ctx, binary);
         let secrets = secrets::normalize(secrets::secret_strings(&self.set, &self.marked));
         let mut preview = Preview::default();
 
-        let status_cmd =
-            release.command().args(["status", &self.release, "-o", "json"]).args(self.cluster_args(Some(ctx)));
-        let Captured { outcome, stdout, stderr } =
-            capture(&status_cmd, ctx, Some(QUICK), None, StdoutLog::UnlessJson).await.map_err(Failure::from)?;
-        let current: Option<Value> = if outcome.success() {
-            Some(
-                serde_json::from_str(&stdout.join("\n"))
-                    .map_err(|e| Failure::new(format!("`{}` printed unexpected JSON: {e}", status_cmd.display())))?,
-            )
-        } else if state::is_not_found(&stderr) {
-            None
-        } else {
-            return Err(helm_failure(&status_cmd.display(), &outcome, &stderr)
-                .with_hint("check that the cluster is reachable, then `rdeploy plan` again")
-                .into());
+        let current: Option<Value> = match release.records().await {
+            Some(records) => {
+                let read = async {
+                    match records.revisions().await?.last() {
+                        Some(latest) => records.release(latest.revision).await,
+                        None => Ok(None),
+                    }
+                };
+                read.await.map_err(|e| {
+                    Failure::new(e.0).with_hint("check that the cluster is reachable, then `rdeploy plan` again")
+                })?
+            }
+            None => self.current_release(&release, ctx).await?,
         };
         let revision = current.as_ref().and_then(|c| c.get("version")).and_then(Value::as_u64);
         preview.observe(
@@ -338,6 +336,27 @@ impl HelmSpec {
             None => format!("install: {add} to create"),
         });
         Ok(preview)
+    }
+
+    /// `helm status -o json`: the current release as helm prints it, `None` when not installed.
+    async fn current_release(&self, release: &Release<'_>, ctx: &StepContext) -> Result<Option<Value>, PreviewError> {
+        let status_cmd =
+            release.command().args(["status", &self.release, "-o", "json"]).args(self.cluster_args(Some(ctx)));
+        let Captured { outcome, stdout, stderr } =
+            capture(&status_cmd, ctx, Some(QUICK), None, StdoutLog::UnlessJson).await.map_err(Failure::from)?;
+        let current: Option<Value> = if outcome.success() {
+            Some(
+                serde_json::from_str(&stdout.join("\n"))
+                    .map_err(|e| Failure::new(format!("`{}` printed unexpected JSON: {e}", status_cmd.display())))?,
+            )
+        } else if state::is_not_found(&stderr) {
+            None
+        } else {
+            return Err(helm_failure(&status_cmd.display(), &outcome, &stderr)
+                .with_hint("check that the cluster is reachable, then `rdeploy plan` again")
+                .into());
+        };
+        Ok(current)
     }
 
     /// Every object of the current and the rendered manifests as it is in the cluster, by id,

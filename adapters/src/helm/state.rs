@@ -90,6 +90,9 @@ pub struct Revision {
     /// `name-version`, e.g. `webapp-0.1.0`.
     #[serde(default)]
     pub chart: String,
+    /// The chart's `appVersion` ("" when it has none).
+    #[serde(default)]
+    pub app_version: String,
     #[serde(default)]
     pub description: String,
 }
