@@ -6,13 +6,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
-use k8s_openapi::api::batch::v1::{CronJob, Job};
-use k8s_openapi::api::core::v1::{Pod, PodSpec, PodTemplateSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Api, Client, Config, Resource};
+use kube::{Api, Client, Config};
+use rdeploy_adapters::helm::records::{client_with, plain_http, quiet, short_error, PlainHttp};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use time::OffsetDateTime;
@@ -55,24 +52,28 @@ impl Default for CollectOptions {
 pub async fn collect(scope: &Scope, options: &CollectOptions, last_seen: &LastSeen) -> Inventory {
     let taken_at = OffsetDateTime::now_utc();
     let permits = Arc::new(Semaphore::new(options.concurrency.max(1)));
-    let http: PlainHttp =
-        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
+    // Plain-HTTP clusters share a few pools rather than one: every kubesim cluster (and every
+    // cluster behind one proxy) is the same host:port, and one pool's idle list for it grows
+    // with the clusters asked at once, scanned on every request.
+    let pools: Vec<PlainHttp> = (0..POOLS).map(|_| plain_http()).collect();
+    // kube logs each failed request at ERROR; an absent cluster is reported once, in the
+    // inventory, so its logs are only wanted when debugging (-vv). One dispatch for the run.
+    let dispatch = if tracing::enabled!(tracing::Level::DEBUG) {
+        tracing::dispatcher::get_default(|d| d.clone())
+    } else {
+        quiet()
+    };
+    let options = Arc::new(options.clone());
     let mut tasks = JoinSet::new();
     for (index, member) in scope.clusters.iter().enumerate() {
         let Some(kubeconfig) = member.kubeconfig.clone() else {
             continue;
         };
-        let (name, options, permits, http) = (member.name.clone(), options.clone(), permits.clone(), http.clone());
+        let (name, options, permits) = (member.name.clone(), options.clone(), permits.clone());
+        let (http, dispatch) = (pools[index % POOLS].clone(), dispatch.clone());
         tasks.spawn(async move {
             let _permit = permits.acquire_owned().await;
             let ask = tokio::time::timeout(options.timeout, ask_cluster(kubeconfig, &name, &options, &http));
-            // kube logs each failed request at ERROR; an absent cluster is reported once, in
-            // the inventory, so its logs are only wanted when debugging (-vv).
-            let dispatch = if tracing::enabled!(tracing::Level::DEBUG) {
-                tracing::dispatcher::get_default(|d| d.clone())
-            } else {
-                tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default())
-            };
             let ask = ask.with_subscriber(dispatch);
             let answer = match ask.await {
                 Ok(result) => result,
@@ -119,6 +120,9 @@ pub async fn collect(scope: &Scope, options: &CollectOptions, last_seen: &LastSe
     Inventory { taken_at, clusters }
 }
 
+/// How many plain-HTTP pools the clusters of one inventory share.
+const POOLS: usize = 32;
+
 /// What a cluster that answered holds.
 type Answer = (Vec<Workload>, Vec<GitOpsObject>);
 
@@ -134,17 +138,17 @@ async fn ask_cluster(
         .map_err(|e| format!("bad kubeconfig context: {e}"))?;
     config.connect_timeout = Some(options.timeout);
     config.read_timeout = Some(options.timeout);
-    let client = client_for(config, http).map_err(|e| format!("cannot build a client: {e}"))?;
+    let client = client_with(config, http).map_err(|e| format!("cannot build a client: {e}"))?;
     let ns = options.namespace.as_deref();
     let wants = |k: Kind| options.kinds.contains(&k);
     let (deployments, daemonsets, statefulsets, cronjobs, jobs, pods, gitops) = tokio::try_join!(
-        list::<Deployment>(&client, ns, wants(Kind::Deployment)),
-        list::<DaemonSet>(&client, ns, wants(Kind::DaemonSet)),
-        list::<StatefulSet>(&client, ns, wants(Kind::StatefulSet)),
-        list::<CronJob>(&client, ns, wants(Kind::CronJob)),
-        list::<Job>(&client, ns, wants(Kind::Job)),
+        list::<p::Deployment>(&client, ns, "/apis/apps/v1", "deployments", wants(Kind::Deployment)),
+        list::<p::DaemonSet>(&client, ns, "/apis/apps/v1", "daemonsets", wants(Kind::DaemonSet)),
+        list::<p::StatefulSet>(&client, ns, "/apis/apps/v1", "statefulsets", wants(Kind::StatefulSet)),
+        list::<p::CronJob>(&client, ns, "/apis/batch/v1", "cronjobs", wants(Kind::CronJob)),
+        list::<p::Job>(&client, ns, "/apis/batch/v1", "jobs", wants(Kind::Job)),
         // DaemonSet nodes are named from their pods, so pods are read for DaemonSets too.
-        list::<Pod>(&client, ns, wants(Kind::Pod) || wants(Kind::DaemonSet)),
+        list::<p::Pod>(&client, ns, "/api/v1", "pods", wants(Kind::Pod) || wants(Kind::DaemonSet)),
         // GitOps objects live in their own namespaces (argocd, flux-system), whatever the scope.
         gitops_objects(&client, options.gitops),
     )?;
@@ -162,109 +166,75 @@ async fn ask_cluster(
     Ok((workloads, gitops))
 }
 
-/// One connection pool shared by every `http://` cluster.
-type PlainHttp =
-    hyper_util::client::legacy::Client<hyper_util::client::legacy::connect::HttpConnector, kube::client::Body>;
-
-/// kube's own client for `https://` clusters (TLS and auth as kubectl does). A plain `http://`
-/// cluster gets the shared pool with kube's base-URI and auth layers: kube's default stack
-/// would load the system's root certificates for every cluster, which dominated the time of a
-/// 400-cluster inventory and is useless without TLS.
-fn client_for(config: Config, http: &PlainHttp) -> Result<Client, kube::Error> {
-    use kube::client::ConfigExt as _;
-    if config.cluster_url.scheme_str() != Some("http") {
-        return Client::try_from(config);
-    }
-    let service = tower::ServiceBuilder::new()
-        .layer(config.base_uri_layer())
-        .option_layer(config.auth_layer()?)
-        // kube's auth layers expect a boxed error from the service they wrap.
-        .map_err(|e: hyper_util::client::legacy::Error| -> Box<dyn std::error::Error + Send + Sync> { Box::new(e) })
-        .service(http.clone());
-    Ok(Client::new(service, config.default_namespace))
-}
-
-async fn list<K>(client: &Client, ns: Option<&str>, wanted: bool) -> Result<Vec<K>, String>
-where
-    K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
-        + Clone
-        + DeserializeOwned
-        + std::fmt::Debug,
-{
+/// One kind's objects, each read into the partial type `T` (the fields the inventory uses).
+async fn list<T: DeserializeOwned>(
+    client: &Client,
+    ns: Option<&str>,
+    group_version: &str,
+    plural: &str,
+    wanted: bool,
+) -> Result<Vec<T>, String> {
     if !wanted {
         return Ok(Vec::new());
     }
-    let api: Api<K> = match ns {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
+    let path = match ns {
+        Some(ns) => format!("{group_version}/namespaces/{ns}/{plural}"),
+        None => format!("{group_version}/{plural}"),
     };
-    match api.list(&ListParams::default()).await {
+    let request = kube::core::Request::new(path)
+        .list(&ListParams::default())
+        .map_err(|e| format!("listing {plural}: cannot build the request: {e}"))?;
+    match client.request::<p::List<T>>(request).await {
         Ok(list) => Ok(list.items),
-        Err(e) => Err(format!("listing {}: {}", K::plural(&()), short_error(&e))),
+        Err(e) => Err(format!("listing {plural}: {}", short_error(&e))),
     }
 }
 
-/// The kube error without the wrapping noise, plus its root cause (the connection error).
-fn short_error(e: &kube::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        let more = s.to_string();
-        if !text.contains(&more) {
-            text = format!("{text}: {more}");
-        }
-        source = s.source();
-    }
-    text
-}
-
-fn labels_of(meta: &ObjectMeta, template: Option<&PodTemplateSpec>) -> BTreeMap<String, String> {
-    let mut labels = template.and_then(|t| t.metadata.as_ref()).and_then(|m| m.labels.clone()).unwrap_or_default();
-    labels.extend(meta.labels.clone().unwrap_or_default());
+fn labels_of(meta: &p::Meta, template: Option<&p::Template>) -> BTreeMap<String, String> {
+    let mut labels = template.map(|t| t.metadata.labels.clone()).unwrap_or_default();
+    labels.extend(meta.labels.iter().map(|(k, v)| (k.clone(), v.clone())));
     labels
 }
 
-fn containers_of(spec: Option<&PodSpec>) -> Vec<Container> {
+fn containers_of(spec: Option<&p::PodSpec>) -> Vec<Container> {
     let Some(spec) = spec else { return Vec::new() };
     spec.init_containers
         .iter()
-        .flatten()
         .chain(spec.containers.iter())
         .filter_map(|c| c.image.as_deref().map(|image| Container::new(&c.name, image)))
         .collect()
 }
 
-fn base(kind: Kind, meta: &ObjectMeta, template: Option<&PodTemplateSpec>) -> Workload {
+fn base(kind: Kind, meta: &p::Meta, template: Option<&p::Template>) -> Workload {
     Workload {
         kind,
-        namespace: meta.namespace.clone().unwrap_or_default(),
-        name: meta.name.clone().unwrap_or_default(),
+        namespace: meta.namespace.clone(),
+        name: meta.name.clone(),
         labels: labels_of(meta, template),
-        containers: containers_of(template.and_then(|t| t.spec.as_ref())),
+        containers: containers_of(template.map(|t| &t.spec)),
         pod: None,
         rollout: Vec::new(),
     }
 }
 
-fn stale_generation(meta: &ObjectMeta, observed: Option<i64>) -> bool {
+fn stale_generation(meta: &p::Meta, observed: Option<i64>) -> bool {
     matches!((meta.generation, observed), (Some(g), Some(o)) if o < g)
 }
 
-fn deployment(d: &Deployment) -> Workload {
-    let spec = d.spec.as_ref();
-    let mut w = base(Kind::Deployment, &d.metadata, spec.map(|s| &s.template));
-    let status = d.status.clone().unwrap_or_default();
-    if spec.and_then(|s| s.paused) == Some(true) {
+fn deployment(d: &p::Deployment) -> Workload {
+    let (spec, status) = (&d.spec, &d.status);
+    let mut w = base(Kind::Deployment, &d.metadata, Some(&spec.template));
+    if spec.paused == Some(true) {
         w.rollout.push(RolloutFact::Paused);
     }
-    let stalled = status.conditions.iter().flatten().find(|c| c.type_ == "Progressing" && c.status == "False");
+    let stalled = status.conditions.iter().find(|c| c.type_ == "Progressing" && c.status == "False");
     if let Some(c) = stalled {
         w.rollout.push(RolloutFact::NotProgressing {
             reason: c.reason.clone().unwrap_or_default(),
             message: c.message.clone().unwrap_or_default(),
         });
     }
-    let desired = i64::from(spec.and_then(|s| s.replicas).unwrap_or(1));
+    let desired = i64::from(spec.replicas.unwrap_or(1));
     let updated = i64::from(status.updated_replicas.unwrap_or(0));
     let available = i64::from(status.available_replicas.unwrap_or(0));
     if w.rollout.is_empty()
@@ -275,11 +245,10 @@ fn deployment(d: &Deployment) -> Workload {
     w
 }
 
-fn statefulset(s: &StatefulSet) -> Workload {
-    let spec = s.spec.as_ref();
-    let mut w = base(Kind::StatefulSet, &s.metadata, spec.map(|s| &s.template));
-    let status = s.status.clone().unwrap_or_default();
-    let desired = i64::from(spec.and_then(|s| s.replicas).unwrap_or(1));
+fn statefulset(s: &p::StatefulSet) -> Workload {
+    let (spec, status) = (&s.spec, &s.status);
+    let mut w = base(Kind::StatefulSet, &s.metadata, Some(&spec.template));
+    let desired = i64::from(spec.replicas.unwrap_or(1));
     let updated = i64::from(status.updated_replicas.unwrap_or(0));
     let revisions_differ = matches!((&status.current_revision, &status.update_revision), (Some(c), Some(u)) if c != u);
     if revisions_differ || updated < desired || stale_generation(&s.metadata, status.observed_generation) {
@@ -288,10 +257,9 @@ fn statefulset(s: &StatefulSet) -> Workload {
     w
 }
 
-fn daemonset(d: &DaemonSet, pods: &[Workload]) -> Workload {
-    let spec = d.spec.as_ref();
-    let mut w = base(Kind::DaemonSet, &d.metadata, spec.map(|s| &s.template));
-    let status = d.status.clone().unwrap_or_default();
+fn daemonset(d: &p::DaemonSet, pods: &[Workload]) -> Workload {
+    let status = &d.status;
+    let mut w = base(Kind::DaemonSet, &d.metadata, Some(&d.spec.template));
     let desired = i64::from(status.desired_number_scheduled);
     let updated = i64::from(status.updated_number_scheduled.unwrap_or(0));
     let available = i64::from(status.number_available.unwrap_or(0));
@@ -319,55 +287,307 @@ fn daemonset(d: &DaemonSet, pods: &[Workload]) -> Workload {
     w
 }
 
-fn cronjob(c: &CronJob) -> Workload {
-    let template = c.spec.as_ref().and_then(|s| s.job_template.spec.as_ref()).map(|s| &s.template);
-    let mut w = base(Kind::CronJob, &c.metadata, template);
-    if c.spec.as_ref().and_then(|s| s.suspend) == Some(true) {
+fn cronjob(c: &p::CronJob) -> Workload {
+    let mut w = base(Kind::CronJob, &c.metadata, Some(&c.spec.job_template.spec.template));
+    if c.spec.suspend == Some(true) {
         w.rollout.push(RolloutFact::Suspended);
     }
     w
 }
 
-fn job(j: &Job) -> Workload {
-    let mut w = base(Kind::Job, &j.metadata, j.spec.as_ref().map(|s| &s.template));
-    let status = j.status.clone().unwrap_or_default();
-    let ended = status
-        .conditions
-        .iter()
-        .flatten()
-        .any(|c| matches!(c.type_.as_str(), "Complete" | "Failed") && c.status == "True");
+fn job(j: &p::Job) -> Workload {
+    let mut w = base(Kind::Job, &j.metadata, Some(&j.spec.template));
+    let status = &j.status;
+    let ended =
+        status.conditions.iter().any(|c| matches!(c.type_.as_str(), "Complete" | "Failed") && c.status == "True");
     if ended || status.completion_time.is_some() {
         w.rollout.push(RolloutFact::Finished);
     }
     w
 }
 
-fn pod(p: &Pod) -> Workload {
-    let template = PodTemplateSpec { metadata: None, spec: p.spec.clone() };
-    let mut w = base(Kind::Pod, &p.metadata, Some(&template));
-    let status = p.status.clone().unwrap_or_default();
-    let ready = status.conditions.iter().flatten().any(|c| c.type_ == "Ready" && c.status == "True");
-    let unscheduled = status.conditions.iter().flatten().find(|c| c.type_ == "PodScheduled" && c.status == "False");
+fn pod(pod: &p::Pod) -> Workload {
+    let mut w = base(Kind::Pod, &pod.metadata, None);
+    w.containers = containers_of(Some(&pod.spec));
+    let status = &pod.status;
+    let ready = status.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True");
+    let unscheduled = status.conditions.iter().find(|c| c.type_ == "PodScheduled" && c.status == "False");
     let waiting = unscheduled
         .map(|c| format!("{}: {}", c.reason.clone().unwrap_or_default(), c.message.clone().unwrap_or_default()))
-        .or_else(|| {
-            status.container_statuses.iter().flatten().find_map(|s| s.state.as_ref()?.waiting.as_ref()?.reason.clone())
-        });
-    let owner = p
-        .metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .find(|o| o.controller == Some(true))
-        .or_else(|| p.metadata.owner_references.iter().flatten().next());
+        .or_else(|| status.container_statuses.iter().find_map(|s| s.state.as_ref()?.waiting.as_ref()?.reason.clone()));
+    let owners = &pod.metadata.owner_references;
+    let owner = owners.iter().find(|o| o.controller == Some(true)).or_else(|| owners.first());
     w.pod = Some(PodFacts {
-        node: p.spec.as_ref().and_then(|s| s.node_name.clone()),
+        node: pod.spec.node_name.clone(),
         phase: status.phase.clone().unwrap_or_else(|| "Unknown".into()),
         ready,
         owner: owner.map(|o| format!("{}/{}", o.kind, o.name)),
         waiting,
     });
     w
+}
+
+/// The fields of each kind the inventory reads, and nothing else: a list of 4,000 clusters'
+/// objects is deserialised into these, not into the whole typed objects. A `null` where a
+/// map, list or object is expected reads as empty, as Go's client does.
+mod p {
+    use std::collections::BTreeMap;
+
+    use serde::{Deserialize, Deserializer};
+
+    fn nullable<'de, D: Deserializer<'de>, T: Default + Deserialize<'de>>(d: D) -> Result<T, D::Error> {
+        Option::<T>::deserialize(d).map(Option::unwrap_or_default)
+    }
+
+    #[derive(Deserialize)]
+    pub struct List<T> {
+        #[serde(default = "Vec::new", deserialize_with = "nullable", bound(deserialize = "T: Deserialize<'de>"))]
+        pub items: Vec<T>,
+    }
+
+    #[derive(Default, Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    pub struct Meta {
+        #[serde(default, deserialize_with = "nullable")]
+        pub name: String,
+        #[serde(default, deserialize_with = "nullable")]
+        pub namespace: String,
+        #[serde(default, deserialize_with = "nullable")]
+        pub labels: BTreeMap<String, String>,
+        #[serde(default)]
+        pub generation: Option<i64>,
+        #[serde(default, deserialize_with = "nullable")]
+        pub owner_references: Vec<OwnerReference>,
+    }
+
+    #[derive(Default, Deserialize)]
+    pub struct OwnerReference {
+        #[serde(default)]
+        pub kind: String,
+        #[serde(default)]
+        pub name: String,
+        #[serde(default)]
+        pub controller: Option<bool>,
+    }
+
+    #[derive(Default, Deserialize)]
+    pub struct TemplateMeta {
+        #[serde(default, deserialize_with = "nullable")]
+        pub labels: BTreeMap<String, String>,
+    }
+
+    #[derive(Default, Deserialize)]
+    pub struct Template {
+        #[serde(default, deserialize_with = "nullable")]
+        pub metadata: TemplateMeta,
+        #[serde(default, deserialize_with = "nullable")]
+        pub spec: PodSpec,
+    }
+
+    #[derive(Default, Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    pub struct PodSpec {
+        #[serde(default, deserialize_with = "nullable")]
+        pub init_containers: Vec<ContainerSpec>,
+        #[serde(default, deserialize_with = "nullable")]
+        pub containers: Vec<ContainerSpec>,
+        #[serde(default)]
+        pub node_name: Option<String>,
+    }
+
+    #[derive(Default, Deserialize)]
+    pub struct ContainerSpec {
+        #[serde(default)]
+        pub name: String,
+        #[serde(default)]
+        pub image: Option<String>,
+    }
+
+    #[derive(Default, Deserialize)]
+    pub struct Condition {
+        #[serde(default, rename = "type")]
+        pub type_: String,
+        #[serde(default)]
+        pub status: String,
+        #[serde(default)]
+        pub reason: Option<String>,
+        #[serde(default)]
+        pub message: Option<String>,
+    }
+
+    #[derive(Deserialize)]
+    pub struct Deployment {
+        #[serde(default, deserialize_with = "nullable")]
+        pub metadata: Meta,
+        #[serde(default, deserialize_with = "nullable")]
+        pub spec: DeploymentSpec,
+        #[serde(default, deserialize_with = "nullable")]
+        pub status: DeploymentStatus,
+    }
+
+    #[derive(Default, Deserialize)]
+    pub struct DeploymentSpec {
+        #[serde(default)]
+        pub replicas: Option<i32>,
+        #[serde(default)]
+        pub paused: Option<bool>,
+        #[serde(default, deserialize_with = "nullable")]
+        pub template: Template,
+    }
+
+    #[derive(Default, Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    pub struct DeploymentStatus {
+        #[serde(default, deserialize_with = "nullable")]
+        pub conditions: Vec<Condition>,
+        #[serde(default)]
+        pub updated_replicas: Option<i32>,
+        #[serde(default)]
+        pub available_replicas: Option<i32>,
+        #[serde(default)]
+        pub observed_generation: Option<i64>,
+    }
+
+    #[derive(Deserialize)]
+    pub struct StatefulSet {
+        #[serde(default, deserialize_with = "nullable")]
+        pub metadata: Meta,
+        #[serde(default, deserialize_with = "nullable")]
+        pub spec: StatefulSetSpec,
+        #[serde(default, deserialize_with = "nullable")]
+        pub status: StatefulSetStatus,
+    }
+
+    #[derive(Default, Deserialize)]
+    pub struct StatefulSetSpec {
+        #[serde(default)]
+        pub replicas: Option<i32>,
+        #[serde(default, deserialize_with = "nullable")]
+        pub template: Template,
+    }
+
+    #[derive(Default, Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    pub struct StatefulSetStatus {
+        #[serde(default)]
+        pub updated_replicas: Option<i32>,
+        #[serde(default)]
+        pub current_revision: Option<String>,
+        #[serde(default)]
+        pub update_revision: Option<String>,
+        #[serde(default)]
+        pub observed_generation: Option<i64>,
+    }
+
+    #[derive(Deserialize)]
+    pub struct DaemonSet {
+        #[serde(default, deserialize_with = "nullable")]
+        pub metadata: Meta,
+        #[serde(default, deserialize_with = "nullable")]
+        pub spec: TemplateOnly,
+        #[serde(default, deserialize_with = "nullable")]
+        pub status: DaemonSetStatus,
+    }
+
+    #[derive(Default, Deserialize)]
+    pub struct TemplateOnly {
+        #[serde(default, deserialize_with = "nullable")]
+        pub template: Template,
+    }
+
+    #[derive(Default, Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    pub struct DaemonSetStatus {
+        #[serde(default)]
+        pub desired_number_scheduled: i32,
+        #[serde(default)]
+        pub updated_number_scheduled: Option<i32>,
+        #[serde(default)]
+        pub number_available: Option<i32>,
+        #[serde(default)]
+        pub observed_generation: Option<i64>,
+    }
+
+    #[derive(Deserialize)]
+    pub struct CronJob {
+        #[serde(default, deserialize_with = "nullable")]
+        pub metadata: Meta,
+        #[serde(default, deserialize_with = "nullable")]
+        pub spec: CronJobSpec,
+    }
+
+    #[derive(Default, Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    pub struct CronJobSpec {
+        #[serde(default)]
+        pub suspend: Option<bool>,
+        #[serde(default, deserialize_with = "nullable")]
+        pub job_template: JobTemplate,
+    }
+
+    #[derive(Default, Deserialize)]
+    pub struct JobTemplate {
+        #[serde(default, deserialize_with = "nullable")]
+        pub spec: TemplateOnly,
+    }
+
+    #[derive(Deserialize)]
+    pub struct Job {
+        #[serde(default, deserialize_with = "nullable")]
+        pub metadata: Meta,
+        #[serde(default, deserialize_with = "nullable")]
+        pub spec: TemplateOnly,
+        #[serde(default, deserialize_with = "nullable")]
+        pub status: JobStatus,
+    }
+
+    #[derive(Default, Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    pub struct JobStatus {
+        #[serde(default, deserialize_with = "nullable")]
+        pub conditions: Vec<Condition>,
+        #[serde(default)]
+        pub completion_time: Option<String>,
+    }
+
+    #[derive(Deserialize)]
+    pub struct Pod {
+        #[serde(default, deserialize_with = "nullable")]
+        pub metadata: Meta,
+        #[serde(default, deserialize_with = "nullable")]
+        pub spec: PodSpec,
+        #[serde(default, deserialize_with = "nullable")]
+        pub status: PodStatus,
+    }
+
+    #[derive(Default, Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    pub struct PodStatus {
+        #[serde(default, deserialize_with = "nullable")]
+        pub conditions: Vec<Condition>,
+        #[serde(default, deserialize_with = "nullable")]
+        pub container_statuses: Vec<ContainerStatus>,
+        #[serde(default)]
+        pub phase: Option<String>,
+    }
+
+    #[derive(Default, Deserialize)]
+    pub struct ContainerStatus {
+        #[serde(default)]
+        pub state: Option<ContainerState>,
+    }
+
+    #[derive(Default, Deserialize)]
+    pub struct ContainerState {
+        #[serde(default)]
+        pub waiting: Option<Waiting>,
+    }
+
+    #[derive(Default, Deserialize)]
+    pub struct Waiting {
+        #[serde(default)]
+        pub reason: Option<String>,
+    }
 }
 
 /// The GitOps kinds rdeploy reads, by API group.
