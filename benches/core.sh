@@ -6,9 +6,9 @@
 #        grep -q done:$i state || { ./apply-$i; echo done:$i >> state; }
 #    - `rdeploy up` (a sub-change's start fdatasync'd before it runs, its end riding on the next
 #      synced record: group commit);
-#    - the floor: the same children started by a minimal spawner (posix_spawn and waitpid from
-#      a small process) plus one fdatasync of a small record each, the least a durable
-#      resumable runner can do.
+#    - the floor: the same children started by a small C program (benches/floor.c: posix_spawn
+#      and waitpid, then one append and one fdatasync of a small record each), the least a
+#      durable resumable runner can do.
 #    Reported with the ratios rdeploy/loop and rdeploy/floor.
 # 2. rdeploy's own cost beyond spawning the child, per sub-change, for 10..10,000 records:
 #    (time of `rdeploy up` with N sub-changes `true`) minus (time of N `sh -c true` spawns), / N,
@@ -30,22 +30,12 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 now() { date +%s%N; }
-# The floor: each line of file $2 (a program and its arguments, split on spaces: the child rdeploy
-# starts for the same sub-change) started with posix_spawn in directory $1, waited for, then one
-# small record appended to a journal and fdatasync'd.
-floor() {
-  python3 - "$1" "$2" <<'PY'
-import os, sys
-os.chdir(sys.argv[1])
-lines = [l.split() for l in open(sys.argv[2])]
-fd = os.open("floor.journal", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-for i, line in enumerate(lines):
-    pid = os.posix_spawnp(line[0], line, os.environ)
-    os.waitpid(pid, 0)
-    os.write(fd, b'{"seq":%d,"type":"sub_done"}\n' % i)
-    os.fdatasync(fd)
-PY
-}
+# The floor (benches/floor.c, built here with cc): each line of file $2 (a program and its
+# arguments, split on spaces: the child rdeploy starts for the same sub-change) started with
+# posix_spawnp in directory $1, waited for, then one small record appended to a journal and
+# fdatasync'd.
+cc -O2 -o "$work/floor-bin" benches/floor.c
+floor() { "$work/floor-bin" "$1" "$2"; }
 ms() { echo "scale=1; ($2 - $1) / 1000000" | bc; }
 
 # --- 1. side by side ---------------------------------------------------------------
@@ -74,7 +64,7 @@ loop_ms=$(ms "$t0" "$t1"); rd_ms=$(ms "$t1" "$t2"); floor_ms=$(ms "$t2" "$t3")
 echo "side by side, $N sub-changes running sh -c true:"
 echo "  seed's shell loop (no fsync):        ${loop_ms} ms"
 echo "  rdeploy up (fsynced journal):        ${rd_ms} ms"
-echo "  floor (posix_spawn + 1 fdatasync):   ${floor_ms} ms"
+echo "  floor in C (posix_spawn, waitpid, append, fdatasync): ${floor_ms} ms"
 echo "  ratio rdeploy / loop:  $(echo "scale=3; $rd_ms / $loop_ms" | bc)"
 echo "  ratio rdeploy / floor: $(echo "scale=3; $rd_ms / $floor_ms" | bc)"
 

@@ -57,27 +57,24 @@ impl ShellSpec {
         &self,
         ctx: &StepContext,
         sink: &dyn EventSink,
+        outputs: &OutputFiles,
         id: &str,
         run: &str,
     ) -> Result<(), Failure> {
         if ctx.cancel.is_cancelled() {
             return Err(Failure { interrupted: true, ..Failure::new(format!("stopped before `{id}`")) });
         }
-        // Outside the state directory: a sensitive output must never be written under it.
-        let output_file = tempfile::Builder::new()
-            .prefix("rdeploy-output-")
-            .tempfile()
-            .map_err(|e| Failure::new(format!("could not create the `$RDEPLOY_OUTPUT` file for `{id}`: {e}")))?;
+        let output_file = outputs.next();
         sink.emit(Event::Started { id: id.to_string() });
         let outcome = self
             .command(ctx, id, run)
-            .env("RDEPLOY_OUTPUT", output_file.path())
+            .env("RDEPLOY_OUTPUT", &output_file.0)
             .run(&ctx.cancel, ctx.timeout, &mut forward_output(sink))
             .await
             .map_err(|e| Failure::new(e.to_string()))?;
         if outcome.success() {
             // Journaled before the sub-change's completion, so a done sub-change has its outputs.
-            self.report_outputs(sink, id, output_file.path());
+            self.report_outputs(sink, id, &output_file.0);
             sink.emit(Event::Done { id: id.to_string(), note: None });
             Ok(())
         } else {
@@ -113,6 +110,8 @@ impl ShellSpec {
     fn report_outputs(&self, sink: &dyn EventSink, id: &str, file: &std::path::Path) {
         let text = match std::fs::read(file) {
             Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
+            // The sub-change wrote no output: nothing was created.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
             Err(e) => {
                 sink.emit(Event::Warning { message: format!("could not read `{id}`'s `$RDEPLOY_OUTPUT`: {e}") });
                 return;
@@ -153,6 +152,40 @@ impl ShellSpec {
             .env("RDEPLOY_STEP", &ctx.step)
             .env("RDEPLOY_SUB_CHANGE", id)
             .in_step(ctx)
+    }
+}
+
+/// The `$RDEPLOY_OUTPUT` files of one run of a step: paths in a private directory (mode 0700,
+/// outside the state directory: a sensitive output must never be written under it), one per
+/// sub-change, and created by the command only if it writes one: a sub-change that writes no
+/// output costs no file.
+struct OutputFiles {
+    dir: tempfile::TempDir,
+    next: std::sync::atomic::AtomicU64,
+}
+
+impl OutputFiles {
+    fn new() -> Result<OutputFiles, Failure> {
+        let dir = tempfile::Builder::new()
+            .prefix("rdeploy-output-")
+            .tempdir()
+            .map_err(|e| Failure::new(format!("could not create the directory for `$RDEPLOY_OUTPUT` files: {e}")))?;
+        Ok(OutputFiles { dir, next: Default::default() })
+    }
+
+    /// A path no earlier sub-change of this run was given; the file, if the command writes
+    /// it, is removed when the returned guard drops.
+    fn next(&self) -> OutputFile {
+        let n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        OutputFile(self.dir.path().join(n.to_string()))
+    }
+}
+
+struct OutputFile(PathBuf);
+
+impl Drop for OutputFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
     }
 }
 
@@ -244,8 +277,9 @@ impl Adapter for ShellSpec {
     async fn apply(&self, ctx: &StepContext, sink: &dyn EventSink) -> Result<(), Failure> {
         let planned = self.planned();
         sink.emit(Event::Planned { ids: planned.iter().map(|(id, ..)| id.to_string()).collect() });
+        let outputs = OutputFiles::new()?;
         for (id, run, _) in planned {
-            self.run_sub_change(ctx, sink, id, run).await?;
+            self.run_sub_change(ctx, sink, &outputs, id, run).await?;
         }
         Ok(())
     }
@@ -254,6 +288,7 @@ impl Adapter for ShellSpec {
         let planned = self.planned();
         sink.emit(Event::Planned { ids: planned.iter().map(|(id, ..)| id.to_string()).collect() });
         let statuses = prior.statuses();
+        let outputs = OutputFiles::new()?;
         for (id, run, check) in planned {
             match statuses.get(id).copied() {
                 Some(SubStatus::Done) => continue,
@@ -266,7 +301,7 @@ impl Adapter for ShellSpec {
                 }
                 _ => {}
             }
-            self.run_sub_change(ctx, sink, id, run).await?;
+            self.run_sub_change(ctx, sink, &outputs, id, run).await?;
         }
         Ok(Recovered::Complete)
     }
@@ -453,6 +488,32 @@ mod tests {
         let outputs_at = events.iter().position(|e| matches!(e, Event::Outputs { .. })).unwrap();
         let done_at = events.iter().position(|e| matches!(e, Event::Done { id, .. } if id == "one")).unwrap();
         assert!(outputs_at < done_at, "{events:?}");
+    }
+
+    /// A sub-change that writes no output costs no file: `$RDEPLOY_OUTPUT` names a path in a
+    /// private directory that only a write creates; each sub-change gets its own, and none is
+    /// left behind.
+    #[tokio::test]
+    async fn rdeploy_output_is_created_only_by_a_write_and_removed_after() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = spec(&[
+            ("quiet", "test ! -e \"$RDEPLOY_OUTPUT\" && echo \"$RDEPLOY_OUTPUT\" >> paths", None),
+            ("writes", "echo k=v >> \"$RDEPLOY_OUTPUT\" && echo \"$RDEPLOY_OUTPUT\" >> paths", None),
+        ]);
+        let rec = Recorder::default();
+        spec.apply(&ctx(dir.path()), &rec).await.unwrap();
+        assert_eq!(rec.outputs()["k"], OutputValue::Plain("v".into()));
+        assert!(rec.warnings().is_empty(), "{:?}", rec.warnings());
+        let paths = std::fs::read_to_string(dir.path().join("paths")).unwrap();
+        let paths: Vec<&str> = paths.lines().collect();
+        assert_eq!(paths.len(), 2);
+        assert_ne!(paths[0], paths[1]);
+        let private = std::path::Path::new(paths[0]).parent().unwrap();
+        assert!(!private.starts_with(dir.path()), "outside the stack's and state's directories");
+        for path in paths {
+            assert!(!std::path::Path::new(path).exists(), "{path} is left behind");
+        }
+        assert!(!private.exists(), "the private directory is removed with the step");
     }
 
     #[tokio::test]
