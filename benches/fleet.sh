@@ -15,16 +15,18 @@
 # Clusters are asked 512 at a time; a cluster's timeout starts when its turn comes.
 #
 # Usage: benches/fleet.sh [N] [SIZES]   (default 400 and "400 1000 2000 4000"); LOOP=0 skips the
-# kubectl loop.
+# kubectl loop; RDEPLOY=path KUBESIM=path use those binaries instead of building.
 # Builds the release binaries first (honours CARGO_TARGET_DIR).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:-400}
 SIZES=${2:-"400 1000 2000 4000"}
-cargo build --release --quiet -p rdeploy -p kubesim
-TARGET=${CARGO_TARGET_DIR:-$PWD/target}
-RDEPLOY=$TARGET/release/rdeploy
-KUBESIM=$TARGET/release/kubesim
+if [ -z "${RDEPLOY:-}" ] || [ -z "${KUBESIM:-}" ]; then
+  cargo build --release --quiet -p rdeploy -p kubesim
+  TARGET=${CARGO_TARGET_DIR:-$PWD/target}
+  RDEPLOY=$TARGET/release/rdeploy
+  KUBESIM=$TARGET/release/kubesim
+fi
 KUBECTL=${KUBECTL:-kubectl}
 work=$(mktemp -d)
 sim_pid=

@@ -55,7 +55,7 @@ pub async fn collect(scope: &Scope, options: &CollectOptions, last_seen: &LastSe
     // Plain-HTTP clusters share a few pools rather than one: every kubesim cluster (and every
     // cluster behind one proxy) is the same host:port, and one pool's idle list for it grows
     // with the clusters asked at once, scanned on every request.
-    let pools: Vec<PlainHttp> = (0..POOLS).map(|_| plain_http()).collect();
+    let pools: Vec<PlainHttp> = (0..POOLS.min(scope.clusters.len()).max(1)).map(|_| plain_http()).collect();
     // kube logs each failed request at ERROR; an absent cluster is reported once, in the
     // inventory, so its logs are only wanted when debugging (-vv). One dispatch for the run.
     let dispatch = if tracing::enabled!(tracing::Level::DEBUG) {
@@ -70,7 +70,7 @@ pub async fn collect(scope: &Scope, options: &CollectOptions, last_seen: &LastSe
             continue;
         };
         let (name, options, permits) = (member.name.clone(), options.clone(), permits.clone());
-        let (http, dispatch) = (pools[index % POOLS].clone(), dispatch.clone());
+        let (http, dispatch) = (pools[index % pools.len()].clone(), dispatch.clone());
         tasks.spawn(async move {
             let _permit = permits.acquire_owned().await;
             let ask = tokio::time::timeout(options.timeout, ask_cluster(kubeconfig, &name, &options, &http));
