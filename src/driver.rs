@@ -4,13 +4,11 @@
 //!
 //! The driver decides, the binary presents: every command returns a [`RunReport`] and prints
 //! nothing on stdout (`main.rs` denies `print!` here); `cmd` maps the outcome to the exit code
-//! and renders the report. Progress goes to the [`Ui`] (stderr), the one reporter: it stays a
-//! concrete type in the session rather than a trait, as there is one implementation and the
-//! adapters already report through their own `EventSink`.
+//! and renders the report. What happens as it runs goes out as typed [`RunEvent`]s to the
+//! session's reporters (the terminal's progress, the step logs): the driver never lays out a
+//! line of text for them.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::fs::File;
-use std::io::Write;
 use std::sync::{Arc, Mutex};
 
 use rdeploy_adapters::outputs::OutputValue;
@@ -23,6 +21,8 @@ use tokio::task::JoinSet;
 
 use crate::checkpoint::{Checkpoint, CheckpointGone, Deploy, DeployState, Record, StepMode, StepStatus};
 use crate::diff::StackDiff;
+use crate::engine::event::Reporters;
+use crate::engine::event::{Attempt, RetryWhy, RunEvent, StepEnd, SubChange, Work};
 use crate::exit::{Code, Refusal};
 use crate::reference::Reference;
 use crate::stack::{OnFailure, Retry, Stack, Step};
@@ -38,6 +38,8 @@ pub struct Session {
     /// Local scratch: logs, adapters' work dirs, the report (the store may be remote).
     pub state: StateDir,
     pub ui: Arc<Ui>,
+    /// Who is told what happens as the run goes (the progress display, the step logs).
+    pub reporters: Reporters,
     /// The stack file as the operator typed it, for commands we print.
     pub stack_arg: String,
     /// Cancelled on the first SIGINT/SIGTERM.
@@ -208,6 +210,22 @@ enum Action {
 }
 
 impl Session {
+    fn emit(&self, event: RunEvent) {
+        self.reporters.emit(event);
+    }
+
+    fn warn(&self, message: impl Into<String>) {
+        self.emit(RunEvent::Warning { from_step: None, message: message.into() });
+    }
+
+    fn note(&self, message: impl Into<String>) {
+        self.emit(RunEvent::Note(message.into()));
+    }
+
+    fn step_ended(&self, step: &str, end: StepEnd) {
+        self.emit(RunEvent::StepEnded { step: step.to_string(), end });
+    }
+
     pub(crate) fn context(&self, step: &Step, cancel: CancellationToken) -> StepContext {
         StepContext {
             step: step.name.clone(),
@@ -326,13 +344,13 @@ impl Session {
         let mut found = HashMap::new();
         let mut problems = Vec::new();
         for step in steps.iter().filter(|s| !s.resumable && s.revert.is_none()) {
-            self.ui.warn(format!(
+            self.warn(format!(
                 "step `{}` is not resumable and declares no `revert`: if it fails part-way it can only be run again from the start",
                 step.name
             ));
         }
         for step in steps.iter().filter(|s| !s.resumable && s.retry.is_some()) {
-            self.ui.warn(format!(
+            self.warn(format!(
                 "step `{}` declares `retry` but is not resumable: it completes or reverts, and is never retried",
                 step.name
             ));
@@ -385,11 +403,11 @@ impl Session {
                 if let Some(dead) = lock.took_over_from() {
                     *self.took_over.lock().unwrap_or_else(|e| e.into_inner()) = Some(dead.clone());
                     if dead.host == crate::store::hostname() && !dead.is_alive_here() {
-                        self.ui.warn(format!(
+                        self.warn(format!(
                             "took over the lock of a run that died without releasing it: {dead}; its checkpoint is used as it was left"
                         ));
                     } else {
-                        self.ui.warn(format!(
+                        self.warn(format!(
                             "took over a lock left by {dead}; if that run is still alive on {}, stop this one now: two runs would interleave",
                             dead.host
                         ));
@@ -403,7 +421,7 @@ impl Session {
                     alive.iter().map(|(pgid, cmd)| format!("process group {pgid} (`{cmd}`)")).collect()
                 };
                 let alive = rdeploy_adapters::process::wait_for_survivors(&running, SURVIVOR_WAIT, |alive| {
-                    self.ui.warn(format!(
+                    self.warn(format!(
                         "waiting for a tool started by a run that died to finish (up to {} s): {}",
                         SURVIVOR_WAIT.as_secs(),
                         describe(alive).join(", ")
@@ -468,7 +486,7 @@ impl Session {
         let tools = self.check_tools(&steps, true).await?;
         if let Some(loaded) = &self.from_plan {
             // Before anything runs or is recorded: whatever moved since the plan refuses it.
-            self.ui.info(format!(
+            self.note(format!(
                 "checking the plan {} (sha256:{}) against the stack and the live state",
                 loaded.path.display(),
                 loaded.short()
@@ -487,7 +505,7 @@ impl Session {
             if let Some(loaded) = &self.from_plan {
                 cp.record(Record::FromPlan { file: loaded.path.display().to_string(), digest: loaded.digest.clone() })?;
             }
-            self.ui.info(format!("deploy {run_id} of stack {} ({} steps)", self.stack.name, steps.len()));
+            self.note(format!("deploy {run_id} of stack {} ({} steps)", self.stack.name, steps.len()));
             let actions = self.stack.ordered().map(|s| (s.name.clone(), Action::Apply)).collect();
             self.run(cp, actions, tools).await
         }
@@ -530,12 +548,12 @@ impl Session {
         cp.record(Checkpoint::run_record(&self.stack, "recover", &run_id))?;
         for (name, _) in actions.iter().filter(|(name, _)| diff.settings_changed(name)) {
             let message = format!("step `{name}` changed since the checkpoint; recovering with the new settings");
-            self.ui.warn(&message);
+            self.warn(&message);
             cp.record(Record::Warning { step: Some(name.clone()), message })?;
         }
         let done: Vec<&str> =
             deploy.steps.iter().filter(|s| s.status == StepStatus::Done).map(|s| s.name.as_str()).collect();
-        self.ui.info(format!(
+        self.note(format!(
             "recovering deploy {} of stack {}: {} step(s) already done{}",
             deploy.deploy_id,
             self.stack.name,
@@ -770,7 +788,7 @@ impl Session {
         if self.stack.on_failure == OnFailure::Revert
             && matches!(outcome, Outcome::Partial | Outcome::StepReverted | Outcome::Refused)
         {
-            self.ui.warn("on_failure: revert: reverting every completed step that declares `revert`, newest first");
+            self.warn("on_failure: revert: reverting every completed step that declares `revert`, newest first");
             let reverted = self.revert_all(&cp).await?;
             let stranded = self.unrevertable_partial_steps(&cp);
             if reverted == Outcome::StepReverted && stranded.is_empty() {
@@ -782,7 +800,7 @@ impl Session {
                     "on_failure: revert could not undo step `{step}`: it declares no `revert` and has sub-changes in place ({}); the checkpoint is kept",
                     ids.join(", ")
                 );
-                self.ui.warn(&message);
+                self.warn(&message);
                 cp.record(Record::Warning { step: Some(step.clone()), message })?;
             }
             outcome = outcome.worst(Outcome::RevertFailed);
@@ -797,9 +815,9 @@ impl Session {
     fn stop_everything(&self, error: anyhow::Error, run: &mut RunState) -> anyhow::Error {
         if CheckpointGone::is(&error) {
             // Said once, in full, when the run ends.
-            self.ui.warn("the checkpoint is gone: stopping the running tools");
+            self.warn("the checkpoint is gone: stopping the running tools");
         } else {
-            self.ui.warn(format!("{error:#}: stopping the running tools"));
+            self.warn(format!("{error:#}: stopping the running tools"));
         }
         run.stopping = true;
         self.cancel.cancel();
@@ -828,7 +846,7 @@ impl Session {
             let step = self.stack.step(&name).expect("actions name stack steps").clone();
             if let Some(gate) = &step.gate {
                 if let Err(reason) = crate::gate::evaluate(gate, &self.stack.dir, &self.state.path).await {
-                    self.ui.step_finished(&name, &format!("refused by its gate: {reason}"));
+                    self.step_ended(&name, StepEnd::Refused { reason: reason.clone() });
                     cp.record(Record::StepRefused { step: name.clone(), reason })?;
                     run.outcome = run.outcome.worst(Outcome::Refused);
                     run.branch_failed(self.keep_going);
@@ -846,9 +864,9 @@ impl Session {
                 }
                 other => other,
             };
-            let (mode, what) = match &action {
-                Action::Recover(_) => (StepMode::Recover, format!("{} recover", step.tool)),
-                _ => (StepMode::Apply, format!("{} apply", step.tool)),
+            let (mode, work) = match &action {
+                Action::Recover(_) => (StepMode::Recover, Work::Recover(step.tool)),
+                _ => (StepMode::Apply, Work::Apply(step.tool)),
             };
             let tool_version = tools.get(&name).map(|t| t.version.clone());
             // Its references take their values before the tool starts: a missing output fails
@@ -872,7 +890,7 @@ impl Session {
                 Ok(resolved) => resolved,
                 Err(failure) => {
                     cp.record(Record::StepStarted { step: name.clone(), mode, tool_version: tool_version.clone() })?;
-                    self.ui.step_finished(&name, &format!("{}: {}", self.ui.paint.bad("failed"), failure.summary));
+                    self.step_ended(&name, StepEnd::Failed { summary: failure.summary.clone() });
                     cp.record(Record::StepFailed { step: name.clone(), failure })?;
                     run.outcome = run.outcome.worst(Outcome::Partial);
                     run.branch_failed(self.keep_going);
@@ -889,7 +907,8 @@ impl Session {
                 cp.record(Record::Attempt { step: name.clone(), attempt: 1, of: retry.attempts })?;
             }
             cp.record(Record::StepStarted { step: name.clone(), mode, tool_version: tool_version.clone() })?;
-            self.ui.step_started(&name, &what);
+            let attempt = retry.as_ref().map(|r| Attempt { number: 1, of: r.attempts });
+            self.emit(RunEvent::StepStarted { step: name.clone(), work, attempt });
             let (mut step, mut ctx, read) = self.resolved(&step, self.cancel.child_token());
             if let Some(saved) = saved {
                 step.spec.use_saved_plan(saved);
@@ -899,15 +918,14 @@ impl Session {
                 ctx.started_by =
                     cp.read(|deploy| self.started_by(deploy, &name, deploy.runs.last().map(|r| r.run_id.as_str())));
             }
-            let mut sink =
-                JournalSink::new(name.clone(), cp.clone(), self.ui.clone(), &self.state, ctx.cancel.clone())?;
+            let mut sink = JournalSink::new(name.clone(), cp.clone(), self.reporters.clone(), ctx.cancel.clone());
             sink.sensitive = self.sensitive.clone();
             // 0700: the tools' files in it (terraform's saved plan) are nobody else's to read.
             self.state.create_dir(&ctx.work_dir)?;
             let attempts = Attempts {
                 retry,
                 cp: cp.clone(),
-                ui: self.ui.clone(),
+                reporters: self.reporters.clone(),
                 tool_version,
                 state_dir: self.state.path.clone(),
             };
@@ -1069,7 +1087,7 @@ impl Session {
                     many => format!("outputs {}", many.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", ")),
                 }
             );
-            self.ui.warn(format!("step `{}` used an old value: {because}; applying it again", consumer.name));
+            self.warn(format!("step `{}` used an old value: {because}; applying it again", consumer.name));
             cp.record(Record::Stale { step: consumer.name.clone(), because })?;
             run.done.remove(&consumer.name);
             run.todo.retain(|(n, _)| n != &consumer.name);
@@ -1097,7 +1115,7 @@ impl Session {
             Ok(Recovered::Complete) => {
                 cp.record(Record::StepDone { step: name.clone() })?;
                 cp.snapshot();
-                self.ui.step_finished(&name, &self.ui.paint.good("done"));
+                self.step_ended(&name, StepEnd::Done);
                 if let Some(before) = before {
                     self.stale_consumers(cp, run, &name, &before)?;
                 }
@@ -1110,7 +1128,7 @@ impl Session {
                 let how = format!("`recover: rollback` rolled it back to {to}: the stack's version is not in place");
                 cp.record(Record::StepReverted { step: name.clone(), how: Some(how) })?;
                 cp.snapshot();
-                self.ui.step_finished(&name, &self.ui.paint.warn(&format!("rolled back to {to}")));
+                self.step_ended(&name, StepEnd::RolledBack { to: to.to_string() });
                 run.branch_failed(self.keep_going);
                 run.outcome = run.outcome.worst(Outcome::StepReverted);
                 return Ok(());
@@ -1120,7 +1138,7 @@ impl Session {
         let interrupted = failure.interrupted || self.cancel.is_cancelled();
         let failure = self.name_timeout(cp, &step, failure);
         run.branch_failed(self.keep_going && !interrupted);
-        self.ui.step_finished(&name, &format!("{}: {}", self.ui.paint.bad("failed"), failure.summary));
+        self.step_ended(&name, StepEnd::Failed { summary: failure.summary.clone() });
         cp.record(Record::StepFailed { step: name.clone(), failure: Failure { interrupted, ..failure } })?;
         let step_outcome = if !step.resumable && step.revert.is_some() {
             // Complete or revert, under Ctrl-C too: a step that cannot resume goes back to where
@@ -1211,14 +1229,13 @@ impl Session {
         if step.revert.is_none() {
             return Ok(Outcome::StepReverted);
         }
-        self.ui.step_started(&step.name, "revert");
+        self.emit(RunEvent::StepStarted { step: step.name.clone(), work: Work::Revert, attempt: None });
         cp.record(Record::StepStarted { step: step.name.clone(), mode: StepMode::Revert, tool_version: None })?;
         // Its `revert` and `env` may use outputs too: the recorded values, as the step had them.
         let step = match self.resolve_references(cp, step).await {
             Ok(resolved) => resolved,
             Err(failure) => {
-                self.ui
-                    .step_finished(&step.name, &format!("{}: {}", self.ui.paint.bad("revert failed"), failure.summary));
+                self.step_ended(&step.name, StepEnd::RevertFailed { summary: failure.summary.clone() });
                 cp.record(Record::StepRevertFailed { step: step.name.clone(), failure })?;
                 return Ok(Outcome::RevertFailed);
             }
@@ -1227,7 +1244,7 @@ impl Session {
         let Some(script) = &step.revert else { return Ok(Outcome::StepReverted) };
         // A revert must finish even after Ctrl-C or a journal error: a half-reverted step is the third outcome.
         let mut sink =
-            JournalSink::new(step.name.clone(), cp.clone(), self.ui.clone(), &self.state, CancellationToken::new())?;
+            JournalSink::new(step.name.clone(), cp.clone(), self.reporters.clone(), CancellationToken::new());
         sink.sensitive = self.sensitive.clone();
         let (_, ctx, read) = self.resolved(step, CancellationToken::new());
         let reverted = match read {
@@ -1237,13 +1254,12 @@ impl Session {
         match reverted {
             Ok(()) => {
                 cp.record(Record::StepReverted { step: step.name.clone(), how: None })?;
-                self.ui.step_finished(&step.name, &self.ui.paint.warn("reverted"));
+                self.step_ended(&step.name, StepEnd::Reverted);
                 Ok(Outcome::StepReverted)
             }
             Err(failure) => {
                 let failure = crate::out::secrets().redact_failure(failure);
-                self.ui
-                    .step_finished(&step.name, &format!("{}: {}", self.ui.paint.bad("revert failed"), failure.summary));
+                self.step_ended(&step.name, StepEnd::RevertFailed { summary: failure.summary.clone() });
                 cp.record(Record::StepRevertFailed { step: step.name.clone(), failure })?;
                 Ok(Outcome::RevertFailed)
             }
@@ -1347,7 +1363,7 @@ impl Session {
 struct Attempts {
     retry: Option<Retry>,
     cp: SharedCheckpoint,
-    ui: Arc<Ui>,
+    reporters: Reporters,
     tool_version: Option<String>,
     /// The local state directory (a fleet step keeps last-seen times and rollout starts there).
     state_dir: std::path::PathBuf,
@@ -1380,7 +1396,8 @@ impl Attempts {
                 (_, Some(e)) => return Err(journal_failure(e)),
                 (Ok(done), None) => {
                     if let Some(retry) = self.retry.as_ref().filter(|_| attempt > 1) {
-                        self.ui.info(format!("{}: succeeded on attempt {attempt} of {}", step.name, retry.attempts));
+                        let attempt = Attempt { number: attempt, of: retry.attempts };
+                        self.reporters.emit(RunEvent::AttemptSucceeded { step: step.name.clone(), attempt });
                     }
                     return Ok(done);
                 }
@@ -1397,16 +1414,13 @@ impl Attempts {
             if let Err(e) = self.cp.record(Record::StepFailed { step: step.name.clone(), failure }) {
                 return Err(journal_failure(JournalError::of(&e)));
             }
-            self.ui.step_finished(
-                &step.name,
-                &format!(
-                    "{} ({why}): {summary}; attempt {}/{} in {}",
-                    self.ui.paint.warn(&format!("attempt {attempt}/{} failed", retry.attempts)),
-                    attempt + 1,
-                    retry.attempts,
-                    humantime::format_duration(delay)
-                ),
-            );
+            self.reporters.emit(RunEvent::AttemptFailed {
+                step: step.name.clone(),
+                attempt: Attempt { number: attempt, of: retry.attempts },
+                why,
+                summary,
+                delay,
+            });
             tokio::select! {
                 _ = tokio::time::sleep(delay) => {}
                 _ = ctx.cancel.cancelled() => {
@@ -1428,7 +1442,11 @@ impl Attempts {
                     return Err(journal_failure(JournalError::of(&e)));
                 }
             }
-            self.ui.step_started(&step.name, &format!("{} recover (attempt {attempt}/{})", step.tool, retry.attempts));
+            self.reporters.emit(RunEvent::StepStarted {
+                step: step.name.clone(),
+                work: Work::Recover(step.tool),
+                attempt: Some(Attempt { number: attempt, of: retry.attempts }),
+            });
             action = Action::Recover(prior);
         }
     }
@@ -1437,15 +1455,13 @@ impl Attempts {
 /// Why a failure is worth another attempt, or `None`: one of `matching` matched its message or
 /// the tool's stderr tail, or it is one of the tool's known transient errors (unless
 /// `transient: false`).
-fn retry_reason(retry: &Retry, tool: rdeploy_adapters::Tool, failure: &Failure) -> Option<String> {
+fn retry_reason(retry: &Retry, tool: rdeploy_adapters::Tool, failure: &Failure) -> Option<RetryWhy> {
     let lines = || std::iter::once(failure.summary.as_str()).chain(failure.stderr_tail.iter().map(String::as_str));
     if let Some(re) = retry.matching.iter().find(|re| lines().any(|l| re.is_match(l))) {
-        return Some(format!("matches `{}`", re.as_str()));
+        return Some(RetryWhy::Matches(re.as_str().to_string()));
     }
     if retry.transient {
-        if let Some(class) = rdeploy_adapters::transient::classify(tool, failure) {
-            return Some(format!("transient: {}", class.describe()));
-        }
+        return rdeploy_adapters::transient::classify(tool, failure).map(RetryWhy::Transient);
     }
     None
 }
@@ -1514,13 +1530,12 @@ impl JournalError {
     }
 }
 
-/// The driver's event sink: journals sub-change events durably before returning, draws
-/// progress, and writes the tool's output to the step's log.
+/// The driver's event sink: journals sub-change events durably before returning, keeps the
+/// sensitive outputs in memory, and hands what the operator sees to the reporters.
 struct JournalSink {
     step: String,
     cp: SharedCheckpoint,
-    ui: Arc<Ui>,
-    log: Mutex<Option<File>>,
+    reporters: Reporters,
     error: Mutex<Option<JournalError>>,
     /// Cancelled on the first journal error, so the step starts nothing it cannot record (a
     /// full disk, or a shared store whose lease another run took over).
@@ -1530,31 +1545,8 @@ struct JournalSink {
 }
 
 impl JournalSink {
-    fn new(
-        step: String,
-        cp: SharedCheckpoint,
-        ui: Arc<Ui>,
-        state: &StateDir,
-        stop: CancellationToken,
-    ) -> anyhow::Result<JournalSink> {
-        // 0600, never through a symlink planted at its name (a refusal is a warning: the step
-        // runs, its output still reaches the terminal).
-        let log = match state.create_file(&state.log_path(&step)) {
-            Ok(file) => Some(file),
-            Err(e) => {
-                ui.warn(format!("{step}: not writing the step's log: {e:#}"));
-                None
-            }
-        };
-        Ok(JournalSink {
-            step,
-            cp,
-            ui,
-            log: Mutex::new(log),
-            error: Mutex::new(None),
-            stop,
-            sensitive: SensitiveOutputs::default(),
-        })
+    fn new(step: String, cp: SharedCheckpoint, reporters: Reporters, stop: CancellationToken) -> JournalSink {
+        JournalSink { step, cp, reporters, error: Mutex::new(None), stop, sensitive: SensitiveOutputs::default() }
     }
 
     fn journal_error(&self) -> Option<JournalError> {
@@ -1566,6 +1558,10 @@ impl JournalSink {
             self.error.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(JournalError::of(&e));
             self.stop.cancel();
         }
+    }
+
+    fn sub_change(&self, id: &str, change: SubChange) {
+        self.reporters.emit(RunEvent::SubChange { step: self.step.clone(), id: id.to_string(), change });
     }
 }
 
@@ -1606,34 +1602,29 @@ impl EventSink for JournalSink {
                 self.journal(Record::Outputs { step, values: plain, sensitive });
             }
             Event::Planned { ids } => {
-                self.ui.planned(&step, ids.len());
+                self.reporters.emit(RunEvent::Planned { step: step.clone(), total: ids.len() });
                 self.journal(Record::Planned { step, ids });
             }
             Event::Started { id } => {
-                self.ui.sub_change(&self.step, &id, "started", false);
+                self.sub_change(&id, SubChange::Started);
                 self.journal(Record::SubStarted { step, id });
             }
             Event::Done { id, note } => {
                 self.journal(Record::SubDone { step, id: id.clone(), note });
-                self.ui.sub_change(&self.step, &id, "done", true);
+                self.sub_change(&id, SubChange::Done);
             }
             Event::Failed { id, error } => {
                 self.journal(Record::SubFailed { step, id: id.clone(), error: error.clone() });
-                self.ui.sub_change(&self.step, &id, &format!("failed: {error}"), true);
+                self.sub_change(&id, SubChange::Failed(error));
             }
             Event::Pending { id, reason } => self.journal(Record::SubPending { step, id, reason }),
             Event::Moved { from, to } => self.journal(Record::SubMoved { step, from, to }),
             Event::Fact { key, value } => self.journal(Record::Fact { step, key, value }),
             Event::Warning { message } => {
-                self.ui.warn(format!("{}: {message}", self.step));
+                self.reporters.emit(RunEvent::Warning { from_step: Some(step.clone()), message: message.clone() });
                 self.journal(Record::Warning { step: Some(step), message });
             }
-            Event::Output { stream, line } => {
-                if let Some(log) = self.log.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
-                    let _ = writeln!(log, "{line}");
-                }
-                self.ui.output(&self.step, stream, &line);
-            }
+            Event::Output { stream, line } => self.reporters.emit(RunEvent::Output { step, stream, line }),
         }
     }
 }
