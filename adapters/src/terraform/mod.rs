@@ -729,7 +729,7 @@ impl<'a> Run<'a> {
             dir,
             sensitive,
             secrets,
-            deadline: ctx.timeout.map(|t| Instant::now() + t),
+            deadline: ctx.timeout.and_then(crate::deadline_after),
             preview: false,
             version_reported: std::sync::atomic::AtomicBool::new(false),
         })
