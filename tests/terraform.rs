@@ -139,7 +139,7 @@ fn sigint_mid_apply_is_exit_130_and_recover_finishes() {
 }
 
 /// kill -9 of rdeploy mid-apply: terraform gets SIGINT (its graceful stop) and its output is a
-/// file, not a pipe whose reader died, so it stops cleanly and writes its state. The next
+/// memory file, not a pipe whose reader died, so it stops cleanly and writes its state. The next
 /// `recover` waits for it, converges, and no resource is created twice.
 #[test]
 fn kill_9_mid_apply_keeps_terraforms_state_and_recover_creates_nothing_twice() {
@@ -158,9 +158,8 @@ fn kill_9_mid_apply_keeps_terraforms_state_and_recover_creates_nothing_twice() {
         assert!(start.elapsed() < Duration::from_secs(120), "terraform never ended after its SIGINT");
         std::thread::sleep(Duration::from_millis(50));
     }
-    let stream = p.read(".rdeploy/steps/network/apply.jsonl");
-    assert_eq!(stream.matches("Interrupt received").count(), 1, "one graceful interrupt: {stream}");
-    assert!(!stream.contains("Two interrupts received"), "{stream}");
+    // terraform's stream was a memory file (it may hold secrets): nothing of it is on disk.
+    assert!(!p.exists(".rdeploy/steps/network/apply.jsonl"), "terraform's stream is not written to disk");
     let state: serde_json::Value = serde_json::from_str(&p.read("chain/terraform.tfstate"))
         .unwrap_or_else(|e| panic!("terraform.tfstate is not JSON after the kill: {e}"));
     let names: Vec<&str> = state["resources"].as_array().unwrap().iter().map(|r| r["name"].as_str().unwrap()).collect();
@@ -172,7 +171,6 @@ fn kill_9_mid_apply_keeps_terraforms_state_and_recover_creates_nothing_twice() {
     for i in 1..=6 {
         assert_eq!(runs(&p, &format!("a{i}")), 1, "a{i} was created exactly once");
     }
-    assert!(!p.exists(".rdeploy/steps/network/apply.jsonl"), "an apply seen to its end leaves no stream file");
 }
 
 /// Kills rdeploy (kill -9) and waits until the terraform it started has ended on its own (it

@@ -449,13 +449,6 @@ impl Adapter for TerraformSpec {
     }
 }
 
-/// The lock recorded by an earlier run, if it is still recorded.
-/// Where `apply` writes terraform's JSON stream and its stderr (in the step's work directory):
-/// the files stay only when the rdeploy that started the apply died before it ended.
-pub fn apply_output_files(work_dir: &Path) -> (PathBuf, PathBuf) {
-    (work_dir.join("apply.jsonl"), work_dir.join("apply.stderr"))
-}
-
 /// The recorded sub-changes a `moved` block renamed, old address to new, as the plan says.
 fn moves_of_recorded(plan: &PlanReport, prior: &PriorStep) -> BTreeMap<String, String> {
     plan.changes
@@ -509,6 +502,7 @@ fn renamed(prior: &PriorStep, moves: &BTreeMap<String, String>) -> PriorStep {
     out
 }
 
+/// The lock recorded by an earlier run, if it is still recorded.
 fn prior_lock(prior: &PriorStep) -> Option<LockInfo> {
     if let Some(lock) = prior.facts.get(FACT_LOCK).and_then(|v| serde_json::from_value::<LockInfo>(v.clone()).ok()) {
         return Some(lock);
@@ -1095,11 +1089,11 @@ impl<'a> Run<'a> {
             });
         }
         let mut tracker = ApplyTracker::new(&plan.changes);
-        // The stream goes to a file that stays if rdeploy dies: terraform then finishes on its
-        // own, and the next `recover` reads there what it completed. Seen to the end here, the
-        // file has told everything and goes.
-        let (stream_file, stderr_file) = apply_output_files(&self.ctx.work_dir);
-        let command = self.command(&args).output_files(&stream_file, &stderr_file);
+        // The stream goes to a memory file, never to the disk: it may hold a secret terraform
+        // printed (a provisioner's output, a failed command's diagnostic). If rdeploy dies,
+        // terraform writes on into it (a file, not a pipe: no SIGPIPE) and finishes on its own;
+        // the next `recover` learns what it did from terraform's state.
+        let command = self.command(&args);
         let mut outputs = None;
         let outcome = self
             .exec_json(command, &mut |ui| {
@@ -1112,8 +1106,6 @@ impl<'a> Run<'a> {
                 tracker.observe(&ui.body, &ui.message, &mut |event| sink.emit(event))
             })
             .await;
-        let _ = std::fs::remove_file(&stream_file);
-        let _ = std::fs::remove_file(&stderr_file);
         // Once an apply of it ran, the saved plan is spent (terraform calls it stale), and it
         // holds every variable's value: it goes, and the next run plans again.
         let _ = std::fs::remove_file(plan_file);
