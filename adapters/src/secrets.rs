@@ -434,6 +434,8 @@ impl SecretFile {
         if let Ok(fd) = nix::sys::memfd::memfd_create(c"rdeploy-secret", nix::sys::memfd::MemFdCreateFlag::MFD_CLOEXEC)
         {
             let mut memory = std::fs::File::from(fd);
+            // Owner-only, as the file it replaces was (a memory file starts 0777).
+            memory.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
             memory.write_all(value.to_string().as_bytes())?;
             let target = format!("/proc/{}/fd/{}", std::process::id(), memory.as_raw_fd());
             std::os::unix::fs::symlink(&target, &path)?;
@@ -716,9 +718,26 @@ mod tests {
         assert_eq!(meta.permissions().mode() & 0o777, 0o600);
         let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(file.path()).unwrap()).unwrap();
         assert_eq!(doc, serde_json::json!({"db": {"password": "pw", "user": "u"}}));
+        // Nothing at rest: the name is a link into this process's memory.
+        assert!(std::fs::symlink_metadata(file.path()).unwrap().file_type().is_symlink());
         let path = file.path().to_path_buf();
         drop(file);
-        assert!(!path.exists());
+        assert!(std::fs::symlink_metadata(&path).is_err());
+    }
+
+    /// The pipe gives the whole document to its reader once, and holds nothing itself.
+    #[test]
+    fn a_secret_pipe_serves_its_reader_once_and_is_gone_after() {
+        use std::os::unix::fs::FileTypeExt;
+        let dir = tempfile::tempdir().unwrap();
+        let value = serde_json::json!({"login": "pw"});
+        let pipe = SecretPipe::serve(dir.path(), "vars.json", &value).unwrap();
+        assert!(std::fs::symlink_metadata(pipe.path()).unwrap().file_type().is_fifo());
+        let read: serde_json::Value = serde_json::from_slice(&std::fs::read(pipe.path()).unwrap()).unwrap();
+        assert_eq!(read, value);
+        let path = pipe.path().to_path_buf();
+        drop(pipe);
+        assert!(std::fs::symlink_metadata(&path).is_err());
     }
 
     #[test]
