@@ -345,9 +345,15 @@ fn files_holding(dir: &std::path::Path, needle: &str) -> Vec<std::path::PathBuf>
     let Ok(entries) = std::fs::read_dir(dir) else { return found };
     for entry in entries.flatten() {
         let path = entry.path();
-        if path.is_dir() {
+        // What is at rest: directories and regular files. A link is not followed (one into
+        // `/proc` reads a live process's memory, not the disk) and a named pipe holds nothing
+        // (reading one with no writer would wait forever).
+        let Ok(kind) = entry.file_type() else { continue };
+        if kind.is_dir() {
             found.extend(files_holding(&path, needle));
-        } else if std::fs::read(&path).is_ok_and(|b| b.windows(needle.len()).any(|w| w == needle.as_bytes())) {
+        } else if kind.is_file()
+            && std::fs::read(&path).is_ok_and(|b| b.windows(needle.len()).any(|w| w == needle.as_bytes()))
+        {
             found.push(path);
         }
     }
@@ -860,4 +866,159 @@ steps:
         .unwrap();
     assert!(got.status.success(), "{}", String::from_utf8_lossy(&got.stderr));
     assert_eq!(String::from_utf8_lossy(&got.stdout), "SECRETVALUE-helm-2");
+}
+
+/// A stand-in for a tool binary: the real tool, except that a command whose words hold `held`
+/// waits until `go` exists, after touching `started` (so rdeploy has laid out the secret values
+/// the command reads, and the tool has not read them yet).
+fn held_tool(p: &Project, name: &str, real: &std::path::Path, held: &str) -> std::path::PathBuf {
+    let script = format!(
+        "#!/bin/sh\ncase \" $* \" in *'{held}'*) : > '{dir}/started'; while [ ! -f '{dir}/go' ]; do sleep 0.05; done;; esac\nexec '{real}' \"$@\"\n",
+        dir = p.path(".").display(),
+        real = real.display()
+    );
+    p.file(name, &script);
+    let path = p.path(name);
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+/// kill -9 of rdeploy, then waits until no tool it started is left (each got its graceful
+/// signal and ends on its own).
+fn kill_9_and_wait_for_its_tools(p: &Project, mut child: std::process::Child) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
+    child.wait().unwrap();
+    let running = p.path(".rdeploy/running");
+    let start = std::time::Instant::now();
+    while !rdeploy_adapters::process::surviving_children(&running).is_empty() {
+        assert!(start.elapsed() < std::time::Duration::from_secs(120), "a tool never ended after rdeploy died");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// Issue 32, point 7: rdeploy killed with `kill -9` while terraform applies, after a provisioner
+/// printed a value the stack marks secret (terraform prints it: the module does not declare it
+/// sensitive). terraform's raw `-json` stream stayed in `.rdeploy/steps/*/apply.jsonl` in clear;
+/// it is a memory file now, and nothing under the state dir holds the value. recover finishes.
+#[test]
+fn a_kill_9_during_a_terraform_apply_leaves_no_secret_at_rest() {
+    require_tool("terraform", "install terraform v1.11 (https://developer.hashicorp.com/terraform/install)");
+    let p = Project::new();
+    p.file(
+        "infra/main.tf",
+        r#"variable "greeting" {
+  type = string
+}
+
+resource "terraform_data" "speak" {
+  provisioner "local-exec" {
+    environment = { GREETING = var.greeting }
+    command     = "echo \"the greeting is $GREETING\"; : > said; while [ ! -f go ]; do sleep 0.05; done"
+  }
+}
+"#,
+    );
+    p.stack(
+        r#"
+name: demo
+steps:
+  - name: infra
+    tool: terraform
+    dir: infra
+    vars: { greeting: { value: SECRETVALUE-tf-kill, secret: true } }
+"#,
+    );
+    let child = p.spawn(&["up"]);
+    // The line went through terraform's stream once rdeploy's log has it.
+    let start = std::time::Instant::now();
+    while !std::fs::read_to_string(p.path(".rdeploy/logs/infra.log")).is_ok_and(|l| l.contains("the greeting is ***")) {
+        assert!(start.elapsed() < std::time::Duration::from_secs(120), "the provisioner never spoke");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    kill_9_and_wait_for_its_tools(&p, child);
+    let left = files_holding(&p.path(".rdeploy"), "SECRETVALUE");
+    assert!(left.is_empty(), "after kill -9 mid-apply: {left:?}");
+
+    p.file("infra/go", "");
+    p.rdeploy(&["recover"]).code(0);
+    let left = files_holding(&p.path(".rdeploy"), "SECRETVALUE");
+    assert!(left.is_empty(), "after recover: {left:?}");
+    assert!(p.read(".rdeploy/logs/infra.log").contains("the greeting is ***"), "the log holds the line, redacted");
+}
+
+/// Issue 32, point 7: rdeploy killed with `kill -9` while helm runs with a secret `set` value:
+/// `secret-values.json` stayed in clear in the step's work dir. The values now live in memory
+/// (helm reads them through a link into rdeploy's `/proc`), and nothing under the state dir
+/// holds them; recover installs the release with the value.
+#[test]
+fn a_kill_9_during_a_helm_upgrade_leaves_no_secret_value_at_rest() {
+    use kubesim::testing::{helm_bin, kubectl_bin, Kubesim};
+    let sim = Kubesim::start("c1");
+    let mut p = Project::new();
+    for (k, v) in sim.env() {
+        p.env(&k, &v);
+    }
+    p.file("chart/Chart.yaml", "apiVersion: v2\nname: held\nversion: 0.1.0\n");
+    p.file(
+        "chart/templates/cm.yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ .Release.Name }}-config\ndata:\n  login: {{ .Values.login | quote }}\n",
+    );
+    let helm = held_tool(&p, "helm-held", &helm_bin(4), " upgrade ");
+    p.stack(&format!(
+        "name: demo\nsteps:\n  - name: app\n    tool: helm\n    release: web\n    chart: chart\n    namespace: shop\n    context: c1\n    set: {{ login: {{ from_env: CI_LOGIN }} }}\n    timeout: 60s\n    binary: {}\n",
+        helm.display()
+    ));
+    p.env("CI_LOGIN", "SECRETVALUE-helm-kill");
+    let child = p.spawn(&["up"]);
+    p.wait_for("started", std::time::Duration::from_secs(120));
+    kill_9_and_wait_for_its_tools(&p, child);
+    let left = files_holding(&p.path(".rdeploy"), "SECRETVALUE");
+    assert!(left.is_empty(), "after kill -9 mid-upgrade: {left:?}");
+
+    p.file("go", "");
+    p.rdeploy(&["recover"]).code(0);
+    let left = files_holding(&p.path(".rdeploy"), "SECRETVALUE");
+    assert!(left.is_empty(), "after recover: {left:?}");
+    let got = std::process::Command::new(kubectl_bin())
+        .args(["--context", "c1", "-n", "shop", "get", "configmap", "web-config", "-o", "jsonpath={.data.login}"])
+        .envs(sim.env())
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&got.stdout), "SECRETVALUE-helm-kill", "helm read the value");
+}
+
+/// Issue 32, point 7: rdeploy killed with `kill -9` after it laid out ansible's secret extra
+/// vars and before ansible read them: `secret-vars.json` stayed in clear. They are served
+/// through a named pipe now, which holds nothing at rest; recover runs the play with the value.
+#[test]
+fn a_kill_9_before_ansible_reads_its_secret_vars_leaves_none_at_rest() {
+    let binary = common::repo_root().join(".venv/bin/ansible-playbook");
+    assert!(binary.is_file(), "{} is missing: run scripts/setup-ansible.sh", binary.display());
+    let mut p = Project::new();
+    p.env("CI_DB_LOGIN", "SECRETVALUE-ans-kill");
+    p.file(
+        "inventory.ini",
+        "[web]\nweb1\n\n[web:vars]\nansible_connection=local\nansible_python_interpreter={{ ansible_playbook_python }}\n",
+    );
+    p.file(
+        "play.yml",
+        "- hosts: web\n  gather_facts: false\n  tasks:\n    - name: write it\n      ansible.builtin.copy:\n        content: \"{{ login }}\"\n        dest: \"{{ playbook_dir }}/received\"\n",
+    );
+    let held = held_tool(&p, "ansible-held", &binary, "secret-vars.json");
+    p.stack(&format!(
+        "name: demo\nsteps:\n  - name: hosts\n    tool: ansible\n    playbook: play.yml\n    inventory: inventory.ini\n    binary: {}\n    env: {{ ANSIBLE_NOCOLOR: \"1\" }}\n    extra_vars: {{ login: {{ from_env: CI_DB_LOGIN }} }}\n",
+        held.display()
+    ));
+    let child = p.spawn(&["up"]);
+    p.wait_for("started", std::time::Duration::from_secs(120));
+    kill_9_and_wait_for_its_tools(&p, child);
+    let left = files_holding(&p.path(".rdeploy"), "SECRETVALUE");
+    assert!(left.is_empty(), "after kill -9 before ansible read its vars: {left:?}");
+
+    p.file("go", "");
+    p.rdeploy(&["recover"]).code(0);
+    let left = files_holding(&p.path(".rdeploy"), "SECRETVALUE");
+    assert!(left.is_empty(), "after recover: {left:?}");
+    assert_eq!(p.read("received"), "SECRETVALUE-ans-kill", "ansible read the value");
 }
