@@ -413,7 +413,10 @@ echo fill >> out
     assert_eq!(p.lines("out"), ["fill"], "`next` did not run");
     // The journal's torn last line is the cut-short start; the checkpoint reads back without it.
     let status = p.status();
-    assert_eq!(common::sub_statuses(&status, "seed"), [("fill".into(), "done".into()), ("next".into(), "pending".into())]);
+    assert_eq!(
+        common::sub_statuses(&status, "seed"),
+        [("fill".into(), "done".into()), ("next".into(), "pending".into())]
+    );
     p.rdeploy(&["recover"]).code(0).stdout_has("deploy complete");
     assert_eq!(p.lines("out"), ["fill", "next"]);
 }
@@ -452,7 +455,9 @@ fn a_deleted_journal_with_its_snapshot_left_is_refused_not_forgotten() {
             p.remove(".rdeploy/snapshot.json");
         }
         let run = p.rdeploy(&["recover"]);
-        run.code(2).stderr_has("journal.jsonl is missing, but a deploy was recorded here").stderr_has("nothing was run");
+        run.code(2)
+            .stderr_has("journal.jsonl is missing, but a deploy was recorded here")
+            .stderr_has("nothing was run");
         run.stderr_has("rdeploy reset --yes");
         if left == "journal.seq only" {
             run.stderr_has("records were written");

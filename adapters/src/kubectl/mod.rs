@@ -459,7 +459,10 @@ impl KubectlSpec {
         }
         // Nothing starts unless its start is recorded (the sink stops the step when it could not).
         if ctx.cancel.is_cancelled() {
-            return Err(Failure { interrupted: true, ..Failure::new(format!("stopped before `kubectl apply` ({label})")) });
+            return Err(Failure {
+                interrupted: true,
+                ..Failure::new(format!("stopped before `kubectl apply` ({label})"))
+            });
         }
         let Captured { outcome, stdout, stderr } =
             capture(&cmd, ctx, ctx.timeout, Some(sink), StdoutLog::Lines).await.map_err(Failure::from)?;

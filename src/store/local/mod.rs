@@ -157,7 +157,9 @@ impl LocalStore {
                 snap.deploy.deploy_id,
                 describe_steps(&snap.deploy)
             )),
-            None if snapshot.exists() => evidence.push(format!("{} remains, but does not read back", snapshot.display())),
+            None if snapshot.exists() => {
+                evidence.push(format!("{} remains, but does not read back", snapshot.display()))
+            }
             None => {}
         }
         Refusal::new(
@@ -437,7 +439,11 @@ fn describe_steps(deploy: &Deploy) -> String {
             let mut line = format!("step `{}` {}", s.name, s.status.as_str());
             if !done.is_empty() && s.status != crate::checkpoint::StepStatus::Done {
                 let shown: Vec<&str> = done.iter().copied().take(10).collect();
-                let more = if done.len() > shown.len() { format!(" and {} more", done.len() - shown.len()) } else { String::new() };
+                let more = if done.len() > shown.len() {
+                    format!(" and {} more", done.len() - shown.len())
+                } else {
+                    String::new()
+                };
                 line.push_str(&format!(" (sub-changes done: {}{more})", shown.join(", ")));
             }
             line
