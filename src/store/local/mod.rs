@@ -623,7 +623,9 @@ impl Store for LocalStore {
         match start() {
             Ok(journal) => Ok(Box::new(journal)),
             Err(e) => {
-                // Nothing is recorded: leave no half-made journal that would look unfinished.
+                // Nothing is recorded: leave no half-made journal that would look unfinished
+                // (nor a `journal.seq`, which without its journal reads as one lost).
+                let _ = std::fs::remove_file(self.mark_path());
                 let _ = std::fs::remove_file(&path);
                 if e.downcast_ref::<Refusal>().is_some() {
                     return Err(e);
