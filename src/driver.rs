@@ -478,6 +478,11 @@ impl Session {
             return Ok(RunReport::new(Outcome::Complete, last, Ended::NothingToRecover));
         };
         self.check_mapping(&deploy)?;
+        // What the checkpoint itself says went wrong with it (a journal line set aside, records
+        // an OS crash dropped) is said before anything runs: it decides what is uncertain.
+        for warning in &deploy.warnings {
+            self.ui.warn(warning);
+        }
         let diff = StackDiff::between(&self.stack, &deploy);
         let actions = self.recovery_actions(&deploy)?;
         let pending: Vec<&Step> = self.stack.ordered().filter(|s| actions.iter().any(|(n, _)| *n == s.name)).collect();

@@ -96,6 +96,107 @@ pub fn substitute(text: &str, value: &dyn Fn(&Reference) -> Option<String>) -> R
     Ok(out)
 }
 
+/// `script`, a shell command line (`sh -c`), with each reference replaced by an expansion of
+/// the variable `var(reference)` that the shell does not parse again: `"${VAR}"` where the
+/// reference stands unquoted, `${VAR}` inside double quotes, and `'"${VAR}"'` (out of the single
+/// quotes and back) inside single quotes. The caller puts each value in the command's
+/// environment under that name, so an output holding `$(...)`, backquotes, `;` or quotes
+/// reaches the command as data, never as code. The first reference without a value is the
+/// error.
+pub fn substitute_shell(
+    script: &str,
+    has_value: &dyn Fn(&Reference) -> bool,
+    var: &dyn Fn(&Reference) -> String,
+) -> Result<String, Reference> {
+    let mut out = String::with_capacity(script.len());
+    let mut end = 0;
+    let mut quoting = ShellQuoting::default();
+    for m in EXPR.captures_iter(script) {
+        let whole = m.get(0).expect("group 0");
+        let Some(c) = INNER.captures(m[1].trim()) else { continue };
+        let reference = Reference { step: c[1].to_string(), key: c[2].to_string() };
+        if !has_value(&reference) {
+            return Err(reference);
+        }
+        let before = &script[end..whole.start()];
+        quoting.read(before);
+        out.push_str(before);
+        let name = var(&reference);
+        match quoting.at() {
+            Quote::None => out.push_str(&format!("\"${{{name}}}\"")),
+            Quote::Double => out.push_str(&format!("${{{name}}}")),
+            Quote::Single => out.push_str(&format!("'\"${{{name}}}\"'")),
+        }
+        end = whole.end();
+    }
+    out.push_str(&script[end..]);
+    Ok(out)
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Quote {
+    None,
+    Single,
+    Double,
+}
+
+/// Where a POSIX shell reading a line is, quoting-wise: nested `$(...)` and backquotes start
+/// unquoted again inside double quotes, so each is a frame of its own.
+#[derive(Debug)]
+struct ShellQuoting {
+    /// One frame per command substitution entered (the line itself is the first), with its
+    /// quoting and how many `(` are open in it.
+    frames: Vec<(Quote, usize, bool)>,
+    /// The last character was an unquoted (or double-quoted) backslash.
+    escaped: bool,
+    /// The last character was a `$` that may open `$(`.
+    dollar: bool,
+}
+
+impl Default for ShellQuoting {
+    fn default() -> ShellQuoting {
+        ShellQuoting { frames: vec![(Quote::None, 0, false)], escaped: false, dollar: false }
+    }
+}
+
+impl ShellQuoting {
+    fn at(&self) -> Quote {
+        self.frames.last().map_or(Quote::None, |f| f.0)
+    }
+
+    fn read(&mut self, text: &str) {
+        for c in text.chars() {
+            let dollar = std::mem::take(&mut self.dollar);
+            if std::mem::take(&mut self.escaped) {
+                continue;
+            }
+            let top = self.frames.len() - 1;
+            let (quote, parens, backquoted) = self.frames[top];
+            match (quote, c) {
+                (Quote::Single, '\'') => self.frames[top].0 = Quote::None,
+                (Quote::Single, _) => {}
+                (_, '\\') => self.escaped = true,
+                (_, '$') => self.dollar = true,
+                (_, '(') if dollar => self.frames.push((Quote::None, 0, false)),
+                (_, '`') if backquoted && quote == Quote::None && self.frames.len() > 1 => {
+                    self.frames.pop();
+                }
+                (_, '`') => self.frames.push((Quote::None, 0, true)),
+                (Quote::Double, '"') => self.frames[top].0 = Quote::None,
+                (Quote::Double, _) => {}
+                (Quote::None, '\'') => self.frames[top].0 = Quote::Single,
+                (Quote::None, '"') => self.frames[top].0 = Quote::Double,
+                (Quote::None, '(') => self.frames[top].1 += 1,
+                (Quote::None, ')') if parens > 0 => self.frames[top].1 -= 1,
+                (Quote::None, ')') if self.frames.len() > 1 && !backquoted => {
+                    self.frames.pop();
+                }
+                (Quote::None, _) => {}
+            }
+        }
+    }
+}
+
 /// A node with the references in its string values substituted. A scalar keeps its position
 /// and its quoting, so a plain `${{ ... }}` whose value reads as a number stays a number for
 /// the tool (helm `set`, ansible `extra_vars`, terraform `vars`).
@@ -147,6 +248,50 @@ mod tests {
         assert!(find("${{ steps.db }}").unwrap_err().contains("is not a reference"));
         assert!(find("x ${{ steps.db.outputs.url").unwrap_err().contains("never closed"));
         assert!(find("${{ steps.a.outputs.b }} ${{ steps").unwrap_err().contains("never closed"));
+    }
+
+    #[test]
+    fn a_reference_in_a_shell_line_becomes_a_quoted_expansion_of_its_variable() {
+        let has = |_: &Reference| true;
+        let var = |r: &Reference| format!("V_{}", r.key);
+        let sub = |s: &str| substitute_shell(s, &has, &var).unwrap();
+        assert_eq!(sub("echo ${{ steps.a.outputs.x }} >> out"), r#"echo "${V_x}" >> out"#);
+        assert_eq!(sub(r#"echo "n=${{ steps.a.outputs.x }}!""#), r#"echo "n=${V_x}!""#);
+        assert_eq!(sub("echo 'n=${{ steps.a.outputs.x }}'"), r#"echo 'n='"${V_x}"''"#);
+        assert_eq!(sub(r#"echo "$(cat ${{ steps.a.outputs.x }})""#), r#"echo "$(cat "${V_x}")""#);
+        assert_eq!(sub(r#"echo "$(f "a(b)") ${{ steps.a.outputs.x }}""#), r#"echo "$(f "a(b)") ${V_x}""#);
+        assert_eq!(sub(r#"echo \' ${{ steps.a.outputs.x }}"#), r#"echo \' "${V_x}""#);
+        assert_eq!(
+            sub("echo `echo ${{ steps.a.outputs.x }}` ${{ steps.a.outputs.y }}"),
+            r#"echo `echo "${V_x}"` "${V_y}""#
+        );
+        assert_eq!(substitute_shell("${{ steps.b.outputs.z }}", &|r| r.step != "b", &var).unwrap_err(), r("b", "z"));
+    }
+
+    /// What the shell makes of the substituted line: the value as data, whatever it holds.
+    #[test]
+    fn a_hostile_value_reaches_the_shell_as_data() {
+        let dir = tempfile::tempdir().unwrap();
+        let value = r#"7$(touch PWNED)`touch PWNED2`"'; touch PWNED3; '"#;
+        for script in [
+            "printf '%s' ${{ steps.a.outputs.x }} > got",
+            r#"printf '%s' "${{ steps.a.outputs.x }}" > got"#,
+            "printf '%s' '${{ steps.a.outputs.x }}' > got",
+        ] {
+            let line = substitute_shell(script, &|_| true, &|_| "RDEPLOY_REF_x".to_string()).unwrap();
+            let status = std::process::Command::new("/bin/sh")
+                .arg("-c")
+                .arg(&line)
+                .current_dir(dir.path())
+                .env("RDEPLOY_REF_x", value)
+                .status()
+                .unwrap();
+            assert!(status.success(), "{line}");
+            assert_eq!(std::fs::read_to_string(dir.path().join("got")).unwrap(), value, "{script} -> {line}");
+            for pwned in ["PWNED", "PWNED2", "PWNED3"] {
+                assert!(!dir.path().join(pwned).exists(), "{script} -> {line}");
+            }
+        }
     }
 
     #[test]

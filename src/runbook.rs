@@ -418,7 +418,7 @@ fn resolve_recorded(deploy: &Deploy, step: &Step) -> (Step, Vec<Export>) {
             None => Some(r.to_string()),
         }
     };
-    (step.resolve(&value).unwrap_or_else(|_| step.clone()), exports)
+    (step.resolve_for_reading(&value).unwrap_or_else(|_| step.clone()), exports)
 }
 
 /// The placeholders of sensitive outputs as `"$VAR"` (closing and reopening a single-quoted word).

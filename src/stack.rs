@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use rdeploy_adapters::secrets::Marked;
-use rdeploy_adapters::yaml::{self, Location, Node, Span, Spanned};
+use rdeploy_adapters::yaml::{self, Location, Node, ScalarNode, Span, Spanned};
 
 use crate::fleet::model::Kind;
 use crate::reference::{self, Located, Reference};
@@ -96,10 +96,62 @@ impl Step {
     /// The first reference without a value is the error, as is a value its key cannot take
     /// (`wait: ${{ ... }}` that is not a boolean).
     pub fn resolve(&self, value: &dyn Fn(&Reference) -> Option<String>) -> Result<Step, ResolveError> {
+        self.resolve_with(value, true)
+    }
+
+    /// [`Step::resolve`] for a reader (the runbook): every value written into the text where
+    /// its reference stands, shell lines too. Never for a command that runs.
+    pub fn resolve_for_reading(&self, value: &dyn Fn(&Reference) -> Option<String>) -> Result<Step, ResolveError> {
+        self.resolve_with(value, false)
+    }
+
+    fn resolve_with(&self, value: &dyn Fn(&Reference) -> Option<String>, to_run: bool) -> Result<Step, ResolveError> {
         if self.refs.is_empty() {
             return Ok(self.clone());
         }
-        let own = reference::substitute_node(&self.own, value).map_err(ResolveError::Missing)?;
+        // A shell line (a shell step's `run` and `check`, any step's `revert`) gets each value
+        // through its environment, never in its text: a recorded output is data, and the shell
+        // must not parse it (`7$(touch PWNED)` in a checkpoint must not run anything).
+        let has_value = |r: &Reference| value(r).is_some();
+        let var = |r: &Reference| shell_var(&self.refs, r);
+        let shell = |text: &str| {
+            if to_run {
+                reference::substitute_shell(text, &has_value, &var).map_err(ResolveError::Missing)
+            } else {
+                reference::substitute(text, value).map_err(ResolveError::Missing)
+            }
+        };
+        let own = match (self.tool, &self.own) {
+            (Tool::Shell, Node::Mapping(map)) if to_run => {
+                let mut map = map.clone();
+                for (key, item) in map.iter_mut() {
+                    *item = match (key.as_str(), &*item) {
+                        ("run", Node::Scalar(line)) => shell_scalar(line, &shell)?,
+                        ("sub_changes", Node::Sequence(subs)) => {
+                            let mut subs = subs.clone();
+                            for sub in subs.iter_mut() {
+                                if let Node::Mapping(sub_map) = sub {
+                                    let mut sub_map = sub_map.clone();
+                                    for (k, v) in sub_map.iter_mut() {
+                                        *v = match (k.as_str(), &*v) {
+                                            ("run" | "check", Node::Scalar(line)) => shell_scalar(line, &shell)?,
+                                            _ => reference::substitute_node(v, value).map_err(ResolveError::Missing)?,
+                                        };
+                                    }
+                                    *sub = Node::Mapping(sub_map);
+                                } else {
+                                    *sub = reference::substitute_node(sub, value).map_err(ResolveError::Missing)?;
+                                }
+                            }
+                            Node::Sequence(subs)
+                        }
+                        _ => reference::substitute_node(item, value).map_err(ResolveError::Missing)?,
+                    };
+                }
+                Node::Mapping(map)
+            }
+            (_, own) => reference::substitute_node(own, value).map_err(ResolveError::Missing)?,
+        };
         let spec = build_spec(self.tool, &own).map_err(|e| {
             let at = e.path.as_deref().map(|p| format!(" (at `{p}`)")).unwrap_or_default();
             ResolveError::Invalid(format!("{}{at}", e.message))
@@ -109,13 +161,39 @@ impl Step {
             env.insert(k.clone(), reference::substitute(v, value).map_err(ResolveError::Missing)?);
         }
         let revert = match &self.revert {
-            Some(r) => Some(reference::substitute(r, value).map_err(ResolveError::Missing)?),
+            Some(r) => Some(shell(r)?),
             None => None,
         };
+        if to_run && (self.tool == Tool::Shell || self.revert.is_some()) {
+            for r in &self.refs {
+                if let Some(v) = value(r) {
+                    env.insert(shell_var(&self.refs, r), v);
+                }
+            }
+        }
         let mut spec = spec;
         keep_marked(&self.spec, &mut spec);
         Ok(Step { spec, env, revert, own, ..self.clone() })
     }
+}
+
+/// The environment variable that carries `r`'s value to the step's shell lines:
+/// `RDEPLOY_REF_<n>_<step>_<key>` (`n` its place among the step's references, so names that
+/// differ only by `-` and `_` stay apart).
+fn shell_var(refs: &[Reference], r: &Reference) -> String {
+    let n = refs.iter().position(|x| x == r).unwrap_or(refs.len());
+    let clean = |s: &str| s.replace(|c: char| !c.is_ascii_alphanumeric(), "_");
+    format!("RDEPLOY_REF_{n}_{}_{}", clean(&r.step), clean(&r.key))
+}
+
+/// A shell line's scalar with its references made expansions of their variables.
+fn shell_scalar(line: &ScalarNode, shell: &dyn Fn(&str) -> Result<String, ResolveError>) -> Result<Node, ResolveError> {
+    if !line.as_str().contains("${{") {
+        return Ok(Node::Scalar(line.clone()));
+    }
+    let mut new = ScalarNode::new(*line.span(), shell(line.as_str())?);
+    new.set_coerce(line.may_coerce());
+    Ok(Node::Scalar(new))
 }
 
 /// The marked entries (`{ from_env: NAME }`, ...) of `from` carried over to `spec`, built again

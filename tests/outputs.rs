@@ -499,3 +499,90 @@ steps:
     assert_eq!(p.read("applied-with"), "green\n");
     assert_eq!(p.read("reverted-with"), "green\n");
 }
+
+/// A recorded output edited as a hostile hand (or a corrupted store) would; the snapshot, a
+/// cache, goes too, so the journal is all there is to read.
+fn edit_recorded_port(p: &Project, to: &str) {
+    let journal = p.read(".rdeploy/journal.jsonl");
+    let edited = journal.replace(r#""port":"7""#, &format!(r#""port":{}"#, serde_json::json!(to)));
+    assert_ne!(edited, journal, "the output is journaled");
+    std::fs::write(p.path(".rdeploy/journal.jsonl"), edited).unwrap();
+    p.remove(".rdeploy/snapshot.json");
+}
+
+const HOSTILE: &str = r#"7$(touch PWNED)`touch PWNED2`; touch PWNED3 '"x"#;
+
+fn assert_not_pwned(p: &Project) {
+    for pwned in ["PWNED", "PWNED2", "PWNED3"] {
+        assert!(!p.exists(pwned), "the recorded output ran as code: {pwned}");
+    }
+}
+
+/// The checkpoint is data, never code: a recorded output edited to `7$(touch PWNED)` reaches
+/// the consumer's `run` (unquoted, in double quotes, in single quotes) as the text it is, and
+/// nothing runs it.
+#[test]
+fn a_recorded_output_reaches_shell_lines_as_data_never_as_code() {
+    let p = Project::new();
+    p.stack(
+        r#"name: s
+steps:
+  - name: db
+    tool: shell
+    sub_changes:
+      - name: create
+        run: echo "port=7" >> "$RDEPLOY_OUTPUT"
+  - name: app
+    tool: shell
+    sub_changes:
+      - name: use
+        run: printf '%s\n' ${{ steps.db.outputs.port }} "n=${{ steps.db.outputs.port }}" 'q=${{ steps.db.outputs.port }}' >> got; [ ! -e stop ]
+        check: "[ '${{ steps.db.outputs.port }}' = ok ]"
+"#,
+    )
+    .file("stop", "");
+    p.rdeploy(&["up"]).code(1);
+    assert_eq!(p.lines("got"), ["7", "n=7", "q=7"]);
+    edit_recorded_port(&p, HOSTILE);
+    p.remove("stop");
+
+    p.rdeploy(&["recover"]).code(0);
+    let hostile = HOSTILE.to_string();
+    assert_eq!(p.lines("got"), ["7", "n=7", "q=7", &hostile, &format!("n={hostile}"), &format!("q={hostile}")]);
+    assert_not_pwned(&p);
+}
+
+/// The same for a step's `revert`, a shell line of any tool's step.
+#[test]
+fn a_recorded_output_reaches_a_revert_as_data_never_as_code() {
+    let p = Project::new();
+    p.stack(
+        r#"name: s
+steps:
+  - name: db
+    tool: shell
+    sub_changes:
+      - name: create
+        run: echo "port=7" >> "$RDEPLOY_OUTPUT"
+  - name: app
+    tool: shell
+    revert: echo ${{ steps.db.outputs.port }} > reverted
+    sub_changes:
+      - name: use
+        run: echo ${{ steps.db.outputs.port }} >> got
+  - name: gate
+    tool: shell
+    needs: [app]
+    sub_changes:
+      - name: wait
+        run: "[ ! -e stop ]"
+"#,
+    )
+    .file("stop", "");
+    p.rdeploy(&["up"]).code(1);
+    assert_eq!(p.lines("got"), ["7"]);
+    edit_recorded_port(&p, HOSTILE);
+    p.rdeploy(&["revert"]).code(0);
+    assert_eq!(p.lines("reverted"), [HOSTILE]);
+    assert_not_pwned(&p);
+}

@@ -360,3 +360,137 @@ fn everything_rdeploy_writes_in_the_state_dir_is_private_whatever_the_umask() {
     assert!(p.exists(".rdeploy/history"));
     assert_private(&p.path(".rdeploy"));
 }
+
+/// Nothing starts unless its start record is durable. The first sub-change lowers rdeploy's
+/// file size limit (`prlimit`, RLIMIT_FSIZE) so that its end record still fits in the journal
+/// and the next sub-change's start record is cut short (`write` fails with EFBIG, as it fails
+/// with ENOSPC on a full disk; rdeploy runs with SIGXFSZ ignored, so the failed write is an
+/// error, not a kill). The next sub-change must not start: rdeploy's own debug log names every
+/// command it spawns, and the command's side effect is absent; the run stops (exit 1) saying
+/// why, and `recover` (the limit gone with that process) resumes with it.
+#[test]
+fn a_start_record_that_cannot_be_written_starts_nothing() {
+    use std::os::unix::process::CommandExt;
+    let prlimit = common::require_tool("prlimit", "apt-get install util-linux");
+    let p = Project::new();
+    p.stack(
+        r#"
+name: full
+steps:
+  - name: seed
+    tool: shell
+    sub_changes:
+      - { name: fill, run: sh ./fill.sh }
+      - { name: next, run: echo next >> out }
+"#,
+    )
+    .file(
+        "fill.sh",
+        &format!(
+            r#"j=.rdeploy/journal.jsonl
+size=$(stat -c %s "$j")
+last=$(tail -n 1 "$j" | wc -c)
+# Room for this sub-change's end record (about as long as its start, the last line), and 12
+# bytes of the next record.
+{} --pid "$PPID" --fsize=$((size + last + 12))
+echo fill >> out
+"#,
+            prlimit.display()
+        ),
+    );
+    let mut cmd = p.command(&["up"]);
+    cmd.env("RDEPLOY_LOG", "rdeploy_adapters::process=debug");
+    // SAFETY: one async-signal-safe call in the child before exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+    let run = Run::from(cmd.output().unwrap(), &["up"]);
+    run.code(1).stderr_has("the checkpoint could not be written");
+    assert!(!run.stderr.contains("echo next"), "`next` was spawned without its start record:\n{}", run.stderr);
+    assert_eq!(p.lines("out"), ["fill"], "`next` did not run");
+    // The journal's torn last line is the cut-short start; the checkpoint reads back without it.
+    let status = p.status();
+    assert_eq!(
+        common::sub_statuses(&status, "seed"),
+        [("fill".into(), "done".into()), ("next".into(), "pending".into())]
+    );
+    p.rdeploy(&["recover"]).code(0).stdout_has("deploy complete");
+    assert_eq!(p.lines("out"), ["fill", "next"]);
+}
+
+/// A flipped bit makes the end record of `two` unreadable. `recover` says so on stderr and in
+/// its report, and does not run `two` again: `three` started after it, which in a shell step
+/// only follows its success (its end record is what was lost).
+#[test]
+fn a_lost_end_record_is_said_and_the_sub_change_is_settled_not_run_again() {
+    let p = four_done();
+    let mut lines = journal_lines(&p);
+    let at = lines
+        .iter()
+        .position(|l| String::from_utf8_lossy(l).contains(r#""type":"sub_done","step":"seed","id":"two""#))
+        .expect("`two` done is journaled");
+    lines[at][0] ^= 0x40; // `{` becomes `;`
+    std::fs::write(p.path(".rdeploy/journal.jsonl"), lines.concat()).unwrap();
+
+    let run = p.rdeploy(&["recover"]);
+    run.code(0).stdout_has("deploy complete");
+    let line = format!("journal.jsonl:{}: an unreadable journal line", at + 1);
+    run.stderr_has(&line).stdout_has(&line);
+    assert_eq!(p.lines("out"), ["one", "two", "three", "four", "five", "after"], "`two` ran once");
+}
+
+/// The journal is deleted; the snapshot and `journal.seq` remain. Both are evidence of a
+/// recorded deploy: `recover` and `up` refuse (exit 2), saying what the snapshot still shows,
+/// and run nothing; `reset --yes` forgets it (the snapshot kept aside), then `up` runs.
+#[test]
+fn a_deleted_journal_with_its_snapshot_left_is_refused_not_forgotten() {
+    for left in ["the snapshot and journal.seq", "journal.seq only"] {
+        let p = four_done();
+        assert!(p.exists(".rdeploy/snapshot.json") && p.exists(".rdeploy/journal.seq"), "{left}");
+        p.remove(".rdeploy/journal.jsonl");
+        if left == "journal.seq only" {
+            p.remove(".rdeploy/snapshot.json");
+        }
+        let run = p.rdeploy(&["recover"]);
+        run.code(2)
+            .stderr_has("journal.jsonl is missing, but a deploy was recorded here")
+            .stderr_has("nothing was run");
+        run.stderr_has("rdeploy reset --yes");
+        if left == "journal.seq only" {
+            run.stderr_has("records were written");
+        } else {
+            run.stderr_has("step `seed` failed (sub-changes done: one, two, three, four)");
+        }
+        p.rdeploy(&["up"]).code(2).stderr_has("journal.jsonl is missing");
+        assert_eq!(p.lines("out"), ["one", "two", "three", "four"], "{left}: nothing ran again");
+        p.rdeploy(&["reset", "--yes"]).code(0);
+        assert!(!p.exists(".rdeploy/journal.seq") && !p.exists(".rdeploy/snapshot.json"), "{left}");
+        p.rdeploy(&["up"]).code(0).stdout_has("deploy complete");
+    }
+}
+
+/// The snapshot is a cache, the journal the truth: a snapshot rewritten to say `three` is
+/// pending, with its checksum recomputed, does not make `recover` run `three` again.
+#[test]
+fn a_snapshot_rewritten_with_a_recomputed_checksum_does_not_override_the_journal() {
+    use sha2::Digest;
+    let p = four_done();
+    let snap = std::fs::read_to_string(p.path(".rdeploy/snapshot.json")).unwrap();
+    let (header, body) = snap.split_once('\n').unwrap();
+    let mut deploy: serde_json::Value = serde_json::from_str(body).unwrap();
+    let subs = deploy["steps"][0]["sub_changes"].as_array_mut().unwrap();
+    let three = subs.iter_mut().find(|s| s["id"] == "three").unwrap();
+    three["status"] = "pending".into();
+    let body = serde_json::to_string(&deploy).unwrap();
+    let rest = header.strip_prefix("rdeploy-snapshot sha256=").unwrap();
+    let rest = rest.split_once(' ').map(|(_, r)| format!(" {r}")).unwrap_or_default();
+    let header = format!("rdeploy-snapshot sha256={}{rest}", hex::encode(sha2::Sha256::digest(body.as_bytes())));
+    std::fs::write(p.path(".rdeploy/snapshot.json"), format!("{header}\n{body}")).unwrap();
+
+    assert_eq!(common::sub_statuses(&p.status(), "seed")[2], ("three".into(), "done".into()));
+    p.rdeploy(&["recover"]).code(0).stdout_has("deploy complete");
+    assert_eq!(p.lines("out"), ["one", "two", "three", "four", "five", "after"], "`three` ran once");
+}

@@ -66,6 +66,11 @@ impl ShellSpec {
         }
         let output_file = outputs.next();
         sink.emit(Event::Started { id: id.to_string() });
+        // Nothing starts unless its start is recorded: the sink stops the step (cancels) when
+        // it could not make the start durable (a full disk), and then this one never runs.
+        if ctx.cancel.is_cancelled() {
+            return Err(Failure { interrupted: true, ..Failure::new(format!("stopped before `{id}` started")) });
+        }
         let outcome = self
             .command(ctx, id, run)
             .env("RDEPLOY_OUTPUT", &output_file.0)
@@ -289,10 +294,25 @@ impl Adapter for ShellSpec {
         sink.emit(Event::Planned { ids: planned.iter().map(|(id, ..)| id.to_string()).collect() });
         let statuses = prior.statuses();
         let outputs = OutputFiles::new()?;
-        for (id, run, check) in planned {
+        for (i, &(id, run, check)) in planned.iter().enumerate() {
             match statuses.get(id).copied() {
                 Some(SubStatus::Done) => continue,
                 Some(SubStatus::Started) => {
+                    // Sub-changes run in order and the next starts only after one succeeded: a
+                    // later one with a record proves this one completed, its end record lost
+                    // (an unreadable journal line set aside), not cut short by a crash.
+                    let later = planned[i + 1..]
+                        .iter()
+                        .find(|(next, ..)| statuses.get(next).is_some_and(|s| *s != SubStatus::Pending));
+                    if let Some((next, ..)) = later {
+                        sink.emit(Event::Done {
+                            id: id.to_string(),
+                            note: Some(format!(
+                                "its end was not in the journal, but `{next}` started after it, which only follows its success"
+                            )),
+                        });
+                        continue;
+                    }
                     if let Some(check) = check {
                         if self.check_in_place(ctx, sink, id, check).await? {
                             continue;

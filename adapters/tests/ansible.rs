@@ -338,6 +338,55 @@ async fn an_interrupted_run_stops_promptly_and_leaves_no_host_done() {
     }
 }
 
+/// A task whose process leaves ansible's process groups (its own session, as `setsid`, a daemon
+/// or an `async` task make) is stopped by the interrupt too: ansible's own SIGINT reaches only
+/// its workers' groups, so without rdeploy signalling every group of the tool's tree the task
+/// ran on unobserved after rdeploy said the step stopped.
+#[tokio::test]
+async fn an_interrupt_reaches_a_task_process_that_left_the_process_group() {
+    let stack = Stack::new();
+    std::fs::write(
+        stack.path().join("detached.yml"),
+        r#"- hosts: all
+  gather_facts: false
+  tasks:
+    - name: run in a session of its own
+      ansible.builtin.shell: setsid sh -c 'echo $$ > "{{ out }}/{{ inventory_hostname }}.pid.tmp" && mv "{{ out }}/{{ inventory_hostname }}.pid.tmp" "{{ out }}/{{ inventory_hostname }}.pid" && exec sleep 300'
+    - name: record finish
+      ansible.builtin.shell: echo "finish detached" >> "{{ out }}/{{ inventory_hostname }}.log"
+"#,
+    )
+    .unwrap();
+    let spec = stack.spec("detached.yml", "inventory.ini");
+    let ctx = stack.ctx();
+    let cancel = ctx.cancel.clone();
+    let out = stack.path().join("out");
+    let pids = tokio::spawn(async move {
+        let files: Vec<PathBuf> = WEB.iter().map(|h| out.join(format!("{h}.pid"))).collect();
+        while !files.iter().all(|f| f.exists()) {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        let pids: Vec<i32> =
+            files.iter().map(|f| std::fs::read_to_string(f).unwrap().trim().parse().unwrap()).collect();
+        cancel.cancel();
+        pids
+    });
+    let sink = Recorder::default();
+    let failure = ToolSpec::Ansible(spec).apply(&ctx, &sink).await.unwrap_err();
+    assert!(failure.interrupted, "{failure:?}");
+    let pids = pids.await.unwrap();
+    // Each detached task is gone (a zombie waiting for PID 1 to reap it is gone too): waited
+    // for as a condition, with a bound far below the task's 300 s.
+    let bound = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while pids.iter().any(|&pid| rdeploy_adapters::process::process_lives(pid)) {
+        assert!(std::time::Instant::now() < bound, "a detached task still runs: {pids:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    for host in WEB {
+        assert!(!stack.log(host).contains(&"finish detached".to_string()));
+    }
+}
+
 /// An extra var whose name is secret reaches ansible as `-e @FILE` (0600, deleted after the run),
 /// not on the command line; a failing task prints it and rdeploy redacts it there, while the
 /// digest the task wrote proves ansible got it, and a plain extra var prints in clear.

@@ -95,6 +95,11 @@ fn render(session: &Session, run: &RunReport) -> (String, Option<String>) {
             if let Some(plan) = deploy.runs.iter().find_map(|r| r.plan.as_deref()) {
                 let _ = writeln!(out, "applied from the reviewed plan {plan}");
             }
+            // The checkpoint's own troubles (a journal line set aside) stay in the report of the
+            // deploy they touched, complete or not.
+            for w in &deploy.warnings {
+                let _ = writeln!(out, "warning: {w}");
+            }
         }
         (Ended::Ran, Some(deploy)) => {
             let status = report::from_deploy(&session.stack, &session.state, deploy, &session.stack_arg, None);

@@ -148,12 +148,17 @@ impl AnsibleSpec {
     fn command(&self, ctx: &StepContext, binary: &Path) -> Command {
         // ansible-playbook stops on SIGINT as on Ctrl-C ("User interrupted execution", exit 99,
         // no further task); a SIGTERM ends it at once without a word (exit 143): checked here.
+        // Its workers each start a session of their own (`setsid`), with the task's processes
+        // in it, so the interrupt reaches every group of its tree; and an ansible that has not
+        // ended a grace after it (its SIGINT means "stop now": it leaves nothing to save) is
+        // stopped with SIGTERM, then SIGKILL.
         Command::new(binary)
             .cwd(&ctx.stack_dir)
             .envs(ctx.env.iter().map(|(k, v)| (k.clone(), v.clone())))
             .in_step(ctx)
             .redact(secrets::secret_strings(&self.extra_vars, &self.marked))
             .on_rdeploy_death(Signal::SIGINT)
+            .stop_whole_tree(crate::process::TIMEOUT_GRACE)
     }
 
     /// The hosts the playbook targets under `limit`, from `ansible-playbook --list-hosts`.

@@ -846,6 +846,10 @@ impl<'a> Release<'a> {
         }
         let expected = before.next_revision();
         sink.emit(Event::Started { id: self.spec.id(expected) });
+        // Nothing starts unless its start is recorded (the sink stops the step when it could not).
+        if self.ctx.cancel.is_cancelled() {
+            return Err(Failure { interrupted: true, ..Failure::new(format!("stopped before {what}")) });
+        }
         let cmd = self.command().args(&words);
         let backstop = self.ctx.timeout.map(|t| t.saturating_add(BACKSTOP));
         let Captured { outcome, stdout, stderr } =

@@ -457,6 +457,13 @@ impl KubectlSpec {
         for &i in batch {
             sink.emit(Event::Started { id: objects[i].id() });
         }
+        // Nothing starts unless its start is recorded (the sink stops the step when it could not).
+        if ctx.cancel.is_cancelled() {
+            return Err(Failure {
+                interrupted: true,
+                ..Failure::new(format!("stopped before `kubectl apply` ({label})"))
+            });
+        }
         let Captured { outcome, stdout, stderr } =
             capture(&cmd, ctx, ctx.timeout, Some(sink), StdoutLog::Lines).await.map_err(Failure::from)?;
         let results: Vec<_> = stdout.iter().filter_map(|l| parse_apply_line(l)).collect();

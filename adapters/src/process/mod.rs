@@ -73,6 +73,10 @@ pub struct Command {
     /// cannot be started, the shell runs the line instead, so it fails (or, for a script
     /// without `#!`, succeeds) exactly as `sh -c` would.
     script: Option<String>,
+    /// Set for a tool whose processes leave its group (ansible's workers each call `setsid`):
+    /// an interrupt or a timeout reaches every process group of the tool's tree, and a tree
+    /// still alive this long after it is stopped with SIGTERM, then SIGKILL (see [`Tree`]).
+    stop_tree: Option<Duration>,
 }
 
 /// Where a child's output is written while rdeploy follows it.
@@ -140,6 +144,7 @@ impl Command {
             output: Output::default(),
             tracker: ProcessTracker::default(),
             script: None,
+            stop_tree: None,
         }
     }
 
@@ -227,6 +232,19 @@ impl Command {
     /// stops gracefully on, finishing what it started and saving its state.
     pub fn on_rdeploy_death(mut self, signal: Signal) -> Command {
         self.death_signal = signal;
+        self
+    }
+
+    /// For a tool whose own processes leave its process group (ansible's workers each start a
+    /// session of their own, and the task's processes live in the worker's), so a signal to
+    /// the group misses them. An interrupt or a timeout then sends SIGINT to every group of the
+    /// tool's process tree, once each, including groups made after it (a worker forked while
+    /// the tool handled the signal, which the tool itself never tells); and should any process of
+    /// the tree still live `grace` later, the whole tree gets SIGTERM, then SIGKILL after
+    /// [`TIMEOUT_GRACE`]. Only for a tool whose SIGINT means "stop now": terraform's second
+    /// signal means "abandon the state", so terraform is never given this.
+    pub fn stop_whole_tree(mut self, grace: Duration) -> Command {
+        self.stop_tree = Some(grace);
         self
     }
 
@@ -433,31 +451,73 @@ impl Command {
         let deadline = timeout.and_then(|t| tokio::time::Instant::now().checked_add(t));
         // The next signal of a timeout's escalation, and when to send it.
         let mut escalate: Option<(tokio::time::Instant, Signal)> = None;
+        // The tool's whole process tree, for a tool whose processes leave its group.
+        let mut tree = self.stop_tree.and(pid).map(|pid| Tree::new(pid as i32));
+        let mut next_sweep = tokio::time::Instant::now();
         let status = loop {
             tokio::select! {
                 status = child.wait() => break status.map_err(|source| AdapterError::Spawn { command: self.display(), source })?,
-                _ = poll.tick() => follow(&mut outcome, &mut followers),
+                _ = poll.tick() => {
+                    follow(&mut outcome, &mut followers);
+                    if let Some(tree) = tree.as_mut().filter(|t| t.stopping) {
+                        let now = tokio::time::Instant::now();
+                        if now >= next_sweep {
+                            next_sweep = now + TREE_SWEEP_INTERVAL;
+                            tree.sweep();
+                        }
+                    }
+                }
                 _ = cancel.cancelled(), if !outcome.interrupted => {
                     tracing::debug!(command = %self, "forwarding SIGINT to the process group");
                     outcome.interrupted = true;
+                    // The tree is read before the signal scatters it (a worker that dies at once
+                    // leaves its task's processes to PID 1, out of the tree).
+                    if let Some(tree) = tree.as_mut() {
+                        tree.sweep();
+                    }
                     signal_group(pgid, Signal::SIGINT);
+                    if let (Some(tree), Some(grace)) = (tree.as_mut(), self.stop_tree) {
+                        tree.interrupt();
+                        if escalate.is_none() {
+                            escalate = Some((tokio::time::Instant::now() + grace, Signal::SIGTERM));
+                        }
+                    }
                 }
                 _ = sleep_until(deadline), if deadline.is_some() && !outcome.timed_out => {
                     tracing::debug!(command = %self, "timed out: SIGINT to the process group");
                     outcome.timed_out = true;
+                    if let Some(tree) = tree.as_mut() {
+                        tree.sweep();
+                    }
                     signal_group(pgid, Signal::SIGINT);
-                    escalate = Some((tokio::time::Instant::now() + TIMEOUT_GRACE, Signal::SIGTERM));
+                    if let Some(tree) = tree.as_mut() {
+                        tree.interrupt();
+                    }
+                    let grace = self.stop_tree.map_or(TIMEOUT_GRACE, |grace| grace.min(TIMEOUT_GRACE));
+                    let at = tokio::time::Instant::now() + grace;
+                    escalate = Some(match escalate {
+                        Some((sooner, signal)) if sooner <= at => (sooner, signal),
+                        _ => (at, Signal::SIGTERM),
+                    });
                 }
                 _ = sleep_until(escalate.map(|(at, _)| at)), if escalate.is_some() => {
                     let (_, signal) = escalate.take().expect("guarded by is_some");
-                    tracing::debug!(command = %self, ?signal, "still running after a timeout");
+                    tracing::debug!(command = %self, ?signal, "still running after a timeout or an interrupt");
                     signal_group(pgid, signal);
+                    if let Some(tree) = tree.as_mut() {
+                        tree.signal_all(signal);
+                    }
                     if signal == Signal::SIGTERM {
                         escalate = Some((tokio::time::Instant::now() + TIMEOUT_GRACE, Signal::SIGKILL));
                     }
                 }
             }
         };
+        // A tool stopped by rdeploy leaves nothing of its tree running (a worker in a session of
+        // its own would go on with its task unobserved).
+        if let Some(tree) = tree.as_mut().filter(|_| outcome.interrupted || outcome.timed_out) {
+            tree.signal_all(Signal::SIGTERM);
+        }
         // The child is gone: what it wrote is all in the files, the last line perhaps without
         // its newline. Read to the end of each (however much it wrote in its last moments; a
         // grandchild that keeps writing is not waited for beyond that).
@@ -804,6 +864,107 @@ async fn sleep_until(at: Option<tokio::time::Instant>) {
     }
 }
 
+/// How often, once a tool run with [`Command::stop_whole_tree`] is being stopped, its process
+/// tree is read again from `/proc`: how soon a group made since gets its SIGINT.
+const TREE_SWEEP_INTERVAL: Duration = Duration::from_millis(200);
+
+/// The processes of a tool being stopped, however they left its process group (`setsid`,
+/// `setpgid`): the descendants of its first process, read from `/proc` when it is interrupted
+/// and again while it stops, and kept once seen (a worker whose parent died in the meantime is
+/// still the tool's), each by its pid and start time, so a reused pid is never signalled. A
+/// process that had already left the tree before the interrupt (a daemon a task started on
+/// purpose, adopted by PID 1) is not the tool's to stop, as a Ctrl-C would not reach it either.
+struct Tree {
+    root: i32,
+    /// Every process seen in the tree: pid -> (start time, process group).
+    known: std::collections::BTreeMap<i32, (u64, i32)>,
+    /// The groups that got SIGINT (each gets it once: a second SIGINT may mean "abandon").
+    interrupted: std::collections::BTreeSet<i32>,
+    /// Set once the tool is being stopped: every group seen later gets its SIGINT at once.
+    stopping: bool,
+}
+
+impl Tree {
+    fn new(root: i32) -> Tree {
+        Tree { root, known: Default::default(), interrupted: Default::default(), stopping: false }
+    }
+
+    /// Reads the tree from `/proc`: the root's descendants, and those of processes seen before
+    /// that still live (an orphan's children). Once stopping, a group not yet interrupted gets
+    /// its SIGINT now.
+    fn sweep(&mut self) {
+        let Ok(entries) = std::fs::read_dir("/proc") else { return };
+        let all: Vec<(i32, ProcStat)> = entries
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+            .filter_map(|pid| Some((pid, proc_stat(pid)?)))
+            .collect();
+        // Still the process seen before (not a reused pid), and alive.
+        self.known.retain(|pid, (start, _)| all.iter().any(|(p, s)| p == pid && s.start == *start && s.lives()));
+        let mut parents: Vec<i32> = std::iter::once(self.root).chain(self.known.keys().copied()).collect();
+        while let Some(parent) = parents.pop() {
+            for (pid, stat) in &all {
+                if stat.ppid == parent && stat.lives() && !self.known.contains_key(pid) {
+                    self.known.insert(*pid, (stat.start, stat.pgrp));
+                    parents.push(*pid);
+                }
+            }
+        }
+        if self.stopping {
+            self.interrupt_new_groups();
+        }
+    }
+
+    /// The tool is interrupted (its own group got SIGINT from the caller): every other group
+    /// of its tree gets SIGINT too, now and as it appears.
+    fn interrupt(&mut self) {
+        self.stopping = true;
+        self.interrupted.insert(self.root);
+        self.sweep();
+    }
+
+    fn interrupt_new_groups(&mut self) {
+        let groups: std::collections::BTreeSet<i32> = self.known.values().map(|&(_, pgrp)| pgrp).collect();
+        for pgrp in groups {
+            // Only a group the tree made (its leader is one of the tool's processes); a process
+            // in someone else's group is signalled alone.
+            let ours = pgrp == self.root || self.known.contains_key(&pgrp);
+            if ours && self.interrupted.insert(pgrp) {
+                tracing::debug!(pgrp, "SIGINT to a process group the tool made");
+                let _ = killpg(Pid::from_raw(pgrp), Signal::SIGINT);
+            }
+        }
+        let strays: Vec<i32> = self
+            .known
+            .iter()
+            .filter(|(_, (_, pgrp))| *pgrp != self.root && !self.known.contains_key(pgrp))
+            .map(|(pid, _)| *pid)
+            .collect();
+        for pid in strays {
+            if self.interrupted.insert(-pid) {
+                let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGINT);
+            }
+        }
+    }
+
+    /// `signal` to every group of the tree and to every process of it still alive.
+    fn signal_all(&mut self, signal: Signal) {
+        self.sweep();
+        let groups: std::collections::BTreeSet<i32> = self
+            .known
+            .values()
+            .map(|&(_, pgrp)| pgrp)
+            .filter(|pgrp| *pgrp == self.root || self.known.contains_key(pgrp))
+            .collect();
+        for pgrp in groups {
+            let _ = killpg(Pid::from_raw(pgrp), signal);
+        }
+        for pid in self.known.keys() {
+            let _ = nix::sys::signal::kill(Pid::from_raw(*pid), signal);
+        }
+    }
+}
+
 fn signal_group(pgid: Option<Pid>, signal: Signal) {
     if let Some(pgid) = pgid {
         // ESRCH means the group already exited, which is what we wanted.
@@ -916,6 +1077,7 @@ impl ProcessTracker {
 struct ProcStat {
     /// `R`, `S`, `D`, `Z` (a zombie: exited, not yet reaped), ...
     state: char,
+    ppid: i32,
     pgrp: i32,
     /// Clock ticks after boot (field 22): with the pid, it names one process for good.
     start: u64,
@@ -940,6 +1102,7 @@ fn proc_stat(pid: i32) -> Option<ProcStat> {
     let fields: Vec<&str> = text[text.rfind(')')? + 1..].split_whitespace().collect();
     Some(ProcStat {
         state: fields.first()?.chars().next()?,
+        ppid: fields.get(1)?.parse().ok()?,
         pgrp: fields.get(2)?.parse().ok()?,
         start: fields.get(19)?.parse().ok()?,
     })

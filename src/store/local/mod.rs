@@ -17,8 +17,13 @@
 //!   goes on, saying so in a warning record).
 //! - `snapshot.json`: the [`Deploy`] state up to a sequence number, rewritten atomically at
 //!   step boundaries, so loading does not replay a long journal; later records replay on top.
-//!   A header line holds the sha256 of the JSON body. It is a cache: when it cannot be read or
-//!   its checksum does not match, the journal is replayed from the start.
+//!   A header line holds the sha256 of the JSON body and the length and sha256 of the journal
+//!   it folded. The journal is the truth and the snapshot never overrides it: loading always
+//!   folds every journal record (parsing each line is the cost, which a snapshot did not save),
+//!   so a snapshot rewritten with its checksum recomputed changes nothing; one whose journal
+//!   bytes do not match the journal's is said in a warning. What it is still for: evidence of
+//!   records written (with `journal.seq`, a journal cut short is refused) and of a deploy whose
+//!   journal was deleted (see `orphans`).
 //! - `history/<time>-<deploy>.json`: the final state of each finished deploy.
 //! - `lock`: flock'ed by the running process, naming it (see [`lock`]).
 //! - `steps/<step>/`: adapters' scratch files; `logs/<step>.log`: the tools' output;
@@ -38,7 +43,7 @@ use super::state_dir::{open_private, sync_dir};
 pub use super::state_dir::{write_atomic, StateDir};
 use super::{Holder, JournalWriter, LockError, LockGuard, Store};
 use crate::checkpoint::{now, Deploy, Entry, Record, FORMAT, VERSION};
-use crate::exit::Refusal;
+use crate::exit::{Code, Refusal};
 use lock::Lock;
 
 const MARK: &str = "journal.seq";
@@ -98,6 +103,8 @@ struct Replay {
     /// sub-change's start is synced before it runs, so what they said is at worst a finished
     /// sub-change that now looks started, which recovery settles like any uncertain one.
     unsynced_tail: Option<(u64, u64)>,
+    /// A snapshot was there but does not fold this journal: it was ignored.
+    snapshot_ignored: bool,
 }
 
 impl LocalStore {
@@ -124,9 +131,57 @@ impl LocalStore {
         self.dir.journal_path().exists()
     }
 
+    /// Whether files of a recorded deploy remain beside a missing journal (the snapshot,
+    /// `journal.seq`): archiving removes both before the journal, so only a journal deleted or
+    /// lost from under them leaves them.
+    fn orphans(&self) -> bool {
+        !self.journal_exists() && (self.dir.snapshot_path().exists() || self.mark_path().exists())
+    }
+
+    /// The refusal for a journal that is gone while its snapshot or `journal.seq` remain: a
+    /// deploy was recorded here, and what it did after the snapshot is unknown.
+    fn journal_missing(&self) -> anyhow::Error {
+        let journal = self.dir.journal_path();
+        let mut evidence = Vec::new();
+        if let Some(mark) = self.read_mark() {
+            evidence.push(format!("{} says {} records were written", self.mark_path().display(), mark.written));
+        } else if self.mark_path().exists() {
+            evidence.push(format!("{} remains (unreadable)", self.mark_path().display()));
+        }
+        let snapshot = self.dir.snapshot_path();
+        match self.read_snapshot() {
+            Some(snap) => evidence.push(format!(
+                "{} (up to record {}, deploy {}) shows: {}",
+                snapshot.display(),
+                snap.deploy.seq,
+                snap.deploy.deploy_id,
+                describe_steps(&snap.deploy)
+            )),
+            None if snapshot.exists() => {
+                evidence.push(format!("{} remains, but does not read back", snapshot.display()))
+            }
+            None => {}
+        }
+        Refusal::new(
+            Code::BadInput,
+            format!(
+                "the checkpoint journal {} is missing, but a deploy was recorded here: {}; the journal was deleted or lost, so what the deploy did after that is unknown, and running would apply completed work again; nothing was run",
+                journal.display(),
+                evidence.join("; "),
+            ),
+        )
+        .with_hint(
+            "restore the state directory from a backup and run `rdeploy recover`; without one, check what each tool's own state holds against the above, then `rdeploy reset --yes` forgets this deploy (the snapshot is kept aside)",
+        )
+        .into()
+    }
+
     fn replay(&self) -> anyhow::Result<Replay> {
+        if self.orphans() {
+            return Err(self.journal_missing());
+        }
         let snapshot = self.read_snapshot();
-        let snap_seq = snapshot.as_ref().map_or(0, |s| s.seq);
+        let snap_seq = snapshot.as_ref().map_or(0, |s| s.deploy.seq);
         let mut replay = read_journal(&self.dir.journal_path(), snapshot)?;
         // Records that were written (so acknowledged to the caller) but are gone now. The
         // mark is never synced itself, but its `synced` is only raised after the journal's
@@ -146,6 +201,13 @@ impl LocalStore {
         }
         if let Some((from, to)) = replay.unsynced_tail {
             warnings.push(unsynced_tail_message(&self.dir.journal_path(), &self.mark_path(), from, to));
+        }
+        if replay.snapshot_ignored {
+            warnings.push(format!(
+                "{} was not folded from the journal {} holds (one of them was edited): the journal is the record of this deploy, and its records were replayed",
+                self.dir.snapshot_path().display(),
+                self.dir.journal_path().display(),
+            ));
         }
         replay.deploy.warnings.extend(warnings);
         Ok(replay)
@@ -181,7 +243,7 @@ impl LocalStore {
 
     /// Reads the unfinished deploy, if there is one (read-only: never truncates or locks).
     fn read_unfinished(&self) -> anyhow::Result<Option<Deploy>> {
-        if !self.journal_exists() {
+        if !self.journal_exists() && !self.orphans() {
             return Ok(None);
         }
         Ok(Some(self.replay()?.deploy))
@@ -207,11 +269,11 @@ impl LocalStore {
 
     /// A snapshot is only a cache of the journal: when it is unreadable, or its body does not
     /// match its checksum (a flipped bit that is still valid JSON), replay all.
-    fn read_snapshot(&self) -> Option<Deploy> {
+    fn read_snapshot(&self) -> Option<Snapshot> {
         let bytes = std::fs::read(self.dir.snapshot_path()).ok()?;
-        let body = snapshot_body(&bytes)?;
+        let (body, folded) = snapshot_body(&bytes)?;
         match serde_json::from_slice::<Deploy>(body) {
-            Ok(d) if d.version == VERSION => Some(d),
+            Ok(deploy) if deploy.version == VERSION => Some(Snapshot { deploy, folded }),
             _ => None,
         }
     }
@@ -227,8 +289,10 @@ impl LocalStore {
     /// Forgets the unfinished deploy, keeping its final state in history.
     fn archive(&self, deploy: &Deploy) -> anyhow::Result<()> {
         self.write_history(deploy)?;
-        // The snapshot goes first: a snapshot must never outlive its journal (see read_journal).
-        for path in [self.dir.snapshot_path(), self.dir.journal_path(), self.mark_path()] {
+        // The snapshot goes first: a snapshot must never outlive its journal (see read_journal);
+        // and `journal.seq` before the journal: either left without the journal is the evidence
+        // of a journal lost from under them (see `orphans`).
+        for path in [self.dir.snapshot_path(), self.mark_path(), self.dir.journal_path()] {
             if path.exists() {
                 fs_err::remove_file(&path)?;
             }
@@ -276,6 +340,11 @@ impl LocalStore {
         q.sync_all()?;
         let mut text = fs_err::read(&path)?;
         text.truncate(good_len as usize);
+        // The journal is rewritten: a snapshot of the old one no longer folds it.
+        match fs_err::remove_file(self.dir.snapshot_path()) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
+            _ => {}
+        }
         let skip: Vec<usize> = bad.iter().map(|b| b.line_no).collect();
         let mut kept = Vec::with_capacity(text.len());
         if skip.contains(&1) {
@@ -295,23 +364,96 @@ impl LocalStore {
 /// The first line of `snapshot.json`; the body follows on the next line.
 const SNAPSHOT_HEADER: &str = "rdeploy-snapshot sha256=";
 
-/// `snapshot.json`'s bytes: a header line with the sha256 of the body, then the body (the
-/// [`Deploy`] as JSON).
-fn snapshot_file(deploy: &Deploy) -> anyhow::Result<Vec<u8>> {
+/// What a snapshot says of the journal it folded: its first `len` bytes, with this sha256.
+#[derive(Clone, Debug, PartialEq)]
+struct Folded {
+    len: u64,
+    sha256: Vec<u8>,
+}
+
+/// A snapshot read back: the state, and the journal it claims to fold (`None` from a snapshot
+/// that does not say, which is never trusted).
+struct Snapshot {
+    deploy: Deploy,
+    folded: Option<Folded>,
+}
+
+/// `snapshot.json`'s bytes: a header line with the sha256 of the body and the length and
+/// sha256 of the journal it folds, then the body (the [`Deploy`] as JSON).
+fn snapshot_file(deploy: &Deploy, folded: &Folded) -> anyhow::Result<Vec<u8>> {
     use sha2::Digest as _;
     let body = serde_json::to_vec(deploy)?;
-    let mut file = format!("{SNAPSHOT_HEADER}{}\n", hex::encode(sha2::Sha256::digest(&body))).into_bytes();
+    let mut file = format!(
+        "{SNAPSHOT_HEADER}{} journal-bytes={} journal-sha256={}\n",
+        hex::encode(sha2::Sha256::digest(&body)),
+        folded.len,
+        hex::encode(&folded.sha256)
+    )
+    .into_bytes();
     file.extend_from_slice(&body);
     Ok(file)
 }
 
-/// The body of a snapshot file whose checksum matches, or None.
-fn snapshot_body(file: &[u8]) -> Option<&[u8]> {
+/// The body of a snapshot file whose checksum matches, and the journal it says it folds; None
+/// when the checksum does not match.
+fn snapshot_body(file: &[u8]) -> Option<(&[u8], Option<Folded>)> {
     use sha2::Digest as _;
     let rest = file.strip_prefix(SNAPSHOT_HEADER.as_bytes())?;
     let newline = rest.iter().position(|&b| b == b'\n')?;
-    let (sum, body) = (&rest[..newline], &rest[newline + 1..]);
-    (hex::decode(sum).ok()? == sha2::Sha256::digest(body).as_slice()).then_some(body)
+    let (header, body) = (std::str::from_utf8(&rest[..newline]).ok()?, &rest[newline + 1..]);
+    let mut words = header.split(' ');
+    let sum = words.next()?;
+    if hex::decode(sum).ok()? != sha2::Sha256::digest(body).as_slice() {
+        return None;
+    }
+    let (mut len, mut sha256) = (None, None);
+    for word in words {
+        match word.split_once('=') {
+            Some(("journal-bytes", n)) => len = n.parse().ok(),
+            Some(("journal-sha256", h)) => sha256 = hex::decode(h).ok(),
+            _ => {}
+        }
+    }
+    Some((body, len.zip(sha256).map(|(len, sha256)| Folded { len, sha256 })))
+}
+
+/// The length and sha256 of the journal file as it is now.
+fn fold_of(path: &Path) -> anyhow::Result<Folded> {
+    use sha2::Digest as _;
+    let mut file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let mut hasher = sha2::Sha256::new();
+    let len = std::io::copy(&mut file, &mut hasher).with_context(|| format!("reading {}", path.display()))?;
+    Ok(Folded { len, sha256: hasher.finalize().to_vec() })
+}
+
+/// Each step of a deploy and how far it got, in words (for a journal lost from under its
+/// snapshot).
+fn describe_steps(deploy: &Deploy) -> String {
+    use rdeploy_adapters::SubStatus;
+    let said: Vec<String> = deploy
+        .steps
+        .iter()
+        .map(|s| {
+            let done: Vec<&str> =
+                s.sub_changes.iter().filter(|c| c.status == SubStatus::Done).map(|c| c.id.as_str()).collect();
+            let mut line = format!("step `{}` {}", s.name, s.status.as_str());
+            if !done.is_empty() && s.status != crate::checkpoint::StepStatus::Done {
+                let shown: Vec<&str> = done.iter().copied().take(10).collect();
+                let more = if done.len() > shown.len() {
+                    format!(" and {} more", done.len() - shown.len())
+                } else {
+                    String::new()
+                };
+                line.push_str(&format!(" (sub-changes done: {}{more})", shown.join(", ")));
+            }
+            line
+        })
+        .collect();
+    if said.is_empty() {
+        "no step recorded".to_string()
+    } else {
+        said.join(", ")
+    }
 }
 
 /// The journal ends between the synced and the written record count: an OS crash.
@@ -335,15 +477,21 @@ fn lost_message(journal: &Path, mark: &Path, from: u64, to: u64) -> String {
     )
 }
 
-/// Replays the journal on top of a snapshot. A torn last line (a crash mid-write) is ignored;
-/// an unreadable line elsewhere is skipped and reported.
-fn read_journal(path: &Path, snapshot: Option<Deploy>) -> anyhow::Result<Replay> {
+/// Replays the journal: every record, from the first. The journal is the truth; a snapshot is
+/// never the source of the state (one rewritten with its checksum recomputed would otherwise
+/// override what the journal recorded), only checked: one whose journal bytes do not match the
+/// journal's is said in a warning. A torn last line (a crash mid-write) is ignored; an
+/// unreadable line elsewhere is skipped and reported.
+fn read_journal(path: &Path, snapshot: Option<Snapshot>) -> anyhow::Result<Replay> {
+    use sha2::Digest as _;
     let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
     let mut reader = BufReader::new(file);
     let mut line = Vec::new();
     let mut good_len = 0u64;
-    let mut deploy = snapshot.unwrap_or_else(Deploy::empty);
-    let mut from_seq = deploy.seq;
+    let folded = snapshot.as_ref().and_then(|s| s.folded.clone());
+    // Whether the journal's first bytes are the ones the snapshot says it folded.
+    let mut matched = false;
+    let mut hasher = sha2::Sha256::new();
     let mut line_no = 0;
     let mut last_seq = 0;
     let mut entries = Vec::new();
@@ -360,6 +508,10 @@ fn read_journal(path: &Path, snapshot: Option<Deploy>) -> anyhow::Result<Replay>
             break;
         }
         good_len += n as u64;
+        hasher.update(&line);
+        if let Some(f) = folded.as_ref().filter(|f| f.len == good_len) {
+            matched = hasher.clone().finalize().as_slice() == f.sha256.as_slice();
+        }
         if line_no == 1 {
             match serde_json::from_slice::<Header>(&line) {
                 Ok(header) if header.format != FORMAT || header.version != VERSION => anyhow::bail!(
@@ -401,20 +553,16 @@ fn read_journal(path: &Path, snapshot: Option<Deploy>) -> anyhow::Result<Replay>
             b.before = Some(entry.seq);
         }
         last_seq = entry.seq;
-        if let (1, Record::Run { run_id, .. }) = (entry.seq, &entry.record) {
-            if from_seq > 0 && deploy.deploy_id != *run_id {
-                // The snapshot belongs to another deploy (a crash between archiving one deploy
-                // and starting the next): it is only a cache, so replay this journal from scratch.
-                deploy = Deploy::empty();
-                from_seq = 0;
-            }
-        }
-        if entry.seq > from_seq {
-            deploy.apply(entry.seq, &entry.ts, &entry.record);
-        }
         entries.push(entry);
     }
-    Ok(Replay { deploy, entries, good_len, last_seq, bad, lost: None, unsynced_tail: None })
+    let mut deploy = Deploy::empty();
+    for entry in &entries {
+        deploy.apply(entry.seq, &entry.ts, &entry.record);
+    }
+    // A snapshot of a journal whose first bytes are not these: the journal was edited under it
+    // (or the snapshot's header was). The journal's fold is the state either way.
+    let snapshot_ignored = folded.is_some() && !matched;
+    Ok(Replay { deploy, entries, good_len, last_seq, bad, lost: None, unsynced_tail: None, snapshot_ignored })
 }
 
 impl Replay {
@@ -451,7 +599,7 @@ impl Store for LocalStore {
     }
 
     fn has_unfinished(&self) -> anyhow::Result<bool> {
-        Ok(self.journal_exists())
+        Ok(self.journal_exists() || self.orphans())
     }
 
     fn create_journal(&self) -> anyhow::Result<Box<dyn JournalWriter>> {
@@ -475,7 +623,9 @@ impl Store for LocalStore {
         match start() {
             Ok(journal) => Ok(Box::new(journal)),
             Err(e) => {
-                // Nothing is recorded: leave no half-made journal that would look unfinished.
+                // Nothing is recorded: leave no half-made journal that would look unfinished
+                // (nor a `journal.seq`, which without its journal reads as one lost).
+                let _ = std::fs::remove_file(self.mark_path());
                 let _ = std::fs::remove_file(&path);
                 if e.downcast_ref::<Refusal>().is_some() {
                     return Err(e);
@@ -564,7 +714,21 @@ impl Store for LocalStore {
 
     fn retire_unfinished(&self) -> anyhow::Result<String> {
         // Kept under another name rather than deleted: the operator may want to look.
-        let moved = self.dir.path.join(format!("journal.jsonl.moved-{}", now().to_string().replace([':', '-'], "")));
+        let stamp = now().to_string().replace([':', '-'], "");
+        if self.orphans() {
+            // The journal is gone already: the snapshot is what is left to look at.
+            let mut kept = Vec::new();
+            if self.dir.snapshot_path().exists() {
+                let moved = self.dir.path.join(format!("snapshot.json.moved-{stamp}"));
+                fs_err::rename(self.dir.snapshot_path(), &moved)?;
+                kept.push(format!("the snapshot is kept as {}", moved.display()));
+            }
+            let _ = fs_err::remove_file(self.mark_path());
+            sync_dir(&self.dir.path)?;
+            kept.push("`journal.seq` is removed".to_string());
+            return Ok(kept.join("; "));
+        }
+        let moved = self.dir.path.join(format!("journal.jsonl.moved-{stamp}"));
         fs_err::rename(self.dir.journal_path(), &moved)?;
         let _ = fs_err::remove_file(self.dir.snapshot_path());
         let _ = fs_err::remove_file(self.mark_path());
@@ -629,7 +793,10 @@ impl JournalWriter for LocalJournal {
 
     fn snapshot(&mut self, deploy: &Deploy) -> anyhow::Result<()> {
         self.check_still_there()?;
-        write_atomic(&self.store.dir.snapshot_path(), &snapshot_file(deploy)?)
+        // What it folds: the journal as it is now (every record up to `deploy.seq`, appended by
+        // this process). Read back from the file, so it is the bytes a later load will check.
+        let folded = fold_of(&self.path)?;
+        write_atomic(&self.store.dir.snapshot_path(), &snapshot_file(deploy, &folded)?)
     }
 
     fn archive(&mut self, deploy: &Deploy) -> anyhow::Result<()> {
@@ -640,8 +807,9 @@ impl JournalWriter for LocalJournal {
 
     fn discard_empty(&mut self) -> anyhow::Result<()> {
         if self.mark.written == 0 && self.check_still_there().is_ok() {
-            fs_err::remove_file(&self.path)?;
+            // `journal.seq` first: left alone, it would read as a journal lost from under it.
             let _ = fs_err::remove_file(self.store.mark_path());
+            fs_err::remove_file(&self.path)?;
         }
         Ok(())
     }
