@@ -420,9 +420,19 @@ fn snapshot_body(file: &[u8]) -> Option<(&[u8], Option<Folded>)> {
 /// The length and sha256 of the journal file as it is now.
 fn fold_of(path: &Path) -> anyhow::Result<Folded> {
     use sha2::Digest as _;
+    use std::io::Read as _;
     let mut file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
     let mut hasher = sha2::Sha256::new();
-    let len = std::io::copy(&mut file, &mut hasher).with_context(|| format!("reading {}", path.display()))?;
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut len = 0u64;
+    loop {
+        let n = file.read(&mut buf).with_context(|| format!("reading {}", path.display()))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        len += n as u64;
+    }
     Ok(Folded { len, sha256: hasher.finalize().to_vec() })
 }
 
