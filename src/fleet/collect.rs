@@ -9,7 +9,7 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::batch::v1::{CronJob, Job};
 use k8s_openapi::api::core::v1::{Pod, PodSpec, PodTemplateSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config, Resource};
@@ -22,6 +22,7 @@ use tracing::instrument::WithSubscriber as _;
 
 use super::model::{
     ClusterInventory, Container, GitOpsObject, Inventory, Kind, PodFacts, Presence, RolloutFact, Workload,
+    WorkloadMeta,
 };
 use super::scope::Scope;
 use super::state::LastSeen;
@@ -235,15 +236,30 @@ fn containers_of(spec: Option<&PodSpec>) -> Vec<Container> {
 }
 
 fn base(kind: Kind, meta: &ObjectMeta, template: Option<&PodTemplateSpec>) -> Workload {
+    let containers = containers_of(template.and_then(|t| t.spec.as_ref()));
+    let annotations = meta.annotations.as_ref();
+    let annotation = |k: &str| annotations.and_then(|a| a.get(k)).filter(|v| !v.is_empty());
+    let release = annotation("meta.helm.sh/release-name")
+        .map(|name| format!("{}/{name}", annotation("meta.helm.sh/release-namespace").cloned().unwrap_or_default()));
     Workload {
         kind,
         namespace: meta.namespace.clone().unwrap_or_default(),
         name: meta.name.clone().unwrap_or_default(),
         labels: labels_of(meta, template),
-        containers: containers_of(template.and_then(|t| t.spec.as_ref())),
+        meta: WorkloadMeta {
+            release,
+            hook: annotation("helm.sh/hook").is_some(),
+            selector: BTreeMap::new(),
+            images: containers.iter().map(|c| c.image.clone()).collect(),
+        },
+        containers,
         pod: None,
         rollout: Vec::new(),
     }
+}
+
+fn match_labels(selector: Option<&LabelSelector>) -> BTreeMap<String, String> {
+    selector.and_then(|s| s.match_labels.clone()).unwrap_or_default()
 }
 
 fn stale_generation(meta: &ObjectMeta, observed: Option<i64>) -> bool {
@@ -253,6 +269,7 @@ fn stale_generation(meta: &ObjectMeta, observed: Option<i64>) -> bool {
 fn deployment(d: &Deployment) -> Workload {
     let spec = d.spec.as_ref();
     let mut w = base(Kind::Deployment, &d.metadata, spec.map(|s| &s.template));
+    w.meta.selector = match_labels(spec.map(|s| &s.selector));
     let status = d.status.clone().unwrap_or_default();
     if spec.and_then(|s| s.paused) == Some(true) {
         w.rollout.push(RolloutFact::Paused);
@@ -267,8 +284,14 @@ fn deployment(d: &Deployment) -> Workload {
     let desired = i64::from(spec.and_then(|s| s.replicas).unwrap_or(1));
     let updated = i64::from(status.updated_replicas.unwrap_or(0));
     let available = i64::from(status.available_replicas.unwrap_or(0));
+    // `status.replicas` counts the pods of every ReplicaSet: more than the updated ones means
+    // pods of an old ReplicaSet still run.
+    let total = i64::from(status.replicas.unwrap_or(0));
     if w.rollout.is_empty()
-        && (updated < desired || available < desired || stale_generation(&d.metadata, status.observed_generation))
+        && (updated < desired
+            || available < desired
+            || total > updated
+            || stale_generation(&d.metadata, status.observed_generation))
     {
         w.rollout.push(RolloutFact::InProgress { updated, desired });
     }
@@ -278,12 +301,28 @@ fn deployment(d: &Deployment) -> Workload {
 fn statefulset(s: &StatefulSet) -> Workload {
     let spec = s.spec.as_ref();
     let mut w = base(Kind::StatefulSet, &s.metadata, spec.map(|s| &s.template));
+    w.meta.selector = match_labels(spec.map(|s| &s.selector));
     let status = s.status.clone().unwrap_or_default();
-    let desired = i64::from(spec.and_then(|s| s.replicas).unwrap_or(1));
+    let replicas = i64::from(spec.and_then(|s| s.replicas).unwrap_or(1));
     let updated = i64::from(status.updated_replicas.unwrap_or(0));
+    let ready = i64::from(status.ready_replicas.unwrap_or(0));
+    let rolling = spec.and_then(|s| s.update_strategy.as_ref());
+    let on_delete = rolling.and_then(|u| u.type_.as_deref()) == Some("OnDelete");
+    // A partition keeps the ordinals below it at the current revision by design: the rollout
+    // is complete once the ordinals at or above it run the update revision (as `kubectl
+    // rollout status` reads a partitioned StatefulSet).
+    let partition = i64::from(rolling.and_then(|u| u.rolling_update.as_ref()).and_then(|r| r.partition).unwrap_or(0));
+    let to_update = (replicas - partition.clamp(0, replicas)).max(0);
     let revisions_differ = matches!((&status.current_revision, &status.update_revision), (Some(c), Some(u)) if c != u);
-    if revisions_differ || updated < desired || stale_generation(&s.metadata, status.observed_generation) {
-        w.rollout.push(RolloutFact::InProgress { updated, desired });
+    let behind = if on_delete {
+        false
+    } else if partition > 0 {
+        updated < to_update
+    } else {
+        revisions_differ || updated < replicas
+    };
+    if behind || ready < replicas || stale_generation(&s.metadata, status.observed_generation) {
+        w.rollout.push(RolloutFact::InProgress { updated, desired: if partition > 0 { to_update } else { replicas } });
     }
     w
 }
@@ -291,6 +330,7 @@ fn statefulset(s: &StatefulSet) -> Workload {
 fn daemonset(d: &DaemonSet, pods: &[Workload]) -> Workload {
     let spec = d.spec.as_ref();
     let mut w = base(Kind::DaemonSet, &d.metadata, spec.map(|s| &s.template));
+    w.meta.selector = match_labels(spec.map(|s| &s.selector));
     let status = d.status.clone().unwrap_or_default();
     let desired = i64::from(status.desired_number_scheduled);
     let updated = i64::from(status.updated_number_scheduled.unwrap_or(0));
@@ -331,12 +371,13 @@ fn cronjob(c: &CronJob) -> Workload {
 fn job(j: &Job) -> Workload {
     let mut w = base(Kind::Job, &j.metadata, j.spec.as_ref().map(|s| &s.template));
     let status = j.status.clone().unwrap_or_default();
-    let ended = status
-        .conditions
-        .iter()
-        .flatten()
-        .any(|c| matches!(c.type_.as_str(), "Complete" | "Failed") && c.status == "True");
-    if ended || status.completion_time.is_some() {
+    let condition = |t: &str| status.conditions.iter().flatten().find(|c| c.type_ == t && c.status == "True");
+    if let Some(failed) = condition("Failed") {
+        w.rollout.push(RolloutFact::JobFailed {
+            reason: failed.reason.clone().unwrap_or_default(),
+            message: failed.message.clone().unwrap_or_default(),
+        });
+    } else if condition("Complete").is_some() || status.completion_time.is_some() {
         w.rollout.push(RolloutFact::Finished);
     }
     w
@@ -351,7 +392,8 @@ fn pod(p: &Pod) -> Workload {
     let waiting = unscheduled
         .map(|c| format!("{}: {}", c.reason.clone().unwrap_or_default(), c.message.clone().unwrap_or_default()))
         .or_else(|| {
-            status.container_statuses.iter().flatten().find_map(|s| s.state.as_ref()?.waiting.as_ref()?.reason.clone())
+            let init = status.init_container_statuses.iter().flatten();
+            init.chain(status.container_statuses.iter().flatten()).find_map(container_why)
         });
     let owner = p
         .metadata
@@ -361,13 +403,51 @@ fn pod(p: &Pod) -> Workload {
         .find(|o| o.controller == Some(true))
         .or_else(|| p.metadata.owner_references.iter().flatten().next());
     w.pod = Some(PodFacts {
-        node: p.spec.as_ref().and_then(|s| s.node_name.clone()),
+        // A DaemonSet's pod names its node in a required node affinity until it is bound.
+        node: p.spec.as_ref().and_then(|s| s.node_name.clone().or_else(|| pinned_node(s))),
         phase: status.phase.clone().unwrap_or_else(|| "Unknown".into()),
         ready,
         owner: owner.map(|o| format!("{}/{}", o.kind, o.name)),
         waiting,
     });
     w
+}
+
+/// The one node a pod's required node affinity allows by name (`matchFields metadata.name`).
+fn pinned_node(spec: &PodSpec) -> Option<String> {
+    let terms = &spec.affinity.as_ref()?.node_affinity.as_ref()?.required_during_scheduling_ignored_during_execution.as_ref()?.node_selector_terms;
+    let fields = terms.first()?.match_fields.as_ref()?;
+    let field = fields.iter().find(|f| f.key == "metadata.name" && f.operator == "In")?;
+    match field.values.as_deref() {
+        Some([one]) => Some(one.clone()),
+        _ => None,
+    }
+}
+
+/// Why a container does not run, in the words `kubectl describe pod` shows: the waiting
+/// reason and message (`ImagePullBackOff: Back-off pulling image "nginx:1.277"`), with the last
+/// termination for a container that keeps crashing, or how a container that ended failed.
+fn container_why(s: &k8s_openapi::api::core::v1::ContainerStatus) -> Option<String> {
+    let ended = |t: &k8s_openapi::api::core::v1::ContainerStateTerminated| {
+        let mut text = format!("{} (exit code {})", t.reason.as_deref().unwrap_or("Error"), t.exit_code);
+        if let Some(m) = t.message.as_deref().map(str::trim).filter(|m| !m.is_empty()) {
+            text = format!("{text}: {}", m.lines().last().unwrap_or(m));
+        }
+        text
+    };
+    let state = s.state.as_ref()?;
+    if let Some(w) = &state.waiting {
+        let reason = w.reason.clone().filter(|r| !r.is_empty())?;
+        let mut text = match w.message.as_deref().filter(|m| !m.is_empty()) {
+            Some(m) => format!("{reason}: {m}"),
+            None => reason,
+        };
+        if let Some(last) = s.last_state.as_ref().and_then(|l| l.terminated.as_ref()) {
+            text = format!("{text}; last terminated: {}", ended(last));
+        }
+        return Some(text);
+    }
+    state.terminated.as_ref().filter(|t| t.exit_code != 0).map(|t| format!("container {} terminated: {}", s.name, ended(t)))
 }
 
 /// The GitOps kinds rdeploy reads, by API group.
