@@ -372,7 +372,10 @@ fn describe(w: &Workload, pods: &[&Workload]) -> Straggler {
             if facts.phase == "Succeeded" {
                 return None;
             }
-            let old = p.containers.iter().find(|c| !w.meta.images.contains(&c.image));
+            // Below a StatefulSet's partition a pod keeps the current revision by design.
+            let ordinal = p.name.rsplit('-').next().and_then(|o| o.parse::<i64>().ok());
+            let kept = w.kind == Kind::StatefulSet && ordinal.is_some_and(|o| o < w.meta.partition);
+            let old = p.containers.iter().find(|c| !kept && !w.meta.images.contains(&c.image));
             let reason = match (&facts.waiting, old, facts.ready) {
                 (Some(reason), _, _) => reason.clone(),
                 (None, Some(c), _) => format!("still runs the old image {}", c.image),

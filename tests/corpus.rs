@@ -665,3 +665,56 @@ steps:
         "3"
     );
 }
+
+/// prometheus's node-exporter subchart (a DaemonSet) on three nodes, node-3 tainted, with the
+/// subchart's tolerations emptied in values (as a user keeping it off tainted nodes writes it):
+/// helm 3's `--wait` counts the DaemonSet ready one pod short (its `maxUnavailable`), so only
+/// rdeploy's own check stops the deploy, naming the node and the scheduler's reason; recover
+/// after restoring the chart's tolerations upgrades once and finishes.
+#[test]
+fn chart_prometheus_node_exporter_halted_on_a_tainted_node_on_helm3() {
+    let sim = Kubesim::start_with("c1", &["--pod-startup-ms", "50", "--taint-node", "c1/node-3"]);
+    let p = sim_project(&sim);
+    copy_corpus(&p, "charts/prometheus", "charts/prometheus");
+    let stack = |set: &str| {
+        format!(
+            r#"
+name: corpus-node-exporter
+steps:
+  - name: prometheus
+    tool: helm
+    release: prom
+    chart: charts/prometheus
+    namespace: monitoring
+    context: c1
+    timeout: 30s
+{set}    binary: {helm}
+"#,
+            helm = helm(3),
+        )
+    };
+    p.stack(&stack("    set: { prometheus-node-exporter.tolerations: [] }\n"));
+    p.rdeploy(&["up"])
+        .code(1)
+        .stdout_has("prom@1")
+        .stdout_has("DaemonSet monitoring/prom-prometheus-node-exporter halted on node node-3")
+        .stdout_has("on node node-3: Unschedulable: 0/3 nodes are available: 1 node(s) had untolerated taint");
+    let status = p.status();
+    assert_eq!(sub_statuses(&status, "prometheus"), pairs(&[("prom@1", "failed")]));
+    assert_eq!(sim.helm_statuses(3, "prom", "monitoring"), ["deployed"], "helm 3 called it deployed");
+
+    p.stack(&stack(""));
+    p.rdeploy(&["recover"]).code(0).stdout_has("deploy complete");
+    assert_eq!(sub_statuses(&p.status(), "prometheus"), pairs(&[("prom@2", "done")]));
+    assert_eq!(sim.helm_statuses(3, "prom", "monitoring"), ["superseded", "deployed"], "one revision for the fix");
+    let available = sim.kubectl_ok(&[
+        "get",
+        "ds",
+        "prom-prometheus-node-exporter",
+        "-n",
+        "monitoring",
+        "-o",
+        "jsonpath={.status.numberAvailable}",
+    ]);
+    assert_eq!(available, "3");
+}

@@ -172,7 +172,7 @@ fn kubectl_wait_false_is_not_checked_and_says_so() {
         "name: web\nsteps:\n  - name: web\n    tool: kubectl\n    manifests: [k8s/]\n    context: c1\n    wait: false\n    binary: {}\n",
         kubectl_bin().display()
     ));
-    p.rdeploy(&["up"]).code(0).stdout_has("not waited for");
+    p.rdeploy(&["up"]).code(0).stderr_has("warning: web: not waited for (`wait: false`)");
     assert_eq!(sub_statuses(&p.status(), "web"), pairs(&[("Deployment/default/web", "done")]));
 }
 

@@ -251,6 +251,7 @@ fn base(kind: Kind, meta: &ObjectMeta, template: Option<&PodTemplateSpec>) -> Wo
             hook: annotation("helm.sh/hook").is_some(),
             selector: BTreeMap::new(),
             images: containers.iter().map(|c| c.image.clone()).collect(),
+            partition: 0,
         },
         containers,
         pod: None,
@@ -313,6 +314,7 @@ fn statefulset(s: &StatefulSet) -> Workload {
     // rollout status` reads a partitioned StatefulSet).
     let partition = i64::from(rolling.and_then(|u| u.rolling_update.as_ref()).and_then(|r| r.partition).unwrap_or(0));
     let to_update = (replicas - partition.clamp(0, replicas)).max(0);
+    w.meta.partition = partition.max(0);
     let revisions_differ = matches!((&status.current_revision, &status.update_revision), (Some(c), Some(u)) if c != u);
     let behind = if on_delete {
         false

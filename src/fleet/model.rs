@@ -146,6 +146,9 @@ pub struct WorkloadMeta {
     pub selector: BTreeMap<String, String>,
     /// The pod template's container images, with init containers.
     pub images: Vec<String>,
+    /// A StatefulSet's `rollingUpdate.partition`: its pods of a lower ordinal keep the current
+    /// revision by design.
+    pub partition: i64,
 }
 
 impl Workload {
