@@ -162,7 +162,8 @@ impl<'a> Held<'a> {
                     }
                     Err(Verdict::Stragglers(stragglers)) => {
                         let waited = humantime::format_duration(Duration::from_secs(self.timeout.as_secs()));
-                        let summary = format!("not every pod is updated and ready after {waited}: {}", join(&stragglers));
+                        let summary =
+                            format!("not every pod is updated and ready after {waited}: {}", join(&stragglers));
                         self.fail_held(held, &summary, &stragglers);
                         Err(Failure::new(summary).with_hint(
                             "fix what holds the pods back (above), then `rdeploy recover` checks again; it applies again only what changed (helm: a new revision only if the chart or values changed)",
@@ -227,7 +228,8 @@ impl<'a> Held<'a> {
             Some(c) => c,
             None => return Err(format!("no context given and no current context in {source}")),
         };
-        let scope = Scope::select(kubeconfig, source, std::slice::from_ref(&context), None).map_err(|e| format!("{e:#}"))?;
+        let scope =
+            Scope::select(kubeconfig, source, std::slice::from_ref(&context), None).map_err(|e| format!("{e:#}"))?;
         let options = CollectOptions {
             timeout: READ_TIMEOUT,
             namespace: target.namespace.clone(),
@@ -323,9 +325,9 @@ fn stragglers(target: &Target, cluster: &ClusterInventory, held: &[Event], faile
             let ns = target.namespace.as_deref();
             for w in cluster.workloads.iter().filter(|w| w.kind != Kind::Pod) {
                 let ours = match &w.meta.release {
-                    Some(r) => r.rsplit_once('/').is_some_and(|(rns, rname)| {
-                        rname == name && ns.is_none_or(|ns| rns.is_empty() || rns == ns)
-                    }),
+                    Some(r) => r
+                        .rsplit_once('/')
+                        .is_some_and(|(rns, rname)| rname == name && ns.is_none_or(|ns| rns.is_empty() || rns == ns)),
                     // helm does not label hooks as the release's: a hook Job in the release's
                     // namespace named after it is taken for one of its hooks.
                     None => failed && w.meta.hook && w.kind == Kind::Job && ns.is_none_or(|ns| w.namespace == ns),
@@ -407,7 +409,9 @@ impl EventSink for Held<'_> {
                 });
                 self.inner.emit(Event::Done { id, note });
             }
-            event @ (Event::Done { .. } | Event::Failed { .. }) if event_id(&event).is_some_and(|id| self.checked(id)) => {
+            event @ (Event::Done { .. } | Event::Failed { .. })
+                if event_id(&event).is_some_and(|id| self.checked(id)) =>
+            {
                 self.held.lock().unwrap_or_else(|e| e.into_inner()).push(event);
             }
             other => self.inner.emit(other),

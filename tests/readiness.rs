@@ -143,7 +143,10 @@ steps:
 "#,
         kubectl = kubectl_bin().display()
     ));
-    p.rdeploy(&["up"]).code(1).stdout_has("Deployment/default/web").stdout_has(r#"ImagePullBackOff: Back-off pulling image "nginx:1.277""#);
+    p.rdeploy(&["up"])
+        .code(1)
+        .stdout_has("Deployment/default/web")
+        .stdout_has(r#"ImagePullBackOff: Back-off pulling image "nginx:1.277""#);
     let status = p.status();
     assert_eq!(
         sub_statuses(&status, "web"),
@@ -199,7 +202,10 @@ fn kubectl_statefulset_with_a_partition() {
     p.file("k8s/db.yaml", &manifest("17", 2));
     p.rdeploy(&["up"]).code(0).stdout_has("deploy complete");
     let image = |pod: &str| sim.kubectl_ok(&["get", "pod", pod, "-o", "jsonpath={.spec.containers[0].image}"]);
-    assert_eq!((image("db-0"), image("db-1"), image("db-2")), ("postgres:16".into(), "postgres:16".into(), "postgres:17".into()));
+    assert_eq!(
+        (image("db-0"), image("db-1"), image("db-2")),
+        ("postgres:16".into(), "postgres:16".into(), "postgres:17".into())
+    );
 
     // A canary whose image cannot pull.
     p.file("k8s/db.yaml", &manifest("broken", 2));

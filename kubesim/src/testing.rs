@@ -29,7 +29,7 @@ pub fn corpus() -> PathBuf {
     let root = workspace_root();
     let candidates: Vec<PathBuf> = ["KUBESIM_CORPUS", "RDEPLOY_CORPUS"]
         .iter()
-        .filter_map(|k| std::env::var_os(k))
+        .filter_map(std::env::var_os)
         .map(PathBuf::from)
         .chain([root.join("../shared/corpus")])
         .collect();

@@ -21,8 +21,7 @@ use tokio::task::JoinSet;
 use tracing::instrument::WithSubscriber as _;
 
 use super::model::{
-    ClusterInventory, Container, GitOpsObject, Inventory, Kind, PodFacts, Presence, RolloutFact, Workload,
-    WorkloadMeta,
+    ClusterInventory, Container, GitOpsObject, Inventory, Kind, PodFacts, Presence, RolloutFact, Workload, WorkloadMeta,
 };
 use super::scope::Scope;
 use super::state::LastSeen;
@@ -417,7 +416,14 @@ fn pod(p: &Pod) -> Workload {
 
 /// The one node a pod's required node affinity allows by name (`matchFields metadata.name`).
 fn pinned_node(spec: &PodSpec) -> Option<String> {
-    let terms = &spec.affinity.as_ref()?.node_affinity.as_ref()?.required_during_scheduling_ignored_during_execution.as_ref()?.node_selector_terms;
+    let terms = &spec
+        .affinity
+        .as_ref()?
+        .node_affinity
+        .as_ref()?
+        .required_during_scheduling_ignored_during_execution
+        .as_ref()?
+        .node_selector_terms;
     let fields = terms.first()?.match_fields.as_ref()?;
     let field = fields.iter().find(|f| f.key == "metadata.name" && f.operator == "In")?;
     match field.values.as_deref() {
@@ -449,7 +455,11 @@ fn container_why(s: &k8s_openapi::api::core::v1::ContainerStatus) -> Option<Stri
         }
         return Some(text);
     }
-    state.terminated.as_ref().filter(|t| t.exit_code != 0).map(|t| format!("container {} terminated: {}", s.name, ended(t)))
+    state
+        .terminated
+        .as_ref()
+        .filter(|t| t.exit_code != 0)
+        .map(|t| format!("container {} terminated: {}", s.name, ended(t)))
 }
 
 /// The GitOps kinds rdeploy reads, by API group.

@@ -160,7 +160,9 @@ impl Workload {
     pub fn is_live(&self) -> bool {
         match (&self.pod, self.kind) {
             (Some(p), _) => !matches!(p.phase.as_str(), "Succeeded" | "Failed"),
-            (None, Kind::Job) => !self.rollout.iter().any(|f| matches!(f, RolloutFact::Finished | RolloutFact::JobFailed { .. })),
+            (None, Kind::Job) => {
+                !self.rollout.iter().any(|f| matches!(f, RolloutFact::Finished | RolloutFact::JobFailed { .. }))
+            }
             _ => true,
         }
     }
