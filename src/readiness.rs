@@ -35,6 +35,15 @@ const PODS_NAMED: usize = 3;
 /// What a sub-change not checked says.
 const NOT_WAITED: &str = "not waited for (`wait: false`): its pods may not be updated and ready";
 
+/// The kubeconfig the step's tool reads: its `kubeconfig`, else a `KUBECONFIG` the step's
+/// `env` sets (its first file), else the process's own (`None`).
+fn kubeconfig_of(explicit: Option<&PathBuf>, ctx: &StepContext) -> Option<PathBuf> {
+    explicit.map(|p| ctx.resolve(p)).or_else(|| {
+        let from_env = ctx.env.get("KUBECONFIG")?.split(':').find(|p| !p.is_empty())?.to_string();
+        Some(ctx.resolve(std::path::Path::new(&from_env)))
+    })
+}
+
 /// What the step touched, and where.
 #[derive(Clone, Debug)]
 struct Target {
@@ -78,7 +87,7 @@ impl<'a> Held<'a> {
             (Some(_), _) => (None, false),
             (None, ToolSpec::Helm(h)) if h.wait != Some(false) => (
                 Some(Target {
-                    kubeconfig: h.kubeconfig.as_ref().map(|p| ctx.resolve(p)),
+                    kubeconfig: kubeconfig_of(h.kubeconfig.as_ref(), ctx),
                     context: h.context.clone(),
                     namespace: h.namespace.clone(),
                     touched: Touched::Release { name: h.release.clone() },
@@ -87,7 +96,7 @@ impl<'a> Held<'a> {
             ),
             (None, ToolSpec::Kubectl(k)) if k.wait != Some(false) => (
                 Some(Target {
-                    kubeconfig: k.kubeconfig.as_ref().map(|p| ctx.resolve(p)),
+                    kubeconfig: kubeconfig_of(k.kubeconfig.as_ref(), ctx),
                     context: k.context.clone(),
                     namespace: None,
                     touched: Touched::Objects,
