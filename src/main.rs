@@ -19,6 +19,8 @@ mod checkpoint;
 mod ci;
 mod cmd;
 mod diff;
+#[deny(clippy::print_stdout, clippy::print_stderr)]
+mod engine;
 // The driver decides and the binary presents: it returns a `RunReport` and never prints.
 #[deny(clippy::print_stdout, clippy::print_stderr)]
 mod driver;
@@ -30,6 +32,7 @@ mod planfile;
 mod readiness;
 mod reference;
 mod report;
+mod reporter;
 mod rollout;
 mod runbook;
 mod stack;
@@ -510,6 +513,10 @@ fn session(stack_path: &Path, global: &Global, ui: Arc<Ui>, parallel: usize) -> 
     Ok(driver::Session {
         stack: Arc::new(stack),
         store,
+        reporters: engine::event::Reporters::new(vec![
+            ui.clone(),
+            Arc::new(reporter::step_log::StepLog::new(state.clone(), ui.clone())),
+        ]),
         state,
         ui,
         stack_arg: stack_path.display().to_string(),

@@ -71,7 +71,7 @@ fn element(start: &quick_xml::events::BytesStart<'_>) -> Element {
     for attr in start.attributes() {
         let attr = attr.expect("well-formed attribute");
         let key = String::from_utf8(attr.key.as_ref().to_vec()).unwrap();
-        let value = attr.unescape_value().expect("attribute unescapes").into_owned();
+        let value = attr.normalized_value(quick_xml::XmlVersion::default()).expect("attribute unescapes").into_owned();
         assert!(el.attrs.insert(key.clone(), value).is_none(), "duplicate attribute {key}");
     }
     el
@@ -83,11 +83,12 @@ fn parse_xml(xml: &str) -> Element {
     let mut stack: Vec<Element> = Vec::new();
     let mut root = None;
     loop {
-        match reader.read_event().unwrap_or_else(|e| panic!("invalid XML at {}: {e}\n{xml}", reader.buffer_position()))
-        {
-            Event::Start(s) => stack.push(element(&s)),
+        let ev =
+            reader.read_event().unwrap_or_else(|e| panic!("invalid XML at {}: {e}\n{xml}", reader.buffer_position()));
+        match &ev {
+            Event::Start(s) => stack.push(element(s)),
             Event::Empty(s) => {
-                let el = element(&s);
+                let el = element(s);
                 match stack.last_mut() {
                     Some(parent) => parent.children.push(el),
                     None => root = Some(el),
@@ -103,8 +104,20 @@ fn parse_xml(xml: &str) -> Element {
                     }
                 }
             }
-            Event::Text(t) => {
-                let text = t.unescape().expect("text unescapes");
+            Event::Text(_) | Event::GeneralRef(_) => {
+                let text = match &ev {
+                    Event::Text(t) => t.decode().expect("text decodes").into_owned(),
+                    Event::GeneralRef(r) => match r.resolve_char_ref().expect("a valid character reference") {
+                        Some(c) => c.to_string(),
+                        None => {
+                            let name = r.decode().expect("reference decodes");
+                            quick_xml::escape::resolve_predefined_entity(&name)
+                                .expect("a predefined entity")
+                                .to_string()
+                        }
+                    },
+                    _ => unreachable!(),
+                };
                 match stack.last_mut() {
                     Some(el) => el.text.push_str(&text),
                     None => assert!(text.trim().is_empty(), "text outside the root: {text:?}"),
@@ -394,7 +407,10 @@ steps:
     let printed = secret_journey(&p, "fail-two", "SECRETVALUE");
     // Plain values print as they are.
     assert!(printed.contains("login failed for *** in eu-west-2"), "{printed}");
-    assert_eq!(p.read("digest").trim(), format!("{:x}", sha2::Sha256::digest(b"SECRETVALUE-sh-7")));
+    assert_eq!(
+        p.read("digest").trim(),
+        sha2::Sha256::digest(b"SECRETVALUE-sh-7").iter().map(|b| format!("{b:02x}")).collect::<String>()
+    );
 }
 
 /// A terraform variable declared `sensitive` in the module, echoed by a failing provisioner: the
@@ -420,7 +436,10 @@ steps:
     let printed = secret_journey(&p, "infra/fail-secret", "SECRETVALUE");
     assert!(printed.contains("export TF_VAR_token="), "{printed}");
     assert!(printed.contains("-var enabled=false") && printed.contains("-var region=eu-west-2"), "{printed}");
-    assert_eq!(p.read("infra/token.sha256").trim(), format!("{:x}", sha2::Sha256::digest(b"SECRETVALUE-tf-1")));
+    assert_eq!(
+        p.read("infra/token.sha256").trim(),
+        sha2::Sha256::digest(b"SECRETVALUE-tf-1").iter().map(|b| format!("{b:02x}")).collect::<String>()
+    );
 }
 
 /// An ansible extra var whose name is secret, printed by a failing task: the same journey;
@@ -464,7 +483,10 @@ steps:
     p.file("fail-play", "");
     let printed = secret_journey(&p, "fail-play", "SECRETVALUE");
     assert!(printed.contains("rejected password *** in eu-west-2"), "{printed}");
-    assert_eq!(p.read("digest").trim(), format!("{:x}", sha2::Sha256::digest(b"SECRETVALUE-ans-1")));
+    assert_eq!(
+        p.read("digest").trim(),
+        sha2::Sha256::digest(b"SECRETVALUE-ans-1").iter().map(|b| format!("{b:02x}")).collect::<String>()
+    );
 }
 
 /// A helm `set` value whose key names a secret, quoted by a failing chart: the same journey
@@ -510,7 +532,7 @@ steps:
         helm_bin(4).display()
     ));
     let printed = secret_journey(&p, "chart/fail-marker", "SECRETVALUE");
-    let digest = format!("{:x}", sha2::Sha256::digest(b"SECRETVALUE-helm-1"));
+    let digest = sha2::Sha256::digest(b"SECRETVALUE-helm-1").iter().map(|b| format!("{b:02x}")).collect::<String>();
     assert!(printed.contains(&format!("rejected password *** (sha256 {digest}) for tier gold")), "{printed}");
 }
 
