@@ -29,6 +29,7 @@ mod fleet;
 mod gate;
 mod plan;
 mod planfile;
+mod readiness;
 mod reference;
 mod report;
 mod reporter;

@@ -1,7 +1,7 @@
 //! The real-world corpus (public roles, modules, manifest bundles and charts nobody on the team
 //! wrote, each with its SOURCE and LICENSE; kept out of this repository's commits, so it is found
-//! through `kubesim::testing::corpus`: `$KUBESIM_CORPUS`, else `../shared/corpus`; these tests
-//! are behind the `corpus` feature, run by `scripts/test-corpus.sh`) through the real `rdeploy` binary
+//! through `kubesim::testing::corpus`: `$KUBESIM_CORPUS`, else `../shared/corpus`; a missing
+//! corpus fails these tests loudly) through the real `rdeploy` binary
 //! and the real tools: each item deploys, fails part-way on an injected realistic failure (a host
 //! whose task fails, a provisioner that fails, an image that cannot pull, CRDs too big for
 //! client-side apply, a hook Job that never runs, a claim that cannot bind, a value the chart's
@@ -18,9 +18,16 @@ mod common;
 use common::{copy_dir, repo_root, require_tool, step, sub_statuses, Project};
 use kubesim::testing::{corpus, kubectl_bin, Kubesim};
 
-/// Copies an item of the corpus into the project, as `copy_fixture` does for `fixtures/`.
+/// Copies an item of the corpus into the project, then lays the project's own wrappers for it
+/// (`fixtures/corpus/ITEM`: a playbook and inventory around a role, a root module calling a
+/// module) over the copy, as a user's repository wraps a public role or module. The corpus
+/// itself is upstream material only and is never edited.
 fn copy_corpus(p: &Project, item: &str, to: &str) {
     copy_dir(&corpus().join(item), &p.path(to));
+    let wrappers = repo_root().join("fixtures/corpus").join(item);
+    if wrappers.is_dir() {
+        copy_dir(&wrappers, &p.path(to));
+    }
 }
 
 fn pairs(items: &[(&str, &str)]) -> Vec<(String, String)> {
@@ -133,8 +140,10 @@ steps:
     assert_eq!(ids, ["eg-prod-shop-public", "eg-prod-db-public", "eg-prod-app-public-blue"], "the module's labels");
 }
 
-/// kubernetes/examples' guestbook bundle (3 Services, 3 Deployments) with `wait: true`; the
-/// frontend's image cannot be pulled, so its rollout fails while the redis tier is in place.
+/// kubernetes/examples' guestbook bundle (3 Services, 3 Deployments) as upstream ships it, with
+/// `wait: true`; the frontend's image cannot be pulled, so its rollout fails while the redis
+/// tier is in place. The Deployment keeps the default 600 s progress deadline: the step's
+/// `timeout` is what bounds the wait, as a user would write it.
 #[test]
 fn manifests_guestbook_an_image_that_cannot_pull_and_recover_applies_only_the_frontend() {
     let sim = Kubesim::start_with("c1", &["--fail-image", "*gb-frontend:v5"]);
@@ -152,6 +161,7 @@ steps:
     manifests: [guestbook/guestbook-all-in-one.yaml]
     context: c1
     wait: true
+    timeout: 30s
     binary: {kubectl}
 "#,
         kubectl = kubectl_bin().display()
@@ -654,4 +664,57 @@ steps:
         sim.kubectl_ok(&["get", "sts", "cache-redis-replicas", "-n", "cache", "-o", "jsonpath={.spec.replicas}"]),
         "3"
     );
+}
+
+/// prometheus's node-exporter subchart (a DaemonSet) on three nodes, node-3 tainted, with the
+/// subchart's tolerations emptied in values (as a user keeping it off tainted nodes writes it):
+/// helm 3's `--wait` counts the DaemonSet ready one pod short (its `maxUnavailable`), so only
+/// rdeploy's own check stops the deploy, naming the node and the scheduler's reason; recover
+/// after restoring the chart's tolerations upgrades once and finishes.
+#[test]
+fn chart_prometheus_node_exporter_halted_on_a_tainted_node_on_helm3() {
+    let sim = Kubesim::start_with("c1", &["--pod-startup-ms", "50", "--taint-node", "c1/node-3"]);
+    let p = sim_project(&sim);
+    copy_corpus(&p, "charts/prometheus", "charts/prometheus");
+    let stack = |set: &str| {
+        format!(
+            r#"
+name: corpus-node-exporter
+steps:
+  - name: prometheus
+    tool: helm
+    release: prom
+    chart: charts/prometheus
+    namespace: monitoring
+    context: c1
+    timeout: 30s
+{set}    binary: {helm}
+"#,
+            helm = helm(3),
+        )
+    };
+    p.stack(&stack("    set: { prometheus-node-exporter.tolerations: [] }\n"));
+    p.rdeploy(&["up"])
+        .code(1)
+        .stdout_has("prom@1")
+        .stdout_has("DaemonSet monitoring/prom-prometheus-node-exporter halted on node node-3")
+        .stdout_has("on node node-3: Unschedulable: 0/3 nodes are available: 1 node(s) had untolerated taint");
+    let status = p.status();
+    assert_eq!(sub_statuses(&status, "prometheus"), pairs(&[("prom@1", "failed")]));
+    assert_eq!(sim.helm_statuses(3, "prom", "monitoring"), ["deployed"], "helm 3 called it deployed");
+
+    p.stack(&stack(""));
+    p.rdeploy(&["recover"]).code(0).stdout_has("deploy complete");
+    assert_eq!(sub_statuses(&p.status(), "prometheus"), pairs(&[("prom@2", "done")]));
+    assert_eq!(sim.helm_statuses(3, "prom", "monitoring"), ["superseded", "deployed"], "one revision for the fix");
+    let available = sim.kubectl_ok(&[
+        "get",
+        "ds",
+        "prom-prometheus-node-exporter",
+        "-n",
+        "monitoring",
+        "-o",
+        "jsonpath={.status.numberAvailable}",
+    ]);
+    assert_eq!(available, "3");
 }

@@ -40,7 +40,9 @@ impl Setup {
             context: Some("c1".into()),
             kubeconfig: None,
             server_side: None,
-            wait: None,
+            // These tests are about what kubectl applies and recovers; waiting (the default in a
+            // stack) has its own test below.
+            wait: Some(false),
             binary: Some(kubectl_bin().to_string_lossy().into_owned()),
             outputs: Default::default(),
         }

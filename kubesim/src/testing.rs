@@ -21,15 +21,16 @@ pub fn testdata(p: &str) -> PathBuf {
 }
 
 /// The corpus of real public charts and manifest bundles (`charts/NAME`, `bundles/NAME`, each
-/// with its LICENSE and a SOURCE file naming repository, path and commit): `$KUBESIM_CORPUS`,
-/// else `shared/corpus` beside the workspace. Fetched third-party material is never committed
-/// to this repository, so only the tests behind the `corpus` feature use it
-/// (`scripts/test-corpus.sh`); a missing corpus there is a loud failure, never a skip.
+/// with its LICENSE and a SOURCE file naming repository, path and commit): `$KUBESIM_CORPUS`
+/// (or `$RDEPLOY_CORPUS`), else `shared/corpus` beside the workspace. Fetched third-party
+/// material is never committed to this repository, so it lives there; every corpus test runs in
+/// the plain `cargo test`, and a missing corpus is a loud failure, never a skip.
 pub fn corpus() -> PathBuf {
     let root = workspace_root();
-    let candidates: Vec<PathBuf> = std::env::var_os("KUBESIM_CORPUS")
+    let candidates: Vec<PathBuf> = ["KUBESIM_CORPUS", "RDEPLOY_CORPUS"]
+        .iter()
+        .filter_map(std::env::var_os)
         .map(PathBuf::from)
-        .into_iter()
         .chain([root.join("../shared/corpus")])
         .collect();
     candidates.iter().find(|p| p.join("charts").is_dir()).cloned().unwrap_or_else(|| {

@@ -52,8 +52,16 @@ impl Attempts {
                     let run = crate::rollout::FleetRun { step, fleet, ctx, prior, state_dir: &self.state_dir };
                     crate::rollout::run(run, sink).await
                 }
-                (None, Action::Recover(prior)) => step.spec.recover(ctx, prior, sink).await,
-                (None, _) => step.spec.apply(ctx, sink).await.map(|()| Recovered::Complete),
+                // Done means every pod is updated and ready: the readiness check holds the
+                // step's Done events until it has read the workloads the tool touched.
+                (None, action) => {
+                    let held = crate::readiness::Held::new(step, ctx, sink);
+                    let result = match action {
+                        Action::Recover(prior) => step.spec.recover(ctx, prior, &held).await,
+                        _ => step.spec.apply(ctx, &held).await.map(|()| Recovered::Complete),
+                    };
+                    held.settle(result).await
+                }
             };
             let failure = match (result, sink.journal_error()) {
                 (_, Some(e)) => return Err(journal_failure(e)),

@@ -297,6 +297,7 @@ mod tests {
             containers: vec![Container::new("c", image)],
             pod: None,
             rollout: vec![],
+            meta: Default::default(),
         }
     }
 

@@ -18,7 +18,7 @@ use tokio::task::JoinSet;
 use tracing::instrument::WithSubscriber as _;
 
 use super::model::{
-    ClusterInventory, Container, GitOpsObject, Inventory, Kind, PodFacts, Presence, RolloutFact, Workload,
+    ClusterInventory, Container, GitOpsObject, Inventory, Kind, PodFacts, Presence, RolloutFact, Workload, WorkloadMeta,
 };
 use super::scope::Scope;
 use super::state::LastSeen;
@@ -206,12 +206,23 @@ fn containers_of(spec: Option<&p::PodSpec>) -> Vec<Container> {
 }
 
 fn base(kind: Kind, meta: &p::Meta, template: Option<&p::Template>) -> Workload {
+    let containers = containers_of(template.map(|t| &t.spec));
+    let annotation = |k: &str| meta.annotations.get(k).filter(|v| !v.is_empty());
+    let release = annotation("meta.helm.sh/release-name")
+        .map(|name| format!("{}/{name}", annotation("meta.helm.sh/release-namespace").cloned().unwrap_or_default()));
     Workload {
         kind,
         namespace: meta.namespace.clone(),
         name: meta.name.clone(),
         labels: labels_of(meta, template),
-        containers: containers_of(template.map(|t| &t.spec)),
+        meta: WorkloadMeta {
+            release,
+            hook: annotation("helm.sh/hook").is_some(),
+            selector: BTreeMap::new(),
+            images: containers.iter().map(|c| c.image.clone()).collect(),
+            partition: 0,
+        },
+        containers,
         pod: None,
         rollout: Vec::new(),
     }
@@ -224,6 +235,7 @@ fn stale_generation(meta: &p::Meta, observed: Option<i64>) -> bool {
 fn deployment(d: &p::Deployment) -> Workload {
     let (spec, status) = (&d.spec, &d.status);
     let mut w = base(Kind::Deployment, &d.metadata, Some(&spec.template));
+    w.meta.selector = spec.selector.match_labels.clone();
     if spec.paused == Some(true) {
         w.rollout.push(RolloutFact::Paused);
     }
@@ -237,8 +249,14 @@ fn deployment(d: &p::Deployment) -> Workload {
     let desired = i64::from(spec.replicas.unwrap_or(1));
     let updated = i64::from(status.updated_replicas.unwrap_or(0));
     let available = i64::from(status.available_replicas.unwrap_or(0));
+    // `status.replicas` counts the pods of every ReplicaSet: more than the updated ones means
+    // pods of an old ReplicaSet still run.
+    let total = i64::from(status.replicas.unwrap_or(0));
     if w.rollout.is_empty()
-        && (updated < desired || available < desired || stale_generation(&d.metadata, status.observed_generation))
+        && (updated < desired
+            || available < desired
+            || total > updated
+            || stale_generation(&d.metadata, status.observed_generation))
     {
         w.rollout.push(RolloutFact::InProgress { updated, desired });
     }
@@ -248,11 +266,28 @@ fn deployment(d: &p::Deployment) -> Workload {
 fn statefulset(s: &p::StatefulSet) -> Workload {
     let (spec, status) = (&s.spec, &s.status);
     let mut w = base(Kind::StatefulSet, &s.metadata, Some(&spec.template));
-    let desired = i64::from(spec.replicas.unwrap_or(1));
+    w.meta.selector = spec.selector.match_labels.clone();
+    let replicas = i64::from(spec.replicas.unwrap_or(1));
     let updated = i64::from(status.updated_replicas.unwrap_or(0));
+    let ready = i64::from(status.ready_replicas.unwrap_or(0));
+    let strategy = &spec.update_strategy;
+    let on_delete = strategy.type_.as_deref() == Some("OnDelete");
+    // A partition keeps the ordinals below it at the current revision by design: the rollout
+    // is complete once the ordinals at or above it run the update revision (as `kubectl
+    // rollout status` reads a partitioned StatefulSet).
+    let partition = i64::from(strategy.rolling_update.partition.unwrap_or(0));
+    let to_update = (replicas - partition.clamp(0, replicas)).max(0);
+    w.meta.partition = partition.max(0);
     let revisions_differ = matches!((&status.current_revision, &status.update_revision), (Some(c), Some(u)) if c != u);
-    if revisions_differ || updated < desired || stale_generation(&s.metadata, status.observed_generation) {
-        w.rollout.push(RolloutFact::InProgress { updated, desired });
+    let behind = if on_delete {
+        false
+    } else if partition > 0 {
+        updated < to_update
+    } else {
+        revisions_differ || updated < replicas
+    };
+    if behind || ready < replicas || stale_generation(&s.metadata, status.observed_generation) {
+        w.rollout.push(RolloutFact::InProgress { updated, desired: if partition > 0 { to_update } else { replicas } });
     }
     w
 }
@@ -260,6 +295,7 @@ fn statefulset(s: &p::StatefulSet) -> Workload {
 fn daemonset(d: &p::DaemonSet, pods: &[Workload]) -> Workload {
     let status = &d.status;
     let mut w = base(Kind::DaemonSet, &d.metadata, Some(&d.spec.template));
+    w.meta.selector = d.spec.selector.match_labels.clone();
     let desired = i64::from(status.desired_number_scheduled);
     let updated = i64::from(status.updated_number_scheduled.unwrap_or(0));
     let available = i64::from(status.number_available.unwrap_or(0));
@@ -298,9 +334,13 @@ fn cronjob(c: &p::CronJob) -> Workload {
 fn job(j: &p::Job) -> Workload {
     let mut w = base(Kind::Job, &j.metadata, Some(&j.spec.template));
     let status = &j.status;
-    let ended =
-        status.conditions.iter().any(|c| matches!(c.type_.as_str(), "Complete" | "Failed") && c.status == "True");
-    if ended || status.completion_time.is_some() {
+    let condition = |t: &str| status.conditions.iter().find(|c| c.type_ == t && c.status == "True");
+    if let Some(failed) = condition("Failed") {
+        w.rollout.push(RolloutFact::JobFailed {
+            reason: failed.reason.clone().unwrap_or_default(),
+            message: failed.message.clone().unwrap_or_default(),
+        });
+    } else if condition("Complete").is_some() || status.completion_time.is_some() {
         w.rollout.push(RolloutFact::Finished);
     }
     w
@@ -314,17 +354,58 @@ fn pod(pod: &p::Pod) -> Workload {
     let unscheduled = status.conditions.iter().find(|c| c.type_ == "PodScheduled" && c.status == "False");
     let waiting = unscheduled
         .map(|c| format!("{}: {}", c.reason.clone().unwrap_or_default(), c.message.clone().unwrap_or_default()))
-        .or_else(|| status.container_statuses.iter().find_map(|s| s.state.as_ref()?.waiting.as_ref()?.reason.clone()));
+        .or_else(|| status.init_container_statuses.iter().chain(&status.container_statuses).find_map(container_why));
     let owners = &pod.metadata.owner_references;
     let owner = owners.iter().find(|o| o.controller == Some(true)).or_else(|| owners.first());
     w.pod = Some(PodFacts {
-        node: pod.spec.node_name.clone(),
+        // A DaemonSet's pod names its node in a required node affinity until it is bound.
+        node: pod.spec.node_name.clone().or_else(|| pinned_node(&pod.spec)),
         phase: status.phase.clone().unwrap_or_else(|| "Unknown".into()),
         ready,
         owner: owner.map(|o| format!("{}/{}", o.kind, o.name)),
         waiting,
     });
     w
+}
+
+/// The one node a pod's required node affinity allows by name (`matchFields metadata.name`).
+fn pinned_node(spec: &p::PodSpec) -> Option<String> {
+    let terms = &spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution.node_selector_terms;
+    let field = terms.first()?.match_fields.iter().find(|f| f.key == "metadata.name" && f.operator == "In")?;
+    match field.values.as_slice() {
+        [one] => Some(one.clone()),
+        _ => None,
+    }
+}
+
+/// Why a container does not run, in the words `kubectl describe pod` shows: the waiting
+/// reason and message (`ImagePullBackOff: Back-off pulling image "nginx:1.277"`), with the last
+/// termination for a container that keeps crashing, or how a container that ended failed.
+fn container_why(s: &p::ContainerStatus) -> Option<String> {
+    let ended = |t: &p::Terminated| {
+        let mut text = format!("{} (exit code {})", t.reason.as_deref().unwrap_or("Error"), t.exit_code);
+        if let Some(m) = t.message.as_deref().map(str::trim).filter(|m| !m.is_empty()) {
+            text = format!("{text}: {}", m.lines().last().unwrap_or(m));
+        }
+        text
+    };
+    let state = s.state.as_ref()?;
+    if let Some(w) = &state.waiting {
+        let reason = w.reason.clone().filter(|r| !r.is_empty())?;
+        let mut text = match w.message.as_deref().filter(|m| !m.is_empty()) {
+            Some(m) => format!("{reason}: {m}"),
+            None => reason,
+        };
+        if let Some(last) = s.last_state.as_ref().and_then(|l| l.terminated.as_ref()) {
+            text = format!("{text}; last terminated: {}", ended(last));
+        }
+        return Some(text);
+    }
+    state
+        .terminated
+        .as_ref()
+        .filter(|t| t.exit_code != 0)
+        .map(|t| format!("container {} terminated: {}", s.name, ended(t)))
 }
 
 /// The fields of each kind the inventory reads, and nothing else: a list of 4,000 clusters'
@@ -354,6 +435,8 @@ mod p {
         pub namespace: String,
         #[serde(default, deserialize_with = "nullable")]
         pub labels: BTreeMap<String, String>,
+        #[serde(default, deserialize_with = "nullable")]
+        pub annotations: BTreeMap<String, String>,
         #[serde(default)]
         pub generation: Option<i64>,
         #[serde(default, deserialize_with = "nullable")]
@@ -393,6 +476,53 @@ mod p {
         pub containers: Vec<ContainerSpec>,
         #[serde(default)]
         pub node_name: Option<String>,
+        #[serde(default, deserialize_with = "nullable")]
+        pub affinity: Affinity,
+    }
+
+    #[derive(Default, Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    pub struct Affinity {
+        #[serde(default, deserialize_with = "nullable")]
+        pub node_affinity: NodeAffinity,
+    }
+
+    #[derive(Default, Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    pub struct NodeAffinity {
+        #[serde(default, deserialize_with = "nullable")]
+        pub required_during_scheduling_ignored_during_execution: NodeSelector,
+    }
+
+    #[derive(Default, Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    pub struct NodeSelector {
+        #[serde(default, deserialize_with = "nullable")]
+        pub node_selector_terms: Vec<NodeSelectorTerm>,
+    }
+
+    #[derive(Default, Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    pub struct NodeSelectorTerm {
+        #[serde(default, deserialize_with = "nullable")]
+        pub match_fields: Vec<SelectorRequirement>,
+    }
+
+    #[derive(Default, Deserialize)]
+    pub struct SelectorRequirement {
+        #[serde(default)]
+        pub key: String,
+        #[serde(default)]
+        pub operator: String,
+        #[serde(default, deserialize_with = "nullable")]
+        pub values: Vec<String>,
+    }
+
+    #[derive(Default, Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    pub struct LabelSelector {
+        #[serde(default, deserialize_with = "nullable")]
+        pub match_labels: BTreeMap<String, String>,
     }
 
     #[derive(Default, Deserialize)]
@@ -429,6 +559,8 @@ mod p {
     pub struct DeploymentSpec {
         #[serde(default)]
         pub replicas: Option<i32>,
+        #[serde(default, deserialize_with = "nullable")]
+        pub selector: LabelSelector,
         #[serde(default)]
         pub paused: Option<bool>,
         #[serde(default, deserialize_with = "nullable")]
@@ -440,6 +572,8 @@ mod p {
     pub struct DeploymentStatus {
         #[serde(default, deserialize_with = "nullable")]
         pub conditions: Vec<Condition>,
+        #[serde(default)]
+        pub replicas: Option<i32>,
         #[serde(default)]
         pub updated_replicas: Option<i32>,
         #[serde(default)]
@@ -459,11 +593,31 @@ mod p {
     }
 
     #[derive(Default, Deserialize)]
+    #[serde(rename_all = "camelCase")]
     pub struct StatefulSetSpec {
         #[serde(default)]
         pub replicas: Option<i32>,
         #[serde(default, deserialize_with = "nullable")]
+        pub selector: LabelSelector,
+        #[serde(default, deserialize_with = "nullable")]
         pub template: Template,
+        #[serde(default, deserialize_with = "nullable")]
+        pub update_strategy: UpdateStrategy,
+    }
+
+    #[derive(Default, Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    pub struct UpdateStrategy {
+        #[serde(default, rename = "type")]
+        pub type_: Option<String>,
+        #[serde(default, deserialize_with = "nullable")]
+        pub rolling_update: RollingUpdate,
+    }
+
+    #[derive(Default, Deserialize)]
+    pub struct RollingUpdate {
+        #[serde(default)]
+        pub partition: Option<i32>,
     }
 
     #[derive(Default, Deserialize)]
@@ -471,6 +625,8 @@ mod p {
     pub struct StatefulSetStatus {
         #[serde(default)]
         pub updated_replicas: Option<i32>,
+        #[serde(default)]
+        pub ready_replicas: Option<i32>,
         #[serde(default)]
         pub current_revision: Option<String>,
         #[serde(default)]
@@ -484,9 +640,17 @@ mod p {
         #[serde(default, deserialize_with = "nullable")]
         pub metadata: Meta,
         #[serde(default, deserialize_with = "nullable")]
-        pub spec: TemplateOnly,
+        pub spec: DaemonSetSpec,
         #[serde(default, deserialize_with = "nullable")]
         pub status: DaemonSetStatus,
+    }
+
+    #[derive(Default, Deserialize)]
+    pub struct DaemonSetSpec {
+        #[serde(default, deserialize_with = "nullable")]
+        pub selector: LabelSelector,
+        #[serde(default, deserialize_with = "nullable")]
+        pub template: Template,
     }
 
     #[derive(Default, Deserialize)]
@@ -566,27 +730,49 @@ mod p {
         #[serde(default, deserialize_with = "nullable")]
         pub conditions: Vec<Condition>,
         #[serde(default, deserialize_with = "nullable")]
+        pub init_container_statuses: Vec<ContainerStatus>,
+        #[serde(default, deserialize_with = "nullable")]
         pub container_statuses: Vec<ContainerStatus>,
         #[serde(default)]
         pub phase: Option<String>,
     }
 
     #[derive(Default, Deserialize)]
+    #[serde(rename_all = "camelCase")]
     pub struct ContainerStatus {
         #[serde(default)]
+        pub name: String,
+        #[serde(default)]
         pub state: Option<ContainerState>,
+        #[serde(default)]
+        pub last_state: Option<ContainerState>,
     }
 
     #[derive(Default, Deserialize)]
     pub struct ContainerState {
         #[serde(default)]
         pub waiting: Option<Waiting>,
+        #[serde(default)]
+        pub terminated: Option<Terminated>,
     }
 
     #[derive(Default, Deserialize)]
     pub struct Waiting {
         #[serde(default)]
         pub reason: Option<String>,
+        #[serde(default)]
+        pub message: Option<String>,
+    }
+
+    #[derive(Default, Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    pub struct Terminated {
+        #[serde(default)]
+        pub exit_code: i32,
+        #[serde(default)]
+        pub reason: Option<String>,
+        #[serde(default)]
+        pub message: Option<String>,
     }
 }
 

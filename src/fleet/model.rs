@@ -62,6 +62,7 @@ impl ClusterInventory {
             containers: vec![Container::new("a", image)],
             pod: None,
             rollout: vec![],
+            meta: Default::default(),
         });
         c
     }
@@ -128,6 +129,26 @@ pub struct Workload {
     /// Why this workload's rollout is not complete; empty when it is.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rollout: Vec<RolloutFact>,
+    /// What the readiness check of a single-cluster step needs beyond the inventory (not part
+    /// of the inventory document).
+    #[serde(skip)]
+    pub meta: WorkloadMeta,
+}
+
+/// Where a workload came from and how its pods are found, read from its object.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct WorkloadMeta {
+    /// `namespace/name` of the helm release that manages it (`meta.helm.sh/release-*`).
+    pub release: Option<String>,
+    /// A helm hook (`helm.sh/hook`): helm runs it, it is not part of the release's manifest.
+    pub hook: bool,
+    /// The pod selector's `matchLabels` (a Deployment's pods are owned by its ReplicaSets).
+    pub selector: BTreeMap<String, String>,
+    /// The pod template's container images, with init containers.
+    pub images: Vec<String>,
+    /// A StatefulSet's `rollingUpdate.partition`: its pods of a lower ordinal keep the current
+    /// revision by design.
+    pub partition: i64,
 }
 
 impl Workload {
@@ -139,8 +160,35 @@ impl Workload {
     pub fn is_live(&self) -> bool {
         match (&self.pod, self.kind) {
             (Some(p), _) => !matches!(p.phase.as_str(), "Succeeded" | "Failed"),
-            (None, Kind::Job) => !self.rollout.iter().any(|f| matches!(f, RolloutFact::Finished)),
+            (None, Kind::Job) => {
+                !self.rollout.iter().any(|f| matches!(f, RolloutFact::Finished | RolloutFact::JobFailed { .. }))
+            }
             _ => true,
+        }
+    }
+
+    /// Whether its rollout is complete for a step that applied it: no fact blocks, and a Job
+    /// has completed (a running Job is not done yet, though the fleet's inventory counts it
+    /// healthy).
+    pub fn complete(&self) -> bool {
+        !self.rollout.iter().any(RolloutFact::blocks)
+            && (self.kind != Kind::Job || self.rollout.iter().any(|f| matches!(f, RolloutFact::Finished)))
+    }
+
+    /// Whether `pod` (a [`Kind::Pod`] workload) belongs to this workload: owned by it, or for
+    /// a Deployment (whose pods its ReplicaSets own) matched by its selector.
+    pub fn owns(&self, pod: &Workload) -> bool {
+        let Some(facts) = pod.pod.as_ref() else { return false };
+        if pod.namespace != self.namespace {
+            return false;
+        }
+        match self.kind {
+            Kind::Deployment => {
+                !self.meta.selector.is_empty()
+                    && self.meta.selector.iter().all(|(k, v)| pod.labels.get(k) == Some(v))
+                    && facts.owner.as_deref().is_some_and(|o| o.starts_with("ReplicaSet/"))
+            }
+            kind => facts.owner.as_deref() == Some(format!("{}/{}", kind.name(), self.name).as_str()),
         }
     }
 }
@@ -182,8 +230,14 @@ pub enum RolloutFact {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         why: Option<String>,
     },
-    /// A Job that completed or failed: its image no longer runs.
+    /// A Job that completed: its image no longer runs.
     Finished,
+    /// A Job that failed (its `Failed` condition): its image no longer runs, and what it was
+    /// to do is not done.
+    JobFailed {
+        reason: String,
+        message: String,
+    },
     /// A CronJob or Flux object that will not act.
     Suspended,
 }
@@ -210,6 +264,7 @@ impl RolloutFact {
                 format!("{workload} halted{on} ({updated}/{desired} updated, {available}/{desired} available{why})")
             }
             RolloutFact::Finished => format!("{workload} finished"),
+            RolloutFact::JobFailed { reason, message } => format!("{workload} failed ({reason}: {message})"),
             RolloutFact::Suspended => format!("{workload} suspended"),
         }
     }
@@ -383,6 +438,7 @@ mod tests {
             containers: vec![],
             pod: None,
             rollout: vec![RolloutFact::Finished],
+            meta: Default::default(),
         };
         assert!(!w.is_live());
         w.rollout.clear();

@@ -224,6 +224,7 @@ pub(crate) fn build(
                                 containers: containers.clone(),
                                 pod: Some(PodFacts { node: None, phase, ready: is_ready, owner: None, waiting: None }),
                                 rollout: Vec::new(),
+                                meta: Default::default(),
                             }
                         })
                         .collect();

@@ -141,6 +141,7 @@ mod tests {
             containers: vec![Container::new("c", image)],
             pod: None,
             rollout: vec![],
+            meta: Default::default(),
         });
         Inventory { taken_at: at, clusters: vec![present, ClusterInventory::absent("edge-2", "down".into(), None)] }
     }

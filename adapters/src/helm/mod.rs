@@ -59,7 +59,9 @@ pub struct HelmSpec {
     pub context: Option<String>,
     /// A kubeconfig file, relative to the stack file (default: `KUBECONFIG` or `~/.kube/config`).
     pub kubeconfig: Option<PathBuf>,
-    /// Wait until the release's resources are ready (`--wait`; `--wait=watcher` on helm 4).
+    /// Wait until the release's resources are ready (`--wait`; `--wait=watcher` on helm 4);
+    /// the default. rdeploy then checks every workload of the release itself (helm 3's `--wait`
+    /// passes a DaemonSet with pods not ready up to its `maxUnavailable`).
     pub wait: Option<bool>,
     /// Roll a failed upgrade back at once (`--atomic`; `--rollback-on-failure` on helm 4).
     pub atomic: Option<bool>,
@@ -222,7 +224,7 @@ impl HelmSpec {
 
     fn wait_words(&self, major: u32, ctx: Option<&StepContext>) -> Vec<String> {
         let mut words = Vec::new();
-        if self.wait.unwrap_or(false) {
+        if self.wait.unwrap_or(true) {
             words.push(if major >= 4 { "--wait=watcher" } else { "--wait" }.into());
         }
         if let Some(t) = ctx.and_then(|c| c.timeout) {

@@ -197,7 +197,7 @@ impl HelmSpec {
     /// The dry-run's words: the upgrade of `up` without what only a real run uses (waiting,
     /// rollback on failure, forced replacement), so they are the same for helm 3 and 4.
     fn dry_run_words(&self, ctx: &StepContext) -> Vec<String> {
-        let spec = HelmSpec { wait: None, atomic: None, force: None, ..self.clone() };
+        let spec = HelmSpec { wait: Some(false), atomic: None, force: None, ..self.clone() };
         let ctx = StepContext { timeout: None, ..ctx.clone() };
         let mut words = spec.upgrade_words_with(4, Some(&ctx), super::PREVIEW_SECRET_VALUES_FILE);
         words.extend(["--dry-run=server".to_string(), "-o".into(), "json".into()]);

@@ -44,7 +44,8 @@ pub struct KubectlSpec {
     /// A kubeconfig file, relative to the stack file (default: `KUBECONFIG` or `~/.kube/config`).
     pub kubeconfig: Option<PathBuf>,
     pub server_side: Option<bool>,
-    /// Wait for every Deployment, StatefulSet and DaemonSet to roll out (`kubectl rollout status`).
+    /// Wait for every Deployment, StatefulSet and DaemonSet to roll out (`kubectl rollout
+    /// status`); the default. rdeploy then checks every applied workload (Jobs included) itself.
     pub wait: Option<bool>,
     pub binary: Option<String>,
     /// Values read from the cluster after the apply, for later steps.
@@ -421,7 +422,7 @@ impl KubectlSpec {
                 Some("objects kubectl did not report are uncertain; `rdeploy recover` diffs them first".into());
             return Err(failure);
         }
-        if self.wait.unwrap_or(false) && !to_wait.is_empty() {
+        if self.wait.unwrap_or(true) && !to_wait.is_empty() {
             failed.extend(self.wait_rollouts(ctx, sink, binary, objects, &to_wait, deadline).await?);
         }
         if failed.is_empty() {
@@ -473,7 +474,7 @@ impl KubectlSpec {
         let mut not_applied = Vec::new();
         for (k, &i) in batch.iter().enumerate() {
             match matched.get(&k) {
-                Some(_) if self.wait.unwrap_or(false) && objects[i].is_workload() => to_wait.push(i),
+                Some(_) if self.wait.unwrap_or(true) && objects[i].is_workload() => to_wait.push(i),
                 Some(verb) => sink.emit(Event::Done { id: objects[i].id(), note: Some(verb.clone()) }),
                 None => not_applied.push((&objects[i], file_name(i))),
             }
@@ -731,7 +732,7 @@ impl Adapter for KubectlSpec {
         }
         let mut waits = Vec::new();
         for &i in &plan.in_place {
-            if self.wait.unwrap_or(false) && objects[i].is_workload() {
+            if self.wait.unwrap_or(true) && objects[i].is_workload() {
                 waits.push(i);
             } else {
                 sink.emit(Event::Done {
@@ -784,7 +785,7 @@ impl Adapter for KubectlSpec {
             inspection.remaining.push(objects[*i].id());
         }
         for &i in &plan.in_place {
-            if self.wait.unwrap_or(false) && objects[i].is_workload() {
+            if self.wait.unwrap_or(true) && objects[i].is_workload() {
                 inspection
                     .actions
                     .push(format!("wait for the rollout of {} (in place, not recorded done)", objects[i].id()));
