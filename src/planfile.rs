@@ -158,7 +158,7 @@ pub fn build(session: &Session, plan: &StackPlan) -> anyhow::Result<PlanFile> {
             changes: step_plan.changes,
             previewed: step_plan.unknown_until.is_empty(),
             error: step_plan.error.clone(),
-            files: step_files(stack, step, &session.state.path)?,
+            files: step_files(stack, step, &session.state.shared)?,
             observed: {
                 // In a stable order, whatever order the tool listed its objects in.
                 let mut observed = step_plan.observed.clone();
@@ -527,7 +527,11 @@ impl Session {
                 moved.push(format!("step `{}` is not in the plan", step.name));
                 continue;
             };
-            moved.extend(files_moved(&step.name, &saved_step.files, &step_files(&self.stack, step, &self.state.path)?));
+            moved.extend(files_moved(
+                &step.name,
+                &saved_step.files,
+                &step_files(&self.stack, step, &self.state.shared)?,
+            ));
         }
         if !moved.is_empty() {
             return Err(stale(moved));

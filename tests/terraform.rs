@@ -152,13 +152,13 @@ fn kill_9_mid_apply_keeps_terraforms_state_and_recover_creates_nothing_twice() {
 
     // terraform outlives rdeploy: it got one SIGINT, stops the provisioner in flight (a3),
     // starts nothing more, writes its state and ends on its own.
-    let running = p.path(".rdeploy/running");
+    let running = p.path(&p.state("running"));
     let start = std::time::Instant::now();
     while !rdeploy_adapters::process::surviving_children(&running).is_empty() {
         assert!(start.elapsed() < Duration::from_secs(120), "terraform never ended after its SIGINT");
         std::thread::sleep(Duration::from_millis(50));
     }
-    let stream = p.read(".rdeploy/steps/network/apply.jsonl");
+    let stream = p.read(&p.state("steps/network/apply.jsonl"));
     assert_eq!(stream.matches("Interrupt received").count(), 1, "one graceful interrupt: {stream}");
     assert!(!stream.contains("Two interrupts received"), "{stream}");
     let state: serde_json::Value = serde_json::from_str(&p.read("chain/terraform.tfstate"))
@@ -172,7 +172,7 @@ fn kill_9_mid_apply_keeps_terraforms_state_and_recover_creates_nothing_twice() {
     for i in 1..=6 {
         assert_eq!(runs(&p, &format!("a{i}")), 1, "a{i} was created exactly once");
     }
-    assert!(!p.exists(".rdeploy/steps/network/apply.jsonl"), "an apply seen to its end leaves no stream file");
+    assert!(!p.exists(&p.state("steps/network/apply.jsonl")), "an apply seen to its end leaves no stream file");
 }
 
 /// A few rounds of benches/crash-loop.sh for terraform: kill -9 once a random resource of the
@@ -300,7 +300,7 @@ fn a_state_lock_held_by_a_live_terraform_is_waited_out_by_the_retry() {
     let child = p.spawn(&["up"]);
     // The first attempt met the lock and a second one is journaled: now the holder finishes.
     let start = std::time::Instant::now();
-    while !p.exists(".rdeploy/journal.jsonl") || !p.read(".rdeploy/journal.jsonl").contains(r#""attempt":2"#) {
+    while !p.exists(&p.state("journal.jsonl")) || !p.read(&p.state("journal.jsonl")).contains(r#""attempt":2"#) {
         assert!(start.elapsed() < Duration::from_secs(120), "no second attempt was journaled");
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -481,7 +481,7 @@ fn up_and_recover_take_terraforms_version_from_its_json_stream_without_a_version
     assert!(calls.lines().filter(|l| *l == "plan").count() >= 2, "a plan on up and on recover: {calls}");
     // Nor on `output -json`: the apply's stream ends with the outputs (none sensitive here).
     assert!(!calls.lines().any(|l| l == "output"), "outputs from the apply's stream: {calls}");
-    let history = std::fs::read_dir(p.path(".rdeploy/history")).unwrap().next().unwrap().unwrap().path();
+    let history = std::fs::read_dir(p.path(&p.state("history"))).unwrap().next().unwrap().unwrap().path();
     let deploy: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(history).unwrap()).unwrap();
     assert_eq!(step(&deploy, "network")["tool_version"], version.as_str(), "{deploy:#}");
     let last = std::process::Command::new(&terraform)

@@ -105,7 +105,6 @@ impl LocalStore {
         LocalStore { dir }
     }
 
-    #[cfg(test)]
     pub fn dir(&self) -> &StateDir {
         &self.dir
     }
