@@ -125,7 +125,8 @@ pub enum Ended {
     Ran,
     /// `recover` found no unfinished deploy.
     NothingToRecover,
-    /// `revert` found neither an unfinished nor a completed deploy of this stack.
+    /// `revert` found neither an unfinished nor a completed deploy of this stack, or (`deploy`
+    /// given) one with no step to undo: none that ran declares `revert`. Nothing was recorded.
     NothingToRevert,
     /// `reset` found no unfinished deploy.
     NothingToReset,
@@ -827,7 +828,7 @@ impl Session {
             tracing::debug!(step = %name, ?action, running = run.running.len(), "starting step");
             let step = self.stack.step(&name).expect("actions name stack steps").clone();
             if let Some(gate) = &step.gate {
-                if let Err(reason) = crate::gate::evaluate(gate, &self.stack.dir, &self.state.path).await {
+                if let Err(reason) = crate::gate::evaluate(gate, &self.stack.dir, &self.state.shared).await {
                     self.ui.step_finished(&name, &format!("refused by its gate: {reason}"));
                     cp.record(Record::StepRefused { step: name.clone(), reason })?;
                     run.outcome = run.outcome.worst(Outcome::Refused);
@@ -1279,9 +1280,24 @@ impl Session {
     pub async fn revert(&self) -> anyhow::Result<RunReport> {
         let _lock = self.lock("revert")?;
         self.archive_if_finished()?;
+        // A step is undone only by its own `revert`: with none to run, nothing is recorded (a
+        // new "reverted" deploy would hide the last one's outputs and end an unfinished one).
+        let revertible = |deploy: &Deploy, statuses: &[StepStatus]| {
+            deploy
+                .steps
+                .iter()
+                .any(|s| s.has_revert && statuses.contains(&s.status) && self.stack.step(&s.name).is_some())
+        };
         let cp = if self.store.has_unfinished()? {
             let deploy = self.store.load_settled(false)?.expect("journal exists");
             self.check_mapping(&deploy)?;
+            // A step already reverted (by its `revert`, or helm's rollback) lets `revert` close
+            // the deploy as reverted.
+            if !revertible(&deploy, &[StepStatus::Done, StepStatus::Failed, StepStatus::Reverting])
+                && !deploy.steps.iter().any(|s| s.status == StepStatus::Reverted)
+            {
+                return Ok(RunReport::new(Outcome::Complete, Some(deploy), Ended::NothingToRevert));
+            }
             let mut cp = Checkpoint::resume(self.store.as_ref())?;
             cp.record(Checkpoint::run_record(&self.stack, "revert", &ulid::Ulid::new().to_string()))?;
             cp
@@ -1291,6 +1307,9 @@ impl Session {
             else {
                 return Ok(RunReport::new(Outcome::Complete, None, Ended::NothingToRevert));
             };
+            if !revertible(&last, &[StepStatus::Done]) {
+                return Ok(RunReport::new(Outcome::Complete, Some(last), Ended::NothingToRevert));
+            }
             // Re-open the finished deploy as a new journal so the revert itself is checkpointed.
             let mut cp = Checkpoint::create(self.store.as_ref())?;
             cp.record(Checkpoint::run_record(&self.stack, "revert", &ulid::Ulid::new().to_string()))?;

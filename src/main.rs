@@ -62,7 +62,8 @@ struct Cli {
 
 #[derive(Args)]
 struct Global {
-    /// Where the checkpoint lives (default: `.rdeploy/` beside the stack file).
+    /// Where the checkpoint lives, for one stack (default: `.rdeploy/NAME/` beside the stack
+    /// file, NAME being the stack's `name`).
     #[arg(long, global = true, env = "RDEPLOY_STATE_DIR", value_name = "DIR")]
     state_dir: Option<PathBuf>,
     /// Keep the checkpoint and the lock in PostgreSQL (`postgres://user@host/db`), shared by
@@ -130,6 +131,10 @@ enum Command {
         /// Machine-readable output.
         #[arg(long)]
         json: bool,
+        /// Exit with the recorded deploy's state: 0 complete (or nothing recorded), 1 stopped
+        /// part-way (`recover` resumes), 3 reverted, 6 a revert failed (see docs/exit-codes.md).
+        #[arg(long)]
+        detailed_exitcode: bool,
     },
     /// The outputs the steps recorded (the unfinished deploy, else the last finished one):
     /// `rdeploy output [STACK] [STEP [KEY]]`; with STEP and KEY the bare value, for scripts.
@@ -496,10 +501,25 @@ fn give_back_freed_memory() {
 
 fn session(stack_path: &Path, global: &Global, ui: Arc<Ui>, parallel: usize) -> anyhow::Result<driver::Session> {
     let stack = load_stack(stack_path)?;
-    let state = StateDir::new(global.state_dir.clone().unwrap_or_else(|| stack.dir.join(".rdeploy")));
+    let state = match &global.state_dir {
+        Some(dir) => StateDir::new(dir.clone()),
+        None => {
+            let (state, moved) = store::layout::default_state_dir(&stack.dir, &stack.name)?;
+            if let Some(moved) = moved {
+                ui.warn(moved);
+            }
+            state
+        }
+    };
     let store: Arc<dyn store::Store> = match global.state.as_deref().or(stack.state.as_deref()) {
         Some(url) => Arc::new(store::postgres::PostgresStore::open(url, &stack.name, Some(state.clone()))?),
-        None => Arc::new(store::local::LocalStore::new(state.clone())),
+        None => {
+            let local = store::local::LocalStore::new(state.clone());
+            if global.state_dir.is_some() {
+                store::layout::refuse_another_stack(&local, &stack.name)?;
+            }
+            Arc::new(local)
+        }
     };
     let cancel = CancellationToken::new();
     let signal = Arc::new(Mutex::new(None));
@@ -596,7 +616,7 @@ async fn run(cli: Cli, ui: Arc<Ui>) -> anyhow::Result<Code> {
             let s = session(stack, global, ui, 1)?;
             cmd::present(&s, &s.reset()?)
         }
-        Command::Status { stack, json } => {
+        Command::Status { stack, json, detailed_exitcode } => {
             let s = session(stack, global, ui.clone(), 1)?;
             let status = report::build(&s.stack, s.store.as_ref(), &s.state, &s.stack_arg)?;
             if *json {
@@ -605,7 +625,7 @@ async fn run(cli: Cli, ui: Arc<Ui>) -> anyhow::Result<Code> {
                 let color = global.color.enabled(std::io::IsTerminal::is_terminal(&std::io::stdout()));
                 out!("{}", report::render_text(&status, ui::Paint { enabled: color }));
             }
-            Ok(Code::Ok)
+            Ok(if *detailed_exitcode { status.exit_code() } else { Code::Ok })
         }
         Command::Output { words, json, show_sensitive } => {
             let target = cmd::output::Target::from_words(words)?;

@@ -39,6 +39,22 @@ pub struct Status {
     pub from_plan: Option<String>,
 }
 
+impl Status {
+    /// `status --detailed-exitcode`: the recorded deploy's state as the exit code a run that
+    /// left it there would have had (docs/exit-codes.md).
+    pub fn exit_code(&self) -> crate::exit::Code {
+        use crate::exit::Code;
+        if self.steps.iter().any(|s| s.revert_error.is_some()) {
+            return Code::RevertFailed;
+        }
+        match self.state {
+            DeployState::None | DeployState::Complete => Code::Ok,
+            DeployState::Partial => Code::Partial,
+            DeployState::Reverted => Code::Reverted,
+        }
+    }
+}
+
 #[derive(Debug, Serialize)]
 pub struct StepReport {
     pub name: String,

@@ -30,7 +30,7 @@ fn four_of_five_then_recover_runs_only_the_fifth() {
     assert_eq!(step(&status, "seed")["exit_code"], 3);
     assert!(step(&status, "seed")["error"].as_str().unwrap().contains("five: connection refused"));
     assert_eq!(step(&status, "after")["status"], "skipped");
-    assert!(p.exists(".rdeploy/report.md"), "the report is kept as markdown");
+    assert!(p.exists(&p.state("report.md")), "the report is kept as markdown");
 
     // `up` refuses to run completed work again and names the way forward.
     p.rdeploy(&["up"]).code(2).stderr_has("rdeploy recover stack.yaml").stderr_has("rdeploy reset stack.yaml --yes");
@@ -46,7 +46,7 @@ fn four_of_five_then_recover_runs_only_the_fifth() {
     let status = p.status();
     assert_eq!(status["state"], "complete");
     assert!(status["next"].is_null());
-    assert!(!p.exists(".rdeploy/journal.jsonl"), "a finished deploy leaves no unfinished checkpoint");
+    assert!(!p.exists(&p.state("journal.jsonl")), "a finished deploy leaves no unfinished checkpoint");
 
     // A finished deploy is history: `up` starts a new deploy and nothing is refused.
     p.rdeploy(&["up"]).code(0);
@@ -135,7 +135,7 @@ steps:
     p.rdeploy(&["up"]).code(3);
     assert_eq!(p.lines("reverted"), ["b", "a"]);
     assert!(!p.exists("a") && !p.exists("b"));
-    assert!(!p.exists(".rdeploy/journal.jsonl"), "the checkpoint is removed after a revert");
+    assert!(!p.exists(&p.state("journal.jsonl")), "the checkpoint is removed after a revert");
     assert_eq!(p.status()["state"], "reverted");
     // The next `up` starts from scratch.
     p.rdeploy(&["up"]).code(3);
@@ -166,6 +166,81 @@ steps:
     assert_eq!(p.status()["state"], "reverted");
 }
 
+/// `status --detailed-exitcode` tells a script the recorded state without parsing text: 0 with
+/// nothing recorded and after a complete deploy, 1 for a deploy stopped part-way, 3 reverted.
+#[test]
+fn status_detailed_exitcode_tells_complete_from_partial_and_reverted() {
+    let p = Project::new();
+    p.stack(
+        r#"
+name: shop
+steps:
+  - name: a
+    tool: shell
+    run: test ! -f fail-a
+    revert: "true"
+"#,
+    );
+    p.rdeploy(&["status", "--detailed-exitcode"]).code(0);
+    p.rdeploy(&["up"]).code(0);
+    p.rdeploy(&["status", "--detailed-exitcode"]).code(0);
+    p.rdeploy(&["status"]).code(0);
+    p.file("fail-a", "");
+    // The step failed and its `revert` ran: the deploy is unfinished, `recover` runs it again.
+    p.rdeploy(&["up"]).code(3);
+    p.rdeploy(&["status", "--detailed-exitcode", "--json"]).code(1).stdout_has(r#""state": "partial""#);
+    p.rdeploy(&["revert"]).code(0);
+    p.rdeploy(&["status", "--detailed-exitcode", "--json"]).code(3).stdout_has(r#""state": "reverted""#);
+    p.stack(&p.read("stack.yaml").replace("    revert: \"true\"\n", ""));
+    p.rdeploy(&["up"]).code(1);
+    p.rdeploy(&["status", "--detailed-exitcode"]).code(1).stdout_has("stopped");
+    p.rdeploy(&["status"]).code(0);
+}
+
+/// `revert` when no step that ran declares `revert`: it says so, exits 0 and records nothing,
+/// so the last deploy (its outputs, its plan baseline) and an unfinished checkpoint stay as
+/// they were.
+#[test]
+fn revert_with_no_step_to_undo_says_so_and_records_nothing() {
+    let p = Project::new();
+    p.stack(
+        r#"
+name: shop
+steps:
+  - name: infra
+    tool: shell
+    run: echo hostname=db.internal >> "$RDEPLOY_OUTPUT"
+  - name: web
+    tool: shell
+    needs: [infra]
+    run: test ! -f fail-web
+"#,
+    );
+    p.rdeploy(&["up"]).code(0);
+    let before = p.status();
+    let run = p.rdeploy(&["revert"]);
+    run.code(0);
+    let filters = vec![(r"[0-9A-HJKMNP-TV-Z]{26}", "[deploy]"), (r"/\S*/\.rdeploy/", "[project]/.rdeploy/")];
+    insta::with_settings!({ filters => filters.clone() }, {
+        insta::assert_snapshot!("revert_nothing_after_complete", run.stdout);
+    });
+    assert_eq!(p.status()["deploy_id"], before["deploy_id"], "a new deploy was recorded");
+    assert_eq!(p.status()["state"], "complete");
+    p.rdeploy(&["output", "infra", "hostname"]).code(0).stdout_has("db.internal");
+
+    // An unfinished deploy: kept, still resumable.
+    p.file("fail-web", "");
+    p.rdeploy(&["up"]).code(1);
+    let run = p.rdeploy(&["revert"]);
+    run.code(0);
+    insta::with_settings!({ filters => filters }, {
+        insta::assert_snapshot!("revert_nothing_unfinished", run.stdout);
+    });
+    assert_eq!(p.status()["state"], "partial");
+    p.remove("fail-web");
+    p.rdeploy(&["recover"]).code(0);
+}
+
 fn assert_bad_input(stack: &str, location: &str, message: &str) {
     let p = Project::new();
     p.stack(stack);
@@ -174,7 +249,7 @@ fn assert_bad_input(stack: &str, location: &str, message: &str) {
     // Nothing was changed: no state directory.
     let up = p.rdeploy(&["up"]);
     up.code(2);
-    assert!(!p.exists(".rdeploy/journal.jsonl"));
+    assert!(!p.exists(&p.state("journal.jsonl")));
 }
 
 #[test]
@@ -567,7 +642,7 @@ steps:
     p.wait_for("started", Duration::from_secs(20));
     kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL).unwrap();
     child.wait().unwrap();
-    let running = p.path(".rdeploy/running");
+    let running = p.path(&p.state("running"));
     let notes: String =
         std::fs::read_dir(&running).unwrap().map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap()).collect();
     let pid: i32 = notes.split('\t').next().unwrap().parse().unwrap_or_else(|_| panic!("notes: {notes:?}"));
@@ -643,8 +718,15 @@ fn a_checkpoint_of_another_stack_in_the_same_directory_is_refused() {
     p.file("staging.yaml", &FIVE.replace("name: demo", "name: staging")).file("fail-five", "");
     p.file("prod.yaml", &FIVE.replace("name: demo", "name: prod"));
     p.rdeploy(&["up", "staging.yaml"]).code(1);
-    p.rdeploy(&["recover", "prod.yaml"]).code(2).stderr_has("belongs to stack `staging`, not `prod`");
-    p.rdeploy(&["revert", "prod.yaml"]).code(2).stderr_has("belongs to stack `staging`");
+    // Side by side, each stack has its own state (`.rdeploy/NAME/`): prod has nothing recorded.
+    p.rdeploy(&["recover", "prod.yaml"]).code(0).stdout_has("nothing to recover");
+    // One directory given for both is refused to the other stack.
+    p.rdeploy(&["--state-dir", ".rdeploy/staging", "recover", "prod.yaml"])
+        .code(2)
+        .stderr_has("belongs to stack `staging`, not `prod`");
+    p.rdeploy(&["--state-dir", ".rdeploy/staging", "revert", "prod.yaml"])
+        .code(2)
+        .stderr_has("belongs to stack `staging`");
     assert_eq!(p.lines("out").len(), 4, "nothing of prod ran");
 }
 
