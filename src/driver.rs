@@ -38,8 +38,11 @@ pub struct Session {
     /// Local scratch: logs, adapters' work dirs, the report (the store may be remote).
     pub state: StateDir,
     pub ui: Arc<Ui>,
-    /// The stack file as the operator typed it, for commands we print.
+    /// The stack file as the operator typed it, followed by the flags that locate its state
+    /// (`--state-dir`, `--state`) as given: what every command we print carries.
     pub stack_arg: String,
+    /// The stack file as the operator typed it (a path: annotations, the PLANFILE).
+    pub stack_file: String,
     /// Cancelled on the first SIGINT/SIGTERM.
     pub cancel: CancellationToken,
     /// The signal that cancelled, if any.

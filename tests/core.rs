@@ -917,3 +917,64 @@ fn a_closed_stdout_ends_the_output_quietly_with_the_commands_exit_code() {
     assert!(!stderr.contains("Broken pipe"), "a closed pipe is not an error to report: {stderr}");
     assert_eq!(output.status.code(), Some(0), "{stderr}");
 }
+
+/// `--help` reads as a list (one line per command), every flag has text, `output` shows its
+/// real usage, and `plan --json` points at a page that exists.
+#[test]
+fn help_lists_one_line_per_command_and_every_flag_has_text() {
+    let p = Project::new();
+    let top = p.rdeploy(&["--help"]);
+    top.code(0);
+    let commands: String = top
+        .stdout
+        .lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .take_while(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join("\n");
+    insta::assert_snapshot!("help_commands", commands);
+    for command in ["recover", "ci"] {
+        let help = p.rdeploy(&[command, "--help"]);
+        // The text is on the flag's line, or under it when the help is in its long form.
+        let lines: Vec<&str> = help.stdout.lines().collect();
+        let at = lines.iter().position(|l| l.contains("--parallel")).expect("--parallel is listed");
+        let parallel = lines[at..(at + 2).min(lines.len())].join("\n");
+        assert!(parallel.contains("Run up to N independent steps at once"), "`{command} --help`: {parallel}");
+    }
+    p.rdeploy(&["output", "--help"]).code(0).stdout_has("Usage: rdeploy output [OPTIONS] [STACK] [STEP [KEY]]");
+    let plan = p.rdeploy(&["plan", "--help"]);
+    plan.stdout_has("docs/plan.md");
+    assert!(!plan.stdout.contains("SPEC.md"), "{}", plan.stdout);
+    assert!(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/plan.md").is_file());
+}
+
+/// `--no-color` is `--color never`; `validate --json` gives editors and CI every problem with
+/// its place, or the steps; `validate DIR` reads `DIR/stack.yaml`.
+#[test]
+fn validate_json_and_a_directory_and_no_color() {
+    let p = Project::new();
+    p.file("deploy/stack.yaml", FIVE);
+    let run = p.rdeploy(&["validate", "deploy", "--json", "--no-color", "--color", "always"]);
+    run.code(0);
+    let v: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
+    assert_eq!(v["valid"], true);
+    assert_eq!(v["stack"], "demo");
+    assert_eq!(v["steps"][0]["name"], "seed");
+    assert_eq!(v["steps"][0]["tool"], "shell");
+    p.rdeploy(&["validate", "deploy"]).code(0).stdout_has("ok, 2 steps");
+
+    p.file("bad/stack.yaml", "name: x\nsteps:\n  - name: a\n    tool: shell\n    rnu: echo\n");
+    let run = p.rdeploy(&["validate", "bad", "--json"]);
+    run.code(2);
+    let v: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
+    assert_eq!(v["valid"], false);
+    let problem = &v["problems"][0];
+    assert_eq!((problem["line"].as_u64(), problem["column"].as_u64()), (Some(5), Some(5)), "{v}");
+    assert!(problem["file"].as_str().unwrap().ends_with("bad/stack.yaml"), "{v}");
+    assert!(problem["message"].as_str().unwrap().contains("unknown key `rnu`"), "{v}");
+    assert!(problem["hint"].as_str().unwrap().contains("`run`"), "{v}");
+    // With colour forced, `--no-color` still wins: no escape codes.
+    let status = p.rdeploy(&["status", "deploy", "--color", "always", "--no-color"]);
+    assert!(!status.stdout.contains('\u{1b}'), "{}", status.stdout);
+    assert!(p.rdeploy(&["status", "deploy", "--color", "always"]).stdout.contains('\u{1b}'));
+}

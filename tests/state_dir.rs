@@ -421,3 +421,43 @@ fn an_explicit_state_dir_holding_another_stacks_checkpoint_is_refused_on_every_c
             .stderr_has("`--state-dir st-app-prod`");
     }
 }
+
+/// Every command rdeploy prints carries the flags that locate the state as the operator gave
+/// them (`--state-dir`, quoted for a shell): the report's `next:`, hints, the runbook, the CI
+/// annotation. Without them the printed command reads another checkpoint ("nothing to recover").
+#[test]
+fn printed_commands_carry_the_state_dir_given() {
+    let p = Project::new();
+    p.file("typo.yaml", FIVE).file("fail-five", "");
+    let args = ["--state-dir", "my state", "up", "typo.yaml"];
+    let up = p.rdeploy(&args);
+    up.code(1);
+    let commands = |text: &str| -> String {
+        text.lines()
+            .filter(|l| l.contains("rdeploy ") && !l.contains("::"))
+            .map(str::trim)
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let reset = p.rdeploy(&["reset", "typo.yaml", "--state-dir", "my state"]);
+    reset.code(2);
+    let ci =
+        { p.command(&["ci", "typo.yaml", "--state-dir", "my state"]).env("GITHUB_ACTIONS", "true").output().unwrap() };
+    let ci_stdout = String::from_utf8_lossy(&ci.stdout).into_owned();
+    let annotation = ci_stdout.lines().find(|l| l.starts_with("::error")).unwrap_or_default().to_string();
+    let runbook = p.rdeploy(&["runbook", "typo.yaml", "--state-dir", "my state"]);
+    let first_moves: String =
+        runbook.stdout.lines().filter(|l| l.starts_with("| ") && l.contains("rdeploy ")).collect::<Vec<_>>().join("\n");
+    insta::assert_snapshot!(
+        "printed_commands_carry_the_state_dir",
+        format!(
+            "up:\n{}\n\nreset:\n{}\n\nci annotation:\n{annotation}\n\nrunbook:\n{first_moves}",
+            commands(&up.stdout),
+            commands(&reset.stderr)
+        )
+    );
+    // The printed command works: it finds the checkpoint.
+    p.remove("fail-five");
+    p.rdeploy(&["recover", "typo.yaml", "--state-dir", "my state"]).code(0);
+    assert_eq!(p.lines("out").len(), 6);
+}
