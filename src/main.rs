@@ -47,10 +47,13 @@ use crate::stack::StackError;
 use crate::store::StateDir;
 use crate::ui::{ColorChoice, Ui};
 
+/// `rdeploy --version`: the release and the commit it was built from (`build.rs`).
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("RDEPLOY_BUILD_COMMIT"), ")");
+
 #[derive(Parser)]
 #[command(
     name = "rdeploy",
-    version,
+    version = VERSION,
     about = "Resumable multi-tool deploys: checkpoint every sub-change, recover through each tool's own path"
 )]
 struct Cli {
@@ -190,6 +193,16 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Shell completions: `rdeploy completions bash > /etc/bash_completion.d/rdeploy`.
+    ///
+    /// zsh: write `_rdeploy` into a directory of `$fpath`; fish: `~/.config/fish/completions/rdeploy.fish`.
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// The manual page (roff): `rdeploy man > /usr/local/share/man/man1/rdeploy.1`.
+    Man,
     /// Move checkpoints between stores (`state migrate --from DIR --to postgres://...`).
     #[command(subcommand)]
     State(StateCommand),
@@ -708,6 +721,18 @@ fn watch_signals(cancel: CancellationToken, signal: Arc<Mutex<Option<String>>>, 
 async fn run(cli: Cli, ui: Arc<Ui>) -> anyhow::Result<Code> {
     let global = &cli.global;
     match &cli.command {
+        Command::Completions { shell } => {
+            let mut text = Vec::new();
+            clap_complete::generate(*shell, &mut <Cli as clap::CommandFactory>::command(), "rdeploy", &mut text);
+            out!("{}", String::from_utf8_lossy(&text));
+            Ok(Code::Ok)
+        }
+        Command::Man => {
+            let mut text = Vec::new();
+            clap_mangen::Man::new(<Cli as clap::CommandFactory>::command()).render(&mut text)?;
+            out!("{}", String::from_utf8_lossy(&text));
+            Ok(Code::Ok)
+        }
         Command::Up { stack, parallel, keep_going, plan } => {
             let mut s = session(stack, global, ui, *parallel)?;
             s.keep_going |= *keep_going;

@@ -978,3 +978,48 @@ fn validate_json_and_a_directory_and_no_color() {
     assert!(!status.stdout.contains('\u{1b}'), "{}", status.stdout);
     assert!(p.rdeploy(&["status", "deploy", "--color", "always"]).stdout.contains('\u{1b}'));
 }
+
+/// Install conveniences: `--version` names the commit the binary was built from, `completions`
+/// writes a script the shell accepts, `man` a page `man` renders.
+#[test]
+fn version_names_the_commit_and_completions_and_man_page_are_generated() {
+    let p = Project::new();
+    let version = p.rdeploy(&["--version"]);
+    version.code(0);
+    let head = std::process::Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("git is needed to check --version: `apt-get install git`");
+    let head = String::from_utf8_lossy(&head.stdout).trim().to_string();
+    assert_eq!(head.len(), 12, "this test runs in the git checkout it was built from");
+    // Built from this checkout (build.rs reruns when HEAD moves).
+    assert!(
+        version.stdout.starts_with(&format!("rdeploy {} (commit ", env!("CARGO_PKG_VERSION"))),
+        "{}",
+        version.stdout
+    );
+    let commit = version.stdout.split("(commit ").nth(1).unwrap_or_default();
+    assert!(commit.starts_with(&head), "built from {head}: {}", version.stdout);
+
+    let bash = p.rdeploy(&["completions", "bash"]);
+    bash.code(0).stdout_has("complete -F _rdeploy").stdout_has("recover");
+    p.file("rdeploy.bash", &bash.stdout);
+    let check = std::process::Command::new("bash").args(["-n"]).arg(p.path("rdeploy.bash")).output().unwrap();
+    assert!(check.status.success(), "bash rejects the completion script: {}", String::from_utf8_lossy(&check.stderr));
+    p.rdeploy(&["completions", "zsh"]).code(0).stdout_has("#compdef rdeploy");
+    p.rdeploy(&["completions", "fish"]).code(0).stdout_has("complete -c rdeploy");
+    p.rdeploy(&["completions", "tcsh"]).code(2);
+
+    let man = p.rdeploy(&["man"]);
+    man.code(0).stdout_has(".TH rdeploy 1");
+    p.file("rdeploy.1", &man.stdout);
+    let rendered = std::process::Command::new("man")
+        .args(["-l", "-P", "cat"])
+        .arg(p.path("rdeploy.1"))
+        .env("MANWIDTH", "100")
+        .output()
+        .expect("man is needed to check the page: `apt-get install man-db`");
+    let text = String::from_utf8_lossy(&rendered.stdout);
+    assert!(text.contains("Resumable multi") && text.contains("--state-dir"), "{text}");
+}
