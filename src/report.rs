@@ -350,6 +350,13 @@ pub fn from_deploy(
             r.stderr_tail = f.stderr_tail.clone();
             r.hint = f.hint.clone();
             r.interrupted = f.interrupted;
+            if f.interrupted {
+                // Stopped by the operator (or the CI's cancel), not by a fault: say so, and that
+                // `recover` resumes, instead of the tool's own guess at a cause.
+                let signal = deploy.interrupted.as_deref().unwrap_or("a signal");
+                r.error = Some(format!("interrupted by the user ({signal}); the tool was stopped cleanly"));
+                r.hint = Some(format!("`rdeploy recover {stack_file}` resumes from the checkpoint"));
+            }
         }
         if let Some((n, of)) = s.attempt.filter(|(n, _)| *n > 1) {
             r.attempts = Some(n);

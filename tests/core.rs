@@ -1023,3 +1023,36 @@ fn version_names_the_commit_and_completions_and_man_page_are_generated() {
     let text = String::from_utf8_lossy(&rendered.stdout);
     assert!(text.contains("Resumable multi") && text.contains("--state-dir"), "{text}");
 }
+
+/// After Ctrl-C the report says the step was interrupted by the user and that `recover`
+/// resumes, not a guess at a fault of the tool ("check that the cluster is reachable").
+#[test]
+fn ctrl_c_is_reported_as_interrupted_by_the_user_with_recover_as_the_way_on() {
+    let p = Project::new();
+    p.stack(
+        r#"
+name: s
+steps:
+  - name: seed
+    tool: shell
+    sub_changes:
+      - { name: one, run: "touch started; while [ -f hold ]; do sleep 0.05; done; echo one >> out" }
+"#,
+    )
+    .file("hold", "");
+    let child = p.spawn(&["up"]);
+    p.wait_for("started", Duration::from_secs(20));
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGINT).unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert_eq!(output.status.code(), Some(130), "stderr: {}", String::from_utf8_lossy(&output.stderr));
+    let report = String::from_utf8_lossy(&output.stdout).into_owned();
+    let lines: String = report
+        .lines()
+        .filter(|l| ["why:", "hint:", "next:", "interrupted", "failed:"].iter().any(|w| l.contains(w)))
+        .collect::<Vec<_>>()
+        .join("\n");
+    insta::assert_snapshot!("ctrl_c_report", lines);
+    p.remove("hold");
+    p.rdeploy(&["recover"]).code(0);
+    assert_eq!(p.lines("out"), ["one"]);
+}
