@@ -99,10 +99,10 @@ pub async fn run(
             let done: Vec<String> =
                 deploy.steps.iter().filter(|s| s.status == StepStatus::Done).map(|s| s.name.clone()).collect();
             session.ui.info(format!(
-                "ci: unfinished deploy {} recorded ({} of {} steps done): running `rdeploy recover {}`, never a re-run from the top",
+                "ci: unfinished deploy {} recorded ({} of {} done): running `rdeploy recover {}`, never a re-run from the top",
                 deploy.deploy_id,
                 done.len(),
-                deploy.steps.len(),
+                crate::out::count(deploy.steps.len(), "step"),
                 session.stack_arg
             ));
             Mode::Recover { deploy_id: deploy.deploy_id.clone(), done }
@@ -363,7 +363,7 @@ fn annotate_outcome(session: &Session, status: &Status) {
                 &session.stack_file,
                 None,
                 &format!("rdeploy: stack {} deployed", status.stack),
-                &format!("{n} step(s) done")
+                &format!("{} done", crate::out::count(n, "step"))
             )
         );
     }

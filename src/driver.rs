@@ -491,7 +491,11 @@ impl Session {
             if let Some(loaded) = &self.from_plan {
                 cp.record(Record::FromPlan { file: loaded.path.display().to_string(), digest: loaded.digest.clone() })?;
             }
-            self.ui.info(format!("deploy {run_id} of stack {} ({} steps)", self.stack.name, steps.len()));
+            self.ui.info(format!(
+                "deploy {run_id} of stack {} ({})",
+                self.stack.name,
+                crate::out::count(steps.len(), "step")
+            ));
             let actions = self.stack.ordered().map(|s| (s.name.clone(), Action::Apply)).collect();
             self.run(cp, actions, tools).await
         }
@@ -540,10 +544,10 @@ impl Session {
         let done: Vec<&str> =
             deploy.steps.iter().filter(|s| s.status == StepStatus::Done).map(|s| s.name.as_str()).collect();
         self.ui.info(format!(
-            "recovering deploy {} of stack {}: {} step(s) already done{}",
+            "recovering deploy {} of stack {}: {} already done{}",
             deploy.deploy_id,
             self.stack.name,
-            done.len(),
+            crate::out::count(done.len(), "step"),
             if done.is_empty() { String::new() } else { format!(" ({})", done.join(", ")) }
         ));
         let (outcome, deploy) = self.run(cp, actions, tools).await?;

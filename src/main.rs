@@ -914,7 +914,7 @@ async fn run(cli: Cli, ui: Arc<Ui>) -> anyhow::Result<Code> {
             let s = session(stack, global, ui, 1)?;
             let steps: Vec<&stack::Step> = s.stack.ordered().collect();
             let tools = s.preflight(&steps).await?;
-            outln!("{}: ok, {} steps in this order:", stack.display(), steps.len());
+            outln!("{}: ok, {} in this order:", stack.display(), out::count(steps.len(), "step"));
             for step in steps {
                 let version = tools.get(&step.name).map(|t| t.version.as_str()).unwrap_or("");
                 let resumable = if step.resumable { "resumable" } else { "not resumable" };

@@ -1056,3 +1056,20 @@ steps:
     p.rdeploy(&["recover"]).code(0);
     assert_eq!(p.lines("out"), ["one"]);
 }
+
+/// Counts read as English: `1 step`, not `1 steps`.
+#[test]
+fn counts_are_pluralised() {
+    let p = Project::new();
+    p.stack("name: one\nsteps:\n  - name: a\n    tool: shell\n    run: \"true\"\n");
+    let validate = p.rdeploy(&["validate"]);
+    let up = p.rdeploy(&["up"]);
+    up.code(0);
+    let started = up.stderr.lines().find(|l| l.contains("deploy ") && l.contains("of stack one")).unwrap_or_default();
+    let started = started.split_once("deploy ").map(|(_, rest)| rest).unwrap_or_default();
+    let started = started.split_once(' ').map(|(_, rest)| rest).unwrap_or_default();
+    insta::assert_snapshot!(
+        "counts_one_step",
+        format!("{}\n{started}", validate.stdout.lines().next().unwrap_or_default())
+    );
+}
