@@ -10,7 +10,7 @@ cd "$repo"
 command -v terraform >/dev/null || { echo "error: the demo needs terraform on PATH" >&2; exit 1; }
 ./scripts/setup-ansible.sh
 command -v kubectl >/dev/null || { echo "error: the demo needs kubectl on PATH" >&2; exit 1; }
-./scripts/fetch-helm.sh >/dev/null
+./scripts/fetch-helm.sh 4 >/dev/null
 cargo build --quiet -p rdeploy -p kubesim
 target="${CARGO_TARGET_DIR:-$repo/target}/debug"
 export PATH="$target:$repo/.venv/bin:$repo/tools/helm4:$PATH"

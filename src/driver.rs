@@ -44,8 +44,11 @@ pub struct Session {
     pub ui: Arc<Ui>,
     /// Who is told what happens as the run goes (the progress display, the step logs).
     pub reporters: Reporters,
-    /// The stack file as the operator typed it, for commands we print.
+    /// The stack file as the operator typed it, followed by the flags that locate its state
+    /// (`--state-dir`, `--state`) as given: what every command we print carries.
     pub stack_arg: String,
+    /// The stack file as the operator typed it (a path: annotations, the PLANFILE).
+    pub stack_file: String,
     /// Cancelled on the first SIGINT/SIGTERM.
     pub cancel: CancellationToken,
     /// The signal that cancelled, if any.
@@ -97,7 +100,8 @@ pub enum Ended {
     Ran,
     /// `recover` found no unfinished deploy.
     NothingToRecover,
-    /// `revert` found neither an unfinished nor a completed deploy of this stack.
+    /// `revert` found neither an unfinished nor a completed deploy of this stack, or (`deploy`
+    /// given) one with no step to undo: none that ran declares `revert`. Nothing was recorded.
     NothingToRevert,
     /// `reset` found no unfinished deploy.
     NothingToReset,
@@ -453,7 +457,11 @@ impl Session {
             if let Some(loaded) = &self.from_plan {
                 cp.record(Record::FromPlan { file: loaded.path.display().to_string(), digest: loaded.digest.clone() })?;
             }
-            self.note(format!("deploy {run_id} of stack {} ({} steps)", self.stack.name, steps.len()));
+            self.note(format!(
+                "deploy {run_id} of stack {} ({})",
+                self.stack.name,
+                crate::out::count(steps.len(), "step")
+            ));
             let actions = self.stack.ordered().map(|s| (s.name.clone(), Action::Apply)).collect();
             self.run(cp, actions, tools).await
         }
@@ -507,10 +515,10 @@ impl Session {
         let done: Vec<&str> =
             deploy.steps.iter().filter(|s| s.status == StepStatus::Done).map(|s| s.name.as_str()).collect();
         self.note(format!(
-            "recovering deploy {} of stack {}: {} step(s) already done{}",
+            "recovering deploy {} of stack {}: {} already done{}",
             deploy.deploy_id,
             self.stack.name,
-            done.len(),
+            crate::out::count(done.len(), "step"),
             if done.is_empty() { String::new() } else { format!(" ({})", done.join(", ")) }
         ));
         let (outcome, deploy) = self.run(cp, actions, tools).await?;
@@ -790,7 +798,7 @@ impl Session {
             tracing::debug!(step = %name, ?action, running = run.running.len(), "starting step");
             let step = self.stack.step(&name).expect("actions name stack steps").clone();
             if let Some(gate) = &step.gate {
-                if let Err(reason) = crate::gate::evaluate(gate, &self.stack.dir, &self.state.path).await {
+                if let Err(reason) = crate::gate::evaluate(gate, &self.stack.dir, &self.state.shared).await {
                     self.step_ended(&name, StepEnd::Refused { reason: reason.clone() });
                     run.schedule.finish(&name, End::Refused);
                     cp.record(Record::StepRefused { step: name.clone(), reason })?;
@@ -1230,9 +1238,24 @@ impl Session {
     pub async fn revert(&self) -> anyhow::Result<RunReport> {
         let _lock = self.lock("revert")?;
         self.archive_if_finished()?;
+        // A step is undone only by its own `revert`: with none to run, nothing is recorded (a
+        // new "reverted" deploy would hide the last one's outputs and end an unfinished one).
+        let revertible = |deploy: &Deploy, statuses: &[StepStatus]| {
+            deploy
+                .steps
+                .iter()
+                .any(|s| s.has_revert && statuses.contains(&s.status) && self.stack.step(&s.name).is_some())
+        };
         let cp = if self.store.has_unfinished()? {
             let deploy = self.store.load_settled(false)?.expect("journal exists");
             self.check_mapping(&deploy)?;
+            // A step already reverted (by its `revert`, or helm's rollback) lets `revert` close
+            // the deploy as reverted.
+            if !revertible(&deploy, &[StepStatus::Done, StepStatus::Failed, StepStatus::Reverting])
+                && !deploy.steps.iter().any(|s| s.status == StepStatus::Reverted)
+            {
+                return Ok(RunReport::new(Outcome::Complete, Some(deploy), Ended::NothingToRevert));
+            }
             let mut cp = Checkpoint::resume(self.store.as_ref())?;
             cp.record(Checkpoint::run_record(&self.stack, "revert", &ulid::Ulid::new().to_string()))?;
             cp
@@ -1242,6 +1265,9 @@ impl Session {
             else {
                 return Ok(RunReport::new(Outcome::Complete, None, Ended::NothingToRevert));
             };
+            if !revertible(&last, &[StepStatus::Done]) {
+                return Ok(RunReport::new(Outcome::Complete, Some(last), Ended::NothingToRevert));
+            }
             // Re-open the finished deploy as a new journal so the revert itself is checkpointed.
             let mut cp = Checkpoint::create(self.store.as_ref())?;
             cp.record(Checkpoint::run_record(&self.stack, "revert", &ulid::Ulid::new().to_string()))?;

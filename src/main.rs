@@ -51,10 +51,13 @@ use crate::stack::StackError;
 use crate::store::StateDir;
 use crate::ui::{ColorChoice, Ui};
 
+/// `rdeploy --version`: the release and the commit it was built from (`build.rs`).
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("RDEPLOY_BUILD_COMMIT"), ")");
+
 #[derive(Parser)]
 #[command(
     name = "rdeploy",
-    version,
+    version = VERSION,
     about = "Resumable multi-tool deploys: checkpoint every sub-change, recover through each tool's own path"
 )]
 struct Cli {
@@ -66,7 +69,8 @@ struct Cli {
 
 #[derive(Args)]
 struct Global {
-    /// Where the checkpoint lives (default: `.rdeploy/` beside the stack file).
+    /// Where the checkpoint lives, for one stack (default: `.rdeploy/NAME/` beside the stack
+    /// file, NAME being the stack's `name`).
     #[arg(long, global = true, env = "RDEPLOY_STATE_DIR", value_name = "DIR")]
     state_dir: Option<PathBuf>,
     /// Keep the checkpoint and the lock in PostgreSQL (`postgres://user@host/db`), shared by
@@ -85,6 +89,20 @@ struct Global {
     /// Color output (honours NO_COLOR in `auto`).
     #[arg(long, global = true, value_enum, default_value_t = ColorChoice::Auto)]
     color: ColorChoice,
+    /// No color: the same as `--color never`.
+    #[arg(long, global = true)]
+    no_color: bool,
+}
+
+impl Global {
+    /// `--color`, with `--no-color` winning.
+    fn color(&self) -> ColorChoice {
+        if self.no_color {
+            ColorChoice::Never
+        } else {
+            self.color
+        }
+    }
 }
 
 #[derive(Subcommand)]
@@ -120,6 +138,7 @@ enum Command {
         /// reconcile (`terraform import`, or restore `terraform.tfstate.backup`).
         #[arg(long)]
         reapply_missing: bool,
+        /// Run up to N independent steps at once.
         #[arg(long, default_value_t = 1, value_name = "N")]
         parallel: usize,
         /// After a failure, keep running the steps that do not need the failed one; the steps
@@ -134,9 +153,16 @@ enum Command {
         /// Machine-readable output.
         #[arg(long)]
         json: bool,
+        /// Exit with the recorded deploy's state: 0 complete (or nothing recorded), 1 stopped
+        /// part-way (`recover` resumes), 3 reverted, 6 a revert failed (see docs/exit-codes.md).
+        #[arg(long)]
+        detailed_exitcode: bool,
     },
-    /// The outputs the steps recorded (the unfinished deploy, else the last finished one):
-    /// `rdeploy output [STACK] [STEP [KEY]]`; with STEP and KEY the bare value, for scripts.
+    /// The outputs the steps recorded.
+    ///
+    /// Those of the unfinished deploy, else of the last finished one. With STEP and KEY, the bare
+    /// value, for scripts.
+    #[command(override_usage = "rdeploy output [OPTIONS] [STACK] [STEP [KEY]]")]
     Output {
         /// `[STACK] [STEP [KEY]]`: the stack file (default `stack.yaml`), a step, one of its outputs.
         #[arg(value_name = "STACK STEP KEY", num_args = 0..=3)]
@@ -163,20 +189,40 @@ enum Command {
     },
     /// Check the stack file and that each tool is installed.
     Validate {
+        /// The stack file, or a directory holding `stack.yaml`.
         #[arg(default_value = "stack.yaml")]
         stack: PathBuf,
+        /// Machine-readable output for editors and CI: `valid`, the steps, and every problem
+        /// with its file, line and column (exit codes unchanged).
+        #[arg(long)]
+        json: bool,
     },
-    /// Manage where checkpoints live (`rdeploy state migrate --from DIR --to postgres://...`).
+    /// Shell completions: `rdeploy completions bash > /etc/bash_completion.d/rdeploy`.
+    ///
+    /// zsh: write `_rdeploy` into a directory of `$fpath`; fish: `~/.config/fish/completions/rdeploy.fish`.
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// The manual page (roff): `rdeploy man > /usr/local/share/man/man1/rdeploy.1`.
+    Man,
+    /// Move checkpoints between stores (`state migrate --from DIR --to postgres://...`).
     #[command(subcommand)]
     State(StateCommand),
-    /// Fleet version inventory: component x version x clusters, stragglers and absent clusters
-    /// named. Exits 1 when `--slo` is breached (for CI), 2 on bad input.
+    /// Fleet version inventory: component x version x clusters.
+    ///
+    /// Stragglers and absent clusters are named. Exits 1 when `--slo` is breached (for CI), 2 on
+    /// bad input.
     Inventory(InventoryArgs),
-    /// Prometheus alerting rules for the fleet: a cluster that stopped reporting, a rollout that
-    /// misses its SLO, a version older than the support window (check with `promtool check rules`).
+    /// Prometheus alerting rules for the fleet.
+    ///
+    /// A cluster that stopped reporting, a rollout that misses its SLO, a version older than the
+    /// support window (check with `promtool check rules`).
     Alerts(AlertsArgs),
-    /// Write the runbook markdown: per step how to inspect, recover, revert and verify, plus the
-    /// live state of a recorded deploy.
+    /// Write the runbook markdown: per step how to inspect, recover, revert and verify.
+    ///
+    /// Plus the live state of a recorded deploy.
     Runbook {
         #[arg(default_value = "stack.yaml")]
         stack: PathBuf,
@@ -184,13 +230,14 @@ enum Command {
         #[arg(short, long, value_name = "FILE")]
         output: Option<PathBuf>,
     },
-    /// What `up` would change, step by step, from each tool's own read-only preview (terraform
-    /// plan, helm's server dry-run against the live objects, kubectl diff, ansible check mode,
-    /// shell checks); changes nothing.
+    /// What `up` would change, step by step; changes nothing.
+    ///
+    /// From each tool's own read-only preview: terraform plan, helm's server dry-run against the
+    /// live objects, kubectl diff, ansible check mode, shell checks.
     Plan {
         #[arg(default_value = "stack.yaml")]
         stack: PathBuf,
-        /// Machine-readable output (the fields of SPEC.md).
+        /// Machine-readable output (its fields: docs/plan.md, "`--json`").
         #[arg(long, conflicts_with = "markdown")]
         json: bool,
         /// Markdown for a pull-request comment or the CI step summary.
@@ -204,8 +251,9 @@ enum Command {
         #[arg(short = 'o', long = "out", value_name = "PLANFILE")]
         out: Option<PathBuf>,
     },
-    /// CI wrapper: `up` when no unfinished deploy is recorded, `recover` when one is; plain
-    /// lines, GitHub annotations and step summary, JUnit.
+    /// CI wrapper: `up`, or `recover` when an unfinished deploy is recorded.
+    ///
+    /// Plain lines, GitHub annotations and step summary, JUnit.
     Ci {
         #[arg(default_value = "stack.yaml")]
         stack: PathBuf,
@@ -223,6 +271,7 @@ enum Command {
         /// when anything it saw has moved.
         #[arg(long, value_name = "PLANFILE")]
         plan: Option<PathBuf>,
+        /// Run up to N independent steps at once.
         #[arg(long, default_value_t = 1, value_name = "N")]
         parallel: usize,
         /// After a failure, keep running the steps that do not need the failed one; the steps
@@ -419,7 +468,7 @@ fn main() -> ExitCode {
     init_tracing(cli.global.verbose);
     // `ci` is for pipelines: plain timestamped lines even on a terminal.
     let no_progress = cli.global.no_progress || matches!(cli.command, Command::Ci { .. });
-    let ui = Arc::new(Ui::new(no_progress, cli.global.verbose, cli.global.quiet, cli.global.color));
+    let ui = Arc::new(Ui::new(no_progress, cli.global.verbose, cli.global.quiet, cli.global.color()));
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -499,11 +548,27 @@ fn give_back_freed_memory() {
 }
 
 fn session(stack_path: &Path, global: &Global, ui: Arc<Ui>, parallel: usize) -> anyhow::Result<driver::Session> {
+    let stack_path = &stack_file_in(stack_path);
     let stack = load_stack(stack_path)?;
-    let state = StateDir::new(global.state_dir.clone().unwrap_or_else(|| stack.dir.join(".rdeploy")));
+    let state = match &global.state_dir {
+        Some(dir) => StateDir::new(dir.clone()),
+        None => {
+            let (state, moved) = store::layout::default_state_dir(&stack.dir, &stack.name)?;
+            if let Some(moved) = moved {
+                ui.warn(moved);
+            }
+            state
+        }
+    };
     let store: Arc<dyn store::Store> = match global.state.as_deref().or(stack.state.as_deref()) {
         Some(url) => Arc::new(store::postgres::PostgresStore::open(url, &stack.name, Some(state.clone()))?),
-        None => Arc::new(store::local::LocalStore::new(state.clone())),
+        None => {
+            let local = store::local::LocalStore::new(state.clone());
+            if global.state_dir.is_some() {
+                store::layout::refuse_another_stack(&local, &stack.name)?;
+            }
+            Arc::new(local)
+        }
     };
     let cancel = CancellationToken::new();
     let signal = Arc::new(Mutex::new(None));
@@ -519,7 +584,8 @@ fn session(stack_path: &Path, global: &Global, ui: Arc<Ui>, parallel: usize) -> 
         ]),
         state,
         ui,
-        stack_arg: stack_path.display().to_string(),
+        stack_arg: command_args(stack_path, global),
+        stack_file: stack_path.display().to_string(),
         cancel,
         signal,
         parallel,
@@ -531,6 +597,96 @@ fn session(stack_path: &Path, global: &Global, ui: Arc<Ui>, parallel: usize) -> 
         took_over: Mutex::new(None),
         from_plan: None,
     })
+}
+
+/// The stack file and the flags that locate its state, as the operator gave them, for the
+/// commands rdeploy prints (`rdeploy recover STACK --state-dir DIR`): a printed command without
+/// them would read another checkpoint. A flag set through its environment variable is left out
+/// (the variable is still set for the next command); a database password is never printed.
+fn command_args(stack_path: &Path, global: &Global) -> String {
+    let mut words = vec![rdeploy_adapters::shell_quote(&stack_path.display().to_string())];
+    let from_env = |var: &str, value: &str| std::env::var_os(var).is_some_and(|v| v == value);
+    if let Some(dir) = &global.state_dir {
+        let dir = dir.display().to_string();
+        if !from_env("RDEPLOY_STATE_DIR", &dir) {
+            words.push(format!("--state-dir {}", rdeploy_adapters::shell_quote(&dir)));
+        }
+    }
+    if let Some(url) = &global.state {
+        if !from_env("RDEPLOY_STATE", url) {
+            // A URL that carries a password is shown without it (and its query): the next
+            // command then takes the password from `PGPASSWORD`, as the docs say.
+            let has_password =
+                url.parse::<tokio_postgres::Config>().map(|c| c.get_password().is_some()).unwrap_or(true);
+            let shown = if has_password { store::postgres::redact(url) } else { url.clone() };
+            words.push(format!("--state {}", rdeploy_adapters::shell_quote(&shown)));
+        }
+    }
+    words.join(" ")
+}
+
+/// A stack given as a directory means the `stack.yaml` in it (`rdeploy validate deploy/`).
+fn stack_file_in(path: &Path) -> PathBuf {
+    if path.is_dir() {
+        path.join("stack.yaml")
+    } else {
+        path.to_path_buf()
+    }
+}
+
+/// `rdeploy validate --json`: the verdict as one JSON object, as `terraform validate -json`
+/// gives editors and CI: `valid`, the steps in run order with their tool's version, and every
+/// problem with its place (`file`, `line`, `column`; absent for a problem outside the file).
+async fn validate_json(stack: &Path, global: &Global, ui: Arc<Ui>) -> anyhow::Result<Code> {
+    let problems = |err: &anyhow::Error| -> (Vec<serde_json::Value>, Code) {
+        if let Some(e) = err.downcast_ref::<StackError>() {
+            let list = e
+                .problems
+                .iter()
+                .map(|p| {
+                    serde_json::json!({
+                        "file": p.file.display().to_string(), "line": p.line, "column": p.column,
+                        "message": p.message, "hint": p.hint,
+                    })
+                })
+                .collect();
+            return (list, Code::BadInput);
+        }
+        let (message, hint, code) = match err.downcast_ref::<Refusal>() {
+            Some(r) => (r.message.clone(), r.hint.clone(), r.code),
+            None => (format!("{err:#}"), None, Code::BadInput),
+        };
+        (vec![serde_json::json!({ "message": message, "hint": hint })], code)
+    };
+    let verdict = async {
+        let s = session(stack, global, ui, 1)?;
+        let steps: Vec<&stack::Step> = s.stack.ordered().collect();
+        let tools = s.preflight(&steps).await?;
+        let steps: Vec<serde_json::Value> = steps
+            .iter()
+            .map(|step| {
+                serde_json::json!({
+                    "name": step.name, "tool": step.tool.to_string(), "line": step.line,
+                    "version": tools.get(&step.name).map(|t| t.version.clone()),
+                    "resumable": step.resumable,
+                })
+            })
+            .collect();
+        anyhow::Ok((s.stack.name.clone(), steps))
+    }
+    .await;
+    let (value, code) = match verdict {
+        Ok((name, steps)) => (
+            serde_json::json!({ "valid": true, "file": stack.display().to_string(), "stack": name, "steps": steps, "problems": [] }),
+            Code::Ok,
+        ),
+        Err(err) => {
+            let (problems, code) = problems(&err);
+            (serde_json::json!({ "valid": false, "file": stack.display().to_string(), "problems": problems }), code)
+        }
+    };
+    out::json(&value)?;
+    Ok(code)
 }
 
 /// The first SIGINT/SIGTERM cancels the run: running tools get SIGINT once and are waited for.
@@ -573,6 +729,18 @@ fn watch_signals(cancel: CancellationToken, signal: Arc<Mutex<Option<String>>>, 
 async fn run(cli: Cli, ui: Arc<Ui>) -> anyhow::Result<Code> {
     let global = &cli.global;
     match &cli.command {
+        Command::Completions { shell } => {
+            let mut text = Vec::new();
+            clap_complete::generate(*shell, &mut <Cli as clap::CommandFactory>::command(), "rdeploy", &mut text);
+            out!("{}", String::from_utf8_lossy(&text));
+            Ok(Code::Ok)
+        }
+        Command::Man => {
+            let mut text = Vec::new();
+            clap_mangen::Man::new(<Cli as clap::CommandFactory>::command()).render(&mut text)?;
+            out!("{}", String::from_utf8_lossy(&text));
+            Ok(Code::Ok)
+        }
         Command::Up { stack, parallel, keep_going, plan } => {
             let mut s = session(stack, global, ui, *parallel)?;
             s.keep_going |= *keep_going;
@@ -598,22 +766,25 @@ async fn run(cli: Cli, ui: Arc<Ui>) -> anyhow::Result<Code> {
                     Code::BadInput,
                     "`reset` forgets the checkpoint: what is in place will no longer be known to rdeploy",
                 )
-                .with_hint(format!("reconcile by hand first (`rdeploy status {}`), then pass `--yes`", stack.display()))
+                .with_hint(format!(
+                    "reconcile by hand first (`rdeploy status {}`), then pass `--yes`",
+                    command_args(stack, global)
+                ))
                 .into());
             }
             let s = session(stack, global, ui, 1)?;
             cmd::present(&s, &s.reset()?)
         }
-        Command::Status { stack, json } => {
+        Command::Status { stack, json, detailed_exitcode } => {
             let s = session(stack, global, ui.clone(), 1)?;
             let status = report::build(&s.stack, s.store.as_ref(), &s.state, &s.stack_arg)?;
             if *json {
                 out::json(&status)?;
             } else {
-                let color = global.color.enabled(std::io::IsTerminal::is_terminal(&std::io::stdout()));
+                let color = global.color().enabled(std::io::IsTerminal::is_terminal(&std::io::stdout()));
                 out!("{}", report::render_text(&status, ui::Paint { enabled: color }));
             }
-            Ok(Code::Ok)
+            Ok(if *detailed_exitcode { status.exit_code() } else { Code::Ok })
         }
         Command::Output { words, json, show_sensitive } => {
             let target = cmd::output::Target::from_words(words)?;
@@ -623,7 +794,7 @@ async fn run(cli: Cli, ui: Arc<Ui>) -> anyhow::Result<Code> {
         }
         Command::Runbook { stack, output } => {
             let s = session(stack, global, ui.clone(), 1)?;
-            let text = runbook::render(&s.stack, &s.stack_arg, s.store.as_ref(), &s.state)?;
+            let text = runbook::render(&s.stack, &s.stack_file, &s.stack_arg, s.store.as_ref(), &s.state)?;
             match output {
                 Some(path) => {
                     fs_err::write(path, text)?;
@@ -744,11 +915,14 @@ async fn run(cli: Cli, ui: Arc<Ui>) -> anyhow::Result<Code> {
             outln!("{}", store::postgres::bench::run(to, *sub_changes)?);
             Ok(Code::Ok)
         }
-        Command::Validate { stack } => {
+        Command::Validate { stack, json } => {
+            if *json {
+                return validate_json(stack, global, ui).await;
+            }
             let s = session(stack, global, ui, 1)?;
             let steps: Vec<&stack::Step> = s.stack.ordered().collect();
             let tools = s.preflight(&steps).await?;
-            outln!("{}: ok, {} steps in this order:", stack.display(), steps.len());
+            outln!("{}: ok, {} in this order:", stack.display(), out::count(steps.len(), "step"));
             for step in steps {
                 let version = tools.get(&step.name).map(|t| t.version.as_str()).unwrap_or("");
                 let resumable = if step.resumable { "resumable" } else { "not resumable" };

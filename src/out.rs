@@ -34,6 +34,15 @@ pub fn text(args: std::fmt::Arguments<'_>) {
 
 /// Writes a value as pretty JSON and a newline, its string values redacted (not the text: a
 /// secret replaced in the text could change a key or break an escape).
+/// `1 step`, `2 steps`, `0 steps`: a count and its noun, in the singular only for one.
+pub fn count(n: usize, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
+}
+
 pub fn json<T: serde::Serialize>(value: &T) -> anyhow::Result<()> {
     let value = secrets().redact_json_document(serde_json::to_value(value)?);
     let text = serde_json::to_string_pretty(&value)?;

@@ -310,11 +310,11 @@ fn totals_line(plan: &StackPlan) -> String {
         format!("stack {}: no changes; `rdeploy up` would change nothing", plan.stack)
     } else {
         format!(
-            "stack {}: {} change{} in {changing} of {} steps",
+            "stack {}: {} change{} in {changing} of {}",
             plan.stack,
             plan.changes,
             if plan.changes == 1 { "" } else { "s" },
-            plan.steps.len()
+            crate::out::count(plan.steps.len(), "step")
         )
     }
 }

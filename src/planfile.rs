@@ -158,7 +158,7 @@ pub fn build(session: &Session, plan: &StackPlan) -> anyhow::Result<PlanFile> {
             changes: step_plan.changes,
             previewed: step_plan.unknown_until.is_empty(),
             error: step_plan.error.clone(),
-            files: step_files(stack, step, &session.state.path)?,
+            files: step_files(stack, step, &session.state.shared)?,
             observed: {
                 // In a stable order, whatever order the tool listed its objects in.
                 let mut observed = step_plan.observed.clone();
@@ -174,7 +174,7 @@ pub fn build(session: &Session, plan: &StackPlan) -> anyhow::Result<PlanFile> {
         format: FORMAT.into(),
         version: VERSION,
         rdeploy_version: env!("CARGO_PKG_VERSION").into(),
-        stack: StackId { name: stack.name.clone(), file: session.stack_arg.clone(), digest: sha256_hex(&stack_bytes) },
+        stack: StackId { name: stack.name.clone(), file: session.stack_file.clone(), digest: sha256_hex(&stack_bytes) },
         changes: plan.changes,
         steps,
         rendered: crate::plan::render_text(plan),
@@ -501,12 +501,12 @@ impl Session {
         if saved.stack.name != self.stack.name {
             return Err(stale(vec![format!(
                 "the plan is of stack `{}` ({}), not of stack `{}` ({})",
-                saved.stack.name, saved.stack.file, self.stack.name, self.stack_arg
+                saved.stack.name, saved.stack.file, self.stack.name, self.stack_file
             )]));
         }
         let bytes = fs_err::read(&self.stack.file)?;
         if sha256_hex(&bytes) != saved.stack.digest {
-            return Err(stale(vec![format!("the stack file {} changed since the plan", self.stack_arg)]));
+            return Err(stale(vec![format!("the stack file {} changed since the plan", self.stack_file)]));
         }
         let failed: Vec<&SavedStep> = saved.steps.iter().filter(|s| s.error.is_some()).collect();
         if !failed.is_empty() {
@@ -527,7 +527,11 @@ impl Session {
                 moved.push(format!("step `{}` is not in the plan", step.name));
                 continue;
             };
-            moved.extend(files_moved(&step.name, &saved_step.files, &step_files(&self.stack, step, &self.state.path)?));
+            moved.extend(files_moved(
+                &step.name,
+                &saved_step.files,
+                &step_files(&self.stack, step, &self.state.shared)?,
+            ));
         }
         if !moved.is_empty() {
             return Err(stale(moved));

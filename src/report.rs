@@ -39,6 +39,22 @@ pub struct Status {
     pub from_plan: Option<String>,
 }
 
+impl Status {
+    /// `status --detailed-exitcode`: the recorded deploy's state as the exit code a run that
+    /// left it there would have had (docs/exit-codes.md).
+    pub fn exit_code(&self) -> crate::exit::Code {
+        use crate::exit::Code;
+        if self.steps.iter().any(|s| s.revert_error.is_some()) {
+            return Code::RevertFailed;
+        }
+        match self.state {
+            DeployState::None | DeployState::Complete => Code::Ok,
+            DeployState::Partial => Code::Partial,
+            DeployState::Reverted => Code::Reverted,
+        }
+    }
+}
+
 #[derive(Debug, Serialize)]
 pub struct StepReport {
     pub name: String,
@@ -334,6 +350,13 @@ pub fn from_deploy(
             r.stderr_tail = f.stderr_tail.clone();
             r.hint = f.hint.clone();
             r.interrupted = f.interrupted;
+            if f.interrupted {
+                // Stopped by the operator (or the CI's cancel), not by a fault: say so, and that
+                // `recover` resumes, instead of the tool's own guess at a cause.
+                let signal = deploy.interrupted.as_deref().unwrap_or("a signal");
+                r.error = Some(format!("interrupted by the user ({signal}); the tool was stopped cleanly"));
+                r.hint = Some(format!("`rdeploy recover {stack_file}` resumes from the checkpoint"));
+            }
         }
         if let Some((n, of)) = s.attempt.filter(|(n, _)| *n > 1) {
             r.attempts = Some(n);

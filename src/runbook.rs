@@ -20,7 +20,16 @@ use crate::store::Store;
 pub const NO_REVERT: &str = "none: complete or revert is not possible, escalate";
 
 /// Renders the runbook of a stack, with the live part read from its state directory.
-pub fn render(stack: &Stack, stack_file: &str, store: &dyn Store, state_dir: &StateDir) -> anyhow::Result<String> {
+///
+/// `stack_args` is the stack file and the flags that locate its state, as shell words (the
+/// commands carry them); `stack_file` the file alone, for the text.
+pub fn render(
+    stack: &Stack,
+    stack_file: &str,
+    stack_args: &str,
+    store: &dyn Store,
+    state_dir: &StateDir,
+) -> anyhow::Result<String> {
     let holder = store.holder();
     let live = store.load_settled(holder.is_some())?;
     let last = match live {
@@ -28,13 +37,13 @@ pub fn render(stack: &Stack, stack_file: &str, store: &dyn Store, state_dir: &St
         None => store.last_finished()?,
     };
     let mut out = String::new();
-    render_static_head(&mut out, stack, stack_file);
+    render_static_head(&mut out, stack, stack_file, stack_args);
     match (&live, &last) {
-        (Some(deploy), _) => render_live(&mut out, stack, stack_file, state_dir, deploy, holder),
+        (Some(deploy), _) => render_live(&mut out, stack, stack_args, state_dir, deploy, holder),
         (None, Some(deploy)) => render_finished(&mut out, deploy),
         (None, None) => {}
     }
-    render_steps(&mut out, stack, stack_file);
+    render_steps(&mut out, stack, stack_args);
     Ok(out)
 }
 
@@ -116,8 +125,8 @@ fn anchor(index: usize, step: &Step) -> String {
         .collect()
 }
 
-fn render_static_head(out: &mut String, stack: &Stack, stack_file: &str) {
-    let file = shell_word(stack_file);
+fn render_static_head(out: &mut String, stack: &Stack, stack_file: &str, stack_args: &str) {
+    let file = stack_args;
     let _ = writeln!(out, "# Runbook: {}\n", stack.name);
     let _ = writeln!(
         out,
@@ -190,9 +199,9 @@ fn render_static_head(out: &mut String, stack: &Stack, stack_file: &str) {
     }
 }
 
-/// The word for a stack file in a command, quoted for a shell when needed.
-fn shell_word(stack_file: &str) -> String {
-    rdeploy_adapters::shell_quote(stack_file)
+/// The stack file and its state flags in a command: already shell words.
+fn shell_word(stack_args: &str) -> &str {
+    stack_args
 }
 
 fn render_finished(out: &mut String, deploy: &Deploy) {

@@ -170,7 +170,8 @@ fn a_host_unreachable_on_the_first_attempt_only_is_retried_alone() {
     let child = p.spawn(&["up"]);
     // Attempt 1 failed on db1 (a closed ssh port); db1 comes back before the next attempt.
     let start = std::time::Instant::now();
-    while !p.exists(".rdeploy/journal.jsonl") || !p.read(".rdeploy/journal.jsonl").contains(r#""type":"step_failed""#) {
+    while !p.exists(&p.state("journal.jsonl")) || !p.read(&p.state("journal.jsonl")).contains(r#""type":"step_failed""#)
+    {
         assert!(start.elapsed() < std::time::Duration::from_secs(120), "attempt 1 never failed");
         std::thread::sleep(std::time::Duration::from_millis(20));
     }

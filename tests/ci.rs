@@ -367,7 +367,7 @@ fn secret_journey(p: &Project, marker: &str, secret: &str) -> String {
     let mut runs = vec![p.rdeploy(&["up"])];
     assert_ne!(runs[0].status, 0, "{}\n{}", runs[0].stdout, runs[0].stderr);
     // Not even left behind by the failed run (a saved plan, a secret values file).
-    let left = files_holding(&p.path(".rdeploy"), secret);
+    let left = files_holding(&p.path(&p.state("")), secret);
     assert!(left.is_empty(), "after the failed up: {left:?}");
     runs.push(p.rdeploy(&["status"]));
     runs.push(p.rdeploy(&["status", "--json"]));
@@ -379,7 +379,7 @@ fn secret_journey(p: &Project, marker: &str, secret: &str) -> String {
     for run in &runs {
         assert!(!run.stdout.contains(secret) && !run.stderr.contains(secret), "{}\n{}", run.stdout, run.stderr);
     }
-    let mut leaks = files_holding(&p.path(".rdeploy"), secret);
+    let mut leaks = files_holding(&p.path(&p.state("")), secret);
     for file in ["junit.xml", "summary.md"] {
         assert!(p.exists(file), "{file}");
         if p.read(file).contains(secret) {
@@ -547,7 +547,7 @@ steps:
 /// state dir), so the check is not vacuous.
 fn marked_secret_journey(p: &Project, marker: &str, secret: &str, redacted_line: &str) -> String {
     let printed = secret_journey(p, marker, secret);
-    assert!(!files_holding(&p.path(".rdeploy/logs"), redacted_line).is_empty(), "no log holds {redacted_line:?}");
+    assert!(!files_holding(&p.path(&p.state("logs")), redacted_line).is_empty(), "no log holds {redacted_line:?}");
     printed
 }
 
@@ -632,7 +632,7 @@ steps:
     p.env("RDEPLOY_TEST_UNSET_LOGIN", "SECRETVALUE-late");
     p.rdeploy(&["recover"]).code(0);
     assert_eq!(p.read("received"), "SECRETVALUE-late");
-    assert!(files_holding(&p.path(".rdeploy"), "SECRETVALUE").is_empty());
+    assert!(files_holding(&p.path(&p.state("")), "SECRETVALUE").is_empty());
 }
 
 /// A terraform variable the module does not declare sensitive, marked `{ value: V, secret: true }`
@@ -804,13 +804,13 @@ steps:
     // The callback's records of the three results are written before the next task starts.
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
     child.wait().unwrap();
-    let left = files_holding(&p.path(".rdeploy"), "SECRETVALUE");
+    let left = files_holding(&p.path(&p.state("")), "SECRETVALUE");
     assert!(left.is_empty(), "after kill -9 mid-run: {left:?}");
     assert_eq!(p.read("app.conf"), "login=SECRETVALUE-kill-9\n", "ansible had the secret");
 
     p.file("go", "");
     p.rdeploy(&["recover"]).code(0);
-    let left = files_holding(&p.path(".rdeploy"), "SECRETVALUE");
+    let left = files_holding(&p.path(&p.state("")), "SECRETVALUE");
     assert!(left.is_empty(), "after recover: {left:?}");
 }
 
@@ -889,7 +889,7 @@ fn held_tool(p: &Project, name: &str, real: &std::path::Path, held: &str) -> std
 fn kill_9_and_wait_for_its_tools(p: &Project, mut child: std::process::Child) {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
     child.wait().unwrap();
-    let running = p.path(".rdeploy/running");
+    let running = p.path(&p.state("running"));
     let start = std::time::Instant::now();
     while !rdeploy_adapters::process::surviving_children(&running).is_empty() {
         assert!(start.elapsed() < std::time::Duration::from_secs(120), "a tool never ended after rdeploy died");
@@ -932,7 +932,8 @@ steps:
     let child = p.spawn(&["up"]);
     // The line went through terraform's stream once rdeploy's log has it.
     let start = std::time::Instant::now();
-    while !std::fs::read_to_string(p.path(".rdeploy/logs/infra.log")).is_ok_and(|l| l.contains("the greeting is ***")) {
+    while !std::fs::read_to_string(p.path(&p.state("logs/infra.log"))).is_ok_and(|l| l.contains("the greeting is ***"))
+    {
         assert!(start.elapsed() < std::time::Duration::from_secs(120), "the provisioner never spoke");
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
@@ -944,7 +945,7 @@ steps:
     p.rdeploy(&["recover"]).code(0);
     let left = files_holding(&p.path(".rdeploy"), "SECRETVALUE");
     assert!(left.is_empty(), "after recover: {left:?}");
-    assert!(p.read(".rdeploy/logs/infra.log").contains("the greeting is ***"), "the log holds the line, redacted");
+    assert!(p.read(&p.state("logs/infra.log")).contains("the greeting is ***"), "the log holds the line, redacted");
 }
 
 /// Issue 32, point 7: rdeploy killed with `kill -9` while helm runs with a secret `set` value:

@@ -30,7 +30,7 @@ fn four_of_five_then_recover_runs_only_the_fifth() {
     assert_eq!(step(&status, "seed")["exit_code"], 3);
     assert!(step(&status, "seed")["error"].as_str().unwrap().contains("five: connection refused"));
     assert_eq!(step(&status, "after")["status"], "skipped");
-    assert!(p.exists(".rdeploy/report.md"), "the report is kept as markdown");
+    assert!(p.exists(&p.state("report.md")), "the report is kept as markdown");
 
     // `up` refuses to run completed work again and names the way forward.
     p.rdeploy(&["up"]).code(2).stderr_has("rdeploy recover stack.yaml").stderr_has("rdeploy reset stack.yaml --yes");
@@ -46,7 +46,7 @@ fn four_of_five_then_recover_runs_only_the_fifth() {
     let status = p.status();
     assert_eq!(status["state"], "complete");
     assert!(status["next"].is_null());
-    assert!(!p.exists(".rdeploy/journal.jsonl"), "a finished deploy leaves no unfinished checkpoint");
+    assert!(!p.exists(&p.state("journal.jsonl")), "a finished deploy leaves no unfinished checkpoint");
 
     // A finished deploy is history: `up` starts a new deploy and nothing is refused.
     p.rdeploy(&["up"]).code(0);
@@ -135,7 +135,7 @@ steps:
     p.rdeploy(&["up"]).code(3);
     assert_eq!(p.lines("reverted"), ["b", "a"]);
     assert!(!p.exists("a") && !p.exists("b"));
-    assert!(!p.exists(".rdeploy/journal.jsonl"), "the checkpoint is removed after a revert");
+    assert!(!p.exists(&p.state("journal.jsonl")), "the checkpoint is removed after a revert");
     assert_eq!(p.status()["state"], "reverted");
     // The next `up` starts from scratch.
     p.rdeploy(&["up"]).code(3);
@@ -166,6 +166,81 @@ steps:
     assert_eq!(p.status()["state"], "reverted");
 }
 
+/// `status --detailed-exitcode` tells a script the recorded state without parsing text: 0 with
+/// nothing recorded and after a complete deploy, 1 for a deploy stopped part-way, 3 reverted.
+#[test]
+fn status_detailed_exitcode_tells_complete_from_partial_and_reverted() {
+    let p = Project::new();
+    p.stack(
+        r#"
+name: shop
+steps:
+  - name: a
+    tool: shell
+    run: test ! -f fail-a
+    revert: "true"
+"#,
+    );
+    p.rdeploy(&["status", "--detailed-exitcode"]).code(0);
+    p.rdeploy(&["up"]).code(0);
+    p.rdeploy(&["status", "--detailed-exitcode"]).code(0);
+    p.rdeploy(&["status"]).code(0);
+    p.file("fail-a", "");
+    // The step failed and its `revert` ran: the deploy is unfinished, `recover` runs it again.
+    p.rdeploy(&["up"]).code(3);
+    p.rdeploy(&["status", "--detailed-exitcode", "--json"]).code(1).stdout_has(r#""state": "partial""#);
+    p.rdeploy(&["revert"]).code(0);
+    p.rdeploy(&["status", "--detailed-exitcode", "--json"]).code(3).stdout_has(r#""state": "reverted""#);
+    p.stack(&p.read("stack.yaml").replace("    revert: \"true\"\n", ""));
+    p.rdeploy(&["up"]).code(1);
+    p.rdeploy(&["status", "--detailed-exitcode"]).code(1).stdout_has("stopped");
+    p.rdeploy(&["status"]).code(0);
+}
+
+/// `revert` when no step that ran declares `revert`: it says so, exits 0 and records nothing,
+/// so the last deploy (its outputs, its plan baseline) and an unfinished checkpoint stay as
+/// they were.
+#[test]
+fn revert_with_no_step_to_undo_says_so_and_records_nothing() {
+    let p = Project::new();
+    p.stack(
+        r#"
+name: shop
+steps:
+  - name: infra
+    tool: shell
+    run: echo hostname=db.internal >> "$RDEPLOY_OUTPUT"
+  - name: web
+    tool: shell
+    needs: [infra]
+    run: test ! -f fail-web
+"#,
+    );
+    p.rdeploy(&["up"]).code(0);
+    let before = p.status();
+    let run = p.rdeploy(&["revert"]);
+    run.code(0);
+    let filters = vec![(r"[0-9A-HJKMNP-TV-Z]{26}", "[deploy]"), (r"/\S*/\.rdeploy/", "[project]/.rdeploy/")];
+    insta::with_settings!({ filters => filters.clone() }, {
+        insta::assert_snapshot!("revert_nothing_after_complete", run.stdout);
+    });
+    assert_eq!(p.status()["deploy_id"], before["deploy_id"], "a new deploy was recorded");
+    assert_eq!(p.status()["state"], "complete");
+    p.rdeploy(&["output", "infra", "hostname"]).code(0).stdout_has("db.internal");
+
+    // An unfinished deploy: kept, still resumable.
+    p.file("fail-web", "");
+    p.rdeploy(&["up"]).code(1);
+    let run = p.rdeploy(&["revert"]);
+    run.code(0);
+    insta::with_settings!({ filters => filters }, {
+        insta::assert_snapshot!("revert_nothing_unfinished", run.stdout);
+    });
+    assert_eq!(p.status()["state"], "partial");
+    p.remove("fail-web");
+    p.rdeploy(&["recover"]).code(0);
+}
+
 fn assert_bad_input(stack: &str, location: &str, message: &str) {
     let p = Project::new();
     p.stack(stack);
@@ -174,7 +249,7 @@ fn assert_bad_input(stack: &str, location: &str, message: &str) {
     // Nothing was changed: no state directory.
     let up = p.rdeploy(&["up"]);
     up.code(2);
-    assert!(!p.exists(".rdeploy/journal.jsonl"));
+    assert!(!p.exists(&p.state("journal.jsonl")));
 }
 
 #[test]
@@ -567,7 +642,7 @@ steps:
     p.wait_for("started", Duration::from_secs(20));
     kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL).unwrap();
     child.wait().unwrap();
-    let running = p.path(".rdeploy/running");
+    let running = p.path(&p.state("running"));
     let notes: String =
         std::fs::read_dir(&running).unwrap().map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap()).collect();
     let pid: i32 = notes.split('\t').next().unwrap().parse().unwrap_or_else(|_| panic!("notes: {notes:?}"));
@@ -643,8 +718,15 @@ fn a_checkpoint_of_another_stack_in_the_same_directory_is_refused() {
     p.file("staging.yaml", &FIVE.replace("name: demo", "name: staging")).file("fail-five", "");
     p.file("prod.yaml", &FIVE.replace("name: demo", "name: prod"));
     p.rdeploy(&["up", "staging.yaml"]).code(1);
-    p.rdeploy(&["recover", "prod.yaml"]).code(2).stderr_has("belongs to stack `staging`, not `prod`");
-    p.rdeploy(&["revert", "prod.yaml"]).code(2).stderr_has("belongs to stack `staging`");
+    // Side by side, each stack has its own state (`.rdeploy/NAME/`): prod has nothing recorded.
+    p.rdeploy(&["recover", "prod.yaml"]).code(0).stdout_has("nothing to recover");
+    // One directory given for both is refused to the other stack.
+    p.rdeploy(&["--state-dir", ".rdeploy/staging", "recover", "prod.yaml"])
+        .code(2)
+        .stderr_has("belongs to stack `staging`, not `prod`");
+    p.rdeploy(&["--state-dir", ".rdeploy/staging", "revert", "prod.yaml"])
+        .code(2)
+        .stderr_has("belongs to stack `staging`");
     assert_eq!(p.lines("out").len(), 4, "nothing of prod ran");
 }
 
@@ -834,4 +916,160 @@ fn a_closed_stdout_ends_the_output_quietly_with_the_commands_exit_code() {
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert!(!stderr.contains("Broken pipe"), "a closed pipe is not an error to report: {stderr}");
     assert_eq!(output.status.code(), Some(0), "{stderr}");
+}
+
+/// `--help` reads as a list (one line per command), every flag has text, `output` shows its
+/// real usage, and `plan --json` points at a page that exists.
+#[test]
+fn help_lists_one_line_per_command_and_every_flag_has_text() {
+    let p = Project::new();
+    let top = p.rdeploy(&["--help"]);
+    top.code(0);
+    let commands: String = top
+        .stdout
+        .lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .take_while(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join("\n");
+    insta::assert_snapshot!("help_commands", commands);
+    for command in ["recover", "ci"] {
+        let help = p.rdeploy(&[command, "--help"]);
+        // The text is on the flag's line, or under it when the help is in its long form.
+        let lines: Vec<&str> = help.stdout.lines().collect();
+        let at = lines.iter().position(|l| l.contains("--parallel")).expect("--parallel is listed");
+        let parallel = lines[at..(at + 2).min(lines.len())].join("\n");
+        assert!(parallel.contains("Run up to N independent steps at once"), "`{command} --help`: {parallel}");
+    }
+    p.rdeploy(&["output", "--help"]).code(0).stdout_has("Usage: rdeploy output [OPTIONS] [STACK] [STEP [KEY]]");
+    let plan = p.rdeploy(&["plan", "--help"]);
+    plan.stdout_has("docs/plan.md");
+    assert!(!plan.stdout.contains("SPEC.md"), "{}", plan.stdout);
+    assert!(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/plan.md").is_file());
+}
+
+/// `--no-color` is `--color never`; `validate --json` gives editors and CI every problem with
+/// its place, or the steps; `validate DIR` reads `DIR/stack.yaml`.
+#[test]
+fn validate_json_and_a_directory_and_no_color() {
+    let p = Project::new();
+    p.file("deploy/stack.yaml", FIVE);
+    let run = p.rdeploy(&["validate", "deploy", "--json", "--no-color", "--color", "always"]);
+    run.code(0);
+    let v: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
+    assert_eq!(v["valid"], true);
+    assert_eq!(v["stack"], "demo");
+    assert_eq!(v["steps"][0]["name"], "seed");
+    assert_eq!(v["steps"][0]["tool"], "shell");
+    p.rdeploy(&["validate", "deploy"]).code(0).stdout_has("ok, 2 steps");
+
+    p.file("bad/stack.yaml", "name: x\nsteps:\n  - name: a\n    tool: shell\n    rnu: echo\n");
+    let run = p.rdeploy(&["validate", "bad", "--json"]);
+    run.code(2);
+    let v: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
+    assert_eq!(v["valid"], false);
+    let problem = &v["problems"][0];
+    assert_eq!((problem["line"].as_u64(), problem["column"].as_u64()), (Some(5), Some(5)), "{v}");
+    assert!(problem["file"].as_str().unwrap().ends_with("bad/stack.yaml"), "{v}");
+    assert!(problem["message"].as_str().unwrap().contains("unknown key `rnu`"), "{v}");
+    assert!(problem["hint"].as_str().unwrap().contains("`run`"), "{v}");
+    // With colour forced, `--no-color` still wins: no escape codes.
+    let status = p.rdeploy(&["status", "deploy", "--color", "always", "--no-color"]);
+    assert!(!status.stdout.contains('\u{1b}'), "{}", status.stdout);
+    assert!(p.rdeploy(&["status", "deploy", "--color", "always"]).stdout.contains('\u{1b}'));
+}
+
+/// Install conveniences: `--version` names the commit the binary was built from, `completions`
+/// writes a script the shell accepts, `man` a page `man` renders.
+#[test]
+fn version_names_the_commit_and_completions_and_man_page_are_generated() {
+    let p = Project::new();
+    let version = p.rdeploy(&["--version"]);
+    version.code(0);
+    let head = std::process::Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("git is needed to check --version: `apt-get install git`");
+    let head = String::from_utf8_lossy(&head.stdout).trim().to_string();
+    assert_eq!(head.len(), 12, "this test runs in the git checkout it was built from");
+    // Built from this checkout (build.rs reruns when HEAD moves).
+    assert!(
+        version.stdout.starts_with(&format!("rdeploy {} (commit ", env!("CARGO_PKG_VERSION"))),
+        "{}",
+        version.stdout
+    );
+    let commit = version.stdout.split("(commit ").nth(1).unwrap_or_default();
+    assert!(commit.starts_with(&head), "built from {head}: {}", version.stdout);
+
+    let bash = p.rdeploy(&["completions", "bash"]);
+    bash.code(0).stdout_has("complete -F _rdeploy").stdout_has("recover");
+    p.file("rdeploy.bash", &bash.stdout);
+    let check = std::process::Command::new("bash").args(["-n"]).arg(p.path("rdeploy.bash")).output().unwrap();
+    assert!(check.status.success(), "bash rejects the completion script: {}", String::from_utf8_lossy(&check.stderr));
+    p.rdeploy(&["completions", "zsh"]).code(0).stdout_has("#compdef rdeploy");
+    p.rdeploy(&["completions", "fish"]).code(0).stdout_has("complete -c rdeploy");
+    p.rdeploy(&["completions", "tcsh"]).code(2);
+
+    let man = p.rdeploy(&["man"]);
+    man.code(0).stdout_has(".TH rdeploy 1");
+    p.file("rdeploy.1", &man.stdout);
+    let rendered = std::process::Command::new("man")
+        .args(["-l", "-P", "cat"])
+        .arg(p.path("rdeploy.1"))
+        .env("MANWIDTH", "100")
+        .output()
+        .expect("man is needed to check the page: `apt-get install man-db`");
+    let text = String::from_utf8_lossy(&rendered.stdout);
+    assert!(text.contains("Resumable multi") && text.contains("--state-dir"), "{text}");
+}
+
+/// After Ctrl-C the report says the step was interrupted by the user and that `recover`
+/// resumes, not a guess at a fault of the tool ("check that the cluster is reachable").
+#[test]
+fn ctrl_c_is_reported_as_interrupted_by_the_user_with_recover_as_the_way_on() {
+    let p = Project::new();
+    p.stack(
+        r#"
+name: s
+steps:
+  - name: seed
+    tool: shell
+    sub_changes:
+      - { name: one, run: "touch started; while [ -f hold ]; do sleep 0.05; done; echo one >> out" }
+"#,
+    )
+    .file("hold", "");
+    let child = p.spawn(&["up"]);
+    p.wait_for("started", Duration::from_secs(20));
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGINT).unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert_eq!(output.status.code(), Some(130), "stderr: {}", String::from_utf8_lossy(&output.stderr));
+    let report = String::from_utf8_lossy(&output.stdout).into_owned();
+    let lines: String = report
+        .lines()
+        .filter(|l| ["why:", "hint:", "next:", "interrupted", "failed:"].iter().any(|w| l.contains(w)))
+        .collect::<Vec<_>>()
+        .join("\n");
+    insta::assert_snapshot!("ctrl_c_report", lines);
+    p.remove("hold");
+    p.rdeploy(&["recover"]).code(0);
+    assert_eq!(p.lines("out"), ["one"]);
+}
+
+/// Counts read as English: `1 step`, not `1 steps`.
+#[test]
+fn counts_are_pluralised() {
+    let p = Project::new();
+    p.stack("name: one\nsteps:\n  - name: a\n    tool: shell\n    run: \"true\"\n");
+    let validate = p.rdeploy(&["validate"]);
+    let up = p.rdeploy(&["up"]);
+    up.code(0);
+    let started = up.stderr.lines().find(|l| l.contains("deploy ") && l.contains("of stack one")).unwrap_or_default();
+    let started = started.split_once("deploy ").map(|(_, rest)| rest).unwrap_or_default();
+    let started = started.split_once(' ').map(|(_, rest)| rest).unwrap_or_default();
+    insta::assert_snapshot!(
+        "counts_one_step",
+        format!("{}\n{started}", validate.stdout.lines().next().unwrap_or_default())
+    );
 }

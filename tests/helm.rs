@@ -433,7 +433,7 @@ fn one_helm_step_costs_two_helm_processes_with_the_outputs_of_get_metadata(major
         p.rdeploy(&["up"]).code(0);
         assert_eq!(p.lines("helm-calls"), ["version", "upgrade"], "round {round}");
         assert_eq!(p.read("outputs.txt"), metadata(), "round {round}");
-        let log = p.read(".rdeploy/logs/app.log");
+        let log = p.read(&p.state("logs/app.log"));
         assert!(log.contains(&format!("NOTES:\nthe color is {color}\n")), "{log}");
     }
     assert_eq!(p.read("outputs.txt"), "2 deployed 0.2.0-rc.1  shop\n");

@@ -12,7 +12,7 @@ use kubesim::testing::helm_bin;
 fn refused_before_anything_runs(p: &Project, file: &str, hint: &str) {
     p.rdeploy(&["validate"]).code(2).stderr_has(file).stderr_has(hint);
     p.rdeploy(&["up"]).code(2).stderr_has(file).stderr_has(hint);
-    assert!(!p.exists(".rdeploy/journal.jsonl"), "up recorded a deploy");
+    assert!(!p.exists(&p.state("journal.jsonl")), "up recorded a deploy");
     assert_eq!(p.status()["state"], "none");
 }
 
@@ -137,7 +137,7 @@ fn a_manifest_rdeploy_cannot_split_is_bad_input_found_without_a_cluster() {
             .stderr_has("hint: every object needs `apiVersion`, `kind` and `metadata.name`");
         assert!(!run.stderr.contains("app.yaml:1:"), "the good object is not blamed: {}", run.stderr);
     }
-    assert!(!p.exists(".rdeploy/journal.jsonl"), "up recorded a deploy");
+    assert!(!p.exists(&p.state("journal.jsonl")), "up recorded a deploy");
     assert_eq!(p.status()["state"], "none");
 
     p.stack(&format!(
@@ -153,7 +153,7 @@ fn a_manifest_rdeploy_cannot_split_is_bad_input_found_without_a_cluster() {
 fn bad_stack_refused(p: &Project, at: &str, why: &str) {
     p.rdeploy(&["validate"]).code(2).stderr_has(at).stderr_has(why);
     p.rdeploy(&["up"]).code(2).stderr_has(at).stderr_has(why);
-    assert!(!p.exists(".rdeploy/journal.jsonl"), "up recorded a deploy");
+    assert!(!p.exists(&p.state("journal.jsonl")), "up recorded a deploy");
 }
 
 /// Issue 32, point 8: a duration outside its bounds (docs/stack-file.md) is bad input at

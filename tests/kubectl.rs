@@ -94,7 +94,7 @@ steps:
     sim.post("/_sim/clusters/c1/offline");
     let child = p.spawn(&["up"]);
     let start = std::time::Instant::now();
-    while !p.exists(".rdeploy/journal.jsonl") || !p.read(".rdeploy/journal.jsonl").contains(r#""attempt":2"#) {
+    while !p.exists(&p.state("journal.jsonl")) || !p.read(&p.state("journal.jsonl")).contains(r#""attempt":2"#) {
         assert!(start.elapsed() < std::time::Duration::from_secs(120), "no second attempt was journaled");
         std::thread::sleep(std::time::Duration::from_millis(50));
     }

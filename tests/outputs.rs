@@ -88,7 +88,7 @@ fn a_shell_output_reaches_a_later_step_and_recover_uses_the_journaled_value() {
     kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL).unwrap();
     let _ = child.wait();
     assert_eq!(p.lines("db-side-effects"), ["created"]);
-    let journal = p.read(".rdeploy/journal.jsonl");
+    let journal = p.read(&p.state("journal.jsonl"));
     assert!(journal.contains(r#""type":"outputs","step":"db""#), "outputs are journaled: {journal}");
     // The runbook's live part shows the commands with the recorded values.
     let runbook = p.rdeploy(&["runbook"]);
@@ -150,7 +150,7 @@ steps:
     run.code(1);
     assert_eq!(p.read("got-token"), "tok-9f8e7d6c5b\n", "the consumer got the value");
     assert!(!run.stdout.contains("tok-9f8e7d6c5b") && !run.stderr.contains("tok-9f8e7d6c5b"));
-    assert_no_file_holds(&p.path(".rdeploy"), "tok-9f8e7d6c5b");
+    assert_no_file_holds(&p.path(&p.state("")), "tok-9f8e7d6c5b");
     let status = p.rdeploy(&["status", "--json"]);
     assert!(!status.stdout.contains("tok-9f8e7d6c5b"));
 
@@ -203,7 +203,7 @@ steps:
     assert!(run.stdout.contains("gave up on ***") || run.stderr.contains("gave up on ***"), "{}", run.stdout);
     assert!(!run.stdout.contains("tok-5e4d3c2b1a") && !run.stderr.contains("tok-5e4d3c2b1a"), "{}", run.stdout);
     p.remove("minted");
-    assert_no_file_holds(&p.path(".rdeploy"), "tok-5e4d3c2b1a");
+    assert_no_file_holds(&p.path(&p.state("")), "tok-5e4d3c2b1a");
     let out = p.rdeploy(&["output", "bystander", "url"]);
     out.code(0);
     assert_eq!(out.stdout, "https://svc/?t=***\n");
@@ -294,7 +294,7 @@ steps:
 }
 
 fn assert_never_written(p: &Project, runs: &[&common::Run]) {
-    assert_no_file_holds(&p.path(".rdeploy"), PASSWORD);
+    assert_no_file_holds(&p.path(&p.state("")), PASSWORD);
     for run in runs {
         assert!(!run.stdout.contains(PASSWORD) && !run.stderr.contains(PASSWORD), "{}\n{}", run.stdout, run.stderr);
     }
@@ -343,9 +343,9 @@ fn terraform_outputs_reach_ansible_and_helm_and_a_sensitive_one_reaches_its_cons
     assert_never_written(&p, &[&up, &recover, &runbook]);
     // What the consumer printed is in its log, redacted.
     assert!(
-        p.read(".rdeploy/logs/use-password.log").contains("password is ***"),
+        p.read(&p.state("logs/use-password.log")).contains("password is ***"),
         "{}",
-        p.read(".rdeploy/logs/use-password.log")
+        p.read(&p.state("logs/use-password.log"))
     );
 }
 
@@ -503,11 +503,11 @@ steps:
 /// A recorded output edited as a hostile hand (or a corrupted store) would; the snapshot, a
 /// cache, goes too, so the journal is all there is to read.
 fn edit_recorded_port(p: &Project, to: &str) {
-    let journal = p.read(".rdeploy/journal.jsonl");
+    let journal = p.read(&p.state("journal.jsonl"));
     let edited = journal.replace(r#""port":"7""#, &format!(r#""port":{}"#, serde_json::json!(to)));
     assert_ne!(edited, journal, "the output is journaled");
-    std::fs::write(p.path(".rdeploy/journal.jsonl"), edited).unwrap();
-    p.remove(".rdeploy/snapshot.json");
+    std::fs::write(p.path(&p.state("journal.jsonl")), edited).unwrap();
+    p.remove(&p.state("snapshot.json"));
 }
 
 const HOSTILE: &str = r#"7$(touch PWNED)`touch PWNED2`; touch PWNED3 '"x"#;

@@ -337,7 +337,7 @@ fn ci_plan_only_writes_the_plan_to_the_step_summary_and_junit_and_deploys_nothin
     assert!(junit.contains("run users"), "{junit}");
     assert!(junit.contains("failures=\"1\"") && junit.contains("type=\"plan-failed\""), "{junit}");
     assert!(!p.exists("seed.log"), "--plan-only deploys nothing");
-    assert!(!p.exists(".rdeploy/journal.jsonl"), "and records no deploy");
+    assert!(!p.exists(&p.state("journal.jsonl")), "and records no deploy");
 }
 
 /// base64 as a Secret's `data` holds it (coreutils' `base64`).
@@ -548,7 +548,7 @@ fn up_plan_applies_exactly_the_saved_plan_of_five_tools_and_then_plan_is_empty()
     assert_eq!(p.lines("out/seed.log"), ["users", "orders"]);
     let status = p.status();
     assert!(status["from_plan"].as_str().unwrap().starts_with("reviewed.plan (sha256:"), "{status:#}");
-    assert!(!p.exists(".rdeploy/steps/network/reviewed.tfplan"), "the saved plan is consumed once applied");
+    assert!(!p.exists(&p.state("steps/network/reviewed.tfplan")), "the saved plan is consumed once applied");
 
     // The world is now as the plan said (the environment's `bob` aside, which only terraform reads).
     p.env("TF_VAR_owner", "alice");
@@ -583,7 +583,7 @@ fn assert_refused(p: &Project, planfile: &str, cause: &str) {
         .stderr_has(&format!("the plan {planfile} is stale: nothing was applied and nothing recorded"))
         .stderr_has(cause)
         .stderr_has(&format!("hint: plan again with `rdeploy plan stack.yaml -o {planfile}`"));
-    assert!(!p.exists(".rdeploy/journal.jsonl"), "nothing recorded:\n{}", run.stderr);
+    assert!(!p.exists(&p.state("journal.jsonl")), "nothing recorded:\n{}", run.stderr);
     assert!(!p.exists("out/seed.log"), "nothing ran");
 }
 
@@ -651,7 +651,7 @@ fn up_plan_refuses_a_plan_of_another_stack_or_format_version() {
         .stderr_has("hint: plan again with this rdeploy: `rdeploy plan -o newer.plan`");
     p.file("garbage.plan", "not json");
     p.rdeploy(&["up", "--plan", "garbage.plan"]).code(2).stderr_has("garbage.plan is not an rdeploy plan file");
-    assert!(!p.exists(".rdeploy/journal.jsonl") && !p.exists("out/seed.log"));
+    assert!(!p.exists(&p.state("journal.jsonl")) && !p.exists("out/seed.log"));
     // The plan of this stack applies.
     p.rdeploy(&["up", "--plan", "shop.plan"]).code(0);
     assert_eq!(p.lines("out/seed.log"), ["shop"]);
@@ -694,7 +694,7 @@ fn up_plan_refuses_a_plan_whose_kubectl_object_was_edited_in_the_cluster() {
     let sim = Kubesim::start("demo");
     let p = kube_project(&sim);
     p.rdeploy(&["up"]).code(0);
-    std::fs::remove_dir_all(p.path(".rdeploy")).unwrap();
+    std::fs::remove_dir_all(p.path(&p.state(""))).unwrap();
     p.rdeploy(&["plan", "-o", "p.plan", "--detailed-exitcode"]).code(0);
     sim.kubectl_ok(&[
         "--context",
@@ -731,7 +731,7 @@ fn up_plan_refuses_a_plan_whose_helm_release_or_its_objects_moved() {
     let sim = Kubesim::start("demo");
     let p = kube_project(&sim);
     p.rdeploy(&["up"]).code(0);
-    std::fs::remove_dir_all(p.path(".rdeploy")).unwrap();
+    std::fs::remove_dir_all(p.path(&p.state(""))).unwrap();
     let text = p.read("stack.yaml").replace("color: green", "color: blue");
     p.stack(&text);
     p.rdeploy(&["plan", "-o", "p.plan", "--detailed-exitcode"]).code(7);
@@ -830,7 +830,7 @@ fn recover_after_a_failed_up_plan_takes_terraforms_own_path() {
     let run = p.rdeploy(&["up", "--plan", "p.plan"]);
     run.code(1).stdout_has("applied from the reviewed plan p.plan (sha256:");
     assert!(run.stdout.contains("reviewed.tfplan"), "terraform applied the saved plan: {}", run.stdout);
-    assert!(!p.exists(".rdeploy/steps/network/reviewed.tfplan"), "the saved plan is consumed");
+    assert!(!p.exists(&p.state("steps/network/reviewed.tfplan")), "the saved plan is consumed");
     std::fs::create_dir_all(p.path("out")).unwrap();
     let recover = p.rdeploy(&["recover"]);
     recover.code(0);
@@ -884,7 +884,7 @@ fn ci_plan_applies_a_reviewed_plan_on_merge() {
         .code(0)
         .stdout_has("network (terraform): 4 to add");
     assert_eq!(mode_of(&p, "pr.plan"), 0o600);
-    assert!(!p.exists(".rdeploy/journal.jsonl"), "the pull request deploys nothing");
+    assert!(!p.exists(&p.state("journal.jsonl")), "the pull request deploys nothing");
 
     let run = p.rdeploy(&["ci", "--plan", "pr.plan", "--junit", "merge.xml"]);
     run.code(0).stdout_has("applied from the reviewed plan pr.plan (sha256:");
@@ -1026,7 +1026,7 @@ fn plan_out_and_up_plan_refuse_a_stack_with_a_fleet_step() {
             .stderr_has("refuses fleet step `agent`: the reviewed plan does not cover fleet steps yet")
             .stderr_has("hint: `rdeploy up` without --plan, or move the fleet step to its own stack");
         assert!(!p.exists("q.plan"), "no plan file written");
-        assert!(!p.exists(".rdeploy/journal.jsonl"), "nothing recorded:\n{}", run.stderr);
+        assert!(!p.exists(&p.state("journal.jsonl")), "nothing recorded:\n{}", run.stderr);
         assert!(!p.exists("out/seed.log"), "nothing ran");
     }
 }
@@ -1073,17 +1073,17 @@ fn no_reviewed_terraform_plan_outlives_a_refused_staging_or_a_killed_up_plan() {
         .stderr_has("terraform's saved plan of step `b` does not match its digest");
     for step in ["a", "b"] {
         assert!(
-            !p.exists(&format!(".rdeploy/steps/{step}/reviewed.tfplan")),
+            !p.exists(&p.state(&format!("steps/{step}/reviewed.tfplan"))),
             "step {step}'s reviewed plan left behind"
         );
     }
     for command in ["recover", "reset"] {
-        p.file(".rdeploy/steps/a/reviewed.tfplan", "left by a killed up --plan");
+        p.file(&p.state("steps/a/reviewed.tfplan"), "left by a killed up --plan");
         let mut args = vec![command];
         if command == "reset" {
             args.push("--yes");
         }
         p.rdeploy(&args).code(0);
-        assert!(!p.exists(".rdeploy/steps/a/reviewed.tfplan"), "`{command}` left the reviewed plan");
+        assert!(!p.exists(&p.state("steps/a/reviewed.tfplan")), "`{command}` left the reviewed plan");
     }
 }

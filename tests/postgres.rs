@@ -113,7 +113,7 @@ fn two_runners_on_one_stack_one_gets_the_lock_the_other_exits_5() {
         server.psql("SELECT string_agg(version::text, ',' ORDER BY version) FROM rdeploy.schema_migrations"),
         "1,2"
     );
-    assert!(!p.exists(".rdeploy/journal.jsonl"), "nothing is journaled locally");
+    assert!(!p.exists(&p.state("journal.jsonl")), "nothing is journaled locally");
 }
 
 #[test]
@@ -257,7 +257,7 @@ fn four_of_five_then_recover_on_postgres_with_state_in_the_stack_file() {
     p.rdeploy(&["recover"]).code(0).stdout_has("deploy complete");
     assert_eq!(p.lines("out"), ["one", "two", "three", "four", "five", "after"]);
     assert_eq!(p.status()["state"], "complete");
-    assert!(!p.exists(".rdeploy/journal.jsonl"));
+    assert!(!p.exists(&p.state("journal.jsonl")));
     p.rdeploy(&["up"]).code(0);
     p.rdeploy(&["recover"]).code(0).stdout_has("nothing to recover");
 }
@@ -312,7 +312,7 @@ fn state_migrate_moves_a_checkpoint_to_postgres_and_back() {
         .code(0)
         .stdout_has("unfinished deploy")
         .stdout_has("moved (");
-    assert!(!p.exists(".rdeploy/journal.jsonl"), "the source can no longer be resumed");
+    assert!(!p.exists(&p.state("journal.jsonl")), "the source can no longer be resumed");
     p.rdeploy(&["recover"]).code(0).stdout_has("nothing to recover");
     let status: serde_json::Value =
         serde_json::from_str(&p.rdeploy(&["status", "--json", "--state", &url]).code(0).stdout).unwrap();

@@ -183,12 +183,12 @@ fn fixture_stacks() -> Vec<(String, PathBuf)> {
 fn generate(dir: &Path) -> String {
     let state = tempfile::tempdir().unwrap();
     let output = Command::new(env!("CARGO_BIN_EXE_rdeploy"))
-        .args(["runbook", "stack.yaml", "--state-dir"])
-        .arg(state.path())
+        .args(["runbook", "stack.yaml"])
         .current_dir(dir)
         .env("CI", "1")
         .env("NO_COLOR", "1")
-        .env_remove("RDEPLOY_STATE_DIR")
+        // Through the environment, so the committed commands carry no temporary `--state-dir`.
+        .env("RDEPLOY_STATE_DIR", state.path())
         .output()
         .unwrap();
     assert!(

@@ -43,7 +43,7 @@ fn a_state_dir_deleted_mid_run_stops_the_deploy_loudly_naming_what_completed() {
     assert!(!run.stderr.contains("resumes once the cause is fixed"), "{}", run.stderr);
     run.stderr_has("`rdeploy recover` has nothing to resume").stderr_has("restore the state directory from a backup");
     assert_eq!(p.lines("out"), ["one", "two"], "nothing runs once the checkpoint is gone");
-    assert!(!p.exists(".rdeploy/journal.jsonl"), "no journal was recreated to record into");
+    assert!(!p.exists(&p.state("journal.jsonl")), "no journal was recreated to record into");
 }
 
 /// `up` of FIVE with the fifth failing: four sub-changes done, the checkpoint kept.
@@ -57,7 +57,7 @@ fn four_done() -> Project {
 }
 
 fn journal_lines(p: &Project) -> Vec<Vec<u8>> {
-    let bytes = std::fs::read(p.path(".rdeploy/journal.jsonl")).unwrap();
+    let bytes = std::fs::read(p.path(&p.state("journal.jsonl"))).unwrap();
     bytes.split_inclusive(|&b| b == b'\n').map(<[u8]>::to_vec).collect()
 }
 
@@ -75,8 +75,8 @@ fn a_journal_cut_short_without_a_snapshot_is_said_and_not_run_again() {
         if cut == "mid-line" {
             kept.extend_from_slice(&lines[7][..lines[7].len() / 2]);
         }
-        std::fs::write(p.path(".rdeploy/journal.jsonl"), kept).unwrap();
-        p.remove(".rdeploy/snapshot.json");
+        std::fs::write(p.path(&p.state("journal.jsonl")), kept).unwrap();
+        p.remove(&p.state("snapshot.json"));
 
         assert!(warnings(&p).contains("lost records"), "{cut}: status says so: {}", warnings(&p));
         let run = p.rdeploy(&["recover"]);
@@ -84,7 +84,7 @@ fn a_journal_cut_short_without_a_snapshot_is_said_and_not_run_again() {
         assert_eq!(p.lines("out"), ["one", "two", "three", "four"], "{cut}: no completed sub-change runs again");
         // A dry run does not hide it either, and reset always works.
         p.rdeploy(&["reset", "--yes"]).code(0).stdout_has("forgot deploy");
-        assert!(!p.exists(".rdeploy/journal.jsonl"));
+        assert!(!p.exists(&p.state("journal.jsonl")));
     }
 }
 
@@ -97,9 +97,9 @@ fn a_journal_that_ends_between_the_synced_and_the_written_count_is_an_os_crash_a
     let lines = journal_lines(&p);
     // The header and records 1 to 10 (`four` started); record 11 (`four` done) is gone.
     assert!(String::from_utf8_lossy(&lines[10]).contains(r#""type":"sub_started","step":"seed","id":"four""#));
-    std::fs::write(p.path(".rdeploy/journal.jsonl"), lines[..11].concat()).unwrap();
-    std::fs::write(p.path(".rdeploy/journal.seq"), "{\"written\":11,\"synced\":10}\n").unwrap();
-    p.remove(".rdeploy/snapshot.json");
+    std::fs::write(p.path(&p.state("journal.jsonl")), lines[..11].concat()).unwrap();
+    std::fs::write(p.path(&p.state("journal.seq")), "{\"written\":11,\"synced\":10}\n").unwrap();
+    p.remove(&p.state("snapshot.json"));
 
     let said = warnings(&p);
     assert!(said.contains("an OS crash (power loss) dropped the unsynced record 11"), "{said}");
@@ -109,7 +109,7 @@ fn a_journal_that_ends_between_the_synced_and_the_written_count_is_an_os_crash_a
     // `four` has no `check` and shell has no state: recovery runs an uncertain shell
     // sub-change again, as after any crash between its start and its end.
     assert_eq!(p.lines("out"), ["one", "two", "three", "four", "four", "five", "after"]);
-    let history = std::fs::read_dir(p.path(".rdeploy/history")).unwrap().next().unwrap().unwrap().path();
+    let history = std::fs::read_dir(p.path(&p.state("history"))).unwrap().next().unwrap().unwrap().path();
     assert!(std::fs::read_to_string(history).unwrap().contains("an OS crash (power loss)"), "said durably");
 }
 
@@ -118,9 +118,9 @@ fn a_journal_that_ends_between_the_synced_and_the_written_count_is_an_os_crash_a
 fn a_journal_shorter_than_the_synced_count_is_refused() {
     let p = four_done();
     let lines = journal_lines(&p);
-    std::fs::write(p.path(".rdeploy/journal.jsonl"), lines[..11].concat()).unwrap();
-    std::fs::write(p.path(".rdeploy/journal.seq"), "{\"written\":12,\"synced\":11}\n").unwrap();
-    p.remove(".rdeploy/snapshot.json");
+    std::fs::write(p.path(&p.state("journal.jsonl")), lines[..11].concat()).unwrap();
+    std::fs::write(p.path(&p.state("journal.seq")), "{\"written\":12,\"synced\":11}\n").unwrap();
+    p.remove(&p.state("snapshot.json"));
     p.rdeploy(&["recover"]).code(2).stderr_has("lost records").stderr_has("nothing was run");
     assert_eq!(p.lines("out"), ["one", "two", "three", "four"]);
 }
@@ -142,21 +142,21 @@ fn an_unreadable_journal_line_is_reported_quarantined_and_recover_goes_on() {
         } else {
             garbage
         };
-        std::fs::write(p.path(".rdeploy/journal.jsonl"), lines.concat()).unwrap();
+        std::fs::write(p.path(&p.state("journal.jsonl")), lines.concat()).unwrap();
         // One bad byte in the snapshot too: it is a cache, so loading replays the journal.
-        let mut snap = std::fs::read(p.path(".rdeploy/snapshot.json")).unwrap();
+        let mut snap = std::fs::read(p.path(&p.state("snapshot.json"))).unwrap();
         snap[10] = 0xff;
-        std::fs::write(p.path(".rdeploy/snapshot.json"), snap).unwrap();
+        std::fs::write(p.path(&p.state("snapshot.json")), snap).unwrap();
 
         let said = warnings(&p);
         assert!(said.contains("journal.jsonl:4: an unreadable journal line"), "{what}: {said}");
         assert!(said.contains("is uncertain"), "{what}: {said}");
         p.rdeploy(&["recover"]).code(0).stdout_has("deploy complete");
         assert_eq!(p.lines("out"), ["one", "two", "three", "four", "five", "after"], "{what}");
-        let quarantined = std::fs::read(p.path(".rdeploy/journal.jsonl.quarantine")).unwrap();
+        let quarantined = std::fs::read(p.path(&p.state("journal.jsonl.quarantine"))).unwrap();
         assert!(String::from_utf8_lossy(&quarantined).contains("journal.jsonl:4"), "{what}: the line is kept aside");
         // The finished deploy's history keeps the warning.
-        let history = std::fs::read_dir(p.path(".rdeploy/history")).unwrap().next().unwrap().unwrap().path();
+        let history = std::fs::read_dir(p.path(&p.state("history"))).unwrap().next().unwrap().unwrap().path();
         assert!(std::fs::read_to_string(history).unwrap().contains("an unreadable journal line"), "{what}");
     }
 }
@@ -166,14 +166,14 @@ fn an_unreadable_journal_line_is_reported_quarantined_and_recover_goes_on() {
 #[test]
 fn a_snapshot_with_a_flipped_bit_that_is_still_json_falls_back_to_replay() {
     let p = four_done();
-    let mut snap = std::fs::read(p.path(".rdeploy/snapshot.json")).unwrap();
+    let mut snap = std::fs::read(p.path(&p.state("snapshot.json"))).unwrap();
     let text = String::from_utf8_lossy(&snap).into_owned();
     assert!(text.starts_with("rdeploy-snapshot sha256="), "a checksum header: {text}");
     let at = text.find(r#""id":"two""#).expect("`two` in the snapshot") + r#""id":"tw"#.len();
     snap[at] ^= 0x01; // `o` becomes `n`
     let body = &snap[snap.iter().position(|&b| b == b'\n').unwrap() + 1..];
     serde_json::from_slice::<serde_json::Value>(body).expect("still valid JSON");
-    std::fs::write(p.path(".rdeploy/snapshot.json"), &snap).unwrap();
+    std::fs::write(p.path(&p.state("snapshot.json")), &snap).unwrap();
 
     let status = p.status();
     assert_eq!(status["steps"][0]["sub_changes"][1]["id"], "two", "{status}");
@@ -187,16 +187,16 @@ fn reset_works_on_a_journal_with_an_unreadable_line() {
     let p = four_done();
     let mut lines = journal_lines(&p);
     lines[5] = b"\xde\xad\xbe\xef\n".to_vec();
-    std::fs::write(p.path(".rdeploy/journal.jsonl"), lines.concat()).unwrap();
+    std::fs::write(p.path(&p.state("journal.jsonl")), lines.concat()).unwrap();
     p.rdeploy(&["reset", "--yes"]).code(0).stdout_has("forgot deploy");
-    assert!(!p.exists(".rdeploy/journal.jsonl"));
+    assert!(!p.exists(&p.state("journal.jsonl")));
 }
 
 #[test]
 fn reset_works_on_a_journal_it_cannot_read_at_all() {
     let p = four_done();
     std::fs::write(
-        p.path(".rdeploy/journal.jsonl"),
+        p.path(&p.state("journal.jsonl")),
         "{\"format\":\"rdeploy-checkpoint\",\"version\":99,\"created\":\"x\"}\n",
     )
     .unwrap();
@@ -205,7 +205,7 @@ fn reset_works_on_a_journal_it_cannot_read_at_all() {
         .code(0)
         .stdout_has("its journal could not be read")
         .stdout_has("the journal is kept as");
-    assert!(!p.exists(".rdeploy/journal.jsonl"));
+    assert!(!p.exists(&p.state("journal.jsonl")));
     p.rdeploy(&["up"]).code(0);
 }
 
@@ -264,21 +264,22 @@ fn a_state_dir_that_cannot_be_written_is_exit_2_and_says_nothing_ran() {
 fn symlinks_planted_in_the_state_dir_are_never_followed() {
     let p = Project::new();
     p.stack(FIVE).file("victim", "precious\n");
-    std::fs::create_dir_all(p.path(".rdeploy/logs")).unwrap();
+    std::fs::create_dir_all(p.path(&p.state("logs"))).unwrap();
     std::fs::set_permissions(p.path(".rdeploy"), std::fs::Permissions::from_mode(0o700)).unwrap();
-    symlink(p.path("victim"), p.path(".rdeploy/lock")).unwrap();
-    p.rdeploy(&["up"]).code(2).stderr_has(".rdeploy/lock is a symbolic link");
+    std::fs::set_permissions(p.path(&p.state("")), std::fs::Permissions::from_mode(0o700)).unwrap();
+    symlink(p.path("victim"), p.path(&p.state("lock"))).unwrap();
+    p.rdeploy(&["up"]).code(2).stderr_has(&format!("{} is a symbolic link", p.state("lock")));
     assert_eq!(p.read("victim"), "precious\n");
     assert!(!p.exists("out"));
 
     // The old predictable temporary names of atomic writes, and a step's log.
-    std::fs::remove_file(p.path(".rdeploy/lock")).unwrap();
+    std::fs::remove_file(p.path(&p.state("lock"))).unwrap();
     for name in [".snapshot.json.tmp", ".report.md.tmp", "logs/seed.log"] {
-        symlink(p.path("victim"), p.path(&format!(".rdeploy/{name}"))).unwrap();
+        symlink(p.path("victim"), p.path(&p.state(name))).unwrap();
     }
     p.file("fail-five", "");
     p.rdeploy(&["up"]).code(1).stderr_has("not writing the step's log");
-    assert!(p.exists(".rdeploy/snapshot.json") && p.exists(".rdeploy/report.md"));
+    assert!(p.exists(&p.state("snapshot.json")) && p.exists(&p.state("report.md")));
     assert_eq!(p.read("victim"), "precious\n", "nothing was written through a planted link");
 }
 
@@ -298,8 +299,8 @@ fn a_state_dir_of_another_user_or_writable_by_all_is_refused() {
 
     // A lock file another user planted.
     std::fs::set_permissions(p.path(".rdeploy"), std::fs::Permissions::from_mode(0o700)).unwrap();
-    p.file(".rdeploy/lock", "");
-    std::os::unix::fs::chown(p.path(".rdeploy/lock"), Some(4242), None).unwrap();
+    p.file(&p.state("lock"), "");
+    std::os::unix::fs::chown(p.path(&p.state("lock")), Some(4242), None).unwrap();
     p.rdeploy(&["up"]).code(2).stderr_has("lock belongs to uid 4242");
     assert!(!p.exists("out"));
 }
@@ -351,13 +352,13 @@ fn everything_rdeploy_writes_in_the_state_dir_is_private_whatever_the_umask() {
     };
     run(&["up"]).code(1);
     for made in ["logs/seed.log", "report.md", "snapshot.json", "journal.seq", "steps/seed", "running"] {
-        assert!(p.exists(&format!(".rdeploy/{made}")), "{made} was written");
+        assert!(p.exists(&p.state(made)), "{made} was written");
     }
     assert_private(&p.path(".rdeploy"));
     assert_eq!(std::fs::metadata(p.path(".rdeploy")).unwrap().mode() & 0o777, 0o700);
     p.remove("fail-five");
     run(&["recover"]).code(0);
-    assert!(p.exists(".rdeploy/history"));
+    assert!(p.exists(&p.state("history")));
     assert_private(&p.path(".rdeploy"));
 }
 
@@ -433,7 +434,7 @@ fn a_lost_end_record_is_said_and_the_sub_change_is_settled_not_run_again() {
         .position(|l| String::from_utf8_lossy(l).contains(r#""type":"sub_done","step":"seed","id":"two""#))
         .expect("`two` done is journaled");
     lines[at][0] ^= 0x40; // `{` becomes `;`
-    std::fs::write(p.path(".rdeploy/journal.jsonl"), lines.concat()).unwrap();
+    std::fs::write(p.path(&p.state("journal.jsonl")), lines.concat()).unwrap();
 
     let run = p.rdeploy(&["recover"]);
     run.code(0).stdout_has("deploy complete");
@@ -449,10 +450,10 @@ fn a_lost_end_record_is_said_and_the_sub_change_is_settled_not_run_again() {
 fn a_deleted_journal_with_its_snapshot_left_is_refused_not_forgotten() {
     for left in ["the snapshot and journal.seq", "journal.seq only"] {
         let p = four_done();
-        assert!(p.exists(".rdeploy/snapshot.json") && p.exists(".rdeploy/journal.seq"), "{left}");
-        p.remove(".rdeploy/journal.jsonl");
+        assert!(p.exists(&p.state("snapshot.json")) && p.exists(&p.state("journal.seq")), "{left}");
+        p.remove(&p.state("journal.jsonl"));
         if left == "journal.seq only" {
-            p.remove(".rdeploy/snapshot.json");
+            p.remove(&p.state("snapshot.json"));
         }
         let run = p.rdeploy(&["recover"]);
         run.code(2)
@@ -467,7 +468,7 @@ fn a_deleted_journal_with_its_snapshot_left_is_refused_not_forgotten() {
         p.rdeploy(&["up"]).code(2).stderr_has("journal.jsonl is missing");
         assert_eq!(p.lines("out"), ["one", "two", "three", "four"], "{left}: nothing ran again");
         p.rdeploy(&["reset", "--yes"]).code(0);
-        assert!(!p.exists(".rdeploy/journal.seq") && !p.exists(".rdeploy/snapshot.json"), "{left}");
+        assert!(!p.exists(&p.state("journal.seq")) && !p.exists(&p.state("snapshot.json")), "{left}");
         p.rdeploy(&["up"]).code(0).stdout_has("deploy complete");
     }
 }
@@ -478,7 +479,7 @@ fn a_deleted_journal_with_its_snapshot_left_is_refused_not_forgotten() {
 fn a_snapshot_rewritten_with_a_recomputed_checksum_does_not_override_the_journal() {
     use sha2::Digest;
     let p = four_done();
-    let snap = std::fs::read_to_string(p.path(".rdeploy/snapshot.json")).unwrap();
+    let snap = std::fs::read_to_string(p.path(&p.state("snapshot.json"))).unwrap();
     let (header, body) = snap.split_once('\n').unwrap();
     let mut deploy: serde_json::Value = serde_json::from_str(body).unwrap();
     let subs = deploy["steps"][0]["sub_changes"].as_array_mut().unwrap();
@@ -488,9 +489,109 @@ fn a_snapshot_rewritten_with_a_recomputed_checksum_does_not_override_the_journal
     let rest = header.strip_prefix("rdeploy-snapshot sha256=").unwrap();
     let rest = rest.split_once(' ').map(|(_, r)| format!(" {r}")).unwrap_or_default();
     let header = format!("rdeploy-snapshot sha256={}{rest}", hex::encode(sha2::Sha256::digest(body.as_bytes())));
-    std::fs::write(p.path(".rdeploy/snapshot.json"), format!("{header}\n{body}")).unwrap();
+    std::fs::write(p.path(&p.state("snapshot.json")), format!("{header}\n{body}")).unwrap();
 
     assert_eq!(common::sub_statuses(&p.status(), "seed")[2], ("three".into(), "done".into()));
     p.rdeploy(&["recover"]).code(0).stdout_has("deploy complete");
     assert_eq!(p.lines("out"), ["one", "two", "three", "four", "five", "after"], "`three` ran once");
+}
+
+/// Two stack files side by side (`prod.yaml`, `dev.yaml`): each keeps its own state in
+/// `.rdeploy/<name>/`, so one's stopped deploy neither blocks nor shows up in the other's.
+#[test]
+fn two_stacks_beside_each_other_keep_their_own_state() {
+    let p = Project::new();
+    p.file("prod.yaml", &FIVE.replace("name: demo", "name: app-prod"))
+        .file("dev.yaml", &FIVE.replace("name: demo", "name: app-dev").replace(">> out", ">> dev-out"))
+        .file("fail-five", "");
+    p.rdeploy(&["up", "prod.yaml"]).code(1).stdout_has("rdeploy recover prod.yaml");
+    p.remove("fail-five");
+    // dev's first deploy is its own: prod's unfinished checkpoint does not block it.
+    p.rdeploy(&["up", "dev.yaml"]).code(0);
+    let dev = p.rdeploy(&["status", "dev.yaml"]);
+    dev.code(0).stdout_has("stack app-dev");
+    assert!(!dev.stdout.contains("app-prod"), "{}", dev.stdout);
+    p.rdeploy(&["status", "prod.yaml"]).code(0).stdout_has("stack app-prod");
+    assert!(p.exists(".rdeploy/app-prod/journal.jsonl") && p.exists(".rdeploy/app-dev/history"));
+    p.rdeploy(&["recover", "prod.yaml"]).code(0);
+    assert_eq!(p.lines("out"), ["one", "two", "three", "four", "five", "after"]);
+}
+
+/// A `.rdeploy/` written by an rdeploy that kept one stack's files at its top is moved into
+/// `.rdeploy/<name>/` on first use (said once), and the stopped deploy recovers from there.
+#[test]
+fn a_single_stack_state_dir_of_an_older_layout_is_moved_into_the_stacks_own() {
+    let p = Project::new();
+    p.stack(FIVE).file("fail-five", "");
+    // `--state-dir .rdeploy` is that directory itself: the layout an older rdeploy wrote.
+    p.rdeploy(&["--state-dir", ".rdeploy", "up"]).code(1);
+    assert!(p.exists(".rdeploy/journal.jsonl") && p.exists(".rdeploy/logs/seed.log"));
+    p.remove("fail-five");
+    let status = p.rdeploy(&["status"]);
+    status.code(0).stderr_has("moved the state of stack `demo` from").stdout_has("stopped");
+    for moved in ["journal.jsonl", "snapshot.json", "report.md", "logs/seed.log"] {
+        assert!(p.exists(&format!(".rdeploy/demo/{moved}")), "{moved} was not moved");
+        assert!(!p.exists(&format!(".rdeploy/{moved}")), "{moved} was left behind");
+    }
+    let again = p.rdeploy(&["recover"]);
+    again.code(0);
+    assert!(!again.stderr.contains("moved the state"), "moved once:\n{}", again.stderr);
+    assert_eq!(p.lines("out"), ["one", "two", "three", "four", "five", "after"]);
+}
+
+/// A directory given with `--state-dir` is one stack's state: another stack's command on it is
+/// refused (exit 2) on every command, naming the way out, not read as if it were its own.
+#[test]
+fn an_explicit_state_dir_holding_another_stacks_checkpoint_is_refused_on_every_command() {
+    let p = Project::new();
+    p.file("prod.yaml", &FIVE.replace("name: demo", "name: app-prod"))
+        .file("dev.yaml", &FIVE.replace("name: demo", "name: app-dev"))
+        .file("fail-five", "");
+    p.rdeploy(&["--state-dir", "st", "up", "dev.yaml"]).code(1);
+    for command in ["status", "up", "recover", "output", "runbook", "revert"] {
+        p.rdeploy(&["--state-dir", "st", command, "prod.yaml"])
+            .code(2)
+            .stderr_has("the state directory st belongs to stack `app-dev`, not `app-prod`")
+            .stderr_has("`--state-dir st-app-prod`");
+    }
+}
+
+/// Every command rdeploy prints carries the flags that locate the state as the operator gave
+/// them (`--state-dir`, quoted for a shell): the report's `next:`, hints, the runbook, the CI
+/// annotation. Without them the printed command reads another checkpoint ("nothing to recover").
+#[test]
+fn printed_commands_carry_the_state_dir_given() {
+    let p = Project::new();
+    p.file("typo.yaml", FIVE).file("fail-five", "");
+    let args = ["--state-dir", "my state", "up", "typo.yaml"];
+    let up = p.rdeploy(&args);
+    up.code(1);
+    let commands = |text: &str| -> String {
+        text.lines()
+            .filter(|l| l.contains("rdeploy ") && !l.contains("::"))
+            .map(str::trim)
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let reset = p.rdeploy(&["reset", "typo.yaml", "--state-dir", "my state"]);
+    reset.code(2);
+    let ci =
+        { p.command(&["ci", "typo.yaml", "--state-dir", "my state"]).env("GITHUB_ACTIONS", "true").output().unwrap() };
+    let ci_stdout = String::from_utf8_lossy(&ci.stdout).into_owned();
+    let annotation = ci_stdout.lines().find(|l| l.starts_with("::error")).unwrap_or_default().to_string();
+    let runbook = p.rdeploy(&["runbook", "typo.yaml", "--state-dir", "my state"]);
+    let first_moves: String =
+        runbook.stdout.lines().filter(|l| l.starts_with("| ") && l.contains("rdeploy ")).collect::<Vec<_>>().join("\n");
+    insta::assert_snapshot!(
+        "printed_commands_carry_the_state_dir",
+        format!(
+            "up:\n{}\n\nreset:\n{}\n\nci annotation:\n{annotation}\n\nrunbook:\n{first_moves}",
+            commands(&up.stdout),
+            commands(&reset.stderr)
+        )
+    );
+    // The printed command works: it finds the checkpoint.
+    p.remove("fail-five");
+    p.rdeploy(&["recover", "typo.yaml", "--state-dir", "my state"]).code(0);
+    assert_eq!(p.lines("out").len(), 6);
 }

@@ -152,14 +152,14 @@ fn kill_9_mid_apply_keeps_terraforms_state_and_recover_creates_nothing_twice() {
 
     // terraform outlives rdeploy: it got one SIGINT, stops the provisioner in flight (a3),
     // starts nothing more, writes its state and ends on its own.
-    let running = p.path(".rdeploy/running");
+    let running = p.path(&p.state("running"));
     let start = std::time::Instant::now();
     while !rdeploy_adapters::process::surviving_children(&running).is_empty() {
         assert!(start.elapsed() < Duration::from_secs(120), "terraform never ended after its SIGINT");
         std::thread::sleep(Duration::from_millis(50));
     }
     // terraform's stream was a memory file (it may hold secrets): nothing of it is on disk.
-    assert!(!p.exists(".rdeploy/steps/network/apply.jsonl"), "terraform's stream is not written to disk");
+    assert!(!p.exists(&p.state("steps/network/apply.jsonl")), "terraform's stream is not written to disk");
     let state: serde_json::Value = serde_json::from_str(&p.read("chain/terraform.tfstate"))
         .unwrap_or_else(|e| panic!("terraform.tfstate is not JSON after the kill: {e}"));
     let names: Vec<&str> = state["resources"].as_array().unwrap().iter().map(|r| r["name"].as_str().unwrap()).collect();
@@ -178,7 +178,7 @@ fn kill_9_mid_apply_keeps_terraforms_state_and_recover_creates_nothing_twice() {
 fn kill_9_and_wait_for_terraform(p: &Project, mut child: std::process::Child) {
     kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL).unwrap();
     child.wait().unwrap();
-    let running = p.path(".rdeploy/running");
+    let running = p.path(&p.state("running"));
     let start = std::time::Instant::now();
     while !rdeploy_adapters::process::surviving_children(&running).is_empty() {
         assert!(start.elapsed() < Duration::from_secs(120), "terraform never ended after its SIGINT");
@@ -355,7 +355,7 @@ fn a_state_lock_held_by_a_live_terraform_is_waited_out_by_the_retry() {
     let child = p.spawn(&["up"]);
     // The first attempt met the lock and a second one is journaled: now the holder finishes.
     let start = std::time::Instant::now();
-    while !p.exists(".rdeploy/journal.jsonl") || !p.read(".rdeploy/journal.jsonl").contains(r#""attempt":2"#) {
+    while !p.exists(&p.state("journal.jsonl")) || !p.read(&p.state("journal.jsonl")).contains(r#""attempt":2"#) {
         assert!(start.elapsed() < Duration::from_secs(120), "no second attempt was journaled");
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -536,7 +536,7 @@ fn up_and_recover_take_terraforms_version_from_its_json_stream_without_a_version
     assert!(calls.lines().filter(|l| *l == "plan").count() >= 2, "a plan on up and on recover: {calls}");
     // Nor on `output -json`: the apply's stream ends with the outputs (none sensitive here).
     assert!(!calls.lines().any(|l| l == "output"), "outputs from the apply's stream: {calls}");
-    let history = std::fs::read_dir(p.path(".rdeploy/history")).unwrap().next().unwrap().unwrap().path();
+    let history = std::fs::read_dir(p.path(&p.state("history"))).unwrap().next().unwrap().unwrap().path();
     let deploy: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(history).unwrap()).unwrap();
     assert_eq!(step(&deploy, "network")["tool_version"], version.as_str(), "{deploy:#}");
     let last = std::process::Command::new(&terraform)

@@ -251,7 +251,9 @@ impl StepContext {
 #[derive(Clone, Debug)]
 pub struct DescribeContext<'a> {
     pub step: &'a str,
-    /// The stack file as the operator refers to it (relative when possible).
+    /// The stack file as the operator refers to it (relative when possible), followed by the
+    /// flags that locate its state (`--state-dir DIR`), as shell words ready to paste after
+    /// `rdeploy recover`: already quoted, never quoted again.
     pub stack_file: &'a str,
     /// The stack directory as the operator refers to it.
     pub stack_dir: &'a str,

@@ -407,7 +407,7 @@ impl Adapter for ShellSpec {
                 doc.inspect.push(format!("{check}    # exits 0 when `{id}` is in place"));
             }
         }
-        doc.recover.push(format!("rdeploy recover {}", shell_quote(ctx.stack_file)));
+        doc.recover.push(format!("rdeploy recover {}", ctx.stack_file));
         if !left.is_empty() {
             doc.notes.push(format!(
                 "by hand, run what is not done yet, in order, from `{cd}`: {}",

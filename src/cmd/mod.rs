@@ -50,8 +50,27 @@ fn render(session: &Session, run: &RunReport) -> (String, Option<String>) {
             };
             let _ = writeln!(out, "nothing to recover: {said} ({location})");
         }
-        (Ended::NothingToRevert, _) => {
+        (Ended::NothingToRevert, None) => {
             let _ = writeln!(out, "nothing to revert: no completed or unfinished deploy is recorded in {location}");
+        }
+        (Ended::NothingToRevert, Some(deploy)) => {
+            let (which, kept) = match deploy.state {
+                DeployState::Partial => (
+                    "the unfinished deploy",
+                    format!("its checkpoint is kept: `rdeploy recover {}` resumes it", session.stack_arg),
+                ),
+                _ => ("the last deploy", "it stays recorded as complete".to_string()),
+            };
+            let _ = writeln!(
+                out,
+                "nothing to revert: no step of {which} ({}) declares `revert`; nothing was recorded, and {kept} ({location})",
+                deploy.deploy_id
+            );
+            let _ = writeln!(
+                out,
+                "  hint: `rdeploy runbook {}` says how to undo each step by hand; a step's `revert` key lets `rdeploy revert` do it",
+                session.stack_arg
+            );
         }
         (Ended::NothingToReset, _) => {
             let _ = writeln!(out, "nothing to reset: no unfinished deploy in {location}");

@@ -83,7 +83,7 @@ pub fn settings(fleet: &FleetStep) -> Vec<(&'static str, String)> {
 pub fn doc(step: &Step, ctx: &DescribeContext<'_>, cluster: &str) -> RecoveryDoc {
     let one = spec_for_cluster(&step.spec, cluster);
     let inner = one.describe_recovery(ctx, None);
-    let stack = shell_quote(ctx.stack_file);
+    let stack = ctx.stack_file;
     let mut doc = RecoveryDoc::default();
     doc.inspect.push(format!(
         "rdeploy status {stack} --json | jq '.steps[] | select(.name == \"{}\") | .sub_changes[] | select(.status != \"done\")'    # the clusters not done, with why",

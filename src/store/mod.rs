@@ -10,6 +10,7 @@
 
 #[cfg(test)]
 mod contract;
+pub mod layout;
 pub mod local;
 pub mod pg_tls;
 pub mod postgres;

@@ -23,11 +23,24 @@ pub use rdeploy_adapters::private::DIR_MODE;
 #[derive(Clone, Debug)]
 pub struct StateDir {
     pub path: PathBuf,
+    /// The directory the stacks beside one another share (`.rdeploy/`, which holds
+    /// `.rdeploy/<stack>/` for each): the fleet's records live there. The same as `path` for a
+    /// directory given with `--state-dir`.
+    pub shared: PathBuf,
 }
 
 impl StateDir {
+    /// A state directory of its own (`--state-dir DIR`, a test's directory).
     pub fn new(path: impl Into<PathBuf>) -> StateDir {
-        StateDir { path: path.into() }
+        let path = path.into();
+        StateDir { shared: path.clone(), path }
+    }
+
+    /// The default state directory of stack `name`: `ROOT/<name>/`, where ROOT (`.rdeploy/`
+    /// beside the stack file) is shared by every stack file of that directory.
+    pub fn keyed(root: impl Into<PathBuf>, name: &str) -> StateDir {
+        let shared = root.into();
+        StateDir { path: shared.join(name), shared }
     }
 
     pub fn journal_path(&self) -> PathBuf {
@@ -62,6 +75,13 @@ impl StateDir {
     /// directory (not a file), owned by this user, not writable by others. Nothing has run
     /// when this fails, so the error is exit 2 and says so.
     pub fn ensure(&self) -> anyhow::Result<()> {
+        // The shared `.rdeploy/` first: nothing is made inside a directory another user owns.
+        if self.shared != self.path {
+            if let Err(e) = create_dirs(&self.shared) {
+                return Err(self.unwritable(&self.shared, &e));
+            }
+            self.check_owner(&self.shared)?;
+        }
         if let Err(e) = create_dirs(&self.path) {
             return Err(self.unwritable(&self.path, &e));
         }

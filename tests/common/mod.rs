@@ -62,6 +62,22 @@ impl Project {
         self.file("stack.yaml", yaml)
     }
 
+    /// The path (relative to the project) of `rel` in the default state directory of the stack
+    /// in `stack.yaml`: `.rdeploy/<its name>/rel` (`rel` empty: the directory itself).
+    pub fn state(&self, rel: &str) -> String {
+        let yaml = self.read("stack.yaml");
+        let name = yaml
+            .lines()
+            .find_map(|l| l.strip_prefix("name:"))
+            .map(|n| n.split('#').next().unwrap_or_default().trim().trim_matches(|c| c == '"' || c == '\'').to_string())
+            .unwrap_or_else(|| panic!("no top-level `name:` in the project's stack.yaml:\n{yaml}"));
+        if rel.is_empty() {
+            format!(".rdeploy/{name}")
+        } else {
+            format!(".rdeploy/{name}/{rel}")
+        }
+    }
+
     pub fn exists(&self, rel: &str) -> bool {
         self.path(rel).exists()
     }

@@ -607,7 +607,7 @@ impl Adapter for AnsibleSpec {
         let mut doc = RecoveryDoc::default();
         let cd = format!("cd {}", shell_quote(ctx.stack_dir));
         doc.inspect.push(format!("{cd} && {} --list-hosts", display_command(&self.runbook_words(None))));
-        doc.recover.push(format!("rdeploy recover {}", shell_quote(ctx.stack_file)));
+        doc.recover.push(format!("rdeploy recover {}", ctx.stack_file));
         let remaining: Vec<String> = prior
             .map(|p| p.sub_changes.iter().filter(|s| s.status != SubStatus::Done).map(|s| s.id.clone()).collect())
             .unwrap_or_default();
@@ -634,7 +634,7 @@ impl Adapter for AnsibleSpec {
             (RecoverMode::Limit, Some(_)) => doc.notes.push("every host is done".into()),
             (RecoverMode::Limit, None) => doc.notes.push(format!(
                 "recovery re-runs the playbook with `--limit` set to the failed, unreachable and pending hosts (`rdeploy status {}` names them): `{cd} && {} --limit HOST1,HOST2`",
-                shell_quote(ctx.stack_file),
+                ctx.stack_file,
                 display_command(&self.runbook_words(None).into_iter().filter(|w| w != "--limit" && Some(w) != self.limit.as_ref()).collect::<Vec<_>>())
             )),
         }

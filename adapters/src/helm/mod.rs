@@ -1100,7 +1100,7 @@ impl Adapter for HelmSpec {
         history.extend(self.cluster_args(None));
         doc.inspect.push(display_command(&self.helm_words(status.clone())));
         doc.inspect.push(display_command(&self.helm_words(history)));
-        doc.recover.push(format!("rdeploy recover {}", shell_quote(ctx.stack_file)));
+        doc.recover.push(format!("rdeploy recover {}", ctx.stack_file));
         let good = prior.and_then(|p| p.facts.get("last_deployed_revision")).and_then(Value::as_u64);
         // The runbook is written without asking helm; flags are helm 4's where they differ.
         let rollback = match good {
@@ -1117,7 +1117,7 @@ impl Adapter for HelmSpec {
         ));
         doc.notes.push(format!(
             "a release stuck in pending-install/upgrade/rollback that this deploy started, whose run died, and for which no helm process is alive, is recovered by `rdeploy recover` at once: rolled back to the last deployed revision, or uninstalled and installed again if it was never deployed; any other pending release only when no helm process for it is alive and the pending revision is older than helm's timeout; `rdeploy recover {} --force` forces it",
-            shell_quote(ctx.stack_file)
+            ctx.stack_file
         ));
         if self.recover_mode() == RecoverMode::Rollback {
             doc.notes.push(

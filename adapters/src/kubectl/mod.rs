@@ -826,7 +826,7 @@ impl Adapter for KubectlSpec {
             "{cd} && {}    # read-only; exit 0: no difference, 1: differences, >1: error",
             display_command(&self.runbook_words(&["diff"]))
         ));
-        doc.recover.push(format!("rdeploy recover {}", shell_quote(ctx.stack_file)));
+        doc.recover.push(format!("rdeploy recover {}", ctx.stack_file));
         doc.notes.push(format!(
             "by hand: `{cd} && {}` (apply is idempotent: objects already in place come back `unchanged`)",
             display_command(&self.runbook_words(&["apply"]))

@@ -419,7 +419,7 @@ impl Adapter for TerraformSpec {
         doc.verify.push(format!("{}    # exit 0: nothing left to apply", in_dir(&display_command(&verify_words))));
         doc.notes.push(format!(
             "`rdeploy recover {}` runs the same plan and apply and records each resource address; review the plan before applying by hand",
-            shell_quote(ctx.stack_file)
+            ctx.stack_file
         ));
         if let Some(prior) = prior {
             let failed: Vec<_> = prior.ids_with(SubStatus::Failed).chain(prior.ids_with(SubStatus::Started)).collect();

@@ -112,7 +112,6 @@ impl LocalStore {
         LocalStore { dir }
     }
 
-    #[cfg(test)]
     pub fn dir(&self) -> &StateDir {
         &self.dir
     }
