@@ -16,8 +16,8 @@ use std::sync::{Arc, Mutex};
 use rdeploy_adapters::outputs::OutputValue;
 use rdeploy_adapters::secrets::Secret;
 use rdeploy_adapters::{
-    shell, Adapter, CancellationToken, Event, EventSink, Failure, PriorStep, Recovered, RunFate, StartedBy,
-    StepContext, ToolInfo,
+    shell, Adapter, CancellationToken, Converged, Event, EventSink, Failure, Preview, PriorStep, Recovered, RunFate,
+    StartedBy, StepContext, ToolInfo, IN_PLACE_FACT,
 };
 use tokio::task::JoinSet;
 
@@ -48,6 +48,8 @@ pub struct Session {
     /// `recover --force`: the operator vouches that no other process is working on the
     /// release (helm's stuck pending-* rollback); adapters see it as `StepContext::force`.
     pub force: bool,
+    /// `up --force-apply`: every tool runs, even for what its preview finds in place.
+    pub force_apply: bool,
     /// `--keep-going` (or `on_failure: continue`): a failure stops only the steps that need
     /// the failed one; independent branches run on.
     pub keep_going: bool,
@@ -182,6 +184,15 @@ struct RunState {
     stopping: bool,
     /// Each running step's outputs when it started, to tell which changed when it is done.
     outputs_before: HashMap<String, OutputsSeen>,
+    /// `up` (not `--force-apply`): each step applies only what its preview finds not in place.
+    converging: Option<Converging>,
+}
+
+/// `up`'s convergence: the previews made before the run ([`Session::early_previews`]) and
+/// whether anything in the run has applied anything since (then a step previews afresh).
+struct Converging {
+    early: HashMap<String, (rdeploy_adapters::Preview, BTreeMap<String, crate::plan::Resolved<serde_json::Value>>)>,
+    applied: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// A step's outputs as known at one moment: the recorded ones and the sensitive ones in memory.
@@ -480,6 +491,9 @@ impl Session {
                 return Err(e);
             }
         }
+        // What is in place, as `plan` sees it, before anything is recorded (read-only).
+        let early =
+            if self.force_apply || self.from_plan.is_some() { HashMap::new() } else { self.early_previews().await };
         let ran = async {
             let mut cp = Checkpoint::create(self.store.as_ref())?;
             let run_id = ulid::Ulid::new().to_string();
@@ -489,7 +503,8 @@ impl Session {
             }
             self.ui.info(format!("deploy {run_id} of stack {} ({} steps)", self.stack.name, steps.len()));
             let actions = self.stack.ordered().map(|s| (s.name.clone(), Action::Apply)).collect();
-            self.run(cp, actions, tools).await
+            let converging = (!self.force_apply).then(|| Converging { early, applied: Default::default() });
+            self.run(cp, actions, tools, converging).await
         }
         .await;
         // A reviewed saved plan no apply consumed (its step never ran) goes, whatever happened.
@@ -542,7 +557,7 @@ impl Session {
             done.len(),
             if done.is_empty() { String::new() } else { format!(" ({})", done.join(", ")) }
         ));
-        let (outcome, deploy) = self.run(cp, actions, tools).await?;
+        let (outcome, deploy) = self.run(cp, actions, tools, None).await?;
         Ok(RunReport { outcome, deploy: Some(deploy), diff: Some(diff), ended: Ended::Ran })
     }
 
@@ -706,6 +721,7 @@ impl Session {
         cp: Checkpoint,
         actions: Vec<(String, Action)>,
         tools: HashMap<String, ToolInfo>,
+        converging: Option<Converging>,
     ) -> anyhow::Result<(Outcome, Deploy)> {
         let cp = SharedCheckpoint::new(cp);
         let done: HashSet<String> =
@@ -717,6 +733,7 @@ impl Session {
             outcome: Outcome::Complete,
             stopping: false,
             outputs_before: HashMap::new(),
+            converging,
         };
         // A checkpoint that cannot be written stops the run, but never by dropping running
         // tasks: that would SIGKILL their tools mid-apply. Cancel (SIGINT once) and drain.
@@ -899,6 +916,18 @@ impl Session {
                 ctx.started_by =
                     cp.read(|deploy| self.started_by(deploy, &name, deploy.runs.last().map(|r| r.run_id.as_str())));
             }
+            let converge = match (&action, &mut run.converging) {
+                (Action::Apply, Some(converging)) if !step.always => {
+                    let current = |producer: &str, key: &str| {
+                        cp.read(|d| d.step(producer).and_then(|s| s.outputs.get(key).cloned()))
+                    };
+                    let applied = converging.applied.load(std::sync::atomic::Ordering::SeqCst);
+                    let alone = run.running.is_empty();
+                    Some(self.decided_preview(&current, &step, &mut converging.early, applied, alone))
+                }
+                _ => None,
+            };
+            let applied = run.converging.as_ref().map(|c| c.applied.clone());
             let mut sink =
                 JournalSink::new(name.clone(), cp.clone(), self.ui.clone(), &self.state, ctx.cancel.clone())?;
             sink.sensitive = self.sensitive.clone();
@@ -914,9 +943,15 @@ impl Session {
             run.outputs_before.insert(name.clone(), self.outputs_seen(cp, &name));
             run.running.spawn(async move {
                 let result = match read {
-                    Ok(()) => attempts.run(&step, &ctx, action, &sink).await,
+                    Ok(()) => attempts.run(&step, &ctx, action, &sink, converge).await,
                     Err(failure) => Err(failure),
                 };
+                // Whatever the step did (unless it found everything in place) may move what a
+                // preview made before it saw: later steps preview afresh.
+                if let Some(applied) = applied.filter(|_| !matches!(result, Ok((_, Converged::InPlace)))) {
+                    applied.store(true, std::sync::atomic::Ordering::SeqCst);
+                }
+                let result = result.map(|(recovered, _)| recovered);
                 (step.name.clone(), result)
             });
         }
@@ -1360,8 +1395,10 @@ impl Attempts {
         ctx: &StepContext,
         mut action: Action,
         sink: &JournalSink,
-    ) -> Result<Recovered, Failure> {
+        mut converge: Option<Option<Preview>>,
+    ) -> Result<(Recovered, Converged), Failure> {
         let mut attempt = 1;
+        let mut converged = Converged::Applied;
         loop {
             let result = match (&step.fleet, &action) {
                 (Some(fleet), action) => {
@@ -1370,11 +1407,28 @@ impl Attempts {
                         Action::Recover(prior) => prior,
                         _ => &fresh,
                     };
-                    let run = crate::rollout::FleetRun { step, fleet, ctx, prior, state_dir: &self.state_dir };
+                    let run = crate::rollout::FleetRun {
+                        step,
+                        fleet,
+                        ctx,
+                        prior,
+                        state_dir: &self.state_dir,
+                        converge: converge.take().is_some(),
+                    };
                     crate::rollout::run(run, sink).await
                 }
                 (None, Action::Recover(prior)) => step.spec.recover(ctx, prior, sink).await,
-                (None, _) => step.spec.apply(ctx, sink).await.map(|()| Recovered::Complete),
+                // `up`: what the step's preview finds in place is not applied again.
+                (None, _) => match converge.take() {
+                    Some(decided) => step.spec.converge_step(ctx, decided, sink).await.map(|c| {
+                        converged = c;
+                        if c == Converged::InPlace {
+                            sink.emit(Event::Fact { key: IN_PLACE_FACT.into(), value: true.into() });
+                        }
+                        Recovered::Complete
+                    }),
+                    None => step.spec.apply(ctx, sink).await.map(|()| Recovered::Complete),
+                },
             };
             let failure = match (result, sink.journal_error()) {
                 (_, Some(e)) => return Err(journal_failure(e)),
@@ -1382,7 +1436,7 @@ impl Attempts {
                     if let Some(retry) = self.retry.as_ref().filter(|_| attempt > 1) {
                         self.ui.info(format!("{}: succeeded on attempt {attempt} of {}", step.name, retry.attempts));
                     }
-                    return Ok(done);
+                    return Ok((done, converged));
                 }
                 (Err(failure), None) => failure,
             };
@@ -1616,6 +1670,10 @@ impl EventSink for JournalSink {
             Event::Done { id, note } => {
                 self.journal(Record::SubDone { step, id: id.clone(), note });
                 self.ui.sub_change(&self.step, &id, "done", true);
+            }
+            Event::InPlace { id, note } => {
+                self.journal(Record::SubInPlace { step, id: id.clone(), note });
+                self.ui.sub_change(&self.step, &id, "in place", true);
             }
             Event::Failed { id, error } => {
                 self.journal(Record::SubFailed { step, id: id.clone(), error: error.clone() });

@@ -33,7 +33,7 @@ pub mod yaml;
 pub use binary::resolve_binary;
 pub use contract::*;
 pub use preview::{PlanAction, PlanItem, Preview};
-pub use registry::{Tool, ToolSpec};
+pub use registry::{Converged, Tool, ToolSpec};
 pub use tokio_util::sync::CancellationToken;
 
 /// Quotes a word for a POSIX shell when it needs it, so runbook commands paste cleanly.
