@@ -448,6 +448,20 @@ impl StepState {
         }
     }
 
+    /// Whether `up` found the whole step in place, so its tool applied nothing: its preview
+    /// said so (the `in_place` fact), or every sub-change is done in place (a fleet step whose
+    /// clusters were all on the release).
+    pub fn all_in_place(&self) -> bool {
+        self.status == StepStatus::Done
+            && (self.facts.get(rdeploy_adapters::IN_PLACE_FACT) == Some(&serde_json::Value::Bool(true))
+                || (!self.sub_changes.is_empty() && self.sub_changes.iter().all(|c| c.in_place)))
+    }
+
+    /// How many sub-changes were done by being found in place.
+    pub fn count_in_place(&self) -> usize {
+        self.sub_changes.iter().filter(|c| c.status == SubStatus::Done && c.in_place).count()
+    }
+
     pub fn count(&self, status: SubStatus) -> usize {
         self.sub_changes.iter().filter(|s| s.status == status).count()
     }
