@@ -358,7 +358,9 @@ impl HelmSpec {
                 _ => {}
             }
         }
+        let changes = preview.changes();
         preview.summary = Some(match revision {
+            Some(r) if changes == 0 => format!("revision {r} in place: no upgrade"),
             Some(r) => format!("revision {} over {r}: {add} to create, {change} to change, {delete} to delete", r + 1),
             None => format!("install: {add} to create"),
         });
