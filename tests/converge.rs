@@ -353,3 +353,97 @@ fn terraform_applies_only_a_plan_with_changes() {
     assert!(tf_serial(&p) > serial, "the output change was applied");
     assert_eq!(p.read("out/terraform.log"), log, "no resource was replaced");
 }
+
+/// A fleet rollout run again over 40 clusters of which 4 are on an older version upgrades
+/// exactly those 4; the other 36 are done in place, without a helm upgrade.
+#[test]
+fn a_fleet_rollout_run_again_upgrades_only_the_clusters_on_an_older_version() {
+    let rel = "agent-converge";
+    let names: Vec<String> = (1..=40).map(|i| format!("edge-{i}")).collect();
+    let sim = Kubesim::start(&names.join(","));
+    let mut p = Project::new();
+    for (k, v) in sim.env() {
+        p.env(&k, &v);
+    }
+    p.file("chart/Chart.yaml", "apiVersion: v2\nname: agent\nversion: 0.1.0\n");
+    p.file("chart/values.yaml", "image: nginx:1.27\n");
+    p.file(
+        "chart/templates/deployment.yaml",
+        r#"apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: agent
+spec:
+  replicas: 1
+  selector:
+    matchLabels: { app: agent }
+  template:
+    metadata:
+      labels: { app: agent }
+    spec:
+      containers:
+        - name: agent
+          image: {{ .Values.image | quote }}
+"#,
+    );
+    p.stack(&format!(
+        r#"
+name: fleet
+steps:
+  - name: agent
+    tool: helm
+    release: {rel}
+    chart: chart
+    namespace: monitoring
+    binary: {helm}
+    contexts: ["edge-*"]
+    timeout: 60s
+    rollout: {{ waves: ["100%"], parallel: 8 }}
+"#,
+        helm = helm_bin(4).display()
+    ));
+    p.rdeploy(&["up"]).code(0);
+    let history = |cluster: &str| {
+        let out = sim.helm_ok(4, &["history", rel, "-n", "monitoring", "--kube-context", cluster, "-o", "json"]);
+        serde_json::from_str::<Vec<Value>>(&out).unwrap().len()
+    };
+    // Four clusters go back to an older version, by hand.
+    let chart = p.path("chart");
+    let older: Vec<String> = (37..=40).map(|i| format!("edge-{i}")).collect();
+    for cluster in &older {
+        sim.helm_ok(
+            4,
+            &[
+                "upgrade",
+                rel,
+                chart.to_str().unwrap(),
+                "-n",
+                "monitoring",
+                "--kube-context",
+                cluster,
+                "--set",
+                "image=nginx:1.26",
+            ],
+        );
+        assert_eq!(history(cluster), 2);
+    }
+
+    p.rdeploy(&["up"]).code(0);
+    let status = p.status();
+    let subs = step(&status, "agent")["sub_changes"].as_array().unwrap().clone();
+    assert_eq!(subs.len(), 40);
+    let mut upgraded = Vec::new();
+    for sub in &subs {
+        let id = sub["id"].as_str().unwrap().to_string();
+        assert_eq!(sub["status"], "done", "{sub}");
+        if older.contains(&id) {
+            assert_eq!(history(&id), 3, "{id} was upgraded once");
+            assert!(sub.get("in_place").is_none(), "{sub}");
+            upgraded.push(id);
+        } else {
+            assert_eq!(history(&id), 1, "{id} was already on the release: no upgrade");
+            assert_eq!(sub["in_place"], true, "{sub}");
+        }
+    }
+    assert_eq!(upgraded.len(), 4, "exactly the four older clusters were upgraded");
+}
