@@ -193,6 +193,8 @@ struct RunState {
 struct Converging {
     early: HashMap<String, (rdeploy_adapters::Preview, BTreeMap<String, crate::plan::Resolved<serde_json::Value>>)>,
     applied: Arc<std::sync::atomic::AtomicBool>,
+    /// The last finished deploy of the stack (for the outputs of shell steps found in place).
+    last: Option<Arc<Deploy>>,
 }
 
 /// A step's outputs as known at one moment: the recorded ones and the sensitive ones in memory.
@@ -503,7 +505,8 @@ impl Session {
             }
             self.ui.info(format!("deploy {run_id} of stack {} ({} steps)", self.stack.name, steps.len()));
             let actions = self.stack.ordered().map(|s| (s.name.clone(), Action::Apply)).collect();
-            let converging = (!self.force_apply).then(|| Converging { early, applied: Default::default() });
+            let last = self.store.last_finished().ok().flatten().filter(|d| d.stack == self.stack.name).map(Arc::new);
+            let converging = (!self.force_apply).then(|| Converging { early, applied: Default::default(), last });
             self.run(cp, actions, tools, converging).await
         }
         .await;
@@ -939,6 +942,7 @@ impl Session {
                 ui: self.ui.clone(),
                 tool_version,
                 state_dir: self.state.path.clone(),
+                last: run.converging.as_ref().and_then(|c| c.last.clone()),
             };
             run.outputs_before.insert(name.clone(), self.outputs_seen(cp, &name));
             run.running.spawn(async move {
@@ -1386,6 +1390,8 @@ struct Attempts {
     tool_version: Option<String>,
     /// The local state directory (a fleet step keeps last-seen times and rollout starts there).
     state_dir: std::path::PathBuf,
+    /// `up`: the last finished deploy of the stack, whose shell outputs an in-place step hands on.
+    last: Option<Arc<Deploy>>,
 }
 
 impl Attempts {
@@ -1425,6 +1431,7 @@ impl Attempts {
                         if c == Converged::InPlace {
                             sink.emit(Event::Fact { key: IN_PLACE_FACT.into(), value: true.into() });
                         }
+                        self.carry_shell_outputs(step, sink);
                         Recovered::Complete
                     }),
                     None => step.spec.apply(ctx, sink).await.map(|()| Recovered::Complete),
@@ -1484,6 +1491,29 @@ impl Attempts {
             }
             self.ui.step_started(&step.name, &format!("{} recover (attempt {attempt}/{})", step.tool, retry.attempts));
             action = Action::Recover(prior);
+        }
+    }
+}
+
+impl Attempts {
+    /// A shell sub-change found in place did not run, so it wrote no `$RDEPLOY_OUTPUT`: the
+    /// outputs the last finished deploy recorded for the step (and this run did not make anew)
+    /// are handed on, as `plan` showed them. A sensitive output was never recorded: a consumer
+    /// of one fails as before until the producer runs (`--force-apply`).
+    fn carry_shell_outputs(&self, step: &Step, sink: &JournalSink) {
+        if step.tool != rdeploy_adapters::Tool::Shell {
+            return;
+        }
+        let Some(last) = self.last.as_ref().and_then(|d| d.step(&step.name)) else { return };
+        let have = self.cp.read(|d| d.step(&step.name).map(|s| s.outputs.clone()).unwrap_or_default());
+        let values: rdeploy_adapters::outputs::Outputs = last
+            .outputs
+            .iter()
+            .filter(|(key, _)| !have.contains_key(*key))
+            .map(|(key, value)| (key.clone(), OutputValue::Plain(value.clone())))
+            .collect();
+        if !values.is_empty() {
+            sink.emit(Event::Outputs { values });
         }
     }
 }

@@ -454,7 +454,7 @@ fn a_pending_upgrade_a_killed_run_left_on_one_cluster_is_recovered_without_force
 /// the answer), and each cluster costs three helm processes: `history`, the upgrade, `history`
 /// (no `helm status`, no `helm get metadata`).
 #[test]
-fn a_fleet_step_asks_helm_version_once_and_three_helm_processes_per_cluster() {
+fn a_fleet_step_asks_helm_version_once_and_five_helm_processes_per_cluster_three_when_in_place() {
     let rel = "agent-helmcut";
     let sim = Kubesim::start(&names(4));
     let p = project(&sim);
@@ -474,8 +474,24 @@ fn a_fleet_step_asks_helm_version_once_and_three_helm_processes_per_cluster() {
     let mut calls = p.lines("helm-calls");
     calls.sort();
     let count = |verb: &str| calls.iter().filter(|c| *c == verb).count();
-    assert_eq!([count("version"), count("history"), count("upgrade"), calls.len()], [1, 8, 4, 13], "{calls:?}");
+    // Per cluster: the preview (`status`, `upgrade --dry-run`) that decides whether the release
+    // is in place, then `history`, `upgrade`, `history`.
+    assert_eq!(
+        [count("version"), count("status"), count("history"), count("upgrade"), calls.len()],
+        [1, 4, 8, 8, 21],
+        "{calls:?}"
+    );
     for i in 1..=4 {
         assert_eq!(revisions(&sim, rel, &format!("edge-{i}")), 1, "edge-{i}");
+    }
+    // Run again, every cluster is in place: the preview and one `get metadata`, no upgrade.
+    std::fs::remove_file(p.path("helm-calls")).unwrap();
+    p.rdeploy(&["up"]).code(0);
+    let mut calls = p.lines("helm-calls");
+    calls.sort();
+    let count = |verb: &str| calls.iter().filter(|c| *c == verb).count();
+    assert_eq!([count("status"), count("upgrade"), count("get"), calls.len()], [4, 4, 4, 13], "{calls:?}");
+    for i in 1..=4 {
+        assert_eq!(revisions(&sim, rel, &format!("edge-{i}")), 1, "edge-{i} was not upgraded again");
     }
 }

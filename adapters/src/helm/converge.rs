@@ -9,10 +9,12 @@
 
 use std::path::Path;
 
+use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 
 use super::{HelmSpec, Release};
 use crate::preview::Preview;
+use crate::process::{capture, Captured, StdoutLog};
 use crate::{Event, EventSink, Failure, StepContext};
 
 /// How every description rdeploy writes starts.
@@ -63,20 +65,36 @@ impl HelmSpec {
         if preview.changes() > 0 {
             return self.apply(ctx, sink).await;
         }
+        // One read (`get metadata`): the revision kept, for the record and the outputs.
         let release = Release::open(self, ctx).await?;
-        let live = release.live(Some(sink)).await?;
-        let Some(latest) = live.latest() else {
+        let cmd =
+            release.command().args(["get", "metadata", &self.release, "-o", "json"]).args(self.cluster_args(Some(ctx)));
+        let Captured { outcome, stdout, stderr } =
+            capture(&cmd, ctx, Some(super::QUICK), None, StdoutLog::UnlessJson).await.map_err(Failure::from)?;
+        if !outcome.success() && super::state::is_not_found(&stderr) {
             // Gone since the preview read it: install it.
             return self.apply(ctx, sink).await;
+        }
+        if !outcome.success() {
+            return Err(super::helm_failure(&cmd.display(), &outcome, &stderr));
+        }
+        let metadata: Value = serde_json::from_str(&stdout.join("\n"))
+            .map_err(|e| Failure::new(format!("`{}` printed unexpected JSON: {e}", cmd.display())))?;
+        let Some(revision) = metadata.get("revision").and_then(Value::as_u64) else {
+            return Err(Failure::new(format!("`{}` printed no revision", cmd.display())));
         };
-        let id = self.id(latest.revision);
+        let id = self.id(revision);
         sink.emit(Event::Planned { ids: vec![id.clone()] });
-        self.record_facts(&live, sink);
+        sink.emit(Event::Fact { key: "revision".into(), value: revision.into() });
+        if let Some(status) = metadata.get("status").cloned() {
+            sink.emit(Event::Fact { key: "status".into(), value: status });
+        }
         sink.emit(Event::InPlace {
             id,
             note: Some("same chart, values and live objects as deployed: no upgrade".into()),
         });
-        release.report_outputs(sink, None).await
+        sink.emit(Event::Outputs { values: super::release_outputs(&metadata) });
+        Ok(())
     }
 }
 

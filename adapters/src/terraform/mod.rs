@@ -363,7 +363,8 @@ impl Adapter for TerraformSpec {
             };
             preview.items.push(item);
         }
-        for (name, action) in &plan.output_changes {
+        // An output that changes alone still needs an apply (with resources, the apply does it).
+        for (name, action) in plan.output_changes.iter().filter(|_| plan.changes.is_empty()) {
             let item = PlanItem::new(format!("output.{name}"), PlanAction::Update).because(format!("output {action}"));
             preview.items.push(item);
         }
