@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
+use quick_junit::{NonSuccessKind, Property, Report, TestCase, TestCaseStatus, TestSuite};
 use rdeploy_adapters::SubStatus;
 
 use crate::checkpoint::{Deploy, DeployState, StepStatus};
@@ -183,20 +184,18 @@ pub async fn plan_only(session: &Session, outputs: &Outputs, save: Option<&Path>
 
 /// The JUnit XML of a plan: a test case per step in run order, its items as the case's output.
 fn plan_junit(plan: &crate::plan::StackPlan) -> String {
-    let suite = xml_escape(&plan.stack);
-    let mut cases = String::new();
-    let mut failures = 0;
+    let mut suite = TestSuite::new(format!("{} plan", plan.stack));
     for step in &plan.steps {
-        let _ = writeln!(
-            cases,
-            "    <testcase name=\"{}\" classname=\"{suite}.plan.{}\">",
-            xml_escape(&step.name),
-            step.tool
-        );
-        if let Some(error) = &step.error {
-            failures += 1;
-            let _ = writeln!(cases, "      <failure message=\"{}\" type=\"plan-failed\"/>", xml_escape(error));
-        }
+        let status = match &step.error {
+            Some(error) => {
+                let mut failed = TestCaseStatus::non_success(NonSuccessKind::Failure);
+                failed.set_message(redacted(error)).set_type("plan-failed");
+                failed
+            }
+            None => TestCaseStatus::success(),
+        };
+        let mut case = TestCase::new(redacted(&step.name), status);
+        case.set_classname(format!("{}.plan.{}", redacted(&plan.stack), step.tool));
         let mut text = format!("{} change(s)", step.changes);
         if let Some(summary) = &step.summary {
             let _ = write!(text, ": {summary}");
@@ -204,12 +203,12 @@ fn plan_junit(plan: &crate::plan::StackPlan) -> String {
         for item in &step.items {
             let _ = write!(text, "\n{} {}", item.action.as_str(), item.id);
         }
-        let _ = writeln!(cases, "      <system-out>{}</system-out>\n    </testcase>", xml_text(&text));
+        case.set_system_out(redacted(&text));
+        suite.add_test_case(case);
     }
-    format!(
-        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites>\n  <testsuite name=\"{suite} plan\" tests=\"{}\" failures=\"{failures}\">\n{cases}  </testsuite>\n</testsuites>\n",
-        plan.steps.len()
-    )
+    let mut report = Report::unnamed();
+    report.add_test_suite(suite);
+    junit_text(&report)
 }
 
 /// The changes `ci` reports: the fix committed between the failed job and the retry is the
@@ -312,20 +311,18 @@ pub fn report_error(outputs: &Outputs, ui: &Ui, suite: &str, stack_arg: &str, er
         }
     }
     if let Some(path) = &outputs.junit {
-        let mut xml = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
-        let name = xml_escape(suite);
-        let _ = writeln!(xml, "<testsuites name=\"rdeploy ci\" tests=\"1\" failures=\"0\" errors=\"1\" skipped=\"0\">");
-        let _ = writeln!(xml, "  <testsuite name=\"{name}\" tests=\"1\" failures=\"0\" errors=\"1\" skipped=\"0\">");
-        let _ = writeln!(xml, "    <testcase name=\"rdeploy ci\" classname=\"{name}\">");
-        let _ = writeln!(
-            xml,
-            "      <error message=\"{}\" type=\"exit {}\">{}</error>",
-            xml_escape(message.lines().next().unwrap_or_default()),
-            code as i32,
-            xml_text(&full)
-        );
-        let _ = writeln!(xml, "    </testcase>\n  </testsuite>\n</testsuites>");
-        if let Err(e) = write_file(path, &xml) {
+        let mut error = TestCaseStatus::non_success(NonSuccessKind::Error);
+        error
+            .set_message(redacted(message.lines().next().unwrap_or_default()))
+            .set_type(format!("exit {}", code as i32))
+            .set_description(redacted(&full));
+        let mut case = TestCase::new("rdeploy ci", error);
+        case.set_classname(redacted(suite));
+        let mut junit_suite = TestSuite::new(redacted(suite));
+        junit_suite.add_test_case(case);
+        let mut report = Report::new("rdeploy ci");
+        report.add_test_suite(junit_suite);
+        if let Err(e) = write_file(path, &junit_text(&report)) {
             ui.warn(format!("could not write the JUnit report {}: {e:#}", path.display()));
         }
     }
@@ -463,17 +460,20 @@ fn summary(session: &Session, status: &Status, code: Code, mode: &Mode, changes:
     text
 }
 
-/// `text` with the run's secrets redacted, also as XML escapes them (the JUnit file).
+/// `text` with the run's secrets redacted: the step summary, and each value of the JUnit report
+/// before XML escapes it (a secret holding `&` would not read the same in the file), then the
+/// file once more.
 fn redacted(text: &str) -> String {
-    let secrets = crate::out::secrets();
-    let text = secrets.redact_document(text);
-    let escaped: Vec<String> = secrets
-        .values()
-        .iter()
-        .filter(|s| s.chars().count() >= rdeploy_adapters::secrets::DOCUMENT_MIN)
-        .map(|s| xml_escape(s))
-        .collect();
-    rdeploy_adapters::secrets::redact_line(&text, &rdeploy_adapters::secrets::normalize(escaped))
+    crate::out::secrets().redact_document(text)
+}
+
+/// The JUnit report as XML, by quick-junit: it escapes, and drops what XML 1.0 forbids (a tool's
+/// stderr may carry ANSI escapes).
+fn junit_text(report: &Report) -> String {
+    report.to_string().unwrap_or_else(|e| {
+        tracing::warn!("cannot serialize the JUnit report: {e}");
+        String::new()
+    })
 }
 
 fn append(path: &Path, text: &str) -> anyhow::Result<()> {
@@ -491,31 +491,6 @@ fn write_file(path: &Path, text: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Escapes text for XML attributes and content, dropping characters XML 1.0 forbids (a
-/// tool's stderr may carry ANSI escapes).
-fn xml_escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&apos;"),
-            '\n' => out.push_str("&#10;"),
-            '\t' | '\r' => out.push(c),
-            c if (c as u32) < 0x20 || c == '\u{FFFE}' || c == '\u{FFFF}' => {}
-            c => out.push(c),
-        }
-    }
-    out
-}
-
-/// Like [`xml_escape`], keeping newlines literal (element content reads better in CI views).
-fn xml_text(s: &str) -> String {
-    xml_escape(s).replace("&#10;", "\n")
-}
-
 /// The JUnit XML report: a test case per step in run order; failures carry the tool's message
 /// and the tail of its stderr, steps that did not run are skipped.
 fn junit(session: &Session, deploy: &Deploy, status: &Status) -> String {
@@ -526,28 +501,20 @@ fn junit(session: &Session, deploy: &Deploy, status: &Status) -> String {
             ordered.push(s);
         }
     }
-    let suite = xml_escape(&status.stack);
-    let mut cases = String::new();
-    let (mut failures, mut skipped, mut total_time) = (0, 0, 0.0);
+    let mut suite = TestSuite::new(redacted(&status.stack));
+    let mut total_time = std::time::Duration::ZERO;
     for s in &ordered {
         let state = deploy.step(&s.name);
         let time = state.and_then(|d| Some(d.finished?.seconds_since(d.started?).max(0.0)));
-        total_time += time.unwrap_or(0.0);
-        let time_attr = time.map(|t| format!(" time=\"{t:.3}\"")).unwrap_or_default();
-        let _ = writeln!(
-            cases,
-            "    <testcase name=\"{}\" classname=\"{suite}.{}\"{time_attr}>",
-            xml_escape(&s.name),
-            xml_escape(&s.tool)
-        );
+        let time = time.and_then(|t| std::time::Duration::try_from_secs_f64(t).ok());
+        total_time += time.unwrap_or_default();
         let done: Vec<&str> =
             s.sub_changes.iter().filter(|c| c.status == SubStatus::Done).map(|c| c.id.as_str()).collect();
         let failed_like = s.status.is_failed()
             || s.status == StepView::Refused
             || s.revert_error.is_some()
             || (s.status == StepView::Reverted && (s.error.is_some() || s.reverted_how.is_some()));
-        if failed_like {
-            failures += 1;
+        let case_status = if failed_like {
             let kind = if s.status == StepView::Refused {
                 "refused"
             } else if s.revert_error.is_some() {
@@ -586,14 +553,10 @@ fn junit(session: &Session, deploy: &Deploy, status: &Status) -> String {
             if let Some(next) = &status.next {
                 let _ = write!(body, "\n\nnext: {next}");
             }
-            let _ = writeln!(
-                cases,
-                "      <failure message=\"{}\" type=\"{kind}\">{}</failure>",
-                xml_escape(&message),
-                xml_text(&body)
-            );
+            let mut failure = TestCaseStatus::non_success(NonSuccessKind::Failure);
+            failure.set_message(redacted(&message)).set_type(kind).set_description(redacted(&body));
+            failure
         } else if s.status != StepView::Done {
-            skipped += 1;
             let why = match s.status {
                 StepView::Reverted => "reverted with the rest of the deploy (on_failure: revert)".to_string(),
                 StepView::Skipped => {
@@ -602,7 +565,16 @@ fn junit(session: &Session, deploy: &Deploy, status: &Status) -> String {
                 _ if !s.blocked_by.is_empty() => format!("not run: waits for {}", s.blocked_by.join(", ")),
                 _ => "not run".to_string(),
             };
-            let _ = writeln!(cases, "      <skipped message=\"{}\"/>", xml_escape(&why));
+            let mut skipped = TestCaseStatus::skipped();
+            skipped.set_message(redacted(&why));
+            skipped
+        } else {
+            TestCaseStatus::success()
+        };
+        let mut case = TestCase::new(redacted(&s.name), case_status);
+        case.set_classname(format!("{}.{}", redacted(&status.stack), redacted(&s.tool)));
+        if let Some(time) = time {
+            case.set_time(time);
         }
         if !s.sub_changes.is_empty() {
             let mut lines: Vec<String> = s
@@ -616,33 +588,26 @@ fn junit(session: &Session, deploy: &Deploy, status: &Status) -> String {
             if let Some(words) = s.attempt_words().filter(|_| s.status == StepView::Done) {
                 lines.push(words);
             }
-            let _ = writeln!(cases, "      <system-out>{}</system-out>", xml_text(&lines.join("\n")));
+            case.set_system_out(redacted(&lines.join("\n")));
         }
-        let _ = writeln!(cases, "    </testcase>");
+        suite.add_test_case(case);
     }
-    let tests = ordered.len();
-    let mut xml = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
-    let _ = writeln!(
-        xml,
-        "<testsuites name=\"rdeploy ci\" tests=\"{tests}\" failures=\"{failures}\" errors=\"0\" skipped=\"{skipped}\" time=\"{total_time:.3}\">"
-    );
-    let _ = writeln!(
-        xml,
-        "  <testsuite name=\"{suite}\" tests=\"{tests}\" failures=\"{failures}\" errors=\"0\" skipped=\"{skipped}\" time=\"{total_time:.3}\" timestamp=\"{}\">",
-        xml_escape(&deploy.started.to_string())
-    );
+    suite.set_time(total_time);
+    let started = deploy.started.0;
+    if let Some(at) = chrono::DateTime::from_timestamp(started.unix_timestamp(), started.nanosecond()) {
+        suite.set_timestamp(at.fixed_offset());
+    }
     let state =
         serde_json::to_value(status.state).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
-    let _ = writeln!(xml, "    <properties>");
-    let _ = writeln!(xml, "      <property name=\"deploy_id\" value=\"{}\"/>", xml_escape(&deploy.deploy_id));
-    let _ = writeln!(xml, "      <property name=\"state\" value=\"{}\"/>", xml_escape(&state));
+    suite.add_property(Property::new("deploy_id", redacted(&deploy.deploy_id)));
+    suite.add_property(Property::new("state", state));
     if let Some(next) = &status.next {
-        let _ = writeln!(xml, "      <property name=\"next\" value=\"{}\"/>", xml_escape(next));
+        suite.add_property(Property::new("next", redacted(next)));
     }
-    let _ = writeln!(xml, "    </properties>");
-    xml.push_str(&cases);
-    let _ = writeln!(xml, "  </testsuite>\n</testsuites>");
-    xml
+    let mut report = Report::new("rdeploy ci");
+    report.set_time(total_time);
+    report.add_test_suite(suite);
+    junit_text(&report)
 }
 
 #[cfg(test)]
@@ -659,8 +624,15 @@ mod tests {
     }
 
     #[test]
-    fn xml_escape_drops_forbidden_characters() {
-        assert_eq!(xml_escape("a<b & \"c\" \u{1b}[31mred"), "a&lt;b &amp; &quot;c&quot; [31mred");
-        assert_eq!(xml_text("one\ntwo"), "one\ntwo");
+    fn junit_escapes_and_drops_forbidden_characters() {
+        let mut failed = TestCaseStatus::non_success(NonSuccessKind::Failure);
+        failed.set_message("a<b & \"c\" \u{1b}[31mred\u{1b}[0m \u{7}bell");
+        let mut suite = TestSuite::new("s");
+        suite.add_test_case(TestCase::new("t", failed));
+        let mut report = Report::new("r");
+        report.add_test_suite(suite);
+        let xml = junit_text(&report);
+        assert!(xml.contains(r#"message="a&lt;b &amp; &quot;c&quot; red bell""#), "{xml}");
+        assert!(!xml.contains('\u{1b}') && !xml.contains('\u{7}'), "{xml}");
     }
 }

@@ -4,28 +4,33 @@
 //!
 //! The driver decides, the binary presents: every command returns a [`RunReport`] and prints
 //! nothing on stdout (`main.rs` denies `print!` here); `cmd` maps the outcome to the exit code
-//! and renders the report. Progress goes to the [`Ui`] (stderr), the one reporter: it stays a
-//! concrete type in the session rather than a trait, as there is one implementation and the
-//! adapters already report through their own `EventSink`.
+//! and renders the report. What happens as it runs goes out as typed [`RunEvent`]s to the
+//! session's reporters (the terminal's progress, the step logs): the driver never lays out a
+//! line of text for them.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::fs::File;
-use std::io::Write;
 use std::sync::{Arc, Mutex};
 
 use rdeploy_adapters::outputs::OutputValue;
 use rdeploy_adapters::secrets::Secret;
 use rdeploy_adapters::{
-    shell, Adapter, CancellationToken, Converged, Event, EventSink, Failure, Preview, PriorStep, Recovered, RunFate,
-    StartedBy, StepContext, ToolInfo, IN_PLACE_FACT,
+    shell, Adapter, CancellationToken, Converged, Failure, PriorStep, Recovered, RunFate, StartedBy, StepContext,
+    ToolInfo,
 };
 use tokio::task::JoinSet;
 
 use crate::checkpoint::{Checkpoint, CheckpointGone, Deploy, DeployState, Record, StepMode, StepStatus};
 use crate::diff::StackDiff;
+use crate::engine::attempt::{Action, Attempts};
+use crate::engine::event::Reporters;
+use crate::engine::event::{Attempt, RunEvent, StepEnd, Work};
+use crate::engine::journal::{SharedCheckpoint, StepJournal};
+pub use crate::engine::outputs::SensitiveOutputs;
+use crate::engine::schedule::{AfterFailure, Schedule, StepEnd as End};
+use crate::engine::sink::StepSink;
 use crate::exit::{Code, Refusal};
 use crate::reference::Reference;
-use crate::stack::{OnFailure, Retry, Stack, Step};
+use crate::stack::{OnFailure, Stack, Step};
 use crate::store::local::StateDir;
 use crate::store::{LockGuard, Store};
 use crate::ui::Ui;
@@ -38,6 +43,8 @@ pub struct Session {
     /// Local scratch: logs, adapters' work dirs, the report (the store may be remote).
     pub state: StateDir,
     pub ui: Arc<Ui>,
+    /// Who is told what happens as the run goes (the progress display, the step logs).
+    pub reporters: Reporters,
     /// The stack file as the operator typed it, for commands we print.
     pub stack_arg: String,
     /// Cancelled on the first SIGINT/SIGTERM.
@@ -68,45 +75,11 @@ pub struct Session {
     pub from_plan: Option<Arc<crate::planfile::Loaded>>,
 }
 
-/// Sensitive output values by producing step and key, held in memory only.
-pub type SensitiveOutputs = Arc<Mutex<HashMap<String, BTreeMap<String, Secret>>>>;
-
 /// How long a run waits for a tool a dead run left running (terraform finishing the resources
 /// in flight after its SIGINT) before it refuses to start beside it.
 const SURVIVOR_WAIT: std::time::Duration = std::time::Duration::from_secs(300);
 
-/// How a command ended, in the terms of the exit codes (docs/exit-codes.md; `cmd::exit_code` maps
-/// them).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Outcome {
-    /// The command did all it was asked (or there was nothing to do).
-    Complete,
-    Partial,
-    StepReverted,
-    Refused,
-    RevertFailed,
-    Interrupted,
-}
-
-impl Outcome {
-    /// Keeps the most serious outcome when several steps end differently.
-    fn worst(self, other: Outcome) -> Outcome {
-        // Exit 3 promises "no partial state", so any partial step outranks a clean revert.
-        let rank = |o: Outcome| match o {
-            Outcome::Complete => 0,
-            Outcome::StepReverted => 1,
-            Outcome::Partial => 2,
-            Outcome::Refused => 3,
-            Outcome::Interrupted => 4,
-            Outcome::RevertFailed => 5,
-        };
-        if rank(other) > rank(self) {
-            other
-        } else {
-            self
-        }
-    }
-}
+pub use crate::engine::schedule::Outcome;
 
 /// What a command of the driver did: everything the renderers need, nothing printed.
 #[derive(Debug)]
@@ -175,13 +148,11 @@ pub enum ApplyWhy {
     NotResumable,
 }
 
-/// The scheduler's state while a run is in progress.
+/// A run in progress: the scheduler's state, the running steps' tasks, and what each running
+/// step's outputs were when it started.
 struct RunState {
-    todo: Vec<(String, Action)>,
-    done: HashSet<String>,
+    schedule: Schedule<Action>,
     running: JoinSet<(String, Result<Recovered, Failure>)>,
-    outcome: Outcome,
-    stopping: bool,
     /// Each running step's outputs when it started, to tell which changed when it is done.
     outputs_before: HashMap<String, OutputsSeen>,
     /// `up` (not `--force-apply`): each step applies only what its preview finds not in place.
@@ -200,27 +171,23 @@ struct Converging {
 /// A step's outputs as known at one moment: the recorded ones and the sensitive ones in memory.
 type OutputsSeen = (BTreeMap<String, serde_json::Value>, BTreeMap<String, Secret>);
 
-impl RunState {
-    /// A step failed, was refused or reverted: with `keep_going` only its dependents wait
-    /// (they are never ready, and the report names them skipped); otherwise nothing new starts.
-    fn branch_failed(&mut self, keep_going: bool) {
-        if !keep_going {
-            self.stopping = true;
-        }
-    }
-}
-
-/// What to do with a step in this run.
-#[derive(Clone, Debug)]
-enum Action {
-    Apply,
-    Recover(PriorStep),
-    /// A non-resumable step left half-done (a crash, or a revert that did not finish): undo it
-    /// with its `revert`, then run it from the start. Complete or revert, never a third outcome.
-    RevertThenApply,
-}
-
 impl Session {
+    fn emit(&self, event: RunEvent) {
+        self.reporters.emit(event);
+    }
+
+    fn warn(&self, message: impl Into<String>) {
+        self.emit(RunEvent::Warning { from_step: None, message: message.into() });
+    }
+
+    fn note(&self, message: impl Into<String>) {
+        self.emit(RunEvent::Note(message.into()));
+    }
+
+    fn step_ended(&self, step: &str, end: StepEnd) {
+        self.emit(RunEvent::StepEnded { step: step.to_string(), end });
+    }
+
     pub(crate) fn context(&self, step: &Step, cancel: CancellationToken) -> StepContext {
         StepContext {
             step: step.name.clone(),
@@ -339,13 +306,13 @@ impl Session {
         let mut found = HashMap::new();
         let mut problems = Vec::new();
         for step in steps.iter().filter(|s| !s.resumable && s.revert.is_none()) {
-            self.ui.warn(format!(
+            self.warn(format!(
                 "step `{}` is not resumable and declares no `revert`: if it fails part-way it can only be run again from the start",
                 step.name
             ));
         }
         for step in steps.iter().filter(|s| !s.resumable && s.retry.is_some()) {
-            self.ui.warn(format!(
+            self.warn(format!(
                 "step `{}` declares `retry` but is not resumable: it completes or reverts, and is never retried",
                 step.name
             ));
@@ -398,11 +365,11 @@ impl Session {
                 if let Some(dead) = lock.took_over_from() {
                     *self.took_over.lock().unwrap_or_else(|e| e.into_inner()) = Some(dead.clone());
                     if dead.host == crate::store::hostname() && !dead.is_alive_here() {
-                        self.ui.warn(format!(
+                        self.warn(format!(
                             "took over the lock of a run that died without releasing it: {dead}; its checkpoint is used as it was left"
                         ));
                     } else {
-                        self.ui.warn(format!(
+                        self.warn(format!(
                             "took over a lock left by {dead}; if that run is still alive on {}, stop this one now: two runs would interleave",
                             dead.host
                         ));
@@ -416,7 +383,7 @@ impl Session {
                     alive.iter().map(|(pgid, cmd)| format!("process group {pgid} (`{cmd}`)")).collect()
                 };
                 let alive = rdeploy_adapters::process::wait_for_survivors(&running, SURVIVOR_WAIT, |alive| {
-                    self.ui.warn(format!(
+                    self.warn(format!(
                         "waiting for a tool started by a run that died to finish (up to {} s): {}",
                         SURVIVOR_WAIT.as_secs(),
                         describe(alive).join(", ")
@@ -481,7 +448,7 @@ impl Session {
         let tools = self.check_tools(&steps, true).await?;
         if let Some(loaded) = &self.from_plan {
             // Before anything runs or is recorded: whatever moved since the plan refuses it.
-            self.ui.info(format!(
+            self.note(format!(
                 "checking the plan {} (sha256:{}) against the stack and the live state",
                 loaded.path.display(),
                 loaded.short()
@@ -503,7 +470,7 @@ impl Session {
             if let Some(loaded) = &self.from_plan {
                 cp.record(Record::FromPlan { file: loaded.path.display().to_string(), digest: loaded.digest.clone() })?;
             }
-            self.ui.info(format!("deploy {run_id} of stack {} ({} steps)", self.stack.name, steps.len()));
+            self.note(format!("deploy {run_id} of stack {} ({} steps)", self.stack.name, steps.len()));
             let actions = self.stack.ordered().map(|s| (s.name.clone(), Action::Apply)).collect();
             let last = self.store.last_finished().ok().flatten().filter(|d| d.stack == self.stack.name).map(Arc::new);
             let converging = (!self.force_apply).then(|| Converging { early, applied: Default::default(), last });
@@ -548,12 +515,12 @@ impl Session {
         cp.record(Checkpoint::run_record(&self.stack, "recover", &run_id))?;
         for (name, _) in actions.iter().filter(|(name, _)| diff.settings_changed(name)) {
             let message = format!("step `{name}` changed since the checkpoint; recovering with the new settings");
-            self.ui.warn(&message);
+            self.warn(&message);
             cp.record(Record::Warning { step: Some(name.clone()), message })?;
         }
         let done: Vec<&str> =
             deploy.steps.iter().filter(|s| s.status == StepStatus::Done).map(|s| s.name.as_str()).collect();
-        self.ui.info(format!(
+        self.note(format!(
             "recovering deploy {} of stack {}: {} step(s) already done{}",
             deploy.deploy_id,
             self.stack.name,
@@ -729,12 +696,10 @@ impl Session {
         let cp = SharedCheckpoint::new(cp);
         let done: HashSet<String> =
             cp.read(|d| d.steps.iter().filter(|s| s.status == StepStatus::Done).map(|s| s.name.clone()).collect());
+        let steps = self.stack.steps.iter().map(|s| (s.name.clone(), s.needs.clone()));
         let mut run = RunState {
-            todo: actions,
-            done,
+            schedule: Schedule::new(steps, actions, done, self.parallel, self.keep_going),
             running: JoinSet::new(),
-            outcome: Outcome::Complete,
-            stopping: false,
             outputs_before: HashMap::new(),
             converging,
         };
@@ -772,12 +737,12 @@ impl Session {
             return Err(e.context("the deploy stopped: running tools were interrupted and waited for; `rdeploy recover` resumes once the cause is fixed"));
         }
 
-        let mut outcome = run.outcome;
+        let mut outcome = run.schedule.outcome();
         if let Some(signal) = self.signal.lock().unwrap_or_else(|e| e.into_inner()).clone() {
             cp.record(Record::Interrupted { signal })?;
             outcome = outcome.worst(Outcome::Interrupted);
         }
-        let all_done = self.stack.steps.iter().all(|s| run.done.contains(&s.name));
+        let all_done = run.schedule.all_done();
         if outcome == Outcome::Complete && all_done {
             let deploy = cp.into_inner().finish(DeployState::Complete)?;
             return Ok((Outcome::Complete, deploy));
@@ -790,7 +755,7 @@ impl Session {
         if self.stack.on_failure == OnFailure::Revert
             && matches!(outcome, Outcome::Partial | Outcome::StepReverted | Outcome::Refused)
         {
-            self.ui.warn("on_failure: revert: reverting every completed step that declares `revert`, newest first");
+            self.warn("on_failure: revert: reverting every completed step that declares `revert`, newest first");
             let reverted = self.revert_all(&cp).await?;
             let stranded = self.unrevertable_partial_steps(&cp);
             if reverted == Outcome::StepReverted && stranded.is_empty() {
@@ -802,7 +767,7 @@ impl Session {
                     "on_failure: revert could not undo step `{step}`: it declares no `revert` and has sub-changes in place ({}); the checkpoint is kept",
                     ids.join(", ")
                 );
-                self.ui.warn(&message);
+                self.warn(&message);
                 cp.record(Record::Warning { step: Some(step.clone()), message })?;
             }
             outcome = outcome.worst(Outcome::RevertFailed);
@@ -817,11 +782,11 @@ impl Session {
     fn stop_everything(&self, error: anyhow::Error, run: &mut RunState) -> anyhow::Error {
         if CheckpointGone::is(&error) {
             // Said once, in full, when the run ends.
-            self.ui.warn("the checkpoint is gone: stopping the running tools");
+            self.warn("the checkpoint is gone: stopping the running tools");
         } else {
-            self.ui.warn(format!("{error:#}: stopping the running tools"));
+            self.warn(format!("{error:#}: stopping the running tools"));
         }
-        run.stopping = true;
+        run.schedule.stop();
         self.cancel.cancel();
         error
     }
@@ -833,42 +798,35 @@ impl Session {
         run: &mut RunState,
         tools: &HashMap<String, ToolInfo>,
     ) -> anyhow::Result<()> {
-        while !run.stopping && run.running.len() < self.parallel.max(1) {
+        loop {
             if self.cancel.is_cancelled() {
-                run.stopping = true;
-                break;
+                run.schedule.stop();
             }
-            let Some(pos) = run.todo.iter().position(|(name, _)| {
-                self.stack.step(name).is_some_and(|s| s.needs.iter().all(|n| run.done.contains(n)))
-            }) else {
-                break;
-            };
-            let (name, action) = run.todo.remove(pos);
+            let Some((name, action)) = run.schedule.next_ready() else { break };
             tracing::debug!(step = %name, ?action, running = run.running.len(), "starting step");
             let step = self.stack.step(&name).expect("actions name stack steps").clone();
             if let Some(gate) = &step.gate {
                 if let Err(reason) = crate::gate::evaluate(gate, &self.stack.dir, &self.state.path).await {
-                    self.ui.step_finished(&name, &format!("refused by its gate: {reason}"));
+                    self.step_ended(&name, StepEnd::Refused { reason: reason.clone() });
+                    run.schedule.finish(&name, End::Refused);
                     cp.record(Record::StepRefused { step: name.clone(), reason })?;
-                    run.outcome = run.outcome.worst(Outcome::Refused);
-                    run.branch_failed(self.keep_going);
                     continue;
                 }
             }
             let action = match action {
                 Action::RevertThenApply => {
                     if self.revert_step(cp, &step).await? == Outcome::RevertFailed {
-                        run.outcome = run.outcome.worst(Outcome::RevertFailed);
-                        run.stopping = true;
+                        run.schedule
+                            .finish(&name, End::Failed { interrupted: false, then: AfterFailure::RevertFailed });
                         break;
                     }
                     Action::Apply
                 }
                 other => other,
             };
-            let (mode, what) = match &action {
-                Action::Recover(_) => (StepMode::Recover, format!("{} recover", step.tool)),
-                _ => (StepMode::Apply, format!("{} apply", step.tool)),
+            let (mode, work) = match &action {
+                Action::Recover(_) => (StepMode::Recover, Work::Recover(step.tool)),
+                _ => (StepMode::Apply, Work::Apply(step.tool)),
             };
             let tool_version = tools.get(&name).map(|t| t.version.clone());
             // Its references take their values before the tool starts: a missing output fails
@@ -892,10 +850,9 @@ impl Session {
                 Ok(resolved) => resolved,
                 Err(failure) => {
                     cp.record(Record::StepStarted { step: name.clone(), mode, tool_version: tool_version.clone() })?;
-                    self.ui.step_finished(&name, &format!("{}: {}", self.ui.paint.bad("failed"), failure.summary));
+                    self.step_ended(&name, StepEnd::Failed { summary: failure.summary.clone() });
+                    run.schedule.finish(&name, End::Failed { interrupted: false, then: AfterFailure::Kept });
                     cp.record(Record::StepFailed { step: name.clone(), failure })?;
-                    run.outcome = run.outcome.worst(Outcome::Partial);
-                    run.branch_failed(self.keep_going);
                     continue;
                 }
             };
@@ -909,7 +866,8 @@ impl Session {
                 cp.record(Record::Attempt { step: name.clone(), attempt: 1, of: retry.attempts })?;
             }
             cp.record(Record::StepStarted { step: name.clone(), mode, tool_version: tool_version.clone() })?;
-            self.ui.step_started(&name, &what);
+            let attempt = retry.as_ref().map(|r| Attempt { number: 1, of: r.attempts });
+            self.emit(RunEvent::StepStarted { step: name.clone(), work, attempt });
             let (mut step, mut ctx, read) = self.resolved(&step, self.cancel.child_token());
             if let Some(saved) = saved {
                 step.spec.use_saved_plan(saved);
@@ -931,15 +889,14 @@ impl Session {
                 _ => None,
             };
             let applied = run.converging.as_ref().map(|c| c.applied.clone());
-            let mut sink =
-                JournalSink::new(name.clone(), cp.clone(), self.ui.clone(), &self.state, ctx.cancel.clone())?;
-            sink.sensitive = self.sensitive.clone();
+            let journal = StepJournal::new(name.clone(), cp.clone(), ctx.cancel.clone());
+            let sink = StepSink::new(journal, self.sensitive.clone(), self.reporters.clone());
             // 0700: the tools' files in it (terraform's saved plan) are nobody else's to read.
             self.state.create_dir(&ctx.work_dir)?;
             let attempts = Attempts {
                 retry,
                 cp: cp.clone(),
-                ui: self.ui.clone(),
+                reporters: self.reporters.clone(),
                 tool_version,
                 state_dir: self.state.path.clone(),
                 last: run.converging.as_ref().and_then(|c| c.last.clone()),
@@ -1108,11 +1065,9 @@ impl Session {
                     many => format!("outputs {}", many.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", ")),
                 }
             );
-            self.ui.warn(format!("step `{}` used an old value: {because}; applying it again", consumer.name));
+            self.warn(format!("step `{}` used an old value: {because}; applying it again", consumer.name));
             cp.record(Record::Stale { step: consumer.name.clone(), because })?;
-            run.done.remove(&consumer.name);
-            run.todo.retain(|(n, _)| n != &consumer.name);
-            run.todo.push((consumer.name.clone(), Action::Apply));
+            run.schedule.requeue(&consumer.name, Action::Apply);
         }
         Ok(())
     }
@@ -1136,11 +1091,11 @@ impl Session {
             Ok(Recovered::Complete) => {
                 cp.record(Record::StepDone { step: name.clone() })?;
                 cp.snapshot();
-                self.ui.step_finished(&name, &self.ui.paint.good("done"));
+                self.step_ended(&name, StepEnd::Done);
                 if let Some(before) = before {
                     self.stale_consumers(cp, run, &name, &before)?;
                 }
-                run.done.insert(name);
+                run.schedule.finish(&name, End::Done);
                 return Ok(());
             }
             Ok(Recovered::RolledBack { to }) => {
@@ -1149,33 +1104,28 @@ impl Session {
                 let how = format!("`recover: rollback` rolled it back to {to}: the stack's version is not in place");
                 cp.record(Record::StepReverted { step: name.clone(), how: Some(how) })?;
                 cp.snapshot();
-                self.ui.step_finished(&name, &self.ui.paint.warn(&format!("rolled back to {to}")));
-                run.branch_failed(self.keep_going);
-                run.outcome = run.outcome.worst(Outcome::StepReverted);
+                self.step_ended(&name, StepEnd::RolledBack { to: to.to_string() });
+                run.schedule.finish(&name, End::RolledBack);
                 return Ok(());
             }
             Err(failure) => failure,
         };
         let interrupted = failure.interrupted || self.cancel.is_cancelled();
         let failure = self.name_timeout(cp, &step, failure);
-        run.branch_failed(self.keep_going && !interrupted);
-        self.ui.step_finished(&name, &format!("{}: {}", self.ui.paint.bad("failed"), failure.summary));
+        self.step_ended(&name, StepEnd::Failed { summary: failure.summary.clone() });
         cp.record(Record::StepFailed { step: name.clone(), failure: Failure { interrupted, ..failure } })?;
-        let step_outcome = if !step.resumable && step.revert.is_some() {
+        let then = if !step.resumable && step.revert.is_some() {
             // Complete or revert, under Ctrl-C too: a step that cannot resume goes back to where
             // it started (uncancellably) before rdeploy exits.
-            self.revert_step(cp, &step).await?
+            match self.revert_step(cp, &step).await? {
+                // Manual action is needed: nothing more runs on top of a half-reverted step.
+                Outcome::RevertFailed => AfterFailure::RevertFailed,
+                _ => AfterFailure::Reverted,
+            }
         } else {
-            Outcome::Partial
+            AfterFailure::Kept
         };
-        if step_outcome == Outcome::RevertFailed {
-            // Manual action is needed: nothing more runs on top of a half-reverted step.
-            run.stopping = true;
-        }
-        run.outcome = run.outcome.worst(step_outcome);
-        if interrupted {
-            run.outcome = run.outcome.worst(Outcome::Interrupted);
-        }
+        run.schedule.finish(&name, End::Failed { interrupted, then });
         Ok(())
     }
 
@@ -1250,14 +1200,13 @@ impl Session {
         if step.revert.is_none() {
             return Ok(Outcome::StepReverted);
         }
-        self.ui.step_started(&step.name, "revert");
+        self.emit(RunEvent::StepStarted { step: step.name.clone(), work: Work::Revert, attempt: None });
         cp.record(Record::StepStarted { step: step.name.clone(), mode: StepMode::Revert, tool_version: None })?;
         // Its `revert` and `env` may use outputs too: the recorded values, as the step had them.
         let step = match self.resolve_references(cp, step).await {
             Ok(resolved) => resolved,
             Err(failure) => {
-                self.ui
-                    .step_finished(&step.name, &format!("{}: {}", self.ui.paint.bad("revert failed"), failure.summary));
+                self.step_ended(&step.name, StepEnd::RevertFailed { summary: failure.summary.clone() });
                 cp.record(Record::StepRevertFailed { step: step.name.clone(), failure })?;
                 return Ok(Outcome::RevertFailed);
             }
@@ -1265,9 +1214,8 @@ impl Session {
         let step = &step;
         let Some(script) = &step.revert else { return Ok(Outcome::StepReverted) };
         // A revert must finish even after Ctrl-C or a journal error: a half-reverted step is the third outcome.
-        let mut sink =
-            JournalSink::new(step.name.clone(), cp.clone(), self.ui.clone(), &self.state, CancellationToken::new())?;
-        sink.sensitive = self.sensitive.clone();
+        let journal = StepJournal::new(step.name.clone(), cp.clone(), CancellationToken::new());
+        let sink = StepSink::new(journal, self.sensitive.clone(), self.reporters.clone());
         let (_, ctx, read) = self.resolved(step, CancellationToken::new());
         let reverted = match read {
             Ok(()) => shell::run_revert(&ctx, script, &sink).await,
@@ -1276,13 +1224,12 @@ impl Session {
         match reverted {
             Ok(()) => {
                 cp.record(Record::StepReverted { step: step.name.clone(), how: None })?;
-                self.ui.step_finished(&step.name, &self.ui.paint.warn("reverted"));
+                self.step_ended(&step.name, StepEnd::Reverted);
                 Ok(Outcome::StepReverted)
             }
             Err(failure) => {
                 let failure = crate::out::secrets().redact_failure(failure);
-                self.ui
-                    .step_finished(&step.name, &format!("{}: {}", self.ui.paint.bad("revert failed"), failure.summary));
+                self.step_ended(&step.name, StepEnd::RevertFailed { summary: failure.summary.clone() });
                 cp.record(Record::StepRevertFailed { step: step.name.clone(), failure })?;
                 Ok(Outcome::RevertFailed)
             }
@@ -1377,351 +1324,5 @@ impl Session {
         cp.record(Record::Warning { step: None, message: "reset by the operator after manual reconciliation".into() })?;
         let deploy = cp.finish(DeployState::Partial)?;
         Ok(RunReport::new(Outcome::Complete, Some(deploy), Ended::Forgot))
-    }
-}
-
-/// One step's attempts: the first as the scheduler chose it, then under `retry:` each further
-/// one through the adapter's recover path, so completed sub-changes never run again. Every
-/// attempt is journaled (its failure, then `Attempt` and `StepStarted`) before it starts.
-struct Attempts {
-    retry: Option<Retry>,
-    cp: SharedCheckpoint,
-    ui: Arc<Ui>,
-    tool_version: Option<String>,
-    /// The local state directory (a fleet step keeps last-seen times and rollout starts there).
-    state_dir: std::path::PathBuf,
-    /// `up`: the last finished deploy of the stack, whose shell outputs an in-place step hands on.
-    last: Option<Arc<Deploy>>,
-}
-
-impl Attempts {
-    async fn run(
-        &self,
-        step: &Step,
-        ctx: &StepContext,
-        mut action: Action,
-        sink: &JournalSink,
-        mut converge: Option<Option<Preview>>,
-    ) -> Result<(Recovered, Converged), Failure> {
-        let mut attempt = 1;
-        let mut converged = Converged::Applied;
-        loop {
-            let result = match (&step.fleet, &action) {
-                (Some(fleet), action) => {
-                    let fresh = PriorStep::default();
-                    let prior = match action {
-                        Action::Recover(prior) => prior,
-                        _ => &fresh,
-                    };
-                    let run = crate::rollout::FleetRun {
-                        step,
-                        fleet,
-                        ctx,
-                        prior,
-                        state_dir: &self.state_dir,
-                        converge: converge.take().is_some(),
-                    };
-                    crate::rollout::run(run, sink).await
-                }
-                (None, Action::Recover(prior)) => step.spec.recover(ctx, prior, sink).await,
-                // `up`: what the step's preview finds in place is not applied again.
-                (None, _) => match converge.take() {
-                    Some(decided) => step.spec.converge_step(ctx, decided, sink).await.map(|c| {
-                        converged = c;
-                        if c == Converged::InPlace {
-                            sink.emit(Event::Fact { key: IN_PLACE_FACT.into(), value: true.into() });
-                        }
-                        self.carry_shell_outputs(step, sink);
-                        Recovered::Complete
-                    }),
-                    None => step.spec.apply(ctx, sink).await.map(|()| Recovered::Complete),
-                },
-            };
-            let failure = match (result, sink.journal_error()) {
-                (_, Some(e)) => return Err(journal_failure(e)),
-                (Ok(done), None) => {
-                    if let Some(retry) = self.retry.as_ref().filter(|_| attempt > 1) {
-                        self.ui.info(format!("{}: succeeded on attempt {attempt} of {}", step.name, retry.attempts));
-                    }
-                    return Ok((done, converged));
-                }
-                (Err(failure), None) => failure,
-            };
-            let Some(retry) = &self.retry else { return Err(failure) };
-            // Never retried: an interrupt, the last attempt, a failure nobody called transient.
-            if failure.interrupted || ctx.cancel.is_cancelled() || attempt >= retry.attempts {
-                return Err(failure);
-            }
-            let Some(why) = retry_reason(retry, step.tool, &failure) else { return Err(failure) };
-            let delay = retry.delay_before(attempt + 1);
-            let summary = failure.summary.clone();
-            if let Err(e) = self.cp.record(Record::StepFailed { step: step.name.clone(), failure }) {
-                return Err(journal_failure(JournalError::of(&e)));
-            }
-            self.ui.step_finished(
-                &step.name,
-                &format!(
-                    "{} ({why}): {summary}; attempt {}/{} in {}",
-                    self.ui.paint.warn(&format!("attempt {attempt}/{} failed", retry.attempts)),
-                    attempt + 1,
-                    retry.attempts,
-                    humantime::format_duration(delay)
-                ),
-            );
-            tokio::select! {
-                _ = tokio::time::sleep(delay) => {}
-                _ = ctx.cancel.cancelled() => {
-                    return Err(Failure { interrupted: true, ..Failure::new(format!("stopped before attempt {} of {}", attempt + 1, retry.attempts)) });
-                }
-            }
-            attempt += 1;
-            let prior = self.cp.read(|d| d.step(&step.name).map(|s| s.prior()).unwrap_or_default());
-            let records = [
-                Record::Attempt { step: step.name.clone(), attempt, of: retry.attempts },
-                Record::StepStarted {
-                    step: step.name.clone(),
-                    mode: StepMode::Recover,
-                    tool_version: self.tool_version.clone(),
-                },
-            ];
-            for record in records {
-                if let Err(e) = self.cp.record(record) {
-                    return Err(journal_failure(JournalError::of(&e)));
-                }
-            }
-            self.ui.step_started(&step.name, &format!("{} recover (attempt {attempt}/{})", step.tool, retry.attempts));
-            action = Action::Recover(prior);
-        }
-    }
-}
-
-impl Attempts {
-    /// A shell sub-change found in place did not run, so it wrote no `$RDEPLOY_OUTPUT`: the
-    /// outputs the last finished deploy recorded for the step (and this run did not make anew)
-    /// are handed on, as `plan` showed them. A sensitive output was never recorded: a consumer
-    /// of one fails as before until the producer runs (`--force-apply`).
-    fn carry_shell_outputs(&self, step: &Step, sink: &JournalSink) {
-        if step.tool != rdeploy_adapters::Tool::Shell {
-            return;
-        }
-        let Some(last) = self.last.as_ref().and_then(|d| d.step(&step.name)) else { return };
-        let have = self.cp.read(|d| d.step(&step.name).map(|s| s.outputs.clone()).unwrap_or_default());
-        let values: rdeploy_adapters::outputs::Outputs = last
-            .outputs
-            .iter()
-            .filter(|(key, _)| !have.contains_key(*key))
-            .map(|(key, value)| (key.clone(), OutputValue::Plain(value.clone())))
-            .collect();
-        if !values.is_empty() {
-            sink.emit(Event::Outputs { values });
-        }
-    }
-}
-
-/// Why a failure is worth another attempt, or `None`: one of `matching` matched its message or
-/// the tool's stderr tail, or it is one of the tool's known transient errors (unless
-/// `transient: false`).
-fn retry_reason(retry: &Retry, tool: rdeploy_adapters::Tool, failure: &Failure) -> Option<String> {
-    let lines = || std::iter::once(failure.summary.as_str()).chain(failure.stderr_tail.iter().map(String::as_str));
-    if let Some(re) = retry.matching.iter().find(|re| lines().any(|l| re.is_match(l))) {
-        return Some(format!("matches `{}`", re.as_str()));
-    }
-    if retry.transient {
-        if let Some(class) = rdeploy_adapters::transient::classify(tool, failure) {
-            return Some(format!("transient: {}", class.describe()));
-        }
-    }
-    None
-}
-
-fn journal_failure(error: JournalError) -> Failure {
-    match error {
-        // The run's final error says it all, once.
-        JournalError::Gone => Failure::new("the checkpoint was deleted while this step ran (said below)"),
-        JournalError::Other(error) => Failure::new(format!("the checkpoint could not be written: {error}"))
-            .with_hint("free disk space or fix permissions on the state directory, then `rdeploy recover`"),
-    }
-}
-
-/// The open checkpoint, shared by the scheduler and the running steps' sinks. A poisoned lock is
-/// used as it is: the checkpoint is whole after every record.
-#[derive(Clone)]
-struct SharedCheckpoint(Arc<Mutex<Checkpoint>>);
-
-impl SharedCheckpoint {
-    fn new(cp: Checkpoint) -> SharedCheckpoint {
-        SharedCheckpoint(Arc::new(Mutex::new(cp)))
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Checkpoint> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn record(&self, record: Record) -> anyhow::Result<()> {
-        self.lock().record(record)
-    }
-
-    /// Saves a snapshot; the snapshot is a cache of the journal, so failing to write it loses nothing.
-    fn snapshot(&self) {
-        let _ = self.lock().snapshot();
-    }
-
-    /// Reads the deploy as folded so far.
-    fn read<T>(&self, f: impl FnOnce(&Deploy) -> T) -> T {
-        f(self.lock().deploy())
-    }
-
-    /// The checkpoint back, once every step task (and its sink) has finished.
-    fn into_inner(self) -> Checkpoint {
-        match Arc::try_unwrap(self.0) {
-            Ok(m) => m.into_inner().unwrap_or_else(|e| e.into_inner()),
-            Err(_) => unreachable!("every step task has finished"),
-        }
-    }
-}
-
-/// Why a step's sink could not record an event.
-#[derive(Clone, Debug)]
-enum JournalError {
-    /// The checkpoint was deleted under the run (the run's final error says what to do).
-    Gone,
-    Other(String),
-}
-
-impl JournalError {
-    fn of(e: &anyhow::Error) -> JournalError {
-        if CheckpointGone::is(e) {
-            JournalError::Gone
-        } else {
-            JournalError::Other(format!("{e:#}"))
-        }
-    }
-}
-
-/// The driver's event sink: journals sub-change events durably before returning, draws
-/// progress, and writes the tool's output to the step's log.
-struct JournalSink {
-    step: String,
-    cp: SharedCheckpoint,
-    ui: Arc<Ui>,
-    log: Mutex<Option<File>>,
-    error: Mutex<Option<JournalError>>,
-    /// Cancelled on the first journal error, so the step starts nothing it cannot record (a
-    /// full disk, or a shared store whose lease another run took over).
-    stop: CancellationToken,
-    /// Where the step's sensitive outputs go (memory only).
-    sensitive: SensitiveOutputs,
-}
-
-impl JournalSink {
-    fn new(
-        step: String,
-        cp: SharedCheckpoint,
-        ui: Arc<Ui>,
-        state: &StateDir,
-        stop: CancellationToken,
-    ) -> anyhow::Result<JournalSink> {
-        // 0600, never through a symlink planted at its name (a refusal is a warning: the step
-        // runs, its output still reaches the terminal).
-        let log = match state.create_file(&state.log_path(&step)) {
-            Ok(file) => Some(file),
-            Err(e) => {
-                ui.warn(format!("{step}: not writing the step's log: {e:#}"));
-                None
-            }
-        };
-        Ok(JournalSink {
-            step,
-            cp,
-            ui,
-            log: Mutex::new(log),
-            error: Mutex::new(None),
-            stop,
-            sensitive: SensitiveOutputs::default(),
-        })
-    }
-
-    fn journal_error(&self) -> Option<JournalError> {
-        self.error.lock().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-
-    fn journal(&self, record: Record) {
-        if let Err(e) = self.cp.record(record) {
-            self.error.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(JournalError::of(&e));
-            self.stop.cancel();
-        }
-    }
-}
-
-impl EventSink for JournalSink {
-    fn emit(&self, event: Event) {
-        // A sensitive output joins the run's secrets first, so the central redaction covers it
-        // (in this event's plain values too, and in whatever the consumers report).
-        if let Event::Outputs { values } = &event {
-            for value in values.values() {
-                if let OutputValue::Sensitive(secret) = value {
-                    crate::out::secrets().add(secret);
-                }
-            }
-        }
-        // Redacted once more with the run's secrets before the journal, the log and the terminal.
-        let event = rdeploy_adapters::secrets::redact_event(event, &crate::out::secrets().values());
-        let step = self.step.clone();
-        match event {
-            Event::Outputs { values } => {
-                let mut plain = BTreeMap::new();
-                let mut sensitive = Vec::new();
-                {
-                    let mut vault = self.sensitive.lock().unwrap_or_else(|e| e.into_inner());
-                    let mine = vault.entry(step.clone()).or_default();
-                    for (key, value) in values {
-                        match value {
-                            OutputValue::Plain(v) => {
-                                mine.remove(&key);
-                                plain.insert(key, v);
-                            }
-                            OutputValue::Sensitive(secret) => {
-                                mine.insert(key.clone(), secret);
-                                sensitive.push(key);
-                            }
-                        }
-                    }
-                }
-                self.journal(Record::Outputs { step, values: plain, sensitive });
-            }
-            Event::Planned { ids } => {
-                self.ui.planned(&step, ids.len());
-                self.journal(Record::Planned { step, ids });
-            }
-            Event::Started { id } => {
-                self.ui.sub_change(&self.step, &id, "started", false);
-                self.journal(Record::SubStarted { step, id });
-            }
-            Event::Done { id, note } => {
-                self.journal(Record::SubDone { step, id: id.clone(), note });
-                self.ui.sub_change(&self.step, &id, "done", true);
-            }
-            Event::InPlace { id, note } => {
-                self.journal(Record::SubInPlace { step, id: id.clone(), note });
-                self.ui.sub_change(&self.step, &id, "in place", true);
-            }
-            Event::Failed { id, error } => {
-                self.journal(Record::SubFailed { step, id: id.clone(), error: error.clone() });
-                self.ui.sub_change(&self.step, &id, &format!("failed: {error}"), true);
-            }
-            Event::Pending { id, reason } => self.journal(Record::SubPending { step, id, reason }),
-            Event::Moved { from, to } => self.journal(Record::SubMoved { step, from, to }),
-            Event::Fact { key, value } => self.journal(Record::Fact { step, key, value }),
-            Event::Warning { message } => {
-                self.ui.warn(format!("{}: {message}", self.step));
-                self.journal(Record::Warning { step: Some(step), message });
-            }
-            Event::Output { stream, line } => {
-                if let Some(log) = self.log.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
-                    let _ = writeln!(log, "{line}");
-                }
-                self.ui.output(&self.step, stream, &line);
-            }
-        }
     }
 }

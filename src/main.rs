@@ -19,6 +19,8 @@ mod checkpoint;
 mod ci;
 mod cmd;
 mod diff;
+#[deny(clippy::print_stdout, clippy::print_stderr)]
+mod engine;
 // The driver decides and the binary presents: it returns a `RunReport` and never prints.
 #[deny(clippy::print_stdout, clippy::print_stderr)]
 mod driver;
@@ -29,6 +31,7 @@ mod plan;
 mod planfile;
 mod reference;
 mod report;
+mod reporter;
 mod rollout;
 mod runbook;
 mod stack;
@@ -516,6 +519,10 @@ fn session(stack_path: &Path, global: &Global, ui: Arc<Ui>, parallel: usize) -> 
     Ok(driver::Session {
         stack: Arc::new(stack),
         store,
+        reporters: engine::event::Reporters::new(vec![
+            ui.clone(),
+            Arc::new(reporter::step_log::StepLog::new(state.clone(), ui.clone())),
+        ]),
         state,
         ui,
         stack_arg: stack_path.display().to_string(),

@@ -441,12 +441,12 @@ fn check_fleet(checker: &mut Checker<'_>, dir: &Path, keys: &mut CommonKeys, ste
             }
         }
         if let Some(b) = &r.bake {
-            if let Some(d) = parse_duration_at(checker, "rollout.bake", b) {
+            if let Some(d) = parse_duration_at(checker, "rollout.bake", b, BAKE_BOUNDS) {
                 out.bake = d;
             }
         }
         if let Some(t) = &r.inventory_timeout {
-            if let Some(d) = parse_duration_at(checker, "rollout.inventory_timeout", t) {
+            if let Some(d) = parse_duration_at(checker, "rollout.inventory_timeout", t, TIMEOUT_BOUNDS) {
                 out.inventory_timeout = d;
             }
         }
@@ -521,7 +521,8 @@ impl Retry {
     /// How long to wait before attempt `next` (2 for the first retry).
     pub fn delay_before(&self, next: u32) -> Duration {
         let factor = self.backoff.powi(next.saturating_sub(2) as i32);
-        let delay = self.delay.mul_f64(factor.min(1e6));
+        // Saturated, never a panic: `mul_f64` panics on a product a `Duration` cannot hold.
+        let delay = Duration::try_from_secs_f64(self.delay.as_secs_f64() * factor.min(1e6)).unwrap_or(Duration::MAX);
         match self.max_delay {
             Some(max) => delay.min(max),
             None => delay,
@@ -529,14 +530,49 @@ impl Retry {
     }
 }
 
-fn parse_duration_at(checker: &mut Checker<'_>, key: &str, value: &Spanned<String>) -> Option<Duration> {
+/// The range a duration key accepts. Outside it a value is a mistake rather than a wish (a
+/// timeout of `0s` or `1ns` fails every step at once; one of `18446744073709551615s` is no
+/// timeout and overflows the clock), and it is bad input at `validate`, never a panic later.
+#[derive(Clone, Copy, Debug)]
+pub struct DurationBounds {
+    pub min: Duration,
+    pub max: Duration,
+    /// How the bounds read in a message: `from 1s to 7d`.
+    pub words: &'static str,
+}
+
+/// `timeout` (a step's and the stack's), `rollout.inventory_timeout`, `gate.inventory.timeout`.
+pub const TIMEOUT_BOUNDS: DurationBounds =
+    DurationBounds { min: Duration::from_secs(1), max: Duration::from_secs(7 * 24 * 3600), words: "from 1s to 7d" };
+/// `retry.delay` and `retry.max_delay`: `0s` retries at once.
+pub const RETRY_DELAY_BOUNDS: DurationBounds =
+    DurationBounds { min: Duration::ZERO, max: Duration::from_secs(24 * 3600), words: "from 0s to 24h" };
+/// `rollout.bake`: `0s` (the default) moves on to the next wave at once.
+pub const BAKE_BOUNDS: DurationBounds =
+    DurationBounds { min: Duration::ZERO, max: Duration::from_secs(30 * 24 * 3600), words: "from 0s to 30d" };
+
+fn parse_duration_at(
+    checker: &mut Checker<'_>,
+    key: &str,
+    value: &Spanned<String>,
+    bounds: DurationBounds,
+) -> Option<Duration> {
     match humantime::parse_duration(value.as_str()) {
-        Ok(d) => Some(d),
+        Ok(d) if (bounds.min..=bounds.max).contains(&d) => Some(d),
+        Ok(d) => {
+            let (what, example) = if d < bounds.min { ("too short", "`30s`") } else { ("too long", "`2h`") };
+            checker.at(
+                value.span(),
+                format!("`{key}: {}` is {what}: it is a duration {}", value.as_str(), bounds.words),
+                Some(format!("write a duration {} like {example}", bounds.words)),
+            );
+            None
+        }
         Err(e) => {
             checker.at(
                 value.span(),
                 format!("`{key}: {}` is not a duration: {e}", value.as_str()),
-                Some("write it like `90s`, `10m` or `1h30m`".into()),
+                Some(format!("write it like `90s`, `10m` or `1h30m` ({})", bounds.words)),
             );
             None
         }
@@ -562,9 +598,10 @@ fn check_retry(checker: &mut Checker<'_>, keys: &RetryKeys) -> Option<Retry> {
     let delay = keys
         .delay
         .as_ref()
-        .and_then(|d| parse_duration_at(checker, "retry.delay", d))
+        .and_then(|d| parse_duration_at(checker, "retry.delay", d, RETRY_DELAY_BOUNDS))
         .unwrap_or(Duration::from_secs(5));
-    let max_delay = keys.max_delay.as_ref().and_then(|d| parse_duration_at(checker, "retry.max_delay", d));
+    let max_delay =
+        keys.max_delay.as_ref().and_then(|d| parse_duration_at(checker, "retry.max_delay", d, RETRY_DELAY_BOUNDS));
     let backoff = match &keys.backoff {
         None => 2.0,
         Some(b) => match b.as_str().parse::<f64>() {
@@ -691,6 +728,15 @@ pub fn load(file: &Path) -> anyhow::Result<Stack> {
     Ok(stack)
 }
 
+/// The longest value a stack file may hold, in bytes: below the kernel's 128 KiB for one
+/// argument or environment variable (`MAX_ARG_STRLEN`), with room for a flag or a name.
+pub const MAX_VALUE_BYTES: usize = 100 * 1024;
+/// The most bytes one step's values may hold in all: half the usual 2 MiB the kernel leaves
+/// for a command line and environment together, the other half for rdeploy's own environment.
+pub const MAX_STEP_BYTES: usize = 1024 * 1024;
+/// Control characters reported one by one before the rest are counted.
+const MAX_REPORTED_CHARACTERS: usize = 10;
+
 /// Parses stack text; `file` is used in messages and to resolve relative paths.
 pub fn parse(file: &Path, text: &str) -> Result<Stack, StackError> {
     let mut checker = Checker { file, problems: Vec::new() };
@@ -702,6 +748,31 @@ pub fn parse(file: &Path, text: &str) -> Result<Stack, StackError> {
 
     // Quoted scalars are marked, so values handed to a tool keep their YAML type
     // ([`yaml::typed_json`]); serde deserializes from [`yaml::coercible`] copies, as before.
+    // A NUL (or another control character YAML forbids) would end the parse early, or fail it
+    // far from the character: each is reported where it is, and nothing else is read.
+    let forbidden = yaml::forbidden_characters(text);
+    if !forbidden.is_empty() {
+        for (at, c) in forbidden.iter().take(MAX_REPORTED_CHARACTERS) {
+            let name = if *c == '\0' {
+                "a NUL byte".to_string()
+            } else {
+                format!("the control character U+{:04X}", *c as u32)
+            };
+            checker.at_location(
+                Some(*at),
+                format!("the stack file holds {name} here; YAML allows no control characters but tab and line breaks"),
+                Some("remove it (`cat -A` shows it as `^@` or `M-`): a stack file is text".into()),
+            );
+        }
+        if forbidden.len() > MAX_REPORTED_CHARACTERS {
+            checker.at_location(
+                Some(forbidden[MAX_REPORTED_CHARACTERS].0),
+                format!("and {} more control characters", forbidden.len() - MAX_REPORTED_CHARACTERS),
+                None,
+            );
+        }
+        return Err(StackError { problems: checker.problems });
+    }
     let root = match yaml::parse_located(text) {
         Ok(node) => node,
         Err(e) => {
@@ -713,6 +784,40 @@ pub fn parse(file: &Path, text: &str) -> Result<Stack, StackError> {
             return Err(StackError { problems: checker.problems });
         }
     };
+    // Every value may reach a tool's command line or environment, where the kernel takes at
+    // most 128 KiB per word and about 2 MiB for all of them (`Argument list too long`).
+    let long = yaml::long_scalars(&root, MAX_VALUE_BYTES);
+    for (span, len) in &long {
+        let (span, len) = (*span, *len);
+        checker.at(
+            &span,
+            format!(
+                "this value is {} KiB; a value in a stack file is at most {} KiB (a tool's command line or environment takes no more)",
+                len.div_ceil(1024),
+                MAX_VALUE_BYTES / 1024
+            ),
+            Some("put large content in a file beside the stack and name the file (`var_files`, `values`, a script `run` calls)".into()),
+        );
+    }
+    // The sum is named only when no value alone was too long (that one is the thing to move).
+    if let Some(steps) = root.as_mapping().and_then(|top| top.get_sequence("steps")).filter(|_| long.is_empty()) {
+        for step in steps.iter() {
+            let bytes = yaml::scalar_bytes(step);
+            if bytes > MAX_STEP_BYTES {
+                // At the step's first key (a mapping's own span starts after it).
+                let at = step.as_mapping().and_then(|m| m.keys().next().map(|k| *k.span())).unwrap_or(*step.span());
+                checker.at(
+                    &at,
+                    format!(
+                        "this step's values add up to {} KiB; a step's values are at most {} KiB in all (the command line and environment of its tool)",
+                        bytes.div_ceil(1024),
+                        MAX_STEP_BYTES / 1024
+                    ),
+                    Some("move large values into files the step names".into()),
+                );
+            }
+        }
+    }
     let Some(top) = root.as_mapping() else {
         checker.at(root.span(), "the stack file must be a mapping", Some("start with `name:` and `steps:`".into()));
         return Err(StackError { problems: checker.problems });
@@ -760,7 +865,7 @@ pub fn parse(file: &Path, text: &str) -> Result<Stack, StackError> {
     };
     let default_timeout = top.get_scalar("timeout").and_then(|t| {
         let spanned = Spanned::new(*t.span(), t.as_str().to_string());
-        parse_duration_at(&mut checker, "timeout", &spanned)
+        parse_duration_at(&mut checker, "timeout", &spanned, TIMEOUT_BOUNDS)
     });
     let state = match top.get_scalar("state") {
         None => None,
@@ -1099,7 +1204,7 @@ fn parse_step(checker: &mut Checker<'_>, dir: &Path, node: &Node) -> Option<Pars
             );
         }
     }
-    let timeout = keys.timeout.as_ref().and_then(|t| parse_duration_at(checker, "timeout", t));
+    let timeout = keys.timeout.as_ref().and_then(|t| parse_duration_at(checker, "timeout", t, TIMEOUT_BOUNDS));
     let retry = keys.retry.as_ref().and_then(|r| check_retry(checker, r));
     let phase = keys.phase.as_ref().and_then(|p| match p.as_str() {
         "expand" => Some(Phase::Expand),
@@ -1344,17 +1449,7 @@ fn check_gate(checker: &mut Checker<'_>, raw: RawGate) -> Gate {
             }
         }
     }
-    let timeout = inv.timeout.and_then(|t| match humantime::parse_duration(t.as_str()) {
-        Ok(d) => Some(d),
-        Err(e) => {
-            checker.at(
-                t.span(),
-                format!("`gate.inventory.timeout: {}` is not a duration: {e}", t.as_str()),
-                Some("write it like `5s`, `30s` or `2m`".into()),
-            );
-            None
-        }
-    });
+    let timeout = inv.timeout.and_then(|t| parse_duration_at(checker, "gate.inventory.timeout", &t, TIMEOUT_BOUNDS));
     let format = time::macros::format_description!("[year]-[month]-[day]");
     let exceptions = inv
         .exceptions
@@ -1541,6 +1636,23 @@ mod tests {
 
     fn problems(text: &str) -> Vec<Problem> {
         parse(Path::new("stack.yaml"), text).unwrap_err().problems
+    }
+
+    /// A retry's growing delay saturates instead of panicking (`Duration::mul_f64` panics on a
+    /// product it cannot hold).
+    #[test]
+    fn a_retry_delay_saturates_rather_than_panics() {
+        let retry = Retry {
+            attempts: 100,
+            delay: Duration::MAX,
+            backoff: 10.0,
+            max_delay: None,
+            matching: Vec::new(),
+            transient: true,
+        };
+        assert_eq!(retry.delay_before(100), Duration::MAX);
+        let bounded = Retry { delay: RETRY_DELAY_BOUNDS.max, max_delay: Some(Duration::from_secs(60)), ..retry };
+        assert_eq!(bounded.delay_before(100), Duration::from_secs(60));
     }
 
     #[test]

@@ -9,6 +9,9 @@ use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use owo_colors::OwoColorize;
 use rdeploy_adapters::Stream;
 
+use crate::engine::event::Reporter;
+use crate::engine::event::{RetryWhy, RunEvent, StepEnd, SubChange, Work};
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum ColorChoice {
     Auto,
@@ -167,5 +170,64 @@ impl Ui {
             }
         }
         self.info(format!("{step}: {text}"));
+    }
+}
+
+/// The terminal's view of a run: each event as the line (or progress bar) the operator reads.
+impl Reporter for Ui {
+    fn event(&self, event: &RunEvent) {
+        match event {
+            RunEvent::Note(text) => self.info(text),
+            RunEvent::Warning { from_step: Some(step), message } => self.warn(format!("{step}: {message}")),
+            RunEvent::Warning { from_step: None, message } => self.warn(message),
+            RunEvent::StepStarted { step, work, attempt } => {
+                let what = match (work, attempt) {
+                    (Work::Revert, _) => "revert".to_string(),
+                    (Work::Apply(tool), _) => format!("{tool} apply"),
+                    (Work::Recover(tool), Some(a)) if a.number > 1 => {
+                        format!("{tool} recover (attempt {}/{})", a.number, a.of)
+                    }
+                    (Work::Recover(tool), _) => format!("{tool} recover"),
+                };
+                self.step_started(step, &what);
+            }
+            RunEvent::Planned { step, total } => self.planned(step, *total),
+            RunEvent::SubChange { step, id, change } => match change {
+                SubChange::Started => self.sub_change(step, id, "started", false),
+                SubChange::Done => self.sub_change(step, id, "done", true),
+                SubChange::Failed(error) => self.sub_change(step, id, &format!("failed: {error}"), true),
+            },
+            RunEvent::Output { step, stream, line } => self.output(step, *stream, line),
+            RunEvent::AttemptFailed { step, attempt, why, summary, delay } => {
+                let why = match why {
+                    RetryWhy::Matches(pattern) => format!("matches `{pattern}`"),
+                    RetryWhy::Transient(class) => format!("transient: {}", class.describe()),
+                };
+                self.step_finished(
+                    step,
+                    &format!(
+                        "{} ({why}): {summary}; attempt {}/{} in {}",
+                        self.paint.warn(&format!("attempt {}/{} failed", attempt.number, attempt.of)),
+                        attempt.number + 1,
+                        attempt.of,
+                        humantime::format_duration(*delay)
+                    ),
+                );
+            }
+            RunEvent::AttemptSucceeded { step, attempt } => {
+                self.info(format!("{step}: succeeded on attempt {} of {}", attempt.number, attempt.of))
+            }
+            RunEvent::StepEnded { step, end } => {
+                let text = match end {
+                    StepEnd::Done => self.paint.good("done"),
+                    StepEnd::RolledBack { to } => self.paint.warn(&format!("rolled back to {to}")),
+                    StepEnd::Failed { summary } => format!("{}: {summary}", self.paint.bad("failed")),
+                    StepEnd::Refused { reason } => format!("refused by its gate: {reason}"),
+                    StepEnd::Reverted => self.paint.warn("reverted"),
+                    StepEnd::RevertFailed { summary } => format!("{}: {summary}", self.paint.bad("revert failed")),
+                };
+                self.step_finished(step, &text);
+            }
+        }
     }
 }

@@ -71,7 +71,7 @@ fn element(start: &quick_xml::events::BytesStart<'_>) -> Element {
     for attr in start.attributes() {
         let attr = attr.expect("well-formed attribute");
         let key = String::from_utf8(attr.key.as_ref().to_vec()).unwrap();
-        let value = attr.unescape_value().expect("attribute unescapes").into_owned();
+        let value = attr.normalized_value(quick_xml::XmlVersion::default()).expect("attribute unescapes").into_owned();
         assert!(el.attrs.insert(key.clone(), value).is_none(), "duplicate attribute {key}");
     }
     el
@@ -83,11 +83,12 @@ fn parse_xml(xml: &str) -> Element {
     let mut stack: Vec<Element> = Vec::new();
     let mut root = None;
     loop {
-        match reader.read_event().unwrap_or_else(|e| panic!("invalid XML at {}: {e}\n{xml}", reader.buffer_position()))
-        {
-            Event::Start(s) => stack.push(element(&s)),
+        let ev =
+            reader.read_event().unwrap_or_else(|e| panic!("invalid XML at {}: {e}\n{xml}", reader.buffer_position()));
+        match &ev {
+            Event::Start(s) => stack.push(element(s)),
             Event::Empty(s) => {
-                let el = element(&s);
+                let el = element(s);
                 match stack.last_mut() {
                     Some(parent) => parent.children.push(el),
                     None => root = Some(el),
@@ -103,8 +104,20 @@ fn parse_xml(xml: &str) -> Element {
                     }
                 }
             }
-            Event::Text(t) => {
-                let text = t.unescape().expect("text unescapes");
+            Event::Text(_) | Event::GeneralRef(_) => {
+                let text = match &ev {
+                    Event::Text(t) => t.decode().expect("text decodes").into_owned(),
+                    Event::GeneralRef(r) => match r.resolve_char_ref().expect("a valid character reference") {
+                        Some(c) => c.to_string(),
+                        None => {
+                            let name = r.decode().expect("reference decodes");
+                            quick_xml::escape::resolve_predefined_entity(&name)
+                                .expect("a predefined entity")
+                                .to_string()
+                        }
+                    },
+                    _ => unreachable!(),
+                };
                 match stack.last_mut() {
                     Some(el) => el.text.push_str(&text),
                     None => assert!(text.trim().is_empty(), "text outside the root: {text:?}"),
@@ -332,9 +345,15 @@ fn files_holding(dir: &std::path::Path, needle: &str) -> Vec<std::path::PathBuf>
     let Ok(entries) = std::fs::read_dir(dir) else { return found };
     for entry in entries.flatten() {
         let path = entry.path();
-        if path.is_dir() {
+        // What is at rest: directories and regular files. A link is not followed (one into
+        // `/proc` reads a live process's memory, not the disk) and a named pipe holds nothing
+        // (reading one with no writer would wait forever).
+        let Ok(kind) = entry.file_type() else { continue };
+        if kind.is_dir() {
             found.extend(files_holding(&path, needle));
-        } else if std::fs::read(&path).is_ok_and(|b| b.windows(needle.len()).any(|w| w == needle.as_bytes())) {
+        } else if kind.is_file()
+            && std::fs::read(&path).is_ok_and(|b| b.windows(needle.len()).any(|w| w == needle.as_bytes()))
+        {
             found.push(path);
         }
     }
@@ -394,7 +413,10 @@ steps:
     let printed = secret_journey(&p, "fail-two", "SECRETVALUE");
     // Plain values print as they are.
     assert!(printed.contains("login failed for *** in eu-west-2"), "{printed}");
-    assert_eq!(p.read("digest").trim(), format!("{:x}", sha2::Sha256::digest(b"SECRETVALUE-sh-7")));
+    assert_eq!(
+        p.read("digest").trim(),
+        sha2::Sha256::digest(b"SECRETVALUE-sh-7").iter().map(|b| format!("{b:02x}")).collect::<String>()
+    );
 }
 
 /// A terraform variable declared `sensitive` in the module, echoed by a failing provisioner: the
@@ -420,7 +442,10 @@ steps:
     let printed = secret_journey(&p, "infra/fail-secret", "SECRETVALUE");
     assert!(printed.contains("export TF_VAR_token="), "{printed}");
     assert!(printed.contains("-var enabled=false") && printed.contains("-var region=eu-west-2"), "{printed}");
-    assert_eq!(p.read("infra/token.sha256").trim(), format!("{:x}", sha2::Sha256::digest(b"SECRETVALUE-tf-1")));
+    assert_eq!(
+        p.read("infra/token.sha256").trim(),
+        sha2::Sha256::digest(b"SECRETVALUE-tf-1").iter().map(|b| format!("{b:02x}")).collect::<String>()
+    );
 }
 
 /// An ansible extra var whose name is secret, printed by a failing task: the same journey;
@@ -464,7 +489,10 @@ steps:
     p.file("fail-play", "");
     let printed = secret_journey(&p, "fail-play", "SECRETVALUE");
     assert!(printed.contains("rejected password *** in eu-west-2"), "{printed}");
-    assert_eq!(p.read("digest").trim(), format!("{:x}", sha2::Sha256::digest(b"SECRETVALUE-ans-1")));
+    assert_eq!(
+        p.read("digest").trim(),
+        sha2::Sha256::digest(b"SECRETVALUE-ans-1").iter().map(|b| format!("{b:02x}")).collect::<String>()
+    );
 }
 
 /// A helm `set` value whose key names a secret, quoted by a failing chart: the same journey
@@ -510,7 +538,7 @@ steps:
         helm_bin(4).display()
     ));
     let printed = secret_journey(&p, "chart/fail-marker", "SECRETVALUE");
-    let digest = format!("{:x}", sha2::Sha256::digest(b"SECRETVALUE-helm-1"));
+    let digest = sha2::Sha256::digest(b"SECRETVALUE-helm-1").iter().map(|b| format!("{b:02x}")).collect::<String>();
     assert!(printed.contains(&format!("rejected password *** (sha256 {digest}) for tier gold")), "{printed}");
 }
 
@@ -838,4 +866,159 @@ steps:
         .unwrap();
     assert!(got.status.success(), "{}", String::from_utf8_lossy(&got.stderr));
     assert_eq!(String::from_utf8_lossy(&got.stdout), "SECRETVALUE-helm-2");
+}
+
+/// A stand-in for a tool binary: the real tool, except that a command whose words hold `held`
+/// waits until `go` exists, after touching `started` (so rdeploy has laid out the secret values
+/// the command reads, and the tool has not read them yet).
+fn held_tool(p: &Project, name: &str, real: &std::path::Path, held: &str) -> std::path::PathBuf {
+    let script = format!(
+        "#!/bin/sh\ncase \" $* \" in *'{held}'*) : > '{dir}/started'; while [ ! -f '{dir}/go' ]; do sleep 0.05; done;; esac\nexec '{real}' \"$@\"\n",
+        dir = p.path(".").display(),
+        real = real.display()
+    );
+    p.file(name, &script);
+    let path = p.path(name);
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+/// kill -9 of rdeploy, then waits until no tool it started is left (each got its graceful
+/// signal and ends on its own).
+fn kill_9_and_wait_for_its_tools(p: &Project, mut child: std::process::Child) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
+    child.wait().unwrap();
+    let running = p.path(".rdeploy/running");
+    let start = std::time::Instant::now();
+    while !rdeploy_adapters::process::surviving_children(&running).is_empty() {
+        assert!(start.elapsed() < std::time::Duration::from_secs(120), "a tool never ended after rdeploy died");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// Issue 32, point 7: rdeploy killed with `kill -9` while terraform applies, after a provisioner
+/// printed a value the stack marks secret (terraform prints it: the module does not declare it
+/// sensitive). terraform's raw `-json` stream stayed in `.rdeploy/steps/*/apply.jsonl` in clear;
+/// it is a memory file now, and nothing under the state dir holds the value. recover finishes.
+#[test]
+fn a_kill_9_during_a_terraform_apply_leaves_no_secret_at_rest() {
+    require_tool("terraform", "install terraform v1.11 (https://developer.hashicorp.com/terraform/install)");
+    let p = Project::new();
+    p.file(
+        "infra/main.tf",
+        r#"variable "greeting" {
+  type = string
+}
+
+resource "terraform_data" "speak" {
+  provisioner "local-exec" {
+    environment = { GREETING = var.greeting }
+    command     = "echo \"the greeting is $GREETING\"; : > said; while [ ! -f go ]; do sleep 0.05; done"
+  }
+}
+"#,
+    );
+    p.stack(
+        r#"
+name: demo
+steps:
+  - name: infra
+    tool: terraform
+    dir: infra
+    vars: { greeting: { value: SECRETVALUE-tf-kill, secret: true } }
+"#,
+    );
+    let child = p.spawn(&["up"]);
+    // The line went through terraform's stream once rdeploy's log has it.
+    let start = std::time::Instant::now();
+    while !std::fs::read_to_string(p.path(".rdeploy/logs/infra.log")).is_ok_and(|l| l.contains("the greeting is ***")) {
+        assert!(start.elapsed() < std::time::Duration::from_secs(120), "the provisioner never spoke");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    kill_9_and_wait_for_its_tools(&p, child);
+    let left = files_holding(&p.path(".rdeploy"), "SECRETVALUE");
+    assert!(left.is_empty(), "after kill -9 mid-apply: {left:?}");
+
+    p.file("infra/go", "");
+    p.rdeploy(&["recover"]).code(0);
+    let left = files_holding(&p.path(".rdeploy"), "SECRETVALUE");
+    assert!(left.is_empty(), "after recover: {left:?}");
+    assert!(p.read(".rdeploy/logs/infra.log").contains("the greeting is ***"), "the log holds the line, redacted");
+}
+
+/// Issue 32, point 7: rdeploy killed with `kill -9` while helm runs with a secret `set` value:
+/// `secret-values.json` stayed in clear in the step's work dir. The values now live in memory
+/// (helm reads them through a link into rdeploy's `/proc`), and nothing under the state dir
+/// holds them; recover installs the release with the value.
+#[test]
+fn a_kill_9_during_a_helm_upgrade_leaves_no_secret_value_at_rest() {
+    use kubesim::testing::{helm_bin, kubectl_bin, Kubesim};
+    let sim = Kubesim::start("c1");
+    let mut p = Project::new();
+    for (k, v) in sim.env() {
+        p.env(&k, &v);
+    }
+    p.file("chart/Chart.yaml", "apiVersion: v2\nname: held\nversion: 0.1.0\n");
+    p.file(
+        "chart/templates/cm.yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ .Release.Name }}-config\ndata:\n  login: {{ .Values.login | quote }}\n",
+    );
+    let helm = held_tool(&p, "helm-held", &helm_bin(4), " upgrade ");
+    p.stack(&format!(
+        "name: demo\nsteps:\n  - name: app\n    tool: helm\n    release: web\n    chart: chart\n    namespace: shop\n    context: c1\n    set: {{ login: {{ from_env: CI_LOGIN }} }}\n    timeout: 60s\n    binary: {}\n",
+        helm.display()
+    ));
+    p.env("CI_LOGIN", "SECRETVALUE-helm-kill");
+    let child = p.spawn(&["up"]);
+    p.wait_for("started", std::time::Duration::from_secs(120));
+    kill_9_and_wait_for_its_tools(&p, child);
+    let left = files_holding(&p.path(".rdeploy"), "SECRETVALUE");
+    assert!(left.is_empty(), "after kill -9 mid-upgrade: {left:?}");
+
+    p.file("go", "");
+    p.rdeploy(&["recover"]).code(0);
+    let left = files_holding(&p.path(".rdeploy"), "SECRETVALUE");
+    assert!(left.is_empty(), "after recover: {left:?}");
+    let got = std::process::Command::new(kubectl_bin())
+        .args(["--context", "c1", "-n", "shop", "get", "configmap", "web-config", "-o", "jsonpath={.data.login}"])
+        .envs(sim.env())
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&got.stdout), "SECRETVALUE-helm-kill", "helm read the value");
+}
+
+/// Issue 32, point 7: rdeploy killed with `kill -9` after it laid out ansible's secret extra
+/// vars and before ansible read them: `secret-vars.json` stayed in clear. They are served
+/// through a named pipe now, which holds nothing at rest; recover runs the play with the value.
+#[test]
+fn a_kill_9_before_ansible_reads_its_secret_vars_leaves_none_at_rest() {
+    let binary = common::repo_root().join(".venv/bin/ansible-playbook");
+    assert!(binary.is_file(), "{} is missing: run scripts/setup-ansible.sh", binary.display());
+    let mut p = Project::new();
+    p.env("CI_DB_LOGIN", "SECRETVALUE-ans-kill");
+    p.file(
+        "inventory.ini",
+        "[web]\nweb1\n\n[web:vars]\nansible_connection=local\nansible_python_interpreter={{ ansible_playbook_python }}\n",
+    );
+    p.file(
+        "play.yml",
+        "- hosts: web\n  gather_facts: false\n  tasks:\n    - name: write it\n      ansible.builtin.copy:\n        content: \"{{ login }}\"\n        dest: \"{{ playbook_dir }}/received\"\n",
+    );
+    let held = held_tool(&p, "ansible-held", &binary, "secret-vars.json");
+    p.stack(&format!(
+        "name: demo\nsteps:\n  - name: hosts\n    tool: ansible\n    playbook: play.yml\n    inventory: inventory.ini\n    binary: {}\n    env: {{ ANSIBLE_NOCOLOR: \"1\" }}\n    extra_vars: {{ login: {{ from_env: CI_DB_LOGIN }} }}\n",
+        held.display()
+    ));
+    let child = p.spawn(&["up"]);
+    p.wait_for("started", std::time::Duration::from_secs(120));
+    kill_9_and_wait_for_its_tools(&p, child);
+    let left = files_holding(&p.path(".rdeploy"), "SECRETVALUE");
+    assert!(left.is_empty(), "after kill -9 before ansible read its vars: {left:?}");
+
+    p.file("go", "");
+    p.rdeploy(&["recover"]).code(0);
+    let left = files_holding(&p.path(".rdeploy"), "SECRETVALUE");
+    assert!(left.is_empty(), "after recover: {left:?}");
+    assert_eq!(p.read("received"), "SECRETVALUE-ans-kill", "ansible read the value");
 }

@@ -146,3 +146,85 @@ fn a_manifest_rdeploy_cannot_split_is_bad_input_found_without_a_cluster() {
     ));
     p.rdeploy(&["validate"]).code(0);
 }
+
+/// `validate` and `up` both refuse a bad stack file with exit 2, the problem located (`at`) and
+/// said (`why`); `up` records nothing (`status` needs a valid stack file, so the journal is
+/// looked for directly).
+fn bad_stack_refused(p: &Project, at: &str, why: &str) {
+    p.rdeploy(&["validate"]).code(2).stderr_has(at).stderr_has(why);
+    p.rdeploy(&["up"]).code(2).stderr_has(at).stderr_has(why);
+    assert!(!p.exists(".rdeploy/journal.jsonl"), "up recorded a deploy");
+}
+
+/// Issue 32, point 8: a duration outside its bounds (docs/stack-file.md) is bad input at
+/// `validate`, located, never a panic of `up` (`timeout: 18446744073709551615s` overflowed the
+/// clock) nor a step that times out at once (`0s`, `1ns`).
+#[test]
+fn a_duration_outside_its_bounds_is_located_bad_input() {
+    let p = Project::new();
+    let stack = |key_and_value: &str| {
+        format!("name: s\nsteps:\n  - name: a\n    tool: shell\n    {key_and_value}\n    run: echo ran >> out\n")
+    };
+    for (written, why) in [
+        ("timeout: 18446744073709551615s", "is too long: it is a duration from 1s to 7d"),
+        ("timeout: 0s", "is too short: it is a duration from 1s to 7d"),
+        ("timeout: 1ns", "is too short: it is a duration from 1s to 7d"),
+        ("timeout: 8d", "is too long: it is a duration from 1s to 7d"),
+        ("retry: { delay: 2d }", "is too long: it is a duration from 0s to 24h"),
+        ("retry: { delay: 1s, max_delay: 18446744073709551615s }", "is too long: it is a duration from 0s to 24h"),
+    ] {
+        p.stack(&stack(written));
+        let column = if written.starts_with("retry") { written.rfind(": ").unwrap() + 7 } else { 14 };
+        let at = format!("stack.yaml:5:{column}: ");
+        bad_stack_refused(&p, &at, why);
+        p.rdeploy(&["validate"]).stderr_has("  hint: write a duration from");
+        assert!(!p.exists("out"), "{written}: the step ran");
+    }
+    // The bounds themselves are accepted.
+    for written in ["timeout: 1s", "timeout: 7d", "retry: { delay: 0s, max_delay: 24h }"] {
+        p.stack(&stack(written));
+        p.rdeploy(&["validate"]).code(0);
+    }
+    // A stack-wide default is held to the same bounds.
+    p.stack("name: s\ntimeout: 0s\nsteps:\n  - name: a\n    tool: shell\n    run: echo ran >> out\n");
+    bad_stack_refused(&p, "stack.yaml:2:10: ", "`timeout: 0s` is too short");
+}
+
+/// Issue 32, point 8: a NUL byte ended the YAML parse early, so the steps after it vanished
+/// and `validate` said "1 steps" (exit 0). Every control character YAML forbids is located.
+#[test]
+fn a_nul_byte_is_located_bad_input_not_a_shorter_stack() {
+    let p = Project::new();
+    p.stack("name: s\nsteps:\n  - name: a\n    tool: shell\n    run: echo a >> out\n\0  - name: b\n    tool: shell\n    run: echo b >> out\n");
+    bad_stack_refused(&p, "stack.yaml:6:1: the stack file holds a NUL byte here", "  hint: remove it");
+    p.stack("name: s\nsteps:\n  - name: a\n    tool: shell\n    run: echo \u{7}a >> out\n");
+    bad_stack_refused(&p, "stack.yaml:5:15: the stack file holds the control character U+0007", "hint:");
+    assert!(!p.exists("out"));
+}
+
+/// Issue 32, point 8: a value of megabytes validated, then its command failed with `Argument
+/// list too long` and a message that echoed the whole value. It is bad input at `validate`,
+/// located, and the message stays short.
+#[test]
+fn a_value_too_long_for_a_command_line_is_located_bad_input() {
+    let p = Project::new();
+    let big = "x".repeat(2 * 1024 * 1024);
+    p.stack(&format!("name: s\nsteps:\n  - name: a\n    tool: shell\n    run: echo {big} >> out\n"));
+    bad_stack_refused(
+        &p,
+        "stack.yaml:5:10: this value is 2049 KiB; a value in a stack file is at most 100 KiB",
+        "hint: put large content in a file",
+    );
+    let run = p.rdeploy(&["validate"]);
+    assert!(run.stderr.len() < 2000, "the message echoes the value: {} bytes", run.stderr.len());
+    // Values each short enough that add up to more than a command line holds.
+    let part = "y".repeat(90 * 1024);
+    let env: String = (0..12).map(|i| format!("      V{i}: {part}\n")).collect();
+    p.stack(&format!("name: s\nsteps:\n  - name: a\n    tool: shell\n    env:\n{env}    run: echo ran >> out\n"));
+    bad_stack_refused(
+        &p,
+        "stack.yaml:3:5: this step's values add up to 1081 KiB",
+        "hint: move large values into files",
+    );
+    assert!(!p.exists("out"));
+}

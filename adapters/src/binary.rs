@@ -13,15 +13,20 @@ const DEFAULT_PATH: &str = "/bin:/usr/bin";
 /// or relative entry names a directory relative to `cwd` (the child's working directory), no
 /// `~` expansion, and the first regular file with an execute bit wins. `None` for `path` means
 /// `PATH` is unset (execvp's default, `/bin:/usr/bin`).
+///
+/// The search is `which::which_in`'s; the entries are made absolute against `cwd` first, as
+/// `which` would resolve a relative one against rdeploy's own directory and expand a leading `~`.
 pub fn search_path(name: &OsStr, path: Option<&OsStr>, cwd: &Path) -> Option<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    if name.is_empty() {
+    if name.is_empty() || Path::new(name).components().count() != 1 {
         return None;
     }
     let path = path.unwrap_or(OsStr::new(DEFAULT_PATH));
-    std::env::split_paths(path)
-        .map(|entry| cwd.join(entry).join(name))
-        .find(|c| std::fs::metadata(c).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0))
+    // An entry made absolute under a directory whose name holds a `:` cannot be written in a
+    // search list: it is passed over (the stack directory would have to be named so).
+    let entries =
+        std::env::split_paths(path).map(|entry| cwd.join(entry)).filter(|e| std::env::join_paths([e]).is_ok());
+    let absolute = std::env::join_paths(entries).ok()?;
+    which::which_in(name, Some(absolute), cwd).ok()
 }
 
 /// Finds a step's tool: a name with a slash is a path relative to the stack file; a bare name

@@ -36,6 +36,20 @@ pub use preview::{PlanAction, PlanItem, Preview};
 pub use registry::{Converged, Tool, ToolSpec};
 pub use tokio_util::sync::CancellationToken;
 
+/// `now + after`, or `None` when the clock cannot hold that instant (a bound decades away):
+/// such a deadline never comes, and adding it must not panic (`Instant + Duration` does on
+/// overflow, and a checkpoint's stack with a huge `timeout` would panic every `recover`).
+pub fn deadline_after(after: std::time::Duration) -> Option<std::time::Instant> {
+    std::time::Instant::now().checked_add(after)
+}
+
+/// [`deadline_after`] where a deadline is needed: one that cannot be held is a century away.
+pub fn saturating_deadline(after: std::time::Duration) -> std::time::Instant {
+    const CENTURY: std::time::Duration = std::time::Duration::from_secs(100 * 365 * 24 * 3600);
+    let now = std::time::Instant::now();
+    now.checked_add(after).or_else(|| now.checked_add(CENTURY)).unwrap_or(now)
+}
+
 /// Quotes a word for a POSIX shell when it needs it, so runbook commands paste cleanly.
 pub fn shell_quote(word: &str) -> String {
     let safe = !word.is_empty() && word.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=:,@%+".contains(c));

@@ -406,26 +406,43 @@ pub fn nest_dotted(entries: &BTreeMap<String, serde_json::Value>) -> serde_json:
     serde_json::Value::Object(root)
 }
 
-/// A file holding secret values for a tool to read (helm `--values`, ansible `-e @file`):
-/// created 0600 and new (`O_EXCL` never follows a symlink), and deleted when dropped.
+/// Secret values for a tool to read by name (helm `--values FILE`), never at rest: the JSON
+/// lives in a memory file (`memfd_create`) that only this process holds, and `dir/name` is a
+/// symbolic link to it (`/proc/PID/fd/N`), which the tool follows while rdeploy lives. A kill -9
+/// of rdeploy frees the memory; what it leaves at `dir/name` is a dangling link that holds no
+/// value (the next write replaces it). Where memory files are not to be had, the values go to a
+/// 0600 file at `dir/name`, deleted when this is dropped.
 #[derive(Debug)]
 pub struct SecretFile {
     path: std::path::PathBuf,
+    /// The memory file the link points to, held open as long as the tool may read it.
+    _memory: Option<std::fs::File>,
 }
 
 impl SecretFile {
-    /// Writes `value` as JSON to `dir/name` (0600), replacing a stale file of an earlier run.
+    /// Puts `value` as JSON behind `dir/name`, replacing what an earlier run left there.
     pub fn write(dir: &std::path::Path, name: &str, value: &serde_json::Value) -> std::io::Result<SecretFile> {
         use std::io::Write;
+        use std::os::fd::AsRawFd;
         use std::os::unix::fs::OpenOptionsExt;
-        std::fs::create_dir_all(dir)?;
+        crate::private::create_dir_all(dir)?;
         let path = dir.join(name);
         match std::fs::remove_file(&path) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
             _ => {}
         }
+        if let Ok(fd) = nix::sys::memfd::memfd_create(c"rdeploy-secret", nix::sys::memfd::MemFdCreateFlag::MFD_CLOEXEC)
+        {
+            let mut memory = std::fs::File::from(fd);
+            // Owner-only, as the file it replaces was (a memory file starts 0777).
+            memory.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+            memory.write_all(value.to_string().as_bytes())?;
+            let target = format!("/proc/{}/fd/{}", std::process::id(), memory.as_raw_fd());
+            std::os::unix::fs::symlink(&target, &path)?;
+            return Ok(SecretFile { path, _memory: Some(memory) });
+        }
         let mut file = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path)?;
-        let guard = SecretFile { path };
+        let guard = SecretFile { path, _memory: None };
         file.write_all(value.to_string().as_bytes())?;
         file.sync_all()?;
         Ok(guard)
@@ -439,6 +456,77 @@ impl SecretFile {
 impl Drop for SecretFile {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Secret values for a tool that reads a file by its real path and refuses a link into `/proc`
+/// (ansible `-e @FILE` resolves the link and finds a memory file's `/memfd:... (deleted)`): a
+/// named pipe at `dir/name` (0600), which a thread of rdeploy fills once, for the first reader
+/// (a pipe cannot tell one reader's second read from the next reader: served again at once,
+/// one read would get the values twice), then removes. One command reads it: one per command.
+/// A pipe holds nothing at rest: a kill -9 of rdeploy leaves at most an empty pipe behind (the
+/// next serve replaces it), never the values.
+#[derive(Debug)]
+pub struct SecretPipe {
+    path: std::path::PathBuf,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    server: Option<std::thread::JoinHandle<()>>,
+}
+
+impl SecretPipe {
+    /// How often the server looks for a reader (a reader that opens the pipe first waits for it).
+    const POLL: std::time::Duration = std::time::Duration::from_millis(5);
+
+    pub fn serve(dir: &std::path::Path, name: &str, value: &serde_json::Value) -> std::io::Result<SecretPipe> {
+        crate::private::create_dir_all(dir)?;
+        let path = dir.join(name);
+        match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        nix::unistd::mkfifo(&path, nix::sys::stat::Mode::S_IRUSR | nix::sys::stat::Mode::S_IWUSR)?;
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let bytes = value.to_string().into_bytes();
+        let server = {
+            let (path, stop) = (path.clone(), stop.clone());
+            std::thread::Builder::new().name("rdeploy-secret-pipe".into()).spawn(move || {
+                use std::io::Write;
+                use std::os::unix::fs::OpenOptionsExt;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    // Non-blocking: no reader yet is ENXIO, and the thread looks again.
+                    let opened =
+                        std::fs::OpenOptions::new().write(true).custom_flags(nix::libc::O_NONBLOCK).open(&path);
+                    match opened {
+                        Ok(mut pipe) => {
+                            // Blocking from here: the reader takes it all, then sees the end.
+                            let fd = std::os::fd::AsRawFd::as_raw_fd(&pipe);
+                            let _ = nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::empty()));
+                            let _ = pipe.write_all(&bytes);
+                            let _ = std::fs::remove_file(&path);
+                            return;
+                        }
+                        Err(e) if e.raw_os_error() == Some(nix::libc::ENXIO) => std::thread::sleep(Self::POLL),
+                        // The pipe is gone (removed under us): nothing more to serve.
+                        Err(_) => return,
+                    }
+                }
+            })?
+        };
+        Ok(SecretPipe { path, stop, server: Some(server) })
+    }
+
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+}
+
+impl Drop for SecretPipe {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let _ = std::fs::remove_file(&self.path);
+        if let Some(server) = self.server.take() {
+            let _ = server.join();
+        }
     }
 }
 
@@ -631,9 +719,26 @@ mod tests {
         assert_eq!(meta.permissions().mode() & 0o777, 0o600);
         let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(file.path()).unwrap()).unwrap();
         assert_eq!(doc, serde_json::json!({"db": {"password": "pw", "user": "u"}}));
+        // Nothing at rest: the name is a link into this process's memory.
+        assert!(std::fs::symlink_metadata(file.path()).unwrap().file_type().is_symlink());
         let path = file.path().to_path_buf();
         drop(file);
-        assert!(!path.exists());
+        assert!(std::fs::symlink_metadata(&path).is_err());
+    }
+
+    /// The pipe gives the whole document to its reader once, and holds nothing itself.
+    #[test]
+    fn a_secret_pipe_serves_its_reader_once_and_is_gone_after() {
+        use std::os::unix::fs::FileTypeExt;
+        let dir = tempfile::tempdir().unwrap();
+        let value = serde_json::json!({"login": "pw"});
+        let pipe = SecretPipe::serve(dir.path(), "vars.json", &value).unwrap();
+        assert!(std::fs::symlink_metadata(pipe.path()).unwrap().file_type().is_fifo());
+        let read: serde_json::Value = serde_json::from_slice(&std::fs::read(pipe.path()).unwrap()).unwrap();
+        assert_eq!(read, value);
+        let path = pipe.path().to_path_buf();
+        drop(pipe);
+        assert!(std::fs::symlink_metadata(&path).is_err());
     }
 
     #[test]

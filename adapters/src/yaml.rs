@@ -79,6 +79,61 @@ pub fn decode_utf8(bytes: Vec<u8>) -> Result<String, LoadError> {
     })
 }
 
+/// The characters YAML forbids in a stream (every C0 control but tab, line feed and carriage
+/// return; DEL; the C1 controls but NEL; U+FFFE and U+FFFF), each with where it is, in order.
+/// The parser stops at a NUL as if the text ended there, so a stack file cut short by one would
+/// read as a shorter stack without a word: they are looked for before parsing.
+pub fn forbidden_characters(text: &str) -> Vec<(Location, char)> {
+    let mut found = Vec::new();
+    let (mut line, mut column) = (1, 1);
+    for c in text.chars() {
+        let allowed = matches!(c, '\t' | '\n' | '\r' | '\u{85}' | '\u{feff}')
+            || !(c.is_control() || c == '\u{fffe}' || c == '\u{ffff}');
+        if !allowed {
+            found.push((Location { line, column }, c));
+        }
+        if c == '\n' {
+            line += 1;
+            column = 1;
+        } else {
+            column += 1;
+        }
+    }
+    found
+}
+
+/// Every scalar under `node` longer than `max` bytes, with its span and length.
+pub fn long_scalars(node: &Node, max: usize) -> Vec<(Span, usize)> {
+    let mut found = Vec::new();
+    let mut stack = vec![node];
+    while let Some(node) = stack.pop() {
+        match node {
+            Node::Scalar(s) if s.as_str().len() > max => found.push((*s.span(), s.as_str().len())),
+            Node::Scalar(_) => {}
+            Node::Mapping(m) => {
+                for (key, value) in m.iter() {
+                    if key.as_str().len() > max {
+                        found.push((*key.span(), key.as_str().len()));
+                    }
+                    stack.push(value);
+                }
+            }
+            Node::Sequence(items) => stack.extend(items.iter()),
+        }
+    }
+    found.sort_by_key(|(span, _)| span.start().map(|m| (m.line(), m.column())));
+    found
+}
+
+/// The bytes of every scalar (keys included) under `node`.
+pub fn scalar_bytes(node: &Node) -> usize {
+    match node {
+        Node::Scalar(s) => s.as_str().len(),
+        Node::Mapping(m) => m.iter().map(|(k, v)| k.as_str().len() + scalar_bytes(v)).sum(),
+        Node::Sequence(items) => items.iter().map(scalar_bytes).sum(),
+    }
+}
+
 /// Parses one YAML document whose top is a mapping, keeping every node's position. A second
 /// document, a duplicate key in any mapping, anchors and tags are errors; a leading byte-order
 /// mark is skipped. Quoted scalars are marked as such: read values through [`coercible`] for

@@ -370,7 +370,10 @@ async fn a_secret_extra_var_goes_in_a_file_and_a_failing_task_printing_it_is_red
     assert!(everything.contains("rejected password *** in eu-west-2"), "{everything}");
     assert!(!stack.ctx().work_dir.join("secret-vars.json").exists(), "the secret vars file is deleted after the run");
     let digest = std::fs::read_to_string(stack.path().join("out/digest")).unwrap();
-    assert_eq!(digest.trim(), format!("{:x}", sha2::Sha256::digest(b"SECRETVALUE-ans-9")));
+    assert_eq!(
+        digest.trim(),
+        sha2::Sha256::digest(b"SECRETVALUE-ans-9").iter().map(|b| format!("{b:02x}")).collect::<String>()
+    );
     let runbook = ToolSpec::Ansible(spec).describe_recovery(
         &rdeploy_adapters::DescribeContext {
             step: "hosts",

@@ -269,7 +269,7 @@ async fn a_secret_set_value_goes_in_a_values_file_and_is_redacted(major: u32) {
     let failure = result.unwrap_err();
     let everything = format!("{:?}\n{failure:?}", sink.events());
     assert!(!everything.contains("SECRETVALUE"), "{everything}");
-    let digest = format!("{:x}", sha2::Sha256::digest(b"SECRETVALUE-helm-3"));
+    let digest = sha2::Sha256::digest(b"SECRETVALUE-helm-3").iter().map(|b| format!("{b:02x}")).collect::<String>();
     assert!(everything.contains(&format!("rejected password *** (sha256 {digest}) for tier gold")), "{everything}");
     assert!(!s.ctx(false).work_dir.join("secret-values.json").exists(), "the values file is deleted after");
     let runbook = ToolSpec::Helm(spec).describe_recovery(

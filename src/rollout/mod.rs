@@ -469,7 +469,7 @@ impl Runner<'_> {
                     humantime::format_duration(limit)
                 ),
             });
-            let deadline = Instant::now() + limit;
+            let deadline = rdeploy_adapters::saturating_deadline(limit);
             loop {
                 if Instant::now() >= deadline {
                     return self.straggle(
@@ -587,7 +587,7 @@ impl Runner<'_> {
     /// Reads the cluster until its workloads are healthy (bounded); the healthy read.
     async fn healthy(&self, m: &Member) -> Result<ClusterInventory, String> {
         let limit = self.r.step.timeout.unwrap_or(HEALTH_WAIT).min(HEALTH_WAIT);
-        let deadline = Instant::now() + limit;
+        let deadline = rdeploy_adapters::saturating_deadline(limit);
         loop {
             let c = self.read(m).await;
             let why = match Self::absent_why(&c) {

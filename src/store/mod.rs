@@ -128,7 +128,8 @@ impl Holder {
 }
 
 pub fn hostname() -> String {
-    gethostname::gethostname().to_string_lossy().into_owned()
+    // nix's `gethostname(2)`; a name it cannot read is empty, as a host it cannot match.
+    nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default()
 }
 
 /// Why the lock could not be taken.

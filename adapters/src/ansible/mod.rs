@@ -129,17 +129,17 @@ impl AnsibleSpec {
         args
     }
 
-    /// Writes the secret extra vars for one `ansible-playbook` run (0600, deleted when dropped).
-    /// ansible resolves `-e @FILE` to a real path and wants a regular file, so it has a name;
-    /// the callback removes it once ansible has read it (see [`UNLINK_ENV`]), so a kill -9 of
-    /// rdeploy mid-run leaves it behind only if it comes before the playbook starts.
-    fn secret_vars_file(&self, ctx: &StepContext, name: &str) -> Result<Option<secrets::SecretFile>, Failure> {
+    /// Serves the secret extra vars for one `ansible-playbook` run through a named pipe (see
+    /// [`secrets::SecretPipe`]: ansible resolves `-e @FILE` to a real path, so a memory file's
+    /// `/proc` link will not do), removed when dropped; the callback removes it as soon as
+    /// ansible has read it (see [`UNLINK_ENV`]). A kill -9 of rdeploy leaves at most an empty pipe.
+    fn secret_vars_file(&self, ctx: &StepContext, name: &str) -> Result<Option<secrets::SecretPipe>, Failure> {
         let entries = secrets::secret_entries(&self.extra_vars, &self.marked);
         if entries.is_empty() {
             return Ok(None);
         }
         let value = serde_json::Value::Object(entries.into_iter().collect());
-        secrets::SecretFile::write(&ctx.work_dir, name, &value).map(Some).map_err(|e| {
+        secrets::SecretPipe::serve(&ctx.work_dir, name, &value).map(Some).map_err(|e| {
             Failure::new(format!("cannot write the secret extra vars file in {}: {e}", ctx.work_dir.display()))
                 .with_hint("check that the state directory is writable, then `rdeploy recover`")
         })
@@ -161,7 +161,7 @@ impl AnsibleSpec {
         let secret_file = self.secret_vars_file(ctx, SECRET_VARS_FILE)?;
         let mut cmd = self
             .command(ctx, binary)
-            .args(self.base_args(secret_file.as_ref().map(secrets::SecretFile::path)))
+            .args(self.base_args(secret_file.as_ref().map(secrets::SecretPipe::path)))
             .arg("--list-hosts");
         if let Some(limit) = limit {
             cmd = cmd.arg("--limit").arg(limit);
@@ -311,7 +311,7 @@ impl AnsibleSpec {
 
         let secret_file = self.secret_vars_file(ctx, SECRET_VARS_FILE)?;
         let mut cmd =
-            self.command(ctx, binary).args(self.base_args(secret_file.as_ref().map(secrets::SecretFile::path)));
+            self.command(ctx, binary).args(self.base_args(secret_file.as_ref().map(secrets::SecretPipe::path)));
         if let Some(limit) = limit {
             cmd = cmd.arg("--limit").arg(limit);
         }

@@ -123,7 +123,7 @@ impl AnsibleSpec {
         ];
         let secret_file = self.secret_vars_file(ctx, super::PREVIEW_SECRET_VARS_FILE)?;
         let mut cmd =
-            self.command(ctx, &binary).args(self.base_args(secret_file.as_ref().map(secrets::SecretFile::path)));
+            self.command(ctx, &binary).args(self.base_args(secret_file.as_ref().map(secrets::SecretPipe::path)));
         if let Some(limit) = &self.limit {
             cmd = cmd.arg("--limit").arg(limit);
         }

@@ -729,7 +729,7 @@ impl<'a> Release<'a> {
             });
         }
         let cmd = self.command().args(self.spec.uninstall_words(self.major, Some(self.ctx)));
-        let backstop = self.ctx.timeout.map(|t| t + BACKSTOP);
+        let backstop = self.ctx.timeout.map(|t| t.saturating_add(BACKSTOP));
         let Captured { outcome, stderr, .. } =
             capture(&cmd, self.ctx, backstop, Some(sink), StdoutLog::UnlessJson).await.map_err(Failure::from)?;
         if !outcome.success() && !state::is_not_found(&stderr) {
@@ -778,7 +778,7 @@ impl<'a> Release<'a> {
         let expected = before.next_revision();
         sink.emit(Event::Started { id: self.spec.id(expected) });
         let cmd = self.command().args(&words);
-        let backstop = self.ctx.timeout.map(|t| t + BACKSTOP);
+        let backstop = self.ctx.timeout.map(|t| t.saturating_add(BACKSTOP));
         let Captured { outcome, stdout, stderr } =
             capture(&cmd, self.ctx, backstop, Some(sink), StdoutLog::UnlessJson).await.map_err(Failure::from)?;
         let printed = printed_json(&stdout);

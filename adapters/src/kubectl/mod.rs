@@ -398,7 +398,7 @@ impl KubectlSpec {
         selected: &[usize],
         label: &str,
     ) -> Result<(), Failure> {
-        let deadline = Instant::now() + ctx.timeout.unwrap_or(DEFAULT_ROLLOUT_TIMEOUT);
+        let deadline = crate::saturating_deadline(ctx.timeout.unwrap_or(DEFAULT_ROLLOUT_TIMEOUT));
         let mut failed = Vec::new();
         let mut to_wait = Vec::new();
         let mut last: Option<(Outcome, String)> = None;
@@ -570,7 +570,7 @@ impl KubectlSpec {
             let cmd = cmd.arg(format!("--timeout={}s", left.as_secs()));
             // kubectl enforces its own --timeout; ours is a backstop a little later.
             let Captured { outcome, stdout, .. } =
-                capture(&cmd, ctx, Some(left + Duration::from_secs(30)), Some(sink), StdoutLog::Lines)
+                capture(&cmd, ctx, Some(left.saturating_add(Duration::from_secs(30))), Some(sink), StdoutLog::Lines)
                     .await
                     .map_err(Failure::from)?;
             if outcome.interrupted {
@@ -771,7 +771,7 @@ impl Adapter for KubectlSpec {
             for &i in &waits {
                 sink.emit(Event::Started { id: objects[i].id() });
             }
-            let deadline = Instant::now() + ctx.timeout.unwrap_or(DEFAULT_ROLLOUT_TIMEOUT);
+            let deadline = crate::saturating_deadline(ctx.timeout.unwrap_or(DEFAULT_ROLLOUT_TIMEOUT));
             let failed = self.wait_rollouts(ctx, sink, &binary, &objects, &waits, deadline).await?;
             if failed.is_empty() {
                 Ok(())

@@ -248,13 +248,28 @@ impl Command {
         self.to_string()
     }
 
+    /// [`Command::display`] cut to a few hundred bytes, for messages: a command the kernel
+    /// refused for its length (`Argument list too long`) would fill a screen with it.
+    pub fn display_short(&self) -> String {
+        const MAX: usize = 300;
+        let full = self.display();
+        if full.len() <= MAX {
+            return full;
+        }
+        let mut end = MAX;
+        while !full.is_char_boundary(end) {
+            end -= 1;
+        }
+        format!("{}... ({} bytes in all)", &full[..end], full.len())
+    }
+
     /// Starts the child (through the shell when its `run:` line needs it).
     fn start(&self) -> Result<Started, AdapterError> {
         let started = match &self.script {
             Some(script) => shell_line::start(self, script),
             None => self.start_plain(&[]),
         };
-        started.map_err(|source| AdapterError::Spawn { command: self.display(), source })
+        started.map_err(|source| AdapterError::Spawn { command: self.display_short(), source })
     }
 
     /// Starts exactly this program in its own process group, output to files, with `extra_env`
@@ -414,7 +429,8 @@ impl Command {
 
         let mut poll = tokio::time::interval(FOLLOW_INTERVAL);
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
+        // None when the clock cannot hold it: a deadline that far away never comes (no panic).
+        let deadline = timeout.and_then(|t| tokio::time::Instant::now().checked_add(t));
         // The next signal of a timeout's escalation, and when to send it.
         let mut escalate: Option<(tokio::time::Instant, Signal)> = None;
         let status = loop {
@@ -990,7 +1006,7 @@ pub fn wait_for_survivors(dir: &Path, bound: Duration, waiting: impl FnOnce(&[(i
         return alive;
     }
     waiting(&alive);
-    let until = Instant::now() + bound;
+    let until = crate::saturating_deadline(bound);
     while !alive.is_empty() && Instant::now() < until {
         std::thread::sleep(Duration::from_millis(50));
         alive = surviving_children(dir);
@@ -1354,6 +1370,22 @@ pub(super) mod tests {
     }
 
     /// Named output files stay after the child, for a later run to read.
+    /// A timeout the clock cannot add to now (a stack's `timeout` of 2^64-1 seconds, in a
+    /// checkpoint written before validation bounded it) is no deadline, never a panic.
+    #[tokio::test]
+    async fn a_timeout_too_far_for_the_clock_is_no_deadline() {
+        let cmd = Command::shell("echo ran");
+        let mut lines = Vec::new();
+        let outcome = cmd
+            .run(&CancellationToken::new(), Some(Duration::MAX), &mut |_, line| lines.push(line.to_string()))
+            .await
+            .unwrap();
+        assert!(outcome.success() && !outcome.timed_out, "{outcome:?}");
+        assert_eq!(lines, ["ran"]);
+        assert!(crate::deadline_after(Duration::MAX).is_none());
+        assert!(crate::saturating_deadline(Duration::MAX) > Instant::now());
+    }
+
     #[tokio::test]
     async fn named_output_files_are_kept() {
         let dir = tempfile::tempdir().unwrap();

@@ -96,19 +96,10 @@ impl TerraformSpec {
         sink: &dyn EventSink,
     ) -> Result<Recovered, Failure> {
         let mut run = Run::new(self, ctx, sink)?;
-        // The apply of a run that died went on without it (it got SIGINT and finished what was
-        // in flight); its stream says what it completed after the checkpoint last heard.
-        let mut settled = std::collections::HashSet::new();
-        let (stream_file, _) = apply_output_files(&ctx.work_dir);
-        for addr in applied_in_stream(&stream_file) {
-            if prior.sub_changes.iter().any(|s| s.id == addr && s.status != SubStatus::Done) {
-                sink.emit(Event::Done {
-                    id: addr.clone(),
-                    note: Some("completed by the apply of the run that died (its output file says so)".into()),
-                });
-                settled.insert(addr);
-            }
-        }
+        // What the apply of a run that died did after the checkpoint last heard (it got SIGINT
+        // and finished what was in flight) is read from terraform's state, through the plan
+        // below, never from that apply's output: a replace killed after its delete half left
+        // the resource tainted, and only the state says so.
         let plan_file = ctx.work_dir.join(PLAN_FILE);
         let plan = run.plan(&plan_file, Workspace::Create).await?;
         // The plan went through, so whatever held the lock has let go of it.
@@ -123,8 +114,6 @@ impl TerraformSpec {
         for (from, to) in &moves {
             sink.emit(Event::Moved { from: from.clone(), to: to.clone() });
         }
-        let settled: std::collections::HashSet<String> =
-            settled.into_iter().map(|id| moves.get(&id).cloned().unwrap_or(id)).collect();
         let prior = &renamed(prior, &moves);
         let missing = missing_from_state(&plan, prior);
         if !missing.is_empty() {
@@ -144,12 +133,11 @@ impl TerraformSpec {
             sink.emit(Event::Warning { message });
         }
         // Recorded as not done, yet terraform has nothing to do for them: they are in place
-        // (applied after all, or dropped from the configuration by the fix).
+        // (applied after all, by the apply of a run that died or before the checkpoint heard,
+        // or dropped from the configuration by the fix). A resource the plan still touches is
+        // not done, whatever an earlier apply printed: terraform's state decides.
         for sub in &prior.sub_changes {
-            if sub.status != SubStatus::Done
-                && !settled.contains(&sub.id)
-                && !plan.changes.iter().any(|c| c.addr == sub.id)
-            {
+            if sub.status != SubStatus::Done && !plan.changes.iter().any(|c| c.addr == sub.id) {
                 sink.emit(Event::Done {
                     id: sub.id.clone(),
                     note: Some("terraform plans no change for it now".into()),
@@ -483,25 +471,6 @@ impl Adapter for TerraformSpec {
     }
 }
 
-/// The lock recorded by an earlier run, if it is still recorded.
-/// Where `apply` writes terraform's JSON stream and its stderr (in the step's work directory):
-/// the files stay only when the rdeploy that started the apply died before it ended.
-pub fn apply_output_files(work_dir: &Path) -> (PathBuf, PathBuf) {
-    (work_dir.join("apply.jsonl"), work_dir.join("apply.stderr"))
-}
-
-/// The resource addresses an apply's JSON stream reports complete.
-fn applied_in_stream(file: &Path) -> Vec<String> {
-    let Ok(text) = std::fs::read_to_string(file) else { return Vec::new() };
-    text.lines()
-        .filter_map(parse_line)
-        .filter_map(|ui| match ui.body {
-            UiMessage::ApplyComplete { addr, .. } => Some(addr),
-            _ => None,
-        })
-        .collect()
-}
-
 /// The recorded sub-changes a `moved` block renamed, old address to new, as the plan says.
 fn moves_of_recorded(plan: &PlanReport, prior: &PriorStep) -> BTreeMap<String, String> {
     plan.changes
@@ -555,6 +524,7 @@ fn renamed(prior: &PriorStep, moves: &BTreeMap<String, String>) -> PriorStep {
     out
 }
 
+/// The lock recorded by an earlier run, if it is still recorded.
 fn prior_lock(prior: &PriorStep) -> Option<LockInfo> {
     if let Some(lock) = prior.facts.get(FACT_LOCK).and_then(|v| serde_json::from_value::<LockInfo>(v.clone()).ok()) {
         return Some(lock);
@@ -751,7 +721,7 @@ impl<'a> Run<'a> {
             dir,
             sensitive,
             secrets,
-            deadline: ctx.timeout.map(|t| Instant::now() + t),
+            deadline: ctx.timeout.and_then(crate::deadline_after),
             preview: false,
             version_reported: std::sync::atomic::AtomicBool::new(false),
         })
@@ -1141,11 +1111,11 @@ impl<'a> Run<'a> {
             });
         }
         let mut tracker = ApplyTracker::new(&plan.changes);
-        // The stream goes to a file that stays if rdeploy dies: terraform then finishes on its
-        // own, and the next `recover` reads there what it completed. Seen to the end here, the
-        // file has told everything and goes.
-        let (stream_file, stderr_file) = apply_output_files(&self.ctx.work_dir);
-        let command = self.command(&args).output_files(&stream_file, &stderr_file);
+        // The stream goes to a memory file, never to the disk: it may hold a secret terraform
+        // printed (a provisioner's output, a failed command's diagnostic). If rdeploy dies,
+        // terraform writes on into it (a file, not a pipe: no SIGPIPE) and finishes on its own;
+        // the next `recover` learns what it did from terraform's state.
+        let command = self.command(&args);
         let mut outputs = None;
         let outcome = self
             .exec_json(command, &mut |ui| {
@@ -1158,8 +1128,6 @@ impl<'a> Run<'a> {
                 tracker.observe(&ui.body, &ui.message, &mut |event| sink.emit(event))
             })
             .await;
-        let _ = std::fs::remove_file(&stream_file);
-        let _ = std::fs::remove_file(&stderr_file);
         // Once an apply of it ran, the saved plan is spent (terraform calls it stale), and it
         // holds every variable's value: it goes, and the next run plans again.
         let _ = std::fs::remove_file(plan_file);

@@ -1,0 +1,189 @@
+//! One step's attempts: the first as the scheduler chose it, then under `retry:` each further
+//! one through the adapter's recover path, ending in a `Recovered` or a `Failure`. Every attempt
+//! is journaled before it starts, and the reporters are told of each.
+
+use std::sync::Arc;
+
+use rdeploy_adapters::outputs::OutputValue;
+use rdeploy_adapters::{
+    Adapter, Converged, Event, EventSink, Failure, Preview, PriorStep, Recovered, StepContext, IN_PLACE_FACT,
+};
+
+use super::event::{Attempt, Reporters, RetryWhy, RunEvent, Work};
+use super::journal::{JournalError, SharedCheckpoint};
+use super::sink::StepSink;
+use crate::checkpoint::{Deploy, Record, StepMode};
+use crate::stack::{Retry, Step};
+
+/// What to do with a step in this run.
+#[derive(Clone, Debug)]
+pub enum Action {
+    Apply,
+    Recover(PriorStep),
+    /// A non-resumable step left half-done (a crash, or a revert that did not finish): undo it
+    /// with its `revert`, then run it from the start. Complete or revert, never a third outcome.
+    RevertThenApply,
+}
+
+/// One step's attempts: the first as the scheduler chose it, then under `retry:` each further
+/// one through the adapter's recover path, so completed sub-changes never run again. Every
+/// attempt is journaled (its failure, then `Attempt` and `StepStarted`) before it starts.
+pub struct Attempts {
+    pub retry: Option<Retry>,
+    pub cp: SharedCheckpoint,
+    pub reporters: Reporters,
+    pub tool_version: Option<String>,
+    /// The local state directory (a fleet step keeps last-seen times and rollout starts there).
+    pub state_dir: std::path::PathBuf,
+    /// `up`: the last finished deploy of the stack, whose shell outputs an in-place step hands on.
+    pub last: Option<Arc<Deploy>>,
+}
+
+impl Attempts {
+    pub async fn run(
+        &self,
+        step: &Step,
+        ctx: &StepContext,
+        mut action: Action,
+        sink: &StepSink,
+        mut converge: Option<Option<Preview>>,
+    ) -> Result<(Recovered, Converged), Failure> {
+        let mut attempt = 1;
+        let mut converged = Converged::Applied;
+        loop {
+            let result = match (&step.fleet, &action) {
+                (Some(fleet), action) => {
+                    let fresh = PriorStep::default();
+                    let prior = match action {
+                        Action::Recover(prior) => prior,
+                        _ => &fresh,
+                    };
+                    let run = crate::rollout::FleetRun {
+                        step,
+                        fleet,
+                        ctx,
+                        prior,
+                        state_dir: &self.state_dir,
+                        converge: converge.take().is_some(),
+                    };
+                    crate::rollout::run(run, sink).await
+                }
+                (None, Action::Recover(prior)) => step.spec.recover(ctx, prior, sink).await,
+                // `up`: what the step's preview finds in place is not applied again.
+                (None, _) => match converge.take() {
+                    Some(decided) => step.spec.converge_step(ctx, decided, sink).await.map(|c| {
+                        converged = c;
+                        if c == Converged::InPlace {
+                            sink.emit(Event::Fact { key: IN_PLACE_FACT.into(), value: true.into() });
+                        }
+                        self.carry_shell_outputs(step, sink);
+                        Recovered::Complete
+                    }),
+                    None => step.spec.apply(ctx, sink).await.map(|()| Recovered::Complete),
+                },
+            };
+            let failure = match (result, sink.journal_error()) {
+                (_, Some(e)) => return Err(journal_failure(e)),
+                (Ok(done), None) => {
+                    if let Some(retry) = self.retry.as_ref().filter(|_| attempt > 1) {
+                        let attempt = Attempt { number: attempt, of: retry.attempts };
+                        self.reporters.emit(RunEvent::AttemptSucceeded { step: step.name.clone(), attempt });
+                    }
+                    return Ok((done, converged));
+                }
+                (Err(failure), None) => failure,
+            };
+            let Some(retry) = &self.retry else { return Err(failure) };
+            // Never retried: an interrupt, the last attempt, a failure nobody called transient.
+            if failure.interrupted || ctx.cancel.is_cancelled() || attempt >= retry.attempts {
+                return Err(failure);
+            }
+            let Some(why) = retry_reason(retry, step.tool, &failure) else { return Err(failure) };
+            let delay = retry.delay_before(attempt + 1);
+            let summary = failure.summary.clone();
+            if let Err(e) = self.cp.record(Record::StepFailed { step: step.name.clone(), failure }) {
+                return Err(journal_failure(JournalError::of(&e)));
+            }
+            self.reporters.emit(RunEvent::AttemptFailed {
+                step: step.name.clone(),
+                attempt: Attempt { number: attempt, of: retry.attempts },
+                why,
+                summary,
+                delay,
+            });
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = ctx.cancel.cancelled() => {
+                    return Err(Failure { interrupted: true, ..Failure::new(format!("stopped before attempt {} of {}", attempt + 1, retry.attempts)) });
+                }
+            }
+            attempt += 1;
+            let prior = self.cp.read(|d| d.step(&step.name).map(|s| s.prior()).unwrap_or_default());
+            let records = [
+                Record::Attempt { step: step.name.clone(), attempt, of: retry.attempts },
+                Record::StepStarted {
+                    step: step.name.clone(),
+                    mode: StepMode::Recover,
+                    tool_version: self.tool_version.clone(),
+                },
+            ];
+            for record in records {
+                if let Err(e) = self.cp.record(record) {
+                    return Err(journal_failure(JournalError::of(&e)));
+                }
+            }
+            self.reporters.emit(RunEvent::StepStarted {
+                step: step.name.clone(),
+                work: Work::Recover(step.tool),
+                attempt: Some(Attempt { number: attempt, of: retry.attempts }),
+            });
+            action = Action::Recover(prior);
+        }
+    }
+}
+
+impl Attempts {
+    /// A shell sub-change found in place did not run, so it wrote no `$RDEPLOY_OUTPUT`: the
+    /// outputs the last finished deploy recorded for the step (and this run did not make anew)
+    /// are handed on, as `plan` showed them. A sensitive output was never recorded: a consumer
+    /// of one fails as before until the producer runs (`--force-apply`).
+    fn carry_shell_outputs(&self, step: &Step, sink: &StepSink) {
+        if step.tool != rdeploy_adapters::Tool::Shell {
+            return;
+        }
+        let Some(last) = self.last.as_ref().and_then(|d| d.step(&step.name)) else { return };
+        let have = self.cp.read(|d| d.step(&step.name).map(|s| s.outputs.clone()).unwrap_or_default());
+        let values: rdeploy_adapters::outputs::Outputs = last
+            .outputs
+            .iter()
+            .filter(|(key, _)| !have.contains_key(*key))
+            .map(|(key, value)| (key.clone(), OutputValue::Plain(value.clone())))
+            .collect();
+        if !values.is_empty() {
+            sink.emit(Event::Outputs { values });
+        }
+    }
+}
+
+/// Why a failure is worth another attempt, or `None`: one of `matching` matched its message or
+/// the tool's stderr tail, or it is one of the tool's known transient errors (unless
+/// `transient: false`).
+fn retry_reason(retry: &Retry, tool: rdeploy_adapters::Tool, failure: &Failure) -> Option<RetryWhy> {
+    let lines = || std::iter::once(failure.summary.as_str()).chain(failure.stderr_tail.iter().map(String::as_str));
+    if let Some(re) = retry.matching.iter().find(|re| lines().any(|l| re.is_match(l))) {
+        return Some(RetryWhy::Matches(re.as_str().to_string()));
+    }
+    if retry.transient {
+        return rdeploy_adapters::transient::classify(tool, failure).map(RetryWhy::Transient);
+    }
+    None
+}
+
+fn journal_failure(error: JournalError) -> Failure {
+    match error {
+        // The run's final error says it all, once.
+        JournalError::Gone => Failure::new("the checkpoint was deleted while this step ran (said below)"),
+        JournalError::Other(error) => Failure::new(format!("the checkpoint could not be written: {error}"))
+            .with_hint("free disk space or fix permissions on the state directory, then `rdeploy recover`"),
+    }
+}
