@@ -89,6 +89,12 @@ pub enum Record {
         id: String,
         note: Option<String>,
     },
+    /// Found in place by the step's preview: done without being applied again.
+    SubInPlace {
+        step: String,
+        id: String,
+        note: Option<String>,
+    },
     SubFailed {
         step: String,
         id: String,
@@ -237,6 +243,9 @@ pub struct SubChangeState {
     pub error: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+    /// Done because the step's preview found it in place (not applied again by this deploy).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub in_place: bool,
     pub updated: Timestamp,
     /// The run (its `run_id`) whose record started this sub-change last: with the run's pid and
     /// host, what tells `recover` that the run which started a tool's change is gone.
@@ -252,7 +261,12 @@ impl SubChangeState {
     /// The one sub-change fold, shared with the adapters' test `Recorder`.
     fn fold(&mut self, event: SubChangeEvent<'_>) {
         fold_sub_change(
-            SubChangeFields { status: &mut self.status, error: &mut self.error, note: &mut self.note },
+            SubChangeFields {
+                status: &mut self.status,
+                error: &mut self.error,
+                note: &mut self.note,
+                in_place: &mut self.in_place,
+            },
             event,
         );
     }
@@ -280,6 +294,7 @@ impl SubChanges {
                     status: SubStatus::Pending,
                     error: None,
                     note: None,
+                    in_place: false,
                     updated: *ts,
                     started_by: None,
                     started_at: None,
@@ -431,6 +446,20 @@ impl StepState {
                 .collect(),
             facts: self.facts.clone(),
         }
+    }
+
+    /// Whether `up` found the whole step in place, so its tool applied nothing: its preview
+    /// said so (the `in_place` fact), or every sub-change is done in place (a fleet step whose
+    /// clusters were all on the release).
+    pub fn all_in_place(&self) -> bool {
+        self.status == StepStatus::Done
+            && (self.facts.get(rdeploy_adapters::IN_PLACE_FACT) == Some(&serde_json::Value::Bool(true))
+                || (!self.sub_changes.is_empty() && self.sub_changes.iter().all(|c| c.in_place)))
+    }
+
+    /// How many sub-changes were done by being found in place.
+    pub fn count_in_place(&self) -> usize {
+        self.sub_changes.iter().filter(|c| c.status == SubStatus::Done && c.in_place).count()
     }
 
     pub fn count(&self, status: SubStatus) -> usize {
@@ -595,6 +624,9 @@ impl Deploy {
             Record::SubDone { step, id, note } => {
                 self.step_mut(step).sub_mut(id, ts).fold(SubChangeEvent::Done { note: note.as_deref() })
             }
+            Record::SubInPlace { step, id, note } => {
+                self.step_mut(step).sub_mut(id, ts).fold(SubChangeEvent::InPlace { note: note.as_deref() })
+            }
             Record::SubFailed { step, id, error } => {
                 self.step_mut(step).sub_mut(id, ts).fold(SubChangeEvent::Failed { error })
             }
@@ -740,6 +772,7 @@ impl Record {
         let r = |s: String| secrets.redact(&s);
         match self {
             Record::SubDone { step, id, note } => Record::SubDone { step, id, note: note.map(r) },
+            Record::SubInPlace { step, id, note } => Record::SubInPlace { step, id, note: note.map(r) },
             Record::SubFailed { step, id, error } => Record::SubFailed { step, id, error: r(error) },
             Record::SubPending { step, id, reason } => Record::SubPending { step, id, reason: r(reason) },
             // Facts are machine values recovery reads back (terraform's lock id for `force-unlock`):
@@ -790,6 +823,7 @@ impl Record {
         !matches!(
             self,
             Record::SubDone { .. }
+                | Record::SubInPlace { .. }
                 | Record::SubFailed { .. }
                 | Record::SubPending { .. }
                 | Record::Planned { .. }
@@ -877,7 +911,7 @@ impl Checkpoint {
             return e;
         }
         // A sub-change whose end could not be recorded did finish: its tool said so.
-        if let Record::SubDone { step, id, .. } = failed {
+        if let Record::SubDone { step, id, .. } | Record::SubInPlace { step, id, .. } = failed {
             self.unrecorded.push((step.clone(), id.clone()));
         }
         let mut done = Vec::new();
@@ -1145,6 +1179,7 @@ mod tests {
                 Event::Planned { ids } => Record::Planned { step, ids },
                 Event::Started { id } => Record::SubStarted { step, id },
                 Event::Done { id, note } => Record::SubDone { step, id, note },
+                Event::InPlace { id, note } => Record::SubInPlace { step, id, note },
                 Event::Failed { id, error } => Record::SubFailed { step, id, error },
                 Event::Pending { id, reason } => Record::SubPending { step, id, reason },
                 Event::Fact { key, value } => Record::Fact { step, key, value },

@@ -14,7 +14,8 @@ use std::sync::{Arc, Mutex};
 use rdeploy_adapters::outputs::OutputValue;
 use rdeploy_adapters::secrets::Secret;
 use rdeploy_adapters::{
-    shell, Adapter, CancellationToken, Failure, PriorStep, Recovered, RunFate, StartedBy, StepContext, ToolInfo,
+    shell, Adapter, CancellationToken, Converged, Failure, PriorStep, Recovered, RunFate, StartedBy, StepContext,
+    ToolInfo,
 };
 use tokio::task::JoinSet;
 
@@ -57,6 +58,8 @@ pub struct Session {
     /// `recover --force`: the operator vouches that no other process is working on the
     /// release (helm's stuck pending-* rollback); adapters see it as `StepContext::force`.
     pub force: bool,
+    /// `up --force-apply`: every tool runs, even for what its preview finds in place.
+    pub force_apply: bool,
     /// `--keep-going` (or `on_failure: continue`): a failure stops only the steps that need
     /// the failed one; independent branches run on.
     pub keep_going: bool,
@@ -156,6 +159,17 @@ struct RunState {
     running: JoinSet<(String, Result<Recovered, Failure>)>,
     /// Each running step's outputs when it started, to tell which changed when it is done.
     outputs_before: HashMap<String, OutputsSeen>,
+    /// `up` (not `--force-apply`): each step applies only what its preview finds not in place.
+    converging: Option<Converging>,
+}
+
+/// `up`'s convergence: the previews made before the run ([`Session::early_previews`]) and
+/// whether anything in the run has applied anything since (then a step previews afresh).
+struct Converging {
+    early: HashMap<String, (rdeploy_adapters::Preview, BTreeMap<String, crate::plan::Resolved<serde_json::Value>>)>,
+    applied: Arc<std::sync::atomic::AtomicBool>,
+    /// The last finished deploy of the stack (for the outputs of shell steps found in place).
+    last: Option<Arc<Deploy>>,
 }
 
 /// A step's outputs as known at one moment: the recorded ones and the sensitive ones in memory.
@@ -450,6 +464,9 @@ impl Session {
                 return Err(e);
             }
         }
+        // What is in place, as `plan` sees it, before anything is recorded (read-only).
+        let early =
+            if self.force_apply || self.from_plan.is_some() { HashMap::new() } else { self.early_previews().await };
         let ran = async {
             let mut cp = Checkpoint::create(self.store.as_ref())?;
             let run_id = ulid::Ulid::new().to_string();
@@ -463,7 +480,9 @@ impl Session {
                 crate::out::count(steps.len(), "step")
             ));
             let actions = self.stack.ordered().map(|s| (s.name.clone(), Action::Apply)).collect();
-            self.run(cp, actions, tools).await
+            let last = self.store.last_finished().ok().flatten().filter(|d| d.stack == self.stack.name).map(Arc::new);
+            let converging = (!self.force_apply).then(|| Converging { early, applied: Default::default(), last });
+            self.run(cp, actions, tools, converging).await
         }
         .await;
         // A reviewed saved plan no apply consumed (its step never ran) goes, whatever happened.
@@ -521,7 +540,7 @@ impl Session {
             crate::out::count(done.len(), "step"),
             if done.is_empty() { String::new() } else { format!(" ({})", done.join(", ")) }
         ));
-        let (outcome, deploy) = self.run(cp, actions, tools).await?;
+        let (outcome, deploy) = self.run(cp, actions, tools, None).await?;
         Ok(RunReport { outcome, deploy: Some(deploy), diff: Some(diff), ended: Ended::Ran })
     }
 
@@ -685,6 +704,7 @@ impl Session {
         cp: Checkpoint,
         actions: Vec<(String, Action)>,
         tools: HashMap<String, ToolInfo>,
+        converging: Option<Converging>,
     ) -> anyhow::Result<(Outcome, Deploy)> {
         let cp = SharedCheckpoint::new(cp);
         let done: HashSet<String> =
@@ -694,6 +714,7 @@ impl Session {
             schedule: Schedule::new(steps, actions, done, self.parallel, self.keep_going),
             running: JoinSet::new(),
             outputs_before: HashMap::new(),
+            converging,
         };
         // A checkpoint that cannot be written stops the run, but never by dropping running
         // tasks: that would SIGKILL their tools mid-apply. Cancel (SIGINT once) and drain.
@@ -869,6 +890,18 @@ impl Session {
                 ctx.started_by =
                     cp.read(|deploy| self.started_by(deploy, &name, deploy.runs.last().map(|r| r.run_id.as_str())));
             }
+            let converge = match (&action, &mut run.converging) {
+                (Action::Apply, Some(converging)) if !step.always => {
+                    let current = |producer: &str, key: &str| {
+                        cp.read(|d| d.step(producer).and_then(|s| s.outputs.get(key).cloned()))
+                    };
+                    let applied = converging.applied.load(std::sync::atomic::Ordering::SeqCst);
+                    let alone = run.running.is_empty();
+                    Some(self.decided_preview(&current, &step, &mut converging.early, applied, alone))
+                }
+                _ => None,
+            };
+            let applied = run.converging.as_ref().map(|c| c.applied.clone());
             let journal = StepJournal::new(name.clone(), cp.clone(), ctx.cancel.clone());
             let sink = StepSink::new(journal, self.sensitive.clone(), self.reporters.clone());
             // 0700: the tools' files in it (terraform's saved plan) are nobody else's to read.
@@ -879,13 +912,20 @@ impl Session {
                 reporters: self.reporters.clone(),
                 tool_version,
                 state_dir: self.state.path.clone(),
+                last: run.converging.as_ref().and_then(|c| c.last.clone()),
             };
             run.outputs_before.insert(name.clone(), self.outputs_seen(cp, &name));
             run.running.spawn(async move {
                 let result = match read {
-                    Ok(()) => attempts.run(&step, &ctx, action, &sink).await,
+                    Ok(()) => attempts.run(&step, &ctx, action, &sink, converge).await,
                     Err(failure) => Err(failure),
                 };
+                // Whatever the step did (unless it found everything in place) may move what a
+                // preview made before it saw: later steps preview afresh.
+                if let Some(applied) = applied.filter(|_| !matches!(result, Ok((_, Converged::InPlace)))) {
+                    applied.store(true, std::sync::atomic::Ordering::SeqCst);
+                }
+                let result = result.map(|(recovered, _)| recovered);
                 (step.name.clone(), result)
             });
         }

@@ -118,6 +118,10 @@ enum Command {
         /// that do are skipped (stack key `on_failure: continue` sets this by default).
         #[arg(long)]
         keep_going: bool,
+        /// Run every tool even for what its preview finds already in place (a shell sub-change
+        /// whose `check` passes, a helm release, kubectl object or terraform plan with no change).
+        #[arg(long)]
+        force_apply: bool,
         /// Apply exactly the reviewed plan `rdeploy plan -o PLANFILE` saved: refused (exit 2,
         /// nothing recorded) when anything it saw has moved since; terraform applies its saved plan.
         #[arg(long, value_name = "PLANFILE")]
@@ -278,6 +282,9 @@ enum Command {
         /// that do are skipped (stack key `on_failure: continue` sets this by default).
         #[arg(long)]
         keep_going: bool,
+        /// As `up --force-apply`: run every tool even for what is already in place.
+        #[arg(long, conflicts_with = "plan_only")]
+        force_apply: bool,
     },
 }
 
@@ -590,6 +597,7 @@ fn session(stack_path: &Path, global: &Global, ui: Arc<Ui>, parallel: usize) -> 
         signal,
         parallel,
         force: false,
+        force_apply: false,
         keep_going,
         reapply_missing: false,
         processes,
@@ -741,9 +749,10 @@ async fn run(cli: Cli, ui: Arc<Ui>) -> anyhow::Result<Code> {
             out!("{}", String::from_utf8_lossy(&text));
             Ok(Code::Ok)
         }
-        Command::Up { stack, parallel, keep_going, plan } => {
+        Command::Up { stack, parallel, keep_going, force_apply, plan } => {
             let mut s = session(stack, global, ui, *parallel)?;
             s.keep_going |= *keep_going;
+            s.force_apply = *force_apply;
             if let Some(path) = plan {
                 s.from_plan = Some(Arc::new(planfile::load(path)?));
             }
@@ -804,11 +813,12 @@ async fn run(cli: Cli, ui: Arc<Ui>) -> anyhow::Result<Code> {
             }
             Ok(Code::Ok)
         }
-        Command::Ci { stack, junit, plan_only, out, plan, parallel, keep_going } => {
+        Command::Ci { stack, junit, plan_only, out, plan, parallel, keep_going, force_apply } => {
             let outputs = ci::Outputs::from_env(junit.clone());
             let mut s = match session(stack, global, ui.clone(), *parallel) {
                 Ok(mut s) => {
                     s.keep_going |= *keep_going;
+                    s.force_apply = *force_apply;
                     s
                 }
                 Err(e) => {

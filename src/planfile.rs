@@ -88,6 +88,26 @@ pub struct SavedStep {
     /// terraform's saved plan (`plan -out`), applied as it is by `up --plan`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub terraform_plan: Option<SavedTool>,
+    /// Each item the preview showed and what it would undergo: `up --plan` applies those that
+    /// change and reports the unchanged ones in place. Absent when the step was not previewed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub items: Option<Vec<SavedItem>>,
+}
+
+/// One item of a step's reviewed plan.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SavedItem {
+    pub id: String,
+    pub action: rdeploy_adapters::PlanAction,
+}
+
+impl SavedStep {
+    /// The reviewed decision for `up --plan`: the items as the plan showed them.
+    pub fn decided(&self) -> Option<rdeploy_adapters::Preview> {
+        let items = self.items.as_ref().filter(|_| self.previewed && self.error.is_none())?;
+        let items = items.iter().map(|i| rdeploy_adapters::PlanItem::new(i.id.clone(), i.action)).collect();
+        Some(rdeploy_adapters::Preview { items, ..rdeploy_adapters::Preview::default() })
+    }
 }
 
 /// A tool's own saved plan, carried in the PLANFILE.
@@ -168,6 +188,8 @@ pub fn build(session: &Session, plan: &StackPlan) -> anyhow::Result<PlanFile> {
             inputs,
             secrets: secret_keys(step),
             terraform_plan,
+            items: (step_plan.unknown_until.is_empty() && step_plan.error.is_none())
+                .then(|| step_plan.items.iter().map(|i| SavedItem { id: i.id.clone(), action: i.action }).collect()),
         });
     }
     Ok(PlanFile {

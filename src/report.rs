@@ -62,6 +62,9 @@ pub struct StepReport {
     /// done | failed | pending | skipped | reverted in the JSON; the variant keeps the truth.
     pub status: StepView,
     pub resumable: bool,
+    /// `up` found everything of the step in place: its tool applied nothing.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub in_place: bool,
     pub sub_changes: Vec<SubReport>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
@@ -139,6 +142,9 @@ pub struct SubReport {
     /// Started but never confirmed: a crash left it uncertain; recovery lets the tool decide.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub uncertain: bool,
+    /// Done because the step's preview found it already in place: not applied again.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub in_place: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -288,6 +294,7 @@ fn pending_step(name: String, tool: String, resumable: bool) -> StepReport {
         tool,
         status: StepView::Pending,
         resumable,
+        in_place: false,
         sub_changes: Vec::new(),
         error: None,
         command: None,
@@ -335,6 +342,7 @@ pub fn from_deploy(
                 id: c.id.clone(),
                 status: c.status,
                 uncertain: c.status == SubStatus::Started,
+                in_place: c.status == SubStatus::Done && c.in_place,
                 error: c.error.as_deref().map(one_line),
                 note: c.note.clone(),
                 wave: None,
@@ -343,6 +351,7 @@ pub fn from_deploy(
             })
             .collect();
         r.rollout = crate::rollout::report::of_step(s, &mut r.sub_changes);
+        r.in_place = s.all_in_place();
         if let Some(f) = &s.failure {
             r.error = Some(one_line(&f.summary));
             r.command = f.command.clone();
@@ -530,7 +539,16 @@ pub fn render_text(status: &Status, paint: Paint) -> String {
         let _ = writeln!(out, "\n{}", paint.strong("in place:"));
         for s in &in_place {
             let done = sub_list(s, SubStatus::Done);
-            let detail = if done.is_empty() { String::new() } else { format!(": {}", ellipsize(&done, 8)) };
+            let found = s.sub_changes.iter().filter(|c| c.in_place).count();
+            let detail = if s.in_place {
+                ": in place, nothing to do".to_string()
+            } else if done.is_empty() {
+                String::new()
+            } else if found > 0 {
+                format!(": {} ({found} found in place, not applied again)", ellipsize(&done, 8))
+            } else {
+                format!(": {}", ellipsize(&done, 8))
+            };
             let attempts = s.attempt_words().map(|w| format!(" ({w})")).unwrap_or_default();
             let _ = writeln!(out, "  {} {} ({}){detail}{attempts}", paint.good("✓"), s.name, s.tool);
             if let Some(outputs) = outputs_line(s) {
@@ -740,7 +758,19 @@ pub fn summarize_step(s: &StepState) -> String {
         .filter(|c| s.status == StepStatus::Done && c.status == SubStatus::Pending)
         .filter_map(|c| c.note.as_ref().map(|note| format!("; {}: {note}", c.id)))
         .collect();
-    format!("{}: {} ({done}/{total} {}){attempts}{settled}", s.name, s.status.as_str(), s.tool.sub_change_plural())
+    if s.all_in_place() {
+        return format!("{}: {} (in place, nothing to do)", s.name, s.status.as_str());
+    }
+    let in_place = match s.count_in_place() {
+        0 => String::new(),
+        n => format!(", {n} in place"),
+    };
+    format!(
+        "{}: {} ({done}/{total} {}{in_place}){attempts}{settled}",
+        s.name,
+        s.status.as_str(),
+        s.tool.sub_change_plural()
+    )
 }
 
 /// An error as the one line `status --json` documents: a tool's multi-line message (a panic, a
@@ -790,6 +820,7 @@ mod tests {
                 id: "a".into(),
                 status,
                 uncertain: status == SubStatus::Started,
+                in_place: false,
                 error: None,
                 note: None,
                 wave: None,

@@ -17,7 +17,7 @@ use sha2::{Digest, Sha256};
 
 /// Keys every step accepts, whatever its tool.
 pub const COMMON_KEYS: &[&str] =
-    &["name", "tool", "needs", "resumable", "revert", "gate", "timeout", "env", "phase", "retry"];
+    &["name", "tool", "needs", "resumable", "revert", "gate", "timeout", "env", "phase", "retry", "always"];
 /// Keys a helm or kubectl step accepts to run once per cluster (a fleet step, `src/rollout`).
 pub const FLEET_KEYS: &[&str] = &["contexts", "fleet", "selector", "rollout", "slo"];
 /// Keys of the stack file's top level.
@@ -78,6 +78,8 @@ pub struct Step {
     /// into the tool's environment; not in `env` until then.
     pub env_marked: BTreeMap<String, Marked>,
     pub phase: Option<Phase>,
+    /// `always: true`: `up` runs the tool even for what its preview finds in place.
+    pub always: bool,
     /// `contexts:` / `fleet:` on a helm or kubectl step: it runs once per cluster, in waves.
     pub fleet: Option<FleetStep>,
     pub spec: ToolSpec,
@@ -327,6 +329,8 @@ struct CommonKeys {
     env: BTreeMap<String, String>,
     phase: Option<Spanned<String>>,
     retry: Option<RetryKeys>,
+    #[serde(default)]
+    always: bool,
     contexts: Option<Vec<String>>,
     fleet: Option<Spanned<String>>,
     selector: Option<Spanned<String>>,
@@ -1343,6 +1347,7 @@ fn parse_step(checker: &mut Checker<'_>, dir: &Path, node: &Node) -> Option<Pars
         },
         env_marked,
         phase,
+        always: keys.always,
         fleet,
         spec,
         line,

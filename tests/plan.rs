@@ -942,23 +942,17 @@ steps:
         saved["steps"][1]["inputs"]["steps.infra.outputs.ip"],
         serde_json::json!({"state": "known", "value": "10.0.0.7"})
     );
-    // The producer outputs something else when it runs again.
+    // The producer is in place (its check passes): `up --plan` does not run it again, and the
+    // consumer gets the reviewed value, the one the last deploy recorded, whatever `ip.txt` says.
     p.file("ip.txt", "10.0.0.8\n");
-    let run = p.rdeploy(&["up", "--plan", "second.plan"]);
-    run.code(1).stdout_has(
-        "step `app` is not as the plan previewed it: `steps.infra.outputs.ip` is 10.0.0.8 now but the plan previewed the step with 10.0.0.7; nothing was run",
-    );
-    assert_eq!(p.read("used"), "stale\n", "the consumer's tool never ran");
-    // Recovering applies it with the new value, as after any `up`.
-    p.rdeploy(&["recover"]).code(0);
-    assert_eq!(p.read("used"), "10.0.0.8\n");
+    p.rdeploy(&["up", "--plan", "second.plan"]).code(0);
+    assert_eq!(p.read("used"), "10.0.0.7\n");
 }
 
-/// helm's `revision` is new on every upgrade, one that changes nothing included: the plan never
-/// takes its recorded value as known, so `up --plan` of an unchanged release hands the consumer
-/// the new revision instead of refusing it (found on the demo stack's `migrate`).
+/// helm's `revision` stays when the release is in place (no upgrade): the plan takes its
+/// recorded value as known, and `up --plan` of an unchanged release keeps the revision.
 #[test]
-fn a_helm_revision_is_known_only_after_the_release_applies() {
+fn a_helm_revision_stays_known_while_the_release_is_in_place() {
     let sim = Kubesim::start("demo");
     let p = kube_project(&sim);
     let text = p.read("stack.yaml")
@@ -969,14 +963,11 @@ fn a_helm_revision_is_known_only_after_the_release_applies() {
     p.rdeploy(&["plan", "-o", "p.plan"]).code(0);
     let saved = planfile(&p, "p.plan");
     let migrate = saved["steps"].as_array().unwrap().iter().find(|s| s["name"] == "migrate").unwrap();
-    assert_eq!(
-        migrate["inputs"]["steps.app.outputs.revision"],
-        serde_json::json!({"state": "pending", "value": {"step": "app"}})
-    );
+    assert_eq!(migrate["inputs"]["steps.app.outputs.revision"], serde_json::json!({"state": "known", "value": 1}));
     let app = saved["steps"].as_array().unwrap().iter().find(|s| s["name"] == "app").unwrap();
     assert_eq!(app["changes"], 0, "the release would not change: {app:#}");
     p.rdeploy(&["up", "--plan", "p.plan"]).code(0);
-    assert_eq!(p.read("out/schema"), "revision 2\n");
+    assert_eq!(p.read("out/schema"), "revision 1\n", "no upgrade: the revision stays");
 }
 
 /// A retry of the merge job after its deploy stopped part-way recovers that deploy (its record

@@ -108,6 +108,24 @@ pub trait Adapter {
         async { Ok(Vec::new()) }
     }
 
+    /// `up`: applies what `preview` (this adapter's own [`Adapter::preview`], run just before,
+    /// or the reviewed plan's items under `up --plan`) says is not in place, and reports every
+    /// item it says is in place as [`Event::InPlace`] without running the tool for it. This is
+    /// the one decision `plan` shows and `up` takes. The default (ansible, idempotent by its own
+    /// design) applies everything.
+    fn converge(
+        &self,
+        ctx: &StepContext,
+        preview: &Preview,
+        sink: &dyn EventSink,
+    ) -> impl Future<Output = Result<(), Failure>> + Send
+    where
+        Self: Sync,
+    {
+        let _ = preview;
+        self.apply(ctx, sink)
+    }
+
     /// The runbook section for this step: exact commands an operator would type.
     fn describe_recovery(&self, ctx: &DescribeContext<'_>, prior: Option<&PriorStep>) -> RecoveryDoc;
 }
@@ -143,6 +161,10 @@ pub struct SpecProblem {
 /// The fact (a JSON string) by which a step reports the version of its tool when its preflight
 /// did not ask for it ([`Adapter::preflight_for_run`]): the step's `tool_version`.
 pub const TOOL_VERSION_FACT: &str = "tool_version";
+
+/// The fact (`true`) by which `up` records that a step's preview found everything in place, so
+/// the tool applied nothing: the report says "in place, nothing to do".
+pub const IN_PLACE_FACT: &str = "in_place";
 
 /// What preflight found.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -334,6 +356,9 @@ pub enum Event {
     Started { id: String },
     /// A sub-change is in place. `note` says how we know when it is not obvious.
     Done { id: String, note: Option<String> },
+    /// A sub-change was found already in place by the step's preview and was not applied again
+    /// (a shell `check` that passed, an object whose diff is empty): done, without the tool.
+    InPlace { id: String, note: Option<String> },
     /// A sub-change failed; `error` is one line in the tool's own words.
     Failed { id: String, error: String },
     /// A sub-change the tool will not reach in this run (the play aborted, the apply stopped).

@@ -14,6 +14,10 @@ pub enum SubChangeEvent<'a> {
     Done {
         note: Option<&'a str>,
     },
+    /// Found in place by the step's preview: done, and not applied again.
+    InPlace {
+        note: Option<&'a str>,
+    },
     Failed {
         error: &'a str,
     },
@@ -27,6 +31,8 @@ pub struct SubChangeFields<'s> {
     pub status: &'s mut SubStatus,
     pub error: &'s mut Option<String>,
     pub note: &'s mut Option<String>,
+    /// Done because it was found in place, not because the tool applied it.
+    pub in_place: &'s mut bool,
 }
 
 /// Folds one event into a sub-change's state (the caller creates it pending when new).
@@ -36,14 +42,23 @@ pub fn fold_sub_change(sub: SubChangeFields<'_>, event: SubChangeEvent<'_>) {
         SubChangeEvent::Started => {
             *sub.status = SubStatus::Started;
             *sub.error = None;
+            *sub.in_place = false;
         }
         SubChangeEvent::Done { note } => {
             *sub.status = SubStatus::Done;
             *sub.error = None;
             *sub.note = note.map(str::to_string);
+            *sub.in_place = false;
+        }
+        SubChangeEvent::InPlace { note } => {
+            *sub.status = SubStatus::Done;
+            *sub.error = None;
+            *sub.note = note.map(str::to_string);
+            *sub.in_place = true;
         }
         SubChangeEvent::Failed { error } => {
             *sub.status = SubStatus::Failed;
+            *sub.in_place = false;
             *sub.error = Some(error.to_string());
         }
         SubChangeEvent::Pending { reason } => {

@@ -33,7 +33,7 @@ pub mod yaml;
 pub use binary::resolve_binary;
 pub use contract::*;
 pub use preview::{PlanAction, PlanItem, Preview};
-pub use registry::{Tool, ToolSpec};
+pub use registry::{Converged, Tool, ToolSpec};
 pub use tokio_util::sync::CancellationToken;
 
 /// `now + after`, or `None` when the clock cannot hold that instant (a bound decades away):

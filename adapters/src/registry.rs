@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::contract::{
-    Adapter, AdapterError, DescribeContext, EventSink, Failure, FieldPath, Inspection, PriorStep, Recovered,
+    Adapter, AdapterError, DescribeContext, Event, EventSink, Failure, FieldPath, Inspection, PriorStep, Recovered,
     RecoveryDoc, SpecProblem, StepContext, ToolInfo,
 };
 use crate::preview::{Preview, PreviewError};
@@ -84,6 +84,30 @@ pub enum ToolSpec {
     Shell(shell::ShellSpec),
 }
 
+/// How [`ToolSpec::converge_step`] left a step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Converged {
+    /// Everything was found in place: the tool reported nothing done.
+    InPlace,
+    /// Something was applied (the tool reported a sub-change done).
+    Applied,
+}
+
+/// Passes events on, noting whether the tool reported any sub-change done (applied).
+struct CountDone<'a> {
+    inner: &'a dyn EventSink,
+    done: std::sync::atomic::AtomicBool,
+}
+
+impl EventSink for CountDone<'_> {
+    fn emit(&self, event: Event) {
+        if matches!(event, Event::Done { .. }) {
+            self.done.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+        self.inner.emit(event);
+    }
+}
+
 /// Calls the same method on whichever tool's spec this is.
 macro_rules! dispatch {
     ($self:expr, $spec:ident => $call:expr) => {
@@ -158,6 +182,53 @@ impl ToolSpec {
         }
     }
 
+    /// `up`'s one decision, the one `plan` shows: the step's own read-only preview (or `decided`,
+    /// the reviewed plan's items under `up --plan`, or a preview `up` made before the run),
+    /// then [`Adapter::converge`] on it, which applies what is not in place and reports the
+    /// rest [`Event::InPlace`]. A preview that fails (a cluster that cannot be diffed yet) is
+    /// warned about and everything is applied, as before; a missing tool or an interrupt is the
+    /// step's failure. ansible previews nothing here: it runs as `apply` does (it is idempotent),
+    /// and its hosts with `changed=0` are reported in place. The step is [`Converged::InPlace`]
+    /// when nothing was reported done by the tool (only in place, or nothing at all).
+    pub async fn converge_step(
+        &self,
+        ctx: &StepContext,
+        decided: Option<Preview>,
+        sink: &dyn EventSink,
+    ) -> Result<Converged, Failure> {
+        let counting = CountDone { inner: sink, done: std::sync::atomic::AtomicBool::new(false) };
+        let sink = &counting;
+        let preview = match (decided, self) {
+            (_, ToolSpec::Ansible(_)) => None,
+            (Some(preview), _) => Some(preview),
+            (None, _) => match self.preview(ctx).await {
+                Ok(preview) => Some(preview),
+                Err(PreviewError::Tool(e)) => return Err(e.into()),
+                Err(PreviewError::Failed(failure)) if failure.interrupted || ctx.cancel.is_cancelled() => {
+                    return Err(Failure { interrupted: true, ..failure })
+                }
+                Err(PreviewError::Failed(failure)) => {
+                    sink.emit(Event::Warning {
+                        message: format!(
+                            "could not tell what is already in place ({}): applying everything",
+                            ctx.secrets.redact(&failure.summary)
+                        ),
+                    });
+                    None
+                }
+            },
+        };
+        match preview {
+            Some(preview) => self.converge(ctx, &preview, sink).await?,
+            None => self.apply(ctx, sink).await?,
+        }
+        Ok(if counting.done.load(std::sync::atomic::Ordering::SeqCst) {
+            Converged::Applied
+        } else {
+            Converged::InPlace
+        })
+    }
+
     /// The keys this tool accepts on a step (besides the common ones), for suggestions.
     pub fn keys(tool: Tool) -> &'static [&'static str] {
         match tool {
@@ -221,6 +292,11 @@ impl Adapter for ToolSpec {
 
     async fn preview(&self, ctx: &StepContext) -> Result<Preview, PreviewError> {
         dispatch!(self, s => s.preview(ctx).await)
+    }
+
+    async fn converge(&self, ctx: &StepContext, preview: &Preview, sink: &dyn EventSink) -> Result<(), Failure> {
+        let sink = RegistrySink { inner: sink, registry: &ctx.secrets };
+        dispatch!(self, s => s.converge(ctx, preview, &sink).await).map_err(|f| ctx.secrets.redact_failure(f))
     }
 
     fn volatile_outputs(&self) -> &'static [&'static str] {

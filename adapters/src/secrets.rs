@@ -573,6 +573,7 @@ pub fn redact_event(event: Event, secrets: &[String]) -> Event {
         Event::Planned { ids } => Event::Planned { ids },
         Event::Started { id } => Event::Started { id },
         Event::Done { id, note } => Event::Done { id, note: note.map(r) },
+        Event::InPlace { id, note } => Event::InPlace { id, note: note.map(r) },
         Event::Failed { id, error } => Event::Failed { id, error: r(error) },
         Event::Pending { id, reason } => Event::Pending { id, reason: r(reason) },
         Event::Moved { from, to } => Event::Moved { from, to },

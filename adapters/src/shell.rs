@@ -1,6 +1,7 @@
 //! The shell adapter: declared `sub_changes` (each checkpointed, resumable, with an optional
-//! `check` that settles a sub-change a crash left uncertain) or a bare `run` (not resumable, so
-//! it completes or reverts).
+//! `check`) or a bare `run` (not resumable, so it completes or reverts; it may carry a `check`
+//! too). A `check` that exits 0 says the sub-change is in place: `plan` shows it so, `up` does
+//! not run it, and `recover` settles with it a sub-change a crash left uncertain.
 
 use std::path::PathBuf;
 
@@ -22,6 +23,8 @@ pub const RUN_ID: &str = "run";
 pub struct ShellSpec {
     /// One command, not resumable: it completes or its `revert` runs.
     pub run: Option<String>,
+    /// With `run`: exits 0 when what `run` does is already in place (`up` then skips it).
+    pub check: Option<String>,
     /// Declared sub-changes, each checkpointed.
     pub sub_changes: Option<Vec<ShellSubChange>>,
     /// Working directory, relative to the stack file (default: the stack's directory).
@@ -37,18 +40,19 @@ pub struct ShellSpec {
 pub struct ShellSubChange {
     pub name: String,
     pub run: String,
-    /// Exits 0 when the sub-change is already in place; consulted after a crash.
+    /// Exits 0 when the sub-change is already in place: `up` does not run it then (unless
+    /// `--force-apply` or the step's `always: true`), and `recover` settles an uncertain one.
     pub check: Option<String>,
 }
 
 impl ShellSpec {
-    pub const KEYS: &'static [&'static str] = &["run", "sub_changes", "dir", "sensitive_outputs"];
+    pub const KEYS: &'static [&'static str] = &["run", "check", "sub_changes", "dir", "sensitive_outputs"];
 
     /// The sub-changes in declaration order: `(id, command, check)`.
     fn planned(&self) -> Vec<(&str, &str, Option<&str>)> {
         match (&self.sub_changes, &self.run) {
             (Some(subs), _) => subs.iter().map(|s| (s.name.as_str(), s.run.as_str(), s.check.as_deref())).collect(),
-            (None, Some(run)) => vec![(RUN_ID, run.as_str(), None)],
+            (None, Some(run)) => vec![(RUN_ID, run.as_str(), self.check.as_deref())],
             (None, None) => Vec::new(),
         }
     }
@@ -215,6 +219,13 @@ impl Adapter for ShellSpec {
             }),
             _ => {}
         }
+        if self.check.is_some() && self.run.is_none() {
+            problems.push(SpecProblem {
+                at: vec![PathSegment::Key("check")],
+                message: "a step-level `check` goes with a bare `run`".into(),
+                hint: Some("give each sub-change its own `check`".into()),
+            });
+        }
         for (i, key) in self.sensitive_outputs.iter().enumerate() {
             if !crate::outputs::valid_key(key) {
                 problems.push(SpecProblem {
@@ -289,6 +300,23 @@ impl Adapter for ShellSpec {
         Ok(())
     }
 
+    /// Runs each sub-change the preview did not find in place (its `check` failed, or it has
+    /// none), in order; the others are reported in place and not run.
+    async fn converge(&self, ctx: &StepContext, preview: &Preview, sink: &dyn EventSink) -> Result<(), Failure> {
+        let in_place: std::collections::HashMap<&str, &PlanItem> =
+            preview.items.iter().filter(|i| i.action == PlanAction::Unchanged).map(|i| (i.id.as_str(), i)).collect();
+        let planned = self.planned();
+        sink.emit(Event::Planned { ids: planned.iter().map(|(id, ..)| id.to_string()).collect() });
+        let outputs = OutputFiles::new()?;
+        for (id, run, _) in planned {
+            match in_place.get(id) {
+                Some(item) => sink.emit(Event::InPlace { id: id.to_string(), note: item.reason.clone() }),
+                None => self.run_sub_change(ctx, sink, &outputs, id, run).await?,
+            }
+        }
+        Ok(())
+    }
+
     async fn recover(&self, ctx: &StepContext, prior: &PriorStep, sink: &dyn EventSink) -> Result<Recovered, Failure> {
         let planned = self.planned();
         sink.emit(Event::Planned { ids: planned.iter().map(|(id, ..)| id.to_string()).collect() });
@@ -357,8 +385,9 @@ impl Adapter for ShellSpec {
         Ok(inspection)
     }
 
-    /// `up` runs every sub-change; one whose `check` exits 0 is shown "already in place" (the
-    /// check is the stack author's read-only test). A check is run, never a `run`.
+    /// A sub-change whose `check` exits 0 is "already in place" (the check is the stack
+    /// author's read-only test): `up` does not run it ([`Adapter::converge`]). A check is run,
+    /// never a `run`.
     async fn preview(&self, ctx: &StepContext) -> Result<Preview, crate::preview::PreviewError> {
         let mut preview = Preview::default();
         for (id, run, check) in self.planned() {
@@ -474,6 +503,7 @@ mod tests {
     fn spec(subs: &[(&str, &str, Option<&str>)]) -> ShellSpec {
         ShellSpec {
             run: None,
+            check: None,
             dir: None,
             sensitive_outputs: Vec::new(),
             sub_changes: Some(

@@ -42,7 +42,7 @@ impl Recorder {
             .into_iter()
             .filter_map(|e| match e {
                 Event::Started { id } => Some((id, SubStatus::Started)),
-                Event::Done { id, .. } => Some((id, SubStatus::Done)),
+                Event::Done { id, .. } | Event::InPlace { id, .. } => Some((id, SubStatus::Done)),
                 Event::Failed { id, .. } => Some((id, SubStatus::Failed)),
                 Event::Pending { id, .. } => Some((id, SubStatus::Pending)),
                 _ => None,
@@ -60,6 +60,20 @@ impl Recorder {
 
     pub fn done(&self) -> Vec<String> {
         self.ids_with(SubStatus::Done)
+    }
+
+    /// Ids reported in place (not applied), sorted.
+    pub fn in_place(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self
+            .events()
+            .into_iter()
+            .filter_map(|e| match e {
+                Event::InPlace { id, .. } => Some(id),
+                _ => None,
+            })
+            .collect();
+        ids.sort();
+        ids
     }
 
     pub fn failed(&self) -> Vec<String> {
@@ -129,7 +143,7 @@ impl Recorder {
     /// What the checkpoint would hold after these events, folded as the driver does: the last
     /// word on each sub-change, in the order they first appeared, and the latest facts.
     pub fn prior(&self) -> PriorStep {
-        type Fields = (SubStatus, Option<String>, Option<String>);
+        type Fields = (SubStatus, Option<String>, Option<String>, bool);
         let mut order: Vec<String> = Vec::new();
         let mut state: BTreeMap<String, Fields> = BTreeMap::new();
         let mut facts = BTreeMap::new();
@@ -137,8 +151,9 @@ impl Recorder {
             if !order.iter().any(|o| o == id) {
                 order.push(id.to_string());
             }
-            let (status, error, note) = state.entry(id.to_string()).or_insert((SubStatus::Pending, None, None));
-            fold_sub_change(SubChangeFields { status, error, note }, event);
+            let (status, error, note, in_place) =
+                state.entry(id.to_string()).or_insert((SubStatus::Pending, None, None, false));
+            fold_sub_change(SubChangeFields { status, error, note, in_place }, event);
         }
         let (o, st) = (&mut order, &mut state);
         for event in self.events() {
@@ -146,6 +161,7 @@ impl Recorder {
                 Event::Planned { ids } => ids.iter().for_each(|id| fold(o, st, id, SubChangeEvent::Planned)),
                 Event::Started { id } => fold(o, st, id, SubChangeEvent::Started),
                 Event::Done { id, note } => fold(o, st, id, SubChangeEvent::Done { note: note.as_deref() }),
+                Event::InPlace { id, note } => fold(o, st, id, SubChangeEvent::InPlace { note: note.as_deref() }),
                 Event::Failed { id, error } => fold(o, st, id, SubChangeEvent::Failed { error }),
                 Event::Pending { id, reason } => fold(o, st, id, SubChangeEvent::Pending { reason }),
                 Event::Moved { from, to } => {
@@ -171,7 +187,7 @@ impl Recorder {
             sub_changes: order
                 .into_iter()
                 .map(|id| {
-                    let (status, error, _) = state[&id].clone();
+                    let (status, error, _, _) = state[&id].clone();
                     PriorSubChange { id, status, error }
                 })
                 .collect(),

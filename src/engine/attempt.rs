@@ -2,12 +2,17 @@
 //! one through the adapter's recover path, ending in a `Recovered` or a `Failure`. Every attempt
 //! is journaled before it starts, and the reporters are told of each.
 
-use rdeploy_adapters::{Adapter, Failure, PriorStep, Recovered, StepContext};
+use std::sync::Arc;
+
+use rdeploy_adapters::outputs::OutputValue;
+use rdeploy_adapters::{
+    Adapter, Converged, Event, EventSink, Failure, Preview, PriorStep, Recovered, StepContext, IN_PLACE_FACT,
+};
 
 use super::event::{Attempt, Reporters, RetryWhy, RunEvent, Work};
 use super::journal::{JournalError, SharedCheckpoint};
 use super::sink::StepSink;
-use crate::checkpoint::{Record, StepMode};
+use crate::checkpoint::{Deploy, Record, StepMode};
 use crate::stack::{Retry, Step};
 
 /// What to do with a step in this run.
@@ -30,6 +35,8 @@ pub struct Attempts {
     pub tool_version: Option<String>,
     /// The local state directory (a fleet step keeps last-seen times and rollout starts there).
     pub state_dir: std::path::PathBuf,
+    /// `up`: the last finished deploy of the stack, whose shell outputs an in-place step hands on.
+    pub last: Option<Arc<Deploy>>,
 }
 
 impl Attempts {
@@ -39,8 +46,10 @@ impl Attempts {
         ctx: &StepContext,
         mut action: Action,
         sink: &StepSink,
-    ) -> Result<Recovered, Failure> {
+        mut converge: Option<Option<Preview>>,
+    ) -> Result<(Recovered, Converged), Failure> {
         let mut attempt = 1;
+        let mut converged = Converged::Applied;
         loop {
             let result = match (&step.fleet, &action) {
                 (Some(fleet), action) => {
@@ -49,7 +58,14 @@ impl Attempts {
                         Action::Recover(prior) => prior,
                         _ => &fresh,
                     };
-                    let run = crate::rollout::FleetRun { step, fleet, ctx, prior, state_dir: &self.state_dir };
+                    let run = crate::rollout::FleetRun {
+                        step,
+                        fleet,
+                        ctx,
+                        prior,
+                        state_dir: &self.state_dir,
+                        converge: converge.take().is_some(),
+                    };
                     crate::rollout::run(run, sink).await
                 }
                 // Done means every pod is updated and ready: the readiness check holds the
@@ -58,7 +74,18 @@ impl Attempts {
                     let held = crate::readiness::Held::new(step, ctx, sink);
                     let result = match action {
                         Action::Recover(prior) => step.spec.recover(ctx, prior, &held).await,
-                        _ => step.spec.apply(ctx, &held).await.map(|()| Recovered::Complete),
+                        // `up`: what the step's preview finds in place is not applied again.
+                        _ => match converge.take() {
+                            Some(decided) => step.spec.converge_step(ctx, decided, &held).await.map(|c| {
+                                converged = c;
+                                if c == Converged::InPlace {
+                                    sink.emit(Event::Fact { key: IN_PLACE_FACT.into(), value: true.into() });
+                                }
+                                self.carry_shell_outputs(step, sink);
+                                Recovered::Complete
+                            }),
+                            None => step.spec.apply(ctx, &held).await.map(|()| Recovered::Complete),
+                        },
                     };
                     held.settle(result).await
                 }
@@ -70,7 +97,7 @@ impl Attempts {
                         let attempt = Attempt { number: attempt, of: retry.attempts };
                         self.reporters.emit(RunEvent::AttemptSucceeded { step: step.name.clone(), attempt });
                     }
-                    return Ok(done);
+                    return Ok((done, converged));
                 }
                 (Err(failure), None) => failure,
             };
@@ -119,6 +146,29 @@ impl Attempts {
                 attempt: Some(Attempt { number: attempt, of: retry.attempts }),
             });
             action = Action::Recover(prior);
+        }
+    }
+}
+
+impl Attempts {
+    /// A shell sub-change found in place did not run, so it wrote no `$RDEPLOY_OUTPUT`: the
+    /// outputs the last finished deploy recorded for the step (and this run did not make anew)
+    /// are handed on, as `plan` showed them. A sensitive output was never recorded: a consumer
+    /// of one fails as before until the producer runs (`--force-apply`).
+    fn carry_shell_outputs(&self, step: &Step, sink: &StepSink) {
+        if step.tool != rdeploy_adapters::Tool::Shell {
+            return;
+        }
+        let Some(last) = self.last.as_ref().and_then(|d| d.step(&step.name)) else { return };
+        let have = self.cp.read(|d| d.step(&step.name).map(|s| s.outputs.clone()).unwrap_or_default());
+        let values: rdeploy_adapters::outputs::Outputs = last
+            .outputs
+            .iter()
+            .filter(|(key, _)| !have.contains_key(*key))
+            .map(|(key, value)| (key.clone(), OutputValue::Plain(value.clone())))
+            .collect();
+        if !values.is_empty() {
+            sink.emit(Event::Outputs { values });
         }
     }
 }

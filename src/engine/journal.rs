@@ -118,6 +118,7 @@ impl StepJournal {
             Event::Planned { ids } => self.record(Record::Planned { step, ids }),
             Event::Started { id } => self.record(Record::SubStarted { step, id }),
             Event::Done { id, note } => self.record(Record::SubDone { step, id, note }),
+            Event::InPlace { id, note } => self.record(Record::SubInPlace { step, id, note }),
             Event::Failed { id, error } => self.record(Record::SubFailed { step, id, error }),
             Event::Pending { id, reason } => self.record(Record::SubPending { step, id, reason }),
             Event::Moved { from, to } => self.record(Record::SubMoved { step, from, to }),

@@ -32,7 +32,7 @@ fn run_event(step: &str, event: Event) -> Option<RunEvent> {
     match event {
         Event::Planned { ids } => Some(RunEvent::Planned { step, total: ids.len() }),
         Event::Started { id } => sub(id, SubChange::Started),
-        Event::Done { id, .. } => sub(id, SubChange::Done),
+        Event::Done { id, .. } | Event::InPlace { id, .. } => sub(id, SubChange::Done),
         Event::Failed { id, error } => sub(id, SubChange::Failed(error)),
         Event::Warning { message } => Some(RunEvent::Warning { from_step: Some(step), message }),
         Event::Output { stream, line } => Some(RunEvent::Output { step, stream, line }),

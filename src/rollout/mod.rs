@@ -30,7 +30,9 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use futures::stream::{FuturesUnordered, StreamExt};
-use rdeploy_adapters::{Adapter, Event, EventSink, Failure, PriorStep, Recovered, StepContext, SubStatus, ToolSpec};
+use rdeploy_adapters::{
+    Adapter, Converged, Event, EventSink, Failure, PriorStep, Recovered, StepContext, SubStatus, ToolSpec,
+};
 use serde_json::{json, Map, Value};
 use time::OffsetDateTime;
 
@@ -64,6 +66,9 @@ pub struct FleetRun<'a> {
     pub prior: &'a PriorStep,
     /// The local state directory: last-seen times and rollout starts (`fleet/`).
     pub state_dir: &'a Path,
+    /// `up`: a cluster whose preview finds the release (or every object) in place is done
+    /// without the tool applying anything there ([`rdeploy_adapters::ToolSpec::converge_step`]).
+    pub converge: bool,
 }
 
 /// How one cluster's turn ended in this run.
@@ -489,14 +494,18 @@ impl Runner<'_> {
         });
         let started = AtomicBool::new(false);
         match self.apply(m, &started).await {
-            Ok(note) => match self.healthy(m).await {
+            Ok((note, in_place)) => match self.healthy(m).await {
                 Ok(seen) => {
                     self.note_rollout_start(&seen);
                     self.fact(&m.name, |f| {
                         f.insert("done_at".into(), rfc3339(OffsetDateTime::now_utc()).into());
                         f.remove("in_flight");
                     });
-                    self.sink.emit(Event::Done { id: m.name.clone(), note: Some(note) });
+                    if in_place {
+                        self.sink.emit(Event::InPlace { id: m.name.clone(), note: Some(note) });
+                    } else {
+                        self.sink.emit(Event::Done { id: m.name.clone(), note: Some(note) });
+                    }
                     ClusterEnd::Done
                 }
                 Err(why) => self.fail(m, format!("applied, but not healthy: {why}")),
@@ -526,7 +535,7 @@ impl Runner<'_> {
     /// The tool against this one cluster, as a single-cluster step would run it: `recover`
     /// when an earlier run started it there, else `apply`. The note for the done record.
     /// `started` is set once the tool starts changing the cluster in this run.
-    async fn apply(&self, m: &Member, started: &AtomicBool) -> Result<String, Failure> {
+    async fn apply(&self, m: &Member, started: &AtomicBool) -> Result<(String, bool), Failure> {
         let spec = spec_for_cluster(&self.r.step.spec, &m.name);
         let mut ctx = self.r.ctx.clone();
         ctx.work_dir = self.r.ctx.work_dir.join("clusters").join(&m.name);
@@ -544,6 +553,7 @@ impl Runner<'_> {
             ctx.started_by.insert(inner.to_string(), by);
         }
         let earlier = self.r.prior.sub_changes.iter().find(|s| s.id == m.name).map(|s| s.status);
+        let mut in_place = false;
         let csink = ClusterSink { runner: self, cluster: &m.name, done: AtomicUsize::new(0), started };
         let result = match earlier {
             Some(SubStatus::Started | SubStatus::Failed) => {
@@ -554,18 +564,24 @@ impl Runner<'_> {
                     ))),
                 })
             }
+            _ if self.r.converge => spec.converge_step(&ctx, None, &csink).await.map(|c| {
+                in_place = c == Converged::InPlace;
+            }),
             _ => spec.apply(&ctx, &csink).await,
         };
         result?;
         let facts = self.facts.lock().unwrap_or_else(|e| e.into_inner());
         let revision = facts.get(&cluster_fact(&m.name)).and_then(|f| f.get("revision")).and_then(Value::as_u64);
-        Ok(match (revision, &self.r.step.spec) {
+        let note = match (revision, &self.r.step.spec) {
+            (Some(rev), ToolSpec::Helm(_)) if in_place => format!("rev {rev}, in place: no upgrade"),
             (Some(rev), ToolSpec::Helm(_)) => format!("rev {rev}"),
+            _ if in_place => "in place: nothing applied".to_string(),
             _ => {
                 let n = csink.done.load(Ordering::SeqCst);
                 format!("{n} object{} applied", if n == 1 { "" } else { "s" })
             }
-        })
+        };
+        Ok((note, in_place))
     }
 
     /// Reads the cluster until its workloads are healthy (bounded); the healthy read.
@@ -709,6 +725,7 @@ impl EventSink for ClusterSink<'_> {
             // The tool's failure comes back as its `Err`; the plan, per-revision bookkeeping and outputs stay inside the cluster: the step's
             // sub-changes are its clusters, and a fleet step produces no outputs.
             Event::Failed { .. }
+            | Event::InPlace { .. }
             | Event::Planned { .. }
             | Event::Pending { .. }
             | Event::Moved { .. }

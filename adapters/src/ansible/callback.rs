@@ -358,11 +358,21 @@ impl HostTracker {
             };
             match &outcome {
                 HostOutcome::Done => {
-                    let note = match stats.as_ref().and_then(|s| s.hosts.get(&host)) {
-                        Some(s) => format!("play recap: ok={} changed={} failed=0 unreachable=0", s.ok, s.changed),
-                        None => "no task targeted this host".to_string(),
-                    };
-                    events.push(Event::Done { id: host.clone(), note: Some(note) });
+                    // A host where no task changed anything was found in place by the run.
+                    match stats.as_ref().and_then(|s| s.hosts.get(&host)) {
+                        Some(s) if s.changed > 0 => events.push(Event::Done {
+                            id: host.clone(),
+                            note: Some(format!("play recap: ok={} changed={} failed=0 unreachable=0", s.ok, s.changed)),
+                        }),
+                        Some(s) => events.push(Event::InPlace {
+                            id: host.clone(),
+                            note: Some(format!("play recap: ok={} changed=0: nothing to change", s.ok)),
+                        }),
+                        None => events.push(Event::InPlace {
+                            id: host.clone(),
+                            note: Some("no task targeted this host".to_string()),
+                        }),
+                    }
                 }
                 HostOutcome::Failed(error) | HostOutcome::Unreachable(error) => {
                     events.push(Event::Failed { id: host.clone(), error: error.clone() })

@@ -12,6 +12,7 @@
 //! pending revision only once no helm for it is alive and it is older than helm's timeout, or
 //! when the operator forces it with `rdeploy recover --force` ([`StepContext::force`]).
 
+mod converge;
 pub mod preview;
 pub mod records;
 pub mod state;
@@ -205,6 +206,10 @@ impl HelmSpec {
         }
         // The stack declares the whole config: never reuse values from an earlier revision.
         words.push("--reset-values".into());
+        // The chart's digest, by which the next `up` knows the revision is this chart's.
+        if let Some(description) = ctx.and_then(|ctx| self.chart_description(ctx)) {
+            words.push(format!("--description={description}"));
+        }
         if self.atomic.unwrap_or(false) {
             words.push(if major >= 4 { "--rollback-on-failure" } else { "--atomic" }.into());
         }
@@ -1081,9 +1086,9 @@ impl Adapter for HelmSpec {
         self.preview_release(ctx).await
     }
 
-    /// Every `helm upgrade` makes a new revision, one that changes nothing included.
-    fn volatile_outputs(&self) -> &'static [&'static str] {
-        &["revision"]
+    /// A release found in place is not upgraded ([`converge`]): its revision stays.
+    async fn converge(&self, ctx: &StepContext, preview: &Preview, sink: &dyn EventSink) -> Result<(), Failure> {
+        self.converge_release(ctx, preview, sink).await
     }
 
     /// The release's revision and the resourceVersion of each live object its manifest names, read again by the same read-only preview.

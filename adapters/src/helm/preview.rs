@@ -322,6 +322,31 @@ impl HelmSpec {
                 preview.items.push(item);
             }
         }
+        // The revision itself: deployed, and made by rdeploy from this very chart (its digest in
+        // the description, see `converge`). Anything else is upgraded by `up`, so it shows.
+        if let Some(current) = &current {
+            let info = current.get("info");
+            let text = |key: &str| info.and_then(|i| i.get(key)).and_then(Value::as_str).unwrap_or("");
+            let wanted = self.chart_description(ctx);
+            let why = if text("status") != "deployed" {
+                Some(format!("the release is {}", text("status")))
+            } else if wanted.as_deref() != Some(text("description")) {
+                Some(match (wanted, text("description")) {
+                    (None, _) => {
+                        "the chart's content cannot be known before helm fetches it (pin `version`)".to_string()
+                    }
+                    (Some(_), d) if d.starts_with(super::converge::DESCRIPTION_PREFIX) => {
+                        "the deployed revision was made from another chart or chart content".to_string()
+                    }
+                    (Some(_), d) => format!("the deployed revision was not made by rdeploy from this chart (`{d}`)"),
+                })
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                preview.items.push(PlanItem::new(format!("{} chart", self.release), PlanAction::Update).because(why));
+            }
+        }
         let (mut add, mut change, mut delete) = (0, 0, 0);
         for item in &preview.items {
             match item.action {
@@ -331,7 +356,9 @@ impl HelmSpec {
                 _ => {}
             }
         }
+        let changes = preview.changes();
         preview.summary = Some(match revision {
+            Some(r) if changes == 0 => format!("revision {r} in place: no upgrade"),
             Some(r) => format!("revision {} over {r}: {add} to create, {change} to change, {delete} to delete", r + 1),
             None => format!("install: {add} to create"),
         });

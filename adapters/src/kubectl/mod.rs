@@ -21,7 +21,8 @@ use self::output::{
 use crate::process::{capture, Captured, Command, Outcome, StdoutLog};
 use crate::{
     display_command, shell_quote, Adapter, AdapterError, DescribeContext, Event, EventSink, Failure, FieldPath,
-    Inspection, PathSegment, Preview, PriorStep, Recovered, RecoveryDoc, SpecProblem, StepContext, SubStatus, ToolInfo,
+    Inspection, PathSegment, PlanAction, Preview, PriorStep, Recovered, RecoveryDoc, SpecProblem, StepContext,
+    SubStatus, ToolInfo,
 };
 
 const DEFAULT_BINARY: &str = "kubectl";
@@ -711,6 +712,30 @@ impl Adapter for KubectlSpec {
         sink.emit(Event::Planned { ids: objects.iter().map(KubeObject::id).collect() });
         let all: Vec<usize> = (0..objects.len()).collect();
         self.apply_objects(ctx, sink, &binary, &objects, &all, "apply").await?;
+        self.report_outputs(ctx, sink, &binary).await
+    }
+
+    /// Applies only the objects the preview found missing or different (or could not check);
+    /// an object whose `kubectl diff` is empty is reported in place and not applied, so its
+    /// resourceVersion does not move.
+    async fn converge(&self, ctx: &StepContext, preview: &Preview, sink: &dyn EventSink) -> Result<(), Failure> {
+        let binary = self.resolve_binary(ctx).map_err(Failure::from)?;
+        let objects = self.objects(ctx, &binary).await?;
+        sink.emit(Event::Planned { ids: objects.iter().map(KubeObject::id).collect() });
+        let in_place: HashSet<&str> =
+            preview.items.iter().filter(|i| i.action == PlanAction::Unchanged).map(|i| i.id.as_str()).collect();
+        let mut to_apply = Vec::new();
+        for (i, object) in objects.iter().enumerate() {
+            let id = object.id();
+            if in_place.contains(id.as_str()) {
+                sink.emit(Event::InPlace { id, note: Some("`kubectl diff` shows no difference".into()) });
+            } else {
+                to_apply.push(i);
+            }
+        }
+        if !to_apply.is_empty() {
+            self.apply_objects(ctx, sink, &binary, &objects, &to_apply, "apply").await?;
+        }
         self.report_outputs(ctx, sink, &binary).await
     }
 

@@ -299,6 +299,9 @@ pub struct PlanReport {
     pub summary: Option<ChangeSummary>,
     pub diagnostics: Vec<Diagnostic>,
     pub version: Option<String>,
+    /// Root outputs the plan would change (`create`, `update`, `delete`): an apply is needed
+    /// for them even when no resource changes, as `plan -detailed-exitcode` says.
+    pub output_changes: Vec<(String, String)>,
     seen: HashSet<String>,
 }
 
@@ -312,6 +315,14 @@ impl PlanReport {
             UiMessage::ChangeSummary(summary) if summary.operation == Operation::Plan => self.summary = Some(*summary),
             UiMessage::Diagnostic(d) => self.diagnostics.push(d.clone()),
             UiMessage::Version { terraform } => self.version = Some(terraform.clone()),
+            UiMessage::Outputs(outputs) => {
+                for (name, output) in outputs {
+                    let action = output.get("action").and_then(serde_json::Value::as_str);
+                    if let Some(action) = action.filter(|a| *a != "noop") {
+                        self.output_changes.push((name.clone(), action.to_string()));
+                    }
+                }
+            }
             _ => {}
         }
     }

@@ -351,8 +351,30 @@ impl Adapter for TerraformSpec {
             };
             preview.items.push(item);
         }
+        // An output that changes alone still needs an apply (with resources, the apply does it).
+        for (name, action) in plan.output_changes.iter().filter(|_| plan.changes.is_empty()) {
+            let item = PlanItem::new(format!("output.{name}"), PlanAction::Update).because(format!("output {action}"));
+            preview.items.push(item);
+        }
         preview.notes.extend(sink.warnings.into_inner().unwrap_or_default());
         Ok(preview)
+    }
+
+    /// A plan with no changes (no resource, no output) is not applied: terraform's state is
+    /// as the configuration says. The outputs later steps read are read from the state
+    /// (`output -json`). Anything else is applied as `apply` does (a reviewed saved plan under
+    /// `up --plan`, else a fresh plan against the state).
+    async fn converge(&self, ctx: &StepContext, preview: &Preview, sink: &dyn EventSink) -> Result<(), Failure> {
+        if preview.changes() > 0 {
+            return self.apply(ctx, sink).await;
+        }
+        let sink = &secrets::RegistrySink { inner: sink, registry: &ctx.secrets };
+        let read = async {
+            let run = Run::new(self, ctx, sink)?;
+            run.prepare(Workspace::Existing).await?;
+            run.report_outputs(None).await
+        };
+        read.await.map_err(|f| ctx.secrets.redact_failure(f))
     }
 
     /// The state's serial and lineage (`state pull`), as the preview recorded them: another

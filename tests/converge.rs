@@ -1,0 +1,449 @@
+//! Converge without churn (issue 28): what `plan` shows in place is what `up` skips, through the
+//! same preview. After a finished deploy, `plan --detailed-exitcode` exits 0 and a second `up`
+//! creates no helm revision, moves no resourceVersion, runs no terraform apply and no shell
+//! sub-change whose `check` passes, and says so; `--force-apply` and `always: true` run the
+//! tools anyway; `up --plan` applies exactly what the reviewed plan said would change. Real
+//! terraform, ansible-core (`.venv`), helm 4 and kubectl against kubesim.
+
+mod common;
+
+use common::{repo_root, require_tool, step, Project};
+use kubesim::testing::{helm_bin, Kubesim};
+use serde_json::Value;
+
+/// ansible writes a file per host with `copy`: a second run changes nothing (`changed=0`).
+const PLAYBOOK: &str = r#"
+- name: roll out the release
+  hosts: web
+  gather_facts: false
+  tasks:
+    - name: write the release
+      ansible.builtin.copy:
+        dest: "{{ playbook_dir }}/../out/{{ inventory_hostname }}.release"
+        content: "{{ release }}\n"
+"#;
+
+fn five_tools(sim: &Kubesim) -> Project {
+    require_tool("terraform", "https://developer.hashicorp.com/terraform/install");
+    require_tool("kubectl", "https://kubernetes.io/docs/tasks/tools/");
+    let ansible = repo_root().join(".venv/bin/ansible-playbook");
+    assert!(ansible.is_file(), "{} is missing: run scripts/setup-ansible.sh", ansible.display());
+    let mut p = Project::new();
+    for (k, v) in sim.env() {
+        p.env(&k, &v);
+    }
+    for dir in ["infra", "hosts", "charts", "k8s"] {
+        p.copy_fixture(&format!("demo/{dir}"), dir);
+    }
+    std::fs::create_dir_all(p.path("out")).unwrap();
+    p.file("hosts/converge.yml", PLAYBOOK);
+    p.stack(&format!(
+        r#"
+name: shop
+steps:
+  - name: network
+    tool: terraform
+    dir: infra
+    vars: {{ env: demo }}
+  - name: hosts
+    tool: ansible
+    needs: [network]
+    playbook: hosts/converge.yml
+    inventory: hosts/inventory.ini
+    extra_vars: {{ release: "1.4.2" }}
+    binary: {ansible}
+    env: {{ ANSIBLE_NOCOLOR: "1" }}
+  - name: app
+    tool: helm
+    needs: [hosts]
+    release: shop
+    chart: charts/webapp
+    namespace: shop
+    context: demo
+    set: {{ image: "nginx:1.27", color: green, lbAddress: "${{{{ steps.network.outputs.lb_address }}}}" }}
+    binary: {helm}
+  - name: extras
+    tool: kubectl
+    needs: [app]
+    manifests: [k8s/]
+    context: demo
+  - name: seed-data
+    tool: shell
+    needs: [extras]
+    sub_changes:
+      - {{ name: users,  run: echo users >> out/seed.log,  check: grep -q users out/seed.log }}
+      - {{ name: orders, run: echo orders >> out/seed.log, check: grep -q orders out/seed.log }}
+  - name: migrate
+    tool: shell
+    needs: [seed-data]
+    run: echo "v2 rev ${{{{ steps.app.outputs.revision }}}}" >> out/schema
+    check: grep -qx "v2 rev ${{{{ steps.app.outputs.revision }}}}" out/schema
+"#,
+        ansible = ansible.display(),
+        helm = helm_bin(4).display(),
+    ));
+    p
+}
+
+/// How many revisions the release has.
+fn revisions(sim: &Kubesim, release: &str, ns: &str) -> usize {
+    let history = sim.helm_ok(4, &["history", release, "-n", ns, "--kube-context", "demo", "-o", "json"]);
+    serde_json::from_str::<Vec<Value>>(&history).unwrap().len()
+}
+
+/// `kind/name=resourceVersion` of every ConfigMap, Deployment and Service in `ns`, sorted.
+fn resource_versions(sim: &Kubesim, ns: &str) -> Vec<String> {
+    let json = sim.kubectl_ok(&["--context", "demo", "-n", ns, "get", "configmaps,deployments,services", "-o", "json"]);
+    let list: Value = serde_json::from_str(&json).unwrap();
+    let mut out: Vec<String> = list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| format!("{}/{}={}", o["kind"], o["metadata"]["name"], o["metadata"]["resourceVersion"]))
+        .collect();
+    out.sort();
+    out
+}
+
+/// terraform's state serial: it moves with every apply that writes the state.
+fn tf_serial(p: &Project) -> u64 {
+    let state: Value = serde_json::from_str(&p.read("infra/terraform.tfstate")).unwrap();
+    state["serial"].as_u64().unwrap()
+}
+
+#[test]
+fn a_second_up_of_five_tools_applies_nothing_and_says_so() {
+    let sim = Kubesim::start("demo");
+    let p = five_tools(&sim);
+    p.rdeploy(&["up"]).code(0);
+    let revisions_before = revisions(&sim, "shop", "shop");
+    let versions_before = resource_versions(&sim, "shop");
+    let serial_before = tf_serial(&p);
+    let tf_log = p.read("out/terraform.log");
+    assert_eq!(p.read("out/seed.log"), "users\norders\n");
+    assert_eq!(p.read("out/schema"), "v2 rev 1\n");
+
+    // The plan sees nothing to do ...
+    let plan = p.rdeploy(&["plan", "--json", "--detailed-exitcode"]);
+    plan.code(0);
+    let plan: Value = serde_json::from_str(&plan.stdout).unwrap();
+    assert_eq!(plan["changes"], 0, "{plan:#}");
+
+    // ... and `up` does nothing, and says so.
+    let up = p.rdeploy(&["up"]);
+    up.code(0);
+    for name in ["network", "hosts", "app", "extras", "seed-data", "migrate"] {
+        up.stdout_has(&format!("  {name}: done (in place, nothing to do)"));
+    }
+    assert_eq!(revisions(&sim, "shop", "shop"), revisions_before, "no new helm revision");
+    assert_eq!(resource_versions(&sim, "shop"), versions_before, "no resourceVersion moved");
+    assert_eq!(tf_serial(&p), serial_before, "no terraform apply wrote the state");
+    assert_eq!(p.read("out/terraform.log"), tf_log, "no terraform provisioner ran");
+    assert_eq!(p.read("out/seed.log"), "users\norders\n", "no sub-change whose check passes ran");
+    assert_eq!(p.read("out/schema"), "v2 rev 1\n", "the migration's check passed: not run");
+
+    let status = p.status();
+    for name in ["network", "hosts", "app", "extras", "seed-data", "migrate"] {
+        assert_eq!(step(&status, name)["in_place"], true, "{name}: {status:#}");
+        assert_eq!(step(&status, name)["status"], "done");
+    }
+    let hosts = step(&status, "hosts")["sub_changes"].as_array().unwrap().clone();
+    assert_eq!(hosts.len(), 4);
+    for host in &hosts {
+        assert_eq!(host["in_place"], true, "ansible ran and changed nothing: {host}");
+        assert!(host["note"].as_str().unwrap().contains("changed=0"), "{host}");
+    }
+    assert_eq!(step(&status, "app")["outputs"]["revision"], 1, "the release's revision stays: {status:#}");
+    let extras = &step(&status, "extras")["sub_changes"];
+    assert_eq!(extras[0]["in_place"], true, "{extras}");
+
+    // An edit in the cluster is drift: that one object alone is applied again.
+    sim.kubectl_ok(&[
+        "--context",
+        "demo",
+        "-n",
+        "shop",
+        "patch",
+        "configmap",
+        "worker-settings",
+        "--type=merge",
+        "-p",
+        r#"{"data":{"queue":"edited"}}"#,
+    ]);
+    let edited = resource_versions(&sim, "shop");
+    p.rdeploy(&["up"]).code(0).stdout_has("extras: done (2/2 objects, 1 in place)");
+    let after = resource_versions(&sim, "shop");
+    let moved: Vec<&String> = after.iter().filter(|v| !edited.contains(v)).collect();
+    assert_eq!(moved.len(), 1, "only the edited object is applied: {moved:?}");
+    assert!(moved[0].contains("worker-settings"), "{moved:?}");
+    assert_eq!(revisions(&sim, "shop", "shop"), revisions_before);
+}
+
+fn shell_project(stack: &str) -> Project {
+    let p = Project::new();
+    p.stack(stack);
+    p
+}
+
+const SHELL: &str = r#"
+name: seed
+steps:
+  - name: data
+    tool: shell
+    sub_changes:
+      - { name: users, run: echo users >> log, check: grep -q users log }
+      - { name: orders, run: echo orders >> log }
+  - name: bare
+    tool: shell
+    run: echo bare >> bare.log
+    check: test -f bare.log
+"#;
+
+#[test]
+fn a_shell_sub_change_whose_check_passes_is_not_run_again_and_without_check_it_runs() {
+    let p = shell_project(SHELL);
+    p.rdeploy(&["up"]).code(0);
+    assert_eq!(p.read("log"), "users\norders\n");
+    assert_eq!(p.read("bare.log"), "bare\n");
+    p.rdeploy(&["up"])
+        .code(0)
+        .stdout_has("data: done (2/2 declared sub-changes, 1 in place)")
+        .stdout_has("bare: done (in place, nothing to do)");
+    assert_eq!(p.read("log"), "users\norders\norders\n", "users is in place; orders has no check: it runs");
+    assert_eq!(p.read("bare.log"), "bare\n");
+    let status = p.status();
+    let subs = step(&status, "data")["sub_changes"].as_array().unwrap().clone();
+    assert_eq!(subs[0]["id"], "users");
+    assert_eq!(subs[0]["in_place"], true);
+    assert!(subs[1].get("in_place").is_none(), "orders ran: {}", subs[1]);
+}
+
+#[test]
+fn force_apply_and_always_run_the_tool_for_what_is_in_place() {
+    let p = shell_project(SHELL);
+    p.rdeploy(&["up"]).code(0);
+    p.rdeploy(&["up", "--force-apply"]).code(0);
+    assert_eq!(p.read("log"), "users\norders\nusers\norders\n", "--force-apply runs every sub-change");
+    assert_eq!(p.read("bare.log"), "bare\nbare\n");
+
+    p.stack(&SHELL.replace("  - name: bare\n", "  - name: bare\n    always: true\n"));
+    p.rdeploy(&["up"]).code(0);
+    assert_eq!(p.read("bare.log"), "bare\nbare\nbare\n", "`always: true` runs the step every time");
+    assert_eq!(p.read("log"), "users\norders\nusers\norders\norders\n", "the other step still converges");
+    // The plan says so too: a step that always runs is a change.
+    p.rdeploy(&["plan", "--detailed-exitcode"]).code(7).stdout_has("`always: true`");
+}
+
+#[test]
+fn up_with_a_reviewed_plan_applies_exactly_what_it_said_would_change() {
+    let p = shell_project(
+        r#"
+name: migrations
+steps:
+  - name: db
+    tool: shell
+    sub_changes:
+      - { name: m1, run: echo m1 >> applied, check: grep -q m1 applied }
+      - { name: m2, run: echo m2 >> applied, check: grep -q m2 applied }
+      - { name: m3, run: echo m3 >> applied, check: grep -q m3 applied }
+"#,
+    );
+    p.file("applied", "m1\nm2\n");
+    p.rdeploy(&["plan", "-o", "reviewed.plan"]).code(0).stdout_has("db (shell): 1 to run, 2 in place");
+    p.rdeploy(&["up", "--plan", "reviewed.plan"]).code(0).stdout_has("db: done (3/3 declared sub-changes, 2 in place)");
+    assert_eq!(p.read("applied"), "m1\nm2\nm3\n", "only m3, which the plan said would run, ran");
+    p.rdeploy(&["plan", "--detailed-exitcode"]).code(0);
+    p.rdeploy(&["up"]).code(0).stdout_has("db: done (in place, nothing to do)");
+    assert_eq!(p.read("applied"), "m1\nm2\nm3\n");
+}
+
+/// helm: the same chart content, values and live objects is in place; a chart whose content
+/// changed (even where nothing renders differently) is upgraded, once.
+#[test]
+fn helm_upgrades_only_when_the_chart_values_or_objects_differ() {
+    let sim = Kubesim::start("demo");
+    let mut p = Project::new();
+    for (k, v) in sim.env() {
+        p.env(&k, &v);
+    }
+    p.copy_fixture("demo/charts", "charts");
+    let stack = format!(
+        r#"
+name: app
+steps:
+  - name: app
+    tool: helm
+    release: shop
+    chart: charts/webapp
+    namespace: shop
+    context: demo
+    set: {{ image: "nginx:1.27", color: green }}
+    binary: {helm}
+"#,
+        helm = helm_bin(4).display()
+    );
+    p.stack(&stack);
+    p.rdeploy(&["up"]).code(0);
+    assert_eq!(revisions(&sim, "shop", "shop"), 1);
+    p.rdeploy(&["up"]).code(0).stdout_has("app: done (in place, nothing to do)");
+    assert_eq!(revisions(&sim, "shop", "shop"), 1, "same chart, values, objects: no upgrade");
+
+    // Another value: upgraded.
+    p.stack(&stack.replace("color: green", "color: blue"));
+    p.rdeploy(&["up"]).code(0).stdout_has("app: done (1/1 release revisions)");
+    assert_eq!(revisions(&sim, "shop", "shop"), 2);
+    p.rdeploy(&["up"]).code(0).stdout_has("app: done (in place, nothing to do)");
+    assert_eq!(revisions(&sim, "shop", "shop"), 2);
+
+    // The chart's content changed where no object shows it (its description): the digest does.
+    let chart = p.read("charts/webapp/Chart.yaml").replace("Tiny chart", "Tiny chart, edited,");
+    p.file("charts/webapp/Chart.yaml", &chart);
+    p.rdeploy(&["plan", "--detailed-exitcode"]).code(7).stdout_has("shop chart");
+    p.rdeploy(&["up"]).code(0);
+    assert_eq!(revisions(&sim, "shop", "shop"), 3, "another chart content is upgraded");
+    p.rdeploy(&["up"]).code(0).stdout_has("app: done (in place, nothing to do)");
+    assert_eq!(revisions(&sim, "shop", "shop"), 3);
+
+    // A revision rdeploy did not make from this chart (a plain `helm upgrade`) is upgraded once.
+    let chart_dir = p.path("charts/webapp");
+    sim.helm_ok(
+        4,
+        &[
+            "upgrade",
+            "shop",
+            chart_dir.to_str().unwrap(),
+            "-n",
+            "shop",
+            "--kube-context",
+            "demo",
+            "--set",
+            "image=nginx:1.27",
+            "--set",
+            "color=blue",
+        ],
+    );
+    assert_eq!(revisions(&sim, "shop", "shop"), 4);
+    p.rdeploy(&["up"]).code(0).stdout_has("app: done (1/1 release revisions)");
+    assert_eq!(revisions(&sim, "shop", "shop"), 5);
+    p.rdeploy(&["up", "--force-apply"]).code(0);
+    assert_eq!(revisions(&sim, "shop", "shop"), 6, "--force-apply upgrades anyway");
+}
+
+/// terraform: a plan with no changes is not applied; a changed output is.
+#[test]
+fn terraform_applies_only_a_plan_with_changes() {
+    require_tool("terraform", "https://developer.hashicorp.com/terraform/install");
+    let p = Project::new();
+    p.copy_fixture("demo/infra", "infra");
+    std::fs::create_dir_all(p.path("out")).unwrap();
+    p.stack("name: net\nsteps:\n  - name: network\n    tool: terraform\n    dir: infra\n    vars: { env: demo }\n");
+    p.rdeploy(&["up"]).code(0);
+    let serial = tf_serial(&p);
+    let log = p.read("out/terraform.log");
+    p.rdeploy(&["up"])
+        .code(0)
+        .stdout_has("network: done (in place, nothing to do)")
+        .stdout_has("outputs: lb_address=lb-demo.shop.internal");
+    assert_eq!(tf_serial(&p), serial, "no apply");
+    assert_eq!(p.read("out/terraform.log"), log);
+    // Only an output changes: terraform must apply to record it.
+    let main = p.read("infra/main.tf").replace("lb-${var.env}.shop.internal", "lb-${var.env}.shop.example");
+    p.file("infra/main.tf", &main);
+    p.rdeploy(&["up"]).code(0).stdout_has("outputs: lb_address=lb-demo.shop.example");
+    assert!(tf_serial(&p) > serial, "the output change was applied");
+    assert_eq!(p.read("out/terraform.log"), log, "no resource was replaced");
+}
+
+/// A fleet rollout run again over 40 clusters of which 4 are on an older version upgrades
+/// exactly those 4; the other 36 are done in place, without a helm upgrade.
+#[test]
+fn a_fleet_rollout_run_again_upgrades_only_the_clusters_on_an_older_version() {
+    let rel = "agent-converge";
+    let names: Vec<String> = (1..=40).map(|i| format!("edge-{i}")).collect();
+    let sim = Kubesim::start(&names.join(","));
+    let mut p = Project::new();
+    for (k, v) in sim.env() {
+        p.env(&k, &v);
+    }
+    p.file("chart/Chart.yaml", "apiVersion: v2\nname: agent\nversion: 0.1.0\n");
+    p.file("chart/values.yaml", "image: nginx:1.27\n");
+    p.file(
+        "chart/templates/deployment.yaml",
+        r#"apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: agent
+spec:
+  replicas: 1
+  selector:
+    matchLabels: { app: agent }
+  template:
+    metadata:
+      labels: { app: agent }
+    spec:
+      containers:
+        - name: agent
+          image: {{ .Values.image | quote }}
+"#,
+    );
+    p.stack(&format!(
+        r#"
+name: fleet
+steps:
+  - name: agent
+    tool: helm
+    release: {rel}
+    chart: chart
+    namespace: monitoring
+    binary: {helm}
+    contexts: ["edge-*"]
+    timeout: 60s
+    rollout: {{ waves: ["100%"], parallel: 8 }}
+"#,
+        helm = helm_bin(4).display()
+    ));
+    p.rdeploy(&["up"]).code(0);
+    let history = |cluster: &str| {
+        let out = sim.helm_ok(4, &["history", rel, "-n", "monitoring", "--kube-context", cluster, "-o", "json"]);
+        serde_json::from_str::<Vec<Value>>(&out).unwrap().len()
+    };
+    // Four clusters go back to an older version, by hand.
+    let chart = p.path("chart");
+    let older: Vec<String> = (37..=40).map(|i| format!("edge-{i}")).collect();
+    for cluster in &older {
+        sim.helm_ok(
+            4,
+            &[
+                "upgrade",
+                rel,
+                chart.to_str().unwrap(),
+                "-n",
+                "monitoring",
+                "--kube-context",
+                cluster,
+                "--set",
+                "image=nginx:1.26",
+            ],
+        );
+        assert_eq!(history(cluster), 2);
+    }
+
+    p.rdeploy(&["up"]).code(0);
+    let status = p.status();
+    let subs = step(&status, "agent")["sub_changes"].as_array().unwrap().clone();
+    assert_eq!(subs.len(), 40);
+    let mut upgraded = Vec::new();
+    for sub in &subs {
+        let id = sub["id"].as_str().unwrap().to_string();
+        assert_eq!(sub["status"], "done", "{sub}");
+        if older.contains(&id) {
+            assert_eq!(history(&id), 3, "{id} was upgraded once");
+            assert!(sub.get("in_place").is_none(), "{sub}");
+            upgraded.push(id);
+        } else {
+            assert_eq!(history(&id), 1, "{id} was already on the release: no upgrade");
+            assert_eq!(sub["in_place"], true, "{sub}");
+        }
+    }
+    assert_eq!(upgraded.len(), 4, "exactly the four older clusters were upgraded");
+}
