@@ -44,6 +44,11 @@ fn kubeconfig_of(explicit: Option<&PathBuf>, ctx: &StepContext) -> Option<PathBu
     })
 }
 
+/// A helm variable as the step's helm sees it: the step's `env`, else rdeploy's own.
+fn helm_variable(ctx: &StepContext, name: &str) -> Option<String> {
+    ctx.env.get(name).cloned().or_else(|| std::env::var(name).ok()).filter(|v| !v.is_empty())
+}
+
 /// What the step touched, and where.
 #[derive(Clone, Debug)]
 struct Target {
@@ -88,8 +93,9 @@ impl<'a> Held<'a> {
             (None, ToolSpec::Helm(h)) if h.wait != Some(false) => (
                 Some(Target {
                     kubeconfig: kubeconfig_of(h.kubeconfig.as_ref(), ctx),
-                    context: h.context.clone(),
-                    namespace: h.namespace.clone(),
+                    // As helm picks them: the step's keys, else helm's own variables.
+                    context: h.context.clone().or_else(|| helm_variable(ctx, "HELM_KUBECONTEXT")),
+                    namespace: h.namespace.clone().or_else(|| helm_variable(ctx, "HELM_NAMESPACE")),
                     touched: Touched::Release { name: h.release.clone() },
                 }),
                 false,
@@ -154,9 +160,9 @@ impl<'a> Held<'a> {
                         Ok(done)
                     }
                     Err(Verdict::Interrupted) => {
-                        for event in held {
-                            self.inner.emit(event);
-                        }
+                        // Not done: nobody saw the pods ready. `recover` checks again (the
+                        // tool finds what it applied in place and the check decides).
+                        self.fail_held(held, "interrupted before every pod was seen updated and ready", &[]);
                         Err(Failure {
                             interrupted: true,
                             ..Failure::new("interrupted while checking that every pod is ready")
@@ -237,11 +243,25 @@ impl<'a> Held<'a> {
             Some(c) => c,
             None => return Err(format!("no context given and no current context in {source}")),
         };
+        // Where the tool wrote: a helm release without `namespace` is in the context's
+        // namespace (else `default`), as helm picks it; never every namespace, which may be
+        // forbidden to the user and holds other releases of the same name.
+        let namespace = target.namespace.clone().or_else(|| match target.touched {
+            Touched::Release { .. } => Some(
+                kubeconfig
+                    .contexts
+                    .iter()
+                    .find(|c| c.name == context)
+                    .and_then(|c| c.context.as_ref()?.namespace.clone())
+                    .unwrap_or_else(|| "default".to_string()),
+            ),
+            Touched::Objects => None,
+        });
         let scope =
             Scope::select(kubeconfig, source, std::slice::from_ref(&context), None).map_err(|e| format!("{e:#}"))?;
         let options = CollectOptions {
             timeout: READ_TIMEOUT,
-            namespace: target.namespace.clone(),
+            namespace,
             kinds: vec![Kind::Deployment, Kind::DaemonSet, Kind::StatefulSet, Kind::Job, Kind::Pod],
             gitops: false,
             concurrency: 1,
@@ -319,7 +339,7 @@ fn workload_of(id: &str) -> Option<(Kind, &str, &str)> {
 
 fn event_id(event: &Event) -> Option<&str> {
     match event {
-        Event::Done { id, .. } | Event::Failed { id, .. } => Some(id),
+        Event::Done { id, .. } | Event::Failed { id, .. } | Event::InPlace { id, .. } => Some(id),
         _ => None,
     }
 }
@@ -418,7 +438,8 @@ impl EventSink for Held<'_> {
                 });
                 self.inner.emit(Event::Done { id, note });
             }
-            event @ (Event::Done { .. } | Event::Failed { .. })
+            // What the tool found in place is checked too: "in place" is only as done as its pods.
+            event @ (Event::Done { .. } | Event::Failed { .. } | Event::InPlace { .. })
                 if event_id(&event).is_some_and(|id| self.checked(id)) =>
             {
                 self.held.lock().unwrap_or_else(|e| e.into_inner()).push(event);

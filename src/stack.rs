@@ -128,7 +128,7 @@ impl Step {
                 let mut map = map.clone();
                 for (key, item) in map.iter_mut() {
                     *item = match (key.as_str(), &*item) {
-                        ("run", Node::Scalar(line)) => shell_scalar(line, &shell)?,
+                        ("run" | "check", Node::Scalar(line)) => shell_scalar(line, &shell)?,
                         ("sub_changes", Node::Sequence(subs)) => {
                             let mut subs = subs.clone();
                             for sub in subs.iter_mut() {

@@ -552,6 +552,42 @@ steps:
     assert_not_pwned(&p);
 }
 
+/// The same for the `check` of a bare shell `run` (the step-level check `up` reads to find
+/// the step in place): the edited value is compared as text, never run.
+#[test]
+fn a_recorded_output_reaches_a_bare_runs_check_as_data_never_as_code() {
+    let p = Project::new();
+    p.stack(
+        r#"name: s
+steps:
+  - name: db
+    tool: shell
+    sub_changes:
+      - name: create
+        run: touch created && echo "port=7" >> "$RDEPLOY_OUTPUT"
+        check: "[ -e created ]"
+  - name: app
+    tool: shell
+    run: printf '%s\n' "${{ steps.db.outputs.port }}" >> got; [ ! -e stop ]
+    check: "[ -e got ] && [ \"$(tail -n 1 got)\" = \"${{ steps.db.outputs.port }}\" ] && [ ! -e stop ]"
+"#,
+    )
+    .file("stop", "");
+    p.rdeploy(&["up"]).code(1);
+    assert_eq!(p.lines("got"), ["7"]);
+    edit_recorded_port(&p, HOSTILE);
+    p.remove("stop");
+
+    p.rdeploy(&["recover"]).code(0);
+    assert_eq!(p.lines("got"), ["7", HOSTILE]);
+    assert_not_pwned(&p);
+    // A second `up` finds `db` in place (its outputs carried from the recorded deploy, the
+    // edited value too) and previews `app`: its check runs with the value as data.
+    let up = p.rdeploy(&["up"]);
+    assert_not_pwned(&p);
+    up.code(0).stdout_has("app: done (in place, nothing to do)");
+}
+
 /// The same for a step's `revert`, a shell line of any tool's step.
 #[test]
 fn a_recorded_output_reaches_a_revert_as_data_never_as_code() {

@@ -123,6 +123,11 @@ fn move_old_layout(root: &Path, name: &str) -> anyhow::Result<Option<String>> {
         if fs_err::symlink_metadata(&from).is_err() {
             continue;
         }
+        // A stack named like an old entry (`logs`, `steps`) keeps its own state directory
+        // here in the new layout (it holds a lock file): never moved into another stack's.
+        if from.join("lock").exists() {
+            continue;
+        }
         fs_err::rename(&from, tmp.join(entry))?;
         moved.push(*entry);
     }

@@ -737,10 +737,14 @@ impl Store for LocalStore {
             kept.push("`journal.seq` is removed".to_string());
             return Ok(kept.join("; "));
         }
-        let moved = self.dir.path.join(format!("journal.jsonl.moved-{stamp}"));
-        fs_err::rename(self.dir.journal_path(), &moved)?;
+        // The evidence of a journal goes first, then the journal: a reset killed in between
+        // leaves a journal without its snapshot (read as usual), never a snapshot without its
+        // journal (refused as a lost journal).
         let _ = fs_err::remove_file(self.dir.snapshot_path());
         let _ = fs_err::remove_file(self.mark_path());
+        sync_dir(&self.dir.path)?;
+        let moved = self.dir.path.join(format!("journal.jsonl.moved-{stamp}"));
+        fs_err::rename(self.dir.journal_path(), &moved)?;
         Ok(format!("the journal is kept as {}", moved.display()))
     }
 }
