@@ -388,7 +388,7 @@ steps:
     .file(
         "fill.sh",
         &format!(
-            r#"j=.rdeploy/journal.jsonl
+            r#"j=.rdeploy/full/journal.jsonl
 size=$(stat -c %s "$j")
 last=$(tail -n 1 "$j" | wc -c)
 # Room for this sub-change's end record (about as long as its start, the last line), and 12
