@@ -143,6 +143,7 @@ impl Session {
         recorded: Option<&crate::checkpoint::Deploy>,
         announce: bool,
         wanted: &dyn Fn(&Step) -> bool,
+        decision: bool,
     ) -> anyhow::Result<(Vec<Option<Result<Preview, PreviewError>>>, Vec<BTreeMap<String, Resolved<serde_json::Value>>>)>
     {
         let mut running = tokio::task::JoinSet::new();
@@ -179,6 +180,8 @@ impl Session {
                 let (step, ctx, read) = self.resolved(&step, self.cancel.child_token());
                 running.spawn(async move {
                     let result = match read {
+                        // `up` takes the decision alone (the same verdict, maybe fewer reads).
+                        Ok(()) if decision => step.spec.decision_preview(&ctx).await,
                         Ok(()) => step.spec.preview(&ctx).await,
                         Err(failure) => Err(PreviewError::Failed(failure)),
                     };
@@ -210,7 +213,7 @@ impl Session {
         let steps: Vec<&Step> = self.stack.ordered().collect();
         let recorded = self.store.last_finished().ok().flatten().filter(|d| d.stack == self.stack.name);
         let wanted = |step: &Step| step.tool != Tool::Ansible && step.fleet.is_none() && !step.always;
-        let Ok((results, inputs)) = self.run_previews(&steps, recorded.as_ref(), false, &wanted).await else {
+        let Ok((results, inputs)) = self.run_previews(&steps, recorded.as_ref(), false, &wanted, true).await else {
             return HashMap::new();
         };
         steps
@@ -269,7 +272,7 @@ impl Session {
             Ok(Some(deploy)) => Some(deploy),
             _ => self.store.last_finished().ok().flatten().filter(|d| d.stack == self.stack.name),
         };
-        let (results, inputs) = self.run_previews(&steps, recorded.as_ref(), true, &|_| true).await?;
+        let (results, inputs) = self.run_previews(&steps, recorded.as_ref(), true, &|_| true, false).await?;
         let missing: Vec<String> = steps
             .iter()
             .zip(&results)

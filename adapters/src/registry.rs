@@ -201,7 +201,7 @@ impl ToolSpec {
         let preview = match (decided, self) {
             (_, ToolSpec::Ansible(_)) => None,
             (Some(preview), _) => Some(preview),
-            (None, _) => match self.preview(ctx).await {
+            (None, _) => match self.decision_preview(ctx).await {
                 Ok(preview) => Some(preview),
                 Err(PreviewError::Tool(e)) => return Err(e.into()),
                 Err(PreviewError::Failed(failure)) if failure.interrupted || ctx.cancel.is_cancelled() => {
@@ -292,6 +292,10 @@ impl Adapter for ToolSpec {
 
     async fn preview(&self, ctx: &StepContext) -> Result<Preview, PreviewError> {
         dispatch!(self, s => s.preview(ctx).await)
+    }
+
+    async fn decision_preview(&self, ctx: &StepContext) -> Result<Preview, PreviewError> {
+        dispatch!(self, s => s.decision_preview(ctx).await)
     }
 
     async fn converge(&self, ctx: &StepContext, preview: &Preview, sink: &dyn EventSink) -> Result<(), Failure> {
