@@ -203,7 +203,8 @@ impl Session {
     }
 
     /// `up`'s previews made before the run, as `plan` makes them (at once, with the output
-    /// values the last deploy recorded): each step's decision while nothing in the run has
+    /// values the last deploy recorded; each tool's [`Adapter::decision_preview`], the same
+    /// verdict with no more reads than it needs): each step's decision while nothing in the run has
     /// applied anything yet, so a deploy where everything is in place costs about a plan. A
     /// step its preview is not for (ansible runs anyway, a fleet step previews per cluster,
     /// `always: true`) or whose preview failed gets none: it previews when it starts.

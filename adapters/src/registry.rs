@@ -182,8 +182,9 @@ impl ToolSpec {
         }
     }
 
-    /// `up`'s one decision, the one `plan` shows: the step's own read-only preview (or `decided`,
-    /// the reviewed plan's items under `up --plan`, or a preview `up` made before the run),
+    /// `up`'s one decision, the one `plan` shows: the step's own read-only preview (its
+    /// [`Adapter::decision_preview`]: the same verdict, maybe fewer reads), or `decided`
+    /// (the reviewed plan's items under `up --plan`, or a preview `up` made before the run),
     /// then [`Adapter::converge`] on it, which applies what is not in place and reports the
     /// rest [`Event::InPlace`]. A preview that fails (a cluster that cannot be diffed yet) is
     /// warned about and everything is applied, as before; a missing tool or an interrupt is the
