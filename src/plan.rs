@@ -143,6 +143,7 @@ impl Session {
         recorded: Option<&crate::checkpoint::Deploy>,
         announce: bool,
         wanted: &dyn Fn(&Step) -> bool,
+        decision: bool,
     ) -> anyhow::Result<(Vec<Option<Result<Preview, PreviewError>>>, Vec<BTreeMap<String, Resolved<serde_json::Value>>>)>
     {
         let mut running = tokio::task::JoinSet::new();
@@ -179,6 +180,8 @@ impl Session {
                 let (step, ctx, read) = self.resolved(&step, self.cancel.child_token());
                 running.spawn(async move {
                     let result = match read {
+                        // `up` takes the decision alone (the same verdict, maybe fewer reads).
+                        Ok(()) if decision => step.spec.decision_preview(&ctx).await,
                         Ok(()) => step.spec.preview(&ctx).await,
                         Err(failure) => Err(PreviewError::Failed(failure)),
                     };
@@ -200,7 +203,8 @@ impl Session {
     }
 
     /// `up`'s previews made before the run, as `plan` makes them (at once, with the output
-    /// values the last deploy recorded): each step's decision while nothing in the run has
+    /// values the last deploy recorded; each tool's [`Adapter::decision_preview`], the same
+    /// verdict with no more reads than it needs): each step's decision while nothing in the run has
     /// applied anything yet, so a deploy where everything is in place costs about a plan. A
     /// step its preview is not for (ansible runs anyway, a fleet step previews per cluster,
     /// `always: true`) or whose preview failed gets none: it previews when it starts.
@@ -210,7 +214,7 @@ impl Session {
         let steps: Vec<&Step> = self.stack.ordered().collect();
         let recorded = self.store.last_finished().ok().flatten().filter(|d| d.stack == self.stack.name);
         let wanted = |step: &Step| step.tool != Tool::Ansible && step.fleet.is_none() && !step.always;
-        let Ok((results, inputs)) = self.run_previews(&steps, recorded.as_ref(), false, &wanted).await else {
+        let Ok((results, inputs)) = self.run_previews(&steps, recorded.as_ref(), false, &wanted, true).await else {
             return HashMap::new();
         };
         steps
@@ -269,7 +273,7 @@ impl Session {
             Ok(Some(deploy)) => Some(deploy),
             _ => self.store.last_finished().ok().flatten().filter(|d| d.stack == self.stack.name),
         };
-        let (results, inputs) = self.run_previews(&steps, recorded.as_ref(), true, &|_| true).await?;
+        let (results, inputs) = self.run_previews(&steps, recorded.as_ref(), true, &|_| true, false).await?;
         let missing: Vec<String> = steps
             .iter()
             .zip(&results)

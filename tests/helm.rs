@@ -391,7 +391,7 @@ fn one_helm_step_costs_two_helm_processes_with_the_outputs_of_get_metadata(major
     p.file(
         "bin/helm",
         &format!(
-            "#!/bin/sh\necho \"$1\" >> '{}'\nexec '{}' \"$@\"\n",
+            "#!/bin/sh\ncase \" $* \" in *' --dry-run'*) verb=dry-run ;; *) verb=\"$1\" ;; esac\necho \"$verb\" >> '{}'\nexec '{}' \"$@\"\n",
             p.path("helm-calls").display(),
             helm_bin(major).display()
         ),
@@ -437,6 +437,26 @@ fn one_helm_step_costs_two_helm_processes_with_the_outputs_of_get_metadata(major
         assert!(log.contains(&format!("NOTES:\nthe color is {color}\n")), "{log}");
     }
     assert_eq!(p.read("outputs.txt"), "2 deployed 0.2.0-rc.1  shop\n");
+    // The same `up` again: the record says deployed from this very chart, so the server dry-run
+    // (values, live objects) decides: in place, no upgrade, the outputs read from the record.
+    p.remove("helm-calls");
+    p.remove("outputs.txt");
+    p.rdeploy(&["up"]).code(0);
+    let mut calls = p.lines("helm-calls");
+    calls.sort();
+    assert_eq!(calls, ["dry-run", "version"], "in place");
+    assert_eq!(p.read("outputs.txt"), "2 deployed 0.2.0-rc.1  shop\n");
+    assert_eq!(p.read("outputs.txt"), metadata());
+    // A plain `helm upgrade` out of band (same chart and values): its revision carries no
+    // rdeploy digest, so `up` upgrades it once, at once: no dry-run first.
+    let chart = p.path("chart").display().to_string();
+    sim.helm_ok(major, &["upgrade", "web", &chart, "-n", "shop", "--kube-context", "c1", "--set", "color=blue"]);
+    p.remove("helm-calls");
+    p.rdeploy(&["up"]).code(0);
+    let mut calls = p.lines("helm-calls");
+    calls.sort();
+    assert_eq!(calls, ["upgrade", "version"], "a revision not made by rdeploy");
+    assert_eq!(p.read("outputs.txt"), "4 deployed 0.2.0-rc.1  shop\n");
 }
 
 #[test]

@@ -462,7 +462,7 @@ fn a_fleet_step_asks_helm_version_once_and_one_helm_process_per_cluster() {
     p.file(
         "bin/helm",
         &format!(
-            "#!/bin/sh\necho \"$1\" >> '{}'\nexec '{}' \"$@\"\n",
+            "#!/bin/sh\ncase \" $* \" in *' --dry-run'*) verb=dry-run ;; *) verb=\"$1\" ;; esac\necho \"$verb\" >> '{}'\nexec '{}' \"$@\"\n",
             p.path("helm-calls").display(),
             helm_bin(HELM).display()
         ),
@@ -479,13 +479,14 @@ fn a_fleet_step_asks_helm_version_once_and_one_helm_process_per_cluster() {
     for i in 1..=4 {
         assert_eq!(revisions(&sim, rel, &format!("edge-{i}")), 1, "edge-{i}");
     }
-    // Run again, every cluster is in place: the preview and one `get metadata`, no upgrade.
+    // Run again, every cluster is in place (its record: deployed, this chart's digest): one
+    // server dry-run per cluster to compare values and live objects, no upgrade, no other helm.
     std::fs::remove_file(p.path("helm-calls")).unwrap();
     p.rdeploy(&["up"]).code(0);
     let mut calls = p.lines("helm-calls");
     calls.sort();
     let count = |verb: &str| calls.iter().filter(|c| *c == verb).count();
-    assert_eq!([count("status"), count("upgrade"), count("get"), calls.len()], [4, 4, 4, 13], "{calls:?}");
+    assert_eq!([count("version"), count("dry-run"), count("upgrade"), calls.len()], [1, 4, 0, 5], "{calls:?}");
     for i in 1..=4 {
         assert_eq!(revisions(&sim, rel, &format!("edge-{i}")), 1, "edge-{i} was not upgraded again");
     }

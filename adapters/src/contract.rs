@@ -90,6 +90,17 @@ pub trait Adapter {
     /// anywhere but the step's work dir (terraform's saved plan goes there).
     fn preview(&self, ctx: &StepContext) -> impl Future<Output = Result<Preview, PreviewError>> + Send;
 
+    /// `up`'s decision ([`Adapter::converge`] takes it): the same in-place verdict as
+    /// [`Adapter::preview`], through the same code, but a tool may stop where the verdict is
+    /// already known and skip what only `plan` shows (helm's dry-run, when the release's
+    /// record already says it must be upgraded). The default is the preview itself.
+    fn decision_preview(&self, ctx: &StepContext) -> impl Future<Output = Result<Preview, PreviewError>> + Send
+    where
+        Self: Sync,
+    {
+        self.preview(ctx)
+    }
+
     /// The outputs whose value changes on every apply, even one that changes nothing else
     /// (helm's `revision`: an upgrade to the same chart and values is a new revision). `plan`
     /// never takes their recorded value as known: they are known after the step applies.

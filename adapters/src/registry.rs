@@ -182,8 +182,9 @@ impl ToolSpec {
         }
     }
 
-    /// `up`'s one decision, the one `plan` shows: the step's own read-only preview (or `decided`,
-    /// the reviewed plan's items under `up --plan`, or a preview `up` made before the run),
+    /// `up`'s one decision, the one `plan` shows: the step's own read-only preview (its
+    /// [`Adapter::decision_preview`]: the same verdict, maybe fewer reads), or `decided`
+    /// (the reviewed plan's items under `up --plan`, or a preview `up` made before the run),
     /// then [`Adapter::converge`] on it, which applies what is not in place and reports the
     /// rest [`Event::InPlace`]. A preview that fails (a cluster that cannot be diffed yet) is
     /// warned about and everything is applied, as before; a missing tool or an interrupt is the
@@ -201,7 +202,7 @@ impl ToolSpec {
         let preview = match (decided, self) {
             (_, ToolSpec::Ansible(_)) => None,
             (Some(preview), _) => Some(preview),
-            (None, _) => match self.preview(ctx).await {
+            (None, _) => match self.decision_preview(ctx).await {
                 Ok(preview) => Some(preview),
                 Err(PreviewError::Tool(e)) => return Err(e.into()),
                 Err(PreviewError::Failed(failure)) if failure.interrupted || ctx.cancel.is_cancelled() => {
@@ -292,6 +293,10 @@ impl Adapter for ToolSpec {
 
     async fn preview(&self, ctx: &StepContext) -> Result<Preview, PreviewError> {
         dispatch!(self, s => s.preview(ctx).await)
+    }
+
+    async fn decision_preview(&self, ctx: &StepContext) -> Result<Preview, PreviewError> {
+        dispatch!(self, s => s.decision_preview(ctx).await)
     }
 
     async fn converge(&self, ctx: &StepContext, preview: &Preview, sink: &dyn EventSink) -> Result<(), Failure> {

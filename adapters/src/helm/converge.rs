@@ -14,7 +14,6 @@ use sha2::{Digest as _, Sha256};
 
 use super::{HelmSpec, Release};
 use crate::preview::Preview;
-use crate::process::{capture, Captured, StdoutLog};
 use crate::{Event, EventSink, Failure, StepContext};
 
 /// How every description rdeploy writes starts.
@@ -65,23 +64,15 @@ impl HelmSpec {
         if preview.changes() > 0 {
             return self.apply(ctx, sink).await;
         }
-        // One read (`get metadata`): the revision kept, for the record and the outputs.
+        // One read: the revision kept, for the record and the outputs (from its record in the
+        // API, in-process; `helm get metadata` where the records cannot be read).
         let release = Release::open(self, ctx).await?;
-        let cmd =
-            release.command().args(["get", "metadata", &self.release, "-o", "json"]).args(self.cluster_args(Some(ctx)));
-        let Captured { outcome, stdout, stderr } =
-            capture(&cmd, ctx, Some(super::QUICK), None, StdoutLog::UnlessJson).await.map_err(Failure::from)?;
-        if !outcome.success() && super::state::is_not_found(&stderr) {
+        let Some(metadata) = release.metadata().await? else {
             // Gone since the preview read it: install it.
             return self.apply(ctx, sink).await;
-        }
-        if !outcome.success() {
-            return Err(super::helm_failure(&cmd.display(), &outcome, &stderr));
-        }
-        let metadata: Value = serde_json::from_str(&stdout.join("\n"))
-            .map_err(|e| Failure::new(format!("`{}` printed unexpected JSON: {e}", cmd.display())))?;
+        };
         let Some(revision) = metadata.get("revision").and_then(Value::as_u64) else {
-            return Err(Failure::new(format!("`{}` printed no revision", cmd.display())));
+            return Err(Failure::new(format!("release {} has no revision", self.release)));
         };
         let id = self.id(revision);
         sink.emit(Event::Planned { ids: vec![id.clone()] });

@@ -496,6 +496,17 @@ impl<'a> Release<'a> {
             sink.emit(Event::Outputs { values });
             return Ok(());
         }
+        let metadata = self.metadata().await?.ok_or_else(|| {
+            Failure::new(format!("release {} has no revision to take outputs from", self.spec.release))
+        })?;
+        sink.emit(Event::Outputs { values: release_outputs(&metadata) });
+        Ok(())
+    }
+
+    /// The latest revision as `helm get metadata -o json` gives it (`revision`, `status`,
+    /// `version`, `appVersion`, `namespace`): from its record in the API, in-process, else from
+    /// helm. `None` when the release is not installed.
+    async fn metadata(&self) -> Result<Option<Value>, Failure> {
         if let Some(records) = self.records().await {
             let read = async {
                 let latest = records.revisions().await?.last().map(|r| r.revision);
@@ -505,18 +516,15 @@ impl<'a> Release<'a> {
                 }
             };
             let record = read.await.map_err(|e| Failure::new(e.0).with_hint("check that the cluster is reachable"))?;
-            let record = record.ok_or_else(|| {
-                Failure::new(format!("release {} has no revision to take outputs from", self.spec.release))
-            })?;
-            let metadata = serde_json::json!({
-                "revision": record.status.version,
-                "status": record.status.info.status.as_str(),
-                "version": record.chart_version,
-                "appVersion": record.revision.app_version,
-                "namespace": record.status.namespace,
-            });
-            sink.emit(Event::Outputs { values: release_outputs(&metadata) });
-            return Ok(());
+            return Ok(record.map(|record| {
+                serde_json::json!({
+                    "revision": record.status.version,
+                    "status": record.status.info.status.as_str(),
+                    "version": record.chart_version,
+                    "appVersion": record.revision.app_version,
+                    "namespace": record.status.namespace,
+                })
+            }));
         }
         let cmd = self
             .command()
@@ -524,13 +532,15 @@ impl<'a> Release<'a> {
             .args(self.spec.cluster_args(Some(self.ctx)));
         let Captured { outcome, stdout, stderr } =
             capture(&cmd, self.ctx, Some(QUICK), None, StdoutLog::UnlessJson).await.map_err(Failure::from)?;
+        if !outcome.success() && state::is_not_found(&stderr) {
+            return Ok(None);
+        }
         if !outcome.success() {
             return Err(helm_failure(&cmd.display(), &outcome, &stderr));
         }
-        let metadata: Value = serde_json::from_str(&stdout.join("\n"))
-            .map_err(|e| Failure::new(format!("`{}` printed unexpected JSON: {e}", cmd.display())))?;
-        sink.emit(Event::Outputs { values: release_outputs(&metadata) });
-        Ok(())
+        serde_json::from_str(&stdout.join("\n"))
+            .map(Some)
+            .map_err(|e| Failure::new(format!("`{}` printed unexpected JSON: {e}", cmd.display())))
     }
 
     /// The step's log keeps what helm's text output said (`-o json` replaces it, and a JSON
@@ -1084,6 +1094,13 @@ impl Adapter for HelmSpec {
 
     async fn preview(&self, ctx: &StepContext) -> Result<Preview, crate::preview::PreviewError> {
         self.preview_release(ctx).await
+    }
+
+    /// `up`'s decision: the same verdict as [`HelmSpec::preview_release`], without the dry-run
+    /// when the release's record already says it is not in place (absent, not deployed, made
+    /// from another chart): then the upgrade is the only helm process.
+    async fn decision_preview(&self, ctx: &StepContext) -> Result<Preview, crate::preview::PreviewError> {
+        self.preview_release_to(ctx, preview::Depth::Decide).await
     }
 
     /// A release found in place is not upgraded ([`converge`]): its revision stays.

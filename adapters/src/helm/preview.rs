@@ -18,6 +18,24 @@ use crate::preview::{unified_diff, PlanAction, PlanItem, Preview, PreviewError};
 use crate::process::{capture, redact_line, Captured, Command, StdoutLog};
 use crate::{secrets, Failure, StepContext};
 
+/// How far a helm preview goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Depth {
+    /// `up`'s decision: stops at the record's verdict when that already says "upgrade".
+    Decide,
+    /// `plan`: every object and value the upgrade would change.
+    Full,
+}
+
+/// What the release's record alone says ([`HelmSpec::record_verdict`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum RecordVerdict {
+    /// Not installed.
+    Absent,
+    /// Installed, but its latest revision cannot be in place: why.
+    Changed(String),
+}
+
 const KUBECTL_HINT: &str = "install kubectl (https://kubernetes.io/docs/tasks/tools/): `rdeploy plan` reads a helm release's live objects with it";
 
 /// `live`, cut down to the fields `template` has (maps key by key, lists item by item when both
@@ -224,7 +242,41 @@ impl HelmSpec {
         args
     }
 
+    /// Why the release's latest revision cannot be in place, from its record alone (read
+    /// in-process, no helm): not installed, not `deployed`, or not made by rdeploy from the
+    /// chart as it is now (its digest in the description, see [`super::converge`]). `None`:
+    /// it may be in place, and only the server dry-run against the live objects can tell.
+    /// The first half of the one in-place verdict `plan` shows and `up` takes.
+    pub(super) fn record_verdict(&self, ctx: &StepContext, current: Option<&Value>) -> Option<RecordVerdict> {
+        let Some(current) = current else { return Some(RecordVerdict::Absent) };
+        let info = current.get("info");
+        let text = |key: &str| info.and_then(|i| i.get(key)).and_then(Value::as_str).unwrap_or("");
+        let wanted = self.chart_description(ctx);
+        let why = if text("status") != "deployed" {
+            format!("the release is {}", text("status"))
+        } else if wanted.as_deref() != Some(text("description")) {
+            match (wanted, text("description")) {
+                (None, _) => "the chart's content cannot be known before helm fetches it (pin `version`)".to_string(),
+                (Some(_), d) if d.starts_with(super::converge::DESCRIPTION_PREFIX) => {
+                    "the deployed revision was made from another chart or chart content".to_string()
+                }
+                (Some(_), d) => format!("the deployed revision was not made by rdeploy from this chart (`{d}`)"),
+            }
+        } else {
+            return None;
+        };
+        Some(RecordVerdict::Changed(why))
+    }
+
+    /// [`HelmSpec::preview_release`] in full: what `plan` shows (and `up --plan` observes).
     pub(super) async fn preview_release(&self, ctx: &StepContext) -> Result<Preview, PreviewError> {
+        self.preview_release_to(ctx, Depth::Full).await
+    }
+
+    /// The preview to [`Depth`]: `up`'s decision stops where the release's record already says
+    /// it is not in place ([`HelmSpec::record_verdict`]): no dry-run, no live reads, the upgrade
+    /// follows. Else, and always for `plan`, the server dry-run and the live objects decide.
+    pub(super) async fn preview_release_to(&self, ctx: &StepContext, depth: Depth) -> Result<Preview, PreviewError> {
         let binary = crate::resolve_binary(ctx, self.binary_name(), super::INSTALL_HINT)?;
         // No `helm version`: the dry-run's flags are the same for both majors.
         let release = Release::new(self, ctx, binary);
@@ -250,6 +302,28 @@ impl HelmSpec {
             format!("revision of helm release {}", self.release),
             revision.map_or_else(|| "absent".to_string(), |r| r.to_string()),
         );
+        let verdict = self.record_verdict(ctx, current.as_ref());
+        if depth == Depth::Decide {
+            if let Some(verdict) = &verdict {
+                // The record decides: the upgrade follows, nothing more to read.
+                let (item, summary) = match verdict {
+                    RecordVerdict::Absent => (
+                        PlanItem::new(format!("{} release", self.release), PlanAction::Create).because("not installed"),
+                        "install".to_string(),
+                    ),
+                    RecordVerdict::Changed(why) => (
+                        PlanItem::new(format!("{} chart", self.release), PlanAction::Update).because(why.clone()),
+                        match revision {
+                            Some(r) => format!("revision {} over {r}: {why}", r + 1),
+                            None => format!("upgrade: {why}"),
+                        },
+                    ),
+                };
+                preview.items.push(item);
+                preview.summary = Some(summary);
+                return Ok(preview);
+            }
+        }
 
         let _secret_values = release.secret_values_file(super::PREVIEW_SECRET_VALUES_FILE)?;
         let dry_cmd = release.command().args(self.dry_run_words(ctx));
@@ -324,28 +398,8 @@ impl HelmSpec {
         }
         // The revision itself: deployed, and made by rdeploy from this very chart (its digest in
         // the description, see `converge`). Anything else is upgraded by `up`, so it shows.
-        if let Some(current) = &current {
-            let info = current.get("info");
-            let text = |key: &str| info.and_then(|i| i.get(key)).and_then(Value::as_str).unwrap_or("");
-            let wanted = self.chart_description(ctx);
-            let why = if text("status") != "deployed" {
-                Some(format!("the release is {}", text("status")))
-            } else if wanted.as_deref() != Some(text("description")) {
-                Some(match (wanted, text("description")) {
-                    (None, _) => {
-                        "the chart's content cannot be known before helm fetches it (pin `version`)".to_string()
-                    }
-                    (Some(_), d) if d.starts_with(super::converge::DESCRIPTION_PREFIX) => {
-                        "the deployed revision was made from another chart or chart content".to_string()
-                    }
-                    (Some(_), d) => format!("the deployed revision was not made by rdeploy from this chart (`{d}`)"),
-                })
-            } else {
-                None
-            };
-            if let Some(why) = why {
-                preview.items.push(PlanItem::new(format!("{} chart", self.release), PlanAction::Update).because(why));
-            }
+        if let Some(RecordVerdict::Changed(why)) = verdict {
+            preview.items.push(PlanItem::new(format!("{} chart", self.release), PlanAction::Update).because(why));
         }
         let (mut add, mut change, mut delete) = (0, 0, 0);
         for item in &preview.items {
