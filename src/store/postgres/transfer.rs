@@ -48,6 +48,36 @@ fn local_stack_name(dir: &LocalStore) -> anyhow::Result<Option<String>> {
     Ok(dir.last_finished()?.map(|d| d.stack).filter(|s| !s.is_empty()))
 }
 
+/// The local directory to migrate from: `dir` itself when it holds a checkpoint (or is not a
+/// shared root), else its stack directory `dir/NAME` (per-stack layout): the one `stack`
+/// names, or the only one that holds a checkpoint.
+fn stack_dir_in(dir: &str, stack: Option<&str>) -> anyhow::Result<String> {
+    let root = Path::new(dir);
+    if local_stack_name(&LocalStore::at_path(dir))?.is_some() || !root.is_dir() {
+        return Ok(dir.to_string());
+    }
+    if let Some(name) = stack {
+        let own = root.join(name);
+        return Ok(if own.is_dir() { own.to_string_lossy().into_owned() } else { dir.to_string() });
+    }
+    let mut found = Vec::new();
+    for entry in fs_err::read_dir(root)? {
+        let path = entry?.path();
+        if path.is_dir() && local_stack_name(&LocalStore::at_path(&path))?.is_some() {
+            found.push(path.to_string_lossy().into_owned());
+        }
+    }
+    match found.len() {
+        1 => Ok(found.remove(0)),
+        0 => Ok(dir.to_string()),
+        _ => {
+            Err(Refusal::new(Code::BadInput, format!("{dir} holds the state of {} stacks: say which one", found.len()))
+                .with_hint("add `--stack NAME` (the `name:` of the stack file)".to_string())
+                .into())
+        }
+    }
+}
+
 /// `rdeploy state migrate --from A --to B [--stack NAME]`; returns what was done, in words.
 pub fn migrate(from: &str, to: &str, stack: Option<&str>) -> anyhow::Result<String> {
     let bad = |message: String, hint: &str| -> anyhow::Error {
@@ -56,6 +86,15 @@ pub fn migrate(from: &str, to: &str, stack: Option<&str>) -> anyhow::Result<Stri
     if from == to {
         return Err(bad("`--from` and `--to` are the same store".into(), "name the other store in `--to`"));
     }
+    // `.rdeploy/` beside stack files keeps one directory per stack: `--from .rdeploy` means the
+    // stack's own (the one `--stack` names, else the only one that holds a checkpoint).
+    let from_dir;
+    let from = if is_url(from) {
+        from
+    } else {
+        from_dir = stack_dir_in(from, stack)?;
+        from_dir.as_str()
+    };
     let name = match (stack, is_url(from)) {
         (Some(name), _) => {
             if !is_url(from) {
