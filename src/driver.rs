@@ -911,7 +911,7 @@ impl Session {
                 cp: cp.clone(),
                 reporters: self.reporters.clone(),
                 tool_version,
-                state_dir: self.state.path.clone(),
+                fleet_dir: self.state.shared.clone(),
                 last: run.converging.as_ref().and_then(|c| c.last.clone()),
             };
             run.outputs_before.insert(name.clone(), self.outputs_seen(cp, &name));

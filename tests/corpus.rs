@@ -375,7 +375,9 @@ steps:
     let crds_before = versions(&sim, "crd", "", &all);
     let status = p.status();
     assert_eq!(status["state"], "partial");
-    assert_eq!(sub_statuses(&status, "ksm"), pairs(&[("ksm@2", "done")]));
+    // kube-state-metrics did not change: found in place, no second revision (issue 28)
+    assert_eq!(sub_statuses(&status, "ksm"), pairs(&[("ksm@1", "done")]));
+    assert_eq!(step(&status, "ksm")["in_place"], true, "{status}");
     assert_eq!(sub_statuses(&status, "prometheus"), pairs(&[("prom@2", "failed")]));
     assert_eq!(step(&status, "crds")["status"], "done");
     assert_ne!(step(&status, "monitors")["status"], "done");
@@ -547,7 +549,9 @@ steps:
     p.rdeploy(&["up"]).code(1).stdout_has("ing@2");
     let status = p.status();
     assert_eq!(status["state"], "partial");
-    assert_eq!(sub_statuses(&status, "podinfo"), pairs(&[("web@2", "done")]));
+    // podinfo did not change: found in place, no second revision (issue 28)
+    assert_eq!(sub_statuses(&status, "podinfo"), pairs(&[("web@1", "done")]));
+    assert_eq!(step(&status, "podinfo")["in_place"], true, "{status}");
     assert_eq!(sub_statuses(&status, "ingress"), pairs(&[("ing@2", "failed")]));
     let error = step(&status, "ingress")["error"].as_str().unwrap().to_string();
     assert!(error.contains("pre-upgrade hooks failed") || error.contains("hook"), "{error}");
@@ -560,7 +564,7 @@ steps:
     p.rdeploy(&["recover"]).code(0).stdout_has("deploy complete");
     let status = p.status();
     assert_eq!(sub_statuses(&status, "ingress"), pairs(&[("ing@3", "done")]));
-    assert_eq!(sub_statuses(&status, "podinfo"), pairs(&[("web@2", "done")]));
+    assert_eq!(sub_statuses(&status, "podinfo"), pairs(&[("web@1", "done")]));
     assert_eq!(sim.helm_statuses(3, "ing", "ingress-nginx"), ["superseded", "failed", "deployed"]);
     assert_eq!(sim.helm_statuses(3, "web", "web"), podinfo_history, "recover did not upgrade podinfo again");
     assert_eq!(versions(&sim, "deploy", "web", &["web-podinfo".to_string()]), podinfo_objects);

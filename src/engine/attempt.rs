@@ -33,8 +33,9 @@ pub struct Attempts {
     pub cp: SharedCheckpoint,
     pub reporters: Reporters,
     pub tool_version: Option<String>,
-    /// The local state directory (a fleet step keeps last-seen times and rollout starts there).
-    pub state_dir: std::path::PathBuf,
+    /// The directory of the fleet's records (last-seen times and rollout starts), shared by the
+    /// stacks beside one another, where `rdeploy inventory` and gates read them.
+    pub fleet_dir: std::path::PathBuf,
     /// `up`: the last finished deploy of the stack, whose shell outputs an in-place step hands on.
     pub last: Option<Arc<Deploy>>,
 }
@@ -63,7 +64,7 @@ impl Attempts {
                         fleet,
                         ctx,
                         prior,
-                        state_dir: &self.state_dir,
+                        state_dir: &self.fleet_dir,
                         converge: converge.take().is_some(),
                     };
                     crate::rollout::run(run, sink).await
