@@ -262,8 +262,9 @@ async fn query(client: &HttpClient, base: &str, promql: &str, at: f64) -> Result
         .header("accept", "application/json")
         .body(Full::new(Bytes::from(body)))
         .map_err(|e| format!("bad Prometheus URL `{base}`: {e}"))?;
-    let response =
-        client.request(request).await.map_err(|e| format!("cannot reach Prometheus at {base}: {}", error_chain(&e)))?;
+    let response = client.request(request).await.map_err(|e| {
+        format!("cannot reach Prometheus at {base}: {}", rdeploy_adapters::helm::records::short_error(&e))
+    })?;
     let status = response.status();
     let bytes = response
         .into_body()
@@ -290,19 +291,6 @@ async fn query(client: &HttpClient, base: &str, promql: &str, at: f64) -> Result
         return Err(format!("Prometheus answered `{promql}` with a {}, not a vector", data.result_type));
     }
     serde_json::from_value(data.result).map_err(|e| format!("unexpected answer to `{promql}`: {e}"))
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let more = s.to_string();
-        if !text.contains(&more) {
-            text = format!("{text}: {more}");
-        }
-        source = s.source();
-    }
-    text
 }
 
 #[cfg(test)]

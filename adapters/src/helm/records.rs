@@ -478,10 +478,11 @@ pub fn quiet() -> tracing::Dispatch {
     QUIET.get_or_init(|| tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default())).clone()
 }
 
-/// A kube error without the wrapping noise, plus its root cause (the connection error).
-pub fn short_error(e: &kube::Error) -> String {
+/// An error with each cause it wraps that adds words (a kube or hyper error and its root
+/// cause, the connection error), in one line.
+pub fn short_error(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
-    let mut source = std::error::Error::source(e);
+    let mut source = e.source();
     while let Some(s) = source {
         let more = s.to_string();
         if !text.contains(&more) {
