@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{repo_root, require_tool, step, Project};
+use common::{fleet_project, repo_root, require_tool, step, Project};
 use kubesim::testing::{helm_bin, Kubesim};
 use serde_json::Value;
 
@@ -361,31 +361,7 @@ fn a_fleet_rollout_run_again_upgrades_only_the_clusters_on_an_older_version() {
     let rel = "agent-converge";
     let names: Vec<String> = (1..=40).map(|i| format!("edge-{i}")).collect();
     let sim = Kubesim::start(&names.join(","));
-    let mut p = Project::new();
-    for (k, v) in sim.env() {
-        p.env(&k, &v);
-    }
-    p.file("chart/Chart.yaml", "apiVersion: v2\nname: agent\nversion: 0.1.0\n");
-    p.file("chart/values.yaml", "image: nginx:1.27\n");
-    p.file(
-        "chart/templates/deployment.yaml",
-        r#"apiVersion: apps/v1
-kind: Deployment
-metadata:
-  name: agent
-spec:
-  replicas: 1
-  selector:
-    matchLabels: { app: agent }
-  template:
-    metadata:
-      labels: { app: agent }
-    spec:
-      containers:
-        - name: agent
-          image: {{ .Values.image | quote }}
-"#,
-    );
+    let p = fleet_project(&sim);
     p.stack(&format!(
         r#"
 name: fleet

@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{helm_group_for, step, sub_statuses, Project};
+use common::{fleet_project, helm_group_for, step, sub_statuses, Project};
 use kubesim::testing::{helm_bin, kubectl_bin, Kubesim};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -17,36 +17,6 @@ const HELM: u32 = 4;
 
 fn names(n: usize) -> String {
     (1..=n).map(|i| format!("edge-{i}")).collect::<Vec<_>>().join(",")
-}
-
-/// A project on the fleet: the kubesim environment and a one-Deployment chart.
-fn project(sim: &Kubesim) -> Project {
-    let mut p = Project::new();
-    for (k, v) in sim.env() {
-        p.env(&k, &v);
-    }
-    p.file("chart/Chart.yaml", "apiVersion: v2\nname: agent\nversion: 0.1.0\n");
-    p.file("chart/values.yaml", "image: nginx:1.27\n");
-    p.file(
-        "chart/templates/deployment.yaml",
-        r#"apiVersion: apps/v1
-kind: Deployment
-metadata:
-  name: agent
-spec:
-  replicas: 1
-  selector:
-    matchLabels: { app: agent }
-  template:
-    metadata:
-      labels: { app: agent }
-    spec:
-      containers:
-        - name: agent
-          image: {{ .Values.image | quote }}
-"#,
-    );
-    p
 }
 
 /// A helm fleet step of `release` on `contexts`, with `rollout` and more keys (`extra`, one per
@@ -98,7 +68,7 @@ fn sub<'a>(status: &'a serde_json::Value, id: &str) -> &'a serde_json::Value {
 fn an_offline_cluster_is_a_straggler_and_recover_finishes_it_once_it_is_back() {
     let rel = "agent-straggler";
     let sim = Kubesim::start(&names(10));
-    let p = project(&sim);
+    let p = fleet_project(&sim);
     let rollout = r#"{ waves: [1, "50%", "100%"], parallel: 4, inventory_timeout: 2s }"#;
     p.stack(&helm_stack(rel, "edge-*", rollout, "slo: \"90%@1h,100%@2h\""));
     sim.post("/_sim/clusters/edge-7/offline");
@@ -164,7 +134,7 @@ fn an_offline_cluster_is_a_straggler_and_recover_finishes_it_once_it_is_back() {
 fn a_failing_first_wave_halts_the_rollout_before_any_later_cluster_is_touched() {
     let rel = "agent-broken";
     let sim = Kubesim::start(&names(5));
-    let p = project(&sim);
+    let p = fleet_project(&sim);
     let rollout = r#"{ waves: [1, "50%", "100%"], parallel: 2, max_failures: 0 }"#;
     p.stack(
         &helm_stack(rel, "edge-*", rollout, "set: { image: \"nginx:broken\" }").replace("timeout: 20s", "timeout: 5s"),
@@ -231,7 +201,7 @@ fn done_clusters(status: &serde_json::Value) -> Vec<String> {
 fn kill_9_during_a_wave_then_recover_converges_without_upgrading_a_done_cluster_again() {
     let rel = "agent-kill";
     let sim = Kubesim::start_with(&names(6), &["--pod-startup-ms", "1500"]);
-    let p = project(&sim);
+    let p = fleet_project(&sim);
     p.stack(
         &helm_stack(rel, "edge-*", r#"{ waves: [1, "100%"], parallel: 2, absent: wait, inventory_timeout: 2s }"#, "")
             .replace("timeout: 20s", "timeout: 600s"),
@@ -272,7 +242,7 @@ fn kill_9_during_a_wave_then_recover_converges_without_upgrading_a_done_cluster_
 fn the_bake_holds_the_next_wave_until_it_has_passed() {
     let rel = "agent-bake";
     let sim = Kubesim::start(&names(3));
-    let p = project(&sim);
+    let p = fleet_project(&sim);
     p.stack(&helm_stack(rel, "edge-*", r#"{ waves: [1, "100%"], parallel: 2, bake: 6s }"#, ""));
     let mut child = p.spawn(&["up"]);
     let baking = |s: &serde_json::Value| {
@@ -329,7 +299,7 @@ fn first_revision_time(sim: &Kubesim, release: &str, cluster: &str) -> time::Off
 fn absent_wait_waits_for_an_offline_cluster_then_goes_on() {
     let rel = "agent-wait";
     let sim = Kubesim::start(&names(3));
-    let p = project(&sim);
+    let p = fleet_project(&sim);
     p.stack(
         &helm_stack(rel, "edge-*", r#"{ waves: [1, "100%"], parallel: 3, absent: wait, inventory_timeout: 2s }"#, "")
             .replace("timeout: 20s", "timeout: 120s"),
@@ -354,7 +324,7 @@ fn absent_wait_waits_for_an_offline_cluster_then_goes_on() {
 #[test]
 fn a_kubectl_fleet_step_applies_its_manifests_once_per_cluster() {
     let sim = Kubesim::start(&names(3));
-    let p = project(&sim);
+    let p = fleet_project(&sim);
     p.file(
         "k8s/config.yaml",
         "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: agent-config\n  namespace: default\ndata:\n  level: info\n",
@@ -404,7 +374,7 @@ steps:
 fn a_pending_upgrade_a_killed_run_left_on_one_cluster_is_recovered_without_force() {
     let rel = "abandoned-fleet";
     let sim = Kubesim::start(&names(2));
-    let p = project(&sim);
+    let p = fleet_project(&sim);
     let rollout = r#"{ waves: [1, "100%"], parallel: 1 }"#;
     p.stack(&helm_stack(rel, "edge-*", rollout, ""));
     p.rdeploy(&["up"]).code(0);
@@ -458,7 +428,7 @@ fn a_pending_upgrade_a_killed_run_left_on_one_cluster_is_recovered_without_force
 fn a_fleet_step_asks_helm_version_once_and_one_helm_process_per_cluster() {
     let rel = "agent-helmcut";
     let sim = Kubesim::start(&names(4));
-    let p = project(&sim);
+    let p = fleet_project(&sim);
     p.file(
         "bin/helm",
         &format!(

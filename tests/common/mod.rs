@@ -234,3 +234,33 @@ pub fn helm_group_for(release: &str, verb: &str) -> Option<i32> {
     }
     None
 }
+
+/// A project on the fleet: the kubesim environment and a one-Deployment chart.
+pub fn fleet_project(sim: &kubesim::testing::Kubesim) -> Project {
+    let mut p = Project::new();
+    for (k, v) in sim.env() {
+        p.env(&k, &v);
+    }
+    p.file("chart/Chart.yaml", "apiVersion: v2\nname: agent\nversion: 0.1.0\n");
+    p.file("chart/values.yaml", "image: nginx:1.27\n");
+    p.file(
+        "chart/templates/deployment.yaml",
+        r#"apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: agent
+spec:
+  replicas: 1
+  selector:
+    matchLabels: { app: agent }
+  template:
+    metadata:
+      labels: { app: agent }
+    spec:
+      containers:
+        - name: agent
+          image: {{ .Values.image | quote }}
+"#,
+    );
+    p
+}
