@@ -11,7 +11,7 @@ use rdeploy_adapters::SubStatus;
 
 use crate::checkpoint::{Deploy, DeployState, StepStatus};
 use crate::diff::{Change, StackDiff, StepDiff};
-use crate::driver::Session;
+use crate::engine::Session;
 use crate::exit::{Code, Refusal};
 use crate::report::{self, Status, StepReport, StepView};
 use crate::stack::StackError;

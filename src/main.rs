@@ -1,5 +1,5 @@
 //! rdeploy: resumable multi-tool deploys. This file owns the command line and the mapping of
-//! errors to exit codes; the work happens in `driver`, which returns a `RunReport` that `cmd`
+//! errors to exit codes; the work happens in `engine`, which returns a `RunReport` that `cmd`
 //! turns into output and an exit code.
 
 /// `println!` for reports: a closed stdout (`rdeploy status | head`) ends the output quietly
@@ -21,9 +21,6 @@ mod cmd;
 mod diff;
 #[deny(clippy::print_stdout, clippy::print_stderr)]
 mod engine;
-// The driver decides and the binary presents: it returns a `RunReport` and never prints.
-#[deny(clippy::print_stdout, clippy::print_stderr)]
-mod driver;
 mod exit;
 mod fleet;
 mod gate;
@@ -554,7 +551,7 @@ fn give_back_freed_memory() {
     }
 }
 
-fn session(stack_path: &Path, global: &Global, ui: Arc<Ui>, parallel: usize) -> anyhow::Result<driver::Session> {
+fn session(stack_path: &Path, global: &Global, ui: Arc<Ui>, parallel: usize) -> anyhow::Result<engine::Session> {
     let stack_path = &stack_file_in(stack_path);
     let stack = load_stack(stack_path)?;
     let state = match &global.state_dir {
@@ -582,7 +579,7 @@ fn session(stack_path: &Path, global: &Global, ui: Arc<Ui>, parallel: usize) -> 
     watch_signals(cancel.clone(), signal.clone(), ui.clone());
     let keep_going = stack.on_failure == stack::OnFailure::Continue;
     let processes = rdeploy_adapters::process::ProcessTracker::in_dir(state.path.join("running"));
-    Ok(driver::Session {
+    Ok(engine::Session {
         stack: Arc::new(stack),
         store,
         reporters: engine::event::Reporters::new(vec![

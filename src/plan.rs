@@ -18,7 +18,7 @@ use rdeploy_adapters::preview::PreviewError;
 use rdeploy_adapters::{Adapter, PlanAction, Preview, Tool};
 use serde::Serialize;
 
-use crate::driver::Session;
+use crate::engine::Session;
 use crate::exit::{Code, Refusal};
 use crate::stack::Step;
 

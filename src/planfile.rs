@@ -26,7 +26,7 @@ use rdeploy_adapters::{Adapter, PathSegment, Tool, ToolSpec};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 
-use crate::driver::Session;
+use crate::engine::Session;
 use crate::exit::{Code, Refusal};
 use crate::plan::{Resolved, StackPlan};
 use crate::stack::{Stack, Step};

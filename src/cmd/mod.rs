@@ -7,7 +7,7 @@ pub mod output;
 use std::fmt::Write as _;
 
 use crate::checkpoint::DeployState;
-use crate::driver::{ApplyWhy, DryRunPlan, DryRunStep, Ended, Outcome, RunReport, Session};
+use crate::engine::{ApplyWhy, DryRunPlan, DryRunStep, Ended, Outcome, RunReport, Session};
 use crate::exit::Code;
 use crate::report;
 use crate::ui::Paint;

@@ -11,7 +11,7 @@ use rdeploy_adapters::Adapter;
 use serde_json::Value;
 
 use crate::checkpoint::{Deploy, StepState};
-use crate::driver::Session;
+use crate::engine::Session;
 use crate::exit::{Code, Refusal};
 use crate::stack::suggest;
 
