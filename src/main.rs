@@ -839,7 +839,7 @@ async fn run(cli: Cli, ui: Arc<Ui>) -> anyhow::Result<Code> {
             }
             let plan = s.plan().await?;
             if let Some(path) = out {
-                let digest = planfile::write(path, &planfile::build(&s, &plan)?)?;
+                let digest = planfile::write(path, &planfile::build(&s.stack, &s.stack_file, &s.state.shared, &plan)?)?;
                 ui.info(format!(
                     "saved the plan to {} (sha256:{}); apply it with `rdeploy up {} --plan {}`",
                     path.display(),

@@ -8,6 +8,7 @@ pub mod attempt;
 pub mod event;
 pub mod journal;
 pub mod outputs;
+pub mod planfile;
 pub mod preview;
 pub mod recover;
 pub mod references;
