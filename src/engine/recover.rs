@@ -4,10 +4,11 @@
 use rdeploy_adapters::{Adapter, PriorStep};
 
 use super::attempt::Action;
+use super::journal::Checkpoint;
 use super::report::{ApplyWhy, DryRunPlan, DryRunStep, Ended, RunReport};
 use super::schedule::Outcome;
 use super::session::Session;
-use crate::checkpoint::{Checkpoint, Deploy, Record, StepStatus};
+use crate::checkpoint::{Deploy, Record, StepStatus};
 use crate::diff::StackDiff;
 use crate::exit::{Code, Refusal};
 use crate::stack::Step;

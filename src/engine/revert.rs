@@ -4,12 +4,13 @@
 use rdeploy_adapters::{shell, CancellationToken};
 
 use super::event::{RunEvent, StepEnd, Work};
+use super::journal::Checkpoint;
 use super::journal::{SharedCheckpoint, StepJournal};
 use super::report::{Ended, RunReport};
 use super::schedule::Outcome;
 use super::session::Session;
 use super::sink::StepSink;
-use crate::checkpoint::{Checkpoint, Deploy, DeployState, Record, StepMode, StepStatus};
+use crate::checkpoint::{Deploy, DeployState, Record, StepMode, StepStatus};
 use crate::stack::Step;
 
 impl Session {

@@ -10,12 +10,13 @@ use tokio::task::JoinSet;
 
 use super::attempt::{Action, Attempts};
 use super::event::{Attempt, RunEvent, StepEnd, Work};
+use super::journal::{Checkpoint, CheckpointGone};
 use super::journal::{SharedCheckpoint, StepJournal};
 use super::references::OutputsSeen;
 use super::schedule::{AfterFailure, Outcome, Schedule, StepEnd as End};
 use super::session::Session;
 use super::sink::StepSink;
-use crate::checkpoint::{Checkpoint, CheckpointGone, Deploy, DeployState, Record, StepMode, StepStatus};
+use crate::checkpoint::{Deploy, DeployState, Record, StepMode, StepStatus};
 use crate::stack::{OnFailure, Step};
 
 /// A run in progress: the scheduler's state, the running steps' tasks, and what each running

@@ -9,8 +9,9 @@ use rdeploy_adapters::{Adapter, CancellationToken, Failure, RunFate, StartedBy, 
 
 use super::event::Reporters;
 use super::event::{RunEvent, StepEnd};
+use super::journal::Checkpoint;
 use super::outputs::SensitiveOutputs;
-use crate::checkpoint::{Checkpoint, Deploy, DeployState, StepStatus};
+use crate::checkpoint::{Deploy, DeployState, StepStatus};
 use crate::exit::{Code, Refusal};
 use crate::stack::{Stack, Step};
 use crate::store::local::StateDir;

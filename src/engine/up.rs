@@ -4,10 +4,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::attempt::Action;
+use super::journal::Checkpoint;
 use super::report::{Ended, RunReport};
 use super::run::Converging;
 use super::session::Session;
-use crate::checkpoint::{Checkpoint, Record, StepStatus};
+use crate::checkpoint::{Record, StepStatus};
 use crate::exit::{Code, Refusal};
 use crate::stack::Step;
 
