@@ -1,8 +1,26 @@
-//! The binary's side of the deploy commands (`up`, `recover`, `revert`, `reset`, and `ci`
-//! through them): the driver returns a [`RunReport`]; this maps its outcome to the exit code
-//! (docs/exit-codes.md) and prints it. Nothing here decides anything about the deploy.
+//! The commands, one per file: each owns its arguments (a clap `Args` type) and its `run`, which
+//! `main.rs` dispatches to; [`global`] holds the flags every command takes and builds the
+//! session. This file is the binary's side of the deploy commands (`up`, `recover`, `revert`,
+//! `reset`, and `ci` through them): the engine returns a [`RunReport`]; this maps its outcome to
+//! the exit code (docs/exit-codes.md) and prints it. Nothing here decides anything about the
+//! deploy.
 
+pub mod alerts;
+pub mod ci;
+pub mod completions;
+pub mod global;
+pub mod inventory;
+pub mod man;
 pub mod output;
+pub mod plan;
+pub mod recover;
+pub mod reset;
+pub mod revert;
+pub mod runbook;
+pub mod state;
+pub mod status;
+pub mod up;
+pub mod validate;
 
 use std::fmt::Write as _;
 
