@@ -77,10 +77,22 @@ impl Session {
         if !moved.is_empty() {
             return Err(stale(moved));
         }
-        // The live state, read again by each tool (concurrently, read-only, as `plan` does).
+        moved.extend(self.live_state_moved(loaded).await?);
+        if !moved.is_empty() {
+            return Err(stale(moved));
+        }
+        Ok(())
+    }
+
+    /// What each tool reads of the live state now that differs from what the plan observed
+    /// (concurrently, read-only, as `plan` does), a step's line each.
+    async fn live_state_moved(&self, loaded: &Loaded) -> anyhow::Result<Vec<String>> {
+        let saved = &loaded.plan;
+        let mut moved = Vec::new();
         let mut running = tokio::task::JoinSet::new();
         for step in self.stack.ordered() {
-            let saved_step = saved.steps.iter().find(|s| s.name == step.name).expect("checked above");
+            let saved_step =
+                saved.steps.iter().find(|s| s.name == step.name).expect("check_plan found every step in the plan");
             if !saved_step.previewed || saved_step.observed.is_empty() {
                 continue;
             }
@@ -130,10 +142,7 @@ impl Session {
                 }
             }
         }
-        if !moved.is_empty() {
-            return Err(stale(moved));
-        }
-        Ok(())
+        Ok(moved)
     }
 
     /// Puts each reviewed terraform plan of the PLANFILE in its step's work dir (0700, the

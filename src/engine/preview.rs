@@ -170,77 +170,89 @@ impl Session {
             return Err(Refusal::new(Code::BadInput, missing.join("\n")).into());
         }
         for ((step, result), inputs) in steps.iter().zip(results).zip(inputs) {
-            // The run's registry holds every secret of the stack (registered when it loaded,
-            // and the marked ones read for this step's preview).
-            let redact = |text: &str| crate::out::secrets().redact(text);
-            let mut step_plan = StepPlan {
-                name: step.name.clone(),
-                tool: step.tool,
-                changes: 0,
-                summary: None,
-                items: Vec::new(),
-                notes: Vec::new(),
-                unknown_until: Vec::new(),
-                inputs,
-                error: None,
-                observed: Vec::new(),
-                saved_plan: None,
-            };
-            match result {
-                None => {
-                    for value in step_plan.inputs.values() {
-                        if let Resolved::Pending { step } = value {
-                            if !step_plan.unknown_until.contains(step) {
-                                step_plan.unknown_until.push(step.clone());
-                            }
-                        }
-                    }
-                    let after: Vec<String> = step_plan
-                        .unknown_until
-                        .iter()
-                        .map(|s| Resolved::<String>::Pending { step: s.clone() }.to_string())
-                        .collect();
-                    step_plan.summary = Some(format!("not previewed: it reads outputs {}", after.join(", ")));
-                    // Counted as a change: the plan cannot claim it would change nothing.
-                    step_plan.changes = 1;
-                }
-                Some(Ok(mut preview)) => {
-                    if step.always {
-                        // What `up` decides: the tool runs, in place or not.
-                        preview.items.push(
-                            rdeploy_adapters::PlanItem::new(step.name.clone(), PlanAction::Run)
-                                .because("`always: true`: the tool runs on every `up`, whatever is in place"),
-                        );
-                    }
-                    redact_preview(&mut preview, redact);
-                    step_plan.changes = preview.changes();
-                    step_plan.summary = preview.summary;
-                    step_plan.items = preview.items;
-                    step_plan.notes = preview.notes;
-                    step_plan.observed = preview.observed;
-                    step_plan.saved_plan = preview.saved_plan;
-                }
-                Some(Err(PreviewError::Failed(failure))) if failure.interrupted || self.cancel.is_cancelled() => {
-                    return Err(Refusal::new(
-                        Code::Interrupted,
-                        format!("interrupted while planning step `{}`: nothing was changed", step.name),
-                    )
-                    .with_hint(format!("run `rdeploy plan {}` again", self.stack_arg))
-                    .into());
-                }
-                Some(Err(PreviewError::Failed(failure))) => {
-                    let mut error = redact(&failure.summary);
-                    if let Some(hint) = &failure.hint {
-                        error.push_str(&format!(" (hint: {})", redact(hint)));
-                    }
-                    step_plan.error = Some(error);
-                    step_plan.changes = 1;
-                }
-                Some(Err(PreviewError::Tool(_))) => unreachable!("missing tools were refused above"),
-            }
+            let step_plan = self.step_plan(step, result, inputs)?;
             plan.changes += step_plan.changes;
             plan.steps.push(step_plan);
         }
         Ok(plan)
+    }
+
+    /// What the plan says of one step from its preview's result (`None`: not previewed, its
+    /// inputs pending), redacted; an interrupted preview refuses the whole plan.
+    fn step_plan(
+        &self,
+        step: &Step,
+        result: Option<Result<Preview, PreviewError>>,
+        inputs: BTreeMap<String, Resolved<serde_json::Value>>,
+    ) -> anyhow::Result<StepPlan> {
+        // The run's registry holds every secret of the stack (registered when it loaded,
+        // and the marked ones read for this step's preview).
+        let redact = |text: &str| crate::out::secrets().redact(text);
+        let mut step_plan = StepPlan {
+            name: step.name.clone(),
+            tool: step.tool,
+            changes: 0,
+            summary: None,
+            items: Vec::new(),
+            notes: Vec::new(),
+            unknown_until: Vec::new(),
+            inputs,
+            error: None,
+            observed: Vec::new(),
+            saved_plan: None,
+        };
+        match result {
+            None => {
+                for value in step_plan.inputs.values() {
+                    if let Resolved::Pending { step } = value {
+                        if !step_plan.unknown_until.contains(step) {
+                            step_plan.unknown_until.push(step.clone());
+                        }
+                    }
+                }
+                let after: Vec<String> = step_plan
+                    .unknown_until
+                    .iter()
+                    .map(|s| Resolved::<String>::Pending { step: s.clone() }.to_string())
+                    .collect();
+                step_plan.summary = Some(format!("not previewed: it reads outputs {}", after.join(", ")));
+                // Counted as a change: the plan cannot claim it would change nothing.
+                step_plan.changes = 1;
+            }
+            Some(Ok(mut preview)) => {
+                if step.always {
+                    // What `up` decides: the tool runs, in place or not.
+                    preview.items.push(
+                        rdeploy_adapters::PlanItem::new(step.name.clone(), PlanAction::Run)
+                            .because("`always: true`: the tool runs on every `up`, whatever is in place"),
+                    );
+                }
+                redact_preview(&mut preview, redact);
+                step_plan.changes = preview.changes();
+                step_plan.summary = preview.summary;
+                step_plan.items = preview.items;
+                step_plan.notes = preview.notes;
+                step_plan.observed = preview.observed;
+                step_plan.saved_plan = preview.saved_plan;
+            }
+            Some(Err(PreviewError::Failed(failure))) if failure.interrupted || self.cancel.is_cancelled() => {
+                return Err(Refusal::new(
+                    Code::Interrupted,
+                    format!("interrupted while planning step `{}`: nothing was changed", step.name),
+                )
+                .with_hint(format!("run `rdeploy plan {}` again", self.stack_arg))
+                .into());
+            }
+            Some(Err(PreviewError::Failed(failure))) => {
+                let mut error = redact(&failure.summary);
+                if let Some(hint) = &failure.hint {
+                    error.push_str(&format!(" (hint: {})", redact(hint)));
+                }
+                step_plan.error = Some(error);
+                step_plan.changes = 1;
+            }
+            Some(Err(PreviewError::Tool(_))) => unreachable!("`plan` refuses a missing tool before any step plan"),
+        }
+        Ok(step_plan)
     }
 }

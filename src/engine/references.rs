@@ -59,44 +59,8 @@ impl Session {
                     reference.step, reference.key, self.stack_arg
                 )));
             }
-            // Sensitive and never recorded: the producer's own state may have it again.
-            let producer = self.stack.step(&reference.step).expect("references name stack steps");
-            let ctx = self.context(producer, self.cancel.child_token());
-            match producer.spec.read_outputs(&ctx).await {
-                Ok(Some(outputs)) => {
-                    let mut vault = self.sensitive.lock().unwrap_or_else(|e| e.into_inner());
-                    let entry = vault.entry(reference.step.clone()).or_default();
-                    for (key, value) in outputs {
-                        if let OutputValue::Sensitive(secret) = value {
-                            crate::out::secrets().add(&secret);
-                            entry.insert(key, secret);
-                        }
-                    }
-                }
-                Ok(None) => {}
-                Err(failure) => {
-                    return Err(Failure::new(format!(
-                        "`{reference}` is sensitive and was never recorded, and reading it again from {}'s state failed: {}",
-                        producer.tool, failure.summary
-                    ))
-                    .with_hint(failure.hint.unwrap_or_else(|| format!("fix it, then `rdeploy recover {}`", self.stack_arg))))
-                }
-            }
-            match self.sensitive_value(reference) {
-                Some(secret) => {
-                    values.insert(reference.clone(), OutputValue::Sensitive(secret));
-                }
-                None => {
-                    return Err(Failure::new(format!(
-                        "`{reference}` is a sensitive output: only the run that produced it had its value, and {} keeps no state to read it again from; nothing was run",
-                        producer.tool
-                    ))
-                    .with_hint(format!(
-                        "run step `{0}` again to produce it (its value is never written down): undo what `{0}` did and `rdeploy reset {1} --yes`, then `rdeploy up {1}`",
-                        reference.step, self.stack_arg
-                    )))
-                }
-            }
+            let secret = self.read_sensitive_again(reference).await?;
+            values.insert(reference.clone(), OutputValue::Sensitive(secret));
         }
         // Every sensitive value it is given is one of the run's secrets (registered when it was
         // read; again here, which costs nothing), so what the step reports is redacted of it.
@@ -116,6 +80,46 @@ impl Session {
         });
         // The tool's words about a bad value may quote it.
         resolved.map_err(|f| crate::out::secrets().redact_failure(f))
+    }
+
+    /// A sensitive output never recorded, read again from its producer's own state (and
+    /// registered with the run's secrets and kept in memory), or the step's failure saying why
+    /// it cannot be.
+    async fn read_sensitive_again(&self, reference: &Reference) -> Result<Secret, Failure> {
+        // Sensitive and never recorded: the producer's own state may have it again.
+        let producer = self.stack.step(&reference.step).expect("references name stack steps");
+        let ctx = self.context(producer, self.cancel.child_token());
+        match producer.spec.read_outputs(&ctx).await {
+            Ok(Some(outputs)) => {
+                let mut vault = self.sensitive.lock().unwrap_or_else(|e| e.into_inner());
+                let entry = vault.entry(reference.step.clone()).or_default();
+                for (key, value) in outputs {
+                    if let OutputValue::Sensitive(secret) = value {
+                        crate::out::secrets().add(&secret);
+                        entry.insert(key, secret);
+                    }
+                }
+            }
+            Ok(None) => {}
+            Err(failure) => return Err(Failure::new(format!(
+                "`{reference}` is sensitive and was never recorded, and reading it again from {}'s state failed: {}",
+                producer.tool, failure.summary
+            ))
+            .with_hint(failure.hint.unwrap_or_else(|| format!("fix it, then `rdeploy recover {}`", self.stack_arg)))),
+        }
+        match self.sensitive_value(reference) {
+            Some(secret) => Ok(secret),
+            None => {
+                Err(Failure::new(format!(
+                    "`{reference}` is a sensitive output: only the run that produced it had its value, and {} keeps no state to read it again from; nothing was run",
+                    producer.tool
+                ))
+                .with_hint(format!(
+                    "run step `{0}` again to produce it (its value is never written down): undo what `{0}` did and `rdeploy reset {1} --yes`, then `rdeploy up {1}`",
+                    reference.step, self.stack_arg
+                )))
+            }
+        }
     }
 
     pub(super) fn outputs_seen(&self, cp: &SharedCheckpoint, step: &str) -> OutputsSeen {

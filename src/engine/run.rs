@@ -93,6 +93,12 @@ impl Session {
             return Err(e.context("the deploy stopped: running tools were interrupted and waited for; `rdeploy recover` resumes once the cause is fixed"));
         }
 
+        self.settle_run(cp, &run).await
+    }
+
+    /// The run's outcome once no step runs: the interrupt recorded, a complete deploy finished,
+    /// `on_failure: revert` applied to one that is not.
+    async fn settle_run(&self, cp: SharedCheckpoint, run: &RunState) -> anyhow::Result<(Outcome, Deploy)> {
         let mut outcome = run.schedule.outcome();
         if let Some(signal) = self.signal.lock().unwrap_or_else(|e| e.into_inner()).clone() {
             cp.record(Record::Interrupted { signal })?;
@@ -161,13 +167,8 @@ impl Session {
             let Some((name, action)) = run.schedule.next_ready() else { break };
             tracing::debug!(step = %name, ?action, running = run.running.len(), "starting step");
             let step = self.stack.step(&name).expect("actions name stack steps").clone();
-            if let Some(gate) = &step.gate {
-                if let Err(reason) = crate::gate::evaluate(gate, &self.stack.dir, &self.state.shared).await {
-                    self.step_ended(&name, StepEnd::Refused { reason: reason.clone() });
-                    run.schedule.finish(&name, End::Refused);
-                    cp.record(Record::StepRefused { step: name.clone(), reason })?;
-                    continue;
-                }
+            if self.refused_by_gate(cp, run, &step).await? {
+                continue;
             }
             let action = match action {
                 Action::RevertThenApply => {
@@ -180,31 +181,11 @@ impl Session {
                 }
                 other => other,
             };
-            let (mode, work) = match &action {
-                Action::Recover(_) => (StepMode::Recover, Work::Recover(step.tool)),
-                _ => (StepMode::Apply, Work::Apply(step.tool)),
-            };
             let tool_version = tools.get(&name).map(|t| t.version.clone());
-            // Its references take their values before the tool starts: a missing output fails
-            // the step here, having run nothing.
-            let resolved = self.resolve_references(cp, &step).await.and_then(|resolved| {
-                let recorded = |producer: &str, key: &str| {
-                    cp.read(|d| d.step(producer).and_then(|s| s.outputs.get(key).cloned()))
-                };
-                match self.plan_inputs_moved(&step, &recorded) {
-                    None => Ok(resolved),
-                    Some(why) => Err(Failure::new(format!(
-                        "step `{name}` is not as the plan previewed it: {why}; nothing was run"
-                    ))
-                    .with_hint(format!(
-                        "`rdeploy recover {0}` applies it with the new values; to review them first, `rdeploy plan {0}`",
-                        self.stack_arg
-                    ))),
-                }
-            });
-            let step = match resolved {
+            let step = match self.with_inputs(cp, &step).await {
                 Ok(resolved) => resolved,
                 Err(failure) => {
+                    let (mode, _) = mode_and_work(&action, step.tool);
                     cp.record(Record::StepStarted { step: name.clone(), mode, tool_version: tool_version.clone() })?;
                     self.step_ended(&name, StepEnd::Failed { summary: failure.summary.clone() });
                     run.schedule.finish(&name, End::Failed { interrupted: false, then: AfterFailure::Kept });
@@ -212,66 +193,115 @@ impl Session {
                     continue;
                 }
             };
-            // `up --plan`: terraform applies the reviewed saved plan as it is.
-            let saved = if matches!(action, Action::Apply) { self.saved_plan_of(&name) } else { None };
-            // A step that cannot resume completes or reverts: it is never retried. Nor is a
-            // step applying a reviewed saved plan: another attempt would apply a plan nobody
-            // reviewed; after its failure `rdeploy recover` (an operator's choice) plans again.
-            let retry = step.retry.clone().filter(|_| step.resumable && saved.is_none());
-            if let Some(retry) = &retry {
-                cp.record(Record::Attempt { step: name.clone(), attempt: 1, of: retry.attempts })?;
-            }
-            cp.record(Record::StepStarted { step: name.clone(), mode, tool_version: tool_version.clone() })?;
-            let attempt = retry.as_ref().map(|r| Attempt { number: 1, of: r.attempts });
-            self.emit(RunEvent::StepStarted { step: name.clone(), work, attempt });
-            let (mut step, mut ctx, read) = self.resolved(&step, self.cancel.child_token());
-            if let Some(saved) = saved {
-                step.spec.use_saved_plan(saved);
-            }
-            if matches!(action, Action::Recover(_)) {
-                // Our own run record is the last one: every earlier run has ended or is elsewhere.
-                ctx.started_by =
-                    cp.read(|deploy| self.started_by(deploy, &name, deploy.runs.last().map(|r| r.run_id.as_str())));
-            }
-            let converge = match (&action, &mut run.converging) {
-                (Action::Apply, Some(converging)) if !step.always => {
-                    let current = |producer: &str, key: &str| {
-                        cp.read(|d| d.step(producer).and_then(|s| s.outputs.get(key).cloned()))
-                    };
-                    let applied = converging.applied.load(std::sync::atomic::Ordering::SeqCst);
-                    let alone = run.running.is_empty();
-                    Some(self.decided_preview(&current, &step, &mut converging.early, applied, alone))
-                }
-                _ => None,
-            };
-            let applied = run.converging.as_ref().map(|c| c.applied.clone());
-            let journal = StepJournal::new(name.clone(), cp.clone(), ctx.cancel.clone());
-            let sink = StepSink::new(journal, self.sensitive.clone(), self.reporters.clone());
-            // 0700: the tools' files in it (terraform's saved plan) are nobody else's to read.
-            self.state.create_dir(&ctx.work_dir)?;
-            let attempts = Attempts {
-                retry,
-                cp: cp.clone(),
-                reporters: self.reporters.clone(),
-                tool_version,
-                fleet_dir: self.state.shared.clone(),
-                last: run.converging.as_ref().and_then(|c| c.last.clone()),
-            };
-            run.outputs_before.insert(name.clone(), self.outputs_seen(cp, &name));
-            run.running.spawn(async move {
-                let result = match read {
-                    Ok(()) => attempts.run(&step, &ctx, action, &sink, converge).await,
-                    Err(failure) => Err(failure),
-                };
-                // Whatever the step did (unless it found everything in place) may move what a
-                // preview made before it saw: later steps preview afresh.
-                if let Some(applied) = applied.filter(|_| !matches!(result, Ok((_, Converged::InPlace)))) {
-                    applied.store(true, std::sync::atomic::Ordering::SeqCst);
-                }
-                let result = result.map(|(recovered, _)| recovered);
-                (step.name.clone(), result)
-            });
+            self.spawn_step(cp, run, step, action, tool_version)?;
         }
+        Ok(())
+    }
+
+    /// A step whose `gate` refuses it ends refused, having run nothing: `true` then.
+    async fn refused_by_gate(&self, cp: &SharedCheckpoint, run: &mut RunState, step: &Step) -> anyhow::Result<bool> {
+        let Some(gate) = &step.gate else { return Ok(false) };
+        let Err(reason) = crate::gate::evaluate(gate, &self.stack.dir, &self.state.shared).await else {
+            return Ok(false);
+        };
+        let name = &step.name;
+        self.step_ended(name, StepEnd::Refused { reason: reason.clone() });
+        run.schedule.finish(name, End::Refused);
+        cp.record(Record::StepRefused { step: name.clone(), reason })?;
+        Ok(true)
+    }
+
+    /// The step with its references' values, taken before the tool starts: a missing output, or
+    /// under `up --plan` a value other than the one the plan previewed, fails the step here,
+    /// having run nothing.
+    async fn with_inputs(&self, cp: &SharedCheckpoint, step: &Step) -> Result<Step, Failure> {
+        let name = &step.name;
+        let resolved = self.resolve_references(cp, step).await?;
+        let recorded =
+            |producer: &str, key: &str| cp.read(|d| d.step(producer).and_then(|s| s.outputs.get(key).cloned()));
+        match self.plan_inputs_moved(step, &recorded) {
+            None => Ok(resolved),
+            Some(why) => {
+                Err(Failure::new(format!("step `{name}` is not as the plan previewed it: {why}; nothing was run"))
+                    .with_hint(format!(
+                    "`rdeploy recover {0}` applies it with the new values; to review them first, `rdeploy plan {0}`",
+                    self.stack_arg
+                )))
+            }
+        }
+    }
+
+    /// Records the step started and runs it (its attempts, as a task of the run) through its
+    /// adapter, with its journal and sink, the saved plan `up --plan` reviewed, and `up`'s
+    /// decision from the early previews.
+    fn spawn_step(
+        &self,
+        cp: &SharedCheckpoint,
+        run: &mut RunState,
+        step: Step,
+        action: Action,
+        tool_version: Option<String>,
+    ) -> anyhow::Result<()> {
+        let name = step.name.clone();
+        let (mode, work) = mode_and_work(&action, step.tool);
+        // `up --plan`: terraform applies the reviewed saved plan as it is.
+        let saved = if matches!(action, Action::Apply) { self.saved_plan_of(&name) } else { None };
+        // A step that cannot resume completes or reverts: it is never retried. Nor is a
+        // step applying a reviewed saved plan: another attempt would apply a plan nobody
+        // reviewed; after its failure `rdeploy recover` (an operator's choice) plans again.
+        let retry = step.retry.clone().filter(|_| step.resumable && saved.is_none());
+        if let Some(retry) = &retry {
+            cp.record(Record::Attempt { step: name.clone(), attempt: 1, of: retry.attempts })?;
+        }
+        cp.record(Record::StepStarted { step: name.clone(), mode, tool_version: tool_version.clone() })?;
+        let attempt = retry.as_ref().map(|r| Attempt { number: 1, of: r.attempts });
+        self.emit(RunEvent::StepStarted { step: name.clone(), work, attempt });
+        let (mut step, mut ctx, read) = self.resolved(&step, self.cancel.child_token());
+        if let Some(saved) = saved {
+            step.spec.use_saved_plan(saved);
+        }
+        if matches!(action, Action::Recover(_)) {
+            // Our own run record is the last one: every earlier run has ended or is elsewhere.
+            ctx.started_by =
+                cp.read(|deploy| self.started_by(deploy, &name, deploy.runs.last().map(|r| r.run_id.as_str())));
+        }
+        let converge = match (&action, &mut run.converging) {
+            (Action::Apply, Some(converging)) if !step.always => {
+                let current =
+                    |producer: &str, key: &str| cp.read(|d| d.step(producer).and_then(|s| s.outputs.get(key).cloned()));
+                let applied = converging.applied.load(std::sync::atomic::Ordering::SeqCst);
+                let alone = run.running.is_empty();
+                Some(self.decided_preview(&current, &step, &mut converging.early, applied, alone))
+            }
+            _ => None,
+        };
+        let applied = run.converging.as_ref().map(|c| c.applied.clone());
+        let journal = StepJournal::new(name.clone(), cp.clone(), ctx.cancel.clone());
+        let sink = StepSink::new(journal, self.sensitive.clone(), self.reporters.clone());
+        // 0700: the tools' files in it (terraform's saved plan) are nobody else's to read.
+        self.state.create_dir(&ctx.work_dir)?;
+        let attempts = Attempts {
+            retry,
+            cp: cp.clone(),
+            reporters: self.reporters.clone(),
+            tool_version,
+            fleet_dir: self.state.shared.clone(),
+            last: run.converging.as_ref().and_then(|c| c.last.clone()),
+        };
+        run.outputs_before.insert(name.clone(), self.outputs_seen(cp, &name));
+        run.running.spawn(async move {
+            let result = match read {
+                Ok(()) => attempts.run(&step, &ctx, action, &sink, converge).await,
+                Err(failure) => Err(failure),
+            };
+            // Whatever the step did (unless it found everything in place) may move what a
+            // preview made before it saw: later steps preview afresh.
+            if let Some(applied) = applied.filter(|_| !matches!(result, Ok((_, Converged::InPlace)))) {
+                applied.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+            let result = result.map(|(recovered, _)| recovered);
+            (step.name.clone(), result)
+        });
         Ok(())
     }
 
@@ -368,5 +398,13 @@ impl Session {
             ));
         }
         failure
+    }
+}
+
+/// How a step's action is journaled and said: its mode and its work.
+fn mode_and_work(action: &Action, tool: rdeploy_adapters::Tool) -> (StepMode, Work) {
+    match action {
+        Action::Recover(_) => (StepMode::Recover, Work::Recover(tool)),
+        _ => (StepMode::Apply, Work::Apply(tool)),
     }
 }
