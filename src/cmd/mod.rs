@@ -28,6 +28,7 @@ use crate::checkpoint::DeployState;
 use crate::engine::{ApplyWhy, DryRunPlan, DryRunStep, Ended, Outcome, RunReport, Session};
 use crate::exit::Code;
 use crate::report;
+use crate::reporter::{Finish, Finished};
 use crate::ui::Paint;
 
 /// The exit code (docs/exit-codes.md) for how a command ended.
@@ -45,17 +46,34 @@ pub fn exit_code(outcome: Outcome) -> Code {
 /// Prints what a deploy command did on stdout (and keeps the markdown report of a deploy that
 /// stopped part-way in the state directory), then gives its exit code.
 pub fn present(session: &Session, report: &RunReport) -> anyhow::Result<Code> {
-    let (text, markdown) = render(session, report);
+    present_to(session, report, &[])
+}
+
+/// [`present`], then each reporter of the command's end is handed the run report, the report of
+/// the deploy it left (the one the text was rendered from) and the exit code.
+pub fn present_to(session: &Session, report: &RunReport, finishers: &[&dyn Finish]) -> anyhow::Result<Code> {
+    // Built once: for the text of a deploy that did not complete, and for whoever reports the end.
+    let status = report
+        .deploy
+        .as_ref()
+        .filter(|d| !finishers.is_empty() || (matches!(report.ended, Ended::Ran) && d.state != DeployState::Complete))
+        .map(|d| report::from_deploy(&session.stack, &session.state, d, &session.stack_arg, None));
+    let (text, markdown) = render(session, report, status.as_ref());
     out!("{text}");
     if let Some(markdown) = markdown {
         session.state.write_atomic(&session.state.report_path(), markdown.as_bytes())?;
     }
-    Ok(exit_code(report.outcome))
+    let code = exit_code(report.outcome);
+    let end = Finished { run: report, status: status.as_ref(), code };
+    for finisher in finishers {
+        finisher.finished(session, &end);
+    }
+    Ok(code)
 }
 
 /// The text [`present`] prints, and the markdown report it keeps for a deploy that stopped
-/// part-way.
-fn render(session: &Session, run: &RunReport) -> (String, Option<String>) {
+/// part-way (`status`: that deploy's report).
+fn render(session: &Session, run: &RunReport, status: Option<&report::Status>) -> (String, Option<String>) {
     let mut markdown = None;
     let location = session.store.location();
     let mut out = String::new();
@@ -139,10 +157,12 @@ fn render(session: &Session, run: &RunReport) -> (String, Option<String>) {
             }
         }
         (Ended::Ran, Some(deploy)) => {
-            let status = report::from_deploy(&session.stack, &session.state, deploy, &session.stack_arg, None);
-            out.push_str(&report::render_text(&status, Paint { enabled: false }));
-            if deploy.state == DeployState::Partial {
-                markdown = Some(report::render_markdown(&status));
+            // `present_to` built it for a deploy that did not complete.
+            if let Some(status) = status {
+                out.push_str(&report::render_text(status, Paint { enabled: false }));
+                if deploy.state == DeployState::Partial {
+                    markdown = Some(report::render_markdown(status));
+                }
             }
         }
         (Ended::Forgot | Ended::DryRun(_) | Ended::Ran, None) => {

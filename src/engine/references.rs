@@ -101,11 +101,15 @@ impl Session {
                 }
             }
             Ok(None) => {}
-            Err(failure) => return Err(Failure::new(format!(
+            Err(failure) => {
+                return Err(Failure::new(format!(
                 "`{reference}` is sensitive and was never recorded, and reading it again from {}'s state failed: {}",
                 producer.tool, failure.summary
             ))
-            .with_hint(failure.hint.unwrap_or_else(|| format!("fix it, then `rdeploy recover {}`", self.stack_arg)))),
+                .with_hint(
+                    failure.hint.unwrap_or_else(|| format!("fix it, then `rdeploy recover {}`", self.stack_arg)),
+                ))
+            }
         }
         match self.sensitive_value(reference) {
             Some(secret) => Ok(secret),
