@@ -170,7 +170,7 @@ struct JUnit {
 
 impl Finish for JUnit {
     fn finished(&self, session: &Session, end: &Finished<'_>) {
-        let (Some(status), Some(deploy)) = (end.status, &end.run.deploy) else { return };
+        let (Some(status), Some(deploy)) = (end.status, end.run.deploy()) else { return };
         let xml = junit(session, deploy, status);
         if let Err(e) = write_file(&self.path, &xml) {
             session.ui.warn(format!("could not write the JUnit report {}: {e:#}", self.path.display()));

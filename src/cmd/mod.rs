@@ -54,9 +54,10 @@ pub fn present(session: &Session, report: &RunReport) -> anyhow::Result<Code> {
 pub fn present_to(session: &Session, report: &RunReport, finishers: &[&dyn Finish]) -> anyhow::Result<Code> {
     // Built once: for the text of a deploy that did not complete, and for whoever reports the end.
     let status = report
-        .deploy
-        .as_ref()
-        .filter(|d| !finishers.is_empty() || (matches!(report.ended, Ended::Ran) && d.state != DeployState::Complete))
+        .deploy()
+        .filter(|d| {
+            !finishers.is_empty() || (matches!(report.ended, Ended::Ran(_)) && d.state != DeployState::Complete)
+        })
         .map(|d| report::from_deploy(&session.stack, &session.state, d, &session.stack_arg, None));
     let (text, markdown) = render(session, report, status.as_ref());
     out!("{text}");
@@ -77,8 +78,8 @@ fn render(session: &Session, run: &RunReport, status: Option<&report::Status>) -
     let mut markdown = None;
     let location = session.store.location();
     let mut out = String::new();
-    match (&run.ended, &run.deploy) {
-        (Ended::NothingToRecover, last) => {
+    match &run.ended {
+        Ended::NothingToRecover(last) => {
             let said = match last.as_ref().map(|d| d.state) {
                 Some(DeployState::Complete) => "the last deploy completed",
                 Some(DeployState::Reverted) => "the last deploy was reverted",
@@ -86,10 +87,10 @@ fn render(session: &Session, run: &RunReport, status: Option<&report::Status>) -
             };
             let _ = writeln!(out, "nothing to recover: {said} ({location})");
         }
-        (Ended::NothingToRevert, None) => {
+        Ended::NothingToRevert(None) => {
             let _ = writeln!(out, "nothing to revert: no completed or unfinished deploy is recorded in {location}");
         }
-        (Ended::NothingToRevert, Some(deploy)) => {
+        Ended::NothingToRevert(Some(deploy)) => {
             let (which, kept) = match deploy.state {
                 DeployState::Partial => (
                     "the unfinished deploy",
@@ -108,23 +109,23 @@ fn render(session: &Session, run: &RunReport, status: Option<&report::Status>) -
                 session.stack_arg
             );
         }
-        (Ended::NothingToReset, _) => {
+        Ended::NothingToReset => {
             let _ = writeln!(out, "nothing to reset: no unfinished deploy in {location}");
         }
-        (Ended::Forgot, Some(deploy)) => {
+        Ended::Forgot(deploy) => {
             let _ = writeln!(
                 out,
                 "forgot deploy {} of stack {}; its record is kept in the history of {location}; the next `rdeploy up` starts from the top",
                 deploy.deploy_id, deploy.stack
             );
         }
-        (Ended::ForgotUnreadable { error, kept }, _) => {
+        Ended::ForgotUnreadable { error, kept } => {
             let _ = writeln!(
                 out,
                 "forgot the unfinished deploy in {location}: its journal could not be read ({error}); {kept}; the next `rdeploy up` starts from the top"
             );
         }
-        (Ended::DryRun(plan), Some(deploy)) => {
+        Ended::DryRun { deploy, plan } => {
             let _ = writeln!(
                 out,
                 "recover --dry-run: deploy {} of stack {} (nothing will be changed)",
@@ -134,7 +135,7 @@ fn render(session: &Session, run: &RunReport, status: Option<&report::Status>) -
                 dry_run_step(&mut out, step);
             }
         }
-        (Ended::Ran, Some(deploy)) if deploy.state == DeployState::Complete => {
+        Ended::Ran(deploy) if deploy.state == DeployState::Complete => {
             let summary: Vec<String> = deploy
                 .steps
                 .iter()
@@ -156,7 +157,7 @@ fn render(session: &Session, run: &RunReport, status: Option<&report::Status>) -
                 let _ = writeln!(out, "warning: {w}");
             }
         }
-        (Ended::Ran, Some(deploy)) => {
+        Ended::Ran(deploy) => {
             // `present_to` built it for a deploy that did not complete.
             if let Some(status) = status {
                 out.push_str(&report::render_text(status, Paint { enabled: false }));
@@ -164,9 +165,6 @@ fn render(session: &Session, run: &RunReport, status: Option<&report::Status>) -
                     markdown = Some(report::render_markdown(status));
                 }
             }
-        }
-        (Ended::Forgot | Ended::DryRun(_) | Ended::Ran, None) => {
-            unreachable!("the driver reports the deploy it ran, forgot or planned")
         }
     }
     (out, markdown)

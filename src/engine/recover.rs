@@ -25,7 +25,7 @@ impl Session {
         let holder_alive = false;
         let Some(deploy) = self.store.load_settled(holder_alive)? else {
             let last = self.store.last_finished()?;
-            return Ok(RunReport::new(Outcome::Complete, last, Ended::NothingToRecover));
+            return Ok(RunReport::new(Outcome::Complete, Ended::NothingToRecover(last)));
         };
         self.check_mapping(&deploy)?;
         // What the checkpoint itself says went wrong with it (a journal line set aside, records
@@ -41,9 +41,8 @@ impl Session {
             let plan = self.dry_run(&deploy, &diff, &actions).await;
             return Ok(RunReport {
                 outcome: Outcome::Complete,
-                deploy: Some(deploy),
                 diff: Some(diff),
-                ended: Ended::DryRun(plan),
+                ended: Ended::DryRun { deploy, plan },
             });
         }
         let mut cp = Checkpoint::resume(self.store.as_ref())?;
@@ -64,7 +63,7 @@ impl Session {
             if done.is_empty() { String::new() } else { format!(" ({})", done.join(", ")) }
         ));
         let (outcome, deploy) = self.run(cp, actions, tools, None).await?;
-        Ok(RunReport { outcome, deploy: Some(deploy), diff: Some(diff), ended: Ended::Ran })
+        Ok(RunReport { outcome, diff: Some(diff), ended: Ended::Ran(deploy) })
     }
 
     pub(super) fn recovery_actions(&self, deploy: &Deploy) -> anyhow::Result<Vec<(String, Action)>> {

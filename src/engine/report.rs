@@ -6,13 +6,12 @@ use crate::diff::StackDiff;
 
 pub use super::schedule::Outcome;
 
-/// What a command of the driver did: everything the renderers need, nothing printed.
+/// What a command of the engine did: everything the renderers need, nothing printed. The
+/// deploy it left is part of how it ended ([`Ended`]), so a report cannot say steps ran (or a
+/// deploy was forgot) without the deploy.
 #[derive(Debug)]
 pub struct RunReport {
     pub outcome: Outcome,
-    /// The deploy as the command left it (folded from its journal); for "nothing to recover",
-    /// the last finished one.
-    pub deploy: Option<Deploy>,
     /// What changed in the stack since the checkpoint this command continued (`recover`).
     pub diff: Option<StackDiff>,
     pub ended: Ended,
@@ -21,26 +20,37 @@ pub struct RunReport {
 /// Which way the command ended.
 #[derive(Debug)]
 pub enum Ended {
-    /// Steps ran (`up`, `recover`, `revert`); `deploy` is where they left it.
-    Ran,
-    /// `recover` found no unfinished deploy.
-    NothingToRecover,
-    /// `revert` found neither an unfinished nor a completed deploy of this stack, or (`deploy`
-    /// given) one with no step to undo: none that ran declares `revert`. Nothing was recorded.
-    NothingToRevert,
+    /// Steps ran (`up`, `recover`, `revert`): the deploy where they left it (folded from its
+    /// journal).
+    Ran(Deploy),
+    /// `recover` found no unfinished deploy: the last finished one, if any.
+    NothingToRecover(Option<Deploy>),
+    /// `revert` found neither an unfinished nor a completed deploy of this stack (`None`), or
+    /// one with no step to undo: none that ran declares `revert`. Nothing was recorded.
+    NothingToRevert(Option<Deploy>),
     /// `reset` found no unfinished deploy.
     NothingToReset,
-    /// `reset` forgot `deploy` (kept in the history).
-    Forgot,
+    /// `reset` forgot this deploy (kept in the history).
+    Forgot(Deploy),
     /// `reset` moved aside a journal it could not read at all: why, and where it went.
     ForgotUnreadable { error: String, kept: String },
-    /// `recover --dry-run`: what recovery would do, step by step in run order.
-    DryRun(Vec<DryRunStep>),
+    /// `recover --dry-run`: the unfinished deploy, and what recovery would do with it, step by
+    /// step in run order.
+    DryRun { deploy: Deploy, plan: Vec<DryRunStep> },
 }
 
 impl RunReport {
-    pub(crate) fn new(outcome: Outcome, deploy: Option<Deploy>, ended: Ended) -> RunReport {
-        RunReport { outcome, deploy, diff: None, ended }
+    pub(crate) fn new(outcome: Outcome, ended: Ended) -> RunReport {
+        RunReport { outcome, diff: None, ended }
+    }
+
+    /// The deploy as the command left it; for "nothing to recover", the last finished one.
+    pub fn deploy(&self) -> Option<&Deploy> {
+        match &self.ended {
+            Ended::Ran(deploy) | Ended::Forgot(deploy) | Ended::DryRun { deploy, .. } => Some(deploy),
+            Ended::NothingToRecover(deploy) | Ended::NothingToRevert(deploy) => deploy.as_ref(),
+            Ended::NothingToReset | Ended::ForgotUnreadable { .. } => None,
+        }
     }
 }
 

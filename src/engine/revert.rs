@@ -123,7 +123,7 @@ impl Session {
             if !revertible(&deploy, &[StepStatus::Done, StepStatus::Failed, StepStatus::Reverting])
                 && !deploy.steps.iter().any(|s| s.status == StepStatus::Reverted)
             {
-                return Ok(RunReport::new(Outcome::Complete, Some(deploy), Ended::NothingToRevert));
+                return Ok(RunReport::new(Outcome::Complete, Ended::NothingToRevert(Some(deploy))));
             }
             let mut cp = Checkpoint::resume(self.store.as_ref())?;
             cp.record(Checkpoint::run_record(&self.stack, "revert", &ulid::Ulid::new().to_string()))?;
@@ -132,10 +132,10 @@ impl Session {
             let Some(last) =
                 self.store.last_finished()?.filter(|d| d.state == DeployState::Complete && d.stack == self.stack.name)
             else {
-                return Ok(RunReport::new(Outcome::Complete, None, Ended::NothingToRevert));
+                return Ok(RunReport::new(Outcome::Complete, Ended::NothingToRevert(None)));
             };
             if !revertible(&last, &[StepStatus::Done]) {
-                return Ok(RunReport::new(Outcome::Complete, Some(last), Ended::NothingToRevert));
+                return Ok(RunReport::new(Outcome::Complete, Ended::NothingToRevert(Some(last))));
             }
             // Re-open the finished deploy as a new journal so the revert itself is checkpointed.
             let mut cp = Checkpoint::create(self.store.as_ref())?;
@@ -152,11 +152,11 @@ impl Session {
         if outcome == Outcome::StepReverted {
             // Reverting is what `revert` was asked to do.
             let deploy = cp.into_inner().finish(DeployState::Reverted)?;
-            Ok(RunReport::new(Outcome::Complete, Some(deploy), Ended::Ran))
+            Ok(RunReport::new(Outcome::Complete, Ended::Ran(deploy)))
         } else {
             cp.snapshot();
             let deploy = cp.read(Deploy::clone);
-            Ok(RunReport::new(Outcome::RevertFailed, Some(deploy), Ended::Ran))
+            Ok(RunReport::new(Outcome::RevertFailed, Ended::Ran(deploy)))
         }
     }
 
@@ -168,7 +168,7 @@ impl Session {
         let archived = self.archive_if_finished();
         if !self.store.has_unfinished()? {
             archived?;
-            return Ok(RunReport::new(Outcome::Complete, None, Ended::NothingToReset));
+            return Ok(RunReport::new(Outcome::Complete, Ended::NothingToReset));
         }
         let mut cp = match Checkpoint::reopen_as_is(self.store.as_ref()) {
             Ok(cp) => cp,
@@ -176,13 +176,12 @@ impl Session {
                 let kept = self.store.retire_unfinished()?;
                 return Ok(RunReport::new(
                     Outcome::Complete,
-                    None,
                     Ended::ForgotUnreadable { error: format!("{e:#}"), kept },
                 ));
             }
         };
         cp.record(Record::Warning { step: None, message: "reset by the operator after manual reconciliation".into() })?;
         let deploy = cp.finish(DeployState::Partial)?;
-        Ok(RunReport::new(Outcome::Complete, Some(deploy), Ended::Forgot))
+        Ok(RunReport::new(Outcome::Complete, Ended::Forgot(deploy)))
     }
 }

@@ -78,6 +78,6 @@ impl Session {
         // A reviewed saved plan no apply consumed (its step never ran) goes, whatever happened.
         self.unstage_saved_plans();
         let (outcome, deploy) = ran?;
-        Ok(RunReport::new(outcome, Some(deploy), Ended::Ran))
+        Ok(RunReport::new(outcome, Ended::Ran(deploy)))
     }
 }
