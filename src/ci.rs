@@ -285,7 +285,7 @@ fn report_changes(session: &Session, outputs: &Outputs, changes: &[StepDiff]) {
     for StepDiff { name, change } in changes {
         let text = change_text(name, change);
         match change {
-            // The driver warns about these itself when it recovers the step.
+            // The engine warns about these itself when it recovers the step.
             Change::Changed { done: false, .. } => session.ui.info(format!("ci: {text}")),
             _ => session.ui.warn(format!("ci: {text}")),
         }

@@ -85,7 +85,7 @@ impl Checkpoint {
     /// Appends a record (durable before returning when [`Record::needs_sync`]), then folds it
     /// into the state.
     pub fn record(&mut self, record: Record) -> anyhow::Result<()> {
-        // The one place records are written: whatever an adapter or the driver forgot to
+        // The one place records are written: whatever an adapter or the engine forgot to
         // redact, the run's secrets never reach the journal (nor the snapshot folded from it).
         let record = record.redacted(crate::out::secrets());
         let entry = Entry { seq: self.deploy.seq + 1, ts: now(), record };

@@ -18,7 +18,7 @@ use crate::store::local::StateDir;
 use crate::store::{LockGuard, Store};
 use crate::ui::Ui;
 
-/// What every command of the driver shares.
+/// What every command of the engine shares.
 pub struct Session {
     pub stack: Arc<Stack>,
     /// Where the checkpoint and the lock live.
