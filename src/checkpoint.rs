@@ -540,7 +540,8 @@ impl Deploy {
         }
     }
 
-    /// Folds one record into the state. Pure, so replay equals live.
+    /// Folds one record into the state. Pure, so replay equals live. Longer than most: one arm
+    /// per kind of [`Record`], so what each record does to the state is read in one place.
     pub(crate) fn apply(&mut self, seq: u64, ts: &Timestamp, record: &Record) {
         self.seq = seq;
         self.updated = *ts;

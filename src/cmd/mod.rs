@@ -73,7 +73,8 @@ pub fn present_to(session: &Session, report: &RunReport, finishers: &[&dyn Finis
 }
 
 /// The text [`present`] prints, and the markdown report it keeps for a deploy that stopped
-/// part-way (`status`: that deploy's report).
+/// part-way (`status`: that deploy's report). Longer than most: one arm per way a command ends
+/// ([`Ended`]), kept in one match so each ending's wording sits beside the others'.
 fn render(session: &Session, run: &RunReport, status: Option<&report::Status>) -> (String, Option<String>) {
     let mut markdown = None;
     let location = session.store.location();

@@ -49,7 +49,8 @@ impl Target {
     }
 }
 
-/// What `rdeploy output` prints.
+/// What `rdeploy output` prints. Longer than most: it reads as the command's cases in order
+/// (no deploy, a step, a key; plain, JSON, sensitive values read again), each a few lines.
 pub async fn render(session: &Session, target: &Target, json: bool, show_sensitive: bool) -> anyhow::Result<String> {
     let deploy = match session.store.load_unfinished()? {
         Some(d) => d,
