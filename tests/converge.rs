@@ -423,3 +423,62 @@ steps:
     }
     assert_eq!(upgraded.len(), 4, "exactly the four older clusters were upgraded");
 }
+
+/// `db` writes `port` once; on the next `up` its `create` is in place (its check passes), so the
+/// port is the one the last deploy recorded, carried as `create` is found in place. A later
+/// sub-change that fails, then succeeds on a retry or under `rdeploy recover`, still hands it to
+/// `app`: the carried outputs are in the checkpoint, not only in the first attempt's memory.
+const CARRIED: &str = r#"
+name: carried
+steps:
+  - name: db
+    tool: shell
+    retry: { attempts: 2, delay: 0s, matching: ["flaky"] }
+    sub_changes:
+      - name: create
+        run: echo created >> created && echo "port=5432" >> "$RDEPLOY_OUTPUT"
+        check: "[ -e created ]"
+      - name: migrate
+        run: |
+          if [ -e flaky ]; then rm flaky; echo flaky network >&2; exit 1; fi
+          if [ -e broken ]; then echo broken schema >&2; exit 1; fi
+          echo migrated >> migrations
+  - name: app
+    tool: shell
+    run: echo "${{ steps.db.outputs.port }}" >> got
+"#;
+
+#[test]
+fn outputs_carried_for_a_sub_change_in_place_survive_a_retry() {
+    let p = shell_project(CARRIED);
+    p.rdeploy(&["up"]).code(0);
+    assert_eq!(p.lines("got"), ["5432"]);
+
+    // `migrate` fails once; the second attempt resumes the step through its recover path.
+    p.file("flaky", "");
+    p.rdeploy(&["up"])
+        .code(0)
+        .stdout_has("db: done (2/2 declared sub-changes, 1 in place), succeeded on attempt 2 of 2");
+    assert!(!p.exists("flaky"), "the first attempt ran `migrate` and failed");
+    assert_eq!(p.lines("migrations"), ["migrated", "migrated"]);
+    assert_eq!(p.lines("got"), ["5432", "5432"], "the retried step hands on the carried port");
+    assert_eq!(step(&p.status(), "db")["outputs"]["port"], "5432");
+    assert_eq!(p.lines("created"), ["created"], "`create` ran once, on the first deploy");
+}
+
+#[test]
+fn outputs_carried_for_a_sub_change_in_place_survive_a_recover() {
+    let p = shell_project(CARRIED);
+    p.rdeploy(&["up"]).code(0);
+    assert_eq!(p.lines("got"), ["5432"]);
+
+    // `migrate` fails for good: the deploy stops, `recover` resumes it.
+    p.file("broken", "");
+    p.rdeploy(&["up"]).code(1);
+    assert_eq!(step(&p.status(), "db")["outputs"]["port"], "5432", "journaled before `migrate` failed");
+    p.remove("broken");
+    p.rdeploy(&["recover"]).code(0);
+    assert_eq!(p.lines("got"), ["5432", "5432"], "the recovered step hands on the carried port");
+    assert_eq!(p.lines("migrations"), ["migrated", "migrated"]);
+    assert_eq!(p.lines("created"), ["created"], "`create` ran once, on the first deploy");
+}
