@@ -482,3 +482,62 @@ fn outputs_carried_for_a_sub_change_in_place_survive_a_recover() {
     assert_eq!(p.lines("migrations"), ["migrated", "migrated"]);
     assert_eq!(p.lines("created"), ["created"], "`create` ran once, on the first deploy");
 }
+
+/// A chart that generates a value on every render (`randAlphaNum` in a Secret) can never be in
+/// place: `plan` shows a change and says why once, naming the template and the field; `up`
+/// upgrades it and the report says the same, once; the value itself is never printed. Its
+/// deterministic template (`configmap.yaml`) is not named.
+fn a_chart_that_renders_anew_is_upgraded_and_said_never_in_place(major: u32) {
+    let sim = Kubesim::start("demo");
+    let mut p = Project::new();
+    for (k, v) in sim.env() {
+        p.env(&k, &v);
+    }
+    p.copy_fixture("helm/rerendered", "charts/rerendered");
+    p.stack(&format!(
+        "name: db\nsteps:\n  - name: creds\n    tool: helm\n    release: creds\n    chart: charts/rerendered\n    namespace: db\n    context: demo\n    binary: {}\n",
+        helm_bin(major).display()
+    ));
+    p.rdeploy(&["up"]).code(0);
+    assert_eq!(revisions(&sim, "creds", "db"), 1);
+    let said = "never in place: `rerendered/templates/secret.yaml` renders `data.password` differently every time with the same chart and values";
+
+    let plan = p.rdeploy(&["plan", "--detailed-exitcode"]);
+    plan.code(7).stdout_has(said);
+    assert_eq!(plan.stdout.matches("never in place").count(), 1, "said once: {}", plan.stdout);
+    assert!(!plan.stdout.contains("configmap.yaml"), "the deterministic template is not named: {}", plan.stdout);
+
+    let up = p.rdeploy(&["up"]);
+    up.code(0).stdout_has(said).stdout_has("creds: done (1/1 release revisions)");
+    assert_eq!(up.stdout.matches("never in place").count(), 1, "said once: {}", up.stdout);
+    assert_eq!(revisions(&sim, "creds", "db"), 2, "upgraded, as every `up` must");
+    let status = p.status();
+    let facts = &step(&status, "creds")["facts"];
+    assert!(facts["never_in_place"].as_str().unwrap().contains("`data.password`"), "{facts}");
+
+    // The generated password, as it lives in the cluster, was never printed.
+    let secret = sim.kubectl_ok(&["--context", "demo", "-n", "db", "get", "secret", "creds-credentials", "-o", "json"]);
+    let secret: Value = serde_json::from_str(&secret).unwrap();
+    let encoded = secret["data"]["password"].as_str().unwrap().to_string();
+    assert_eq!(encoded.len(), 32, "24 random characters, base64: {encoded}");
+    for out in [&plan.stdout, &plan.stderr, &up.stdout, &up.stderr] {
+        assert!(!out.contains(&encoded), "the password leaked: {out}");
+    }
+    let report = p.rdeploy(&["status"]);
+    report.code(0);
+    assert!(!report.stdout.contains(&encoded));
+
+    // And so on every `up`.
+    p.rdeploy(&["up"]).code(0).stdout_has(said);
+    assert_eq!(revisions(&sim, "creds", "db"), 3);
+}
+
+#[test]
+fn a_chart_that_renders_anew_is_upgraded_and_said_never_in_place_helm3() {
+    a_chart_that_renders_anew_is_upgraded_and_said_never_in_place(3);
+}
+
+#[test]
+fn a_chart_that_renders_anew_is_upgraded_and_said_never_in_place_helm4() {
+    a_chart_that_renders_anew_is_upgraded_and_said_never_in_place(4);
+}
