@@ -26,6 +26,13 @@ use crate::{
 /// The environment variables that enable rdeploy's callback plugin beside the user's, and a
 /// warning when the user's settings could not be read.
 type CallbackEnv = (Vec<(String, String)>, Option<String>);
+
+/// What a playbook run is prepared with: the hosts it targets (its sub-changes, planned before
+/// it starts) and the callback environment.
+struct Prepared {
+    hosts: Vec<String>,
+    callback: CallbackEnv,
+}
 /// The plugin's name, as `ANSIBLE_CALLBACKS_ENABLED` lists it.
 pub const PLUGIN_NAME: &str = "rdeploy_events";
 /// The plugin's source, written into the step's work dir before each run.
@@ -294,14 +301,13 @@ impl AnsibleSpec {
         sink: &dyn EventSink,
         binary: &Path,
         limit: Option<&str>,
-        planned: Vec<String>,
+        prepared: Prepared,
         phase: &str,
-        callback: CallbackEnv,
     ) -> Result<(), Failure> {
         let mut found = secrets::secret_strings(&self.extra_vars, &self.marked);
         found.extend(secrets::env_secrets(&ctx.env));
         let redacting = secrets::RedactingSink { inner: sink, secrets: secrets::normalize(found) };
-        self.run_playbook_redacted(ctx, &redacting, binary, limit, planned, phase, callback)
+        self.run_playbook_redacted(ctx, &redacting, binary, limit, prepared, phase)
             .await
             .map_err(|f| secrets::redact_failure(f, &redacting.secrets))
     }
@@ -312,9 +318,8 @@ impl AnsibleSpec {
         sink: &dyn EventSink,
         binary: &Path,
         limit: Option<&str>,
-        planned: Vec<String>,
+        Prepared { hosts: planned, callback: (callback_env, warning) }: Prepared,
         phase: &str,
-        (callback_env, warning): CallbackEnv,
     ) -> Result<(), Failure> {
         if ctx.cancel.is_cancelled() {
             return Err(Failure { interrupted: true, ..Failure::new("stopped before `ansible-playbook` started") });
@@ -545,7 +550,8 @@ impl Adapter for AnsibleSpec {
         let (planned, callback) = self.hosts_and_callback_env(ctx, &binary).await;
         let planned = planned?;
         sink.emit(Event::Planned { ids: planned.clone() });
-        self.run_playbook(ctx, sink, &binary, self.limit.as_deref(), planned, "apply", callback).await
+        self.run_playbook(ctx, sink, &binary, self.limit.as_deref(), Prepared { hosts: planned, callback }, "apply")
+            .await
     }
 
     async fn recover(&self, ctx: &StepContext, prior: &PriorStep, sink: &dyn EventSink) -> Result<Recovered, Failure> {
@@ -571,7 +577,7 @@ impl Adapter for AnsibleSpec {
         // `targets` is a subset of what the step's own `limit` selects (list-hosts applied it),
         // so a plain host list is already the intersection.
         let limit = self.limit_arg(ctx, &selection.targets)?;
-        self.run_playbook(ctx, sink, &binary, Some(&limit), selection.targets, "recover", callback)
+        self.run_playbook(ctx, sink, &binary, Some(&limit), Prepared { hosts: selection.targets, callback }, "recover")
             .await
             .map(|()| Recovered::Complete)
     }
