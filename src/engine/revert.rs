@@ -145,6 +145,12 @@ impl Session {
             for s in done {
                 cp.record(Record::StepDone { step: s.name.clone() })?;
             }
+            // A `revert` line may use a step's output: the finished deploy's, as recorded (a
+            // sensitive one by its key, read again from its producer's state when needed).
+            for s in last.steps.iter().filter(|s| !s.outputs.is_empty() || !s.sensitive_outputs.is_empty()) {
+                let (values, sensitive) = (s.outputs.clone(), s.sensitive_outputs.clone());
+                cp.record(Record::Outputs { step: s.name.clone(), values, sensitive })?;
+            }
             cp
         };
         let cp = SharedCheckpoint::new(cp);
