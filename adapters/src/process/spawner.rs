@@ -25,8 +25,9 @@
 //! sub-changes rdeploy's own CPU beyond the C durable floor (`benches/floor.c`) was 0.28 / 0.35
 //! / 0.70 ms per sub-change with the spawner against 1.18 / 1.67 / 2.53 ms forking from
 //! rdeploy (41-86% saved, 83% in the median pair); at 10,000, 0.26 ms with the spawner, while
-//! the forking run had used 85 s of CPU (12.7 ms per sub-change, rising with the heap each fork
-//! copies) when it had done 6,692 of them, against 17.8 s for all 10,000 with the spawner.
+//! the forking run had used 115 s of CPU (13.1 ms per sub-change, rising with the heap each
+//! fork copies) when it was stopped after 8,810 of them, against 17.8 s for all 10,000 with
+//! the spawner.
 //!
 //! Every `unsafe` of the process code lives here, each with its `// SAFETY:` comment: the
 //! spawner's fork, clone and exec, the pidfd wait, and for the fork path without a spawner
