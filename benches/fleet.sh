@@ -15,7 +15,8 @@
 # Clusters are asked 512 at a time; a cluster's timeout starts when its turn comes.
 #
 # Usage: benches/fleet.sh [N] [SIZES]   (default 400 and "400 1000 2000 4000"); LOOP=0 skips the
-# kubectl loop; RDEPLOY=path KUBESIM=path use those binaries instead of building.
+# kubectl loop; RDEPLOY=path KUBESIM=path use those binaries instead of building; RUNS=n times
+# each inventory is timed (default 5; min/median/max reported).
 # Builds the release binaries first (honours CARGO_TARGET_DIR).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -62,15 +63,14 @@ start_fleet() {
 
 inventory() { "$RDEPLOY" --state-dir "$work/state" inventory --kubeconfig "$work/kubeconfig" "$@"; }
 
-# best of 3 wall-clock seconds of a command
-best3() {
-  local best= t0 t1 s
-  for _ in 1 2 3; do
+# min/median/max wall-clock seconds of RUNS (default 5) runs of a command
+RUNS=${RUNS:-5}
+spread() {
+  local t0 t1
+  for _ in $(seq 1 "$RUNS"); do
     t0=$(now); "$@" > /dev/null; t1=$(now)
-    s=$(secs "$t0" "$t1")
-    if [ -z "$best" ] || [ "$(echo "$s < $best" | bc)" = 1 ]; then best=$s; fi
-  done
-  echo "$best"
+    secs "$t0" "$t1"
+  done | sort -n | awk '{v[NR]=$1} END {printf "%s/%s/%s", v[1], v[int((NR+1)/2)], v[NR]}'
 }
 
 echo "== side by side, $N clusters"
@@ -85,21 +85,22 @@ if [ "${LOOP:-1}" != 0 ]; then
   t1=$(now)
   loop=$(secs "$t0" "$t1")
 fi
-rd=$(best3 inventory)
-rdjson=$(best3 inventory --json)
+rd=$(spread inventory)
+rdjson=$(spread inventory --json)
 [ -n "$loop" ] && echo "kubectl loop (pods only):           ${loop} s"
-echo "rdeploy inventory (table, best of 3): ${rd} s"
-echo "rdeploy inventory --json (best of 3): ${rdjson} s"
-[ -n "$loop" ] && echo "speed-up: $(echo "scale=1; $loop / $rd" | bc)x"
+echo "rdeploy inventory (table, min/median/max of $RUNS): ${rd} s"
+echo "rdeploy inventory --json (min/median/max of $RUNS): ${rdjson} s"
+[ -n "$loop" ] && echo "speed-up (median): $(echo "scale=1; $loop / $(echo "$rd" | cut -d/ -f2)" | bc)x"
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 echo
-echo "== growth (rdeploy inventory --json, best of 3; peak RSS of one run)"
-printf '%8s %10s %12s %10s %9s\n' clusters seconds ms/cluster rss_mb answered
+echo "== growth (rdeploy inventory --json, min/median/max of $RUNS; peak RSS of one run)"
+printf '%8s %22s %16s %10s %9s %16s\n' clusters seconds ms/cluster rss_mb answered load
 for n in $SIZES; do
   start_fleet "$n"
-  s=$(best3 inventory --json)
+  s=$(spread inventory --json)
+  median=$(echo "$s" | cut -d/ -f2)
   rss=$( { /usr/bin/time -f '%M' "$RDEPLOY" --state-dir "$work/state" inventory --kubeconfig "$work/kubeconfig" --json > "$work/inv.json"; } 2>&1 | tail -1)
   answered=$(grep -m1 '"answered"' "$work/inv.json" | tr -dc 0-9)
-  printf '%8s %10s %12s %10s %9s\n' "$n" "$s" "$(echo "scale=2; $s * 1000 / $n" | bc)" "$(echo "scale=1; $rss / 1024" | bc)" "$answered"
+  printf '%8s %22s %16s %10s %9s %16s\n' "$n" "$s" "$(echo "scale=2; $median * 1000 / $n" | bc) (median)" "$(echo "scale=1; $rss / 1024" | bc)" "$answered" "$(cut -d' ' -f1-3 /proc/loadavg | tr ' ' /)"
 done

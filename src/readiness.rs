@@ -258,7 +258,7 @@ impl<'a> Held<'a> {
             Touched::Objects => None,
         });
         let scope =
-            Scope::select(kubeconfig, source, std::slice::from_ref(&context), None).map_err(|e| format!("{e:#}"))?;
+            Scope::select(&kubeconfig, source, std::slice::from_ref(&context), None).map_err(|e| format!("{e:#}"))?;
         let options = CollectOptions {
             timeout: READ_TIMEOUT,
             namespace,

@@ -93,7 +93,7 @@ pub fn generate(req: &AlertsRequest, state_dir: &Path) -> anyhow::Result<String>
         }
     };
     let scope =
-        Scope::select(kubeconfig, source, &req.contexts, fleet.as_ref()).map_err(|e| bad_input(format!("{e:#}")))?;
+        Scope::select(&kubeconfig, source, &req.contexts, fleet.as_ref()).map_err(|e| bad_input(format!("{e:#}")))?;
     if scope.clusters.is_empty() {
         return Err(bad_input("no cluster in the fleet: pass `--fleet FILE` or a kubeconfig with contexts"));
     }

@@ -89,7 +89,7 @@ pub async fn inventory(req: &InventoryRequest, state_dir: &Path) -> anyhow::Resu
         }
     };
     let scope =
-        Scope::select(kubeconfig, source, &req.contexts, fleet.as_ref()).map_err(|e| bad_input(format!("{e:#}")))?;
+        Scope::select(&kubeconfig, source, &req.contexts, fleet.as_ref()).map_err(|e| bad_input(format!("{e:#}")))?;
     if scope.clusters.is_empty() {
         return Err(bad_input("no cluster in scope: the kubeconfig has no context"));
     }
@@ -183,7 +183,7 @@ pub async fn standings_for_gate(q: &GateQuery<'_>, state_dir: &Path) -> Result<V
     let last_seen = LastSeen::load(state_dir);
     let inv = match scope::read_kubeconfig(q.kubeconfig.as_deref()) {
         Ok((kubeconfig, source)) => {
-            let scope = Scope::select(kubeconfig, source, q.contexts, None).map_err(|e| format!("{e:#}"))?;
+            let scope = Scope::select(&kubeconfig, source, q.contexts, None).map_err(|e| format!("{e:#}"))?;
             let options = CollectOptions {
                 timeout: q.timeout,
                 namespace: q.namespace.clone(),

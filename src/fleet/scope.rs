@@ -4,9 +4,11 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::{bail, Context as _};
 use kube::config::{Kubeconfig, NamedContext};
+use rdeploy_adapters::helm::records::load_kubeconfig;
 use serde::Deserialize;
 
 /// The clusters to ask and how to reach them.
@@ -42,19 +44,25 @@ impl FleetFile {
     }
 }
 
-/// The kubeconfig as kubectl finds it: the explicit file, else `$KUBECONFIG` (merged), else
-/// `~/.kube/config`.
-pub fn read_kubeconfig(explicit: Option<&Path>) -> anyhow::Result<(Kubeconfig, String)> {
+/// The kubeconfig as kubectl finds it: the explicit file, else `$KUBECONFIG` (its files merged,
+/// missing ones skipped), else `~/.kube/config`. Parsed once per process while its files are
+/// unchanged, in the cache helm's records reads use too: a rollout's scope, each cluster's
+/// helm records and readiness reads share one parse of a (possibly 4,000-context) kubeconfig.
+pub fn read_kubeconfig(explicit: Option<&Path>) -> anyhow::Result<(Arc<Kubeconfig>, String)> {
+    let load = |files: &[PathBuf]| load_kubeconfig(files).map_err(anyhow::Error::msg);
     if let Some(path) = explicit {
         let kc =
-            Kubeconfig::read_from(path).with_context(|| format!("could not read the kubeconfig {}", path.display()))?;
+            load(&[path.to_path_buf()]).with_context(|| format!("could not read the kubeconfig {}", path.display()))?;
         return Ok((kc, path.display().to_string()));
     }
-    let source = match std::env::var_os("KUBECONFIG") {
-        Some(v) if !v.is_empty() => format!("$KUBECONFIG ({})", v.to_string_lossy()),
-        _ => "~/.kube/config".to_string(),
+    let (files, source) = match std::env::var_os("KUBECONFIG") {
+        Some(v) if !v.is_empty() => (
+            std::env::split_paths(&v).filter(|p| !p.as_os_str().is_empty()).collect::<Vec<_>>(),
+            format!("$KUBECONFIG ({})", v.to_string_lossy()),
+        ),
+        _ => (vec![default_path()], "~/.kube/config".to_string()),
     };
-    let kc = Kubeconfig::read().with_context(|| format!("could not read the kubeconfig from {source}"))?;
+    let kc = load(&files).with_context(|| format!("could not read the kubeconfig from {source}"))?;
     Ok((kc, source))
 }
 
@@ -66,7 +74,7 @@ impl Scope {
     /// Selects clusters: `patterns` are names or globs (empty: every cluster of the fleet file,
     /// else every context). A glob that matches nothing is an error, a name is kept.
     pub fn select(
-        kubeconfig: Kubeconfig,
+        kubeconfig: &Kubeconfig,
         source: String,
         patterns: &[String],
         fleet: Option<&FleetFile>,
@@ -99,7 +107,7 @@ impl Scope {
             .into_iter()
             .map(|name| {
                 let labels = fleet.and_then(|f| f.clusters.get(&name)).cloned().unwrap_or_default();
-                let kubeconfig = by_name.get(name.as_str()).map(|ctx| single_context(&kubeconfig, ctx));
+                let kubeconfig = by_name.get(name.as_str()).map(|ctx| single_context(kubeconfig, ctx));
                 Member { name, labels, kubeconfig }
             })
             .collect();
@@ -151,15 +159,37 @@ mod tests {
     #[test]
     fn globs_names_and_missing_contexts() {
         let kc = kubeconfig(&["edge-1", "edge-2", "core-1"]);
-        let s = Scope::select(kc.clone(), "k".into(), &["edge-*".into()], None).unwrap();
+        let s = Scope::select(&kc, "k".into(), &["edge-*".into()], None).unwrap();
         assert_eq!(names(&s), ["edge-1", "edge-2"]);
         let only = s.clusters[0].kubeconfig.as_ref().unwrap();
         assert_eq!((only.contexts.len(), only.clusters.len(), only.auth_infos.len()), (1, 1, 1));
-        let s = Scope::select(kc.clone(), "k".into(), &["core-1".into(), "edge-9".into()], None).unwrap();
+        let s = Scope::select(&kc, "k".into(), &["core-1".into(), "edge-9".into()], None).unwrap();
         assert_eq!(names(&s), ["core-1", "edge-9"]);
         assert!(s.clusters[1].kubeconfig.is_none(), "a missing context stays in scope, absent");
-        assert!(Scope::select(kc.clone(), "k".into(), &["west-*".into()], None).is_err());
-        assert_eq!(names(&Scope::select(kc, "k".into(), &[], None).unwrap()).len(), 3);
+        assert!(Scope::select(&kc, "k".into(), &["west-*".into()], None).is_err());
+        assert_eq!(names(&Scope::select(&kc, "k".into(), &[], None).unwrap()).len(), 3);
+    }
+
+    /// One parse per process while the file is unchanged (a rollout reads its scope, then each
+    /// cluster's records and workloads, from the same kubeconfig); a changed file is read again.
+    #[test]
+    fn the_kubeconfig_is_parsed_once_while_unchanged() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config");
+        let write = |names: &[&str]| {
+            let kc = kubeconfig(names);
+            std::fs::write(&path, serde_json::to_string(&kc).unwrap()).unwrap();
+        };
+        write(&["edge-1", "edge-2"]);
+        let (first, source) = read_kubeconfig(Some(&path)).unwrap();
+        assert_eq!(source, path.display().to_string());
+        let (again, _) = read_kubeconfig(Some(&path)).unwrap();
+        assert!(Arc::ptr_eq(&first, &again), "parsed twice");
+        write(&["edge-1", "edge-2", "core-1"]);
+        let (changed, _) = read_kubeconfig(Some(&path)).unwrap();
+        assert_eq!(changed.contexts.len(), 3, "a changed file is read again");
+        let missing = read_kubeconfig(Some(&dir.path().join("nope"))).unwrap_err();
+        assert!(format!("{missing:#}").starts_with("could not read the kubeconfig "), "{missing:#}");
     }
 
     #[test]
@@ -168,7 +198,7 @@ mod tests {
         let fleet: FleetFile =
             rdeploy_adapters::yaml::from_str_located("clusters:\n  edge-1: {site: lyon}\n  edge-3: {site: oslo}\n")
                 .unwrap();
-        let s = Scope::select(kc, "k".into(), &[], Some(&fleet)).unwrap();
+        let s = Scope::select(&kc, "k".into(), &[], Some(&fleet)).unwrap();
         assert_eq!(names(&s), ["edge-1", "edge-3"]);
         assert_eq!(s.clusters[0].labels["site"], "lyon");
         assert!(s.clusters[1].kubeconfig.is_none());

@@ -123,7 +123,7 @@ pub fn scope_of(step: &Step, fleet: &FleetStep, ctx: &StepContext) -> Result<(Ve
         Some(path) => Some(FleetFile::load(path).map_err(|e| Failure::new(format!("{e:#}")))?),
         None => None,
     };
-    let chosen = Scope::select(kc, source.clone(), &fleet.contexts, file.as_ref())
+    let chosen = Scope::select(&kc, source.clone(), &fleet.contexts, file.as_ref())
         .map_err(|e| Failure::new(format!("fleet step `{}`: {e:#}", step.name)))?;
     let mut members = chosen.clusters;
     if let Some(text) = &fleet.selector {

@@ -412,7 +412,7 @@ pub fn only_context(kubeconfig: &Kubeconfig, context: &str) -> Kubeconfig {
 
 /// The kubeconfig files merged (as kubectl merges `KUBECONFIG`; missing files skipped), parsed
 /// once per process while the files are unchanged: a fleet step's clusters share one parse.
-fn load_kubeconfig(files: &[PathBuf]) -> Result<Arc<Kubeconfig>, String> {
+pub fn load_kubeconfig(files: &[PathBuf]) -> Result<Arc<Kubeconfig>, String> {
     type Key = Vec<(PathBuf, Option<SystemTime>, u64)>;
     static CACHE: OnceLock<Mutex<HashMap<Key, Arc<Kubeconfig>>>> = OnceLock::new();
     let key: Key = files

@@ -343,22 +343,7 @@ impl Command {
         // for it. Every child is forked from one thread that lives as long as rdeploy
         // ([`spawn_on_the_spawning_thread`]), so the kernel's death signal means rdeploy's
         // death, not a retired thread's.
-        // SAFETY: only async-signal-safe calls (prctl, getppid, fork, sigprocmask, waitpid,
-        // sigwaitinfo, close_range, kill, _exit), touching no memory of the parent.
-        unsafe {
-            cmd.pre_exec(move || {
-                if relay {
-                    return relay_one_death_signal(parent, signal);
-                }
-                nix::sys::prctl::set_pdeathsig(signal).map_err(std::io::Error::from)?;
-                // The parent may have died between fork and prctl; then no signal would come.
-                // (No allocation after fork: ESRCH, "no such process", is the parent gone.)
-                if nix::unistd::getppid() != parent {
-                    return Err(std::io::Error::from_raw_os_error(nix::libc::ESRCH));
-                }
-                Ok(())
-            });
-        }
+        spawner::die_with_rdeploy(&mut cmd, parent, signal, relay);
         let child = spawn_on_the_spawning_thread(cmd, note)?;
         Ok(Started { child: Child::Forked(child), stdout: stdout_read, stderr: stderr_read })
     }
@@ -636,89 +621,6 @@ fn note_child(child: &std::io::Result<tokio::process::Child>, note: Option<(Proc
     if let (Ok(child), Some((tracker, command))) = (child, note) {
         if let Some(pid) = child.id() {
             tracker.note(pid, || command);
-        }
-    }
-}
-
-/// In the forked child: makes sure the tool's group gets `signal` once when rdeploy dies, as a
-/// terminal's Ctrl-C would send it.
-///
-/// The kernel sends a pdeathsig each time the child's parent *thread* exits and the child passes
-/// to another thread of the same process: a kill -9 of multi-threaded rdeploy gave terraform two
-/// SIGINTs, the second of which means "exit immediately, data loss may occur". And a pdeathsig
-/// reaches only the direct child, while terraform's provisioners run on in its group. So the
-/// tool is started one level down: this process forks again and stays as a single-threaded
-/// relay. Its own pdeathsig (SIGUSR1, however often it comes) makes it send `signal` to the
-/// whole group once; it blocks the terminal signals (so cancellation and timeouts, sent to the
-/// group, reach only the tool), holds no file open, and exits with the tool's status.
-///
-/// # Safety
-/// Only in a child forked from rdeploy (a `pre_exec` closure): it forks and may `_exit`.
-unsafe fn relay_one_death_signal(rdeploy: Pid, signal: Signal) -> std::io::Result<()> {
-    use nix::libc;
-    // SAFETY: the caller is a child forked from rdeploy, before exec; every call below is
-    // async-signal-safe.
-    unsafe {
-        let mut blocked: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut blocked);
-        for sig in [libc::SIGCHLD, libc::SIGUSR1, libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
-            libc::sigaddset(&mut blocked, sig);
-        }
-        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGUSR1 as libc::c_ulong) != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // The parent may have died between fork and prctl; then no signal would come.
-        if libc::getppid() != rdeploy.as_raw() {
-            return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
-        }
-        libc::sigprocmask(libc::SIG_BLOCK, &blocked, std::ptr::null_mut());
-        match libc::fork() {
-            -1 => Err(std::io::Error::last_os_error()),
-            0 => {
-                // The tool starts with no signal blocked, as std would start it.
-                let mut none: libc::sigset_t = std::mem::zeroed();
-                libc::sigemptyset(&mut none);
-                libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
-                Ok(())
-            }
-            tool => {
-                // Above all not the pipe through which the spawn learns whether exec worked.
-                if libc::syscall(libc::SYS_close_range, 0u32, u32::MAX, 0u32) != 0 {
-                    for fd in 0..4096 {
-                        libc::close(fd);
-                    }
-                }
-                let mut waited: libc::sigset_t = std::mem::zeroed();
-                libc::sigemptyset(&mut waited);
-                libc::sigaddset(&mut waited, libc::SIGCHLD);
-                libc::sigaddset(&mut waited, libc::SIGUSR1);
-                let mut sent = false;
-                let mut status = 0;
-                loop {
-                    if libc::waitpid(tool, &mut status, libc::WNOHANG) == tool {
-                        break;
-                    }
-                    let got = libc::sigwaitinfo(&waited, std::ptr::null_mut());
-                    // The death signal also comes when the rdeploy *thread* that forked us exits
-                    // (tokio retires blocking threads); we are then handed to another of its
-                    // threads and our parent is still rdeploy. Only a real death reparents us.
-                    if got == libc::SIGUSR1 && !sent && libc::getppid() != rdeploy.as_raw() {
-                        sent = true;
-                        libc::kill(0, signal as libc::c_int);
-                    }
-                }
-                if libc::WIFSIGNALED(status) {
-                    let sig = libc::WTERMSIG(status);
-                    libc::signal(sig, libc::SIG_DFL);
-                    let mut only: libc::sigset_t = std::mem::zeroed();
-                    libc::sigemptyset(&mut only);
-                    libc::sigaddset(&mut only, sig);
-                    libc::sigprocmask(libc::SIG_UNBLOCK, &only, std::ptr::null_mut());
-                    libc::kill(libc::getpid(), sig);
-                    libc::_exit(128 + sig);
-                }
-                libc::_exit(libc::WEXITSTATUS(status));
-            }
         }
     }
 }
@@ -1063,10 +965,19 @@ impl ProcessTracker {
         notes.save();
     }
 
+    /// Forgets a reaped child. Its line is rewritten out of the note at once only while its
+    /// group still has a process (one the tool left running, which the next run must not wait
+    /// for after a clean end). A group with nothing left, whose start time is known, keeps its
+    /// line until the next note or save: that line names a group the next run finds gone (no
+    /// process can join a group that has no member, and the start time tells a reused pid),
+    /// so it reads the note as the rewrite would have left it, and a shell sub-change costs one
+    /// write to the note, not two.
     fn forget(&self, pid: u32) {
         let Some(notes) = &self.notes else { return };
         let mut notes = notes.lock().unwrap_or_else(|e| e.into_inner());
-        if notes.groups.remove(&pid).is_some() {
+        let Some((start, _)) = notes.groups.remove(&pid) else { return };
+        let gone = killpg(Pid::from_raw(pid as i32), None) == Err(nix::errno::Errno::ESRCH);
+        if start == 0 || !gone {
             notes.save();
         }
     }
@@ -1658,6 +1569,44 @@ pub(super) mod tests {
         std::fs::remove_dir_all(&running).unwrap();
         tracker.note(13, || "kubectl".into());
         assert_eq!(pids(), [13], "noted again after its file was deleted");
+    }
+
+    /// A reaped child whose group is empty leaves its line until the next note (one write per
+    /// child, not two), and that line is no survivor; a reaped child whose group still has a
+    /// process is rewritten out at once, so the next run does not wait for what it left.
+    #[test]
+    fn a_child_whose_group_is_gone_costs_one_write_and_is_no_survivor() {
+        let dir = tempfile::tempdir().unwrap();
+        let running = dir.path().join("running");
+        std::fs::create_dir(&running).unwrap();
+        let path = running.join(std::process::id().to_string());
+        let tracker = ProcessTracker::in_dir(running.clone());
+        let pids = || -> Vec<i32> {
+            std::fs::read_to_string(&path).unwrap().lines().filter_map(parse_note).map(|(pid, ..)| pid).collect()
+        };
+
+        let mut alone = spawn_group(&["true"]);
+        wait_for_state(alone.id(), true);
+        tracker.note(alone.id(), || "true".into());
+        alone.wait().unwrap();
+        let written = std::fs::read(&path).unwrap();
+        tracker.forget(alone.id());
+        assert_eq!(std::fs::read(&path).unwrap(), written, "an empty group's line is not rewritten out");
+        assert_eq!(pids(), [alone.id() as i32]);
+        let later = tempfile::tempdir().unwrap();
+        std::fs::write(later.path().join("1"), &written).unwrap();
+        assert_eq!(surviving_children(later.path()), [], "its line names no survivor");
+
+        // The leader exits at once, its background `sleep` stays in the group.
+        let mut leader = spawn_group(&["sh", "-c", "sleep 60 & exit 0"]);
+        tracker.note(leader.id(), || "sh".into());
+        assert!(!pids().contains(&(alone.id() as i32)), "the next note drops the gone group's line");
+        leader.wait().unwrap();
+        let group = Pid::from_raw(leader.id() as i32);
+        assert!(killpg(group, None).is_ok(), "the background sleep holds the group");
+        tracker.forget(leader.id());
+        assert_eq!(pids(), Vec::<i32>::new(), "a group with a live process is rewritten out at once");
+        let _ = killpg(group, Signal::SIGKILL);
     }
 
     fn note(dir: &Path, lines: &[(u32, u64, &str)]) {
