@@ -773,6 +773,12 @@ impl Checker<'_> {
         let Location { line, column } = at.unwrap_or(Location { line: 1, column: 1 });
         self.problems.push(Problem { file: self.file.to_path_buf(), line, column, message: message.into(), hint });
     }
+
+    /// Every problem found, in the order of the file (those at one place in the order found).
+    fn finish(mut self) -> StackError {
+        self.problems.sort_by_key(|p| (p.line, p.column));
+        StackError { problems: self.problems }
+    }
 }
 
 /// Reads and validates a stack file. Errors name file, line and column.
@@ -780,7 +786,7 @@ pub fn load(file: &Path) -> anyhow::Result<Stack> {
     let text = yaml::decode_utf8(fs_err::read(file)?).map_err(|e| {
         let mut checker = Checker { file, problems: Vec::new() };
         checker.at_location(e.at, e.message, Some("save the stack file as UTF-8".into()));
-        StackError { problems: checker.problems }
+        checker.finish()
     })?;
     let stack = parse(file, &text)?;
     // The stack's own secrets (inline ones, `env` values secret by their name, tool values
@@ -849,17 +855,20 @@ pub fn parse(file: &Path, text: &str) -> Result<Stack, StackError> {
                 None,
             );
         }
-        return Err(StackError { problems: checker.problems });
+        return Err(checker.finish());
     }
-    let root = match yaml::parse_located(text) {
-        Ok(node) => node,
+    let root = match yaml::parse_located_all(text) {
+        Ok((node, duplicates)) => {
+            // Reported, and the rest read on: the last value written for a key is the one read.
+            for e in duplicates {
+                checker.at_location(e.at, e.message, Some("remove one of the two: only the last one is read".into()));
+            }
+            node
+        }
         Err(e) => {
-            checker.at_location(
-                e.at,
-                e.message,
-                Some("the stack file must be a YAML mapping with `name` and `steps`".into()),
-            );
-            return Err(StackError { problems: checker.problems });
+            let hint = (e.message == yaml::NOT_A_MAPPING).then(|| "start with `name:` and `steps:`".to_string());
+            checker.at_location(e.at, e.message, hint);
+            return Err(checker.finish());
         }
     };
     // Every value may reach a tool's command line or environment, where the kernel takes at
@@ -898,7 +907,7 @@ pub fn parse(file: &Path, text: &str) -> Result<Stack, StackError> {
     }
     let Some(top) = root.as_mapping() else {
         checker.at(root.span(), "the stack file must be a mapping", Some("start with `name:` and `steps:`".into()));
-        return Err(StackError { problems: checker.problems });
+        return Err(checker.finish());
     };
 
     for key in top.keys() {
@@ -962,8 +971,15 @@ pub fn parse(file: &Path, text: &str) -> Result<Stack, StackError> {
     let Some(step_nodes) = top.get_sequence("steps") else {
         let span = top.get_node("steps").map(|n| *n.span()).unwrap_or(*top.span());
         checker.at(&span, "the stack needs a `steps:` list", Some("add `steps:` with at least one step".into()));
-        return Err(StackError { problems: checker.problems });
+        return Err(checker.finish());
     };
+
+    // Every name written, also those of steps with problems of their own: a `needs` or a
+    // reference naming such a step is not reported as naming nothing (its own problem is).
+    let mut written: Vec<&str> =
+        step_nodes.iter().filter_map(|n| n.as_mapping()?.get_scalar("name")).map(|n| n.as_str()).collect();
+    written.sort_unstable();
+    written.dedup();
 
     let mut steps = Vec::new();
     let mut name_spans: Vec<(String, Span)> = Vec::new();
@@ -995,59 +1011,17 @@ pub fn parse(file: &Path, text: &str) -> Result<Stack, StackError> {
     if step_nodes.is_empty() {
         checker.at(step_nodes.span(), "`steps` is empty", Some("add at least one step".into()));
     }
-
-    // `needs` must name existing steps.
-    let names: Vec<&str> = steps.iter().map(|s| s.name.as_str()).collect();
-    let known: std::collections::HashSet<&str> = names.iter().copied().collect();
-    for (i, needs) in needs_spans.iter().enumerate() {
-        for need in needs {
-            if need.as_str() == steps[i].name {
-                checker.at(
-                    need.span(),
-                    format!("step `{}` needs itself", steps[i].name),
-                    Some("remove it from `needs`".into()),
-                );
-            } else if !known.contains(need.as_str()) {
-                let hint = suggest(need.as_str(), &names).map(|s| format!("did you mean `{s}`?"));
-                checker.at(
-                    need.span(),
-                    format!("step `{}` needs `{}`, which is not a step of this stack", steps[i].name, need.as_str()),
-                    hint,
-                );
-            }
-        }
-    }
-    // Each reference names another step and is an implicit `needs` on it.
-    let mut implicit: HashMap<(usize, usize), Span> = HashMap::new();
-    for (i, located) in ref_spans.iter().enumerate() {
-        for Located { reference, span } in located {
-            if reference.step == steps[i].name {
-                checker.at(
-                    span,
-                    format!("step `{}` refers to its own output `{}`", steps[i].name, reference.key),
-                    Some("a step's outputs exist once it is done: only later steps can use them".into()),
-                );
-            } else if let Some(&j) = first_by_name.get(&reference.step) {
-                implicit.entry((i, j)).or_insert(*span);
-            } else {
-                let hint = suggest(&reference.step, &names).map(|s| format!("did you mean `{s}`?"));
-                checker.at(
-                    span,
-                    format!(
-                        "step `{}` refers to `{reference}`, but `{}` is not a step of this stack",
-                        steps[i].name, reference.step
-                    ),
-                    hint,
-                );
-            }
-        }
-    }
-    if !checker.problems.is_empty() {
-        return Err(StackError { problems: checker.problems });
-    }
+    // The order can be judged only when every step and every edge between steps is known.
+    let mut graph_known = steps.len() == step_nodes.len();
+    graph_known &= check_needs(&mut checker, &steps, &needs_spans, &written);
+    let (implicit, references_known) = check_references(&mut checker, &steps, &ref_spans, &first_by_name, &written);
+    graph_known &= references_known;
     for (i, located) in ref_spans.into_iter().enumerate() {
         let step = &mut steps[i];
         for Located { reference, .. } in located {
+            if reference.step == step.name || !first_by_name.contains_key(&reference.step) {
+                continue;
+            }
             if !step.refs.contains(&reference) {
                 step.refs.push(reference.clone());
             }
@@ -1058,42 +1032,131 @@ pub fn parse(file: &Path, text: &str) -> Result<Stack, StackError> {
     }
 
     let order = match run_order(&steps) {
-        Ok(order) => order,
-        Err(mut cycle) => {
-            // Name the cycle from the step that comes first in the file.
-            let min = (0..cycle.len()).min_by_key(|&i| cycle[i]).unwrap_or(0);
-            cycle.rotate_left(min);
-            let first = cycle[0];
-            let path: Vec<&str> =
-                cycle.iter().chain(std::iter::once(&first)).map(|&i| steps[i].name.as_str()).collect();
-            // `cycle[k]` needs `cycle[k + 1]`...: an edge that only a reference made is named.
-            let by_reference = (0..cycle.len()).find_map(|k| {
-                let (a, b) = (cycle[k], cycle[(k + 1) % cycle.len()]);
-                let pair = [(a, b), (b, a)].into_iter().find(|p| implicit.contains_key(p))?;
-                let explicit = needs_spans[pair.0].iter().any(|n| n.as_str() == steps[pair.1].name);
-                (!explicit).then(|| implicit[&pair])
-            });
-            match by_reference {
-                Some(span) => checker.at(
-                    &span,
-                    format!("this output reference makes a cycle between steps: {}", path.join(" -> ")),
-                    Some("a step can only use the outputs of steps that run before it; remove the reference or a `needs`".into()),
-                ),
-                None => checker.at(
-                    &name_spans[first].1,
-                    format!("the steps' `needs` form a cycle: {}", path.join(" -> ")),
-                    Some("remove one of these `needs` so the steps can run in order".into()),
-                ),
-            }
-            return Err(StackError { problems: checker.problems });
+        Ok(order) => Some(order),
+        Err(cycle) => {
+            report_cycle(&mut checker, &steps, cycle, &implicit, &needs_spans, &name_spans);
+            None
         }
     };
-
-    check_phases(&mut checker, &steps, &order, &phase_spans);
-    if !checker.problems.is_empty() {
-        return Err(StackError { problems: checker.problems });
-    }
+    check_phases(&mut checker, &steps, order.as_deref().filter(|_| graph_known), &phase_spans);
+    let Some(order) = order.filter(|_| checker.problems.is_empty()) else {
+        return Err(checker.finish());
+    };
     Ok(Stack { name, file: file.to_path_buf(), dir, on_failure, steps, order, digest, state })
+}
+
+/// `needs` must name steps of the stack, other than the step itself; `written` holds every
+/// step name written (sorted), also of steps with problems. Whether every `needs` was fine.
+fn check_needs(
+    checker: &mut Checker<'_>,
+    steps: &[Step],
+    needs_spans: &[Vec<Spanned<String>>],
+    written: &[&str],
+) -> bool {
+    let mut fine = true;
+    for (step, needs) in steps.iter().zip(needs_spans) {
+        for need in needs {
+            if need.as_str() == step.name {
+                fine = false;
+                checker.at(
+                    need.span(),
+                    format!("step `{}` needs itself", step.name),
+                    Some("remove it from `needs`".into()),
+                );
+            } else if written.binary_search(&need.as_str()).is_err() {
+                fine = false;
+                let hint = suggest(need.as_str(), written).map(|s| format!("did you mean `{s}`?"));
+                checker.at(
+                    need.span(),
+                    format!("step `{}` needs `{}`, which is not a step of this stack", step.name, need.as_str()),
+                    hint,
+                );
+            }
+        }
+    }
+    fine
+}
+
+/// An edge that a reference made, by (consumer, producer), at the reference.
+type ImplicitNeeds = HashMap<(usize, usize), Span>;
+
+/// Each reference names another step (of those `written`) and is an implicit `needs` on it:
+/// those edges between parsed steps, and whether every reference was fine.
+fn check_references(
+    checker: &mut Checker<'_>,
+    steps: &[Step],
+    ref_spans: &[Vec<Located>],
+    first_by_name: &HashMap<String, usize>,
+    written: &[&str],
+) -> (ImplicitNeeds, bool) {
+    let mut implicit = HashMap::new();
+    let mut fine = true;
+    for (i, located) in ref_spans.iter().enumerate() {
+        for Located { reference, span } in located {
+            if reference.step == steps[i].name {
+                fine = false;
+                checker.at(
+                    span,
+                    format!("step `{}` refers to its own output `{}`", steps[i].name, reference.key),
+                    Some("a step's outputs exist once it is done: only later steps can use them".into()),
+                );
+            } else if let Some(&j) = first_by_name.get(&reference.step) {
+                implicit.entry((i, j)).or_insert(*span);
+            } else if written.binary_search(&reference.step.as_str()).is_err() {
+                fine = false;
+                let hint = suggest(&reference.step, written).map(|s| format!("did you mean `{s}`?"));
+                checker.at(
+                    span,
+                    format!(
+                        "step `{}` refers to `{reference}`, but `{}` is not a step of this stack",
+                        steps[i].name, reference.step
+                    ),
+                    hint,
+                );
+            } else {
+                // A step with problems of its own: the edge is not known.
+                fine = false;
+            }
+        }
+    }
+    (implicit, fine)
+}
+
+/// Names a cycle from the step that comes first in the file, at the reference that made one
+/// of its edges if `needs` did not.
+fn report_cycle(
+    checker: &mut Checker<'_>,
+    steps: &[Step],
+    mut cycle: Vec<usize>,
+    implicit: &ImplicitNeeds,
+    needs_spans: &[Vec<Spanned<String>>],
+    name_spans: &[(String, Span)],
+) {
+    let min = (0..cycle.len()).min_by_key(|&i| cycle[i]).unwrap_or(0);
+    cycle.rotate_left(min);
+    let first = cycle[0];
+    let path: Vec<&str> = cycle.iter().chain(std::iter::once(&first)).map(|&i| steps[i].name.as_str()).collect();
+    // `cycle[k]` needs `cycle[k + 1]`...: an edge that only a reference made is named.
+    let by_reference = (0..cycle.len()).find_map(|k| {
+        let (a, b) = (cycle[k], cycle[(k + 1) % cycle.len()]);
+        let pair = [(a, b), (b, a)].into_iter().find(|p| implicit.contains_key(p))?;
+        let explicit = needs_spans[pair.0].iter().any(|n| n.as_str() == steps[pair.1].name);
+        (!explicit).then(|| implicit[&pair])
+    });
+    match by_reference {
+        Some(span) => checker.at(
+            &span,
+            format!("this output reference makes a cycle between steps: {}", path.join(" -> ")),
+            Some(
+                "a step can only use the outputs of steps that run before it; remove the reference or a `needs`".into(),
+            ),
+        ),
+        None => checker.at(
+            &name_spans[first].1,
+            format!("the steps' `needs` form a cycle: {}", path.join(" -> ")),
+            Some("remove one of these `needs` so the steps can run in order".into()),
+        ),
+    }
 }
 
 type ParsedStep = (Step, Span, Vec<Spanned<String>>, Option<Span>, Vec<reference::Located>);
@@ -1143,14 +1206,13 @@ fn parse_step(checker: &mut Checker<'_>, dir: &Path, node: &Node) -> Option<Pars
     // Each value is copied once, into its half (a step of 100,000 sub-changes is a large node).
     let mut common = yaml::MappingNode::new_empty(*map.span());
     let mut own = yaml::MappingNode::new_empty(*map.span());
-    let mut unknown = false;
+    // An unknown key is reported and left out; the step's other keys are checked all the same.
     for (key, value) in map.iter() {
         let k = key.as_str();
         let fleet_tool = matches!(tool, Tool::Helm | Tool::Kubectl);
         if COMMON_KEYS.contains(&k) || (fleet_tool && FLEET_KEYS.contains(&k)) {
             common.insert(key.clone(), value.clone());
         } else if FLEET_KEYS.contains(&k) {
-            unknown = true;
             checker.at(
                 key.span(),
                 format!("unknown key `{k}` in a {tool} step"),
@@ -1159,10 +1221,16 @@ fn parse_step(checker: &mut Checker<'_>, dir: &Path, node: &Node) -> Option<Pars
         } else if tool_keys.contains(&k) {
             own.insert(key.clone(), value.clone());
         } else {
-            unknown = true;
             let valid: Vec<&str> = COMMON_KEYS.iter().chain(tool_keys).copied().collect();
             let other_tool = Tool::ALL.into_iter().find(|t| *t != tool && ToolSpec::keys(*t).contains(&k));
-            let hint = match (suggest(k, &valid), other_tool) {
+            let meant = suggest(k, &valid);
+            // Read as the key it was most likely meant to be, so that its absence (`needs
+            // `run``, `missing field `release``) is not reported too.
+            if let Some(s) = meant.filter(|s| map.get_node(s).is_none()) {
+                let half = if COMMON_KEYS.contains(&s) { &mut common } else { &mut own };
+                half.insert(ScalarNode::new(*key.span(), s), value.clone());
+            }
+            let hint = match (meant, other_tool) {
                 (Some(s), _) => Some(format!("did you mean `{s}`?")),
                 (None, Some(t)) => {
                     Some(format!("`{k}` is a key of {t} steps; a {tool} step takes {}", quoted(tool_keys)))
@@ -1175,9 +1243,6 @@ fn parse_step(checker: &mut Checker<'_>, dir: &Path, node: &Node) -> Option<Pars
             };
             checker.at(key.span(), format!("unknown key `{k}` in a {tool} step"), hint);
         }
-    }
-    if unknown {
-        return None;
     }
     // `env` entries that are secret references are read here, not by serde (which wants strings).
     let mut env_marked = BTreeMap::new();
@@ -1206,20 +1271,12 @@ fn parse_step(checker: &mut Checker<'_>, dir: &Path, node: &Node) -> Option<Pars
     }
     let common_node = yaml::coercible(Node::Mapping(common));
     let own_node = Node::Mapping(own);
-    let mut keys = match yaml::from_node::<CommonKeys>(&common_node) {
-        Ok(keys) => keys,
-        Err(e) => {
-            report_serde_error(checker, map.span(), e, COMMON_KEYS);
-            return None;
-        }
-    };
-    let mut spec = match build_spec(tool, &own_node) {
-        Ok(spec) => spec,
-        Err(e) => {
-            report_serde_error(checker, map.span(), e, tool_keys);
-            return None;
-        }
-    };
+    // The name as written, for messages about keys read before it.
+    let written_name = map.get_scalar("name").map(|n| n.as_str());
+    let at = Place { fallback: map.span(), keys: COMMON_KEYS, step: written_name };
+    let mut keys = decode_each(checker, common_node, &at, yaml::from_node::<CommonKeys>)?;
+    let at = Place { keys: tool_keys, ..at };
+    let mut spec = decode_each(checker, own_node.clone(), &at, |n| build_spec(tool, n))?;
     // serde sees every YAML scalar as a string; values handed to the tool keep their YAML type.
     // An entry may be a secret reference (see `read_value`): it is marked, and read at run time.
     let mut marked = BTreeMap::new();
@@ -1281,6 +1338,10 @@ fn parse_step(checker: &mut Checker<'_>, dir: &Path, node: &Node) -> Option<Pars
                 Some("paths are relative to the stack file's directory".into()),
             );
         }
+    }
+    for problem in spec.problems_beside(dir) {
+        let span = locate(&own_node, &problem.at).unwrap_or(*map.span());
+        checker.at(&span, format!("step `{name}`: {}", problem.message), problem.hint);
     }
     let timeout = keys.timeout.as_ref().and_then(|t| parse_duration_at(checker, "timeout", t, TIMEOUT_BOUNDS));
     let retry = keys.retry.as_ref().and_then(|r| check_retry(checker, r));
@@ -1558,21 +1619,65 @@ fn check_gate(checker: &mut Checker<'_>, raw: RawGate) -> Gate {
     Gate { inventory }
 }
 
+/// Deserializes a step's keys, reporting every key whose value does not fit, not the first
+/// only: a key that fails is reported and left out, and the rest is read again. `None` when
+/// what is left makes no `T` (a required key was left out: it is reported already, and "missing
+/// field" would be a problem that another caused).
+fn decode_each<T>(
+    checker: &mut Checker<'_>,
+    mut node: Node,
+    at: &Place<'_>,
+    decode: impl Fn(&Node) -> Result<T, yaml::DecodeError>,
+) -> Option<T> {
+    let mut left_out: Vec<String> = Vec::new();
+    // Each round leaves a key out, so this ends.
+    loop {
+        let e = match decode(&node) {
+            Ok(value) => return Some(value),
+            Err(e) => e,
+        };
+        if left_out.iter().any(|k| e.message == format!("missing field `{k}`")) {
+            return None;
+        }
+        // The step's key the error is under: the path's first segment.
+        let key = e.path.as_deref().and_then(|p| p.split(['.', '[']).next()).map(str::to_string);
+        report_serde_error(checker, at, e);
+        let Node::Mapping(map) = &mut node else { return None };
+        let written = key.and_then(|key| map.keys().find(|k| k.as_str() == key).cloned())?;
+        map.remove(&written);
+        left_out.push(written.as_str().to_string());
+    }
+}
+
+/// Where a deserialize error is: the step's span (when the error has no place of its own), the
+/// keys valid there, and the step's name as written.
+#[derive(Clone, Copy)]
+struct Place<'a> {
+    fallback: &'a Span,
+    keys: &'a [&'a str],
+    step: Option<&'a str>,
+}
+
 /// Turns a deserialize error into a located problem.
-fn report_serde_error(checker: &mut Checker<'_>, fallback: &Span, e: yaml::DecodeError, keys: &[&str]) {
+fn report_serde_error(checker: &mut Checker<'_>, at: &Place<'_>, e: yaml::DecodeError) {
     let hint = e.unknown_field.as_ref().and_then(|(field, expected)| {
         // Inside a nested mapping (`gate.inventory.namespce`) the candidates are that
         // mapping's own fields, not the step's keys.
         let nested = e.path.as_deref().is_some_and(|p| p.contains('.'));
-        suggest(field, if nested { expected } else { keys }).map(|s| format!("did you mean `{s}`?"))
+        suggest(field, if nested { expected } else { at.keys }).map(|s| format!("did you mean `{s}`?"))
     });
+    let hint = hint.or(e.hint);
     let message = match &e.path {
-        Some(path) => format!("{} (at `{path}`)", e.message),
+        Some(path) => format!("`{path}`: {}", e.message),
         None => e.message,
     };
+    let message = match at.step {
+        Some(step) => format!("step `{step}`: {message}"),
+        None => message,
+    };
     match e.at {
-        Some(at) => checker.at_location(Some(at), message, hint),
-        None => checker.at(fallback, message, hint),
+        Some(place) => checker.at_location(Some(place), message, hint),
+        None => checker.at(at.fallback, message, hint),
     }
 }
 
@@ -1594,8 +1699,8 @@ fn run_order(steps: &[Step]) -> Result<Vec<usize>, Vec<usize>> {
     let mut indegree = vec![0usize; steps.len()];
     let mut dependents = vec![Vec::new(); steps.len()];
     for (i, step) in steps.iter().enumerate() {
-        for need in &step.needs {
-            let j = index[need.as_str()];
+        // A `needs` naming no parsed step is reported apart; the order is of the rest.
+        for &j in step.needs.iter().filter_map(|n| index.get(n.as_str())) {
             indegree[i] += 1;
             dependents[j].push(i);
         }
@@ -1625,7 +1730,7 @@ fn run_order(steps: &[Step]) -> Result<Vec<usize>, Vec<usize>> {
         let next = steps[current]
             .needs
             .iter()
-            .map(|n| index[n.as_str()])
+            .filter_map(|n| index.get(n.as_str()).copied())
             .find(|&j| indegree[j] > 0)
             .expect("a left-over step needs another left-over step");
         if on_path[next] != usize::MAX {
@@ -1640,14 +1745,16 @@ fn run_order(steps: &[Step]) -> Result<Vec<usize>, Vec<usize>> {
 }
 
 /// Expand/migrate/contract: a contract step needs a gate and must run after every expand step.
-fn check_phases(checker: &mut Checker<'_>, steps: &[Step], order: &[usize], phase_spans: &[Option<Span>]) {
-    let position: Vec<usize> = {
+/// The order is `None` when it is not known (a cycle, a `needs` naming no step): then only the
+/// gates are checked, so that no problem is reported that another one caused.
+fn check_phases(checker: &mut Checker<'_>, steps: &[Step], order: Option<&[usize]>, phase_spans: &[Option<Span>]) {
+    let position: Option<Vec<usize>> = order.map(|order| {
         let mut pos = vec![0; steps.len()];
         for (p, &i) in order.iter().enumerate() {
             pos[i] = p;
         }
         pos
-    };
+    });
     let expand: Vec<usize> = (0..steps.len()).filter(|&j| steps[j].phase == Some(Phase::Expand)).collect();
     for (i, step) in steps.iter().enumerate() {
         if step.phase != Some(Phase::Contract) {
@@ -1661,6 +1768,7 @@ fn check_phases(checker: &mut Checker<'_>, steps: &[Step], order: &[usize], phas
                 Some("a contract step assumes every cluster upgraded: add `gate: { inventory: ... }` so rdeploy can check".into()),
             );
         }
+        let Some(position) = &position else { continue };
         for &j in &expand {
             let other = &steps[j];
             if position[j] > position[i] {
@@ -1674,20 +1782,7 @@ fn check_phases(checker: &mut Checker<'_>, steps: &[Step], order: &[usize], phas
     }
 }
 
-/// The nearest valid word, if one is close enough to be a likely typo.
-pub fn suggest<'a>(word: &str, candidates: &[&'a str]) -> Option<&'a str> {
-    // Edit distance catches transpositions in short keys (`rnu`), Jaro-Winkler catches
-    // longer prefixes (`var_file`); a candidate must pass one of them to be offered.
-    candidates
-        .iter()
-        .filter_map(|c| {
-            let edits = strsim::damerau_levenshtein(word, c);
-            let close = edits <= (c.len() / 3).max(1) || strsim::jaro_winkler(word, c) > 0.85;
-            close.then_some((edits, *c))
-        })
-        .min_by_key(|(edits, _)| *edits)
-        .map(|(_, c)| c)
-}
+pub use rdeploy_adapters::suggest;
 
 fn quoted(keys: &[&str]) -> String {
     keys.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", ")
