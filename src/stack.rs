@@ -1207,6 +1207,7 @@ fn parse_step(checker: &mut Checker<'_>, dir: &Path, node: &Node) -> Option<Pars
     let mut common = yaml::MappingNode::new_empty(*map.span());
     let mut own = yaml::MappingNode::new_empty(*map.span());
     // An unknown key is reported and left out; the step's other keys are checked all the same.
+    let mut guessed: Vec<&str> = Vec::new();
     for (key, value) in map.iter() {
         let k = key.as_str();
         let fleet_tool = matches!(tool, Tool::Helm | Tool::Kubectl);
@@ -1229,6 +1230,7 @@ fn parse_step(checker: &mut Checker<'_>, dir: &Path, node: &Node) -> Option<Pars
             if let Some(s) = meant.filter(|s| map.get_node(s).is_none()) {
                 let half = if COMMON_KEYS.contains(&s) { &mut common } else { &mut own };
                 half.insert(ScalarNode::new(*key.span(), s), value.clone());
+                guessed.push(s);
             }
             let hint = match (meant, other_tool) {
                 (Some(s), _) => Some(format!("did you mean `{s}`?")),
@@ -1273,7 +1275,7 @@ fn parse_step(checker: &mut Checker<'_>, dir: &Path, node: &Node) -> Option<Pars
     let own_node = Node::Mapping(own);
     // The name as written, for messages about keys read before it.
     let written_name = map.get_scalar("name").map(|n| n.as_str());
-    let at = Place { fallback: map.span(), keys: COMMON_KEYS, step: written_name };
+    let at = Place { fallback: map.span(), keys: COMMON_KEYS, step: written_name, guessed: &guessed };
     let mut keys = decode_each(checker, common_node, &at, yaml::from_node::<CommonKeys>)?;
     let at = Place { keys: tool_keys, ..at };
     let mut spec = decode_each(checker, own_node.clone(), &at, |n| build_spec(tool, n))?;
@@ -1641,7 +1643,9 @@ fn decode_each<T>(
         }
         // The step's key the error is under: the path's first segment.
         let key = e.path.as_deref().and_then(|p| p.split(['.', '[']).next()).map(str::to_string);
-        report_serde_error(checker, at, e);
+        if !key.as_deref().is_some_and(|k| at.guessed.contains(&k)) {
+            report_serde_error(checker, at, e);
+        }
         let Node::Mapping(map) = &mut node else { return None };
         let written = key.and_then(|key| map.keys().find(|k| k.as_str() == key).cloned())?;
         map.remove(&written);
@@ -1656,6 +1660,9 @@ struct Place<'a> {
     fallback: &'a Span,
     keys: &'a [&'a str],
     step: Option<&'a str>,
+    /// Keys read in place of a misspelt one: a value that does not fit the key guessed is not
+    /// reported (the misspelling is), only left out.
+    guessed: &'a [&'a str],
 }
 
 /// Turns a deserialize error into a located problem.
@@ -2202,6 +2209,104 @@ steps:
         assert_eq!(p.len(), 1, "{p:?}");
         assert_eq!((p[0].line, p[0].column), (6, 5));
         assert_eq!(p[0].message, "key `run` appears twice in the same mapping (first on line 5)");
+    }
+
+    /// A duplicate key is reported at its line and the rest is checked, in file order, instead
+    /// of ending the check with a hint about the file's shape.
+    #[test]
+    fn a_duplicate_key_does_not_end_the_check() {
+        let p = problems("name: s\nsteps:\n  - name: a\n    tool: shell\n    run: x\n    run: y\n    phase: later\n  - name: b\n    tool: shel\n");
+        let found: Vec<(usize, &str)> = p.iter().map(|p| (p.line, p.message.as_str())).collect();
+        assert_eq!(
+            found,
+            [
+                (6, "key `run` appears twice in the same mapping (first on line 5)"),
+                (7, "`phase` is `expand`, `migrate` or `contract`, not `later`"),
+                (9, "unknown tool `shel`"),
+            ],
+            "{p:?}"
+        );
+        assert_eq!(p[0].hint.as_deref(), Some("remove one of the two: only the last one is read"));
+    }
+
+    /// Problems come in the order of the file, whichever check found them.
+    #[test]
+    fn problems_are_sorted_by_line() {
+        let p = problems("name: s\nsteps:\n  - name: a\n    tool: shell\n    needs: [zz]\n    run: x\n  - name: b\n    tool: shell\n    run: ${{ steps.yy.outputs.k }}\n    timeout: soon\n");
+        let lines: Vec<usize> = p.iter().map(|p| p.line).collect();
+        assert_eq!(lines, [5, 9, 10], "{p:?}");
+    }
+
+    /// A step with a bad value still counts as a step: `needs: [base]` is not reported, the
+    /// misspelt `needs: [bsae]` gets a did-you-mean, and `wait` says which values it takes.
+    #[test]
+    fn a_step_with_a_bad_value_still_counts_as_a_step() {
+        let p = problems("name: s\nsteps:\n  - name: base\n    tool: helm\n    release: base\n    chart: repo/web\n    wait: yes please\n  - name: web\n    tool: shell\n    needs: [base, bsae]\n    run: ${{ steps.bas.outputs.host }}\n");
+        assert_eq!(p.len(), 3, "{p:?}");
+        assert_eq!((p[0].line, p[0].column), (7, 11));
+        assert_eq!(p[0].message, "step `base`: `wait`: value was not a boolean");
+        assert_eq!(
+            p[0].hint.as_deref(),
+            Some("write `true` or `false` (`yes`, `no`, `on` and `off` are strings in YAML 1.2)")
+        );
+        assert_eq!(p[1].message, "step `web` needs `bsae`, which is not a step of this stack");
+        assert_eq!(p[1].hint.as_deref(), Some("did you mean `base`?"));
+        assert!(p[2].message.contains("`bas` is not a step of this stack"), "{}", p[2].message);
+        assert_eq!(p[2].hint.as_deref(), Some("did you mean `base`?"));
+    }
+
+    /// Every key whose value does not fit is reported, not the first only, and a required key
+    /// that does not fit is not reported missing too.
+    #[test]
+    fn every_bad_value_of_a_step_is_reported() {
+        let p = problems("name: s\nsteps:\n  - name: a\n    tool: helm\n    release: [x]\n    chart: repo/web\n    wait: maybe\n    atomic: 3\n    resumable: often\n");
+        let found: Vec<(usize, &str)> = p.iter().map(|p| (p.line, p.message.as_str())).collect();
+        assert_eq!(found.len(), 4, "{p:?}");
+        assert_eq!(found.iter().map(|f| f.0).collect::<Vec<_>>(), [5, 7, 8, 9], "{p:?}");
+        assert!(!p.iter().any(|p| p.message.contains("missing field")), "{p:?}");
+    }
+
+    /// A misspelt key is read as the key it was meant to be: its absence is not a second problem.
+    #[test]
+    fn a_misspelt_key_is_not_also_reported_missing() {
+        let p = problems("name: s\nsteps:\n  - name: a\n    tool: helm\n    relase: web\n    chart: repo/web\n");
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert_eq!(p[0].message, "unknown key `relase` in a helm step");
+        assert_eq!(p[0].hint.as_deref(), Some("did you mean `release`?"));
+        // Nor is its value, which may not fit the key guessed.
+        let p = problems("name: s\nsteps:\n  - name: a\n    tool: shell\n    run: x\n    retri: 3\n");
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert_eq!(p[0].hint.as_deref(), Some("did you mean `retry`?"));
+    }
+
+    /// A helm chart path with a typo, beside the chart directory it meant, is caught when the
+    /// stack loads (helm would say `repo charts not found` at `up`); the right path, an explicit
+    /// path and a repository chart with no such directory pass.
+    #[test]
+    fn a_local_chart_path_that_does_not_exist_is_a_problem() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("deploy-charts/web")).unwrap();
+        std::fs::write(dir.path().join("deploy-charts/web/Chart.yaml"), "apiVersion: v2\nname: web\nversion: 0.1.0\n")
+            .unwrap();
+        let file = dir.path().join("stack.yaml");
+        let stack =
+            |chart: &str| format!("name: s\nsteps:\n  - name: a\n    tool: helm\n    release: a\n    chart: {chart}\n");
+        for fine in ["deploy-charts/web", "./deploy-charts/web", "repo/web", "oci://r.example/web"] {
+            assert!(parse(&file, &stack(fine)).is_ok(), "{fine}");
+        }
+        let p = parse(&file, &stack("deploy-charts/webb")).unwrap_err().problems;
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert_eq!((p[0].line, p[0].column), (6, 12));
+        assert!(
+            p[0].message.starts_with("step `a`: chart `deploy-charts/webb` is no directory beside the stack file"),
+            "{}",
+            p[0].message
+        );
+        assert_eq!(p[0].hint.as_deref(), Some("did you mean `deploy-charts/web`?"));
+        let p = parse(&file, &stack("./deploy-charts/webb")).unwrap_err().problems;
+        assert!(p[0].message.contains("`./deploy-charts/webb` does not exist"), "{p:?}");
+        let p = parse(&file, &stack("webchart")).unwrap_err().problems;
+        assert!(p[0].message.contains("chart `webchart` is no directory"), "{p:?}");
     }
 
     #[test]

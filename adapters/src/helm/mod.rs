@@ -1503,6 +1503,22 @@ impl HelmSpec {
 
 #[cfg(test)]
 mod tests {
+
+    /// `REPO/NAME` beside a directory `REPO` is a typo only when helm knows no repository of
+    /// that name: helm tries the path first, then the repository.
+    #[test]
+    fn a_repository_of_the_same_name_makes_a_chart_reference_helms() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("charts/web")).unwrap();
+        let none = || Vec::new();
+        let charts = || vec!["charts".to_string()];
+        let p = chart_problem("charts/webb", dir.path(), &none).unwrap();
+        assert_eq!(p.hint.as_deref(), Some("did you mean `charts/web`?"));
+        assert!(chart_problem("charts/webb", dir.path(), &charts).is_none());
+        assert!(chart_problem("charts/web", dir.path(), &none).is_none());
+        let p = chart_problem("charts/other", dir.path(), &none).unwrap();
+        assert!(p.hint.unwrap().contains("helm repo add charts URL"));
+    }
     use super::*;
 
     fn lines(text: &str) -> Vec<String> {
