@@ -925,17 +925,14 @@ pub fn parse(file: &Path, text: &str) -> Result<Stack, StackError> {
     }
     let name = match top.get_scalar("name") {
         Some(n) => {
-            let name = n.as_str().to_string();
-            if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
-                checker.at(
-                    n.span(),
-                    format!("stack name `{name}` may only use letters, digits, `-` and `_`"),
-                    Some("the name keys the checkpoint and its history".into()),
-                );
-            }
+            check_stack_name(&mut checker, n.as_str(), Some(n.span()));
+            n.as_str().to_string()
+        }
+        None => {
+            let name = file.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "stack".into());
+            check_stack_name(&mut checker, &name, None);
             name
         }
-        None => file.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "stack".into()),
     };
     let on_failure = match top.get_scalar("on_failure") {
         None => OnFailure::Stop,
@@ -1043,6 +1040,43 @@ pub fn parse(file: &Path, text: &str) -> Result<Stack, StackError> {
         return Err(checker.finish());
     };
     Ok(Stack { name, file: file.to_path_buf(), dir, on_failure, steps, order, digest, state })
+}
+
+/// The longest stack name: it names a directory (`.rdeploy/NAME/`, and `.rdeploy/.moving-NAME/`
+/// while an old layout moves), well below the 255 bytes a file name may take.
+pub const MAX_STACK_NAME: usize = 100;
+
+/// A stack's name names its state directory, `.rdeploy/NAME/`, beside what the shared
+/// `.rdeploy/` holds itself. `span` is the `name:` value; `None` when the name is the stack
+/// file's (no `name:`), which only has to make a directory of its own.
+fn check_stack_name(checker: &mut Checker<'_>, name: &str, span: Option<&Span>) {
+    let shown = name.escape_debug();
+    let problem = if let Some(what) = crate::store::layout::reserved(name) {
+        Some(format!("stack name `{shown}` is reserved: `.rdeploy/{}` is {what}", name.to_ascii_lowercase()))
+    } else if name.len() > MAX_STACK_NAME {
+        Some(format!("the stack name is {} bytes; at most {MAX_STACK_NAME} (it names the state directory)", name.len()))
+    } else if span.is_some()
+        && (name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'))
+    {
+        Some(format!("stack name `{shown}` may only use letters, digits, `-` and `_`"))
+    } else if span.is_none() && (name.is_empty() || name == "." || name == ".." || name.chars().any(char::is_control)) {
+        Some(format!("`{shown}` cannot name a directory"))
+    } else {
+        None
+    };
+    let Some(problem) = problem else { return };
+    match span {
+        Some(span) => checker.at(
+            span,
+            problem,
+            Some("the name keys the state directory (`.rdeploy/NAME/`), the checkpoint and its history: pick another, such as `shop`".into()),
+        ),
+        None => checker.at_location(
+            None,
+            format!("this stack has no `name:`, so the file's name stands for it: {problem}"),
+            Some("add `name:` with letters, digits, `-` and `_`, such as `name: shop`".into()),
+        ),
+    }
 }
 
 /// `needs` must name steps of the stack, other than the step itself; `written` holds every
@@ -2307,6 +2341,44 @@ steps:
         assert!(p[0].message.contains("`./deploy-charts/webb` does not exist"), "{p:?}");
         let p = parse(&file, &stack("webchart")).unwrap_err().problems;
         assert!(p[0].message.contains("chart `webchart` is no directory"), "{p:?}");
+    }
+
+    /// A stack's name names its directory in the shared `.rdeploy/`: what that directory holds
+    /// itself (`fleet/`, `lock`, the old layout's files) and what cannot be a directory name are
+    /// refused at the name, and without `name:`, at the top for the file's name.
+    #[test]
+    fn a_stack_name_that_would_collide_in_the_state_layout_is_refused() {
+        let steps = "steps:\n  - name: a\n    tool: shell\n    run: x\n";
+        for name in ["fleet", "lock", "Fleet", "history", "logs"] {
+            let p = problems(&format!("name: {name}\n{steps}"));
+            assert_eq!(p.len(), 1, "{name}: {p:?}");
+            assert_eq!((p[0].line, p[0].column), (1, 7), "{name}");
+            assert!(
+                p[0].message.starts_with(&format!("stack name `{name}` is reserved: `.rdeploy/")),
+                "{}",
+                p[0].message
+            );
+            assert!(p[0].hint.as_deref().unwrap().contains("pick another"), "{p:?}");
+        }
+        for name in ["\"a/b\"", "\"..\"", "\"\"", "\"a\\tb\""] {
+            let p = problems(&format!("name: {name}\n{steps}"));
+            assert_eq!(p.len(), 1, "{name}: {p:?}");
+            assert!(p[0].message.contains("may only use letters, digits"), "{}", p[0].message);
+        }
+        let p = problems(&format!("name: {}\n{steps}", "a".repeat(MAX_STACK_NAME + 1)));
+        assert!(p[0].message.contains("at most 100"), "{p:?}");
+        assert!(parse(Path::new("fleet-app.yaml"), &format!("name: fleet-app\n{steps}")).is_ok());
+
+        // Without `name:`, the file's name is checked as a directory name.
+        let p = parse(Path::new("deploy/fleet.yaml"), steps).unwrap_err().problems;
+        assert_eq!((p[0].line, p[0].column), (1, 1));
+        assert!(
+            p[0].message.starts_with(
+                "this stack has no `name:`, so the file's name stands for it: stack name `fleet` is reserved"
+            ),
+            "{p:?}"
+        );
+        assert_eq!(parse(Path::new("deploy/my.stack.yaml"), steps).unwrap().name, "my.stack");
     }
 
     #[test]
