@@ -1701,13 +1701,13 @@ struct Place<'a> {
 
 /// Turns a deserialize error into a located problem.
 fn report_serde_error(checker: &mut Checker<'_>, at: &Place<'_>, e: yaml::DecodeError) {
-    let hint = e.unknown_field.as_ref().and_then(|(field, expected)| {
+    let hint = e.unknown_field.as_deref().and_then(|(field, expected)| {
         // Inside a nested mapping (`gate.inventory.namespce`) the candidates are that
         // mapping's own fields, not the step's keys.
         let nested = e.path.as_deref().is_some_and(|p| p.contains('.'));
         suggest(field, if nested { expected } else { at.keys }).map(|s| format!("did you mean `{s}`?"))
     });
-    let hint = hint.or(e.hint);
+    let hint = hint.or(e.hint.map(str::to_string));
     let message = match &e.path {
         Some(path) => format!("`{path}`: {}", e.message),
         None => e.message,

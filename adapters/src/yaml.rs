@@ -48,11 +48,11 @@ pub struct DecodeError {
     /// The serde path to the value (`gate.inventory.kinds[0]`), when not the top.
     pub path: Option<String>,
     /// For an unknown field: the field and the fields the type accepts.
-    pub unknown_field: Option<(String, &'static [&'static str])>,
+    pub unknown_field: Option<Box<(String, &'static [&'static str])>>,
     /// Lower case, from the deserializer.
     pub message: String,
     /// What the value may be, when the deserializer knows (`wait: yes please`: `true` or `false`).
-    pub hint: Option<String>,
+    pub hint: Option<&'static str>,
 }
 
 impl fmt::Display for DecodeError {
@@ -251,16 +251,16 @@ pub fn from_node<T: DeserializeOwned>(node: &Node) -> Result<T, DecodeError> {
         let at = e.start_mark().map(Location::from);
         let path = e.path().filter(|p| !p.is_empty() && *p != ".").map(str::to_string);
         let unknown_field = match &*e {
-            marked_yaml::Error::UnknownFieldError(field, expected, _) => Some((field.clone(), *expected)),
+            marked_yaml::Error::UnknownFieldError(field, expected, _) => Some(Box::new((field.clone(), *expected))),
             _ => None,
         };
         let hint = match &*e {
             // The words `Node::as_bool` takes, no more: `yes`/`on` are strings in YAML 1.2.
             marked_yaml::Error::NotBoolean(_) => {
-                Some("write `true` or `false` (`yes`, `no`, `on` and `off` are strings in YAML 1.2)".to_string())
+                Some("write `true` or `false` (`yes`, `no`, `on` and `off` are strings in YAML 1.2)")
             }
-            marked_yaml::Error::IntegerParseFailure(..) => Some("write a whole number, such as `3`".to_string()),
-            marked_yaml::Error::FloatParseFailure(..) => Some("write a number, such as `0.5`".to_string()),
+            marked_yaml::Error::IntegerParseFailure(..) => Some("write a whole number, such as `3`"),
+            marked_yaml::Error::FloatParseFailure(..) => Some("write a number, such as `0.5`"),
             _ => None,
         };
         DecodeError { at, path, unknown_field, message: lowercase_first(&e.into_inner().to_string()), hint }
