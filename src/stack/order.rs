@@ -1,0 +1,212 @@
+//! Between steps: `needs` and references naming steps, the order steps run in, cycles, and
+//! the expand/migrate/contract phases.
+
+use super::*;
+
+/// `needs` must name steps of the stack, other than the step itself; `written` holds every
+/// step name written (sorted), also of steps with problems. Whether every `needs` was fine.
+pub(super) fn check_needs(
+    checker: &mut Checker<'_>,
+    steps: &[Step],
+    needs_spans: &[Vec<Spanned<String>>],
+    written: &[&str],
+) -> bool {
+    let mut fine = true;
+    for (step, needs) in steps.iter().zip(needs_spans) {
+        for need in needs {
+            if need.as_str() == step.name {
+                fine = false;
+                checker.at(
+                    need.span(),
+                    format!("step `{}` needs itself", step.name),
+                    Some("remove it from `needs`".into()),
+                );
+            } else if written.binary_search(&need.as_str()).is_err() {
+                fine = false;
+                let hint = suggest(need.as_str(), written).map(|s| format!("did you mean `{s}`?"));
+                checker.at(
+                    need.span(),
+                    format!("step `{}` needs `{}`, which is not a step of this stack", step.name, need.as_str()),
+                    hint,
+                );
+            }
+        }
+    }
+    fine
+}
+
+/// An edge that a reference made, by (consumer, producer), at the reference.
+pub(super) type ImplicitNeeds = HashMap<(usize, usize), Span>;
+
+/// Each reference names another step (of those `written`) and is an implicit `needs` on it:
+/// those edges between parsed steps, and whether every reference was fine.
+pub(super) fn check_references(
+    checker: &mut Checker<'_>,
+    steps: &[Step],
+    ref_spans: &[Vec<Located>],
+    first_by_name: &HashMap<String, usize>,
+    written: &[&str],
+) -> (ImplicitNeeds, bool) {
+    let mut implicit = HashMap::new();
+    let mut fine = true;
+    for (i, located) in ref_spans.iter().enumerate() {
+        for Located { reference, span } in located {
+            if reference.step == steps[i].name {
+                fine = false;
+                checker.at(
+                    span,
+                    format!("step `{}` refers to its own output `{}`", steps[i].name, reference.key),
+                    Some("a step's outputs exist once it is done: only later steps can use them".into()),
+                );
+            } else if let Some(&j) = first_by_name.get(&reference.step) {
+                implicit.entry((i, j)).or_insert(*span);
+            } else if written.binary_search(&reference.step.as_str()).is_err() {
+                fine = false;
+                let hint = suggest(&reference.step, written).map(|s| format!("did you mean `{s}`?"));
+                checker.at(
+                    span,
+                    format!(
+                        "step `{}` refers to `{reference}`, but `{}` is not a step of this stack",
+                        steps[i].name, reference.step
+                    ),
+                    hint,
+                );
+            } else {
+                // A step with problems of its own: the edge is not known.
+                fine = false;
+            }
+        }
+    }
+    (implicit, fine)
+}
+
+/// Names a cycle from the step that comes first in the file, at the reference that made one
+/// of its edges if `needs` did not.
+pub(super) fn report_cycle(
+    checker: &mut Checker<'_>,
+    steps: &[Step],
+    mut cycle: Vec<usize>,
+    implicit: &ImplicitNeeds,
+    needs_spans: &[Vec<Spanned<String>>],
+    name_spans: &[(String, Span)],
+) {
+    let min = (0..cycle.len()).min_by_key(|&i| cycle[i]).unwrap_or(0);
+    cycle.rotate_left(min);
+    let first = cycle[0];
+    let path: Vec<&str> = cycle.iter().chain(std::iter::once(&first)).map(|&i| steps[i].name.as_str()).collect();
+    // `cycle[k]` needs `cycle[k + 1]`...: an edge that only a reference made is named.
+    let by_reference = (0..cycle.len()).find_map(|k| {
+        let (a, b) = (cycle[k], cycle[(k + 1) % cycle.len()]);
+        let pair = [(a, b), (b, a)].into_iter().find(|p| implicit.contains_key(p))?;
+        let explicit = needs_spans[pair.0].iter().any(|n| n.as_str() == steps[pair.1].name);
+        (!explicit).then(|| implicit[&pair])
+    });
+    match by_reference {
+        Some(span) => checker.at(
+            &span,
+            format!("this output reference makes a cycle between steps: {}", path.join(" -> ")),
+            Some(
+                "a step can only use the outputs of steps that run before it; remove the reference or a `needs`".into(),
+            ),
+        ),
+        None => checker.at(
+            &name_spans[first].1,
+            format!("the steps' `needs` form a cycle: {}", path.join(" -> ")),
+            Some("remove one of these `needs` so the steps can run in order".into()),
+        ),
+    }
+}
+
+/// The order steps run in: `needs` first, file order otherwise. `Err` holds a cycle.
+pub(super) fn run_order(steps: &[Step]) -> Result<Vec<usize>, Vec<usize>> {
+    let index: HashMap<&str, usize> = steps.iter().enumerate().map(|(i, s)| (s.name.as_str(), i)).collect();
+    let mut indegree = vec![0usize; steps.len()];
+    let mut dependents = vec![Vec::new(); steps.len()];
+    for (i, step) in steps.iter().enumerate() {
+        // A `needs` naming no parsed step is reported apart; the order is of the rest.
+        for &j in step.needs.iter().filter_map(|n| index.get(n.as_str())) {
+            indegree[i] += 1;
+            dependents[j].push(i);
+        }
+    }
+    let mut ready: std::collections::BTreeSet<usize> = (0..steps.len()).filter(|&i| indegree[i] == 0).collect();
+    let mut order = Vec::with_capacity(steps.len());
+    while let Some(i) = ready.pop_first() {
+        order.push(i);
+        for &d in &dependents[i] {
+            indegree[d] -= 1;
+            if indegree[d] == 0 {
+                ready.insert(d);
+            }
+        }
+    }
+    if order.len() == steps.len() {
+        return Ok(order);
+    }
+    // Walk `needs` from a step left over until a step repeats: that is the cycle.
+    let start = (0..steps.len()).find(|&i| indegree[i] > 0).expect("a step is left over");
+    let mut path = vec![start];
+    // Where each step sits on the path, so finding the repeat is not a scan of the path.
+    let mut on_path = vec![usize::MAX; steps.len()];
+    on_path[start] = 0;
+    let mut current = start;
+    loop {
+        let next = steps[current]
+            .needs
+            .iter()
+            .filter_map(|n| index.get(n.as_str()).copied())
+            .find(|&j| indegree[j] > 0)
+            .expect("a left-over step needs another left-over step");
+        if on_path[next] != usize::MAX {
+            let mut cycle = path.split_off(on_path[next]);
+            cycle.reverse();
+            return Err(cycle);
+        }
+        on_path[next] = path.len();
+        path.push(next);
+        current = next;
+    }
+}
+
+/// Expand/migrate/contract: a contract step needs a gate and must run after every expand step.
+/// The order is `None` when it is not known (a cycle, a `needs` naming no step): then only the
+/// gates are checked, so that no problem is reported that another one caused.
+pub(super) fn check_phases(
+    checker: &mut Checker<'_>,
+    steps: &[Step],
+    order: Option<&[usize]>,
+    phase_spans: &[Option<Span>],
+) {
+    let position: Option<Vec<usize>> = order.map(|order| {
+        let mut pos = vec![0; steps.len()];
+        for (p, &i) in order.iter().enumerate() {
+            pos[i] = p;
+        }
+        pos
+    });
+    let expand: Vec<usize> = (0..steps.len()).filter(|&j| steps[j].phase == Some(Phase::Expand)).collect();
+    for (i, step) in steps.iter().enumerate() {
+        if step.phase != Some(Phase::Contract) {
+            continue;
+        }
+        let span = phase_spans[i].unwrap_or_else(Span::new_blank);
+        if step.gate.is_none() {
+            checker.at(
+                &span,
+                format!("contract step `{}` has no `gate`", step.name),
+                Some("a contract step assumes every cluster upgraded: add `gate: { inventory: ... }` so rdeploy can check".into()),
+            );
+        }
+        let Some(position) = &position else { continue };
+        for &j in &expand {
+            let other = &steps[j];
+            if position[j] > position[i] {
+                checker.at(
+                    &span,
+                    format!("contract step `{}` runs before expand step `{}`", step.name, other.name),
+                    Some(format!("add `needs: [{}]` to `{}`", other.name, step.name)),
+                );
+            }
+        }
+    }
+}
