@@ -221,17 +221,9 @@ pub(super) struct CommonKeys {
     pub(super) slo: Option<Spanned<String>>,
 }
 
-pub(super) type ParsedStep = (Step, Span, Vec<Spanned<String>>, Option<Span>, Vec<reference::Located>);
-
-pub(super) fn parse_step(checker: &mut Checker<'_>, dir: &Path, node: &Node) -> Option<ParsedStep> {
-    let Some(map) = node.as_mapping() else {
-        checker.at(
-            node.span(),
-            "a step must be a mapping",
-            Some("write `- name: ...` then `tool: ...` on the next lines".into()),
-        );
-        return None;
-    };
+/// The step's `tool`, else a located problem: no `tool` (or a misspelt common key, named as
+/// such), or a tool rdeploy does not know.
+fn step_tool(checker: &mut Checker<'_>, map: &yaml::MappingNode) -> Option<Tool> {
     let Some(tool_node) = map.get_scalar("tool") else {
         // A misspelt common key (`tol: shell`) is named as such: "no `tool`" alone would
         // leave the reader looking for what is missing rather than what is wrong.
@@ -253,15 +245,30 @@ pub(super) fn parse_step(checker: &mut Checker<'_>, dir: &Path, node: &Node) -> 
         checker.at(&span, "this step has no `tool`", Some(format!("add `tool:` with one of {}", tool_list())));
         return None;
     };
-    let Some(tool) = Tool::parse(tool_node.as_str()) else {
+    let tool = Tool::parse(tool_node.as_str());
+    if tool.is_none() {
         let names: Vec<&str> = Tool::ALL.iter().map(|t| t.as_str()).collect();
         let hint = suggest(tool_node.as_str(), &names)
             .map(|s| format!("did you mean `{s}`?"))
             .unwrap_or_else(|| format!("use one of {}", tool_list()));
         checker.at(tool_node.span(), format!("unknown tool `{}`", tool_node.as_str()), Some(hint));
         return None;
-    };
+    }
+    tool
+}
 
+/// A step's keys, split into the common ones and the tool's own, so that each half is
+/// deserialized strictly; a misspelt key is in the half of the key it was likely meant to be.
+struct Split {
+    common: yaml::MappingNode,
+    own: yaml::MappingNode,
+    /// Keys read in place of a misspelt one (see [`Place::guessed`]).
+    guessed: Vec<&'static str>,
+}
+
+/// Splits a step's keys; an unknown key is reported (with a did-you-mean, or the tool it
+/// belongs to) and left out, and the step's other keys are checked all the same.
+fn split_keys(checker: &mut Checker<'_>, map: &yaml::MappingNode, tool: Tool) -> Split {
     // Split the step's keys into the common ones and the tool's own, so each half is
     // deserialized strictly and unknown keys are reported at the key with a suggestion.
     let tool_keys = ToolSpec::keys(tool);
@@ -269,7 +276,7 @@ pub(super) fn parse_step(checker: &mut Checker<'_>, dir: &Path, node: &Node) -> 
     let mut common = yaml::MappingNode::new_empty(*map.span());
     let mut own = yaml::MappingNode::new_empty(*map.span());
     // An unknown key is reported and left out; the step's other keys are checked all the same.
-    let mut guessed: Vec<&str> = Vec::new();
+    let mut guessed: Vec<&'static str> = Vec::new();
     for (key, value) in map.iter() {
         let k = key.as_str();
         let fleet_tool = matches!(tool, Tool::Helm | Tool::Kubectl);
@@ -308,6 +315,15 @@ pub(super) fn parse_step(checker: &mut Checker<'_>, dir: &Path, node: &Node) -> 
             checker.at(key.span(), format!("unknown key `{k}` in a {tool} step"), hint);
         }
     }
+    Split { common, own, guessed }
+}
+
+/// The `env` entries that are secret references, taken out of `common` and read here (serde
+/// wants strings), and the other mappings read as plain text: (secret, plain) entries.
+fn read_env(
+    checker: &mut Checker<'_>,
+    common: &mut yaml::MappingNode,
+) -> (BTreeMap<String, Marked>, Vec<(String, String)>) {
     // `env` entries that are secret references are read here, not by serde (which wants strings).
     let mut env_marked = BTreeMap::new();
     let mut env_plain = Vec::new();
@@ -333,14 +349,12 @@ pub(super) fn parse_step(checker: &mut Checker<'_>, dir: &Path, node: &Node) -> 
             }
         }
     }
-    let common_node = yaml::coercible(Node::Mapping(common));
-    let own_node = Node::Mapping(own);
-    // The name as written, for messages about keys read before it.
-    let written_name = map.get_scalar("name").map(|n| n.as_str());
-    let at = Place { fallback: map.span(), keys: COMMON_KEYS, step: written_name, guessed: &guessed };
-    let mut keys = decode_each(checker, common_node, &at, yaml::from_node::<CommonKeys>)?;
-    let at = Place { keys: tool_keys, ..at };
-    let mut spec = decode_each(checker, own_node.clone(), &at, |n| build_spec(tool, n))?;
+    (env_marked, env_plain)
+}
+
+/// The values of the tool's typed key (helm `set`, ...) as written, each plain or a secret
+/// reference (see [`read_value`]): serde saw every YAML scalar as a string.
+fn read_typed_values(checker: &mut Checker<'_>, spec: &mut ToolSpec, own_node: &Node) {
     // serde sees every YAML scalar as a string; values handed to the tool keep their YAML type.
     // An entry may be a secret reference (see `read_value`): it is marked, and read at run time.
     let mut marked = BTreeMap::new();
@@ -366,6 +380,11 @@ pub(super) fn parse_step(checker: &mut Checker<'_>, dir: &Path, node: &Node) -> 
     if let Some(m) = spec.marked_mut() {
         *m = marked;
     }
+}
+
+/// The references `${{ steps.NAME.outputs.KEY }}` in the tool's keys, `env` and `revert`; a
+/// malformed one is a located problem.
+fn step_references(checker: &mut Checker<'_>, map: &yaml::MappingNode, own_node: &Node) -> Vec<Located> {
     // `${{ steps.NAME.outputs.KEY }}` in the tool's keys, `env` and `revert`.
     let mut located = Vec::new();
     let mut bad = Vec::new();
@@ -379,23 +398,20 @@ pub(super) fn parse_step(checker: &mut Checker<'_>, dir: &Path, node: &Node) -> 
         checker.at(&span, message, Some("a reference reads `${{ steps.NAME.outputs.KEY }}`".into()));
     }
 
-    let name = keys.name.as_str().to_string();
-    if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
-        checker.at(
-            keys.name.span(),
-            format!("step name `{name}` may only use letters, digits, `-` and `_`"),
-            Some("the name is used in file names and commands".into()),
-        );
-    }
+    located
+}
+
+/// What the tool's spec says is wrong, and the files it names that are not there.
+fn check_spec(checker: &mut Checker<'_>, dir: &Path, name: &str, spec: &ToolSpec, own_node: &Node, step_span: &Span) {
     for problem in spec.problems() {
-        let span = locate(&own_node, &problem.at).unwrap_or(*map.span());
+        let span = locate(&own_node, &problem.at).unwrap_or(*step_span);
         checker.at(&span, format!("step `{name}`: {}", problem.message), problem.hint);
     }
     for (at, path) in spec.referenced_paths() {
         let full = dir.join(&path);
         // A path made from another step's output exists only once that step ran.
         if !full.exists() && !path.to_string_lossy().contains("${{") {
-            let span = locate(&own_node, &at).unwrap_or(*map.span());
+            let span = locate(&own_node, &at).unwrap_or(*step_span);
             checker.at(
                 &span,
                 format!("step `{name}`: `{}` does not exist (looked for {})", path.display(), full.display()),
@@ -404,9 +420,85 @@ pub(super) fn parse_step(checker: &mut Checker<'_>, dir: &Path, node: &Node) -> 
         }
     }
     for problem in spec.problems_beside(dir) {
-        let span = locate(&own_node, &problem.at).unwrap_or(*map.span());
+        let span = locate(&own_node, &problem.at).unwrap_or(*step_span);
         checker.at(&span, format!("step `{name}`: {}", problem.message), problem.hint);
     }
+}
+
+/// A fleet step runs once per cluster of `contexts`: no `context` of its own, and resumable.
+fn check_fleet_step(
+    checker: &mut Checker<'_>,
+    name: &str,
+    fleet: Option<&FleetStep>,
+    spec: &ToolSpec,
+    own_node: &Node,
+    resumable: bool,
+    step_span: &Span,
+) {
+    if fleet.is_none() {
+        return;
+    }
+    {
+        let own_context = match &spec {
+            ToolSpec::Helm(h) => h.context.is_some(),
+            ToolSpec::Kubectl(k) => k.context.is_some(),
+            _ => false,
+        };
+        if own_context {
+            let span =
+                own_node.as_mapping().and_then(|m| m.get_node("context")).map(|n| *n.span()).unwrap_or(*step_span);
+            checker.at(
+                &span,
+                format!("step `{name}` has both `context` and `contexts`"),
+                Some("a fleet step runs once per cluster of `contexts`: remove `context`".into()),
+            );
+        }
+        if !resumable {
+            checker.at(
+                step_span,
+                format!("fleet step `{name}` cannot be `resumable: false`"),
+                Some("each cluster is a checkpointed sub-change".into()),
+            );
+        }
+    }
+}
+
+pub(super) type ParsedStep = (Step, Span, Vec<Spanned<String>>, Option<Span>, Vec<reference::Located>);
+
+pub(super) fn parse_step(checker: &mut Checker<'_>, dir: &Path, node: &Node) -> Option<ParsedStep> {
+    let Some(map) = node.as_mapping() else {
+        checker.at(
+            node.span(),
+            "a step must be a mapping",
+            Some("write `- name: ...` then `tool: ...` on the next lines".into()),
+        );
+        return None;
+    };
+    let tool = step_tool(checker, map)?;
+
+    let Split { common, own, guessed } = split_keys(checker, map, tool);
+    let mut common = common;
+    let (env_marked, env_plain) = read_env(checker, &mut common);
+    let common_node = yaml::coercible(Node::Mapping(common));
+    let own_node = Node::Mapping(own);
+    // The name as written, for messages about keys read before it.
+    let written_name = map.get_scalar("name").map(|n| n.as_str());
+    let at = Place { fallback: map.span(), keys: COMMON_KEYS, step: written_name, guessed: &guessed };
+    let mut keys = decode_each(checker, common_node, &at, yaml::from_node::<CommonKeys>)?;
+    let at = Place { keys: ToolSpec::keys(tool), ..at };
+    let mut spec = decode_each(checker, own_node.clone(), &at, |n| build_spec(tool, n))?;
+    read_typed_values(checker, &mut spec, &own_node);
+    let located = step_references(checker, map, &own_node);
+
+    let name = keys.name.as_str().to_string();
+    if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+        checker.at(
+            keys.name.span(),
+            format!("step name `{name}` may only use letters, digits, `-` and `_`"),
+            Some("the name is used in file names and commands".into()),
+        );
+    }
+    check_spec(checker, dir, &name, &spec, &own_node, map.span());
     let timeout = keys.timeout.as_ref().and_then(|t| parse_duration_at(checker, "timeout", t, TIMEOUT_BOUNDS));
     let retry = keys.retry.as_ref().and_then(|r| check_retry(checker, r));
     let phase = keys.phase.as_ref().and_then(|p| match p.as_str() {
@@ -431,29 +523,7 @@ pub(super) fn parse_step(checker: &mut Checker<'_>, dir: &Path, node: &Node) -> 
         );
     }
     let fleet = check_fleet(checker, dir, &mut keys, map.span());
-    if fleet.is_some() {
-        let own_context = match &spec {
-            ToolSpec::Helm(h) => h.context.is_some(),
-            ToolSpec::Kubectl(k) => k.context.is_some(),
-            _ => false,
-        };
-        if own_context {
-            let span =
-                own_node.as_mapping().and_then(|m| m.get_node("context")).map(|n| *n.span()).unwrap_or(*map.span());
-            checker.at(
-                &span,
-                format!("step `{name}` has both `context` and `contexts`"),
-                Some("a fleet step runs once per cluster of `contexts`: remove `context`".into()),
-            );
-        }
-        if !resumable {
-            checker.at(
-                map.span(),
-                format!("fleet step `{name}` cannot be `resumable: false`"),
-                Some("each cluster is a checkpointed sub-change".into()),
-            );
-        }
-    }
+    check_fleet_step(checker, &name, fleet.as_ref(), &spec, &own_node, resumable, map.span());
     let digest = hex::encode(Sha256::digest(yaml::node_to_json(node).to_string().as_bytes()));
     let line = map.span().start().map(|m| m.line()).unwrap_or(0);
     let step = Step {
