@@ -16,7 +16,9 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::Value;
 
-pub use marked_yaml::types::{MarkedMappingNode as MappingNode, MarkedScalarNode as ScalarNode};
+pub use marked_yaml::types::{
+    MarkedMappingNode as MappingNode, MarkedScalarNode as ScalarNode, MarkedSequenceNode as SequenceNode,
+};
 pub use marked_yaml::{Marker, Node, Span, Spanned};
 
 /// A place in a text: 1-based line and column (columns count characters).

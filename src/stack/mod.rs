@@ -185,31 +185,7 @@ pub fn parse(file: &Path, text: &str) -> Result<Stack, StackError> {
     };
     let digest = hex::encode(Sha256::digest(text.as_bytes()));
 
-    // Quoted scalars are marked, so values handed to a tool keep their YAML type
-    // ([`yaml::typed_json`]); serde deserializes from [`yaml::coercible`] copies, as before.
-    // A NUL (or another control character YAML forbids) would end the parse early, or fail it
-    // far from the character: each is reported where it is, and nothing else is read.
-    let forbidden = yaml::forbidden_characters(text);
-    if !forbidden.is_empty() {
-        for (at, c) in forbidden.iter().take(MAX_REPORTED_CHARACTERS) {
-            let name = if *c == '\0' {
-                "a NUL byte".to_string()
-            } else {
-                format!("the control character U+{:04X}", *c as u32)
-            };
-            checker.at_location(
-                Some(*at),
-                format!("the stack file holds {name} here; YAML allows no control characters but tab and line breaks"),
-                Some("remove it (`cat -A` shows it as `^@` or `M-`): a stack file is text".into()),
-            );
-        }
-        if forbidden.len() > MAX_REPORTED_CHARACTERS {
-            checker.at_location(
-                Some(forbidden[MAX_REPORTED_CHARACTERS].0),
-                format!("and {} more control characters", forbidden.len() - MAX_REPORTED_CHARACTERS),
-                None,
-            );
-        }
+    if !check_characters(&mut checker, text) {
         return Err(checker.finish());
     }
     let root = match yaml::parse_located_all(text) {
@@ -226,100 +202,13 @@ pub fn parse(file: &Path, text: &str) -> Result<Stack, StackError> {
             return Err(checker.finish());
         }
     };
-    // Every value may reach a tool's command line or environment, where the kernel takes at
-    // most 128 KiB per word and about 2 MiB for all of them (`Argument list too long`).
-    let long = yaml::long_scalars(&root, MAX_VALUE_BYTES);
-    for (span, len) in &long {
-        let (span, len) = (*span, *len);
-        checker.at(
-            &span,
-            format!(
-                "this value is {} KiB; a value in a stack file is at most {} KiB (a tool's command line or environment takes no more)",
-                len.div_ceil(1024),
-                MAX_VALUE_BYTES / 1024
-            ),
-            Some("put large content in a file beside the stack and name the file (`var_files`, `values`, a script `run` calls)".into()),
-        );
-    }
-    // The sum is named only when no value alone was too long (that one is the thing to move).
-    if let Some(steps) = root.as_mapping().and_then(|top| top.get_sequence("steps")).filter(|_| long.is_empty()) {
-        for step in steps.iter() {
-            let bytes = yaml::scalar_bytes(step);
-            if bytes > MAX_STEP_BYTES {
-                // At the step's first key (a mapping's own span starts after it).
-                let at = step.as_mapping().and_then(|m| m.keys().next().map(|k| *k.span())).unwrap_or(*step.span());
-                checker.at(
-                    &at,
-                    format!(
-                        "this step's values add up to {} KiB; a step's values are at most {} KiB in all (the command line and environment of its tool)",
-                        bytes.div_ceil(1024),
-                        MAX_STEP_BYTES / 1024
-                    ),
-                    Some("move large values into files the step names".into()),
-                );
-            }
-        }
-    }
+    check_sizes(&mut checker, &root);
     let Some(top) = root.as_mapping() else {
         checker.at(root.span(), "the stack file must be a mapping", Some("start with `name:` and `steps:`".into()));
         return Err(checker.finish());
     };
 
-    for key in top.keys() {
-        if !TOP_KEYS.contains(&key.as_str()) {
-            let hint = suggest(key.as_str(), TOP_KEYS).map(|s| format!("did you mean `{s}`?"));
-            checker.at(key.span(), format!("unknown top-level key `{}`", key.as_str()), hint);
-        }
-    }
-    // A top-level setting written as a list or mapping must not silently fall back to its
-    // default (`on_failure: [revert]` would quietly mean `stop`).
-    for key in ["name", "on_failure", "state", "timeout"] {
-        if let Some(node) = top.get_node(key).filter(|n| n.as_scalar().is_none()) {
-            checker.at(node.span(), format!("`{key}` must be a single value"), None);
-        }
-    }
-    let name = match top.get_scalar("name") {
-        Some(n) => {
-            check_stack_name(&mut checker, n.as_str(), Some(n.span()));
-            n.as_str().to_string()
-        }
-        None => {
-            let name = file.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "stack".into());
-            check_stack_name(&mut checker, &name, None);
-            name
-        }
-    };
-    let on_failure = match top.get_scalar("on_failure") {
-        None => OnFailure::Stop,
-        Some(v) => match v.as_str() {
-            "stop" => OnFailure::Stop,
-            "continue" => OnFailure::Continue,
-            "revert" => OnFailure::Revert,
-            other => {
-                let hint = suggest(other, &["stop", "continue", "revert"]).map(|s| format!("did you mean `{s}`?"));
-                checker.at(v.span(), format!("`on_failure` is `stop`, `continue` or `revert`, not `{other}`"), hint);
-                OnFailure::Stop
-            }
-        },
-    };
-    let default_timeout = top.get_scalar("timeout").and_then(|t| {
-        let spanned = Spanned::new(*t.span(), t.as_str().to_string());
-        parse_duration_at(&mut checker, "timeout", &spanned, TIMEOUT_BOUNDS)
-    });
-    let state = match top.get_scalar("state") {
-        None => None,
-        Some(v) if v.as_str().starts_with("postgres://") || v.as_str().starts_with("postgresql://") => {
-            Some(v.as_str().to_string())
-        }
-        Some(v) => {
-            checker.at(
-                v.span(),
-                "`state` is a `postgres://` URL",
-                Some("leave `state` out to keep the checkpoint in the local state directory (`--state-dir`)".into()),
-            );
-            None
-        }
-    };
+    let Top { name, on_failure, default_timeout, state } = read_top(&mut checker, file, top);
     let Some(step_nodes) = top.get_sequence("steps") else {
         let span = top.get_node("steps").map(|n| *n.span()).unwrap_or(*top.span());
         checker.at(&span, "the stack needs a `steps:` list", Some("add `steps:` with at least one step".into()));
@@ -333,33 +222,8 @@ pub fn parse(file: &Path, text: &str) -> Result<Stack, StackError> {
     written.sort_unstable();
     written.dedup();
 
-    let mut steps = Vec::new();
-    let mut name_spans: Vec<(String, Span)> = Vec::new();
-    // Each name's first step, so that checking names and `needs` stays linear in the steps
-    // (a 100,000-step stack was quadratic here).
-    let mut first_by_name: HashMap<String, usize> = HashMap::new();
-    let mut needs_spans: Vec<Vec<Spanned<String>>> = Vec::new();
-    let mut phase_spans: Vec<Option<Span>> = Vec::new();
-    let mut ref_spans: Vec<Vec<reference::Located>> = Vec::new();
-    for node in step_nodes.iter() {
-        if let Some((mut step, name_span, needs, phase_span, located)) = parse_step(&mut checker, &dir, node) {
-            step.timeout = step.timeout.or(default_timeout);
-            if let Some(&first) = first_by_name.get(&step.name) {
-                let first_line = name_spans[first].1.start().map(|m| m.line()).unwrap_or(0);
-                checker.at(
-                    &name_span,
-                    format!("step name `{}` is used twice (first on line {first_line})", step.name),
-                    Some("step names are checkpoint keys: give each step a unique name".into()),
-                );
-            }
-            first_by_name.entry(step.name.clone()).or_insert(name_spans.len());
-            name_spans.push((step.name.clone(), name_span));
-            needs_spans.push(needs);
-            phase_spans.push(phase_span);
-            ref_spans.push(located);
-            steps.push(step);
-        }
-    }
+    let Read { mut steps, name_spans, first_by_name, needs_spans, phase_spans, ref_spans } =
+        read_steps(&mut checker, &dir, step_nodes, default_timeout);
     if step_nodes.is_empty() {
         checker.at(step_nodes.span(), "`steps` is empty", Some("add at least one step".into()));
     }
@@ -395,6 +259,198 @@ pub fn parse(file: &Path, text: &str) -> Result<Stack, StackError> {
         return Err(checker.finish());
     };
     Ok(Stack { name, file: file.to_path_buf(), dir, on_failure, steps, order, digest, state })
+}
+
+/// Whether the text is free of the control characters YAML forbids; each one found is a
+/// problem at its place.
+fn check_characters(checker: &mut Checker<'_>, text: &str) -> bool {
+    // Quoted scalars are marked, so values handed to a tool keep their YAML type
+    // ([`yaml::typed_json`]); serde deserializes from [`yaml::coercible`] copies, as before.
+    // A NUL (or another control character YAML forbids) would end the parse early, or fail it
+    // far from the character: each is reported where it is, and nothing else is read.
+    let forbidden = yaml::forbidden_characters(text);
+    if forbidden.is_empty() {
+        return true;
+    }
+    {
+        for (at, c) in forbidden.iter().take(MAX_REPORTED_CHARACTERS) {
+            let name = if *c == '\0' {
+                "a NUL byte".to_string()
+            } else {
+                format!("the control character U+{:04X}", *c as u32)
+            };
+            checker.at_location(
+                Some(*at),
+                format!("the stack file holds {name} here; YAML allows no control characters but tab and line breaks"),
+                Some("remove it (`cat -A` shows it as `^@` or `M-`): a stack file is text".into()),
+            );
+        }
+        if forbidden.len() > MAX_REPORTED_CHARACTERS {
+            checker.at_location(
+                Some(forbidden[MAX_REPORTED_CHARACTERS].0),
+                format!("and {} more control characters", forbidden.len() - MAX_REPORTED_CHARACTERS),
+                None,
+            );
+        }
+    }
+    false
+}
+
+/// Values too long for a tool's command line or environment, alone or a step's in all.
+fn check_sizes(checker: &mut Checker<'_>, root: &Node) {
+    // Every value may reach a tool's command line or environment, where the kernel takes at
+    // most 128 KiB per word and about 2 MiB for all of them (`Argument list too long`).
+    let long = yaml::long_scalars(root, MAX_VALUE_BYTES);
+    for (span, len) in &long {
+        let (span, len) = (*span, *len);
+        checker.at(
+            &span,
+            format!(
+                "this value is {} KiB; a value in a stack file is at most {} KiB (a tool's command line or environment takes no more)",
+                len.div_ceil(1024),
+                MAX_VALUE_BYTES / 1024
+            ),
+            Some("put large content in a file beside the stack and name the file (`var_files`, `values`, a script `run` calls)".into()),
+        );
+    }
+    // The sum is named only when no value alone was too long (that one is the thing to move).
+    if let Some(steps) = root.as_mapping().and_then(|top| top.get_sequence("steps")).filter(|_| long.is_empty()) {
+        for step in steps.iter() {
+            let bytes = yaml::scalar_bytes(step);
+            if bytes > MAX_STEP_BYTES {
+                // At the step's first key (a mapping's own span starts after it).
+                let at = step.as_mapping().and_then(|m| m.keys().next().map(|k| *k.span())).unwrap_or(*step.span());
+                checker.at(
+                    &at,
+                    format!(
+                        "this step's values add up to {} KiB; a step's values are at most {} KiB in all (the command line and environment of its tool)",
+                        bytes.div_ceil(1024),
+                        MAX_STEP_BYTES / 1024
+                    ),
+                    Some("move large values into files the step names".into()),
+                );
+            }
+        }
+    }
+}
+
+/// The stack's settings at the top level, besides its steps.
+struct Top {
+    name: String,
+    on_failure: OnFailure,
+    default_timeout: Option<Duration>,
+    state: Option<String>,
+}
+
+/// Reads the top level's keys; an unknown key or a bad value is a located problem (and its
+/// default is read in its place).
+fn read_top(checker: &mut Checker<'_>, file: &Path, top: &yaml::MappingNode) -> Top {
+    for key in top.keys() {
+        if !TOP_KEYS.contains(&key.as_str()) {
+            let hint = suggest(key.as_str(), TOP_KEYS).map(|s| format!("did you mean `{s}`?"));
+            checker.at(key.span(), format!("unknown top-level key `{}`", key.as_str()), hint);
+        }
+    }
+    // A top-level setting written as a list or mapping must not silently fall back to its
+    // default (`on_failure: [revert]` would quietly mean `stop`).
+    for key in ["name", "on_failure", "state", "timeout"] {
+        if let Some(node) = top.get_node(key).filter(|n| n.as_scalar().is_none()) {
+            checker.at(node.span(), format!("`{key}` must be a single value"), None);
+        }
+    }
+    let name = match top.get_scalar("name") {
+        Some(n) => {
+            check_stack_name(checker, n.as_str(), Some(n.span()));
+            n.as_str().to_string()
+        }
+        None => {
+            let name = file.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "stack".into());
+            check_stack_name(checker, &name, None);
+            name
+        }
+    };
+    let on_failure = match top.get_scalar("on_failure") {
+        None => OnFailure::Stop,
+        Some(v) => match v.as_str() {
+            "stop" => OnFailure::Stop,
+            "continue" => OnFailure::Continue,
+            "revert" => OnFailure::Revert,
+            other => {
+                let hint = suggest(other, &["stop", "continue", "revert"]).map(|s| format!("did you mean `{s}`?"));
+                checker.at(v.span(), format!("`on_failure` is `stop`, `continue` or `revert`, not `{other}`"), hint);
+                OnFailure::Stop
+            }
+        },
+    };
+    let default_timeout = top.get_scalar("timeout").and_then(|t| {
+        let spanned = Spanned::new(*t.span(), t.as_str().to_string());
+        parse_duration_at(checker, "timeout", &spanned, TIMEOUT_BOUNDS)
+    });
+    let state = match top.get_scalar("state") {
+        None => None,
+        Some(v) if v.as_str().starts_with("postgres://") || v.as_str().starts_with("postgresql://") => {
+            Some(v.as_str().to_string())
+        }
+        Some(v) => {
+            checker.at(
+                v.span(),
+                "`state` is a `postgres://` URL",
+                Some("leave `state` out to keep the checkpoint in the local state directory (`--state-dir`)".into()),
+            );
+            None
+        }
+    };
+    Top { name, on_failure, default_timeout, state }
+}
+
+/// The steps read, with where their names, `needs`, phases and references are written, for
+/// the checks between steps.
+struct Read {
+    steps: Vec<Step>,
+    name_spans: Vec<(String, Span)>,
+    /// Each name's first step, so that checking names and `needs` stays linear in the steps
+    /// (a 100,000-step stack was quadratic here).
+    first_by_name: HashMap<String, usize>,
+    needs_spans: Vec<Vec<Spanned<String>>>,
+    phase_spans: Vec<Option<Span>>,
+    ref_spans: Vec<Vec<reference::Located>>,
+}
+
+/// Reads every step that can be read (each one's problems reported), and names used twice.
+fn read_steps(
+    checker: &mut Checker<'_>,
+    dir: &Path,
+    step_nodes: &yaml::SequenceNode,
+    default_timeout: Option<Duration>,
+) -> Read {
+    let mut steps = Vec::new();
+    let mut name_spans: Vec<(String, Span)> = Vec::new();
+    // Each name's first step, so that checking names and `needs` stays linear in the steps
+    // (a 100,000-step stack was quadratic here).
+    let mut first_by_name: HashMap<String, usize> = HashMap::new();
+    let mut needs_spans: Vec<Vec<Spanned<String>>> = Vec::new();
+    let mut phase_spans: Vec<Option<Span>> = Vec::new();
+    let mut ref_spans: Vec<Vec<reference::Located>> = Vec::new();
+    for node in step_nodes.iter() {
+        if let Some((mut step, name_span, needs, phase_span, located)) = parse_step(checker, dir, node) {
+            step.timeout = step.timeout.or(default_timeout);
+            if let Some(&first) = first_by_name.get(&step.name) {
+                let first_line = name_spans[first].1.start().map(|m| m.line()).unwrap_or(0);
+                checker.at(
+                    &name_span,
+                    format!("step name `{}` is used twice (first on line {first_line})", step.name),
+                    Some("step names are checkpoint keys: give each step a unique name".into()),
+                );
+            }
+            first_by_name.entry(step.name.clone()).or_insert(name_spans.len());
+            name_spans.push((step.name.clone(), name_span));
+            needs_spans.push(needs);
+            phase_spans.push(phase_span);
+            ref_spans.push(located);
+            steps.push(step);
+        }
+    }
+    Read { steps, name_spans, first_by_name, needs_spans, phase_spans, ref_spans }
 }
 
 /// The longest stack name: it names a directory (`.rdeploy/NAME/`, and `.rdeploy/.moving-NAME/`
