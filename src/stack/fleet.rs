@@ -93,6 +93,79 @@ pub(super) fn parse_percent(text: &str) -> Option<f64> {
     (p > 0.0 && p <= 100.0).then_some(p)
 }
 
+/// A fleet step's `rollout:`, each value parsed; one that does not parse is a located problem
+/// and its default is kept.
+fn check_rollout(checker: &mut Checker<'_>, r: &RolloutKeys) -> Rollout {
+    let mut out = Rollout::default();
+    if !r.waves.is_empty() {
+        let mut waves = Vec::new();
+        for w in &r.waves {
+            let text = w.as_str().trim();
+            if let Some(p) = parse_percent(text) {
+                waves.push(WaveSize::Percent(p));
+            } else if let Some(n) = text.parse::<usize>().ok().filter(|n| *n > 0) {
+                waves.push(WaveSize::Count(n));
+            } else {
+                checker.at(
+                    w.span(),
+                    format!("`rollout.waves` entry `{text}` is neither a cluster count nor a percentage"),
+                    Some("waves are cumulative: `waves: [1, \"10%\", \"50%\", \"100%\"]`".into()),
+                );
+            }
+        }
+        out.waves = waves;
+    }
+    if let Some(p) = &r.parallel {
+        match p.as_str().trim().parse::<usize>() {
+            Ok(n) if (1..=1000).contains(&n) => out.parallel = n,
+            _ => checker.at(
+                p.span(),
+                format!("`rollout.parallel` is a whole number from 1 to 1000, not `{}`", p.as_str()),
+                Some("it is how many clusters of a wave are applied at once".into()),
+            ),
+        }
+    }
+    if let Some(b) = &r.bake {
+        if let Some(d) = parse_duration_at(checker, "rollout.bake", b, BAKE_BOUNDS) {
+            out.bake = d;
+        }
+    }
+    if let Some(t) = &r.inventory_timeout {
+        if let Some(d) = parse_duration_at(checker, "rollout.inventory_timeout", t, TIMEOUT_BOUNDS) {
+            out.inventory_timeout = d;
+        }
+    }
+    if let Some(m) = &r.max_failures {
+        let text = m.as_str().trim();
+        if let Some(p) =
+            text.strip_suffix('%').and_then(|p| p.trim().parse::<f64>().ok()).filter(|p| (0.0..=100.0).contains(p))
+        {
+            out.max_failures = MaxFailures::Percent(p);
+        } else if let Ok(n) = text.parse::<usize>() {
+            out.max_failures = MaxFailures::Count(n);
+        } else {
+            checker.at(
+                m.span(),
+                format!("`rollout.max_failures` is a number of clusters or a percentage, not `{text}`"),
+                Some("`max_failures: 0` stops at the first failed cluster; `\"5%\"` tolerates one in twenty".into()),
+            );
+        }
+    }
+    if let Some(a) = &r.absent {
+        match a.as_str() {
+            "skip" => out.absent = AbsentPolicy::Skip,
+            "wait" => out.absent = AbsentPolicy::Wait,
+            other => {
+                let hint = suggest(other, &["skip", "wait"]).map(|s| format!("did you mean `{s}`?"));
+                checker.at(a.span(), format!("`rollout.absent` is `skip` or `wait`, not `{other}`"), hint);
+            }
+        }
+    }
+    out
+}
+
+/// A helm or kubectl step's fleet keys: `None` for a step that runs once (its fleet-only keys
+/// are problems then) or when a fleet key does not parse (a located problem).
 pub(super) fn check_fleet(
     checker: &mut Checker<'_>,
     dir: &Path,
@@ -157,75 +230,7 @@ pub(super) fn check_fleet(
             checker.at(s.span(), format!("`slo`: {e}"), Some("write it like `slo: \"95%@48h,100%@7d\"`".into()));
         }
     }
-    let mut out = Rollout::default();
-    if let Some(r) = rollout {
-        if !r.waves.is_empty() {
-            let mut waves = Vec::new();
-            for w in &r.waves {
-                let text = w.as_str().trim();
-                if let Some(p) = parse_percent(text) {
-                    waves.push(WaveSize::Percent(p));
-                } else if let Some(n) = text.parse::<usize>().ok().filter(|n| *n > 0) {
-                    waves.push(WaveSize::Count(n));
-                } else {
-                    checker.at(
-                        w.span(),
-                        format!("`rollout.waves` entry `{text}` is neither a cluster count nor a percentage"),
-                        Some("waves are cumulative: `waves: [1, \"10%\", \"50%\", \"100%\"]`".into()),
-                    );
-                }
-            }
-            out.waves = waves;
-        }
-        if let Some(p) = &r.parallel {
-            match p.as_str().trim().parse::<usize>() {
-                Ok(n) if (1..=1000).contains(&n) => out.parallel = n,
-                _ => checker.at(
-                    p.span(),
-                    format!("`rollout.parallel` is a whole number from 1 to 1000, not `{}`", p.as_str()),
-                    Some("it is how many clusters of a wave are applied at once".into()),
-                ),
-            }
-        }
-        if let Some(b) = &r.bake {
-            if let Some(d) = parse_duration_at(checker, "rollout.bake", b, BAKE_BOUNDS) {
-                out.bake = d;
-            }
-        }
-        if let Some(t) = &r.inventory_timeout {
-            if let Some(d) = parse_duration_at(checker, "rollout.inventory_timeout", t, TIMEOUT_BOUNDS) {
-                out.inventory_timeout = d;
-            }
-        }
-        if let Some(m) = &r.max_failures {
-            let text = m.as_str().trim();
-            if let Some(p) =
-                text.strip_suffix('%').and_then(|p| p.trim().parse::<f64>().ok()).filter(|p| (0.0..=100.0).contains(p))
-            {
-                out.max_failures = MaxFailures::Percent(p);
-            } else if let Ok(n) = text.parse::<usize>() {
-                out.max_failures = MaxFailures::Count(n);
-            } else {
-                checker.at(
-                    m.span(),
-                    format!("`rollout.max_failures` is a number of clusters or a percentage, not `{text}`"),
-                    Some(
-                        "`max_failures: 0` stops at the first failed cluster; `\"5%\"` tolerates one in twenty".into(),
-                    ),
-                );
-            }
-        }
-        if let Some(a) = &r.absent {
-            match a.as_str() {
-                "skip" => out.absent = AbsentPolicy::Skip,
-                "wait" => out.absent = AbsentPolicy::Wait,
-                other => {
-                    let hint = suggest(other, &["skip", "wait"]).map(|s| format!("did you mean `{s}`?"));
-                    checker.at(a.span(), format!("`rollout.absent` is `skip` or `wait`, not `{other}`"), hint);
-                }
-            }
-        }
-    }
+    let out = rollout.map(|r| check_rollout(checker, &r)).unwrap_or_default();
     (checker.problems.len() == before).then(|| FleetStep {
         contexts,
         fleet_file,

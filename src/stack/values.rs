@@ -18,6 +18,9 @@ pub(super) const SECRET_FORM_KEYS: &[&str] = &["from_env", "from_file", "value",
 /// data (a helm `set` of a map) and reaches the tool as it is. A mapping that looks like a
 /// misspelt form (`{ from_evn: X }`, `{ value: V, secert: true }`), a form with extra keys, or a
 /// form nested inside data is a located problem (`None`).
+///
+/// Longer than most functions here on purpose: it is one decision table over the three forms
+/// and their near misses, tried top to bottom, and the order of the cases is the rule.
 pub(super) fn read_value(checker: &mut Checker<'_>, tool_key: &str, key: &str, node: &Node) -> Option<Written> {
     let Some(map) = node.as_mapping() else { return Some(Written::Plain(yaml::typed_json(node))) };
     let keys: Vec<&str> = map.keys().map(|k| k.as_str()).collect();
