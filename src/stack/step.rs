@@ -388,7 +388,7 @@ fn step_references(checker: &mut Checker<'_>, map: &yaml::MappingNode, own_node:
     // `${{ steps.NAME.outputs.KEY }}` in the tool's keys, `env` and `revert`.
     let mut located = Vec::new();
     let mut bad = Vec::new();
-    reference::collect(&own_node, &mut located, &mut bad);
+    reference::collect(own_node, &mut located, &mut bad);
     for key in ["env", "revert"] {
         if let Some(node) = map.get_node(key) {
             reference::collect(node, &mut located, &mut bad);
@@ -404,14 +404,14 @@ fn step_references(checker: &mut Checker<'_>, map: &yaml::MappingNode, own_node:
 /// What the tool's spec says is wrong, and the files it names that are not there.
 fn check_spec(checker: &mut Checker<'_>, dir: &Path, name: &str, spec: &ToolSpec, own_node: &Node, step_span: &Span) {
     for problem in spec.problems() {
-        let span = locate(&own_node, &problem.at).unwrap_or(*step_span);
+        let span = locate(own_node, &problem.at).unwrap_or(*step_span);
         checker.at(&span, format!("step `{name}`: {}", problem.message), problem.hint);
     }
     for (at, path) in spec.referenced_paths() {
         let full = dir.join(&path);
         // A path made from another step's output exists only once that step ran.
         if !full.exists() && !path.to_string_lossy().contains("${{") {
-            let span = locate(&own_node, &at).unwrap_or(*step_span);
+            let span = locate(own_node, &at).unwrap_or(*step_span);
             checker.at(
                 &span,
                 format!("step `{name}`: `{}` does not exist (looked for {})", path.display(), full.display()),
@@ -420,7 +420,7 @@ fn check_spec(checker: &mut Checker<'_>, dir: &Path, name: &str, spec: &ToolSpec
         }
     }
     for problem in spec.problems_beside(dir) {
-        let span = locate(&own_node, &problem.at).unwrap_or(*step_span);
+        let span = locate(own_node, &problem.at).unwrap_or(*step_span);
         checker.at(&span, format!("step `{name}`: {}", problem.message), problem.hint);
     }
 }
