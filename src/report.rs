@@ -160,6 +160,25 @@ pub struct SubReport {
     pub absent_why: Option<String>,
 }
 
+impl crate::rollout::report::ClusterRow for SubReport {
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn status(&self) -> SubStatus {
+        self.status
+    }
+
+    fn set_wave(&mut self, wave: Option<u64>) {
+        self.wave = wave;
+    }
+
+    fn set_absent(&mut self, since: Option<String>, why: String) {
+        self.absent_since = Some(since);
+        self.absent_why = Some(why);
+    }
+}
+
 /// A step's status as the report shows it. Several variants share a word in `status --json`
 /// (the five of docs/status-json.md), but renderers match on the variant, so nothing is rebuilt from flags.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]

@@ -52,45 +52,7 @@ impl Attempts {
         let mut attempt = 1;
         let mut converged = Converged::Applied;
         loop {
-            let result = match (&step.fleet, &action) {
-                (Some(fleet), action) => {
-                    let fresh = PriorStep::default();
-                    let prior = match action {
-                        Action::Recover(prior) => prior,
-                        _ => &fresh,
-                    };
-                    let run = crate::rollout::FleetRun {
-                        step,
-                        fleet,
-                        ctx,
-                        prior,
-                        state_dir: &self.fleet_dir,
-                        converge: converge.take().is_some(),
-                    };
-                    crate::rollout::run(run, sink).await
-                }
-                // Done means every pod is updated and ready: the readiness check holds the
-                // step's Done events until it has read the workloads the tool touched.
-                (None, action) => {
-                    let held = crate::readiness::Held::new(step, ctx, sink);
-                    let result = match action {
-                        Action::Recover(prior) => step.spec.recover(ctx, prior, &held).await,
-                        // `up`: what the step's preview finds in place is not applied again.
-                        _ => match converge.take() {
-                            Some(decided) => step.spec.converge_step(ctx, decided, &held).await.map(|c| {
-                                converged = c;
-                                if c == Converged::InPlace {
-                                    sink.emit(Event::Fact { key: IN_PLACE_FACT.into(), value: true.into() });
-                                }
-                                self.carry_shell_outputs(step, sink);
-                                Recovered::Complete
-                            }),
-                            None => step.spec.apply(ctx, &held).await.map(|()| Recovered::Complete),
-                        },
-                    };
-                    held.settle(result).await
-                }
-            };
+            let result = self.once(step, ctx, &action, sink, &mut converge, &mut converged).await;
             let failure = match (result, sink.journal_error()) {
                 (_, Some(e)) => return Err(journal_failure(e)),
                 (Ok(done), None) => {
@@ -152,6 +114,59 @@ impl Attempts {
 }
 
 impl Attempts {
+    /// One attempt of the step through its adapter (a fleet step through the rollout);
+    /// `converge` is `up`'s decision, taken by the first attempt only, and `converged` says
+    /// whether it found everything in place.
+    async fn once(
+        &self,
+        step: &Step,
+        ctx: &StepContext,
+        action: &Action,
+        sink: &StepSink,
+        converge: &mut Option<Option<Preview>>,
+        converged: &mut Converged,
+    ) -> Result<Recovered, Failure> {
+        match (&step.fleet, action) {
+            (Some(fleet), action) => {
+                let fresh = PriorStep::default();
+                let prior = match action {
+                    Action::Recover(prior) => prior,
+                    _ => &fresh,
+                };
+                let run = crate::rollout::FleetRun {
+                    step,
+                    fleet,
+                    ctx,
+                    prior,
+                    state_dir: &self.fleet_dir,
+                    converge: converge.take().is_some(),
+                };
+                crate::rollout::run(run, sink).await
+            }
+            // Done means every pod is updated and ready: the readiness check holds the
+            // step's Done events until it has read the workloads the tool touched.
+            (None, action) => {
+                let held = crate::readiness::Held::new(step, ctx, sink);
+                let result = match action {
+                    Action::Recover(prior) => step.spec.recover(ctx, prior, &held).await,
+                    // `up`: what the step's preview finds in place is not applied again.
+                    _ => match converge.take() {
+                        Some(decided) => step.spec.converge_step(ctx, decided, &held).await.map(|c| {
+                            *converged = c;
+                            if c == Converged::InPlace {
+                                sink.emit(Event::Fact { key: IN_PLACE_FACT.into(), value: true.into() });
+                            }
+                            self.carry_shell_outputs(step, sink);
+                            Recovered::Complete
+                        }),
+                        None => step.spec.apply(ctx, &held).await.map(|()| Recovered::Complete),
+                    },
+                };
+                held.settle(result).await
+            }
+        }
+    }
+
     /// A shell sub-change found in place did not run, so it wrote no `$RDEPLOY_OUTPUT`: the
     /// outputs the last finished deploy recorded for the step (and this run did not make anew)
     /// are handed on, as `plan` showed them. A sensitive output was never recorded: a consumer
