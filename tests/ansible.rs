@@ -21,7 +21,7 @@ fn project(playbook: &str, inventory: &str) -> Project {
     std::fs::create_dir_all(p.path("ansible/markers")).unwrap();
     p.stack(&format!(
         r#"
-name: fleet
+name: agents
 steps:
   - name: hosts
     tool: ansible
@@ -144,7 +144,7 @@ fn extra_vars_keep_their_yaml_types() {
     );
     p.stack(&format!(
         r#"
-name: fleet
+name: agents
 steps:
   - name: typed
     tool: ansible

@@ -364,7 +364,7 @@ fn a_fleet_rollout_run_again_upgrades_only_the_clusters_on_an_older_version() {
     let p = fleet_project(&sim);
     p.stack(&format!(
         r#"
-name: fleet
+name: agents
 steps:
   - name: agent
     tool: helm

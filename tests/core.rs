@@ -797,6 +797,50 @@ fn bad_gate_values_and_bad_bytes_are_bad_input_at_validate_with_their_place() {
         .stderr_has("stack.yaml:6:5: key `run` appears twice in the same mapping (first on line 5)");
 }
 
+/// Issue 31 point 6: `validate` (and `up`, which checks the same way) reports every problem of
+/// the stack file in one run, in the order of the file, each at its place: a duplicate key does
+/// not end the check; a step with a bad value still counts as a step (`needs: [base]` is fine);
+/// `needs` and references get a did-you-mean; `wait: yes please` says which values are taken; a
+/// local chart path with a typo is caught here, not by helm at `up`.
+#[test]
+fn validate_reports_every_problem_in_one_run_in_file_order() {
+    let mut p = Project::new();
+    // helm's repositories as this test says, whatever the machine's helm knows.
+    p.env("HELM_REPOSITORY_CONFIG", "/nonexistent/repositories.yaml");
+    p.file("charts/web/Chart.yaml", "apiVersion: v2\nname: web\nversion: 0.1.0\n");
+    p.stack(
+        r#"name: demo
+steps:
+  - name: base
+    tool: helm
+    release: base
+    chart: charts/web
+    wait: yes please
+  - name: web
+    tool: helm
+    needs: [base, infr]
+    release: web
+    chart: charts/webb
+    set:
+      host: ${{ steps.infar.outputs.hostname }}
+  - name: infra
+    tool: shell
+    run: ./make-infra.sh
+    timeout: 5 minutes
+    timeout: 3m
+    retri: 3
+"#,
+    );
+    let validate = p.rdeploy(&["validate"]);
+    validate.code(2);
+    insta::assert_snapshot!("validate_every_problem", validate.stderr);
+    // `up` refuses with the same problems, before running anything.
+    let up = p.rdeploy(&["up"]);
+    up.code(2);
+    assert_eq!(up.stderr, validate.stderr);
+    assert!(!p.exists(".rdeploy/demo/checkpoint.json"), "nothing ran");
+}
+
 /// A few rounds of benches/crash-loop.sh: kill -9 at a random moment of `up` (and of a
 /// `recover`), then one `recover`: it converges at once (no refusal, no human step) and no
 /// sub-change whose effect landed runs again.

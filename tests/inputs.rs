@@ -38,7 +38,7 @@ fn a_playbook_that_does_not_parse_is_bad_input() {
     let p = Project::new();
     p.copy_fixture("ansible", "ansible");
     p.stack(&format!(
-        "name: fleet\nsteps:\n  - name: hosts\n    tool: ansible\n    playbook: ansible/broken.yml\n    inventory: ansible/inventory.ini\n    binary: {}\n    env: {{ ANSIBLE_NOCOLOR: \"1\" }}\n",
+        "name: agents\nsteps:\n  - name: hosts\n    tool: ansible\n    playbook: ansible/broken.yml\n    inventory: ansible/inventory.ini\n    binary: {}\n    env: {{ ANSIBLE_NOCOLOR: \"1\" }}\n",
         bin.display()
     ));
     refused_before_anything_runs(&p, "ansible/broken.yml", "--syntax-check");

@@ -25,7 +25,7 @@ fn names(n: usize) -> String {
 fn helm_stack(release: &str, contexts: &str, rollout: &str, extra: &str) -> String {
     format!(
         r#"
-name: fleet
+name: agents
 steps:
   - name: agent
     tool: helm
@@ -331,7 +331,7 @@ fn a_kubectl_fleet_step_applies_its_manifests_once_per_cluster() {
     );
     p.stack(&format!(
         r#"
-name: fleet
+name: agents
 steps:
   - name: agent
     tool: kubectl

@@ -22,6 +22,14 @@ pub trait Adapter {
     /// Files and directories the step needs, relative to the stack file, with the key naming them.
     fn referenced_paths(&self) -> Vec<(FieldPath, PathBuf)>;
 
+    /// Problems only the files beside the stack file show, `dir` being its directory (a helm
+    /// `chart: charts/webb` that is no directory there, which helm would look up as chart
+    /// `webb` of a repository `charts`). Paths [`Adapter::referenced_paths`] names are checked
+    /// by the caller.
+    fn problems_beside(&self, _dir: &Path) -> Vec<SpecProblem> {
+        Vec::new()
+    }
+
     /// Whether this step can resume from a checkpoint when the stack does not say.
     fn default_resumable(&self) -> bool {
         true

@@ -36,6 +36,21 @@ pub use preview::{PlanAction, PlanItem, Preview};
 pub use registry::{Converged, Tool, ToolSpec};
 pub use tokio_util::sync::CancellationToken;
 
+/// The nearest valid word, if one is close enough to be a likely typo.
+pub fn suggest<'a>(word: &str, candidates: &[&'a str]) -> Option<&'a str> {
+    // Edit distance catches transpositions in short keys (`rnu`), Jaro-Winkler catches
+    // longer prefixes (`var_file`); a candidate must pass one of them to be offered.
+    candidates
+        .iter()
+        .filter_map(|c| {
+            let edits = strsim::damerau_levenshtein(word, c);
+            let close = edits <= (c.len() / 3).max(1) || strsim::jaro_winkler(word, c) > 0.85;
+            close.then_some((edits, *c))
+        })
+        .min_by_key(|(edits, _)| *edits)
+        .map(|(_, c)| c)
+}
+
 /// `now + after`, or `None` when the clock cannot hold that instant (a bound decades away):
 /// such a deadline never comes, and adding it must not panic (`Instant + Duration` does on
 /// overflow, and a checkpoint's stack with a huge `timeout` would panic every `recover`).

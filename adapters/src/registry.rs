@@ -251,6 +251,10 @@ impl Adapter for ToolSpec {
         dispatch!(self, s => s.referenced_paths())
     }
 
+    fn problems_beside(&self, dir: &Path) -> Vec<SpecProblem> {
+        dispatch!(self, s => s.problems_beside(dir))
+    }
+
     fn default_resumable(&self) -> bool {
         dispatch!(self, s => s.default_resumable())
     }

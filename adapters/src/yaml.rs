@@ -16,7 +16,9 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::Value;
 
-pub use marked_yaml::types::{MarkedMappingNode as MappingNode, MarkedScalarNode as ScalarNode};
+pub use marked_yaml::types::{
+    MarkedMappingNode as MappingNode, MarkedScalarNode as ScalarNode, MarkedSequenceNode as SequenceNode,
+};
 pub use marked_yaml::{Marker, Node, Span, Spanned};
 
 /// A place in a text: 1-based line and column (columns count characters).
@@ -48,9 +50,11 @@ pub struct DecodeError {
     /// The serde path to the value (`gate.inventory.kinds[0]`), when not the top.
     pub path: Option<String>,
     /// For an unknown field: the field and the fields the type accepts.
-    pub unknown_field: Option<(String, &'static [&'static str])>,
+    pub unknown_field: Option<Box<(String, &'static [&'static str])>>,
     /// Lower case, from the deserializer.
     pub message: String,
+    /// What the value may be, when the deserializer knows (`wait: yes please`: `true` or `false`).
+    pub hint: Option<&'static str>,
 }
 
 impl fmt::Display for DecodeError {
@@ -151,6 +155,73 @@ pub fn parse_located(text: &str) -> Result<Node, LoadError> {
     Ok(node)
 }
 
+/// [`parse_located`] that reads on past duplicate keys: each one is in the list (at the second
+/// key, naming the first's line), and the node keeps the last value written for the key, so
+/// that the rest of the file can still be checked. Any other error is the `Err`.
+pub fn parse_located_all(text: &str) -> Result<(Node, Vec<LoadError>), LoadError> {
+    let text = text.strip_prefix(BOM).unwrap_or(text);
+    let options = marked_yaml::LoaderOptions::default().error_on_duplicate_keys(false).prevent_coercion(true);
+    let node = marked_yaml::parse_yaml_with_options(0, text, options).map_err(|e| describe(&e))?;
+    if let Some(at) = second_document(text) {
+        return Err(LoadError {
+            at: Some(at),
+            message: "a second YAML document starts here; a stack file holds one".into(),
+        });
+    }
+    Ok((node, duplicate_keys(text)))
+}
+
+/// Every key written twice in one mapping of the first document, in the order they appear.
+fn duplicate_keys(text: &str) -> Vec<LoadError> {
+    use std::collections::HashMap;
+    use yaml_rust2::parser::{Event, Parser};
+    /// A collection being read: a mapping with its keys so far and whether a key comes next.
+    enum Open {
+        Sequence,
+        Mapping { keys: HashMap<String, usize>, key_next: bool },
+    }
+    /// A node ended inside `open`: in a mapping, a key is followed by a value and the reverse.
+    fn ended(open: &mut [Open]) {
+        if let Some(Open::Mapping { key_next, .. }) = open.last_mut() {
+            *key_next = !*key_next;
+        }
+    }
+    let mut parser = Parser::new_from_str(text);
+    let mut open: Vec<Open> = Vec::new();
+    let mut found = Vec::new();
+    loop {
+        let Ok((event, mark)) = parser.next_token() else { return found };
+        match event {
+            Event::Scalar(value, ..) => {
+                if let Some(Open::Mapping { keys, key_next: true }) = open.last_mut() {
+                    let line = mark.line();
+                    if let Some(first) = keys.get(&value) {
+                        found.push(LoadError {
+                            at: Some(Location { line, column: mark.col() + 1 }),
+                            message: format!("key `{value}` appears twice in the same mapping (first on line {first})"),
+                        });
+                    } else {
+                        keys.insert(value, line);
+                    }
+                }
+                ended(&mut open);
+            }
+            Event::Alias(_) => ended(&mut open),
+            Event::MappingStart(..) => open.push(Open::Mapping { keys: HashMap::new(), key_next: true }),
+            Event::SequenceStart(..) => open.push(Open::Sequence),
+            Event::MappingEnd | Event::SequenceEnd => {
+                open.pop();
+                ended(&mut open);
+            }
+            Event::DocumentEnd | Event::StreamEnd => return found,
+            _ => {}
+        }
+    }
+}
+
+/// The message of a located text whose top is not a mapping.
+pub const NOT_A_MAPPING: &str = "the file must be a mapping";
+
 /// Where a second document starts, if the text has one. `marked_yaml` reads the first
 /// document and ignores the rest, so the stream's events are read again up to that point.
 fn second_document(text: &str) -> Option<Location> {
@@ -182,10 +253,19 @@ pub fn from_node<T: DeserializeOwned>(node: &Node) -> Result<T, DecodeError> {
         let at = e.start_mark().map(Location::from);
         let path = e.path().filter(|p| !p.is_empty() && *p != ".").map(str::to_string);
         let unknown_field = match &*e {
-            marked_yaml::Error::UnknownFieldError(field, expected, _) => Some((field.clone(), *expected)),
+            marked_yaml::Error::UnknownFieldError(field, expected, _) => Some(Box::new((field.clone(), *expected))),
             _ => None,
         };
-        DecodeError { at, path, unknown_field, message: lowercase_first(&e.into_inner().to_string()) }
+        let hint = match &*e {
+            // The words `Node::as_bool` takes, no more: `yes`/`on` are strings in YAML 1.2.
+            marked_yaml::Error::NotBoolean(_) => {
+                Some("write `true` or `false` (`yes`, `no`, `on` and `off` are strings in YAML 1.2)")
+            }
+            marked_yaml::Error::IntegerParseFailure(..) => Some("write a whole number, such as `3`"),
+            marked_yaml::Error::FloatParseFailure(..) => Some("write a number, such as `0.5`"),
+            _ => None,
+        };
+        DecodeError { at, path, unknown_field, message: lowercase_first(&e.into_inner().to_string()), hint }
     })
 }
 
@@ -310,7 +390,7 @@ pub fn node_to_json(node: &Node) -> Value {
 fn describe(e: &marked_yaml::LoadError) -> LoadError {
     use marked_yaml::LoadError::*;
     let (marker, message) = match e {
-        TopLevelMustBeMapping(m) => (Some(*m), "the file must be a mapping".into()),
+        TopLevelMustBeMapping(m) => (Some(*m), NOT_A_MAPPING.into()),
         TopLevelMustBeSequence(m) => (Some(*m), "unexpected top-level sequence".into()),
         UnexpectedAnchor(m) => (Some(*m), "YAML anchors and aliases are not supported in stack files".into()),
         MappingKeyMustBeScalar(m) => (Some(*m), "mapping keys must be plain strings".into()),
@@ -456,6 +536,31 @@ mod tests {
         let e = parse_located("name: s\nsteps:\n  - name: a\n    run: x\n    run: y\n").unwrap_err();
         assert_eq!(e.at, Some(Location { line: 5, column: 5 }));
         assert_eq!(e.message, "key `run` appears twice in the same mapping (first on line 4)");
+    }
+
+    #[test]
+    fn every_duplicate_key_is_found_and_the_rest_still_read() {
+        let text = "a: 1\nb:\n  c: [x, {d: 1, d: 2}]\n  c: 3\na: 4\ne: 5\n";
+        let (node, duplicates) = parse_located_all(text).unwrap();
+        let found: Vec<(usize, usize, &str)> = duplicates
+            .iter()
+            .map(|e| {
+                let at = e.at.unwrap();
+                (at.line, at.column, e.message.as_str())
+            })
+            .collect();
+        assert_eq!(
+            found,
+            [
+                (3, 17, "key `d` appears twice in the same mapping (first on line 3)"),
+                (4, 3, "key `c` appears twice in the same mapping (first on line 3)"),
+                (5, 1, "key `a` appears twice in the same mapping (first on line 1)"),
+            ]
+        );
+        let top = node.as_mapping().unwrap();
+        assert_eq!(top.get_scalar("a").unwrap().as_str(), "4", "the last value is read");
+        assert_eq!(top.get_scalar("e").unwrap().as_str(), "5");
+        assert!(parse_located_all("a: [1\n").is_err(), "a syntax error is still an error");
     }
 
     #[test]

@@ -38,6 +38,22 @@ const OLD_ENTRIES: &[&str] = &[
     "running",
 ];
 
+/// What the shared `.rdeploy/` holds beside the stacks' directories, by name: a stack named so
+/// would have its state mixed with it (a stack `fleet` writing into the fleet's records, a
+/// stack `logs` moved away as part of an old layout). `None` for a name free to use. Names are
+/// compared ignoring case, as the file systems of macOS and Windows compare them.
+pub fn reserved(name: &str) -> Option<&'static str> {
+    let name = name.to_ascii_lowercase();
+    match name.as_str() {
+        "fleet" => Some("the fleet's records (`.rdeploy/fleet/`), shared by every stack beside it"),
+        "lock" => Some("the lock of the shared `.rdeploy/` itself"),
+        _ if OLD_ENTRIES.contains(&name.as_str()) => {
+            Some("a file of the state layout from before each stack had its own directory, which rdeploy moves")
+        }
+        _ => None,
+    }
+}
+
 /// The prefix of the hidden directory a move goes through.
 const MOVING: &str = ".moving-";
 
@@ -179,6 +195,16 @@ pub fn refuse_another_stack(store: &LocalStore, name: &str) -> anyhow::Result<()
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_names_the_shared_directory_holds_are_reserved() {
+        for name in ["fleet", "lock", "Fleet", "LOCK", "history", "logs", "steps", "running", "snapshot.json"] {
+            assert!(reserved(name).is_some(), "{name}");
+        }
+        for name in ["shop", "fleet-app", "locks", "app_history"] {
+            assert_eq!(reserved(name), None, "{name}");
+        }
+    }
 
     #[test]
     fn a_cut_short_move_is_finished_by_the_next_run() {

@@ -935,6 +935,91 @@ impl<'a> Release<'a> {
     }
 }
 
+/// A `chart` that helm would not find, read as helm reads it: a path that exists is a chart
+/// directory; `oci://` and other URLs are fetched; `./x` and `/x` are paths only; a bare `NAME`
+/// is an error (helm wants `REPO/NAME` then); `REPO/NAME` is looked up in helm's repositories.
+/// `REPO/NAME` is a problem only where `REPO` is also a directory beside the stack file and helm
+/// knows no repository of that name: a local path with a typo, not a repository that a CI job
+/// adds before `up`. `repositories` gives the names of helm's repositories.
+fn chart_problem(chart: &str, dir: &Path, repositories: &dyn Fn() -> Vec<String>) -> Option<SpecProblem> {
+    if chart.contains("://") || chart.contains("${{") || chart.starts_with('.') || chart.starts_with('/') {
+        // URLs are helm's to fetch; explicit paths are checked as referenced paths.
+        return None;
+    }
+    let full = dir.join(chart);
+    if full.exists() {
+        return None;
+    }
+    let at = vec![PathSegment::Key("chart")];
+    let Some((repo, name)) = chart.split_once('/') else {
+        return Some(SpecProblem {
+            at,
+            message: format!("chart `{chart}` is no directory beside the stack file (looked for {})", full.display()),
+            hint: Some(
+                "name a chart directory relative to the stack file, a repository chart as `REPO/CHART`, or an `oci://` reference"
+                    .into(),
+            ),
+        });
+    };
+    let parent = dir.join(repo);
+    if !parent.is_dir() || repositories().iter().any(|r| r == repo) {
+        return None;
+    }
+    // The directories beside the one meant, for a did-you-mean.
+    let siblings: Vec<String> = std::fs::read_dir(&parent)
+        .map(|entries| {
+            entries
+                .filter_map(|e| e.ok())
+                .filter(|e| e.path().is_dir())
+                .filter_map(|e| e.file_name().into_string().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    let siblings: Vec<&str> = siblings.iter().map(String::as_str).collect();
+    let closest = crate::suggest(name, &siblings);
+    let hint = match closest {
+        Some(s) => format!("did you mean `{repo}/{s}`?"),
+        None => {
+            format!("name a chart directory relative to the stack file, or add the repository first (`helm repo add {repo} URL`)")
+        }
+    };
+    Some(SpecProblem {
+        at,
+        message: format!(
+            "chart `{chart}` is no directory beside the stack file (looked for {}), and helm knows no repository `{repo}` to read it from",
+            full.display()
+        ),
+        hint: Some(hint),
+    })
+}
+
+/// The names of the repositories helm knows (`helm repo list`), read from its repository file
+/// where helm reads it: `HELM_REPOSITORY_CONFIG`, else `repositories.yaml` in helm's
+/// configuration directory. None when there is no such file.
+fn repository_names() -> Vec<String> {
+    let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let config_home = || {
+        var("HELM_CONFIG_HOME").or_else(|| var("XDG_CONFIG_HOME").map(|d| d.join("helm"))).or_else(|| {
+            let home = var("HOME")?;
+            Some(if cfg!(target_os = "macos") {
+                home.join("Library/Preferences/helm")
+            } else {
+                home.join(".config/helm")
+            })
+        })
+    };
+    let Some(file) = var("HELM_REPOSITORY_CONFIG").or_else(|| config_home().map(|d| d.join("repositories.yaml")))
+    else {
+        return Vec::new();
+    };
+    let Ok(text) = std::fs::read_to_string(&file) else { return Vec::new() };
+    let Ok(value) = crate::yaml::value(&text) else { return Vec::new() };
+    value["repositories"]
+        .as_array()
+        .map(|repos| repos.iter().filter_map(|r| r["name"].as_str().map(str::to_string)).collect())
+        .unwrap_or_default()
+}
+
 impl Adapter for HelmSpec {
     fn problems(&self) -> Vec<SpecProblem> {
         let mut problems = Vec::new();
@@ -976,6 +1061,10 @@ impl Adapter for HelmSpec {
             paths.push((vec![PathSegment::Key("kubeconfig")], k.clone()));
         }
         paths
+    }
+
+    fn problems_beside(&self, dir: &Path) -> Vec<SpecProblem> {
+        chart_problem(&self.chart, dir, &repository_names).into_iter().collect()
     }
 
     async fn preflight(&self, ctx: &StepContext) -> Result<ToolInfo, AdapterError> {
@@ -1414,6 +1503,22 @@ impl HelmSpec {
 
 #[cfg(test)]
 mod tests {
+
+    /// `REPO/NAME` beside a directory `REPO` is a typo only when helm knows no repository of
+    /// that name: helm tries the path first, then the repository.
+    #[test]
+    fn a_repository_of_the_same_name_makes_a_chart_reference_helms() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("charts/web")).unwrap();
+        let none = || Vec::new();
+        let charts = || vec!["charts".to_string()];
+        let p = chart_problem("charts/webb", dir.path(), &none).unwrap();
+        assert_eq!(p.hint.as_deref(), Some("did you mean `charts/web`?"));
+        assert!(chart_problem("charts/webb", dir.path(), &charts).is_none());
+        assert!(chart_problem("charts/web", dir.path(), &none).is_none());
+        let p = chart_problem("charts/other", dir.path(), &none).unwrap();
+        assert!(p.hint.unwrap().contains("helm repo add charts URL"));
+    }
     use super::*;
 
     fn lines(text: &str) -> Vec<String> {
