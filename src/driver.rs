@@ -656,6 +656,12 @@ impl Session {
                 continue;
             };
             let (step, mut ctx, read) = self.resolved(step, self.cancel.child_token());
+            // The checkpoint's outputs in place of `${{ ... }}`, as recover would run it (a
+            // sensitive one is read again, registered as a secret, so it prints redacted).
+            let step = match self.resolve_references_from(|f| f(deploy), &step).await {
+                Ok(resolved) => resolved,
+                Err(_) => step,
+            };
             let step = &step;
             ctx.started_by = self.started_by(deploy, &step.name, None);
             let what = match action {
@@ -937,9 +943,21 @@ impl Session {
     /// producer's own state, and registered with the run's secrets). A reference
     /// without a value is the step's failure, before its tool starts.
     async fn resolve_references(&self, cp: &SharedCheckpoint, step: &Step) -> Result<Step, Failure> {
+        self.resolve_references_from(|f| cp.read(f), step).await
+    }
+
+    /// [`Session::resolve_references`] from a deploy read by `read` (the live checkpoint, or a
+    /// loaded one for `recover --dry-run`).
+    async fn resolve_references_from(
+        &self,
+        read: impl Fn(
+            &dyn Fn(&Deploy) -> (Option<serde_json::Value>, bool, Vec<String>),
+        ) -> (Option<serde_json::Value>, bool, Vec<String>),
+        step: &Step,
+    ) -> Result<Step, Failure> {
         let mut values: HashMap<Reference, OutputValue> = HashMap::new();
         for reference in &step.refs {
-            let (plain, sensitive, known) = cp.read(|d| {
+            let (plain, sensitive, known) = read(&|d: &Deploy| {
                 let producer = d.step(&reference.step);
                 let plain = producer.and_then(|p| p.outputs.get(&reference.key).cloned());
                 let sensitive = producer.is_some_and(|p| p.sensitive_outputs.contains(&reference.key));
