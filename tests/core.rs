@@ -1073,3 +1073,27 @@ fn counts_are_pluralised() {
         format!("{}\n{started}", validate.stdout.lines().next().unwrap_or_default())
     );
 }
+
+/// Issue 31, point 7: a complete deploy's counts read as counts (`1 declared sub-change`, `2
+/// declared sub-changes`), not `1/1 declared sub-changes`.
+#[test]
+fn complete_deploy_counts_read_as_counts() {
+    let p = Project::new();
+    p.stack(
+        r#"
+name: shop
+steps:
+  - name: one
+    tool: shell
+    run: "true"
+  - name: two
+    tool: shell
+    sub_changes:
+      - { name: a, run: "true" }
+      - { name: b, run: "true" }
+"#,
+    );
+    let run = p.rdeploy(&["up"]);
+    run.code(0);
+    insta::assert_snapshot!("complete_deploy_counts", run.stdout);
+}
