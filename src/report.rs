@@ -74,6 +74,10 @@ pub struct StepReport {
     pub exit_code: Option<i32>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub stderr_tail: Vec<String>,
+    /// The operator's file (and line) the tool's error points at: `{ "file": "k8s/app.yaml",
+    /// "line": 12 }`, relative to the stack file's directory.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub location: Option<rdeploy_adapters::Location>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hint: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -372,6 +376,7 @@ fn pending_step(name: String, tool: String, resumable: bool) -> StepReport {
         command: None,
         exit_code: None,
         stderr_tail: Vec::new(),
+        location: None,
         hint: None,
         revert_error: None,
         reverted_how: None,
@@ -429,6 +434,7 @@ pub fn from_deploy(
             r.command = f.command.clone();
             r.exit_code = f.exit_code;
             r.stderr_tail = f.stderr_tail.clone();
+            r.location = f.location.clone();
             r.hint = f.hint.clone();
             r.interrupted = f.interrupted;
             if f.interrupted {
