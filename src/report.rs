@@ -434,7 +434,7 @@ pub fn from_deploy(
             r.command = f.command.clone();
             r.exit_code = f.exit_code;
             r.stderr_tail = f.stderr_tail.clone();
-            r.location = f.location.clone();
+            r.location = f.location.as_deref().cloned();
             r.hint = f.hint.clone();
             r.interrupted = f.interrupted;
             if f.interrupted {

@@ -419,9 +419,10 @@ pub struct Failure {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub timed_out: bool,
     /// The operator's file the tool's error points at (a kubectl manifest, a terraform
-    /// configuration file), when it points at one: where a CI annotation goes.
+    /// configuration file), when it points at one: where a CI annotation goes. Boxed: every
+    /// `Result<_, Failure>` carries the room for it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub location: Option<Location>,
+    pub location: Option<Box<Location>>,
 }
 
 /// A place in the operator's files: a path relative to the stack file's directory, and the

@@ -434,11 +434,12 @@ impl KubectlSpec {
             *line = output::name_user_files(line, objects);
         }
         // The first failed object's file and, when known, the line its document starts on.
-        failure.location =
-            failed.first().and_then(|(id, _)| objects.iter().find(|o| &o.id() == id)).map(|o| crate::Location {
+        failure.location = failed.first().and_then(|(id, _)| objects.iter().find(|o| &o.id() == id)).map(|o| {
+            Box::new(crate::Location {
                 file: o.source.to_string_lossy().into_owned(),
                 line: manifest::document_line(&ctx.resolve(&o.source), o.document),
-            });
+            })
+        });
         if let Some(hint) = self.too_big_hint(objects, selected, &failed) {
             failure.hint = Some(hint);
         }

@@ -1274,10 +1274,10 @@ impl<'a> Run<'a> {
 
     /// Where a diagnostic points, relative to the stack file: the step's `dir`, then terraform's
     /// file name (relative to the root module).
-    fn location_of(&self, d: &Diagnostic) -> Option<crate::Location> {
+    fn location_of(&self, d: &Diagnostic) -> Option<Box<crate::Location>> {
         let range = d.range.as_ref().filter(|r| !r.filename.is_empty())?;
         let file = self.spec.dir.join(&range.filename);
-        Some(crate::Location { file: file.to_string_lossy().into_owned(), line: Some(range.start.line) })
+        Some(Box::new(crate::Location { file: file.to_string_lossy().into_owned(), line: Some(range.start.line) }))
     }
 
     fn diagnostics_failure(&self, args: &[String], outcome: &Outcome, errors: &[Diagnostic]) -> Failure {
