@@ -315,7 +315,8 @@ steps:
     p.file("chain/fail-a5", "");
     ci_github(&p, &["--junit", "junit.xml"])
         .code(1)
-        .stdout_has("::error file=stack.yaml,line=4,title=rdeploy%3A step network (terraform) failed::");
+        // At terraform's own place: the failing provisioner in the step's dir (issue 31, point 5).
+        .stdout_has("::error file=chain/main.tf,line=31,title=rdeploy%3A step network (terraform) failed::");
     let report = junit(&p, "junit.xml");
     let failure = case(&report, "network").one("failure");
     assert!(failure.text.contains("local-exec provisioner error"), "{}", failure.text);
