@@ -11,9 +11,10 @@ use rdeploy_adapters::SubStatus;
 
 use crate::checkpoint::{Deploy, DeployState, StepStatus};
 use crate::diff::{Change, StackDiff, StepDiff};
-use crate::driver::Session;
+use crate::engine::Session;
 use crate::exit::{Code, Refusal};
 use crate::report::{self, Status, StepReport, StepView};
+use crate::reporter::{Finish, Finished};
 use crate::stack::StackError;
 use crate::ui::Ui;
 
@@ -113,30 +114,68 @@ pub async fn run(
         Mode::Up => session.up().await,
         Mode::Recover { .. } => session.recover(false).await,
     };
-    let (code, report) = match result.and_then(|report| Ok((crate::cmd::present(session, &report)?, report))) {
-        Ok(done) => done,
-        Err(err) => return Err(refused(session, outputs, err)),
-    };
-    let Some(deploy) = &report.deploy else { return Ok(code) };
-    let status = report::from_deploy(&session.stack, &session.state, deploy, &session.stack_arg, None);
+    // The CI's own reports of the run's end, each handed the report the text was rendered from.
+    let summary = outputs.step_summary.clone().map(|path| StepSummary { path, mode });
+    let junit = outputs.junit.clone().map(|path| JUnit { path });
+    let mut finishers: Vec<&dyn Finish> = Vec::new();
     if outputs.annotations {
-        annotate_outcome(session, &status);
+        finishers.push(&Annotations);
     }
-    if let Some(path) = &outputs.step_summary {
+    if let Some(summary) = &summary {
+        finishers.push(summary);
+    }
+    if let Some(junit) = &junit {
+        finishers.push(junit);
+    }
+    match result.and_then(|report| crate::cmd::present_to(session, &report, &finishers)) {
+        Ok(code) => Ok(code),
+        Err(err) => Err(refused(session, outputs, err)),
+    }
+}
+
+/// GitHub annotations (`GITHUB_ACTIONS=true`): a workflow command per failed, refused or rolled
+/// back step, and a notice for a complete deploy.
+struct Annotations;
+
+impl Finish for Annotations {
+    fn finished(&self, session: &Session, end: &Finished<'_>) {
+        if let Some(status) = end.status {
+            annotate_outcome(session, status);
+        }
+    }
+}
+
+/// `$GITHUB_STEP_SUMMARY`: the deploy's markdown report and the CI run's own lines, appended.
+struct StepSummary {
+    path: PathBuf,
+    mode: Mode,
+}
+
+impl Finish for StepSummary {
+    fn finished(&self, session: &Session, end: &Finished<'_>) {
+        let Some(status) = end.status else { return };
         // What the run itself picked up (recover's diff against the checkpoint it continued).
-        let changes = report.diff.clone().map(reported_changes).unwrap_or_default();
-        let text = summary(session, &status, code, &mode, &changes);
-        if let Err(e) = append(path, &text) {
-            session.ui.warn(format!("could not append to $GITHUB_STEP_SUMMARY ({}): {e:#}", path.display()));
+        let changes = end.run.diff.clone().map(reported_changes).unwrap_or_default();
+        let text = summary(session, status, end.code, &self.mode, &changes);
+        if let Err(e) = append(&self.path, &text) {
+            session.ui.warn(format!("could not append to $GITHUB_STEP_SUMMARY ({}): {e:#}", self.path.display()));
         }
     }
-    if let Some(path) = &outputs.junit {
-        let xml = junit(session, deploy, &status);
-        if let Err(e) = write_file(path, &xml) {
-            session.ui.warn(format!("could not write the JUnit report {}: {e:#}", path.display()));
+}
+
+/// `--junit FILE`: one test case per step.
+struct JUnit {
+    path: PathBuf,
+}
+
+impl Finish for JUnit {
+    fn finished(&self, session: &Session, end: &Finished<'_>) {
+        let (Some(status), Some(deploy)) = (end.status, end.run.deploy()) else { return };
+        let xml = junit(session, deploy, status);
+        if let Err(e) = write_file(&self.path, &xml) {
+            session.ui.warn(format!("could not write the JUnit report {}: {e:#}", self.path.display()));
         }
     }
-    Ok(code)
 }
 
 /// `rdeploy ci --plan-only`, for pull requests: the plan on stdout, appended as markdown to
@@ -149,7 +188,8 @@ pub async fn plan_only(session: &Session, outputs: &Outputs, save: Option<&Path>
         Err(err) => return Err(refused(session, outputs, err)),
     };
     if let Some(path) = save {
-        let saved = crate::planfile::build(session, &plan).and_then(|file| crate::planfile::write(path, &file));
+        let saved = crate::planfile::build(&session.stack, &session.stack_file, &session.state.shared, &plan)
+            .and_then(|file| crate::planfile::write(path, &file));
         match saved {
             Ok(digest) => session.ui.info(format!(
                 "ci: saved the plan to {} (sha256:{}): keep it as an artifact for `rdeploy ci --plan {}` on merge",
@@ -245,7 +285,7 @@ fn report_changes(session: &Session, outputs: &Outputs, changes: &[StepDiff]) {
     for StepDiff { name, change } in changes {
         let text = change_text(name, change);
         match change {
-            // The driver warns about these itself when it recovers the step.
+            // The engine warns about these itself when it recovers the step.
             Change::Changed { done: false, .. } => session.ui.info(format!("ci: {text}")),
             _ => session.ui.warn(format!("ci: {text}")),
         }

@@ -76,7 +76,8 @@ mod tests {
     use std::path::Path;
 
     use super::*;
-    use crate::checkpoint::{Checkpoint, Record};
+    use crate::checkpoint::Record;
+    use crate::engine::journal::Checkpoint;
     use crate::stack::parse;
 
     fn stack(text: &str) -> Stack {

@@ -20,13 +20,12 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 use base64::Engine as _;
-use rdeploy_adapters::preview::{Observed, PreviewError};
+use rdeploy_adapters::preview::Observed;
 use rdeploy_adapters::secrets::SecretSource;
 use rdeploy_adapters::{Adapter, PathSegment, Tool, ToolSpec};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 
-use crate::driver::Session;
 use crate::exit::{Code, Refusal};
 use crate::plan::{Resolved, StackPlan};
 use crate::stack::{Stack, Step};
@@ -120,7 +119,7 @@ pub struct SavedTool {
 }
 
 impl SavedTool {
-    fn bytes(&self) -> anyhow::Result<Vec<u8>> {
+    pub(crate) fn bytes(&self) -> anyhow::Result<Vec<u8>> {
         base64::engine::general_purpose::STANDARD.decode(&self.base64).context("terraform's saved plan is not base64")
     }
 }
@@ -144,13 +143,12 @@ impl Loaded {
     }
 }
 
-fn sha256_hex(bytes: &[u8]) -> String {
+pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
 /// Builds the PLANFILE of a plan the session just made.
-pub fn build(session: &Session, plan: &StackPlan) -> anyhow::Result<PlanFile> {
-    let stack = &session.stack;
+pub fn build(stack: &Stack, stack_file: &str, shared: &Path, plan: &StackPlan) -> anyhow::Result<PlanFile> {
     let stack_bytes =
         fs_err::read(&stack.file).with_context(|| format!("cannot read the stack file {}", stack.file.display()))?;
     let secrets = crate::out::secrets();
@@ -178,7 +176,7 @@ pub fn build(session: &Session, plan: &StackPlan) -> anyhow::Result<PlanFile> {
             changes: step_plan.changes,
             previewed: step_plan.unknown_until.is_empty(),
             error: step_plan.error.clone(),
-            files: step_files(stack, step, &session.state.shared)?,
+            files: step_files(stack, step, shared)?,
             observed: {
                 // In a stable order, whatever order the tool listed its objects in.
                 let mut observed = step_plan.observed.clone();
@@ -196,7 +194,7 @@ pub fn build(session: &Session, plan: &StackPlan) -> anyhow::Result<PlanFile> {
         format: FORMAT.into(),
         version: VERSION,
         rdeploy_version: env!("CARGO_PKG_VERSION").into(),
-        stack: StackId { name: stack.name.clone(), file: session.stack_file.clone(), digest: sha256_hex(&stack_bytes) },
+        stack: StackId { name: stack.name.clone(), file: stack_file.to_string(), digest: sha256_hex(&stack_bytes) },
         changes: plan.changes,
         steps,
         rendered: crate::plan::render_text(plan),
@@ -448,7 +446,7 @@ fn display(path: &Path) -> String {
 }
 
 /// Differences between two digests of a step's files, in words.
-fn files_moved(step: &str, then: &BTreeMap<String, String>, now: &BTreeMap<String, String>) -> Vec<String> {
+pub(crate) fn files_moved(step: &str, then: &BTreeMap<String, String>, now: &BTreeMap<String, String>) -> Vec<String> {
     let mut out = Vec::new();
     for (path, digest) in then {
         match now.get(path) {
@@ -464,7 +462,7 @@ fn files_moved(step: &str, then: &BTreeMap<String, String>, now: &BTreeMap<Strin
 }
 
 /// What moved among a step's observations, in words naming the cause.
-fn observed_moved(step: &str, then: &[Observed], now: &[Observed]) -> Vec<String> {
+pub(crate) fn observed_moved(step: &str, then: &[Observed], now: &[Observed]) -> Vec<String> {
     let now: BTreeMap<&str, &str> = now.iter().map(|o| (o.what.as_str(), o.value.as_str())).collect();
     let mut out = Vec::new();
     for o in then {
@@ -494,219 +492,6 @@ fn observed_moved(step: &str, then: &[Observed], now: &[Observed]) -> Vec<String
         out.push(format!("step `{step}`: {what} is {value} now and was not part of the plan"));
     }
     out
-}
-
-impl Session {
-    /// `up --plan`: before anything runs or is recorded, everything the plan saw is read again;
-    /// anything that moved refuses the run (exit 2), naming each thing.
-    pub async fn check_plan(&self, loaded: &Loaded) -> anyhow::Result<()> {
-        let saved = &loaded.plan;
-        let again = format!(
-            "plan again with `rdeploy plan {} -o {}`, review it, then `rdeploy up {} --plan {}`",
-            self.stack_arg,
-            loaded.path.display(),
-            self.stack_arg,
-            loaded.path.display()
-        );
-        let stale = |moved: Vec<String>| -> anyhow::Error {
-            Refusal::new(
-                Code::BadInput,
-                format!(
-                    "the plan {} is stale: nothing was applied and nothing recorded\n  {}",
-                    loaded.path.display(),
-                    moved.join("\n  ")
-                ),
-            )
-            .with_hint(again.clone())
-            .into()
-        };
-        if saved.stack.name != self.stack.name {
-            return Err(stale(vec![format!(
-                "the plan is of stack `{}` ({}), not of stack `{}` ({})",
-                saved.stack.name, saved.stack.file, self.stack.name, self.stack_file
-            )]));
-        }
-        let bytes = fs_err::read(&self.stack.file)?;
-        if sha256_hex(&bytes) != saved.stack.digest {
-            return Err(stale(vec![format!("the stack file {} changed since the plan", self.stack_file)]));
-        }
-        let failed: Vec<&SavedStep> = saved.steps.iter().filter(|s| s.error.is_some()).collect();
-        if !failed.is_empty() {
-            let what: Vec<String> = failed
-                .iter()
-                .map(|s| format!("step `{}` could not be planned: {}", s.name, s.error.as_deref().unwrap_or_default()))
-                .collect();
-            return Err(Refusal::new(
-                Code::BadInput,
-                format!("the plan {} cannot be applied as reviewed:\n  {}", loaded.path.display(), what.join("\n  ")),
-            )
-            .with_hint(format!("fix the cause, then {again}"))
-            .into());
-        }
-        let mut moved = Vec::new();
-        for step in self.stack.ordered() {
-            let Some(saved_step) = saved.steps.iter().find(|s| s.name == step.name) else {
-                moved.push(format!("step `{}` is not in the plan", step.name));
-                continue;
-            };
-            moved.extend(files_moved(
-                &step.name,
-                &saved_step.files,
-                &step_files(&self.stack, step, &self.state.shared)?,
-            ));
-        }
-        if !moved.is_empty() {
-            return Err(stale(moved));
-        }
-        // The live state, read again by each tool (concurrently, read-only, as `plan` does).
-        let mut running = tokio::task::JoinSet::new();
-        for step in self.stack.ordered() {
-            let saved_step = saved.steps.iter().find(|s| s.name == step.name).expect("checked above");
-            if !saved_step.previewed || saved_step.observed.is_empty() {
-                continue;
-            }
-            let values: std::collections::HashMap<String, String> = saved_step
-                .inputs
-                .iter()
-                .filter_map(|(k, v)| match v {
-                    Resolved::Known(v) => Some((k.clone(), rdeploy_adapters::outputs::value_text(v))),
-                    Resolved::Pending { .. } => None,
-                })
-                .collect();
-            let step = step
-                .resolve(&|r| values.get(&format!("steps.{}.outputs.{}", r.step, r.key)).cloned())
-                .map_err(|e| anyhow::anyhow!("step `{}`: {e:?}", step.name))?;
-            let (step, ctx, read) = self.resolved(&step, self.cancel.child_token());
-            let then = saved_step.observed.clone();
-            running.spawn(async move {
-                let now = match read {
-                    Ok(()) => step.spec.observe(&ctx).await,
-                    Err(failure) => Err(PreviewError::Failed(failure)),
-                };
-                (step.name.clone(), then, now)
-            });
-        }
-        let mut results = Vec::new();
-        while let Some(joined) = running.join_next().await {
-            results.push(joined.map_err(|e| anyhow::anyhow!("an observation task panicked: {e}"))?);
-        }
-        if self.cancel.is_cancelled() {
-            return Err(Refusal::new(Code::Interrupted, "interrupted while checking the plan: nothing was changed")
-                .with_hint(format!("run `rdeploy up {} --plan {}` again", self.stack_arg, loaded.path.display()))
-                .into());
-        }
-        let order: Vec<String> = self.stack.ordered().map(|s| s.name.clone()).collect();
-        results.sort_by_key(|(name, ..)| order.iter().position(|n| n == name));
-        for (name, then, now) in results {
-            match now {
-                Ok(now) => moved.extend(observed_moved(&name, &then, &now)),
-                Err(PreviewError::Tool(e)) => {
-                    moved.push(format!("step `{name}`: cannot read its live state again: {e}"));
-                }
-                Err(PreviewError::Failed(f)) => {
-                    moved.push(format!(
-                        "step `{name}`: cannot read its live state again: {}",
-                        crate::out::secrets().redact(&f.summary)
-                    ));
-                }
-            }
-        }
-        if !moved.is_empty() {
-            return Err(stale(moved));
-        }
-        Ok(())
-    }
-
-    /// Puts each reviewed terraform plan of the PLANFILE in its step's work dir (0700, the
-    /// file 0600), where [`Session::saved_plan_of`] finds it for the step's apply.
-    pub fn stage_saved_plans(&self, loaded: &Loaded) -> anyhow::Result<()> {
-        // Every digest is checked before any file is written: a refusal leaves nothing behind.
-        let mut staged = Vec::new();
-        for saved in &loaded.plan.steps {
-            let Some(tf) = &saved.terraform_plan else { continue };
-            let bytes = tf.bytes()?;
-            if sha256_hex(&bytes) != tf.digest {
-                return Err(Refusal::new(
-                    Code::BadInput,
-                    format!(
-                        "the plan file {}: terraform's saved plan of step `{}` does not match its digest",
-                        loaded.path.display(),
-                        saved.name
-                    ),
-                )
-                .with_hint(format!("make it again with `rdeploy plan -o {}`", loaded.path.display()))
-                .into());
-            }
-            staged.push((saved, bytes));
-        }
-        for (saved, bytes) in staged {
-            let dir = self.state.step_dir(&saved.name);
-            self.state.create_dir(&dir)?;
-            let path = dir.join(REVIEWED_TFPLAN);
-            let mut file = tempfile::Builder::new().prefix(".reviewed-").tempfile_in(&dir)?;
-            file.write_all(&bytes)?;
-            file.as_file().sync_all()?;
-            file.persist(&path).map_err(|e| e.error)?;
-        }
-        Ok(())
-    }
-
-    /// After `up --plan`: a staged saved plan no apply consumed (its step never ran) holds
-    /// variable values; it goes, and `recover` plans on terraform's own path.
-    pub fn unstage_saved_plans(&self) {
-        let Some(loaded) = &self.from_plan else { return };
-        for saved in loaded.plan.steps.iter().filter(|s| s.terraform_plan.is_some()) {
-            let _ = std::fs::remove_file(self.state.step_dir(&saved.name).join(REVIEWED_TFPLAN));
-        }
-    }
-
-    /// `recover` and `reset`: a `reviewed.tfplan` a killed `up --plan` left (it holds
-    /// variable values) goes before anything else; neither applies a reviewed plan.
-    pub fn remove_leftover_saved_plans(&self) {
-        for step in &self.stack.steps {
-            let _ = std::fs::remove_file(self.state.step_dir(&step.name).join(REVIEWED_TFPLAN));
-        }
-    }
-
-    /// The reviewed terraform plan `up --plan` staged for `step`, if any.
-    pub fn saved_plan_of(&self, step: &str) -> Option<PathBuf> {
-        let loaded = self.from_plan.as_ref()?;
-        loaded.step(step)?.terraform_plan.as_ref()?;
-        let path = self.state.step_dir(step).join(REVIEWED_TFPLAN);
-        Some(std::path::absolute(&path).unwrap_or(path))
-    }
-
-    /// `up --plan`: a step previewed with known output values is applied with those only; a
-    /// value that differs now (its producer applied and output something else) fails the step
-    /// before its tool starts. Values known only after a producer applies were never reviewed
-    /// and are taken as they come, as `up` does.
-    pub fn plan_inputs_moved(
-        &self,
-        step: &Step,
-        current: &dyn Fn(&str, &str) -> Option<serde_json::Value>,
-    ) -> Option<String> {
-        let loaded = self.from_plan.as_ref()?;
-        let saved = loaded.step(&step.name)?;
-        let mut moved = Vec::new();
-        for reference in &step.refs {
-            let key = format!("steps.{}.outputs.{}", reference.step, reference.key);
-            match saved.inputs.get(&key) {
-                Some(Resolved::Known(then)) => {
-                    let now = current(&reference.step, &reference.key);
-                    if now.as_ref() != Some(then) {
-                        moved.push(format!(
-                            "`{key}` is {} now but the plan previewed the step with {}",
-                            now.map_or_else(|| "unset".to_string(), |v| rdeploy_adapters::outputs::value_text(&v)),
-                            rdeploy_adapters::outputs::value_text(then)
-                        ));
-                    }
-                }
-                Some(Resolved::Pending { .. }) => {}
-                None => moved.push(format!("`{key}` is not a reference the plan recorded for this step")),
-            }
-        }
-        (!moved.is_empty()).then(|| crate::out::secrets().redact(&moved.join("; ")))
-    }
 }
 
 #[cfg(test)]

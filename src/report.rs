@@ -236,6 +236,25 @@ pub struct SubReport {
     pub absent_why: Option<String>,
 }
 
+impl crate::rollout::report::ClusterRow for SubReport {
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn status(&self) -> SubStatus {
+        self.status
+    }
+
+    fn set_wave(&mut self, wave: Option<u64>) {
+        self.wave = wave;
+    }
+
+    fn set_absent(&mut self, since: Option<String>, why: String) {
+        self.absent_since = Some(since);
+        self.absent_why = Some(why);
+    }
+}
+
 /// A step's status as the report shows it. Several variants share a word in `status --json`
 /// (the five of docs/status-json.md), but renderers match on the variant, so nothing is rebuilt from flags.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -549,7 +568,16 @@ pub fn done_step_details(s: &StepState) -> Vec<String> {
     if let Some(because) = &s.stale {
         lines.push(format!("applied again: {because}"));
     }
+    if let Some(why) = never_in_place(&s.facts) {
+        lines.push(format!("never in place: {why}"));
+    }
     lines
+}
+
+/// Why the step can never be found in place (a chart that renders differently every time), as
+/// its adapter recorded it once.
+fn never_in_place<'a>(facts: impl IntoIterator<Item = (&'a String, &'a serde_json::Value)>) -> Option<&'a str> {
+    facts.into_iter().find(|(k, _)| k.as_str() == rdeploy_adapters::NEVER_IN_PLACE_FACT).and_then(|(_, v)| v.as_str())
 }
 
 fn outputs_words<'a>(
@@ -634,6 +662,9 @@ pub fn render_text(status: &Status, paint: Paint) -> String {
             }
             if let Some(because) = &s.reapplied_because {
                 let _ = writeln!(out, "      applied again: {because}");
+            }
+            if let Some(why) = never_in_place(&s.facts) {
+                let _ = writeln!(out, "      never in place: {why}");
             }
             for line in s.rollout.iter().flat_map(|r| r.lines()) {
                 let _ = writeln!(out, "      {line}");

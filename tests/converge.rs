@@ -423,3 +423,121 @@ steps:
     }
     assert_eq!(upgraded.len(), 4, "exactly the four older clusters were upgraded");
 }
+
+/// `db` writes `port` once; on the next `up` its `create` is in place (its check passes), so the
+/// port is the one the last deploy recorded, carried as `create` is found in place. A later
+/// sub-change that fails, then succeeds on a retry or under `rdeploy recover`, still hands it to
+/// `app`: the carried outputs are in the checkpoint, not only in the first attempt's memory.
+const CARRIED: &str = r#"
+name: carried
+steps:
+  - name: db
+    tool: shell
+    retry: { attempts: 2, delay: 0s, matching: ["flaky"] }
+    sub_changes:
+      - name: create
+        run: echo created >> created && echo "port=5432" >> "$RDEPLOY_OUTPUT"
+        check: "[ -e created ]"
+      - name: migrate
+        run: |
+          if [ -e flaky ]; then rm flaky; echo flaky network >&2; exit 1; fi
+          if [ -e broken ]; then echo broken schema >&2; exit 1; fi
+          echo migrated >> migrations
+  - name: app
+    tool: shell
+    run: echo "${{ steps.db.outputs.port }}" >> got
+"#;
+
+#[test]
+fn outputs_carried_for_a_sub_change_in_place_survive_a_retry() {
+    let p = shell_project(CARRIED);
+    p.rdeploy(&["up"]).code(0);
+    assert_eq!(p.lines("got"), ["5432"]);
+
+    // `migrate` fails once; the second attempt resumes the step through its recover path.
+    p.file("flaky", "");
+    p.rdeploy(&["up"])
+        .code(0)
+        .stdout_has("db: done (2/2 declared sub-changes, 1 in place), succeeded on attempt 2 of 2");
+    assert!(!p.exists("flaky"), "the first attempt ran `migrate` and failed");
+    assert_eq!(p.lines("migrations"), ["migrated", "migrated"]);
+    assert_eq!(p.lines("got"), ["5432", "5432"], "the retried step hands on the carried port");
+    assert_eq!(step(&p.status(), "db")["outputs"]["port"], "5432");
+    assert_eq!(p.lines("created"), ["created"], "`create` ran once, on the first deploy");
+}
+
+#[test]
+fn outputs_carried_for_a_sub_change_in_place_survive_a_recover() {
+    let p = shell_project(CARRIED);
+    p.rdeploy(&["up"]).code(0);
+    assert_eq!(p.lines("got"), ["5432"]);
+
+    // `migrate` fails for good: the deploy stops, `recover` resumes it.
+    p.file("broken", "");
+    p.rdeploy(&["up"]).code(1);
+    assert_eq!(step(&p.status(), "db")["outputs"]["port"], "5432", "journaled before `migrate` failed");
+    p.remove("broken");
+    p.rdeploy(&["recover"]).code(0);
+    assert_eq!(p.lines("got"), ["5432", "5432"], "the recovered step hands on the carried port");
+    assert_eq!(p.lines("migrations"), ["migrated", "migrated"]);
+    assert_eq!(p.lines("created"), ["created"], "`create` ran once, on the first deploy");
+}
+
+/// A chart that generates a value on every render (`randAlphaNum` in a Secret) can never be in
+/// place: `plan` shows a change and says why once, naming the template and the field; `up`
+/// upgrades it and the report says the same, once; the value itself is never printed. Its
+/// deterministic template (`configmap.yaml`) is not named.
+fn a_chart_that_renders_anew_is_upgraded_and_said_never_in_place(major: u32) {
+    let sim = Kubesim::start("demo");
+    let mut p = Project::new();
+    for (k, v) in sim.env() {
+        p.env(&k, &v);
+    }
+    p.copy_fixture("helm/rerendered", "charts/rerendered");
+    p.stack(&format!(
+        "name: db\nsteps:\n  - name: creds\n    tool: helm\n    release: creds\n    chart: charts/rerendered\n    namespace: db\n    context: demo\n    binary: {}\n",
+        helm_bin(major).display()
+    ));
+    p.rdeploy(&["up"]).code(0);
+    assert_eq!(revisions(&sim, "creds", "db"), 1);
+    let said = "never in place: `rerendered/templates/secret.yaml` renders `data.password` differently every time with the same chart and values";
+
+    let plan = p.rdeploy(&["plan", "--detailed-exitcode"]);
+    plan.code(7).stdout_has(said);
+    assert_eq!(plan.stdout.matches("never in place").count(), 1, "said once: {}", plan.stdout);
+    assert!(!plan.stdout.contains("configmap.yaml"), "the deterministic template is not named: {}", plan.stdout);
+
+    let up = p.rdeploy(&["up"]);
+    up.code(0).stdout_has(said).stdout_has("creds: done (1/1 release revisions)");
+    assert_eq!(up.stdout.matches("never in place").count(), 1, "said once: {}", up.stdout);
+    assert_eq!(revisions(&sim, "creds", "db"), 2, "upgraded, as every `up` must");
+    let status = p.status();
+    let facts = &step(&status, "creds")["facts"];
+    assert!(facts["never_in_place"].as_str().unwrap().contains("`data.password`"), "{facts}");
+
+    // The generated password, as it lives in the cluster, was never printed.
+    let secret = sim.kubectl_ok(&["--context", "demo", "-n", "db", "get", "secret", "creds-credentials", "-o", "json"]);
+    let secret: Value = serde_json::from_str(&secret).unwrap();
+    let encoded = secret["data"]["password"].as_str().unwrap().to_string();
+    assert_eq!(encoded.len(), 32, "24 random characters, base64: {encoded}");
+    for out in [&plan.stdout, &plan.stderr, &up.stdout, &up.stderr] {
+        assert!(!out.contains(&encoded), "the password leaked: {out}");
+    }
+    let report = p.rdeploy(&["status"]);
+    report.code(0);
+    assert!(!report.stdout.contains(&encoded));
+
+    // And so on every `up`.
+    p.rdeploy(&["up"]).code(0).stdout_has(said);
+    assert_eq!(revisions(&sim, "creds", "db"), 3);
+}
+
+#[test]
+fn a_chart_that_renders_anew_is_upgraded_and_said_never_in_place_helm3() {
+    a_chart_that_renders_anew_is_upgraded_and_said_never_in_place(3);
+}
+
+#[test]
+fn a_chart_that_renders_anew_is_upgraded_and_said_never_in_place_helm4() {
+    a_chart_that_renders_anew_is_upgraded_and_said_never_in_place(4);
+}

@@ -622,3 +622,32 @@ steps:
     assert_eq!(p.lines("reverted"), [HOSTILE]);
     assert_not_pwned(&p);
 }
+
+/// `rdeploy revert` of a finished deploy: a `revert` line that uses another step's output gets
+/// the value the deploy recorded (the revert opens a new journal; the outputs come with it).
+#[test]
+fn revert_of_a_finished_deploy_resolves_outputs_from_the_recorded_deploy() {
+    let p = Project::new();
+    p.stack(
+        r#"name: s
+steps:
+  - name: db
+    tool: shell
+    revert: echo db >> reverted
+    sub_changes:
+      - name: create
+        run: echo "port=7" >> "$RDEPLOY_OUTPUT"
+  - name: app
+    tool: shell
+    revert: echo "app ${{ steps.db.outputs.port }}" >> reverted
+    sub_changes:
+      - name: use
+        run: echo ${{ steps.db.outputs.port }} >> got
+"#,
+    );
+    p.rdeploy(&["up"]).code(0);
+    assert_eq!(p.lines("got"), ["7"]);
+    p.rdeploy(&["revert"]).code(0);
+    assert_eq!(p.lines("reverted"), ["app 7", "db"], "newest first, with the recorded port");
+    assert_eq!(p.status()["state"], "reverted");
+}

@@ -177,6 +177,11 @@ pub const TOOL_VERSION_FACT: &str = "tool_version";
 /// the tool applied nothing: the report says "in place, nothing to do".
 pub const IN_PLACE_FACT: &str = "in_place";
 
+/// The fact (a JSON string, one sentence) by which `up` records that a step can never be found
+/// in place, and why (a helm chart that renders differently every time: its templates and
+/// fields): the report says it once, under the step.
+pub const NEVER_IN_PLACE_FACT: &str = "never_in_place";
+
 /// What preflight found.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ToolInfo {

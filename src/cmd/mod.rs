@@ -1,15 +1,34 @@
-//! The binary's side of the deploy commands (`up`, `recover`, `revert`, `reset`, and `ci`
-//! through them): the driver returns a [`RunReport`]; this maps its outcome to the exit code
-//! (docs/exit-codes.md) and prints it. Nothing here decides anything about the deploy.
+//! The commands, one per file: each owns its arguments (a clap `Args` type) and its `run`, which
+//! `main.rs` dispatches to; [`global`] holds the flags every command takes and builds the
+//! session. This file is the binary's side of the deploy commands (`up`, `recover`, `revert`,
+//! `reset`, and `ci` through them): the engine returns a [`RunReport`]; this maps its outcome to
+//! the exit code (docs/exit-codes.md) and prints it. Nothing here decides anything about the
+//! deploy.
 
+pub mod alerts;
+pub mod ci;
+pub mod completions;
+pub mod global;
+pub mod inventory;
+pub mod man;
 pub mod output;
+pub mod plan;
+pub mod recover;
+pub mod reset;
+pub mod revert;
+pub mod runbook;
+pub mod state;
+pub mod status;
+pub mod up;
+pub mod validate;
 
 use std::fmt::Write as _;
 
 use crate::checkpoint::DeployState;
-use crate::driver::{ApplyWhy, DryRunPlan, DryRunStep, Ended, Outcome, RunReport, Session};
+use crate::engine::{ApplyWhy, DryRunPlan, DryRunStep, Ended, Outcome, RunReport, Session};
 use crate::exit::Code;
 use crate::report;
+use crate::reporter::{Finish, Finished};
 use crate::ui::Paint;
 
 /// The exit code (docs/exit-codes.md) for how a command ended.
@@ -27,22 +46,41 @@ pub fn exit_code(outcome: Outcome) -> Code {
 /// Prints what a deploy command did on stdout (and keeps the markdown report of a deploy that
 /// stopped part-way in the state directory), then gives its exit code.
 pub fn present(session: &Session, report: &RunReport) -> anyhow::Result<Code> {
-    let (text, markdown) = render(session, report);
+    present_to(session, report, &[])
+}
+
+/// [`present`], then each reporter of the command's end is handed the run report, the report of
+/// the deploy it left (the one the text was rendered from) and the exit code.
+pub fn present_to(session: &Session, report: &RunReport, finishers: &[&dyn Finish]) -> anyhow::Result<Code> {
+    // Built once: for the text of a deploy that did not complete, and for whoever reports the end.
+    let status = report
+        .deploy()
+        .filter(|d| {
+            !finishers.is_empty() || (matches!(report.ended, Ended::Ran(_)) && d.state != DeployState::Complete)
+        })
+        .map(|d| report::from_deploy(&session.stack, &session.state, d, &session.stack_arg, None));
+    let (text, markdown) = render(session, report, status.as_ref());
     out!("{text}");
     if let Some(markdown) = markdown {
         session.state.write_atomic(&session.state.report_path(), markdown.as_bytes())?;
     }
-    Ok(exit_code(report.outcome))
+    let code = exit_code(report.outcome);
+    let end = Finished { run: report, status: status.as_ref(), code };
+    for finisher in finishers {
+        finisher.finished(session, &end);
+    }
+    Ok(code)
 }
 
 /// The text [`present`] prints, and the markdown report it keeps for a deploy that stopped
-/// part-way.
-fn render(session: &Session, run: &RunReport) -> (String, Option<String>) {
+/// part-way (`status`: that deploy's report). Longer than most: one arm per way a command ends
+/// ([`Ended`]), kept in one match so each ending's wording sits beside the others'.
+fn render(session: &Session, run: &RunReport, status: Option<&report::Status>) -> (String, Option<String>) {
     let mut markdown = None;
     let location = session.store.location();
     let mut out = String::new();
-    match (&run.ended, &run.deploy) {
-        (Ended::NothingToRecover, last) => {
+    match &run.ended {
+        Ended::NothingToRecover(last) => {
             let said = match last.as_ref().map(|d| d.state) {
                 Some(DeployState::Complete) => "the last deploy completed",
                 Some(DeployState::Reverted) => "the last deploy was reverted",
@@ -50,10 +88,10 @@ fn render(session: &Session, run: &RunReport) -> (String, Option<String>) {
             };
             let _ = writeln!(out, "nothing to recover: {said} ({location})");
         }
-        (Ended::NothingToRevert, None) => {
+        Ended::NothingToRevert(None) => {
             let _ = writeln!(out, "nothing to revert: no completed or unfinished deploy is recorded in {location}");
         }
-        (Ended::NothingToRevert, Some(deploy)) => {
+        Ended::NothingToRevert(Some(deploy)) => {
             let (which, kept) = match deploy.state {
                 DeployState::Partial => (
                     "the unfinished deploy",
@@ -72,23 +110,23 @@ fn render(session: &Session, run: &RunReport) -> (String, Option<String>) {
                 session.stack_arg
             );
         }
-        (Ended::NothingToReset, _) => {
+        Ended::NothingToReset => {
             let _ = writeln!(out, "nothing to reset: no unfinished deploy in {location}");
         }
-        (Ended::Forgot, Some(deploy)) => {
+        Ended::Forgot(deploy) => {
             let _ = writeln!(
                 out,
                 "forgot deploy {} of stack {}; its record is kept in the history of {location}; the next `rdeploy up` starts from the top",
                 deploy.deploy_id, deploy.stack
             );
         }
-        (Ended::ForgotUnreadable { error, kept }, _) => {
+        Ended::ForgotUnreadable { error, kept } => {
             let _ = writeln!(
                 out,
                 "forgot the unfinished deploy in {location}: its journal could not be read ({error}); {kept}; the next `rdeploy up` starts from the top"
             );
         }
-        (Ended::DryRun(plan), Some(deploy)) => {
+        Ended::DryRun { deploy, plan } => {
             let _ = writeln!(
                 out,
                 "recover --dry-run: deploy {} of stack {} (nothing will be changed)",
@@ -98,7 +136,7 @@ fn render(session: &Session, run: &RunReport) -> (String, Option<String>) {
                 dry_run_step(&mut out, step);
             }
         }
-        (Ended::Ran, Some(deploy)) if deploy.state == DeployState::Complete => {
+        Ended::Ran(deploy) if deploy.state == DeployState::Complete => {
             let summary: Vec<String> = deploy
                 .steps
                 .iter()
@@ -120,15 +158,14 @@ fn render(session: &Session, run: &RunReport) -> (String, Option<String>) {
                 let _ = writeln!(out, "warning: {w}");
             }
         }
-        (Ended::Ran, Some(deploy)) => {
-            let status = report::from_deploy(&session.stack, &session.state, deploy, &session.stack_arg, None);
-            out.push_str(&report::render_text(&status, Paint { enabled: false }));
-            if deploy.state == DeployState::Partial {
-                markdown = Some(report::render_markdown(&status));
+        Ended::Ran(deploy) => {
+            // `present_to` built it for a deploy that did not complete.
+            if let Some(status) = status {
+                out.push_str(&report::render_text(status, Paint { enabled: false }));
+                if deploy.state == DeployState::Partial {
+                    markdown = Some(report::render_markdown(status));
+                }
             }
-        }
-        (Ended::Forgot | Ended::DryRun(_) | Ended::Ran, None) => {
-            unreachable!("the driver reports the deploy it ran, forgot or planned")
         }
     }
     (out, markdown)

@@ -3,6 +3,13 @@
 //! the bare value, for scripts. A sensitive value was never recorded: `--show-sensitive` reads
 //! it again from the tool's own state (terraform), where there is one.
 
+use std::sync::Arc;
+
+use clap::Args;
+
+use super::global::{session, Global};
+
+use crate::ui::Ui;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -11,7 +18,7 @@ use rdeploy_adapters::Adapter;
 use serde_json::Value;
 
 use crate::checkpoint::{Deploy, StepState};
-use crate::driver::Session;
+use crate::engine::Session;
 use crate::exit::{Code, Refusal};
 use crate::stack::suggest;
 
@@ -42,7 +49,8 @@ impl Target {
     }
 }
 
-/// What `rdeploy output` prints.
+/// What `rdeploy output` prints. Longer than most: it reads as the command's cases in order
+/// (no deploy, a step, a key; plain, JSON, sensitive values read again), each a few lines.
 pub async fn render(session: &Session, target: &Target, json: bool, show_sensitive: bool) -> anyhow::Result<String> {
     let deploy = match session.store.load_unfinished()? {
         Some(d) => d,
@@ -184,4 +192,25 @@ async fn read_again(session: &Session, step: &str) -> anyhow::Result<BTreeMap<St
 
 fn quoted(words: &[&str]) -> String {
     words.iter().map(|w| format!("`{w}`")).collect::<Vec<_>>().join(", ")
+}
+
+#[derive(Args)]
+pub struct OutputArgs {
+    /// `[STACK] [STEP [KEY]]`: the stack file (default `stack.yaml`), a step, one of its outputs.
+    #[arg(value_name = "STACK STEP KEY", num_args = 0..=3)]
+    pub words: Vec<String>,
+    /// Machine-readable output.
+    #[arg(long)]
+    pub json: bool,
+    /// Print sensitive values too, read again from the tool's own state (never recorded).
+    #[arg(long)]
+    pub show_sensitive: bool,
+}
+
+pub async fn run(args: &OutputArgs, global: &Global, ui: Arc<Ui>) -> anyhow::Result<Code> {
+    let OutputArgs { words, json, show_sensitive } = args;
+    let target = super::output::Target::from_words(words)?;
+    let s = session(&target.stack, global, ui.clone(), 1)?;
+    out!("{}", super::output::render(&s, &target, *json, *show_sensitive).await?);
+    Ok(Code::Ok)
 }

@@ -52,45 +52,7 @@ impl Attempts {
         let mut attempt = 1;
         let mut converged = Converged::Applied;
         loop {
-            let result = match (&step.fleet, &action) {
-                (Some(fleet), action) => {
-                    let fresh = PriorStep::default();
-                    let prior = match action {
-                        Action::Recover(prior) => prior,
-                        _ => &fresh,
-                    };
-                    let run = crate::rollout::FleetRun {
-                        step,
-                        fleet,
-                        ctx,
-                        prior,
-                        state_dir: &self.fleet_dir,
-                        converge: converge.take().is_some(),
-                    };
-                    crate::rollout::run(run, sink).await
-                }
-                // Done means every pod is updated and ready: the readiness check holds the
-                // step's Done events until it has read the workloads the tool touched.
-                (None, action) => {
-                    let held = crate::readiness::Held::new(step, ctx, sink);
-                    let result = match action {
-                        Action::Recover(prior) => step.spec.recover(ctx, prior, &held).await,
-                        // `up`: what the step's preview finds in place is not applied again.
-                        _ => match converge.take() {
-                            Some(decided) => step.spec.converge_step(ctx, decided, &held).await.map(|c| {
-                                converged = c;
-                                if c == Converged::InPlace {
-                                    sink.emit(Event::Fact { key: IN_PLACE_FACT.into(), value: true.into() });
-                                }
-                                self.carry_shell_outputs(step, sink);
-                                Recovered::Complete
-                            }),
-                            None => step.spec.apply(ctx, &held).await.map(|()| Recovered::Complete),
-                        },
-                    };
-                    held.settle(result).await
-                }
-            };
+            let result = self.once(step, ctx, &action, sink, &mut converge, &mut converged).await;
             let failure = match (result, sink.journal_error()) {
                 (_, Some(e)) => return Err(journal_failure(e)),
                 (Ok(done), None) => {
@@ -152,25 +114,107 @@ impl Attempts {
 }
 
 impl Attempts {
-    /// A shell sub-change found in place did not run, so it wrote no `$RDEPLOY_OUTPUT`: the
-    /// outputs the last finished deploy recorded for the step (and this run did not make anew)
-    /// are handed on, as `plan` showed them. A sensitive output was never recorded: a consumer
-    /// of one fails as before until the producer runs (`--force-apply`).
-    fn carry_shell_outputs(&self, step: &Step, sink: &StepSink) {
-        if step.tool != rdeploy_adapters::Tool::Shell {
-            return;
+    /// One attempt of the step through its adapter (a fleet step through the rollout);
+    /// `converge` is `up`'s decision, taken by the first attempt only, and `converged` says
+    /// whether it found everything in place.
+    async fn once(
+        &self,
+        step: &Step,
+        ctx: &StepContext,
+        action: &Action,
+        sink: &StepSink,
+        converge: &mut Option<Option<Preview>>,
+        converged: &mut Converged,
+    ) -> Result<Recovered, Failure> {
+        match (&step.fleet, action) {
+            (Some(fleet), action) => {
+                let fresh = PriorStep::default();
+                let prior = match action {
+                    Action::Recover(prior) => prior,
+                    _ => &fresh,
+                };
+                let run = crate::rollout::FleetRun {
+                    step,
+                    fleet,
+                    ctx,
+                    prior,
+                    state_dir: &self.fleet_dir,
+                    converge: converge.take().is_some(),
+                };
+                crate::rollout::run(run, sink).await
+            }
+            // Done means every pod is updated and ready: the readiness check holds the
+            // step's Done events until it has read the workloads the tool touched.
+            (None, action) => {
+                let carry = CarryOutputs::new(self, step, sink);
+                let held = crate::readiness::Held::new(step, ctx, &carry);
+                let result = match action {
+                    Action::Recover(prior) => step.spec.recover(ctx, prior, &held).await,
+                    // `up`: what the step's preview finds in place is not applied again.
+                    _ => match converge.take() {
+                        Some(decided) => step.spec.converge_step(ctx, decided, &held).await.map(|c| {
+                            *converged = c;
+                            if c == Converged::InPlace {
+                                sink.emit(Event::Fact { key: IN_PLACE_FACT.into(), value: true.into() });
+                            }
+                            Recovered::Complete
+                        }),
+                        None => step.spec.apply(ctx, &held).await.map(|()| Recovered::Complete),
+                    },
+                };
+                held.settle(result).await
+            }
         }
-        let Some(last) = self.last.as_ref().and_then(|d| d.step(&step.name)) else { return };
-        let have = self.cp.read(|d| d.step(&step.name).map(|s| s.outputs.clone()).unwrap_or_default());
-        let values: rdeploy_adapters::outputs::Outputs = last
-            .outputs
-            .iter()
-            .filter(|(key, _)| !have.contains_key(*key))
-            .map(|(key, value)| (key.clone(), OutputValue::Plain(value.clone())))
-            .collect();
-        if !values.is_empty() {
-            sink.emit(Event::Outputs { values });
+    }
+}
+
+/// A shell sub-change found in place does not run, so it writes no `$RDEPLOY_OUTPUT`: the
+/// outputs the last finished deploy recorded for the step are handed on, as `plan` showed them.
+/// They are journaled as the step's first sub-change in place is (before it), not when the step
+/// ends: a sub-change after it that fails, then runs again under `retry:` or `rdeploy recover`,
+/// finds them in the checkpoint like any other output. A key the run made before then is kept,
+/// one a later sub-change writes replaces the carried value. A sensitive output was never
+/// recorded: a consumer of one fails as before until the producer runs (`--force-apply`).
+struct CarryOutputs<'a> {
+    inner: &'a StepSink,
+    step: &'a str,
+    cp: &'a SharedCheckpoint,
+    /// The last deploy's outputs of a shell step, until the first sub-change in place takes them.
+    last: std::sync::Mutex<Option<std::collections::BTreeMap<String, serde_json::Value>>>,
+}
+
+impl<'a> CarryOutputs<'a> {
+    fn new(attempts: &'a Attempts, step: &'a Step, inner: &'a StepSink) -> CarryOutputs<'a> {
+        let last = (step.tool == rdeploy_adapters::Tool::Shell)
+            .then(|| attempts.last.as_ref().and_then(|d| d.step(&step.name)).map(|s| s.outputs.clone()))
+            .flatten()
+            .filter(|outputs| !outputs.is_empty());
+        CarryOutputs { inner, step: &step.name, cp: &attempts.cp, last: std::sync::Mutex::new(last) }
+    }
+}
+
+impl EventSink for CarryOutputs<'_> {
+    fn emit(&self, event: Event) {
+        if matches!(event, Event::InPlace { .. }) {
+            let last = self.last.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some(last) = last {
+                // Plain or sensitive, what this run made already stands.
+                let have: std::collections::BTreeSet<String> = self.cp.read(|d| {
+                    d.step(self.step)
+                        .map(|s| s.outputs.keys().chain(&s.sensitive_outputs).cloned().collect())
+                        .unwrap_or_default()
+                });
+                let values: rdeploy_adapters::outputs::Outputs = last
+                    .into_iter()
+                    .filter(|(key, _)| !have.contains(key))
+                    .map(|(key, value)| (key, OutputValue::Plain(value)))
+                    .collect();
+                if !values.is_empty() {
+                    self.inner.emit(Event::Outputs { values });
+                }
+            }
         }
+        self.inner.emit(event);
     }
 }
 

@@ -1,7 +1,7 @@
 //! The scheduler: which step may start now, and what a step's end does to the rest of the run.
-//! Pure state, no processes and no I/O: the driver asks [`Schedule::next_ready`], runs the step,
-//! and tells [`Schedule::finish`] how it ended (as cargo's job queue decides in one loop from the
-//! messages its workers send).
+//! Pure state, no processes and no I/O: the run loop (`run.rs`) asks [`Schedule::next_ready`],
+//! runs the step, and tells [`Schedule::finish`] how it ended (as cargo's job queue decides in
+//! one loop from the messages its workers send).
 //!
 //! The rules: a step starts once every step it `needs` is done, in stack order, at most
 //! `parallel` at once. A failure stops every new start, or with `keep_going` only the steps that

@@ -70,8 +70,9 @@ mod tests {
     use rdeploy_adapters::{CancellationToken, Stream, Tool};
 
     use super::*;
-    use crate::checkpoint::{Checkpoint, Record, StepHeader, StepMode};
+    use crate::checkpoint::{Record, StepHeader, StepMode};
     use crate::engine::event::Reporter;
+    use crate::engine::journal::Checkpoint;
     use crate::engine::journal::SharedCheckpoint;
     use crate::store::local::LocalStore;
 

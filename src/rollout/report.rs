@@ -10,7 +10,6 @@ use time::OffsetDateTime;
 
 use super::cluster_fact;
 use crate::checkpoint::StepState;
-use crate::report::SubReport;
 
 /// `status --json`'s `rollout` object of a fleet step (docs/status-json.md).
 #[derive(Clone, Debug, Serialize)]
@@ -53,16 +52,28 @@ pub struct ObjectiveState {
     pub due_at: String,
 }
 
+/// A row of the report for one sub-change of a fleet step (a cluster), which [`of_step`] places
+/// in its wave and marks absent when it is a straggler. The report's own row type implements it,
+/// so this module needs nothing of the report's.
+pub trait ClusterRow {
+    fn id(&self) -> &str;
+    fn status(&self) -> SubStatus;
+    /// The wave the cluster belongs to (1 for the first).
+    fn set_wave(&mut self, wave: Option<u64>);
+    /// An absent straggler: when it was last seen (`None`: never) and why it counts as absent.
+    fn set_absent(&mut self, since: Option<String>, why: String);
+}
+
 /// The rollout report of a fleet step (`None` for any other step); fills each cluster's
 /// `wave` and `absent_since` in `subs`.
-pub fn of_step(step: &StepState, subs: &mut [SubReport]) -> Option<RolloutReport> {
+pub fn of_step(step: &StepState, subs: &mut [impl ClusterRow]) -> Option<RolloutReport> {
     let rollout = step.facts.get("rollout")?;
     let waves: Vec<Vec<String>> = serde_json::from_value(rollout.get("waves")?.clone()).ok()?;
     let started = rollout.get("started").and_then(Value::as_str).map(str::to_string);
     let baked = step.facts.get("waves_baked").and_then(Value::as_u64).unwrap_or(0) as usize;
     let baking =
         step.facts.get("bake").filter(|b| b.get("ended").is_none()).and_then(|b| b.get("wave")).and_then(Value::as_u64);
-    let status = |id: &str| subs.iter().find(|s| s.id == id).map(|s| s.status);
+    let status = |id: &str| subs.iter().find(|s| s.id() == id).map(|s| s.status());
     let mut report_waves = Vec::new();
     for (i, clusters) in waves.iter().enumerate() {
         let done = clusters.iter().filter(|c| status(c) == Some(SubStatus::Done)).count();
@@ -87,17 +98,16 @@ pub fn of_step(step: &StepState, subs: &mut [SubReport]) -> Option<RolloutReport
     }
     let mut stragglers = Vec::new();
     for sub in subs.iter_mut() {
-        let Some(fact) = step.facts.get(&cluster_fact(&sub.id)) else { continue };
-        sub.wave = waves.iter().position(|w| w.contains(&sub.id)).map(|w| w as u64 + 1);
-        if let (SubStatus::Pending, Some(why)) = (sub.status, fact.get("absent_why").and_then(Value::as_str)) {
+        let Some(fact) = step.facts.get(&cluster_fact(sub.id())) else { continue };
+        sub.set_wave(waves.iter().position(|w| w.iter().any(|c| c == sub.id())).map(|w| w as u64 + 1));
+        if let (SubStatus::Pending, Some(why)) = (sub.status(), fact.get("absent_why").and_then(Value::as_str)) {
             let since = fact.get("absent_since").and_then(Value::as_str).map(str::to_string);
-            sub.absent_since = Some(since.clone());
-            sub.absent_why = Some(why.to_string());
-            stragglers.push(Straggler { id: sub.id.clone(), absent_since: since, why: why.to_string() });
+            sub.set_absent(since.clone(), why.to_string());
+            stragglers.push(Straggler { id: sub.id().to_string(), absent_since: since, why: why.to_string() });
         }
     }
     let in_scope = waves.iter().map(Vec::len).sum::<usize>();
-    let done = subs.iter().filter(|s| s.status == SubStatus::Done).count();
+    let done = subs.iter().filter(|s| s.status() == SubStatus::Done).count();
     let percent = if in_scope == 0 { 0.0 } else { (done as f64 * 1000.0 / in_scope as f64).round() / 10.0 };
     let slo = match (rollout.get("slo").and_then(Value::as_str), started.as_deref()) {
         (Some(text), Some(started)) => objectives(text, started, percent, OffsetDateTime::now_utc()),

@@ -1,4 +1,4 @@
-//! Where checkpoints live. [`Store`] is the one interface the driver, reports, runbooks and
+//! Where checkpoints live. [`Store`] is the one interface the engine, reports, runbooks and
 //! `state migrate` use; [`local::LocalStore`] keeps them in the state directory beside the
 //! stack (the default); [`postgres::PostgresStore`] keeps many stacks' checkpoints in one shared
 //! database (`--state postgres://`). Each store keeps a deploy's journal, its snapshot, the

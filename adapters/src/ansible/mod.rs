@@ -23,6 +23,16 @@ use crate::{
     ToolInfo,
 };
 
+/// The environment variables that enable rdeploy's callback plugin beside the user's, and a
+/// warning when the user's settings could not be read.
+type CallbackEnv = (Vec<(String, String)>, Option<String>);
+
+/// What a playbook run is prepared with: the hosts it targets (its sub-changes, planned before
+/// it starts) and the callback environment.
+struct Prepared {
+    hosts: Vec<String>,
+    callback: CallbackEnv,
+}
 /// The plugin's name, as `ANSIBLE_CALLBACKS_ENABLED` lists it.
 pub const PLUGIN_NAME: &str = "rdeploy_events";
 /// The plugin's source, written into the step's work dir before each run.
@@ -188,16 +198,23 @@ impl AnsibleSpec {
         Ok(recap::parse_list_hosts(&stdout))
     }
 
+    /// The hosts the run targets ([`AnsibleSpec::list_hosts`]) and the callback environment
+    /// ([`AnsibleSpec::callback_env`]): two read-only ansible starts of a second or more each,
+    /// made at once.
+    async fn hosts_and_callback_env(
+        &self,
+        ctx: &StepContext,
+        binary: &Path,
+    ) -> (Result<Vec<String>, Failure>, CallbackEnv) {
+        let plugin_dir = ctx.work_dir.join("callback_plugins");
+        tokio::join!(self.list_hosts(ctx, binary, self.limit.as_deref()), self.callback_env(ctx, binary, &plugin_dir))
+    }
+
     /// The environment that enables the plugin without disturbing the user's own callbacks:
     /// `ANSIBLE_CALLBACK_PLUGINS` and `ANSIBLE_CALLBACKS_ENABLED` override ansible.cfg, so the
     /// values in effect (from `ansible-config dump`, which sees cfg and env alike) are kept and
     /// ours appended.
-    async fn callback_env(
-        &self,
-        ctx: &StepContext,
-        binary: &Path,
-        plugin_dir: &Path,
-    ) -> (Vec<(String, String)>, Option<String>) {
+    async fn callback_env(&self, ctx: &StepContext, binary: &Path, plugin_dir: &Path) -> CallbackEnv {
         let (mut paths, mut enabled, warning) = match self.effective_callback_config(ctx, binary).await {
             Ok(found) => (found.0, found.1, None),
             Err(why) => {
@@ -284,13 +301,13 @@ impl AnsibleSpec {
         sink: &dyn EventSink,
         binary: &Path,
         limit: Option<&str>,
-        planned: Vec<String>,
+        prepared: Prepared,
         phase: &str,
     ) -> Result<(), Failure> {
         let mut found = secrets::secret_strings(&self.extra_vars, &self.marked);
         found.extend(secrets::env_secrets(&ctx.env));
         let redacting = secrets::RedactingSink { inner: sink, secrets: secrets::normalize(found) };
-        self.run_playbook_redacted(ctx, &redacting, binary, limit, planned, phase)
+        self.run_playbook_redacted(ctx, &redacting, binary, limit, prepared, phase)
             .await
             .map_err(|f| secrets::redact_failure(f, &redacting.secrets))
     }
@@ -301,7 +318,7 @@ impl AnsibleSpec {
         sink: &dyn EventSink,
         binary: &Path,
         limit: Option<&str>,
-        planned: Vec<String>,
+        Prepared { hosts: planned, callback: (callback_env, warning) }: Prepared,
         phase: &str,
     ) -> Result<(), Failure> {
         if ctx.cancel.is_cancelled() {
@@ -309,7 +326,6 @@ impl AnsibleSpec {
         }
         let plugin_dir = ctx.work_dir.join("callback_plugins");
         let events = events_file(&plugin_dir, &ctx.work_dir.join(format!("{phase}-events.jsonl")))?;
-        let (callback_env, warning) = self.callback_env(ctx, binary, &plugin_dir).await;
         if let Some(message) = warning {
             sink.emit(Event::Warning { message });
         }
@@ -531,9 +547,11 @@ impl Adapter for AnsibleSpec {
 
     async fn apply(&self, ctx: &StepContext, sink: &dyn EventSink) -> Result<(), Failure> {
         let binary = self.resolve_binary(ctx).map_err(Failure::from)?;
-        let planned = self.list_hosts(ctx, &binary, self.limit.as_deref()).await?;
+        let (planned, callback) = self.hosts_and_callback_env(ctx, &binary).await;
+        let planned = planned?;
         sink.emit(Event::Planned { ids: planned.clone() });
-        self.run_playbook(ctx, sink, &binary, self.limit.as_deref(), planned, "apply").await
+        self.run_playbook(ctx, sink, &binary, self.limit.as_deref(), Prepared { hosts: planned, callback }, "apply")
+            .await
     }
 
     async fn recover(&self, ctx: &StepContext, prior: &PriorStep, sink: &dyn EventSink) -> Result<Recovered, Failure> {
@@ -541,7 +559,8 @@ impl Adapter for AnsibleSpec {
             return self.apply(ctx, sink).await.map(|()| Recovered::Complete);
         }
         let binary = self.resolve_binary(ctx).map_err(Failure::from)?;
-        let planned = self.list_hosts(ctx, &binary, self.limit.as_deref()).await?;
+        let (planned, callback) = self.hosts_and_callback_env(ctx, &binary).await;
+        let planned = planned?;
         sink.emit(Event::Planned { ids: planned.clone() });
         let selection = select_targets(&planned, prior);
         if !selection.gone.is_empty() {
@@ -558,7 +577,7 @@ impl Adapter for AnsibleSpec {
         // `targets` is a subset of what the step's own `limit` selects (list-hosts applied it),
         // so a plain host list is already the intersection.
         let limit = self.limit_arg(ctx, &selection.targets)?;
-        self.run_playbook(ctx, sink, &binary, Some(&limit), selection.targets, "recover")
+        self.run_playbook(ctx, sink, &binary, Some(&limit), Prepared { hosts: selection.targets, callback }, "recover")
             .await
             .map(|()| Recovered::Complete)
     }

@@ -62,6 +62,10 @@ impl HelmSpec {
     ) -> Result<(), Failure> {
         use crate::Adapter as _;
         if preview.changes() > 0 {
+            let never = preview.notes.iter().find_map(|n| n.strip_prefix(super::preview::NEVER_IN_PLACE));
+            if let Some(why) = never {
+                sink.emit(Event::Fact { key: crate::NEVER_IN_PLACE_FACT.into(), value: why.into() });
+            }
             return self.apply(ctx, sink).await;
         }
         // One read: the revision kept, for the record and the outputs (from its record in the

@@ -211,6 +211,115 @@ pub fn compare(current: &[KubeObject], wanted: &[KubeObject], live: &HashMap<Str
     changes
 }
 
+/// How a plan note starts that says the chart renders differently every time
+/// ([`renders_anew`]); `up` reports it as the step's [`crate::NEVER_IN_PLACE_FACT`].
+pub(super) const NEVER_IN_PLACE: &str = "never in place: ";
+
+/// Where the release's rendering (`wanted`, the dry run's manifest) differs from the deployed
+/// revision's (`current`), made by rdeploy from the same chart and values: what a template
+/// computes anew on every render (`randAlphaNum`, `now`, a generated password or certificate,
+/// `.Release.Revision`). Per template (helm's `# Source:` line), the dotted paths of the fields
+/// that differ (never their values), in manifest order. A document is matched to the one at the
+/// same place in the same template, so an object whose name is random shows as `metadata.name`.
+pub fn renders_anew(current: &str, wanted: &str) -> Vec<(String, Vec<String>)> {
+    let current = by_template(current);
+    let mut out: Vec<(String, Vec<String>)> = Vec::new();
+    for ((source, n), after) in by_template(wanted) {
+        let Some((_, before)) = current.iter().find(|((s, i), _)| *s == source && *i == n) else { continue };
+        let mut fields = Vec::new();
+        differing_fields(before, &after, "", &mut fields);
+        if fields.is_empty() {
+            continue;
+        }
+        match out.iter_mut().find(|(s, _)| *s == source) {
+            Some((_, all)) => all.extend(fields.into_iter().filter(|f| !all.contains(f)).collect::<Vec<_>>()),
+            None => out.push((source, fields)),
+        }
+    }
+    out
+}
+
+/// The words of the note: ``` `TEMPLATE` renders `FIELD`, ... differently every time ... ```.
+pub(super) fn renders_anew_words(varying: &[(String, Vec<String>)]) -> String {
+    const MAX: usize = 4;
+    let list = |items: Vec<String>| match items.len() {
+        n if n > MAX => format!("{}, and {} more", items[..MAX].join(", "), n - MAX),
+        _ => items.join(", "),
+    };
+    let parts: Vec<String> = varying
+        .iter()
+        .map(|(source, fields)| {
+            format!("`{source}` renders {}", list(fields.iter().map(|f| format!("`{f}`")).collect()))
+        })
+        .collect();
+    format!(
+        "{} differently every time with the same chart and values (a random, time- or revision-based value): the release is upgraded on every `up`",
+        list(parts)
+    )
+}
+
+/// A manifest's documents by template and place within it; a document that does not parse is
+/// left out (the comparison that decides is [`compare`]'s, this one only explains it).
+fn by_template(manifest: &str) -> Vec<((String, usize), Value)> {
+    let mut chunks: Vec<(String, String)> = Vec::new();
+    let mut source = String::new();
+    let mut text = String::new();
+    let flush = |source: &mut String, text: &mut String, chunks: &mut Vec<(String, String)>| {
+        if !text.trim().is_empty() {
+            chunks.push((std::mem::take(source), std::mem::take(text)));
+        }
+        source.clear();
+        text.clear();
+    };
+    for line in manifest.lines() {
+        if line.trim_end() == "---" {
+            flush(&mut source, &mut text, &mut chunks);
+            continue;
+        }
+        if let Some(s) = line.strip_prefix("# Source: ") {
+            source = s.trim().to_string();
+        }
+        text.push_str(line);
+        text.push('\n');
+    }
+    flush(&mut source, &mut text, &mut chunks);
+    let mut out = Vec::new();
+    let mut counts: HashMap<String, usize> = HashMap::new();
+    for (source, text) in chunks {
+        let Ok(docs) = parse_documents(&text) else { continue };
+        for doc in docs {
+            let n = counts.entry(source.clone()).or_default();
+            out.push(((source.clone(), *n), doc));
+            *n += 1;
+        }
+    }
+    out
+}
+
+/// The dotted paths under `path` where `a` and `b` differ: maps key by key, lists of the same
+/// length item by item (`containers[0].env`), anything else as a whole.
+fn differing_fields(a: &Value, b: &Value, path: &str, out: &mut Vec<String>) {
+    if a == b {
+        return;
+    }
+    let join = |key: &str| if path.is_empty() { key.to_string() } else { format!("{path}.{key}") };
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            let keys: std::collections::BTreeSet<&String> = x.keys().chain(y.keys()).collect();
+            for key in keys {
+                let null = Value::Null;
+                differing_fields(x.get(key).unwrap_or(&null), y.get(key).unwrap_or(&null), &join(key), out);
+            }
+        }
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => {
+            for (i, (p, q)) in x.iter().zip(y).enumerate() {
+                differing_fields(p, q, &format!("{path}[{i}]"), out);
+            }
+        }
+        _ => out.push(if path.is_empty() { "(the whole document)".to_string() } else { path.to_string() }),
+    }
+}
+
 impl HelmSpec {
     /// The dry-run's words: the upgrade of `up` without what only a real run uses (waiting,
     /// rollback on failure, forced replacement), so they are the same for helm 3 and 4.
@@ -394,6 +503,19 @@ impl HelmSpec {
                     .because("the release's values change");
                 item.diff = Some(redact_line_by_line(&diff, &secrets));
                 preview.items.push(item);
+            }
+        }
+        // Same chart and values as deployed, and yet the objects change: where the rendering
+        // itself differs from the deployed revision's, the chart computes values anew on every
+        // render and can never be in place. Said once, naming the templates and fields.
+        let values_change = preview.items.iter().any(|i| i.id == format!("{} values", self.release));
+        if verdict.is_none() && !values_change && preview.changes() > 0 {
+            fn manifest(r: Option<&Value>) -> &str {
+                r.and_then(|r| r.get("manifest")).and_then(Value::as_str).unwrap_or("")
+            }
+            let varying = renders_anew(manifest(current.as_ref()), manifest(Some(&rendered)));
+            if !varying.is_empty() {
+                preview.notes.push(format!("{NEVER_IN_PLACE}{}", renders_anew_words(&varying)));
             }
         }
         // The revision itself: deployed, and made by rdeploy from this very chart (its digest in
@@ -616,5 +738,36 @@ mod tests {
         assert!(diff.contains("   same: '***'\n"), "an unchanged key shows masked, unchanged: {diff}");
         assert_eq!(got[1].action, PlanAction::Create);
         assert!(got[1].diff.as_deref().unwrap().contains("token: '*** (after)'"), "{got:?}");
+    }
+
+    /// Two renders of one chart: each template's differing fields are named by path, never by
+    /// value; a template that renders the same is not named; a random name is `metadata.name`.
+    #[test]
+    fn a_rendering_that_differs_names_its_templates_and_fields() {
+        let render = |password: &str, stamp: &str, job: &str| {
+            format!(
+                "---\n# Source: c/templates/secret.yaml\napiVersion: v1\nkind: Secret\nmetadata:\n  name: creds\ndata:\n  user: YXBw\n  password: {password}\n---\n# Source: c/templates/cm.yaml\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: settings\ndata:\n  a: \"1\"\n---\n# Source: c/templates/deploy.yaml\napiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: web\nspec:\n  template:\n    metadata:\n      annotations:\n        rollme: \"{stamp}\"\n    spec:\n      containers:\n      - name: web\n        image: nginx\n---\n# Source: c/templates/job.yaml\napiVersion: batch/v1\nkind: Job\nmetadata:\n  name: {job}\n"
+            )
+        };
+        let got = renders_anew(
+            &render("c2VjcmV0MQ==", "1700000000", "m-abc"),
+            &render("c2VjcmV0Mg==", "1700000042", "m-xyz"),
+        );
+        assert_eq!(
+            got,
+            [
+                ("c/templates/secret.yaml".to_string(), vec!["data.password".to_string()]),
+                ("c/templates/deploy.yaml".to_string(), vec!["spec.template.metadata.annotations.rollme".to_string()]),
+                ("c/templates/job.yaml".to_string(), vec!["metadata.name".to_string()]),
+            ]
+        );
+        let words = renders_anew_words(&got);
+        assert!(
+            words.starts_with("`c/templates/secret.yaml` renders `data.password`, `c/templates/deploy.yaml` renders"),
+            "{words}"
+        );
+        assert!(!words.contains("c2VjcmV0"), "never a value: {words}");
+        let same = render("c2VjcmV0MQ==", "1", "m");
+        assert!(renders_anew(&same, &same).is_empty());
     }
 }

@@ -7,7 +7,8 @@ use std::time::Instant;
 use rdeploy_adapters::Tool;
 
 use super::{is_url, PostgresStore};
-use crate::checkpoint::{Checkpoint, DeployState, Record, StepHeader, StepMode};
+use crate::checkpoint::{DeployState, Record, StepHeader, StepMode};
+use crate::engine::journal::Checkpoint;
 use crate::store::local::LocalStore;
 use crate::store::Store;
 
