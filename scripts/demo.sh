@@ -2,8 +2,18 @@
 # The README's first command: a real deploy (terraform, ansible, helm, kubectl, shell) that fails part-way
 # on purpose, the partial-state report, the fix, and `rdeploy recover` resuming only what is
 # left. Runs in a fresh temporary directory (or $DEMO_DIR) each time; helm and kubectl talk to a
-# kubesim cluster (an in-memory Kubernetes API) started here and stopped on exit.
+# kubesim cluster (an in-memory Kubernetes API) started here and stopped on exit; with `--keep`
+# it stays up so `helm` and `kubectl` can look at what the deploy left (the demo says how to
+# stop it). Colour only on a terminal, and never with NO_COLOR set.
 set -euo pipefail
+keep=false
+for arg in "$@"; do
+  case "$arg" in
+    --keep) keep=true ;;
+    -h|--help) echo "usage: scripts/demo.sh [--keep]   (--keep: leave the kubesim cluster running)"; exit 0 ;;
+    *) echo "error: unknown argument \`$arg\`" >&2; echo "  hint: scripts/demo.sh [--keep]" >&2; exit 2 ;;
+  esac
+done
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$repo"
 
@@ -25,11 +35,16 @@ export KUBECONFIG="$work/kubeconfig" KUBECACHEDIR="$work/.kube-cache"
 export HELM_CACHE_HOME="$work/.helm/cache" HELM_CONFIG_HOME="$work/.helm/config" HELM_DATA_HOME="$work/.helm/data"
 kubesim --listen 127.0.0.1:0 --clusters demo --kubeconfig "$KUBECONFIG" > "$work/kubesim.ready" 2> "$work/kubesim.log" &
 kubesim_pid=$!
-trap 'kill "$kubesim_pid" 2>/dev/null || true' EXIT
+if $keep; then
+  trap '' EXIT
+else
+  trap 'kill "$kubesim_pid" 2>/dev/null || true' EXIT
+fi
 for _ in $(seq 200); do [ -s "$work/kubesim.ready" ] && break; sleep 0.05; done
 [ -s "$work/kubesim.ready" ] || { echo "error: kubesim did not start (see $work/kubesim.log)" >&2; exit 1; }
 
-say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+if [ -t 1 ] && [ -z "${NO_COLOR:-}" ]; then bold=$'\033[1m' plain=$'\033[0m'; else bold='' plain=''; fi
+say() { printf '\n%s== %s%s\n' "$bold" "$*" "$plain"; }
 run() { printf '$ %s\n' "$*"; "$@"; }
 
 say "1. deploy: web3's disk is full, so the ansible step fails on that host"
@@ -54,5 +69,23 @@ run kubectl --context demo -n shop get deploy,cm
 say "6. the outputs that flowed between the steps, as the checkpoint recorded them"
 run rdeploy output stack.yaml
 run rdeploy output stack.yaml network lb_address
-echo
+
+say "7. look around: the deploy is yours to poke at"
 echo "demo directory: $work"
+echo
+echo "  cd $work"
+echo "  export PATH=\"$target:\$PATH\"   # rdeploy (or: cargo install --locked --path $repo)"
+echo "  rdeploy status stack.yaml          # what the checkpoint records, step by step"
+echo "  rdeploy runbook stack.yaml         # the runbook: how to inspect, recover and revert each step"
+echo "  rdeploy output stack.yaml          # the outputs that flowed between the steps"
+if $keep; then
+  echo "  export KUBECONFIG=$KUBECONFIG PATH=\"$repo/tools/helm4:\$PATH\""
+  echo "  rdeploy plan stack.yaml            # what another \`up\` would change: nothing"
+  echo "  helm history shop -n shop --kube-context demo"
+  echo "  kubectl --context demo -n shop get deploy,cm"
+  echo
+  echo "kubesim (pid $kubesim_pid) keeps running for helm and kubectl; stop it with: kill $kubesim_pid"
+else
+  echo
+  echo "kubesim has stopped; run \`scripts/demo.sh --keep\` to keep it up for helm and kubectl"
+fi

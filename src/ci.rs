@@ -389,7 +389,13 @@ fn annotate_outcome(session: &Session, status: &Status) {
         } else {
             continue;
         };
-        outln!("{}", workflow_command("error", &session.stack_file, line, &title, &format!("{body}{next}")));
+        // A failure the tool placed in the operator's files (a manifest's document, a line of a
+        // terraform file) is annotated there; any other on the step's line in the stack file.
+        let (file, line) = match s.location.as_ref().and_then(|at| Some((&at.file, at.line?))) {
+            Some((file, at)) => (stack_relative(&session.stack_file, file), Some(at as usize)),
+            None => (session.stack_file.clone(), line),
+        };
+        outln!("{}", workflow_command("error", &file, line, &title, &format!("{body}{next}")));
     }
     if status.state == DeployState::Complete {
         let n = status.steps.len();
@@ -421,6 +427,15 @@ fn failure_text(s: &StepReport) -> String {
         let _ = write!(text, "\nhint: {h}");
     }
     text
+}
+
+/// `file`, relative to the stack file's directory, as a path from where the stack file was
+/// named (`deploy/stack.yaml` and `k8s/app.yaml` -> `deploy/k8s/app.yaml`).
+fn stack_relative(stack_file: &str, file: &str) -> String {
+    match Path::new(stack_file).parent().filter(|p| !p.as_os_str().is_empty()) {
+        Some(dir) if !Path::new(file).is_absolute() => dir.join(file).to_string_lossy().into_owned(),
+        _ => file.to_string(),
+    }
 }
 
 /// A GitHub workflow command (`::error file=..,line=..,title=..::message`), escaped as the

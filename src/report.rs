@@ -74,6 +74,10 @@ pub struct StepReport {
     pub exit_code: Option<i32>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub stderr_tail: Vec<String>,
+    /// The operator's file (and line) the tool's error points at: `{ "file": "k8s/app.yaml",
+    /// "line": 12 }`, relative to the stack file's directory.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub location: Option<rdeploy_adapters::Location>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hint: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -130,6 +134,78 @@ impl StepReport {
             _ => "stopped",
         };
         Some(format!("{how} on attempt {n} of {of}"))
+    }
+}
+
+impl StepReport {
+    /// The step's `why`, unless a failed sub-change already says it: the same text is not
+    /// printed twice, and when the step's error only wraps a sub-change's (`` `helm upgrade
+    /// --install web` failed: `` + the revision's error), the wrapper names that sub-change
+    /// instead of repeating its long text.
+    pub fn why(&self) -> Option<String> {
+        let error = self.error.as_deref()?;
+        let mut why = error.to_string();
+        for c in self.sub_changes.iter().filter(|c| c.status == SubStatus::Failed) {
+            let Some(sub) = c.error.as_deref().filter(|e| !e.trim().is_empty()) else { continue };
+            if sub == error {
+                return None;
+            }
+            // Short errors (`exit 3`) read fine twice; a long one is named, not repeated.
+            if sub.chars().count() >= 40 {
+                if let Some(at) = why.find(sub) {
+                    let before = why[..at].trim_end().trim_end_matches(':').trim_end();
+                    let after = why[at + sub.len()..].trim_start();
+                    let mut short = format!("{before}: the error of `{}`", c.id);
+                    if before.is_empty() {
+                        short = format!("the error of `{}`", c.id);
+                    }
+                    if !after.is_empty() {
+                        short = format!("{short}; {after}");
+                    }
+                    why = short;
+                }
+            }
+        }
+        Some(why)
+    }
+
+    /// The stderr tail worth printing: the lines that do not only quote an error printed above
+    /// (helm's `Error: UPGRADE FAILED: ...` and its `level=WARN ... error="..."` say again
+    /// what the revision's error says); the step's log keeps them all.
+    pub fn stderr_news(&self, said: &[&str]) -> Vec<&String> {
+        // The end of each error: tools prefix it differently (`UPGRADE FAILED: `, `Error: `),
+        // and quote it with escapes in structured lines.
+        let tails: Vec<String> = said
+            .iter()
+            .map(|s| s.trim())
+            .filter(|s| s.chars().count() >= 20)
+            .map(|s| {
+                let skip = s.chars().count().saturating_sub(60);
+                s.chars().skip(skip).collect()
+            })
+            .collect();
+        self.stderr_tail
+            .iter()
+            .filter(|line| {
+                let plain = line.replace("\\\"", "\"");
+                let bare = plain.trim().trim_start_matches("Error: ").trim_start_matches("error: ");
+                !(bare.is_empty()
+                    || said.iter().any(|s| s.contains(bare))
+                    || tails.iter().any(|t| plain.contains(t.as_str())))
+            })
+            .collect()
+    }
+
+    /// The errors the report prints before the stderr tail: the failed sub-changes' and the step's.
+    pub fn said(&self) -> Vec<&str> {
+        let mut said: Vec<&str> = self
+            .sub_changes
+            .iter()
+            .filter(|c| c.status == SubStatus::Failed)
+            .filter_map(|c| c.error.as_deref())
+            .collect();
+        said.extend(self.error.as_deref());
+        said
     }
 }
 
@@ -319,6 +395,7 @@ fn pending_step(name: String, tool: String, resumable: bool) -> StepReport {
         command: None,
         exit_code: None,
         stderr_tail: Vec::new(),
+        location: None,
         hint: None,
         revert_error: None,
         reverted_how: None,
@@ -376,6 +453,7 @@ pub fn from_deploy(
             r.command = f.command.clone();
             r.exit_code = f.exit_code;
             r.stderr_tail = f.stderr_tail.clone();
+            r.location = f.location.as_deref().cloned();
             r.hint = f.hint.clone();
             r.interrupted = f.interrupted;
             if f.interrupted {
@@ -619,8 +697,7 @@ pub fn render_text(status: &Status, paint: Paint) -> String {
         if !pending.is_empty() {
             let _ = writeln!(out, "      missing:  {}", ellipsize(&pending, 8));
         }
-        let said = s.sub_changes.iter().any(|c| c.error.is_some() && c.error == s.error);
-        if let Some(e) = s.error.as_ref().filter(|_| !said) {
+        if let Some(e) = s.why() {
             let _ = writeln!(out, "      why:      {e}");
         }
         for line in s.rollout.iter().flat_map(|r| r.lines()) {
@@ -629,26 +706,27 @@ pub fn render_text(status: &Status, paint: Paint) -> String {
         if let Some(words) = s.attempt_words() {
             let _ = writeln!(out, "      attempts: {words}");
             for (i, e) in s.attempt_errors.iter().enumerate() {
-                let _ = writeln!(out, "        attempt {}: {e}", i + 1);
+                let _ = writeln!(out, "        attempt {}: {}", i + 1, hang(e, 10));
             }
         }
         if let (Some(cmd), Some(code)) = (&s.command, s.exit_code) {
-            let _ = writeln!(out, "      command:  `{cmd}` (exit {code})");
+            let _ = writeln!(out, "      command:  `{}` (exit {code})", hang(cmd, 16));
         }
-        if !s.stderr_tail.is_empty() {
+        let stderr = s.stderr_news(&s.said());
+        if !stderr.is_empty() {
             let _ = writeln!(out, "      stderr (last lines):");
-            for line in s.stderr_tail.iter().rev().take(6).collect::<Vec<_>>().into_iter().rev() {
+            for line in stderr.iter().rev().take(6).collect::<Vec<_>>().into_iter().rev() {
                 let _ = writeln!(out, "        {line}");
             }
         }
         if let Some(r) = &s.revert_error {
-            let _ = writeln!(out, "      {} {r}", paint.bad("revert failed:"));
+            let _ = writeln!(out, "      {} {}", paint.bad("revert failed:"), hang(r, 10));
         }
         if !s.resumable {
             let _ = writeln!(out, "      not resumable: recover runs it again from the start");
         }
         if let Some(h) = &s.hint {
-            let _ = writeln!(out, "      hint:     {h}");
+            let _ = writeln!(out, "      hint:     {}", hang(h, 16));
         }
         if let Some(log) = &s.log {
             let _ = writeln!(out, "      log:      {log}");
@@ -671,7 +749,7 @@ pub fn render_text(status: &Status, paint: Paint) -> String {
             let why = s.error.as_deref().map(|e| format!(" after: {e}")).unwrap_or_default();
             let _ = writeln!(out, "  ↺ {} ({}){why}", s.name, s.tool);
             if let Some(how) = &s.reverted_how {
-                let _ = writeln!(out, "      how:      {how}");
+                let _ = writeln!(out, "      how:      {}", hang(how, 16));
             }
             if status.next.as_deref().is_some_and(|n| n.starts_with("rdeploy recover")) {
                 let _ = writeln!(out, "      recover runs it again from the start once the cause is fixed");
@@ -733,7 +811,7 @@ pub fn render_markdown(status: &Status) -> String {
         .filter(|s| s.status.is_failed() || s.status == StepView::Refused || s.revert_error.is_some())
     {
         let _ = writeln!(out, "\n## {} ({})\n", s.name, s.tool);
-        if let Some(e) = &s.error {
+        if let Some(e) = s.why() {
             let _ = writeln!(out, "{e}\n");
         }
         let failed: Vec<&SubReport> = s.sub_changes.iter().filter(|c| c.status == SubStatus::Failed).collect();
@@ -755,8 +833,10 @@ pub fn render_markdown(status: &Status) -> String {
             let _ =
                 writeln!(out, "Missing: {}\n", missing.iter().map(|m| format!("`{m}`")).collect::<Vec<_>>().join(", "));
         }
-        if !s.stderr_tail.is_empty() {
-            let _ = writeln!(out, "```text\n{}\n```\n", s.stderr_tail.join("\n"));
+        let stderr = s.stderr_news(&s.said());
+        if !stderr.is_empty() {
+            let lines: Vec<&str> = stderr.iter().map(|l| l.as_str()).collect();
+            let _ = writeln!(out, "```text\n{}\n```\n", lines.join("\n"));
         }
         if let Some(r) = &s.revert_error {
             let _ = writeln!(out, "**Revert failed:** {r}\n");
@@ -786,8 +866,11 @@ pub fn summarize_step(s: &StepState) -> String {
     let settled: String = s
         .sub_changes
         .iter()
-        .filter(|c| s.status == StepStatus::Done && c.status == SubStatus::Pending)
-        .filter_map(|c| c.note.as_ref().map(|note| format!("; {}: {note}", c.id)))
+        .filter(|c| s.status == StepStatus::Done && c.status != SubStatus::Done)
+        .map(|c| match &c.note {
+            Some(note) => format!("; {}: {note}", c.id),
+            None => format!("; {}: {}, not applied", c.id, sub_word(c.status)),
+        })
         .collect();
     if s.all_in_place() {
         return format!("{}: {} (in place, nothing to do)", s.name, s.status.as_str());
@@ -796,12 +879,42 @@ pub fn summarize_step(s: &StepState) -> String {
         0 => String::new(),
         n => format!(", {n} in place"),
     };
-    format!(
-        "{}: {} ({done}/{total} {}{in_place}){attempts}{settled}",
-        s.name,
-        s.status.as_str(),
-        s.tool.sub_change_plural()
-    )
+    // `done (2 objects)`, `done (1 release revision)`; `done (0/0 ...)` says nothing.
+    let counted = match (done, total) {
+        (_, 0) => "nothing to apply".to_string(),
+        (done, total) if done == total || s.status == StepStatus::Done => count_of(s.tool, done),
+        (done, total) => format!("{done} of {}", count_of(s.tool, total)),
+    };
+    format!("{}: {} ({counted}{in_place}){attempts}{settled}", s.name, s.status.as_str())
+}
+
+/// `1 release revision`, `2 objects`: a count of a tool's sub-changes.
+fn count_of(tool: rdeploy_adapters::Tool, n: usize) -> String {
+    use rdeploy_adapters::Tool;
+    if n != 1 {
+        return format!("{n} {}", tool.sub_change_plural());
+    }
+    let one = match tool {
+        Tool::Terraform => "resource address",
+        Tool::Ansible => "host",
+        Tool::Helm => "release revision",
+        Tool::Kubectl => "object",
+        Tool::Shell => "declared sub-change",
+    };
+    format!("1 {one}")
+}
+
+/// A tool's multi-line message under a list item: every line after the first indented by
+/// `indent` spaces, blank ones dropped, so the next item still starts at the list's margin.
+pub fn hang(text: &str, indent: usize) -> String {
+    let mut lines = text.lines().filter(|l| !l.trim().is_empty());
+    let mut out = lines.next().unwrap_or_default().trim_end().to_string();
+    for line in lines {
+        out.push('\n');
+        out.push_str(&" ".repeat(indent));
+        out.push_str(line.trim_end());
+    }
+    out
 }
 
 /// An error as the one line `status --json` documents: a tool's multi-line message (a panic, a

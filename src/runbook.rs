@@ -299,7 +299,7 @@ fn render_live(
     }
     for s in troubled {
         let _ = writeln!(out, "#### `{}` ({})\n", s.name, s.tool);
-        if let Some(e) = &s.error {
+        if let Some(e) = s.why().or_else(|| s.error.clone()) {
             let _ = writeln!(out, "- why: {e}");
         }
         for c in s.sub_changes.iter().filter(|c| c.status == SubStatus::Failed) {
@@ -321,9 +321,10 @@ fn render_live(
             let _ = writeln!(out, "- hint: {h}");
         }
         let _ = writeln!(out);
-        if !s.stderr_tail.is_empty() {
+        let stderr = s.stderr_news(&s.said());
+        if !stderr.is_empty() {
             let _ = writeln!(out, "```text");
-            for line in &s.stderr_tail {
+            for line in stderr {
                 let _ = writeln!(out, "{line}");
             }
             let _ = writeln!(out, "```\n");

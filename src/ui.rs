@@ -100,7 +100,7 @@ impl Ui {
                 let _ = mp.println(text);
             }
             None => {
-                let ts = crate::checkpoint::now().to_string();
+                let ts = line_time(crate::checkpoint::now().0);
                 let _ = writeln!(std::io::stderr().lock(), "{} {text}", self.paint.dim(&ts));
             }
         }
@@ -119,11 +119,7 @@ impl Ui {
     pub fn step_started(&self, step: &str, what: &str) {
         if let Some(mp) = &self.progress {
             let bar = mp.add(ProgressBar::new(0));
-            bar.set_style(
-                ProgressStyle::with_template("{spinner} {prefix:.bold} [{bar:25}] {pos}/{len} {wide_msg}")
-                    .unwrap_or_else(|_| ProgressStyle::default_bar())
-                    .progress_chars("=> "),
-            );
+            bar.set_style(progress_style());
             bar.set_prefix(step.to_string());
             bar.set_message(what.to_string());
             bar.enable_steady_tick(std::time::Duration::from_millis(120));
@@ -170,6 +166,35 @@ impl Ui {
             }
         }
         self.info(format!("{step}: {text}"));
+    }
+}
+
+/// A plain line's timestamp: UTC to the millisecond (`2026-12-02T03:31:39.814Z`), as log
+/// lines are read; the journal keeps the full precision.
+fn line_time(at: time::OffsetDateTime) -> String {
+    const FORMAT: &[time::format_description::FormatItem<'static>] =
+        time::macros::format_description!("[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z");
+    at.to_offset(time::UtcOffset::UTC).format(FORMAT).unwrap_or_else(|_| at.to_string())
+}
+
+/// A running step's bar: what it does and, ticking, how long it has run (`[20s elapsed]`, as
+/// terraform's `Still creating... [20s elapsed]`), so a long wait does not look stuck.
+fn progress_style() -> ProgressStyle {
+    ProgressStyle::with_template("{spinner} {prefix:.bold} [{bar:25}] {pos}/{len} [{elapsed_s} elapsed] {wide_msg}")
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .with_key("elapsed_s", |state: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
+            let _ = w.write_str(&elapsed(state.elapsed()));
+        })
+        .progress_chars("=> ")
+}
+
+/// `7s`, `1m05s`, `1h02m`: a step's running time, whole seconds.
+fn elapsed(d: std::time::Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        0..=59 => format!("{s}s"),
+        60..=3599 => format!("{}m{:02}s", s / 60, s % 60),
+        _ => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
     }
 }
 
@@ -229,5 +254,25 @@ impl Reporter for Ui {
                 self.step_finished(step, &text);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_lines_are_stamped_to_the_millisecond() {
+        let at = time::macros::datetime!(2026-12-02 03:31:39.814896857 UTC);
+        assert_eq!(line_time(at), "2026-12-02T03:31:39.814Z");
+        assert_eq!(line_time(time::macros::datetime!(2026-12-02 03:31:39 UTC)), "2026-12-02T03:31:39.000Z");
+    }
+
+    #[test]
+    fn elapsed_reads_like_terraform() {
+        use std::time::Duration;
+        assert_eq!(elapsed(Duration::from_millis(20_400)), "20s");
+        assert_eq!(elapsed(Duration::from_secs(65)), "1m05s");
+        assert_eq!(elapsed(Duration::from_secs(3720)), "1h02m");
     }
 }

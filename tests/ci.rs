@@ -315,7 +315,8 @@ steps:
     p.file("chain/fail-a5", "");
     ci_github(&p, &["--junit", "junit.xml"])
         .code(1)
-        .stdout_has("::error file=stack.yaml,line=4,title=rdeploy%3A step network (terraform) failed::");
+        // At terraform's own place: the failing provisioner in the step's dir (issue 31, point 5).
+        .stdout_has("::error file=chain/main.tf,line=31,title=rdeploy%3A step network (terraform) failed::");
     let report = junit(&p, "junit.xml");
     let failure = case(&report, "network").one("failure");
     assert!(failure.text.contains("local-exec provisioner error"), "{}", failure.text);
@@ -1022,4 +1023,48 @@ fn a_kill_9_before_ansible_reads_its_secret_vars_leaves_none_at_rest() {
     let left = files_holding(&p.path(".rdeploy"), "SECRETVALUE");
     assert!(left.is_empty(), "after recover: {left:?}");
     assert_eq!(p.read("received"), "SECRETVALUE-ans-kill", "ansible read the value");
+}
+
+/// Issue 31, point 5: a failure the tool places in the operator's files is annotated there, not
+/// on the step's line: a kubectl object at the line its document starts on (the stack file in a
+/// subdirectory, so the path is the checkout's), a terraform error at terraform's own line.
+#[test]
+fn github_annotations_point_at_the_failing_manifest_document_and_terraform_line() {
+    use kubesim::testing::{kubectl_bin, Kubesim};
+    let sim = Kubesim::start("c1");
+    let mut p = Project::new();
+    for (k, v) in sim.env() {
+        p.env(&k, &v);
+    }
+    p.file(
+        "deploy/m/c.yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: one}\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: two}\n---\n# the third\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: three, namespace: nope}\n",
+    );
+    p.file(
+        "deploy/stack.yaml",
+        &format!(
+            "name: k\nsteps:\n  - name: objs\n    tool: kubectl\n    manifests: [m/c.yaml]\n    context: c1\n    binary: {}\n",
+            kubectl_bin().display()
+        ),
+    );
+    let run = ci_github(&p, &["deploy/stack.yaml"]);
+    run.code(1);
+    run.stdout_has("::error file=deploy/m/c.yaml,line=10,title=rdeploy%3A step objs (kubectl) failed::");
+    run.stdout_has("(m/c.yaml, document 3)");
+    assert!(!run.stdout.contains(".json"), "{}", run.stdout);
+    let status = p.rdeploy(&["status", "--json", "deploy/stack.yaml"]);
+    let status: serde_json::Value = serde_json::from_str(&status.stdout).unwrap();
+    assert_eq!(common::step(&status, "objs")["location"], serde_json::json!({ "file": "m/c.yaml", "line": 10 }));
+
+    require_tool("terraform", "install terraform (https://developer.hashicorp.com/terraform/install)");
+    let t = Project::new();
+    t.file(
+        "infra/main.tf",
+        "resource \"terraform_data\" \"a\" {\n  input = \"x\"\n}\n\noutput \"x\" {\n  value = var.nope\n}\n",
+    );
+    t.stack("name: t\nsteps:\n  - name: infra\n    tool: terraform\n    dir: infra\n");
+    let run = ci_github(&t, &[]);
+    run.code(1);
+    run.stdout_has("::error file=infra/main.tf,line=6,title=rdeploy%3A step infra (terraform) failed::");
+    run.stdout_has("(on main.tf line 6)");
 }

@@ -1117,3 +1117,98 @@ fn counts_are_pluralised() {
         format!("{}\n{started}", validate.stdout.lines().next().unwrap_or_default())
     );
 }
+
+/// Issue 31, point 7: a complete deploy's counts read as counts (`1 declared sub-change`, `2
+/// declared sub-changes`), not `1/1 declared sub-changes`.
+#[test]
+fn complete_deploy_counts_read_as_counts() {
+    let p = Project::new();
+    p.stack(
+        r#"
+name: shop
+steps:
+  - name: one
+    tool: shell
+    run: "true"
+  - name: two
+    tool: shell
+    sub_changes:
+      - { name: a, run: "true" }
+      - { name: b, run: "true" }
+"#,
+    );
+    let run = p.rdeploy(&["up"]);
+    run.code(0);
+    insta::assert_snapshot!("complete_deploy_counts", run.stdout);
+}
+
+/// Issue 31, point 11: on a terminal a running step's bar shows how long it has run, ticking
+/// (`[3s elapsed]`, as terraform's `Still creating... [20s elapsed]`). The terminal is a pty
+/// from util-linux's `script`; the step waits for a file the test writes once the bar said so.
+#[test]
+fn a_running_step_shows_its_elapsed_time_on_a_terminal() {
+    let script = common::require_tool("script", "apt-get install bsdutils (util-linux's `script`)");
+    let p = Project::new();
+    p.stack("name: s\nsteps:\n  - name: wait\n    tool: shell\n    run: while [ ! -f go ]; do sleep 0.1; done\n");
+    let rdeploy = env!("CARGO_BIN_EXE_rdeploy");
+    let mut child = std::process::Command::new(script)
+        .args(["-qfec", &format!("{rdeploy} up"), "/dev/null"])
+        .current_dir(p.path(""))
+        .env_remove("CI")
+        .env("NO_COLOR", "1")
+        .env("COLUMNS", "120")
+        .env_remove("RDEPLOY_STATE_DIR")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start script");
+    let mut stdout = child.stdout.take().expect("piped");
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let reader = {
+        let seen = seen.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = std::io::Read::read(&mut stdout, &mut buf) {
+                if n == 0 {
+                    break;
+                }
+                seen.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        })
+    };
+    // Two different readings of the clock: the bar ticks while the step runs.
+    let ticking = regex::Regex::new(r"\[([1-9][0-9]*)s elapsed\]").unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let readings = loop {
+        let text = seen.lock().unwrap().clone();
+        let mut readings: Vec<u64> = ticking.captures_iter(&text).filter_map(|c| c[1].parse().ok()).collect();
+        readings.dedup();
+        if readings.len() >= 2 {
+            break readings;
+        }
+        assert!(std::time::Instant::now() < deadline, "no ticking elapsed time on the terminal:\n{text}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(readings.windows(2).all(|w| w[0] < w[1]), "{readings:?}");
+    p.file("go", "");
+    let status = child.wait().expect("script ends");
+    reader.join().expect("reader");
+    assert!(status.success(), "{}", seen.lock().unwrap());
+    assert_eq!(p.status()["state"], "complete");
+}
+
+/// Issue 31, point 11: plain progress lines (not a terminal, CI) are stamped to the millisecond.
+#[test]
+fn plain_progress_lines_are_stamped_to_the_millisecond() {
+    let p = Project::new();
+    p.stack("name: s\nsteps:\n  - name: one\n    tool: shell\n    run: \"true\"\n");
+    let run = p.rdeploy(&["up"]);
+    run.code(0);
+    let stamp = regex::Regex::new(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z \S").unwrap();
+    let lines: Vec<&str> = run.stderr.lines().collect();
+    assert!(!lines.is_empty());
+    for line in lines {
+        assert!(stamp.is_match(line), "{line:?}");
+    }
+}

@@ -468,3 +468,86 @@ fn helm3_one_helm_step_costs_two_helm_processes_with_the_outputs_of_get_metadata
 fn helm4_one_helm_step_costs_two_helm_processes_with_the_outputs_of_get_metadata() {
     one_helm_step_costs_two_helm_processes_with_the_outputs_of_get_metadata(4);
 }
+
+const TOKEN: &str = "tok-5e2d9a71c4";
+
+/// A terraform step whose outputs a helm step uses: `hostname` plain, `token` sensitive.
+fn infra_and_web(p: &Project, tier: &str) {
+    p.file(
+        "infra/main.tf",
+        &format!(
+            "resource \"terraform_data\" \"lb\" {{ input = \"lb\" }}\noutput \"hostname\" {{ value = \"web.example.com\" }}\noutput \"token\" {{\n  value     = \"{TOKEN}\"\n  sensitive = true\n}}\n"
+        ),
+    );
+    p.stack(&format!(
+        r#"name: app
+steps:
+  - name: infra
+    tool: terraform
+    dir: infra
+  - name: web
+    tool: helm
+    release: web
+    chart: {chart}
+    namespace: web
+    context: c1
+    binary: {helm}
+    set:
+      tier: "{tier}"
+      lbAddress: "${{{{ steps.infra.outputs.hostname }}}}"
+      token: "${{{{ steps.infra.outputs.token }}}}"
+"#,
+        chart = testdata("webapp").display(),
+        helm = helm_bin(4).display(),
+    ));
+}
+
+/// Issue 31, point 7: a failed upgrade's long error is printed once (the step's `why` names the
+/// revision instead of repeating it, the stderr tail that only quotes it is left out), `recover
+/// --dry-run` shows the recorded output values (the sensitive one redacted) instead of
+/// `${{ ... }}`, and the runbook's rollback names the revision, namespace and context.
+#[test]
+fn helm4_a_failed_upgrade_says_its_error_once_with_recorded_values_and_a_concrete_rollback() {
+    common::require_tool("terraform", "install terraform (https://developer.hashicorp.com/terraform/install)");
+    let sim = Kubesim::start("c1");
+    let mut p = Project::new();
+    for (k, v) in sim.env() {
+        p.env(&k, &v);
+    }
+    infra_and_web(&p, "web");
+    p.rdeploy(&["up"]).code(0);
+    infra_and_web(&p, "not valid!");
+    let up = p.rdeploy(&["up"]);
+    up.code(1);
+
+    let error = "a valid label must be an empty string";
+    let status = p.rdeploy(&["status"]);
+    status.code(0).stdout_has("web@2");
+    assert_eq!(status.stdout.matches(error).count(), 1, "{}", status.stdout);
+    assert_eq!(up.stdout.matches(error).count(), 1, "{}", up.stdout);
+    let filters = vec![
+        (r"[0-9A-HJKMNP-TV-Z]{26}", "[deploy]"),
+        (r"\d{4}-\d\d-\d\dT[0-9:.]+Z", "[time]"),
+        (r"`/\S*/helm ", "`[helm] "),
+        (r"/\S*/\.rdeploy/", "[project]/.rdeploy/"),
+        (r" \S*/testdata/webapp ", " [chart] "),
+        (r"sha256:[0-9a-f]{64}", "sha256:[digest]"),
+    ];
+    insta::with_settings!({ filters => filters }, {
+        insta::assert_snapshot!("failed_upgrade_report", status.stdout);
+    });
+
+    let dry = p.rdeploy(&["recover", "--dry-run"]);
+    dry.code(0).stdout_has(r#"--set-json 'lbAddress="web.example.com"'"#);
+    assert!(!dry.stdout.contains("${{"), "{}", dry.stdout);
+    assert!(!dry.stdout.contains(TOKEN), "{}", dry.stdout);
+
+    let runbook = p.rdeploy(&["runbook"]);
+    runbook.code(0).stdout_has("roll back by hand to revision 1, the last deployed one the checkpoint recorded: `");
+    runbook.stdout_has("/helm rollback web 1 -n web --kube-context c1 --wait=watcher`");
+    runbook.stdout_has(r#"--set-json 'lbAddress="web.example.com"'"#);
+    assert_eq!(runbook.stdout.matches(error).count(), 1, "{}", runbook.stdout);
+    for run in [&up, &status, &dry, &runbook] {
+        assert!(!run.stdout.contains(TOKEN) && !run.stderr.contains(TOKEN), "{}\n{}", run.stdout, run.stderr);
+    }
+}

@@ -156,7 +156,10 @@ steps:
         ]
     );
     let error = subs_error(&status, "issuers", "ConfigMap/cert-manager/acme-config");
-    assert_eq!(error, r#"Error from server (NotFound): error when creating: namespaces "cert-manager" not found"#);
+    assert_eq!(
+        error,
+        r#"Error from server (NotFound): error when creating: namespaces "cert-manager" not found (certs/config.yaml)"#
+    );
 
     sim.kubectl_ok(&["delete", "clusterissuer", "letsencrypt-staging"]);
     sim.kubectl_ok(&["create", "namespace", "cert-manager"]);
@@ -322,8 +325,14 @@ fn kubectl_validation_errors_fail_each_object_by_its_document_and_the_rest_apply
     assert_eq!(subs_error(&status, "objects", "Deployment/default/four"), validation("apps/v1/Deployment", 4));
     assert_eq!(
         subs_error(&status, "objects", "ConfigMap/nope/five"),
-        r#"Error from server (NotFound): error when creating: namespaces "nope" not found"#
+        r#"Error from server (NotFound): error when creating: namespaces "nope" not found (k8s/app.yaml, document 5)"#
     );
+    // The stderr kubectl printed names the operator's file and document, never rdeploy's staged
+    // copy (issue 31, point 5).
+    let tail = step(&status, "objects")["stderr_tail"].to_string();
+    assert!(!tail.contains(".json") && !tail.contains(".rdeploy"), "{tail}");
+    assert!(tail.contains(r#"error when creating \"k8s/app.yaml\" (document 5): namespaces"#), "{tail}");
+    assert!(tail.contains(r#"error validating \"k8s/app.yaml\" (document 2)"#), "{tail}");
     for name in ["one", "three"] {
         assert_eq!(sim.kubectl_ok(&["get", "configmap", name, "-o", "jsonpath={.metadata.name}"]), name);
     }

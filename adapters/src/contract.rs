@@ -431,6 +431,20 @@ pub struct Failure {
     /// The step's `timeout` stopped the tool (SIGINT, then SIGTERM, then SIGKILL).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub timed_out: bool,
+    /// The operator's file the tool's error points at (a kubectl manifest, a terraform
+    /// configuration file), when it points at one: where a CI annotation goes. Boxed: every
+    /// `Result<_, Failure>` carries the room for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub location: Option<Box<Location>>,
+}
+
+/// A place in the operator's files: a path relative to the stack file's directory, and the
+/// line when the tool said it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Location {
+    pub file: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub line: Option<u32>,
 }
 
 impl Failure {
@@ -464,6 +478,7 @@ impl Failure {
             hint: None,
             interrupted: outcome.interrupted,
             timed_out: outcome.timed_out,
+            location: None,
         }
     }
 

@@ -184,7 +184,7 @@ fn dry_run_step(out: &mut String, step: &DryRunStep) {
             let _ =
                 writeln!(out, "  not resumable and left half-done: run its revert, then run it again from the start");
             if let Some(revert) = revert {
-                let _ = writeln!(out, "  - revert: `{revert}`");
+                let _ = writeln!(out, "  - revert: `{}`", report::hang(revert, 4));
             }
         }
         DryRunPlan::Apply { why, actions } => {
@@ -195,16 +195,42 @@ fn dry_run_step(out: &mut String, step: &DryRunStep) {
             };
             let _ = writeln!(out, "  {why}");
             for a in actions {
-                let _ = writeln!(out, "  - {a}");
+                let _ = writeln!(out, "  - {}", report::hang(a, 4));
             }
         }
         DryRunPlan::Recover(Ok(actions)) => {
             for a in actions {
-                let _ = writeln!(out, "  - {a}");
+                let _ = writeln!(out, "  - {}", report::hang(a, 4));
             }
         }
         DryRunPlan::Recover(Err(why)) => {
-            let _ = writeln!(out, "  could not inspect the live state: {why}");
+            let _ = writeln!(out, "  could not inspect the live state: {}", report::hang(why, 4));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tool's multi-line message stays inside its list item: the next item and the next step
+    /// still start at their margins.
+    #[test]
+    fn dry_run_keeps_its_indentation_under_multi_line_errors() {
+        let step = DryRunStep {
+            name: "web".into(),
+            tool: rdeploy_adapters::Tool::Helm,
+            changed: false,
+            plan: DryRunPlan::Recover(Ok(vec![
+                "cannot recover now: Error: values don't meet the specifications of the schema(s):\nshop:\n- at '/replicaCount': got string, want integer\n".into(),
+                "hint: fix the values".into(),
+            ])),
+        };
+        let mut out = String::new();
+        dry_run_step(&mut out, &step);
+        assert_eq!(
+            out,
+            "\nweb (helm):\n  - cannot recover now: Error: values don't meet the specifications of the schema(s):\n    shop:\n    - at '/replicaCount': got string, want integer\n  - hint: fix the values\n"
+        );
     }
 }

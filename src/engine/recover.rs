@@ -120,6 +120,9 @@ impl Session {
                 continue;
             };
             let (step, mut ctx, read) = self.resolved(step, self.cancel.child_token());
+            // The checkpoint's outputs in place of `${{ ... }}`, as recover would run it (a
+            // sensitive one is read again, registered as a secret, so it prints redacted).
+            let step = self.resolve_references_from(|f| f(deploy), &step).await.unwrap_or(step);
             let step = &step;
             ctx.started_by = self.started_by(deploy, &step.name, None);
             let what = match action {

@@ -19,15 +19,29 @@ use crate::stack::Step;
 /// A step's outputs as known at one moment: the recorded ones and the sensitive ones in memory.
 pub(super) type OutputsSeen = (BTreeMap<String, serde_json::Value>, BTreeMap<String, Secret>);
 
+/// What the checkpoint recorded of one referenced output: its value, whether it is sensitive,
+/// and the producer's output keys.
+pub(super) type Recorded = (Option<serde_json::Value>, bool, Vec<String>);
+
 impl Session {
     /// The step with its `${{ steps.NAME.outputs.KEY }}` replaced by the values recorded in the
     /// checkpoint (a sensitive one from this process's memory, else read again from the
     /// producer's own state, and registered with the run's secrets). A reference
     /// without a value is the step's failure, before its tool starts.
     pub(super) async fn resolve_references(&self, cp: &SharedCheckpoint, step: &Step) -> Result<Step, Failure> {
+        self.resolve_references_from(|f| cp.read(f), step).await
+    }
+
+    /// [`Session::resolve_references`] from a deploy read by `read` (the live checkpoint, or a
+    /// loaded one for `recover --dry-run`).
+    pub(super) async fn resolve_references_from(
+        &self,
+        read: impl Fn(&dyn Fn(&crate::checkpoint::Deploy) -> Recorded) -> Recorded,
+        step: &Step,
+    ) -> Result<Step, Failure> {
         let mut values: HashMap<Reference, OutputValue> = HashMap::new();
         for reference in &step.refs {
-            let (plain, sensitive, known) = cp.read(|d| {
+            let (plain, sensitive, known) = read(&|d: &crate::checkpoint::Deploy| {
                 let producer = d.step(&reference.step);
                 let plain = producer.and_then(|p| p.outputs.get(&reference.key).cloned());
                 let sensitive = producer.is_some_and(|p| p.sensitive_outputs.contains(&reference.key));

@@ -117,6 +117,11 @@ pub fn doc(step: &Step, ctx: &DescribeContext<'_>, cluster: &str) -> RecoveryDoc
         _ => {}
     }
     // The tool's own rollback note names no cluster: the one above replaces it.
-    doc.notes.extend(inner.notes.into_iter().filter(|n| !n.starts_with("roll back by hand")));
+    doc.notes.extend(
+        inner
+            .notes
+            .into_iter()
+            .filter(|n| !n.starts_with("roll back by hand") && !n.starts_with("nothing to roll back to")),
+    );
     doc
 }

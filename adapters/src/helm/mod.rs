@@ -1212,16 +1212,32 @@ impl Adapter for HelmSpec {
         doc.inspect.push(display_command(&self.helm_words(status.clone())));
         doc.inspect.push(display_command(&self.helm_words(history)));
         doc.recover.push(format!("rdeploy recover {}", ctx.stack_file));
-        let good = prior.and_then(|p| p.facts.get("last_deployed_revision")).and_then(Value::as_u64);
+        let facts = prior.map(|p| &p.facts);
+        let good = facts.and_then(|f| f.get("last_deployed_revision")).and_then(Value::as_u64);
         // The runbook is written without asking helm; flags are helm 4's where they differ.
-        let rollback = match good {
-            Some(good) => display_command(&self.helm_words(self.rollback_words(4, good, None))),
-            None => format!(
-                "{} LAST_DEPLOYED_REVISION (from `helm history`: never \"previous\", which may be a failed revision)",
-                display_command(&self.helm_words(vec!["rollback".to_string(), self.release.clone()]))
-            ),
-        };
-        doc.notes.push(format!("roll back by hand: `{rollback}`"));
+        match good {
+            Some(good) => doc.notes.push(format!(
+                "roll back by hand to revision {good}, the last deployed one the checkpoint recorded: `{}`",
+                display_command(&self.helm_words(self.rollback_words(4, good, None)))
+            )),
+            // The checkpoint read the release's history and found no deployed revision.
+            None if facts.is_some_and(|f| f.contains_key("revision")) => doc.notes.push(format!(
+                "nothing to roll back to: no revision of `{}` was ever deployed; `{}` removes the failed install",
+                self.release,
+                display_command(&self.helm_words(self.uninstall_words(4, None)))
+            )),
+            None => {
+                let mut history = vec!["history".to_string(), self.release.clone()];
+                history.extend(self.cluster_args(None));
+                let mut words = self.rollback_words(4, 0, None);
+                words[2] = "REVISION".into();
+                doc.notes.push(format!(
+                    "roll back by hand: `{}`, REVISION being the last `deployed` one in `{}` (never \"previous\", which may be a failed revision)",
+                    display_command(&self.helm_words(words)),
+                    display_command(&self.helm_words(history))
+                ));
+            }
+        }
         doc.notes.push(format!(
             "upgrade again by hand: `{cd} && {}`",
             display_command(&self.helm_words(self.upgrade_words(4, None)))
@@ -2024,8 +2040,29 @@ mod tests {
             doc.notes
         );
         assert!(doc.notes.iter().any(|n| n == "recorded: revision 3 is failed"));
+        // Without a checkpoint: the release's namespace and context, the revision to look up.
         let fresh = spec().describe_recovery(&ctx, None);
-        assert!(fresh.notes[0].contains("LAST_DEPLOYED_REVISION"), "{:?}", fresh.notes);
+        assert!(
+            fresh.notes[0].contains(
+                "`helm rollback web REVISION -n shop --kube-context c1 --wait=watcher`, REVISION being the last `deployed` one in `helm history web -n shop --kube-context c1`"
+            ),
+            "{:?}",
+            fresh.notes
+        );
+        // The checkpoint read the history and no revision was ever deployed: nothing to roll back to.
+        let never = PriorStep {
+            sub_changes: vec![],
+            facts: BTreeMap::from([
+                ("revision".to_string(), serde_json::json!(1)),
+                ("status".to_string(), serde_json::json!("failed")),
+            ]),
+        };
+        let never = spec().describe_recovery(&ctx, Some(&never));
+        assert!(
+            never.notes[0].starts_with("nothing to roll back to: no revision of `web` was ever deployed; `helm uninstall web -n shop --kube-context c1`"),
+            "{:?}",
+            never.notes
+        );
     }
 
     #[test]

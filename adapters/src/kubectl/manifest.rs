@@ -85,6 +85,15 @@ impl KubeObject {
 /// Manifests parse in the crate's one YAML module; these are its names here.
 pub use crate::yaml::{documents as parse_documents, value as parse_yaml};
 
+/// The line document `document` (1-based, empty ones not counted, as [`KubeObject::document`])
+/// of the manifest at `path` starts on; `None` for a directory (kustomize) or an unreadable file.
+pub fn document_line(path: &Path, document: usize) -> Option<u32> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let docs = crate::yaml::documents_located(&text).ok()?;
+    let (line, _) = docs.get(document.checked_sub(1)?)?;
+    line.and_then(|l| u32::try_from(l).ok())
+}
+
 /// Turns parsed documents into objects; `default_ns` fills in namespaced objects without one.
 pub fn objects_from_documents(
     docs: Vec<Value>,

@@ -430,6 +430,16 @@ impl KubectlSpec {
             return Ok(());
         }
         let mut failure = summarize(&failed, selected.len(), Some((&command, &outcome)));
+        for line in &mut failure.stderr_tail {
+            *line = output::name_user_files(line, objects);
+        }
+        // The first failed object's file and, when known, the line its document starts on.
+        failure.location = failed.first().and_then(|(id, _)| objects.iter().find(|o| &o.id() == id)).map(|o| {
+            Box::new(crate::Location {
+                file: o.source.to_string_lossy().into_owned(),
+                line: manifest::document_line(&ctx.resolve(&o.source), o.document),
+            })
+        });
         if let Some(hint) = self.too_big_hint(objects, selected, &failed) {
             failure.hint = Some(hint);
         }
@@ -486,12 +496,10 @@ impl KubectlSpec {
             let attributed = attribute_errors(&not_applied, &error_records(&stderr));
             for (object, _) in &not_applied {
                 let mut error = attributed.get(&object.id()).cloned().unwrap_or_else(|| "not applied".into());
-                // kubectl's own validation names the file it read (rdeploy's staged copy): say
-                // which of the operator's documents it is, since what failed may be the very
-                // `apiVersion` or `kind` the object's id is made of.
-                if error.starts_with("error validating data") {
-                    error = format!("{error} ({}, document {})", object.source.display(), object.document);
-                }
+                // kubectl names the file it read, rdeploy's staged copy (dropped from the
+                // message): say which of the operator's files and documents it is, since what
+                // failed may be the very `apiVersion` or `kind` the object's id is made of.
+                error = format!("{error} ({})", output::user_place(objects, object));
                 sink.emit(Event::Failed { id: object.id(), error: error.clone() });
                 failed.push((object.id(), error));
             }

@@ -116,6 +116,41 @@ fn staged_file(record: &str) -> Option<&str> {
     FILE.captures(record).map(|c| c.get(1).expect("group 1").as_str())
 }
 
+/// Where an object came from in the operator's words: `m/c.yaml`, or `m/c.yaml, document 3`
+/// when that file holds several documents.
+pub fn user_place(objects: &[KubeObject], object: &KubeObject) -> String {
+    let documents: std::collections::BTreeSet<usize> =
+        objects.iter().filter(|o| o.source == object.source).map(|o| o.document).collect();
+    if documents.len() > 1 {
+        format!("{}, document {}", object.source.display(), object.document)
+    } else {
+        object.source.display().to_string()
+    }
+}
+
+/// A line of kubectl's with each staged file it names (`"/…/objects/apply-1/0004.json"`,
+/// rdeploy's copy of one object) replaced by the operator's file and document
+/// (`"m/c.yaml" (document 3)`), so a message points at what they wrote.
+pub fn name_user_files(line: &str, objects: &[KubeObject]) -> String {
+    static STAGED: LazyLock<Regex> =
+        LazyLock::new(|| Regex::new(r#""(?:[^"\n]*/)?objects/[^"/\n]+/(\d{4,})\.json""#).expect("valid regex"));
+    STAGED
+        .replace_all(line, |c: &regex::Captures<'_>| {
+            let object = c[1].parse::<usize>().ok().and_then(|n| n.checked_sub(1)).and_then(|i| objects.get(i));
+            match object {
+                Some(o) => {
+                    let place = user_place(objects, o);
+                    match place.split_once(", ") {
+                        Some((file, document)) => format!("\"{file}\" ({document})"),
+                        None => format!("\"{file}\"", file = place),
+                    }
+                }
+                None => c[0].to_string(),
+            }
+        })
+        .into_owned()
+}
+
 /// Gives each failed object the error that names it: by its staged file (one object per file,
 /// so the file is the document: client-side errors, validation and mapping errors quote it),
 /// else by `Kind "name"` or `Kind.group "name"` (server-side errors, and the Invalid error

@@ -131,6 +131,22 @@ pub struct Diagnostic {
     /// The resource instance the diagnostic is about, when it is about one.
     #[serde(default)]
     pub address: Option<String>,
+    /// Where in the configuration terraform points (`on main.tf line 6`).
+    #[serde(default)]
+    pub range: Option<DiagnosticRange>,
+}
+
+/// A diagnostic's place in the configuration: the file, relative to the root module's
+/// directory (`main.tf`, `modules/net/main.tf`), and its first line.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+pub struct DiagnosticRange {
+    pub filename: String,
+    pub start: DiagnosticPos,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+pub struct DiagnosticPos {
+    pub line: u32,
 }
 
 impl Diagnostic {
@@ -142,7 +158,17 @@ impl Diagnostic {
     pub fn one_line(&self) -> String {
         let detail = self.detail.split_whitespace().collect::<Vec<_>>().join(" ");
         let text = if detail.is_empty() { self.summary.clone() } else { format!("{}: {detail}", self.summary) };
-        truncate(&text, 400)
+        // terraform's own pointer into the configuration, kept whole after a cut detail.
+        match self.location() {
+            Some(at) => format!("{} ({at})", truncate(&text, 400)),
+            None => truncate(&text, 400),
+        }
+    }
+
+    /// `on main.tf line 6`, as terraform's human output says it.
+    pub fn location(&self) -> Option<String> {
+        let range = self.range.as_ref().filter(|r| !r.filename.is_empty())?;
+        Some(format!("on {} line {}", range.filename, range.start.line))
     }
 
     /// Terraform says the working directory must be (re)initialized before this can run.
@@ -171,6 +197,7 @@ pub fn first_human_error<S: AsRef<str>>(lines: &[S]) -> Option<String> {
     let summary = text[start].trim_start().trim_start_matches("Error: ").trim().to_string();
     let mut detail: Vec<&str> = Vec::new();
     let mut in_excerpt = false;
+    let mut location: Option<String> = None;
     for line in &text[start + 1..] {
         let trimmed = line.trim();
         if trimmed.starts_with("Error: ") || trimmed.starts_with("Warning: ") {
@@ -186,6 +213,11 @@ pub fn first_human_error<S: AsRef<str>>(lines: &[S]) -> Option<String> {
         // The excerpt: `  on main.tf line 3, in resource ...:` then indented source lines.
         if trimmed.starts_with("on ") && trimmed.contains(" line ") && trimmed.ends_with(':') {
             in_excerpt = true;
+            if location.is_none() {
+                // `on main.tf line 3, in resource "x" "y":` -> `on main.tf line 3`.
+                let at = trimmed.trim_end_matches(':');
+                location = Some(at.split_once(", in ").map(|(a, _)| a).unwrap_or(at).to_string());
+            }
             continue;
         }
         if in_excerpt {
@@ -198,7 +230,11 @@ pub fn first_human_error<S: AsRef<str>>(lines: &[S]) -> Option<String> {
         Some(end) => &detail[..=end],
         None => detail.as_str(),
     };
-    Some(if sentence.is_empty() { summary } else { truncate(&format!("{summary}: {sentence}"), 400) })
+    let text = if sentence.is_empty() { summary } else { truncate(&format!("{summary}: {sentence}"), 400) };
+    Some(match location {
+        Some(at) => format!("{text} ({at})"),
+        None => text,
+    })
 }
 
 fn truncate(text: &str, max: usize) -> String {
@@ -540,7 +576,7 @@ mod tests {
         });
         assert_eq!(
             error.as_deref(),
-            Some("local-exec provisioner error: Error running command 'sh ./prov.sh a5': exit status 1. Output: fail-a5 is present")
+            Some("local-exec provisioner error: Error running command 'sh ./prov.sh a5': exit status 1. Output: fail-a5 is present (on main.tf line 31)")
         );
         // Started is journaled before Done for every resource.
         for id in ids(&events, done) {
@@ -615,9 +651,21 @@ mod tests {
         ];
         assert_eq!(
             first_human_error(&framed).as_deref(),
-            Some("Unsupported argument: An argument named \"nope\" is not expected here.")
+            Some("Unsupported argument: An argument named \"nope\" is not expected here. (on main.tf line 3)")
         );
         assert_eq!(first_human_error(&["nothing to see"]), None);
+    }
+
+    /// terraform's `-json` diagnostic keeps its pointer into the configuration in the one line
+    /// the report prints, as its human output does (`on main.tf line 6`).
+    #[test]
+    fn a_json_diagnostic_keeps_its_file_and_line() {
+        let line = r#"{"@level":"error","@message":"Error: Reference to undeclared input variable","type":"diagnostic","diagnostic":{"severity":"error","summary":"Reference to undeclared input variable","detail":"An input variable with the name \"nope\" has not been declared.","range":{"filename":"main.tf","start":{"line":6,"column":11,"byte":60},"end":{"line":6,"column":19,"byte":68}}}}"#;
+        let Some(UiMessage::Diagnostic(d)) = parse_line(line).map(|l| l.body) else { panic!("not a diagnostic") };
+        assert_eq!(
+            d.one_line(),
+            "Reference to undeclared input variable: An input variable with the name \"nope\" has not been declared. (on main.tf line 6)"
+        );
     }
 
     #[test]

@@ -128,6 +128,7 @@ mod tests {
             summary: LOCK_SUMMARY.into(),
             detail: "Error message: HTTP remote state already locked: ID=holder-1\nLock Info:\n  ID:        attempt-2\n  Who:       me@here\n".into(),
             address: None,
+            range: None,
         };
         assert_eq!(parse_lock_diagnostic(&diag).unwrap().id, "holder-1");
         let other = Diagnostic { summary: "Module not installed".into(), ..diag };

@@ -1264,7 +1264,20 @@ impl<'a> Run<'a> {
             hint: Some(hint),
             interrupted: outcome.interrupted,
             timed_out: outcome.timed_out,
+            location: failed
+                .iter()
+                .find_map(|(_, d)| d.as_ref())
+                .or(tracker.errors.first().as_ref())
+                .and_then(|d| self.location_of(d)),
         }
+    }
+
+    /// Where a diagnostic points, relative to the stack file: the step's `dir`, then terraform's
+    /// file name (relative to the root module).
+    fn location_of(&self, d: &Diagnostic) -> Option<Box<crate::Location>> {
+        let range = d.range.as_ref().filter(|r| !r.filename.is_empty())?;
+        let file = self.spec.dir.join(&range.filename);
+        Some(Box::new(crate::Location { file: file.to_string_lossy().into_owned(), line: Some(range.start.line) }))
     }
 
     fn diagnostics_failure(&self, args: &[String], outcome: &Outcome, errors: &[Diagnostic]) -> Failure {
@@ -1272,6 +1285,7 @@ impl<'a> Run<'a> {
         let mut failure = Failure::from_process(&command, outcome);
         if let (Some(first), false, false) = (errors.first(), outcome.interrupted, outcome.timed_out) {
             failure.summary = format!("`{command}` failed: {}", first.one_line());
+            failure.location = self.location_of(first);
         }
         if !errors.is_empty() {
             failure.stderr_tail = errors.iter().map(|d| format!("Error: {}", d.one_line())).collect();
@@ -1298,6 +1312,7 @@ impl<'a> Run<'a> {
             )),
             interrupted: false,
             timed_out: false,
+            location: None,
         }
     }
 }
