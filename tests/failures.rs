@@ -167,7 +167,7 @@ steps:
         .stderr_has("stack.yaml:8:34: `retry.delay: quick` is not a duration")
         .stderr_has("stack.yaml:8:50: `retry.backoff` is a factor from 1 to 10, not `0.5`")
         .stderr_has("stack.yaml:8:66: `retry.matching` entry `(unclosed` is not a regular expression: unclosed group")
-        .stderr_has("stack.yaml:12:14: unknown field `attemps`")
+        .stderr_has("stack.yaml:12:14: step `b`: `retry.attemps`: unknown field `attemps`")
         .stderr_has("did you mean `attempts`?");
 }
 
