@@ -2508,7 +2508,7 @@ steps:
     #[test]
     fn a_stack_name_that_would_collide_in_the_state_layout_is_refused() {
         let steps = "steps:\n  - name: a\n    tool: shell\n    run: x\n";
-        for name in ["fleet", "lock", "Fleet", "history", "logs"] {
+        for name in ["fleet", "lock", "Fleet", "LOCK"] {
             let p = problems(&format!("name: {name}\n{steps}"));
             assert_eq!(p.len(), 1, "{name}: {p:?}");
             assert_eq!((p[0].line, p[0].column), (1, 7), "{name}");
@@ -2527,6 +2527,8 @@ steps:
         let p = problems(&format!("name: {}\n{steps}", "a".repeat(MAX_STACK_NAME + 1)));
         assert!(p[0].message.contains("at most 100"), "{p:?}");
         assert!(parse(Path::new("fleet-app.yaml"), &format!("name: fleet-app\n{steps}")).is_ok());
+        // A name the old single-stack layout used for a file is a stack's name as before.
+        assert!(parse(Path::new("h.yaml"), &format!("name: history\n{steps}")).is_ok());
 
         // Without `name:`, the file's name is checked as a directory name.
         let p = parse(Path::new("deploy/fleet.yaml"), steps).unwrap_err().problems;

@@ -650,4 +650,8 @@ steps:
     p.rdeploy(&["revert"]).code(0);
     assert_eq!(p.lines("reverted"), ["app 7", "db"], "newest first, with the recorded port");
     assert_eq!(p.status()["state"], "reverted");
+    // What was undone has no outputs: none is printed as if it were live.
+    let out = p.rdeploy(&["output", "db", "port"]);
+    out.code(2).stderr_has("step `db` was reverted");
+    assert!(!out.stdout.contains('7'), "{}", out.stdout);
 }

@@ -17,7 +17,7 @@ use rdeploy_adapters::outputs::{value_text, OutputValue};
 use rdeploy_adapters::Adapter;
 use serde_json::Value;
 
-use crate::checkpoint::{Deploy, StepState};
+use crate::checkpoint::{Deploy, StepState, StepStatus};
 use crate::engine::Session;
 use crate::exit::{Code, Refusal};
 use crate::stack::suggest;
@@ -62,9 +62,29 @@ pub async fn render(session: &Session, target: &Target, json: bool, show_sensiti
             .with_hint(format!("`rdeploy up {}` runs it", session.stack_arg))
         })?,
     };
+    // A reverted step's outputs describe what was undone: never printed as if live.
+    let reverted = |s: &StepState| s.status == StepStatus::Reverted;
     let steps: Vec<&StepState> = match &target.step {
-        None => deploy.steps.iter().filter(|s| !s.outputs.is_empty() || !s.sensitive_outputs.is_empty()).collect(),
-        Some(name) => vec![find_step(&deploy, name)?],
+        None => deploy
+            .steps
+            .iter()
+            .filter(|s| !reverted(s) && (!s.outputs.is_empty() || !s.sensitive_outputs.is_empty()))
+            .collect(),
+        Some(name) => {
+            let s = find_step(&deploy, name)?;
+            if reverted(s) {
+                return Err(Refusal::new(
+                    Code::BadInput,
+                    format!(
+                        "step `{name}` was reverted in deploy {}: its outputs describe what was undone",
+                        deploy.deploy_id
+                    ),
+                )
+                .with_hint(format!("`rdeploy up {}` applies it again", session.stack_arg))
+                .into());
+            }
+            vec![s]
+        }
     };
     let mut all: BTreeMap<String, BTreeMap<String, Value>> = BTreeMap::new();
     let mut hidden: BTreeMap<String, Vec<String>> = BTreeMap::new();

@@ -12,7 +12,7 @@ use rdeploy_adapters::{
 use super::event::{Attempt, Reporters, RetryWhy, RunEvent, Work};
 use super::journal::{JournalError, SharedCheckpoint};
 use super::sink::StepSink;
-use crate::checkpoint::{Deploy, Record, StepMode};
+use crate::checkpoint::{Deploy, Record, StepMode, StepStatus};
 use crate::stack::{Retry, Step};
 
 /// What to do with a step in this run.
@@ -186,7 +186,12 @@ struct CarryOutputs<'a> {
 impl<'a> CarryOutputs<'a> {
     fn new(attempts: &'a Attempts, step: &'a Step, inner: &'a StepSink) -> CarryOutputs<'a> {
         let last = (step.tool == rdeploy_adapters::Tool::Shell)
-            .then(|| attempts.last.as_ref().and_then(|d| d.step(&step.name)).map(|s| s.outputs.clone()))
+            .then(|| {
+                // Only a step the last deploy left done: a reverted one's outputs were undone.
+                let done =
+                    attempts.last.as_ref().and_then(|d| d.step(&step.name)).filter(|s| s.status == StepStatus::Done);
+                done.map(|s| s.outputs.clone())
+            })
             .flatten()
             .filter(|outputs| !outputs.is_empty());
         CarryOutputs { inner, step: &step.name, cp: &attempts.cp, last: std::sync::Mutex::new(last) }

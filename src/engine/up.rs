@@ -39,17 +39,9 @@ impl Session {
             crate::planfile::refuse_fleet_steps(&self.stack, "rdeploy up --plan")?;
         }
         let steps: Vec<&Step> = self.stack.ordered().collect();
-        // What is in place, as `plan` sees it, before anything is recorded (read-only), read
-        // while the tools are checked (read-only too): a no-op `up` costs about a `plan`.
-        let early_wanted = !self.force_apply && self.from_plan.is_none();
-        let (tools, early) = tokio::join!(self.check_tools(&steps, true), async {
-            if early_wanted {
-                self.early_previews().await
-            } else {
-                HashMap::new()
-            }
-        });
-        let tools = tools?;
+        // Bad input (a missing or unusable tool) is refused before anything runs: the
+        // previews run the user's `check:` commands and read live state, so they wait for it.
+        let tools = self.check_tools(&steps, true).await?;
         if let Some(loaded) = &self.from_plan {
             // Before anything runs or is recorded: whatever moved since the plan refuses it.
             self.note(format!(
@@ -64,6 +56,9 @@ impl Session {
                 return Err(e);
             }
         }
+        // What is in place, as `plan` sees it, before anything is recorded (read-only).
+        let early =
+            if self.force_apply || self.from_plan.is_some() { HashMap::new() } else { self.early_previews().await };
         let ran = async {
             let mut cp = Checkpoint::create(self.store.as_ref())?;
             let run_id = ulid::Ulid::new().to_string();

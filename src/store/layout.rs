@@ -39,17 +39,15 @@ const OLD_ENTRIES: &[&str] = &[
 ];
 
 /// What the shared `.rdeploy/` holds beside the stacks' directories, by name: a stack named so
-/// would have its state mixed with it (a stack `fleet` writing into the fleet's records, a
-/// stack `logs` moved away as part of an old layout). `None` for a name free to use. Names are
+/// would have its state mixed with it (a stack `fleet` writing into the fleet's records). The old
+/// layout's entries (`history`, `logs`, ...) are not reserved: a stack's directory holds a `lock`
+/// and theirs does not, so the move tells them apart. `None` for a name free to use. Names are
 /// compared ignoring case, as the file systems of macOS and Windows compare them.
 pub fn reserved(name: &str) -> Option<&'static str> {
     let name = name.to_ascii_lowercase();
     match name.as_str() {
         "fleet" => Some("the fleet's records (`.rdeploy/fleet/`), shared by every stack beside it"),
         "lock" => Some("the lock of the shared `.rdeploy/` itself"),
-        _ if OLD_ENTRIES.contains(&name.as_str()) => {
-            Some("a file of the state layout from before each stack had its own directory, which rdeploy moves")
-        }
         _ => None,
     }
 }
@@ -198,10 +196,12 @@ mod tests {
 
     #[test]
     fn the_names_the_shared_directory_holds_are_reserved() {
-        for name in ["fleet", "lock", "Fleet", "LOCK", "history", "logs", "steps", "running", "snapshot.json"] {
+        for name in ["fleet", "lock", "Fleet", "LOCK"] {
             assert!(reserved(name).is_some(), "{name}");
         }
-        for name in ["shop", "fleet-app", "locks", "app_history"] {
+        // The old layout's entries are told apart from a stack's directory by the lock inside
+        // it, so a stack may keep a name such as `history` it had before.
+        for name in ["shop", "fleet-app", "locks", "app_history", "history", "logs", "steps", "running"] {
             assert_eq!(reserved(name), None, "{name}");
         }
     }

@@ -82,6 +82,10 @@ impl HelmSpec {
         sink.emit(Event::Planned { ids: vec![id.clone()] });
         sink.emit(Event::Fact { key: "revision".into(), value: revision.into() });
         if let Some(status) = metadata.get("status").cloned() {
+            if status == "deployed" {
+                // The revision kept is the one to roll back to should its readiness fail.
+                sink.emit(Event::Fact { key: "last_deployed_revision".into(), value: revision.into() });
+            }
             sink.emit(Event::Fact { key: "status".into(), value: status });
         }
         sink.emit(Event::InPlace {

@@ -1231,12 +1231,18 @@ impl Adapter for HelmSpec {
                 "roll back by hand to revision {good}, the last deployed one the checkpoint recorded: `{}`",
                 display_command(&self.helm_words(self.rollback_words(4, good, None)))
             )),
-            // The checkpoint read the release's history and found no deployed revision.
-            None if facts.is_some_and(|f| f.contains_key("revision")) => doc.notes.push(format!(
-                "nothing to roll back to: no revision of `{}` was ever deployed; `{}` removes the failed install",
-                self.release,
-                display_command(&self.helm_words(self.uninstall_words(4, None)))
-            )),
+            // The checkpoint read the release's history and found no deployed revision (and
+            // the revision it holds is not itself deployed).
+            None if facts.is_some_and(|f| {
+                f.contains_key("revision") && f.get("status").and_then(Value::as_str) != Some("deployed")
+            }) =>
+            {
+                doc.notes.push(format!(
+                    "nothing to roll back to: no revision of `{}` was ever deployed; `{}` removes the failed install",
+                    self.release,
+                    display_command(&self.helm_words(self.uninstall_words(4, None)))
+                ))
+            }
             None => {
                 let mut history = vec!["history".to_string(), self.release.clone()];
                 history.extend(self.cluster_args(None));
@@ -2114,6 +2120,17 @@ mod tests {
             "{:?}",
             never.notes
         );
+        // A release found in place whose readiness then failed: its revision is deployed, so
+        // it is never called never-deployed (an uninstall would remove a live release).
+        let kept = PriorStep {
+            sub_changes: vec![],
+            facts: BTreeMap::from([
+                ("revision".to_string(), serde_json::json!(4)),
+                ("status".to_string(), serde_json::json!("deployed")),
+            ]),
+        };
+        let kept = spec().describe_recovery(&ctx, Some(&kept));
+        assert!(!kept.notes.iter().any(|n| n.contains("helm uninstall")), "{:?}", kept.notes);
     }
 
     #[test]

@@ -965,19 +965,14 @@ impl ProcessTracker {
         notes.save();
     }
 
-    /// Forgets a reaped child. Its line is rewritten out of the note at once only while its
-    /// group still has a process (one the tool left running, which the next run must not wait
-    /// for after a clean end). A group with nothing left, whose start time is known, keeps its
-    /// line until the next note or save: that line names a group the next run finds gone (no
-    /// process can join a group that has no member, and the start time tells a reused pid),
-    /// so it reads the note as the rewrite would have left it, and a shell sub-change costs one
-    /// write to the note, not two.
+    /// Forgets a reaped child: its line is rewritten out of the note at once, so a clean end
+    /// (or a kill -9 after it) leaves no line a later run could take for a survivor. Keeping
+    /// the line of a child whose group was empty saved one write per child, but after a pid
+    /// wrap an unrelated group with that pid would then read as a survivor and lock `recover`.
     fn forget(&self, pid: u32) {
         let Some(notes) = &self.notes else { return };
         let mut notes = notes.lock().unwrap_or_else(|e| e.into_inner());
-        let Some((start, _)) = notes.groups.remove(&pid) else { return };
-        let gone = killpg(Pid::from_raw(pid as i32), None) == Err(nix::errno::Errno::ESRCH);
-        if start == 0 || !gone {
+        if notes.groups.remove(&pid).is_some() {
             notes.save();
         }
     }
@@ -1569,44 +1564,6 @@ pub(super) mod tests {
         std::fs::remove_dir_all(&running).unwrap();
         tracker.note(13, || "kubectl".into());
         assert_eq!(pids(), [13], "noted again after its file was deleted");
-    }
-
-    /// A reaped child whose group is empty leaves its line until the next note (one write per
-    /// child, not two), and that line is no survivor; a reaped child whose group still has a
-    /// process is rewritten out at once, so the next run does not wait for what it left.
-    #[test]
-    fn a_child_whose_group_is_gone_costs_one_write_and_is_no_survivor() {
-        let dir = tempfile::tempdir().unwrap();
-        let running = dir.path().join("running");
-        std::fs::create_dir(&running).unwrap();
-        let path = running.join(std::process::id().to_string());
-        let tracker = ProcessTracker::in_dir(running.clone());
-        let pids = || -> Vec<i32> {
-            std::fs::read_to_string(&path).unwrap().lines().filter_map(parse_note).map(|(pid, ..)| pid).collect()
-        };
-
-        let mut alone = spawn_group(&["true"]);
-        wait_for_state(alone.id(), true);
-        tracker.note(alone.id(), || "true".into());
-        alone.wait().unwrap();
-        let written = std::fs::read(&path).unwrap();
-        tracker.forget(alone.id());
-        assert_eq!(std::fs::read(&path).unwrap(), written, "an empty group's line is not rewritten out");
-        assert_eq!(pids(), [alone.id() as i32]);
-        let later = tempfile::tempdir().unwrap();
-        std::fs::write(later.path().join("1"), &written).unwrap();
-        assert_eq!(surviving_children(later.path()), [], "its line names no survivor");
-
-        // The leader exits at once, its background `sleep` stays in the group.
-        let mut leader = spawn_group(&["sh", "-c", "sleep 60 & exit 0"]);
-        tracker.note(leader.id(), || "sh".into());
-        assert!(!pids().contains(&(alone.id() as i32)), "the next note drops the gone group's line");
-        leader.wait().unwrap();
-        let group = Pid::from_raw(leader.id() as i32);
-        assert!(killpg(group, None).is_ok(), "the background sleep holds the group");
-        tracker.forget(leader.id());
-        assert_eq!(pids(), Vec::<i32>::new(), "a group with a live process is rewritten out at once");
-        let _ = killpg(group, Signal::SIGKILL);
     }
 
     fn note(dir: &Path, lines: &[(u32, u64, &str)]) {
