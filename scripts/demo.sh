@@ -35,8 +35,11 @@ export KUBECONFIG="$work/kubeconfig" KUBECACHEDIR="$work/.kube-cache"
 export HELM_CACHE_HOME="$work/.helm/cache" HELM_CONFIG_HOME="$work/.helm/config" HELM_DATA_HOME="$work/.helm/data"
 kubesim --listen 127.0.0.1:0 --clusters demo --kubeconfig "$KUBECONFIG" > "$work/kubesim.ready" 2> "$work/kubesim.log" &
 kubesim_pid=$!
+# Said at once, so whoever runs the demo can stop kubesim whatever happens next.
+echo "kubesim (pid $kubesim_pid) serves the demo cluster"
 if $keep; then
-  trap '' EXIT
+  # Kept only for a demo that got to the end: one that failed stops it as it exits.
+  trap 'rc=$?; if [ "$rc" -ne 0 ]; then kill "$kubesim_pid" 2>/dev/null || true; fi' EXIT
 else
   trap 'kill "$kubesim_pid" 2>/dev/null || true' EXIT
 fi

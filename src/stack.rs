@@ -893,13 +893,21 @@ fn step_references(checker: &mut Checker<'_>, map: &yaml::MappingNode, own_node:
 }
 
 /// What the tool's spec says is wrong, and the files it names that are not there.
-fn check_spec(checker: &mut Checker<'_>, dir: &Path, name: &str, spec: &ToolSpec, own_node: &Node, step_span: &Span) {
+fn check_spec(
+    checker: &mut Checker<'_>,
+    dir: &Path,
+    name: &str,
+    spec: &ToolSpec,
+    env: &BTreeMap<String, String>,
+    own_node: &Node,
+    step_span: &Span,
+) {
     for problem in spec.problems() {
         let span = locate(own_node, &problem.at).unwrap_or(*step_span);
         checker.at(&span, format!("step `{name}`: {}", problem.message), problem.hint);
     }
     for (at, path) in spec.referenced_paths() {
-        let full = dir.join(&path);
+        let full = beside(dir, &path);
         // A path made from another step's output exists only once that step ran.
         if !full.exists() && !path.to_string_lossy().contains("${{") {
             let span = locate(own_node, &at).unwrap_or(*step_span);
@@ -910,10 +918,16 @@ fn check_spec(checker: &mut Checker<'_>, dir: &Path, name: &str, spec: &ToolSpec
             );
         }
     }
-    for problem in spec.problems_beside(dir) {
+    for problem in spec.problems_beside(dir, env) {
         let span = locate(own_node, &problem.at).unwrap_or(*step_span);
         checker.at(&span, format!("step `{name}`: {}", problem.message), problem.hint);
     }
+}
+
+/// `path` beside the stack file in `dir`, without the `./` a path written `./x` would double
+/// (`./` + `./x`).
+fn beside(dir: &Path, path: &Path) -> PathBuf {
+    dir.join(path.components().filter(|c| *c != std::path::Component::CurDir).collect::<PathBuf>())
 }
 
 /// A fleet step runs once per cluster of `contexts`: no `context` of its own, and resumable.
@@ -989,7 +1003,12 @@ fn parse_step(checker: &mut Checker<'_>, dir: &Path, node: &Node) -> Option<Pars
             Some("the name is used in file names and commands".into()),
         );
     }
-    check_spec(checker, dir, &name, &spec, &own_node, map.span());
+    let env = {
+        let mut env = std::mem::take(&mut keys.env);
+        env.extend(env_plain);
+        env
+    };
+    check_spec(checker, dir, &name, &spec, &env, &own_node, map.span());
     let timeout = keys.timeout.as_ref().and_then(|t| parse_duration_at(checker, "timeout", t, TIMEOUT_BOUNDS));
     let retry = keys.retry.as_ref().and_then(|r| check_retry(checker, r));
     let phase = keys.phase.as_ref().and_then(|p| match p.as_str() {
@@ -1026,11 +1045,7 @@ fn parse_step(checker: &mut Checker<'_>, dir: &Path, node: &Node) -> Option<Pars
         gate: keys.gate.map(|g| check_gate(checker, g)),
         timeout,
         retry,
-        env: {
-            let mut env = keys.env;
-            env.extend(env_plain);
-            env
-        },
+        env,
         env_marked,
         phase,
         always: keys.always,
@@ -1984,6 +1999,16 @@ mod tests {
 
     fn problems(text: &str) -> Vec<Problem> {
         parse(Path::new("stack.yaml"), text).unwrap_err().problems
+    }
+
+    /// A missing `./x` is reported at the path looked for, without a doubled `./`.
+    #[test]
+    fn a_missing_dot_slash_path_is_reported_once_dotted() {
+        let text =
+            "name: s\nsteps:\n  - name: web\n    tool: helm\n    release: web\n    chart: ./no-such-chart-dir/nginx\n";
+        let messages: Vec<String> = problems(text).into_iter().map(|p| p.message).collect();
+        let missing = messages.iter().find(|m| m.contains("does not exist")).expect("a missing path");
+        assert!(missing.contains("(looked for ./no-such-chart-dir/nginx)"), "{missing}");
     }
 
     /// A retry's growing delay saturates instead of panicking (`Duration::mul_f64` panics on a

@@ -1150,9 +1150,12 @@ fn a_running_step_shows_its_elapsed_time_on_a_terminal() {
     let script = common::require_tool("script", "apt-get install bsdutils (util-linux's `script`)");
     let p = Project::new();
     p.stack("name: s\nsteps:\n  - name: wait\n    tool: shell\n    run: while [ ! -f go ]; do sleep 0.1; done\n");
-    let rdeploy = env!("CARGO_BIN_EXE_rdeploy");
-    let mut child = std::process::Command::new(script)
-        .args(["-qfec", &format!("{rdeploy} up"), "/dev/null"])
+    use std::os::unix::process::CommandExt;
+    // `script -c` hands its command to a shell: the path quoted, whatever it holds.
+    let rdeploy = env!("CARGO_BIN_EXE_rdeploy").replace('\'', r"'\''");
+    let child = std::process::Command::new(script)
+        .args(["-qfec", &format!("'{rdeploy}' up"), "/dev/null"])
+        .process_group(0)
         .current_dir(p.path(""))
         .env_remove("CI")
         .env("NO_COLOR", "1")
@@ -1163,7 +1166,9 @@ fn a_running_step_shows_its_elapsed_time_on_a_terminal() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("start script");
-    let mut stdout = child.stdout.take().expect("piped");
+    // Whatever an assert below says, the step's loop ends and `script` stops.
+    let mut guard = Release { go: p.path("go"), child };
+    let mut stdout = guard.child.stdout.take().expect("piped");
     let seen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
     let reader = {
         let seen = seen.clone();
@@ -1177,12 +1182,17 @@ fn a_running_step_shows_its_elapsed_time_on_a_terminal() {
             }
         })
     };
-    // Two different readings of the clock: the bar ticks while the step runs.
-    let ticking = regex::Regex::new(r"\[([1-9][0-9]*)s elapsed\]").unwrap();
+    // Two different readings of the clock: the bar ticks while the step runs. A reading is
+    // written as the bar writes it: `7s`, `1m05s`, `1h02m`.
+    let ticking = regex::Regex::new(r"\[(?:(\d+)h(\d+)m|(?:(\d+)m)?(\d+)s) elapsed\]").unwrap();
+    let seconds = |c: regex::Captures<'_>| -> Option<u64> {
+        let n = |i: usize| c.get(i).map_or(Some(0), |m| m.as_str().parse::<u64>().ok());
+        Some(n(1)? * 3600 + n(2)? * 60 + n(3)? * 60 + n(4)?)
+    };
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
     let readings = loop {
         let text = seen.lock().unwrap().clone();
-        let mut readings: Vec<u64> = ticking.captures_iter(&text).filter_map(|c| c[1].parse().ok()).collect();
+        let mut readings: Vec<u64> = ticking.captures_iter(&text).filter_map(seconds).filter(|s| *s > 0).collect();
         readings.dedup();
         if readings.len() >= 2 {
             break readings;
@@ -1192,10 +1202,30 @@ fn a_running_step_shows_its_elapsed_time_on_a_terminal() {
     };
     assert!(readings.windows(2).all(|w| w[0] < w[1]), "{readings:?}");
     p.file("go", "");
-    let status = child.wait().expect("script ends");
+    let status = guard.child.wait().expect("script ends");
     reader.join().expect("reader");
     assert!(status.success(), "{}", seen.lock().unwrap());
     assert_eq!(p.status()["state"], "complete");
+}
+
+/// Ends a step waiting for `go` and the `script` running it (in a process group of its own), if
+/// it has not ended: a failed assert must not leave the loop and `script` running for ever.
+struct Release {
+    go: std::path::PathBuf,
+    child: std::process::Child,
+}
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(Some(_))) {
+            return;
+        }
+        let _ = std::fs::write(&self.go, "");
+        if let Ok(pid) = i32::try_from(self.child.id()) {
+            let _ = nix::sys::signal::killpg(Pid::from_raw(pid), Signal::SIGTERM);
+        }
+        let _ = self.child.wait();
+    }
 }
 
 /// Issue 31, point 11: plain progress lines (not a terminal, CI) are stamped to the millisecond.

@@ -10,6 +10,11 @@ use std::process::Command;
 fn the_demo_piped_has_no_escape_codes_ends_with_where_to_go_and_keep_leaves_kubesim_up() {
     common::require_tool("terraform", "install terraform (https://developer.hashicorp.com/terraform/install)");
     let kubectl = common::require_tool("kubectl", "install kubectl (https://kubernetes.io/docs/tasks/tools/)");
+    // What the demo sets up itself, checked here so that a missing one says what to install.
+    if !common::repo_root().join(".venv/bin/ansible-playbook").is_file() {
+        common::require_tool("python3", "install python 3.11+ (scripts/setup-ansible.sh puts ansible-core in .venv)");
+    }
+    kubesim::testing::helm_bin(4);
     let dir = tempfile::tempdir().expect("temp dir");
     let work = dir.path().join("demo");
     let out = Command::new(common::repo_root().join("scripts/demo.sh"))
@@ -21,7 +26,8 @@ fn the_demo_piped_has_no_escape_codes_ends_with_where_to_go_and_keep_leaves_kube
         .expect("run scripts/demo.sh");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    // The cluster it kept: stop it whatever the asserts say.
+    // The cluster it kept (the demo says its pid as it starts it): stop it whatever the asserts
+    // say, and whether or not the demo got to the end.
     let pid = stdout
         .lines()
         .find_map(|l| l.strip_prefix("kubesim (pid ").and_then(|r| r.split(')').next()).map(str::to_string));

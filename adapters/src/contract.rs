@@ -25,8 +25,8 @@ pub trait Adapter {
     /// Problems only the files beside the stack file show, `dir` being its directory (a helm
     /// `chart: charts/webb` that is no directory there, which helm would look up as chart
     /// `webb` of a repository `charts`). Paths [`Adapter::referenced_paths`] names are checked
-    /// by the caller.
-    fn problems_beside(&self, _dir: &Path) -> Vec<SpecProblem> {
+    /// by the caller. `env` is the step's `env`, which the tool sees over rdeploy's environment.
+    fn problems_beside(&self, _dir: &Path, _env: &BTreeMap<String, String>) -> Vec<SpecProblem> {
         Vec::new()
     }
 

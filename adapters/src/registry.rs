@@ -251,8 +251,8 @@ impl Adapter for ToolSpec {
         dispatch!(self, s => s.referenced_paths())
     }
 
-    fn problems_beside(&self, dir: &Path) -> Vec<SpecProblem> {
-        dispatch!(self, s => s.problems_beside(dir))
+    fn problems_beside(&self, dir: &Path, env: &BTreeMap<String, String>) -> Vec<SpecProblem> {
+        dispatch!(self, s => s.problems_beside(dir, env))
     }
 
     fn default_resumable(&self) -> bool {

@@ -83,7 +83,7 @@ pub async fn inventory(req: &InventoryRequest, state_dir: &Path) -> anyhow::Resu
             return Err(Refusal::new(Code::BadInput, format!("{e:#}"))
                 .with_hint(format!(
                     "pass `--kubeconfig FILE`, set `KUBECONFIG`, or create {}",
-                    scope::default_path().display()
+                    scope::default_path().map_or_else(|| "~/.kube/config".to_string(), |p| p.display().to_string())
                 ))
                 .into());
         }

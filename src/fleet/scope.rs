@@ -60,7 +60,10 @@ pub fn read_kubeconfig(explicit: Option<&Path>) -> anyhow::Result<(Arc<Kubeconfi
             std::env::split_paths(&v).filter(|p| !p.as_os_str().is_empty()).collect::<Vec<_>>(),
             format!("$KUBECONFIG ({})", v.to_string_lossy()),
         ),
-        _ => (vec![default_path()], "~/.kube/config".to_string()),
+        _ => (
+            vec![default_path().context("no home directory to find ~/.kube/config in: set `HOME` or `KUBECONFIG`")?],
+            "~/.kube/config".to_string(),
+        ),
     };
     let kc = load(&files).with_context(|| format!("could not read the kubeconfig from {source}"))?;
     Ok((kc, source))
@@ -127,9 +130,10 @@ fn single_context(full: &Kubeconfig, ctx: &NamedContext) -> Kubeconfig {
     }
 }
 
-/// The default kubeconfig path shown in hints.
-pub fn default_path() -> PathBuf {
-    std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default().join(".kube/config")
+/// `~/.kube/config`, the home directory found as kube finds it (`HOME`, else the user's
+/// account); none without a home directory, never a path relative to the working directory.
+pub fn default_path() -> Option<PathBuf> {
+    home::home_dir().map(|home| home.join(".kube").join("config"))
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@ pub mod records;
 pub mod state;
 
 use std::collections::BTreeMap;
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -940,7 +941,9 @@ impl<'a> Release<'a> {
 /// is an error (helm wants `REPO/NAME` then); `REPO/NAME` is looked up in helm's repositories.
 /// `REPO/NAME` is a problem only where `REPO` is also a directory beside the stack file and helm
 /// knows no repository of that name: a local path with a typo, not a repository that a CI job
-/// adds before `up`. `repositories` gives the names of helm's repositories.
+/// adds before `up`. A bare `NAME.tgz` / `NAME.tar.gz` is a packaged chart that an earlier step
+/// (`helm package`) may make: helm opens it when the step runs. `repositories` gives the names
+/// of helm's repositories.
 fn chart_problem(chart: &str, dir: &Path, repositories: &dyn Fn() -> Vec<String>) -> Option<SpecProblem> {
     if chart.contains("://") || chart.contains("${{") || chart.starts_with('.') || chart.starts_with('/') {
         // URLs are helm's to fetch; explicit paths are checked as referenced paths.
@@ -952,11 +955,17 @@ fn chart_problem(chart: &str, dir: &Path, repositories: &dyn Fn() -> Vec<String>
     }
     let at = vec![PathSegment::Key("chart")];
     let Some((repo, name)) = chart.split_once('/') else {
+        if chart.ends_with(".tgz") || chart.ends_with(".tar.gz") {
+            return None;
+        }
         return Some(SpecProblem {
             at,
-            message: format!("chart `{chart}` is no directory beside the stack file (looked for {})", full.display()),
+            message: format!(
+                "chart `{chart}` is neither a chart directory nor a packaged chart beside the stack file (looked for {})",
+                full.display()
+            ),
             hint: Some(
-                "name a chart directory relative to the stack file, a repository chart as `REPO/CHART`, or an `oci://` reference"
+                "name a chart directory or `.tgz` relative to the stack file, a repository chart as `REPO/CHART`, or an `oci://` reference"
                     .into(),
             ),
         });
@@ -995,9 +1004,10 @@ fn chart_problem(chart: &str, dir: &Path, repositories: &dyn Fn() -> Vec<String>
 
 /// The names of the repositories helm knows (`helm repo list`), read from its repository file
 /// where helm reads it: `HELM_REPOSITORY_CONFIG`, else `repositories.yaml` in helm's
-/// configuration directory. None when there is no such file.
-fn repository_names() -> Vec<String> {
-    let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+/// configuration directory. `env` reads the environment helm runs in (the step's `env` over
+/// rdeploy's). None when there is no such file.
+fn repository_names(env: &dyn Fn(&str) -> Option<OsString>) -> Vec<String> {
+    let var = |name: &str| env(name).filter(|v| !v.is_empty()).map(PathBuf::from);
     let config_home = || {
         var("HELM_CONFIG_HOME").or_else(|| var("XDG_CONFIG_HOME").map(|d| d.join("helm"))).or_else(|| {
             let home = var("HOME")?;
@@ -1063,8 +1073,9 @@ impl Adapter for HelmSpec {
         paths
     }
 
-    fn problems_beside(&self, dir: &Path) -> Vec<SpecProblem> {
-        chart_problem(&self.chart, dir, &repository_names).into_iter().collect()
+    fn problems_beside(&self, dir: &Path, env: &BTreeMap<String, String>) -> Vec<SpecProblem> {
+        let env = |key: &str| env.get(key).map(OsString::from).or_else(|| std::env::var_os(key));
+        chart_problem(&self.chart, dir, &|| repository_names(&env)).into_iter().collect()
     }
 
     async fn preflight(&self, ctx: &StepContext) -> Result<ToolInfo, AdapterError> {
@@ -1542,6 +1553,46 @@ mod tests {
         assert!(p.hint.unwrap().contains("helm repo add charts URL"));
     }
     use super::*;
+
+    /// A bare `NAME.tgz` may be packaged by an earlier step (`helm package`): it is helm's to
+    /// open when the step runs. Any other bare name that is not there is a problem, said as such.
+    #[test]
+    fn a_packaged_chart_an_earlier_step_makes_is_no_problem() {
+        let dir = tempfile::tempdir().unwrap();
+        let none = || Vec::new();
+        assert!(chart_problem("web-0.1.0.tgz", dir.path(), &none).is_none());
+        assert!(chart_problem("web-0.1.0.tar.gz", dir.path(), &none).is_none());
+        let p = chart_problem("web", dir.path(), &none).unwrap();
+        assert_eq!(
+            p.message,
+            format!(
+                "chart `web` is neither a chart directory nor a packaged chart beside the stack file (looked for {})",
+                dir.path().join("web").display()
+            )
+        );
+    }
+
+    /// helm reads its repository file in the environment the step gives it: the step's `env`
+    /// (`HELM_REPOSITORY_CONFIG`, `HELM_CONFIG_HOME`) over rdeploy's.
+    #[test]
+    fn helms_repositories_are_read_in_the_steps_environment() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("charts/web")).unwrap();
+        let config = dir.path().join("helm-config");
+        std::fs::create_dir_all(&config).unwrap();
+        std::fs::write(config.join("repositories.yaml"), "repositories:\n- name: charts\n  url: https://example.com\n")
+            .unwrap();
+        let spec = HelmSpec { chart: "charts/webb".into(), ..spec() };
+        let file = config.join("repositories.yaml").to_string_lossy().into_owned();
+        let home = config.to_string_lossy().into_owned();
+        assert_eq!(spec.problems_beside(dir.path(), &BTreeMap::new()).len(), 1);
+        for env in [
+            BTreeMap::from([("HELM_REPOSITORY_CONFIG".to_string(), file)]),
+            BTreeMap::from([("HELM_CONFIG_HOME".to_string(), home)]),
+        ] {
+            assert!(spec.problems_beside(dir.path(), &env).is_empty(), "{env:?}");
+        }
+    }
 
     fn lines(text: &str) -> Vec<String> {
         text.lines().map(str::to_string).collect()

@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::io::Read as _;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use base64::Engine as _;
 use kube::api::{GetParams, ListParams};
@@ -410,21 +410,30 @@ pub fn only_context(kubeconfig: &Kubeconfig, context: &str) -> Kubeconfig {
     }
 }
 
+/// A kubeconfig file as last seen: its inode, length, modification and change times (to the
+/// nanosecond), or none where it is missing. An in-place rewrite of the same length within the
+/// clock's granularity (`kubectl config use-context` between names of one length) still moves
+/// the change time, and a file replaced by rename has another inode.
+type Seen = Option<(u64, u64, i64, i64, i64, i64)>;
+
+fn seen(file: &std::path::Path) -> Seen {
+    use std::os::unix::fs::MetadataExt as _;
+    let m = std::fs::metadata(file).ok()?;
+    Some((m.ino(), m.len(), m.mtime(), m.mtime_nsec(), m.ctime(), m.ctime_nsec()))
+}
+
 /// The kubeconfig files merged (as kubectl merges `KUBECONFIG`; missing files skipped), parsed
 /// once per process while the files are unchanged: a fleet step's clusters share one parse.
+/// One parse is kept per list of files, the latest: a changed file replaces it.
 pub fn load_kubeconfig(files: &[PathBuf]) -> Result<Arc<Kubeconfig>, String> {
-    type Key = Vec<(PathBuf, Option<SystemTime>, u64)>;
-    static CACHE: OnceLock<Mutex<HashMap<Key, Arc<Kubeconfig>>>> = OnceLock::new();
-    let key: Key = files
-        .iter()
-        .map(|f| {
-            let meta = std::fs::metadata(f).ok();
-            (f.clone(), meta.as_ref().and_then(|m| m.modified().ok()), meta.map_or(0, |m| m.len()))
-        })
-        .collect();
+    type Cache = HashMap<Vec<PathBuf>, (Vec<Seen>, Arc<Kubeconfig>)>;
+    static CACHE: OnceLock<Mutex<Cache>> = OnceLock::new();
+    let stamp: Vec<Seen> = files.iter().map(|f| seen(f)).collect();
     let cache = CACHE.get_or_init(Default::default);
-    if let Some(found) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
-        return Ok(found.clone());
+    if let Some((at, found)) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(files) {
+        if *at == stamp {
+            return Ok(found.clone());
+        }
     }
     let mut merged: Option<Kubeconfig> = None;
     for file in files.iter().filter(|f| f.exists()) {
@@ -437,7 +446,7 @@ pub fn load_kubeconfig(files: &[PathBuf]) -> Result<Arc<Kubeconfig>, String> {
     let merged = Arc::new(merged.ok_or_else(|| {
         format!("no kubeconfig at {}", files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>().join(":"))
     })?);
-    cache.lock().unwrap_or_else(|e| e.into_inner()).insert(key, merged.clone());
+    cache.lock().unwrap_or_else(|e| e.into_inner()).insert(files.to_vec(), (stamp, merged.clone()));
     Ok(merged)
 }
 
@@ -497,6 +506,38 @@ pub fn short_error(e: &dyn std::error::Error) -> String {
 mod tests {
     use super::*;
     use std::io::Write as _;
+
+    /// `kubectl config use-context` between two names of one length rewrites the kubeconfig in
+    /// place with its length unchanged; with the modification time put back as well (a rewrite
+    /// within the clock's granularity), the next read still sees the new context, and the parse
+    /// of the old version is let go, not kept beside the new one.
+    #[test]
+    fn a_same_length_rewrite_replaces_the_cached_kubeconfig() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("config");
+        let text = |current: &str| {
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {{server: 'http://127.0.0.1:1'}}\ncontexts:\n- name: aa\n  context: {{cluster: c}}\n- name: bb\n  context: {{cluster: c}}\ncurrent-context: {current}\n"
+            )
+        };
+        std::fs::write(&file, text("aa")).unwrap();
+        let files = vec![file.clone()];
+        let first = load_kubeconfig(&files).unwrap();
+        assert_eq!(first.current_context.as_deref(), Some("aa"));
+        let old = Arc::downgrade(&first);
+        drop(first);
+        let modified = std::fs::metadata(&file).unwrap().modified().unwrap();
+        {
+            let mut f = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
+            f.write_all(text("bb").as_bytes()).unwrap();
+            f.set_modified(modified).unwrap();
+        }
+        assert_eq!(std::fs::metadata(&file).unwrap().modified().unwrap(), modified);
+        let second = load_kubeconfig(&files).unwrap();
+        assert_eq!(second.current_context.as_deref(), Some("bb"));
+        assert!(old.upgrade().is_none(), "the old version's parse is still held");
+        assert!(Arc::ptr_eq(&second, &load_kubeconfig(&files).unwrap()), "an unchanged file is parsed once");
+    }
 
     fn encode(json: &str, gzip: bool) -> String {
         let bytes = if gzip {
