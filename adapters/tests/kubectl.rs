@@ -187,7 +187,7 @@ async fn server_side_apply_attributes_errors_without_a_file_name() {
     assert!(sink.events().contains(&Event::Done { id: APP_IDS[2].into(), note: Some("serverside-applied".into()) }));
     assert_eq!(
         sink.error_of(APP_IDS[4]).as_deref(),
-        Some(r#"Error from server (NotFound): namespaces "shop-extra" not found"#)
+        Some(r#"Error from server (NotFound): namespaces "shop-extra" not found (app/app.yaml, document 5)"#)
     );
     // The diff of a recover runs server-side too: with the namespace still missing it fails
     // (exit 2), and the checkpoint alone decides.
@@ -258,7 +258,9 @@ async fn a_configmap_list_is_applied_item_by_item() {
     assert_eq!(sink.done(), ["ConfigMap/default/grafana-dashboard-nodes", "ServiceAccount/default/grafana"]);
     assert_eq!(
         sink.error_of("ConfigMap/missing/grafana-dashboard-pods").as_deref(),
-        Some(r#"Error from server (NotFound): error when creating: namespaces "missing" not found"#)
+        Some(
+            r#"Error from server (NotFound): error when creating: namespaces "missing" not found (monitoring/dashboards.yaml, document 1)"#
+        )
     );
     s.sim.kubectl_ok(&["get", "cm", "grafana-dashboard-nodes", "-n", "default"]);
 
@@ -288,7 +290,7 @@ async fn each_object_gets_its_own_kubectl_error() {
     assert_eq!(
         sink.error_of("ServiceMonitor/default/web").as_deref(),
         Some(
-            r#"resource mapping not found for name: "web" namespace: "default": no matches for kind "ServiceMonitor" in version "monitoring.coreos.com/v1"; ensure CRDs are installed first"#
+            r#"resource mapping not found for name: "web" namespace: "default": no matches for kind "ServiceMonitor" in version "monitoring.coreos.com/v1"; ensure CRDs are installed first (k8s/mixed.yaml, document 1)"#
         )
     );
     assert!(
@@ -298,12 +300,14 @@ async fn each_object_gets_its_own_kubectl_error() {
     );
     assert_eq!(
         sink.error_of("ConfigMap/shop/web-config").as_deref(),
-        Some(r#"Error from server (NotFound): error when creating: namespaces "shop" not found"#)
+        Some(
+            r#"Error from server (NotFound): error when creating: namespaces "shop" not found (k8s/mixed.yaml, document 3)"#
+        )
     );
     // The step's summary is the first object's error, whole, on one line.
     assert_eq!(
         failure.summary,
-        r#"3 of 4 objects failed; ServiceMonitor/default/web: resource mapping not found for name: "web" namespace: "default": no matches for kind "ServiceMonitor" in version "monitoring.coreos.com/v1"; ensure CRDs are installed first"#
+        r#"3 of 4 objects failed; ServiceMonitor/default/web: resource mapping not found for name: "web" namespace: "default": no matches for kind "ServiceMonitor" in version "monitoring.coreos.com/v1"; ensure CRDs are installed first (k8s/mixed.yaml, document 1)"#
     );
     assert!(
         failure.stderr_tail.iter().any(|l| l.starts_with("[resource mapping not found")),
@@ -345,7 +349,7 @@ async fn a_crd_too_big_for_client_side_apply_says_so_and_server_side_recovers_it
     assert_eq!(
         sink.error_of(id).as_deref(),
         Some(
-            r#"The CustomResourceDefinition "bigs.example.com" is invalid: metadata.annotations: Too long: must have at most 262144 bytes"#
+            r#"The CustomResourceDefinition "bigs.example.com" is invalid: metadata.annotations: Too long: must have at most 262144 bytes (crds/big.json)"#
         )
     );
     assert_eq!(sink.done(), ["ConfigMap/default/small"]);
