@@ -2499,7 +2499,7 @@ steps:
         let p = parse(&file, &stack("./deploy-charts/webb")).unwrap_err().problems;
         assert!(p[0].message.contains("`./deploy-charts/webb` does not exist"), "{p:?}");
         let p = parse(&file, &stack("webchart")).unwrap_err().problems;
-        assert!(p[0].message.contains("chart `webchart` is no directory"), "{p:?}");
+        assert!(p[0].message.contains("chart `webchart` is neither a chart directory nor a packaged chart"), "{p:?}");
     }
 
     /// A stack's name names its directory in the shared `.rdeploy/`: what that directory holds
