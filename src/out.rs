@@ -38,6 +38,13 @@ impl Out {
         write(|out| out.write_all(text.as_bytes()));
     }
 
+    /// Writes `text` to stdout as it is, not redacted: only for what the operator asked to see
+    /// in clear (`rdeploy output --show-sensitive`), built from values that were redacted
+    /// already on their way to the checkpoint and the sensitive ones read again for it.
+    pub fn reveal(&self, text: &str) {
+        write(|out| out.write_all(text.as_bytes()));
+    }
+
     /// Writes a value as pretty JSON and a newline, its string values redacted (not the text: a
     /// secret replaced in the text could change a key or break an escape).
     pub fn json<T: serde::Serialize>(&self, value: &T) -> anyhow::Result<()> {

@@ -268,6 +268,59 @@ steps:
     assert!(!p.exists("app-got"), "the consumer never ran with `***` in place of the value");
 }
 
+/// The same with terraform, which keeps state: its plain output built from a variable the stack
+/// marks secret is sensitive to rdeploy, and a later `recover` reads it again from terraform's
+/// state for the consumer; `rdeploy output --show-sensitive` prints it whole, not redacted.
+#[test]
+fn a_plain_terraform_output_holding_a_secret_is_read_again_from_the_state() {
+    common::require_tool("terraform", "install terraform");
+    const DB_PASSWORD: &str = "tf-pw-8d2b6e4a90";
+    let url = format!("postgres://app:{DB_PASSWORD}@db/app");
+    let mut p = Project::new();
+    p.env("CI_DB_PASSWORD", DB_PASSWORD);
+    p.file(
+        "infra/main.tf",
+        r#"variable "db_password" {
+  type = string
+}
+
+output "url" {
+  value = "postgres://app:${var.db_password}@db/app"
+}
+"#,
+    )
+    .stack(
+        r#"name: s
+steps:
+  - name: infra
+    tool: terraform
+    dir: infra
+    vars:
+      db_password: { from_env: CI_DB_PASSWORD }
+  - name: app
+    tool: shell
+    sub_changes:
+      - name: connect
+        run: |
+          echo "${{ steps.infra.outputs.url }}" > app-got
+          [ ! -e fail-app ] || exit 1
+"#,
+    )
+    .file("fail-app", "");
+    p.rdeploy(&["up"]).code(1);
+    assert_eq!(p.read("app-got"), format!("{url}\n"), "the consumer in the producing run gets the real value");
+    assert_eq!(step(&p.status(), "infra")["sensitive_outputs"], serde_json::json!(["url"]));
+    assert_no_file_holds(&p.path(&p.state("")), DB_PASSWORD);
+
+    p.remove("fail-app");
+    p.remove("app-got");
+    let run = p.rdeploy(&["recover"]);
+    run.code(0);
+    assert_eq!(p.read("app-got"), format!("{url}\n"), "read again from terraform's state: {}", run.stdout);
+    let shown = p.rdeploy(&["output", "infra", "url", "--show-sensitive"]);
+    assert_eq!(shown.code(0).stdout, format!("{url}\n"));
+}
+
 /// Panics if any file under `dir` holds `needle`.
 pub fn assert_no_file_holds(dir: &std::path::Path, needle: &str) {
     for entry in walk(dir) {

@@ -227,6 +227,13 @@ pub async fn run(args: &OutputArgs, global: &Global, ui: Arc<Ui>) -> anyhow::Res
     let OutputArgs { words, json, show_sensitive } = args;
     let target = super::output::Target::from_words(words)?;
     let s = session(&target.stack, global, ui.clone(), 1)?;
-    out!(ui.out(), "{}", super::output::render(&s, &target, *json, *show_sensitive).await?);
+    let text = super::output::render(&s, &target, *json, *show_sensitive).await?;
+    if *show_sensitive {
+        // Asked for in clear: a sensitive value that holds one of the stack's secrets (a
+        // connection string with its password) is printed whole, not as `postgres://app:***@..`.
+        ui.out().reveal(&text);
+    } else {
+        out!(ui.out(), "{text}");
+    }
     Ok(Code::Ok)
 }
