@@ -189,8 +189,14 @@ pub async fn plan_only(session: &Session, outputs: &Outputs, save: Option<&Path>
         Err(err) => return Err(refused(session, outputs, err)),
     };
     if let Some(path) = save {
-        let saved = crate::planfile::build(&session.stack, &session.stack_file, &session.state.shared, &plan, &session.redactor)
-            .and_then(|file| crate::planfile::write(path, &file));
+        let saved = crate::planfile::build(
+            &session.stack,
+            &session.stack_file,
+            &session.state.shared,
+            &plan,
+            &session.redactor,
+        )
+        .and_then(|file| crate::planfile::write(path, &file));
         match saved {
             Ok(digest) => session.ui.info(format!(
                 "ci: saved the plan to {} (sha256:{}): keep it as an artifact for `rdeploy ci --plan {}` on merge",

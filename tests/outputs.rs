@@ -260,7 +260,8 @@ steps:
     let run = p.rdeploy(&["recover"]);
     run.code(1);
     assert!(
-        run.stdout.contains("`${{ steps.db.outputs.url }}` is a sensitive output") && run.stdout.contains("run step `db` again"),
+        run.stdout.contains("`${{ steps.db.outputs.url }}` is a sensitive output")
+            && run.stdout.contains("run step `db` again"),
         "{}\n{}",
         run.stdout,
         run.stderr

@@ -37,7 +37,8 @@ pub async fn run(args: &PlanArgs, global: &Global, ui: Arc<Ui>) -> anyhow::Resul
     }
     let plan = s.plan().await?;
     if let Some(path) = out {
-        let digest = planfile::write(path, &planfile::build(&s.stack, &s.stack_file, &s.state.shared, &plan, &s.redactor)?)?;
+        let digest =
+            planfile::write(path, &planfile::build(&s.stack, &s.stack_file, &s.state.shared, &plan, &s.redactor)?)?;
         ui.info(format!(
             "saved the plan to {} (sha256:{}); apply it with `rdeploy up {} --plan {}`",
             path.display(),
