@@ -33,8 +33,8 @@ impl StepSink {
 }
 
 impl StepSink {
-    /// Registers a step's sensitive outputs with the run's secrets. After redaction these
-    /// include the plain outputs whose value held one of the run's secrets
+    /// Registers a step's sensitive outputs with the run's secrets. Redaction then makes
+    /// sensitive the plain outputs whose value holds one of them
     /// (`url=postgres://app:$DB_PASSWORD@db/app`): recorded redacted, such a value would reach its
     /// consumers on `recover` as `***` as if it were the value, so it is sensitive instead: never
     /// recorded (its key is), kept in memory for its consumers in this run, and read again from
@@ -71,10 +71,10 @@ impl EventSink for StepSink {
             self.register_sensitive(values);
         }
         // Redacted once more with the run's secrets before the journal, the log and the terminal.
-        // A plain output whose value holds one of them comes out sensitive (see below).
+        // A plain output whose value holds one of them comes out sensitive (see below); it is
+        // not registered itself: the secret in it is, which redacts it wherever it shows.
         let event = self.redactor.redact_event(event);
         if let Event::Outputs { values } = &event {
-            self.register_sensitive(values);
             outputs::keep(&self.sensitive, self.journal.step(), values);
         }
         self.journal.event(&event);
@@ -205,7 +205,10 @@ mod tests {
         assert_eq!(step.outputs, BTreeMap::from([("host".to_string(), serde_json::json!("db"))]));
         assert_eq!(step.sensitive_outputs, ["url"]);
         assert_eq!(vault.lock().unwrap()["s"]["url"], Secret::new(url));
-        // The whole value is one of the run's secrets now, wherever else it shows.
-        assert_eq!(redactor.redact("connect to postgres://app:db-pw-93f1c7@db/app"), "connect to ***");
+        // Wherever else it shows, the secret in it is redacted (not its harmless parts).
+        assert_eq!(
+            redactor.redact("connect to postgres://app:db-pw-93f1c7@db/app"),
+            "connect to postgres://app:***@db/app"
+        );
     }
 }
