@@ -1283,6 +1283,10 @@ impl Adapter for HelmSpec {
     fn marked_mut(&mut self) -> Option<&mut BTreeMap<String, crate::secrets::Marked>> {
         Some(&mut self.marked)
     }
+
+    fn own_context(&self) -> Option<&str> {
+        self.context.as_deref()
+    }
 }
 
 /// helm's state from its records: the revisions from their labels, and the ones `detail` names
