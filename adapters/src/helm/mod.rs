@@ -41,6 +41,14 @@ const QUICK: Duration = Duration::from_secs(120);
 /// Beyond helm's own `--timeout`, how long before rdeploy stops a helm that hangs.
 const BACKSTOP: Duration = Duration::from_secs(60);
 
+/// How every revision description rdeploy writes starts (`converge` writes it with the chart's
+/// digest, `preview` reads it to tell a revision rdeploy made).
+const DESCRIPTION_PREFIX: &str = "rdeploy: chart ";
+
+/// How a plan note starts that says the chart renders differently every time (`preview` writes
+/// it); `up` (`converge`) reports it as the step's [`crate::NEVER_IN_PLACE_FACT`].
+const NEVER_IN_PLACE: &str = "never in place: ";
+
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HelmSpec {
