@@ -461,4 +461,22 @@ mod tests {
         let p = parse(&file, &stack("webchart")).unwrap_err().problems;
         assert!(p[0].message.contains("chart `webchart` is neither a chart directory nor a packaged chart"), "{p:?}");
     }
+
+    /// A packaged chart written as a path (`./web-0.1.0.tgz`) may be made by an earlier step
+    /// (`helm package`), as a bare `web-0.1.0.tgz` may: the stack loads without it. A chart
+    /// directory written as a path must be there.
+    #[test]
+    fn a_packaged_chart_path_an_earlier_step_makes_is_no_problem() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("stack.yaml");
+        let stack = |chart: &str| {
+            format!("name: s\nsteps:\n  - name: pack\n    tool: shell\n    run: helm package ./web\n  - name: web\n    tool: helm\n    needs: [pack]\n    release: web\n    chart: {chart}\n")
+        };
+        for chart in ["web-0.1.0.tgz", "./web-0.1.0.tgz", "./dist/web-0.1.0.tgz"] {
+            assert!(parse(&file, &stack(chart)).is_ok(), "{chart}");
+        }
+        let p = parse(&file, &stack("./web")).unwrap_err().problems;
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert!(p[0].message.starts_with("step `web`: `./web` does not exist"), "{p:?}");
+    }
 }
