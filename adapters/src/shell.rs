@@ -457,6 +457,10 @@ impl Adapter for ShellSpec {
     fn default_resumable(&self) -> bool {
         self.sub_changes.is_some()
     }
+
+    fn shell_line_keys(&self) -> &'static [&'static [&'static str]] {
+        &[&["run"], &["check"], &["sub_changes", "*", "run"], &["sub_changes", "*", "check"]]
+    }
 }
 
 /// Runs a step's `revert` command (any tool may declare one) in the stack's directory.
