@@ -13,7 +13,7 @@ use rdeploy_adapters::helm::records::{client_with, plain_http, quiet, short_erro
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use time::OffsetDateTime;
-use tokio::task::JoinSet;
+use tokio::task::{JoinError, JoinSet};
 use tracing::instrument::WithSubscriber as _;
 
 use super::model::{
@@ -64,7 +64,7 @@ pub async fn collect(scope: &Scope, options: &CollectOptions, last_seen: &LastSe
     let options = Arc::new(options.clone());
     let limit = options.concurrency.max(1);
     let mut answers: Vec<Option<Result<Answer, String>>> = vec![None; scope.clusters.len()];
-    let mut keep = |joined: Option<Result<(usize, Result<Answer, String>), tokio::task::JoinError>>| {
+    let mut keep = |joined: Option<Joined>| {
         if let Some(Ok((index, answer))) = joined {
             answers[index] = Some(answer);
         }
@@ -132,6 +132,9 @@ const POOLS: usize = 32;
 
 /// What a cluster that answered holds.
 type Answer = (Vec<Workload>, Vec<GitOpsObject>);
+
+/// A cluster's task as it ended: its index in the scope and its answer.
+type Joined = Result<(usize, Result<Answer, String>), JoinError>;
 
 async fn ask_cluster(
     kubeconfig: Kubeconfig,
