@@ -8,13 +8,12 @@ use std::time::Duration;
 
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Api, Client, Config};
+use kube::{Client, Config};
 use rdeploy_adapters::helm::records::{client_with, plain_http, quiet, short_error, PlainHttp};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use time::OffsetDateTime;
-use tokio::sync::Semaphore;
-use tokio::task::JoinSet;
+use tokio::task::{JoinError, JoinSet};
 use tracing::instrument::WithSubscriber as _;
 
 use super::model::{
@@ -51,7 +50,6 @@ impl Default for CollectOptions {
 /// Asks every cluster of the scope; absent clusters get their last-seen time from `last_seen`.
 pub async fn collect(scope: &Scope, options: &CollectOptions, last_seen: &LastSeen) -> Inventory {
     let taken_at = OffsetDateTime::now_utc();
-    let permits = Arc::new(Semaphore::new(options.concurrency.max(1)));
     // Plain-HTTP clusters share a few pools rather than one: every kubesim cluster (and every
     // cluster behind one proxy) is the same host:port, and one pool's idle list for it grows
     // with the clusters asked at once, scanned on every request.
@@ -64,15 +62,27 @@ pub async fn collect(scope: &Scope, options: &CollectOptions, last_seen: &LastSe
         quiet()
     };
     let options = Arc::new(options.clone());
+    let limit = options.concurrency.max(1);
+    let mut answers: Vec<Option<Result<Answer, String>>> = vec![None; scope.clusters.len()];
+    let mut keep = |joined: Option<Joined>| {
+        if let Some(Ok((index, answer))) = joined {
+            answers[index] = Some(answer);
+        }
+    };
+    // A cluster is only made a task when its turn comes, at most `limit` at once: a task holds
+    // its whole future from the start, so 4,000 made up front held 4,000 futures' memory.
     let mut tasks = JoinSet::new();
     for (index, member) in scope.clusters.iter().enumerate() {
         let Some(kubeconfig) = member.kubeconfig.clone() else {
             continue;
         };
-        let (name, options, permits) = (member.name.clone(), options.clone(), permits.clone());
+        while tasks.len() >= limit {
+            keep(tasks.join_next().await);
+        }
+        let (name, options) = (member.name.clone(), options.clone());
         let (http, dispatch) = (pools[index % pools.len()].clone(), dispatch.clone());
         tasks.spawn(async move {
-            let _permit = permits.acquire_owned().await;
+            // A cluster's timeout starts when its turn comes.
             let ask = tokio::time::timeout(options.timeout, ask_cluster(kubeconfig, &name, &options, &http));
             let ask = ask.with_subscriber(dispatch);
             let answer = match ask.await {
@@ -82,11 +92,8 @@ pub async fn collect(scope: &Scope, options: &CollectOptions, last_seen: &LastSe
             (index, answer)
         });
     }
-    let mut answers: Vec<Option<Result<Answer, String>>> = vec![None; scope.clusters.len()];
-    while let Some(joined) = tasks.join_next().await {
-        if let Ok((index, answer)) = joined {
-            answers[index] = Some(answer);
-        }
+    while !tasks.is_empty() {
+        keep(tasks.join_next().await);
     }
     let clusters = scope
         .clusters
@@ -126,6 +133,9 @@ const POOLS: usize = 32;
 /// What a cluster that answered holds.
 type Answer = (Vec<Workload>, Vec<GitOpsObject>);
 
+/// A cluster's task as it ended: its index in the scope and its answer.
+type Joined = Result<(usize, Result<Answer, String>), JoinError>;
+
 async fn ask_cluster(
     kubeconfig: Kubeconfig,
     context: &str,
@@ -138,7 +148,7 @@ async fn ask_cluster(
         .map_err(|e| format!("bad kubeconfig context: {e}"))?;
     config.connect_timeout = Some(options.timeout);
     config.read_timeout = Some(options.timeout);
-    let client = client_with(config, http).map_err(|e| format!("cannot build a client: {e}"))?;
+    let client = Transport::new(config, http).map_err(|e| format!("cannot build a client: {e}"))?;
     let ns = options.namespace.as_deref();
     let wants = |k: Kind| options.kinds.contains(&k);
     let (deployments, daemonsets, statefulsets, cronjobs, jobs, pods, gitops) = tokio::try_join!(
@@ -168,7 +178,7 @@ async fn ask_cluster(
 
 /// One kind's objects, each read into the partial type `T` (the fields the inventory uses).
 async fn list<T: DeserializeOwned>(
-    client: &Client,
+    client: &Transport,
     ns: Option<&str>,
     group_version: &str,
     plural: &str,
@@ -184,7 +194,7 @@ async fn list<T: DeserializeOwned>(
     let request = kube::core::Request::new(path)
         .list(&ListParams::default())
         .map_err(|e| format!("listing {plural}: cannot build the request: {e}"))?;
-    match client.request::<p::List<T>>(request).await {
+    match client.get::<p::List<T>>(request).await {
         Ok(list) => Ok(list.items),
         Err(e) => Err(format!("listing {plural}: {}", short_error(&e))),
     }
@@ -207,9 +217,10 @@ fn containers_of(spec: Option<&p::PodSpec>) -> Vec<Container> {
 
 fn base(kind: Kind, meta: &p::Meta, template: Option<&p::Template>) -> Workload {
     let containers = containers_of(template.map(|t| &t.spec));
-    let annotation = |k: &str| meta.annotations.get(k).filter(|v| !v.is_empty());
-    let release = annotation("meta.helm.sh/release-name")
-        .map(|name| format!("{}/{name}", annotation("meta.helm.sh/release-namespace").cloned().unwrap_or_default()));
+    let set = |v: &Option<String>| v.clone().filter(|v| !v.is_empty());
+    let annotations = &meta.annotations;
+    let release = set(&annotations.release_name)
+        .map(|name| format!("{}/{name}", set(&annotations.release_namespace).unwrap_or_default()));
     Workload {
         kind,
         namespace: meta.namespace.clone(),
@@ -217,7 +228,7 @@ fn base(kind: Kind, meta: &p::Meta, template: Option<&p::Template>) -> Workload 
         labels: labels_of(meta, template),
         meta: WorkloadMeta {
             release,
-            hook: annotation("helm.sh/hook").is_some(),
+            hook: set(&annotations.hook).is_some(),
             selector: BTreeMap::new(),
             images: containers.iter().map(|c| c.image.clone()).collect(),
             partition: 0,
@@ -436,11 +447,47 @@ mod p {
         #[serde(default, deserialize_with = "nullable")]
         pub labels: BTreeMap<String, String>,
         #[serde(default, deserialize_with = "nullable")]
-        pub annotations: BTreeMap<String, String>,
+        pub annotations: Annotations,
         #[serde(default)]
         pub generation: Option<i64>,
         #[serde(default, deserialize_with = "nullable")]
         pub owner_references: Vec<OwnerReference>,
+    }
+
+    /// The annotations the inventory reads; the others (a `last-applied-configuration` holds
+    /// the whole object again) are skipped unread.
+    #[derive(Default, Deserialize)]
+    pub struct Annotations {
+        #[serde(default, rename = "meta.helm.sh/release-name")]
+        pub release_name: Option<String>,
+        #[serde(default, rename = "meta.helm.sh/release-namespace")]
+        pub release_namespace: Option<String>,
+        #[serde(default, rename = "helm.sh/hook")]
+        pub hook: Option<String>,
+    }
+
+    /// Discovery's group list (`/apis`), the fields the GitOps read uses.
+    #[derive(Deserialize)]
+    pub struct GroupList {
+        #[serde(default, deserialize_with = "nullable")]
+        pub groups: Vec<Group>,
+    }
+
+    #[derive(Default, Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    pub struct Group {
+        #[serde(default)]
+        pub name: String,
+        #[serde(default)]
+        pub preferred_version: Option<GroupVersion>,
+        #[serde(default, deserialize_with = "nullable")]
+        pub versions: Vec<GroupVersion>,
+    }
+
+    #[derive(Default, Deserialize)]
+    pub struct GroupVersion {
+        #[serde(default)]
+        pub version: String,
     }
 
     #[derive(Default, Deserialize)]
@@ -785,11 +832,14 @@ const GITOPS: &[(&str, &str, &str)] = &[
 
 /// Argo CD and Flux objects, when their CRDs are installed. One discovery request tells which
 /// groups exist, instead of three lists that would mostly answer 404.
-async fn gitops_objects(client: &Client, wanted: bool) -> Result<Vec<GitOpsObject>, String> {
+async fn gitops_objects(client: &Transport, wanted: bool) -> Result<Vec<GitOpsObject>, String> {
     if !wanted {
         return Ok(Vec::new());
     }
-    let groups = client.list_api_groups().await.map_err(|e| format!("discovery: {}", short_error(&e)))?;
+    let groups: p::GroupList = client
+        .get(hyper::Request::get("/apis").body(Vec::new()).map_err(|e| format!("discovery: {e}"))?)
+        .await
+        .map_err(|e| format!("discovery: {}", short_error(&e)))?;
     let mut out = Vec::new();
     for (group, kind, plural) in GITOPS {
         let Some(found) = groups.groups.iter().find(|g| g.name == *group) else { continue };
@@ -802,8 +852,10 @@ async fn gitops_objects(client: &Client, wanted: bool) -> Result<Vec<GitOpsObjec
             continue;
         };
         let resource = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, &version, kind), plural);
-        let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
-        match api.list(&ListParams::default()).await {
+        let request = kube::core::Request::new(<DynamicObject as kube::Resource>::url_path(&resource, None))
+            .list(&ListParams::default())
+            .map_err(|e| format!("listing {plural}.{group}: cannot build the request: {e}"))?;
+        match client.get::<p::List<DynamicObject>>(request).await {
             Ok(list) => out.extend(list.items.iter().map(|o| gitops_object(kind, o))),
             // The group exists but not this kind (a Flux install without helm-controller).
             Err(kube::Error::Api(e)) if e.code == 404 => {}
@@ -811,6 +863,89 @@ async fn gitops_objects(client: &Client, wanted: bool) -> Result<Vec<GitOpsObjec
         }
     }
     Ok(out)
+}
+
+/// How the inventory reaches one cluster.
+enum Transport {
+    /// An `http://` cluster: kube's base-URI and auth layers over the run's shared pool, called
+    /// as they are. kube's `Client` would put a buffer in front (a task and a channel per
+    /// cluster, a hop through them per request) and copy each body into a `String`.
+    Plain(PlainService),
+    /// Any other (`https://`): kube's own client, TLS and auth as kubectl does.
+    Kube(Client),
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+type PlainService = tower::util::BoxCloneSyncService<
+    hyper::Request<kube::client::Body>,
+    hyper::Response<hyper::body::Incoming>,
+    BoxError,
+>;
+
+impl Transport {
+    fn new(config: Config, http: &PlainHttp) -> Result<Transport, kube::Error> {
+        use kube::client::ConfigExt as _;
+        if config.cluster_url.scheme_str() != Some("http") {
+            return client_with(config, http).map(Transport::Kube);
+        }
+        let service = tower::ServiceBuilder::new()
+            .layer(config.base_uri_layer())
+            .option_layer(config.auth_layer()?)
+            // kube's auth layers expect a boxed error from the service they wrap.
+            .map_err(|e: hyper_util::client::legacy::Error| -> BoxError { Box::new(e) })
+            .service(http.clone());
+        Ok(Transport::Plain(PlainService::new(service)))
+    }
+
+    /// A GET's answer read into `T` straight from the body's bytes; an error status is
+    /// kube's `Error::Api`, as kube's client makes it.
+    async fn get<T: DeserializeOwned>(&self, request: hyper::Request<Vec<u8>>) -> Result<T, kube::Error> {
+        use tower::ServiceExt as _;
+        let request = request.map(kube::client::Body::from);
+        let body = match self {
+            Transport::Plain(service) => {
+                let response = service.clone().oneshot(request).await.map_err(service_error)?;
+                body_of(response).await?
+            }
+            Transport::Kube(client) => body_of(client.send(request).await?).await?,
+        };
+        serde_json::from_slice(&body).map_err(kube::Error::SerdeError)
+    }
+}
+
+/// An error of the service stack, as kube's client maps it: one of kube's own (an auth layer's),
+/// else a hyper error, else the service's.
+fn service_error(e: BoxError) -> kube::Error {
+    match e.downcast::<kube::Error>() {
+        Ok(e) => *e,
+        Err(e) => match e.downcast::<hyper::Error>() {
+            Ok(e) => kube::Error::HyperError(*e),
+            Err(e) => kube::Error::Service(e),
+        },
+    }
+}
+
+/// The whole body of a successful answer; an error status is `Error::Api` with the server's
+/// `Status` (its message), or the status and body when it sent none.
+async fn body_of<B>(response: hyper::Response<B>) -> Result<hyper::body::Bytes, kube::Error>
+where
+    B: hyper::body::Body,
+    B::Error: Into<BoxError>,
+{
+    use http_body_util::BodyExt as _;
+    let status = response.status();
+    let body = response.into_body().collect().await.map_err(|e| service_error(e.into()))?.to_bytes();
+    if !(status.is_client_error() || status.is_server_error()) {
+        return Ok(body);
+    }
+    Err(kube::Error::Api(serde_json::from_slice::<kube::core::ErrorResponse>(&body).unwrap_or_else(|_| {
+        kube::core::ErrorResponse {
+            status: status.to_string(),
+            code: status.as_u16(),
+            message: format!("{:?}", String::from_utf8_lossy(&body)),
+            reason: "Failed to parse error data".into(),
+        }
+    })))
 }
 
 fn gitops_object(kind: &str, o: &DynamicObject) -> GitOpsObject {

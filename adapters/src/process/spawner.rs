@@ -264,9 +264,9 @@ fn adopt(pid: i32) -> std::io::Result<Spawned> {
 /// the directory (or none), the program, the arguments, the environment (`KEY=VALUE`, the whole
 /// of it, sorted as std sorts a changed environment).
 fn encode(req: &Request<'_>) -> std::io::Result<Vec<u8>> {
-    let mut env: BTreeMap<OsString, OsString> = std::env::vars_os().collect();
+    let mut env: BTreeMap<&OsStr, &OsStr> = own_env().iter().map(|(k, v)| (k.as_os_str(), v.as_os_str())).collect();
     for (k, v) in req.env {
-        env.insert((*k).clone(), (*v).clone());
+        env.insert(k.as_os_str(), v.as_os_str());
     }
     let mut out = Vec::with_capacity(4096);
     out.extend_from_slice(&(req.death_signal as i32).to_ne_bytes());
@@ -299,6 +299,13 @@ fn encode(req: &Request<'_>) -> std::io::Result<Vec<u8>> {
         string(&mut out, &var)?;
     }
     Ok(out)
+}
+
+/// rdeploy's own environment, read once: nothing in rdeploy changes it after it starts (it
+/// never calls `set_var`), and reading and copying it for every child was a cost of each.
+fn own_env() -> &'static [(OsString, OsString)] {
+    static ENV: OnceLock<Vec<(OsString, OsString)>> = OnceLock::new();
+    ENV.get_or_init(|| std::env::vars_os().collect())
 }
 
 /// A request read back in the spawner.
