@@ -11,6 +11,7 @@ use super::event::Reporters;
 use super::event::{RunEvent, StepEnd};
 use super::journal::Checkpoint;
 use super::outputs::SensitiveOutputs;
+use crate::adapter::StepAdapter;
 use crate::checkpoint::{Deploy, DeployState, StepStatus};
 use crate::exit::{Code, Refusal};
 use crate::stack::{Stack, Step};
@@ -172,7 +173,7 @@ impl Session {
             Failure::new(format!("cannot read the secret `{key}` before starting the tool: {e}")).with_hint(e.hint())
         };
         ctx.secrets.add_strings(rdeploy_adapters::secrets::env_secrets(&step.env));
-        let tool_key = step.spec.typed_values_mut().map(|(k, _)| k).unwrap_or("values");
+        let tool_key = step.spec.typed_values_key().unwrap_or("values");
         step.spec
             .resolve_secrets(&self.stack.dir, &env, &ctx.secrets)
             .map_err(|(key, e)| failed(format!("{tool_key}.{key}"), e))?;
@@ -220,10 +221,11 @@ impl Session {
                 break;
             }
             let ctx = self.context(step, self.cancel.clone());
+            let adapter = StepAdapter::of(step, &self.state.shared);
             let checked = if for_run {
-                step.spec.preflight_for_run(&ctx).await
+                adapter.preflight_for_run(&ctx).await
             } else {
-                step.spec.preflight(&ctx).await.map(Some)
+                adapter.preflight(&ctx).await.map(Some)
             };
             match checked {
                 Ok(Some(info)) => {

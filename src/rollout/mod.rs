@@ -18,6 +18,7 @@
 //! settings), `waves_baked` (how many waves are through their bake), `bake` (the wave baking and
 //! until when) and one `cluster:NAME` per cluster.
 
+pub mod adapter;
 pub mod plan;
 pub mod report;
 pub mod runbook;
@@ -67,7 +68,7 @@ pub struct FleetRun<'a> {
     /// The local state directory: last-seen times and rollout starts (`fleet/`).
     pub state_dir: &'a Path,
     /// `up`: a cluster whose preview finds the release (or every object) in place is done
-    /// without the tool applying anything there ([`rdeploy_adapters::ToolSpec::converge_step`]).
+    /// without the tool applying anything there ([`Adapter::converge_step`]).
     pub converge: bool,
 }
 
