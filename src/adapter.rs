@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 
 use rdeploy_adapters::preview::{Observed, PreviewError};
 use rdeploy_adapters::{
-    Adapter, AdapterError, Converged, DescribeContext, EventSink, Failure, FieldPath, Inspection, Preview, PriorStep,
-    Recovered, RecoveryDoc, SpecProblem, StepContext, ToolInfo, ToolSpec,
+    Adapter, AdapterError, Converged, DescribeContext, EventSink, Failure, FieldPath, Inspection, KubeTarget, Preview,
+    PriorStep, Recovered, RecoveryDoc, SpecProblem, StepContext, ToolInfo, ToolSpec,
 };
 
 use crate::rollout::adapter::FleetAdapter;
@@ -75,6 +75,10 @@ impl Adapter for StepAdapter<'_> {
 
     fn typed_values_key(&self) -> Option<&'static str> {
         dispatch!(self, a => a.typed_values_key())
+    }
+
+    fn kube_target(&self) -> Option<KubeTarget<'_>> {
+        dispatch!(self, a => a.kube_target())
     }
 
     async fn preflight(&self, ctx: &StepContext) -> Result<ToolInfo, AdapterError> {

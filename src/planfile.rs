@@ -380,7 +380,6 @@ impl Walker<'_> {
     }
 }
 
-
 fn display(path: &Path) -> String {
     let text = path.to_string_lossy().into_owned();
     text.strip_prefix("./").map(str::to_string).unwrap_or(text)

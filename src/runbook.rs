@@ -5,6 +5,7 @@
 //! enough to commit (`runbooks/`) and to snapshot.
 
 use std::fmt::Write as _;
+use std::path::Path;
 
 use rdeploy_adapters::{Adapter, DescribeContext, PriorStep, RecoveryDoc, SubStatus, ToolSpec};
 

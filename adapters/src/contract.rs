@@ -58,6 +58,20 @@ pub trait Adapter {
         None
     }
 
+    /// The Kubernetes cluster the step's tool targets (helm, kubectl), as the stack sets it; `None`
+    /// for a tool that targets none. A fleet step reads the kubeconfig's contexts from it.
+    fn kube_target(&self) -> Option<KubeTarget<'_>> {
+        None
+    }
+
+    /// Points the step at one cluster of a fleet: its kube `context` passed through, waiting for
+    /// the workloads to be ready unless the step says `wait: false`. `false` (and nothing
+    /// changed): the tool targets no kube context.
+    fn target_context(&mut self, context: &str) -> bool {
+        let _ = context;
+        false
+    }
+
     /// Checks that the tool is installed and usable; returns what was found.
     fn preflight(&self, ctx: &StepContext) -> impl Future<Output = Result<ToolInfo, AdapterError>> + Send;
 
@@ -237,6 +251,15 @@ pub trait Adapter {
 
     /// The runbook section for this step: exact commands an operator would type.
     fn describe_recovery(&self, ctx: &DescribeContext<'_>, prior: Option<&PriorStep>) -> RecoveryDoc;
+}
+
+/// The Kubernetes cluster a step targets ([`Adapter::kube_target`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KubeTarget<'a> {
+    /// Its `kubeconfig`, relative to the stack file (`None`: `KUBECONFIG` or `~/.kube/config`).
+    pub kubeconfig: Option<&'a Path>,
+    /// Its `namespace` (`None`: the context's, or every namespace for what the step reads).
+    pub namespace: Option<&'a str>,
 }
 
 /// How [`Adapter::converge_step`] left a step.
@@ -675,7 +698,8 @@ mod tests {
 
     impl Noting {
         fn new(by_preview: bool, reports: fn(&str) -> Event) -> Noting {
-            let preview = || Ok(Preview { items: vec![PlanItem::new("own", PlanAction::Unchanged)], ..Preview::default() });
+            let preview: fn() -> Result<Preview, PreviewError> =
+                || Ok(Preview { items: vec![PlanItem::new("own", PlanAction::Unchanged)], ..Preview::default() });
             Noting { by_preview, preview, reports, calls: Default::default() }
         }
 
@@ -729,7 +753,10 @@ mod tests {
         }
 
         async fn converge(&self, _: &StepContext, preview: &Preview, sink: &dyn EventSink) -> Result<(), Failure> {
-            self.note(format!("converge on {}", preview.items.iter().map(|i| i.id.as_str()).collect::<Vec<_>>().join(",")));
+            self.note(format!(
+                "converge on {}",
+                preview.items.iter().map(|i| i.id.as_str()).collect::<Vec<_>>().join(",")
+            ));
             sink.emit((self.reports)("a"));
             Ok(())
         }
@@ -810,9 +837,8 @@ mod tests {
     #[tokio::test]
     async fn a_missing_tool_in_the_preview_is_the_steps_failure_and_nothing_runs() {
         let mut adapter = Noting::new(true, done);
-        adapter.preview = || {
-            Err(PreviewError::Tool(AdapterError::ToolMissing { tool: "kubectl".into(), hint: "install it".into() }))
-        };
+        adapter.preview =
+            || Err(PreviewError::Tool(AdapterError::ToolMissing { tool: "kubectl".into(), hint: "install it".into() }));
         let failure = adapter.converge_step(&ctx(), None, &Recorder::default()).await.unwrap_err();
         assert_eq!(adapter.calls(), ["preview"]);
         assert_eq!(failure.hint.as_deref(), Some("install it"));

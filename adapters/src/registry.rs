@@ -218,6 +218,14 @@ impl Adapter for ToolSpec {
         dispatch!(self, s => s.converges_by_preview())
     }
 
+    fn kube_target(&self) -> Option<crate::contract::KubeTarget<'_>> {
+        dispatch!(self, s => s.kube_target())
+    }
+
+    fn target_context(&mut self, context: &str) -> bool {
+        dispatch!(self, s => s.target_context(context))
+    }
+
     fn in_place_keeps_last_outputs(&self) -> bool {
         dispatch!(self, s => s.in_place_keeps_last_outputs())
     }

@@ -98,8 +98,7 @@ impl Session {
     ) -> HashMap<String, (Preview, BTreeMap<String, Resolved<serde_json::Value>>)> {
         let steps: Vec<&Step> = self.stack.ordered().collect();
         let recorded = self.store.last_finished().ok().flatten().filter(|d| d.stack == self.stack.name);
-        let wanted =
-            |step: &Step| StepAdapter::of(step, &self.state.shared).converges_by_preview() && !step.always;
+        let wanted = |step: &Step| StepAdapter::of(step, &self.state.shared).converges_by_preview() && !step.always;
         let Ok((results, inputs)) = self.run_previews(&steps, recorded.as_ref(), false, &wanted, true).await else {
             return HashMap::new();
         };

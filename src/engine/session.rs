@@ -222,11 +222,8 @@ impl Session {
             }
             let ctx = self.context(step, self.cancel.clone());
             let adapter = StepAdapter::of(step, &self.state.shared);
-            let checked = if for_run {
-                adapter.preflight_for_run(&ctx).await
-            } else {
-                adapter.preflight(&ctx).await.map(Some)
-            };
+            let checked =
+                if for_run { adapter.preflight_for_run(&ctx).await } else { adapter.preflight(&ctx).await.map(Some) };
             match checked {
                 Ok(Some(info)) => {
                     found.insert(step.name.clone(), info);

@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 
 use rdeploy_adapters::preview::{Observed, PreviewError};
 use rdeploy_adapters::{
-    Adapter, AdapterError, Converged, DescribeContext, EventSink, Failure, FieldPath, Inspection, Preview, PriorStep,
-    Recovered, RecoveryDoc, SpecProblem, StepContext, SubStatus, ToolInfo,
+    Adapter, AdapterError, Converged, DescribeContext, EventSink, Failure, FieldPath, Inspection, KubeTarget, Preview,
+    PriorStep, Recovered, RecoveryDoc, SpecProblem, StepContext, SubStatus, ToolInfo,
 };
 
 use super::{dry_run, run, runbook, FleetRun};
@@ -81,6 +81,10 @@ impl Adapter for FleetAdapter<'_> {
         self.step.spec.pinned_paths(stack_dir, revert)
     }
 
+    fn kube_target(&self) -> Option<KubeTarget<'_>> {
+        self.step.spec.kube_target()
+    }
+
     async fn preflight(&self, ctx: &StepContext) -> Result<ToolInfo, AdapterError> {
         self.step.spec.preflight(ctx).await
     }
@@ -106,7 +110,8 @@ impl Adapter for FleetAdapter<'_> {
         if prior.sub_changes.is_empty() && prior.facts.is_empty() {
             return Ok(Inspection { actions: vec![NOT_STARTED.to_string()], remaining: Vec::new() });
         }
-        let remaining = prior.sub_changes.iter().filter(|c| c.status != SubStatus::Done).map(|c| c.id.clone()).collect();
+        let remaining =
+            prior.sub_changes.iter().filter(|c| c.status != SubStatus::Done).map(|c| c.id.clone()).collect();
         Ok(Inspection { actions: dry_run(prior), remaining })
     }
 
@@ -240,5 +245,33 @@ mod tests {
         assert!(failed.contains("helm history agent -n monitoring --kube-context edge-2"), "{failed}");
         let none = rollback(adapter.describe_recovery(&ctx, None));
         assert!(none.contains(&format!("--kube-context {}", runbook::CLUSTER)), "{none}");
+    }
+
+    #[test]
+    fn one_clusters_spec_targets_its_context_and_waits_unless_the_step_says_not() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let manifest = dir.path().join("k8s/app.yaml");
+        std::fs::create_dir_all(manifest.parent().expect("a file in a directory")).expect("a temporary directory");
+        std::fs::write(&manifest, "").expect("a temporary file");
+        let text = "name: s\nsteps:\n  - name: app\n    tool: kubectl\n    manifests: [k8s/app.yaml]\n    kubeconfig: kube.yaml\n    wait: false\n    contexts: [edge-1]\n";
+        std::fs::write(dir.path().join("kube.yaml"), "").expect("a temporary file");
+        let app = crate::stack::parse(&dir.path().join("stack.yaml"), text).expect("the stack parses");
+        let app = app.step("app").expect("the step");
+        assert_eq!(
+            app.spec.kube_target(),
+            Some(KubeTarget { kubeconfig: Some(Path::new("kube.yaml")), namespace: None })
+        );
+        let rdeploy_adapters::ToolSpec::Kubectl(one) = super::super::spec_for_cluster(&app.spec, "edge-1") else {
+            panic!("a kubectl step")
+        };
+        assert_eq!((one.context.as_deref(), one.wait), (Some("edge-1"), Some(false)), "`wait: false` is kept");
+
+        let stack = stack(dir.path());
+        let agent = stack.step("agent").expect("the step");
+        assert_eq!(agent.spec.kube_target(), Some(KubeTarget { kubeconfig: None, namespace: Some("monitoring") }));
+        let rdeploy_adapters::ToolSpec::Helm(one) = super::super::spec_for_cluster(&agent.spec, "edge-2") else {
+            panic!("a helm step")
+        };
+        assert_eq!((one.context.as_deref(), one.wait), (Some("edge-2"), Some(true)), "waits by default");
     }
 }
