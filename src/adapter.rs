@@ -56,7 +56,7 @@ macro_rules! dispatch {
     };
 }
 
-impl Adapter for StepAdapter<'_> {
+impl<'a> Adapter for StepAdapter<'a> {
     fn problems(&self) -> Vec<SpecProblem> {
         dispatch!(self, a => a.problems())
     }

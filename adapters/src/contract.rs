@@ -15,8 +15,9 @@ use crate::preview::{Preview, PreviewError};
 use crate::process;
 
 /// What every tool's spec implements; the driver calls nothing else. Adapters never print and
-/// never touch the checkpoint: they report through the sink and return a [`Failure`].
-pub trait Adapter {
+/// never touch the checkpoint: they report through the sink and return a [`Failure`]. An
+/// adapter is shared by the tasks that run its step (`Sync`), so its futures are `Send`.
+pub trait Adapter: Sync {
     /// Problems a stack file can have that serde cannot see (exclusive keys, empty lists).
     fn problems(&self) -> Vec<SpecProblem>;
 
@@ -82,10 +83,7 @@ pub trait Adapter {
     fn preflight_for_run(
         &self,
         ctx: &StepContext,
-    ) -> impl Future<Output = Result<Option<ToolInfo>, AdapterError>> + Send
-    where
-        Self: Sync,
-    {
+    ) -> impl Future<Output = Result<Option<ToolInfo>, AdapterError>> + Send {
         async { self.preflight(ctx).await.map(Some) }
     }
 
@@ -124,10 +122,7 @@ pub trait Adapter {
     /// [`Adapter::preview`], through the same code, but a tool may stop where the verdict is
     /// already known and skip what only `plan` shows (helm's dry-run, when the release's
     /// record already says it must be upgraded). The default is the preview itself.
-    fn decision_preview(&self, ctx: &StepContext) -> impl Future<Output = Result<Preview, PreviewError>> + Send
-    where
-        Self: Sync,
-    {
+    fn decision_preview(&self, ctx: &StepContext) -> impl Future<Output = Result<Preview, PreviewError>> + Send {
         self.preview(ctx)
     }
 
@@ -159,10 +154,7 @@ pub trait Adapter {
         ctx: &StepContext,
         preview: &Preview,
         sink: &dyn EventSink,
-    ) -> impl Future<Output = Result<(), Failure>> + Send
-    where
-        Self: Sync,
-    {
+    ) -> impl Future<Output = Result<(), Failure>> + Send {
         let _ = preview;
         self.apply(ctx, sink)
     }
@@ -190,10 +182,7 @@ pub trait Adapter {
         ctx: &StepContext,
         decided: Option<Preview>,
         sink: &dyn EventSink,
-    ) -> impl Future<Output = Result<Converged, Failure>> + Send
-    where
-        Self: Sync,
-    {
+    ) -> impl Future<Output = Result<Converged, Failure>> + Send {
         async move {
             let counting = CountDone { inner: sink, done: AtomicBool::new(false) };
             let sink = &counting;

@@ -56,7 +56,7 @@ impl<'a> FleetAdapter<'a> {
     }
 }
 
-impl Adapter for FleetAdapter<'_> {
+impl<'a> Adapter for FleetAdapter<'a> {
     fn problems(&self) -> Vec<SpecProblem> {
         self.step.spec.problems()
     }
