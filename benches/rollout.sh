@@ -102,7 +102,7 @@ spec:
 EOF
 stack() {
   cat > stack.yaml <<EOF
-name: fleet
+name: agents
 steps:
   - name: agent
     tool: helm
@@ -119,7 +119,7 @@ EOF
 
 echo "== $N clusters, parallel $PARALLEL, helm $("$REAL_HELM" version --short), load average $(cut -d' ' -f1-3 /proc/loadavg)"
 stack info
-timed "$RDEPLOY" -q --no-progress up > "$work/up.out" 2> "$work/up.err" || { tail -20 "$work/up.out"; exit 1; }
+timed "$RDEPLOY" -q --no-progress up > "$work/up.out" 2> "$work/up.err" || { tail -n 20 "$work/up.out" "$work/up.err"; exit 1; }
 total=$(wall_of); rd_cpu=$(cpu_of)
 echo "rdeploy up (first install):   ${total} s, $(per "$total" "$N") s per cluster; CPU $(per "$rd_cpu" "$N") s per cluster"
 echo "  helm processes: $(calls) (for $N clusters)"
