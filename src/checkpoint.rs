@@ -738,7 +738,7 @@ impl Record {
     /// reasons, warnings, failures and facts' values. Names are left as they are (steps,
     /// sub-change ids, the stack's header, enum words): they are the checkpoint's keys, and a
     /// short secret replaced inside `terraform_data.a1` would make recovery lose track of it.
-    pub fn redacted(self, secrets: &rdeploy_adapters::secrets::Registry) -> Record {
+    pub fn redacted(self, secrets: &crate::redact::Redactor) -> Record {
         if secrets.is_empty() {
             return self;
         }
@@ -752,8 +752,8 @@ impl Record {
             // a short secret replaced inside one would corrupt it, so only document-length ones.
             Record::Fact { step, key, value } => Record::Fact { step, key, value: secrets.redact_json_document(value) },
             Record::Warning { step, message } => Record::Warning { step, message: r(message) },
-            // Output keys are names; their plain values may hold a secret (a sensitive output
-            // a later step echoed): the consumer then gets `***`, never the journal the value.
+            // Output keys are names. A plain value holding a secret was made sensitive before
+            // it got here (`rdeploy_adapters::secrets::redact_event`); this is the last line.
             Record::Outputs { step, values, sensitive } => Record::Outputs {
                 step,
                 values: values.into_iter().map(|(k, v)| (k, secrets.redact_json(v))).collect(),
@@ -913,7 +913,7 @@ mod tests {
     fn journal_replays_to_the_live_state_and_survives_a_torn_line() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = LocalStore::at_path(tmp.path().join(".rdeploy"));
-        let mut cp = Checkpoint::create(&dir).unwrap();
+        let mut cp = Checkpoint::create(&dir, &Default::default()).unwrap();
         cp.record(run(&["seed"])).unwrap();
         cp.record(Record::StepStarted { step: "seed".into(), mode: StepMode::Apply, tool_version: None }).unwrap();
         cp.record(Record::Planned { step: "seed".into(), ids: vec!["a".into(), "b".into()] }).unwrap();
@@ -936,7 +936,7 @@ mod tests {
         assert_eq!(seed.sub_changes[1].status, SubStatus::Started);
 
         // Reopening for writing drops the torn line and goes on from the right sequence.
-        let mut cp = Checkpoint::resume(&dir).unwrap();
+        let mut cp = Checkpoint::resume(&dir, &Default::default()).unwrap();
         assert_eq!(cp.deploy().step("seed").unwrap().status, StepStatus::Failed, "a dead run's step is failed");
         cp.record(Record::SubDone { step: "seed".into(), id: "b".into(), note: None }).unwrap();
         let text = fs_err::read_to_string(dir.dir().journal_path()).unwrap();
@@ -994,7 +994,7 @@ mod tests {
     fn finish_archives_and_clears() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = LocalStore::at_path(tmp.path().join(".rdeploy"));
-        let mut cp = Checkpoint::create(&dir).unwrap();
+        let mut cp = Checkpoint::create(&dir, &Default::default()).unwrap();
         cp.record(run(&["a"])).unwrap();
         cp.record(Record::StepDone { step: "a".into() }).unwrap();
         let deploy = cp.finish(DeployState::Complete).unwrap();

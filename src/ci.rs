@@ -13,6 +13,7 @@ use crate::checkpoint::{Deploy, DeployState, StepStatus};
 use crate::diff::{Change, StackDiff, StepDiff};
 use crate::engine::Session;
 use crate::exit::{Code, Refusal};
+use crate::redact::Redactor;
 use crate::report::{self, Status, StepReport, StepView};
 use crate::reporter::{Finish, Finished};
 use crate::stack::StackError;
@@ -157,7 +158,7 @@ impl Finish for StepSummary {
         // What the run itself picked up (recover's diff against the checkpoint it continued).
         let changes = end.run.diff.clone().map(reported_changes).unwrap_or_default();
         let text = summary(session, status, end.code, &self.mode, &changes);
-        if let Err(e) = append(&self.path, &text) {
+        if let Err(e) = append(&self.path, &text, &session.redactor) {
             session.ui.warn(format!("could not append to $GITHUB_STEP_SUMMARY ({}): {e:#}", self.path.display()));
         }
     }
@@ -172,7 +173,7 @@ impl Finish for JUnit {
     fn finished(&self, session: &Session, end: &Finished<'_>) {
         let (Some(status), Some(deploy)) = (end.status, end.run.deploy()) else { return };
         let xml = junit(session, deploy, status);
-        if let Err(e) = write_file(&self.path, &xml) {
+        if let Err(e) = write_file(&self.path, &xml, &session.redactor) {
             session.ui.warn(format!("could not write the JUnit report {}: {e:#}", self.path.display()));
         }
     }
@@ -188,8 +189,14 @@ pub async fn plan_only(session: &Session, outputs: &Outputs, save: Option<&Path>
         Err(err) => return Err(refused(session, outputs, err)),
     };
     if let Some(path) = save {
-        let saved = crate::planfile::build(&session.stack, &session.stack_file, &session.state.shared, &plan)
-            .and_then(|file| crate::planfile::write(path, &file));
+        let saved = crate::planfile::build(
+            &session.stack,
+            &session.stack_file,
+            &session.state.shared,
+            &plan,
+            &session.redactor,
+        )
+        .and_then(|file| crate::planfile::write(path, &file));
         match saved {
             Ok(digest) => session.ui.info(format!(
                 "ci: saved the plan to {} (sha256:{}): keep it as an artifact for `rdeploy ci --plan {}` on merge",
@@ -200,22 +207,22 @@ pub async fn plan_only(session: &Session, outputs: &Outputs, save: Option<&Path>
             Err(err) => return Err(refused(session, outputs, err)),
         }
     }
-    out!("{}", crate::plan::render_text(&plan));
+    out!(session.ui.out(), "{}", crate::plan::render_text(&plan));
     if outputs.annotations {
         for step in plan.steps.iter().filter(|s| s.error.is_some()) {
             let line = session.stack.step(&step.name).map(|s| s.line);
             let message = step.error.as_deref().unwrap_or_default();
             let title = format!("rdeploy: step {} could not be planned", step.name);
-            outln!("{}", workflow_command("error", &session.stack_file, line, &title, message));
+            outln!(session.ui.out(), "{}", workflow_command("error", &session.stack_file, line, &title, message));
         }
     }
     if let Some(path) = &outputs.step_summary {
-        if let Err(e) = append(path, &crate::plan::render_markdown(&plan)) {
+        if let Err(e) = append(path, &crate::plan::render_markdown(&plan), &session.redactor) {
             session.ui.warn(format!("could not append to $GITHUB_STEP_SUMMARY ({}): {e:#}", path.display()));
         }
     }
     if let Some(path) = &outputs.junit {
-        if let Err(e) = write_file(path, &plan_junit(&plan)) {
+        if let Err(e) = write_file(path, &plan_junit(&plan, &session.redactor), &session.redactor) {
             session.ui.warn(format!("could not write the JUnit report {}: {e:#}", path.display()));
         }
     }
@@ -223,7 +230,8 @@ pub async fn plan_only(session: &Session, outputs: &Outputs, save: Option<&Path>
 }
 
 /// The JUnit XML of a plan: a test case per step in run order, its items as the case's output.
-fn plan_junit(plan: &crate::plan::StackPlan) -> String {
+fn plan_junit(plan: &crate::plan::StackPlan, redactor: &Redactor) -> String {
+    let redacted = |text: &str| redactor.redact_document(text);
     let mut suite = TestSuite::new(format!("{} plan", plan.stack));
     for step in &plan.steps {
         let status = match &step.error {
@@ -292,6 +300,7 @@ fn report_changes(session: &Session, outputs: &Outputs, changes: &[StepDiff]) {
         if outputs.annotations {
             let line = session.stack.step(name).map(|s| s.line);
             outln!(
+                session.ui.out(),
                 "{}",
                 workflow_command("warning", &session.stack_file, line, &format!("rdeploy: step {name} changed"), &text)
             );
@@ -308,6 +317,8 @@ fn refused(session: &Session, outputs: &Outputs, err: anyhow::Error) -> anyhow::
 /// Like `refused`, for errors before a session exists (the stack file does not load): each
 /// problem becomes an annotation at its line.
 pub fn report_error(outputs: &Outputs, ui: &Ui, suite: &str, stack_file: &str, err: anyhow::Error) -> anyhow::Error {
+    let redactor = ui.redactor();
+    let redacted = |text: &str| redactor.redact_document(text);
     let (message, hint, code) = if let Some(r) = err.downcast_ref::<Refusal>() {
         (r.message.clone(), r.hint.clone(), r.code)
     } else if let Some(e) = err.downcast_ref::<StackError>() {
@@ -329,6 +340,7 @@ pub fn report_error(outputs: &Outputs, ui: &Ui, suite: &str, stack_file: &str, e
                         None => p.message.clone(),
                     };
                     outln!(
+                        ui.out(),
                         "{}",
                         workflow_command(
                             "error",
@@ -340,13 +352,13 @@ pub fn report_error(outputs: &Outputs, ui: &Ui, suite: &str, stack_file: &str, e
                     );
                 }
             }
-            None => outln!("{}", workflow_command("error", stack_file, None, &title, &full)),
+            None => outln!(ui.out(), "{}", workflow_command("error", stack_file, None, &title, &full)),
         }
     }
     if let Some(path) = &outputs.step_summary {
         let mut text = format!("# rdeploy ci: {suite}\n\n**Exit {}**: {}.\n\n", code as i32, code_meaning(code));
         let _ = writeln!(text, "```text\n{full}\n```\n");
-        if let Err(e) = append(path, &text) {
+        if let Err(e) = append(path, &text, redactor) {
             ui.warn(format!("could not append to $GITHUB_STEP_SUMMARY ({}): {e:#}", path.display()));
         }
     }
@@ -362,7 +374,7 @@ pub fn report_error(outputs: &Outputs, ui: &Ui, suite: &str, stack_file: &str, e
         junit_suite.add_test_case(case);
         let mut report = Report::new("rdeploy ci");
         report.add_test_suite(junit_suite);
-        if let Err(e) = write_file(path, &junit_text(&report)) {
+        if let Err(e) = write_file(path, &junit_text(&report), redactor) {
             ui.warn(format!("could not write the JUnit report {}: {e:#}", path.display()));
         }
     }
@@ -395,11 +407,12 @@ fn annotate_outcome(session: &Session, status: &Status) {
             Some((file, at)) => (stack_relative(&session.stack_file, file), Some(at as usize)),
             None => (session.stack_file.clone(), line),
         };
-        outln!("{}", workflow_command("error", &file, line, &title, &format!("{body}{next}")));
+        outln!(session.ui.out(), "{}", workflow_command("error", &file, line, &title, &format!("{body}{next}")));
     }
     if status.state == DeployState::Complete {
         let n = status.steps.len();
         outln!(
+            session.ui.out(),
             "{}",
             workflow_command(
                 "notice",
@@ -515,13 +528,6 @@ fn summary(session: &Session, status: &Status, code: Code, mode: &Mode, changes:
     text
 }
 
-/// `text` with the run's secrets redacted: the step summary, and each value of the JUnit report
-/// before XML escapes it (a secret holding `&` would not read the same in the file), then the
-/// file once more.
-fn redacted(text: &str) -> String {
-    crate::out::secrets().redact_document(text)
-}
-
 /// The JUnit report as XML, by quick-junit: it escapes, and drops what XML 1.0 forbids (a tool's
 /// stderr may carry ANSI escapes).
 fn junit_text(report: &Report) -> String {
@@ -531,24 +537,29 @@ fn junit_text(report: &Report) -> String {
     })
 }
 
-fn append(path: &Path, text: &str) -> anyhow::Result<()> {
-    let text = redacted(text);
+/// Appends `text` to `path`, redacted with the run's secrets.
+fn append(path: &Path, text: &str, redactor: &Redactor) -> anyhow::Result<()> {
+    let text = redactor.redact_document(text);
     let mut f = fs_err::OpenOptions::new().create(true).append(true).open(path)?;
     f.write_all(text.as_bytes())?;
     Ok(())
 }
 
-fn write_file(path: &Path, text: &str) -> anyhow::Result<()> {
+/// Writes `text` to `path`, redacted with the run's secrets: the JUnit report redacts each value
+/// before XML escapes it (a secret holding `&` would not read the same in the file), then the
+/// file once more here.
+fn write_file(path: &Path, text: &str, redactor: &Redactor) -> anyhow::Result<()> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         fs_err::create_dir_all(dir)?;
     }
-    fs_err::write(path, redacted(text))?;
+    fs_err::write(path, redactor.redact_document(text))?;
     Ok(())
 }
 
 /// The JUnit XML report: a test case per step in run order; failures carry the tool's message
 /// and the tail of its stderr, steps that did not run are skipped.
 fn junit(session: &Session, deploy: &Deploy, status: &Status) -> String {
+    let redacted = |text: &str| session.redactor.redact_document(text);
     let mut ordered: Vec<&StepReport> =
         session.stack.ordered().filter_map(|st| status.steps.iter().find(|s| s.name == st.name)).collect();
     for s in &status.steps {

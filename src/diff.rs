@@ -91,7 +91,7 @@ mod tests {
         );
         let tmp = tempfile::tempdir().unwrap();
         let dir = crate::store::local::LocalStore::at_path(tmp.path().join(".rdeploy"));
-        let mut cp = Checkpoint::create(&dir).unwrap();
+        let mut cp = Checkpoint::create(&dir, &Default::default()).unwrap();
         cp.record(Checkpoint::run_record(&old, "up", "r1")).unwrap();
         cp.record(Record::StepDone { step: "a".into() }).unwrap();
         cp.record(Record::StepDone { step: "ran".into() }).unwrap();

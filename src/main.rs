@@ -2,15 +2,16 @@
 //! command to its module under `cmd/` and maps errors to exit codes; the work happens in
 //! `engine`, which returns a `RunReport` that `cmd` turns into output and an exit code.
 
-/// `println!` for reports: a closed stdout (`rdeploy status | head`) ends the output quietly
-/// instead of panicking, and the command still ends with its own exit code.
+/// `println!` for reports, through the run's [`out::Out`] (`outln!(ui.out(), "{x}")`): redacted
+/// with the run's secrets, and a closed stdout (`rdeploy status | head`) ends the output quietly
+/// instead of panicking, the command still ending with its own exit code.
 macro_rules! outln {
-    ($($arg:tt)*) => { $crate::out::line(format_args!($($arg)*)) };
+    ($out:expr, $($arg:tt)*) => { $crate::out::Out::line($out, format_args!($($arg)*)) };
 }
 
 /// `print!` for reports, as [`outln!`].
 macro_rules! out {
-    ($($arg:tt)*) => { $crate::out::text(format_args!($($arg)*)) };
+    ($out:expr, $($arg:tt)*) => { $crate::out::Out::text($out, format_args!($($arg)*)) };
 }
 
 mod out;
@@ -28,6 +29,7 @@ mod gate;
 mod plan;
 mod planfile;
 mod readiness;
+mod redact;
 mod reference;
 mod report;
 mod reporter;
@@ -140,7 +142,9 @@ fn main() -> ExitCode {
     init_tracing(cli.global.verbose);
     // `ci` is for pipelines: plain timestamped lines even on a terminal.
     let no_progress = cli.global.no_progress || matches!(cli.command, Command::Ci(_));
-    let ui = Arc::new(Ui::new(no_progress, cli.global.verbose, cli.global.quiet, cli.global.color()));
+    // The run's secrets: this invocation is the run, and everything it writes redacts with them.
+    let redactor = redact::Redactor::default();
+    let ui = Arc::new(Ui::new(no_progress, cli.global.verbose, cli.global.quiet, cli.global.color(), redactor));
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -175,20 +179,21 @@ fn init_tracing(verbose: u8) {
 /// Prints an error in the house style and picks its exit code.
 fn report_error(err: &anyhow::Error, ui: &Ui) -> Code {
     let paint = ui.paint;
+    let redactor = ui.redactor();
     if let Some(stack) = err.downcast_ref::<StackError>() {
-        eprint!("{}: {}", paint.bad("error"), out::secrets().redact_document(&stack.to_string()));
+        eprint!("{}: {}", paint.bad("error"), redactor.redact_document(&stack.to_string()));
         return Code::BadInput;
     }
     if let Some(refusal) = err.downcast_ref::<Refusal>() {
-        eprintln!("{}: {}", paint.bad("error"), out::secrets().redact_document(&refusal.message));
+        eprintln!("{}: {}", paint.bad("error"), redactor.redact_document(&refusal.message));
         if let Some(hint) = &refusal.hint {
-            eprintln!("  {}: {}", paint.strong("hint"), out::secrets().redact_document(hint));
+            eprintln!("  {}: {}", paint.strong("hint"), redactor.redact_document(hint));
         }
         return refusal.code;
     }
     // Anything else happened after work may have started (input errors are refused earlier as
     // `StackError` or `Refusal`), so it is never "nothing changed".
-    eprintln!("{}: {}", paint.bad("error"), out::secrets().redact_document(&format!("{err:#}")));
+    eprintln!("{}: {}", paint.bad("error"), redactor.redact_document(&format!("{err:#}")));
     Code::Partial
 }
 
@@ -196,8 +201,8 @@ fn report_error(err: &anyhow::Error, ui: &Ui) -> Code {
 async fn run(cli: Cli, ui: Arc<Ui>) -> anyhow::Result<Code> {
     let global = &cli.global;
     match &cli.command {
-        Command::Completions(args) => cmd::completions::run(args, <Cli as clap::CommandFactory>::command()),
-        Command::Man => cmd::man::run(<Cli as clap::CommandFactory>::command()),
+        Command::Completions(args) => cmd::completions::run(args, <Cli as clap::CommandFactory>::command(), ui.out()),
+        Command::Man => cmd::man::run(<Cli as clap::CommandFactory>::command(), ui.out()),
         Command::Up(args) => cmd::up::run(args, global, ui).await,
         Command::Recover(args) => cmd::recover::run(args, global, ui).await,
         Command::Revert(args) => cmd::revert::run(args, global, ui).await,
@@ -209,7 +214,7 @@ async fn run(cli: Cli, ui: Arc<Ui>) -> anyhow::Result<Code> {
         Command::Plan(args) => cmd::plan::run(args, global, ui).await,
         Command::Inventory(args) => cmd::inventory::run(args, global, ui).await,
         Command::Alerts(args) => cmd::alerts::run(args, global, ui).await,
-        Command::State(args) => cmd::state::run(args),
+        Command::State(args) => cmd::state::run(args, ui.out()),
         Command::Validate(args) => cmd::validate::run(args, global, ui).await,
     }
 }

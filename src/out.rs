@@ -1,39 +1,63 @@
-//! The binary's stdout: reports and `--json` go through here, so a reader that closes the pipe
-//! early ends the output quietly (as ripgrep and cargo do) rather than panicking mid-report.
-//! Everything written here is redacted with the process's [`secrets`] registry.
+//! The binary's stdout: reports and `--json` go through an [`Out`], so a reader that closes the
+//! pipe early ends the output quietly (as ripgrep and cargo do) rather than panicking
+//! mid-report. Everything written is redacted with the run's [`Redactor`], which the `Out`
+//! carries: a command writes through the one its [`crate::ui::Ui`] holds (`outln!(ui.out(), ..)`).
 
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-/// Set once stdout is closed: later writes are dropped without trying again.
+use crate::redact::Redactor;
+
+/// Set once stdout is closed: later writes are dropped without trying again. Process-wide, as
+/// the descriptor is.
 static CLOSED: AtomicBool = AtomicBool::new(false);
 
-/// The values this process must never write: the run's secrets (the stack's marked values once
-/// read, values secret by their name, terraform's sensitive ones). Steps get a clone in
-/// `StepContext::secrets`; the journal, the logs, stdout, stderr and the files `ci` writes are
-/// redacted with it.
-pub fn secrets() -> &'static rdeploy_adapters::secrets::Registry {
-    static SECRETS: std::sync::OnceLock<rdeploy_adapters::secrets::Registry> = std::sync::OnceLock::new();
-    SECRETS.get_or_init(Default::default)
+/// The run's stdout: writes redacted with its [`Redactor`].
+#[derive(Clone, Debug)]
+pub struct Out {
+    redactor: Redactor,
 }
 
-/// Writes `args` and a newline to stdout.
-pub fn line(args: std::fmt::Arguments<'_>) {
-    let text = secrets().redact_document(&args.to_string());
-    write(|out| {
-        out.write_all(text.as_bytes())?;
-        out.write_all(b"\n")
-    });
+impl Out {
+    pub fn new(redactor: Redactor) -> Out {
+        Out { redactor }
+    }
+
+    /// Writes `args` and a newline to stdout.
+    pub fn line(&self, args: std::fmt::Arguments<'_>) {
+        let text = self.redactor.redact_document(&args.to_string());
+        write(|out| {
+            out.write_all(text.as_bytes())?;
+            out.write_all(b"\n")
+        });
+    }
+
+    /// Writes `args` to stdout.
+    pub fn text(&self, args: std::fmt::Arguments<'_>) {
+        let text = self.redactor.redact_document(&args.to_string());
+        write(|out| out.write_all(text.as_bytes()));
+    }
+
+    /// Writes `text` to stdout as it is, not redacted: only for what the operator asked to see
+    /// in clear (`rdeploy output --show-sensitive`), built from values that were redacted
+    /// already on their way to the checkpoint and the sensitive ones read again for it.
+    pub fn reveal(&self, text: &str) {
+        write(|out| out.write_all(text.as_bytes()));
+    }
+
+    /// Writes a value as pretty JSON and a newline, its string values redacted (not the text: a
+    /// secret replaced in the text could change a key or break an escape).
+    pub fn json<T: serde::Serialize>(&self, value: &T) -> anyhow::Result<()> {
+        let value = self.redactor.redact_json_document(serde_json::to_value(value)?);
+        let text = serde_json::to_string_pretty(&value)?;
+        write(|out| {
+            out.write_all(text.as_bytes())?;
+            out.write_all(b"\n")
+        });
+        Ok(())
+    }
 }
 
-/// Writes `args` to stdout.
-pub fn text(args: std::fmt::Arguments<'_>) {
-    let text = secrets().redact_document(&args.to_string());
-    write(|out| out.write_all(text.as_bytes()));
-}
-
-/// Writes a value as pretty JSON and a newline, its string values redacted (not the text: a
-/// secret replaced in the text could change a key or break an escape).
 /// `1 step`, `2 steps`, `0 steps`: a count and its noun, in the singular only for one.
 pub fn count(n: usize, noun: &str) -> String {
     if n == 1 {
@@ -41,16 +65,6 @@ pub fn count(n: usize, noun: &str) -> String {
     } else {
         format!("{n} {noun}s")
     }
-}
-
-pub fn json<T: serde::Serialize>(value: &T) -> anyhow::Result<()> {
-    let value = secrets().redact_json_document(serde_json::to_value(value)?);
-    let text = serde_json::to_string_pretty(&value)?;
-    write(|out| {
-        out.write_all(text.as_bytes())?;
-        out.write_all(b"\n")
-    });
-    Ok(())
 }
 
 fn write(f: impl FnOnce(&mut std::io::StdoutLock<'static>) -> std::io::Result<()>) {

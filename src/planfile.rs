@@ -147,11 +147,17 @@ pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
-/// Builds the PLANFILE of a plan the session just made.
-pub fn build(stack: &Stack, stack_file: &str, shared: &Path, plan: &StackPlan) -> anyhow::Result<PlanFile> {
+/// Builds the PLANFILE of a plan the session just made, its known inputs redacted with the
+/// run's `secrets`.
+pub fn build(
+    stack: &Stack,
+    stack_file: &str,
+    shared: &Path,
+    plan: &StackPlan,
+    secrets: &crate::redact::Redactor,
+) -> anyhow::Result<PlanFile> {
     let stack_bytes =
         fs_err::read(&stack.file).with_context(|| format!("cannot read the stack file {}", stack.file.display()))?;
-    let secrets = crate::out::secrets();
     let mut steps = Vec::new();
     for step_plan in &plan.steps {
         let step = stack.step(&step_plan.name).expect("a plan's steps are the stack's");

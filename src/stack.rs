@@ -10,6 +10,7 @@ use rdeploy_adapters::secrets::Marked;
 use rdeploy_adapters::yaml::{self, Location, Node, ScalarNode, Span, Spanned};
 
 use crate::fleet::model::Kind;
+use crate::redact::Redactor;
 use crate::reference::{self, Located, Reference};
 use rdeploy_adapters::{Adapter, FieldPath, PathSegment, Tool, ToolSpec};
 use serde::{Deserialize, Serialize};
@@ -122,8 +123,9 @@ impl Checker<'_> {
     }
 }
 
-/// Reads and validates a stack file. Errors name file, line and column.
-pub fn load(file: &Path) -> anyhow::Result<Stack> {
+/// Reads and validates a stack file, and hands the run's `redactor` the secrets it found.
+/// Errors name file, line and column.
+pub fn load(file: &Path, redactor: &Redactor) -> anyhow::Result<Stack> {
     let text = yaml::decode_utf8(fs_err::read(file)?).map_err(|e| {
         let mut checker = Checker { file, problems: Vec::new() };
         checker.at_location(e.at, e.message, Some("save the stack file as UTF-8".into()));
@@ -131,23 +133,22 @@ pub fn load(file: &Path) -> anyhow::Result<Stack> {
     })?;
     let stack = parse(file, &text)?;
     // The stack's own secrets (inline ones, `env` values secret by their name, tool values
-    // secret by their name) are redacted from whatever this process writes, whatever command it is.
-    let secrets = crate::out::secrets();
+    // secret by their name) are redacted from whatever the run writes, whatever command it is.
     for step in &stack.steps {
-        secrets.add_strings(rdeploy_adapters::secrets::env_secrets(&step.env));
+        redactor.add_strings(rdeploy_adapters::secrets::env_secrets(&step.env));
         for marked in step.spec.marked().values().chain(step.env_marked.values()) {
             if let Some(value) = &marked.value {
-                secrets.add(value);
+                redactor.add(value);
             } else if let Ok(value) = marked.resolve(&stack.dir, &|name: &str| std::env::var(name).ok()) {
                 // `from_env`/`from_file` too, from the start: every tool inherits rdeploy's
                 // environment, so an earlier step (`set -x`, `env`, a debug log) could print a
                 // value a later step reads. One that cannot be read yet fails its own step then.
-                secrets.add(&value);
+                redactor.add(&value);
             }
         }
         let mut spec = step.spec.clone();
         if let Some((_, values)) = spec.typed_values_mut() {
-            secrets.add_strings(rdeploy_adapters::secrets::secret_strings(values, &Default::default()));
+            redactor.add_strings(rdeploy_adapters::secrets::secret_strings(values, &Default::default()));
         }
     }
     Ok(stack)
@@ -2562,7 +2563,7 @@ steps:
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("stack.yaml");
         std::fs::write(&file, b"name: s\nsteps:\n  - name: a\xff\n    tool: shell\n    run: x\n").unwrap();
-        let err = load(&file).unwrap_err().downcast::<StackError>().unwrap();
+        let err = load(&file, &Redactor::default()).unwrap_err().downcast::<StackError>().unwrap();
         assert_eq!((err.problems[0].line, err.problems[0].column), (3, 12));
         assert!(err.problems[0].message.contains("not valid UTF-8"), "{}", err.problems[0].message);
     }

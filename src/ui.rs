@@ -1,5 +1,7 @@
 //! What the operator sees while a deploy runs, on stderr: progress bars on a terminal, plain
-//! timestamped lines otherwise (CI, `--no-progress`). Reports and JSON go to stdout elsewhere.
+//! timestamped lines otherwise (CI, `--no-progress`). The `Ui` also holds the run's
+//! [`Redactor`], which every line it writes goes through, and the run's stdout ([`Out`], for
+//! reports and JSON, rendered elsewhere): the one value every command is handed.
 
 use std::collections::HashMap;
 use std::io::{IsTerminal, Write};
@@ -11,6 +13,8 @@ use rdeploy_adapters::Stream;
 
 use crate::engine::event::Reporter;
 use crate::engine::event::{RetryWhy, RunEvent, StepEnd, SubChange, Work};
+use crate::out::Out;
+use crate::redact::Redactor;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum ColorChoice {
@@ -81,20 +85,41 @@ pub struct Ui {
     quiet: bool,
     /// Colors on stderr.
     pub paint: Paint,
+    /// The run's secrets: redacted from every line written here and through [`Ui::out`].
+    redactor: Redactor,
+    out: Out,
 }
 
 impl Ui {
-    pub fn new(no_progress: bool, verbose: u8, quiet: bool, color: ColorChoice) -> Ui {
+    pub fn new(no_progress: bool, verbose: u8, quiet: bool, color: ColorChoice, redactor: Redactor) -> Ui {
         let tty = std::io::stderr().is_terminal();
         let progress = (tty && !no_progress && !quiet && std::env::var_os("CI").is_none())
             .then(|| MultiProgress::with_draw_target(ProgressDrawTarget::stderr()));
-        Ui { progress, bars: Mutex::new(HashMap::new()), verbose, quiet, paint: Paint { enabled: color.enabled(tty) } }
+        Ui {
+            progress,
+            bars: Mutex::new(HashMap::new()),
+            verbose,
+            quiet,
+            paint: Paint { enabled: color.enabled(tty) },
+            out: Out::new(redactor.clone()),
+            redactor,
+        }
+    }
+
+    /// The run's secrets (the stack parser fills it; the session hands it on).
+    pub fn redactor(&self) -> &Redactor {
+        &self.redactor
+    }
+
+    /// The run's stdout, redacted with the run's secrets.
+    pub fn out(&self) -> &Out {
+        &self.out
     }
 
     /// A plain line: timestamped when not drawing bars.
     fn line(&self, text: String) {
         // The run's secrets never reach stderr, whatever printed them.
-        let text = crate::out::secrets().redact_document(&text);
+        let text = self.redactor.redact_document(&text);
         match &self.progress {
             Some(mp) => {
                 let _ = mp.println(text);

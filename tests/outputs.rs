@@ -204,9 +204,122 @@ steps:
     assert!(!run.stdout.contains("tok-5e4d3c2b1a") && !run.stderr.contains("tok-5e4d3c2b1a"), "{}", run.stdout);
     p.remove("minted");
     assert_no_file_holds(&p.path(&p.state("")), "tok-5e4d3c2b1a");
+    // Its value holds the token: a sensitive output itself, never printed as `***` as if real.
     let out = p.rdeploy(&["output", "bystander", "url"]);
-    out.code(0);
-    assert_eq!(out.stdout, "https://svc/?t=***\n");
+    out.code(2).stderr_has("output `url` of step `bystander` is sensitive: it is never recorded");
+    assert!(!out.stdout.contains("***"), "{}", out.stdout);
+}
+
+/// A plain shell output whose value holds a stack secret (`url=postgres://app:$DB_PASSWORD@...`)
+/// is a sensitive output: never recorded (not even redacted, which `recover` would hand on as
+/// the value), its consumer in the same run gets the real value, and a later `recover` fails the
+/// consumer as for any sensitive output a shell cannot read again, instead of giving it `***`.
+#[test]
+fn a_plain_output_holding_a_secret_is_sensitive_and_never_handed_on_redacted() {
+    const DB_PASSWORD: &str = "db-pw-5f0c2e8a71";
+    let mut p = Project::new();
+    p.env("CI_DB_PASSWORD", DB_PASSWORD);
+    p.stack(
+        r#"name: s
+steps:
+  - name: db
+    tool: shell
+    env:
+      DB_PASSWORD: { from_env: CI_DB_PASSWORD }
+    sub_changes:
+      - name: create
+        run: echo "url=postgres://app:${DB_PASSWORD}@db/app" >> "$RDEPLOY_OUTPUT"
+  - name: app
+    tool: shell
+    sub_changes:
+      - name: connect
+        run: |
+          echo "${{ steps.db.outputs.url }}" > app-got
+          [ ! -e fail-app ] || exit 1
+"#,
+    )
+    .file("fail-app", "");
+    let run = p.rdeploy(&["up"]);
+    run.code(1);
+    assert_eq!(
+        p.read("app-got"),
+        format!("postgres://app:{DB_PASSWORD}@db/app\n"),
+        "the consumer in the producing run gets the real value"
+    );
+    assert_no_file_holds(&p.path(&p.state("")), DB_PASSWORD);
+    let status = p.status();
+    assert_eq!(step(&status, "db")["sensitive_outputs"], serde_json::json!(["url"]), "{status}");
+    assert!(step(&status, "db")["outputs"].get("url").is_none(), "{status}");
+    let shown = p.rdeploy(&["output", "db", "url"]);
+    shown.code(2).stderr_has("output `url` of step `db` is sensitive: it is never recorded");
+    assert!(!shown.stdout.contains("***"), "{}", shown.stdout);
+
+    // A new process never had the value, and a shell keeps no state to read it from.
+    p.remove("fail-app");
+    p.remove("app-got");
+    let run = p.rdeploy(&["recover"]);
+    run.code(1);
+    assert!(
+        run.stdout.contains("`${{ steps.db.outputs.url }}` is a sensitive output")
+            && run.stdout.contains("run step `db` again"),
+        "{}\n{}",
+        run.stdout,
+        run.stderr
+    );
+    assert!(!p.exists("app-got"), "the consumer never ran with `***` in place of the value");
+}
+
+/// The same with terraform, which keeps state: its plain output built from a variable the stack
+/// marks secret is sensitive to rdeploy, and a later `recover` reads it again from terraform's
+/// state for the consumer; `rdeploy output --show-sensitive` prints it whole, not redacted.
+#[test]
+fn a_plain_terraform_output_holding_a_secret_is_read_again_from_the_state() {
+    common::require_tool("terraform", "install terraform");
+    const DB_PASSWORD: &str = "tf-pw-8d2b6e4a90";
+    let url = format!("postgres://app:{DB_PASSWORD}@db/app");
+    let mut p = Project::new();
+    p.env("CI_DB_PASSWORD", DB_PASSWORD);
+    p.file(
+        "infra/main.tf",
+        r#"variable "db_password" {
+  type = string
+}
+
+output "url" {
+  value = "postgres://app:${var.db_password}@db/app"
+}
+"#,
+    )
+    .stack(
+        r#"name: s
+steps:
+  - name: infra
+    tool: terraform
+    dir: infra
+    vars:
+      db_password: { from_env: CI_DB_PASSWORD }
+  - name: app
+    tool: shell
+    sub_changes:
+      - name: connect
+        run: |
+          echo "${{ steps.infra.outputs.url }}" > app-got
+          [ ! -e fail-app ] || exit 1
+"#,
+    )
+    .file("fail-app", "");
+    p.rdeploy(&["up"]).code(1);
+    assert_eq!(p.read("app-got"), format!("{url}\n"), "the consumer in the producing run gets the real value");
+    assert_eq!(step(&p.status(), "infra")["sensitive_outputs"], serde_json::json!(["url"]));
+    assert_no_file_holds(&p.path(&p.state("")), DB_PASSWORD);
+
+    p.remove("fail-app");
+    p.remove("app-got");
+    let run = p.rdeploy(&["recover"]);
+    run.code(0);
+    assert_eq!(p.read("app-got"), format!("{url}\n"), "read again from terraform's state: {}", run.stdout);
+    let shown = p.rdeploy(&["output", "infra", "url", "--show-sensitive"]);
+    assert_eq!(shown.code(0).stdout, format!("{url}\n"));
 }
 
 /// Panics if any file under `dir` holds `needle`.

@@ -461,3 +461,57 @@ fn a_fleet_step_asks_helm_version_once_and_one_helm_process_per_cluster() {
         assert_eq!(revisions(&sim, rel, &format!("edge-{i}")), 1, "edge-{i} was not upgraded again");
     }
 }
+
+/// Each cluster's helm reads a kubeconfig holding only that cluster's context (the fleet's
+/// names every cluster, and helm parses all of it on each start), from rdeploy's memory: once the
+/// run is over, no copy of it is left in the state directory.
+#[test]
+fn each_clusters_helm_reads_a_kubeconfig_of_its_own_context_only() {
+    let rel = "agent-ownkc";
+    let sim = Kubesim::start(&names(3));
+    let p = fleet_project(&sim);
+    // Logs, for each helm start, the verb and how many contexts its `--kubeconfig` names.
+    p.file(
+        "bin/helm",
+        &format!(
+            r#"#!/bin/sh
+kc=
+prev=
+for a in "$@"; do [ "$prev" = --kubeconfig ] && kc="$a"; prev="$a"; done
+n=all
+[ -n "$kc" ] && n=$('{kubectl}' config get-contexts --kubeconfig "$kc" -o name | tr '\n' ' ')
+echo "$1 $n" >> '{log}'
+exec '{helm}' "$@"
+"#,
+            kubectl = kubectl_bin().display(),
+            log = p.path("helm-calls").display(),
+            helm = helm_bin(HELM).display()
+        ),
+    );
+    std::fs::set_permissions(p.path("bin/helm"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let stack = helm_stack(rel, "edge-*", r#"{ waves: [1, "100%"], parallel: 2 }"#, "")
+        .replace(&helm_bin(HELM).display().to_string(), &p.path("bin/helm").display().to_string());
+    p.stack(&stack);
+    p.rdeploy(&["up"]).code(0);
+    let mut upgrades: Vec<String> = p.lines("helm-calls").into_iter().filter(|l| l.starts_with("upgrade")).collect();
+    upgrades.sort();
+    assert_eq!(upgrades, ["upgrade edge-1 ", "upgrade edge-2 ", "upgrade edge-3 "], "{:?}", p.lines("helm-calls"));
+    for i in 1..=3 {
+        assert_eq!(revisions(&sim, rel, &format!("edge-{i}")), 1, "edge-{i}");
+    }
+    let left: Vec<_> = walkdir(&p.path(".rdeploy")).into_iter().filter(|f| f.ends_with("kubeconfig")).collect();
+    assert!(left.is_empty(), "a cluster's kubeconfig was left behind: {left:?}");
+}
+
+/// Every path under `dir`, links included (not followed).
+fn walkdir(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            found.extend(walkdir(&path));
+        }
+        found.push(path);
+    }
+    found
+}

@@ -17,6 +17,7 @@ pub mod contract;
 pub mod fold;
 pub mod helm;
 pub mod inputs;
+pub mod kubeconfig;
 pub mod kubectl;
 pub mod outputs;
 pub mod preview;

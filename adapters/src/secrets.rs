@@ -566,7 +566,9 @@ impl UnlinkedFile {
 
 /// Every secret in an event's text replaced by `***`. Sub-change ids are names (resource
 /// addresses, hosts, objects), not values, and the checkpoint's keys: they are left as they are,
-/// so a short secret cannot turn `terraform_data.a1` into another id.
+/// so a short secret cannot turn `terraform_data.a1` into another id. A plain output whose value
+/// holds a secret is not redacted but becomes a sensitive one, its value whole: redacted, it
+/// would reach its consumers as `postgres://app:***@db` as if that were the value.
 pub fn redact_event(event: Event, secrets: &[String]) -> Event {
     let r = |s: String| redact_line(&s, secrets);
     match event {
@@ -584,10 +586,10 @@ pub fn redact_event(event: Event, secrets: &[String]) -> Event {
             values: values
                 .into_iter()
                 .map(|(k, v)| match v {
-                    crate::outputs::OutputValue::Plain(v) => {
-                        (k, crate::outputs::OutputValue::Plain(redact_value(v, secrets)))
+                    crate::outputs::OutputValue::Plain(v) if redact_value(v.clone(), secrets) != v => {
+                        (k, crate::outputs::OutputValue::Sensitive(Secret::new(v)))
                     }
-                    sensitive => (k, sensitive),
+                    other => (k, other),
                 })
                 .collect(),
         },

@@ -36,6 +36,7 @@ impl Setup {
             version: None,
             context: Some("c1".into()),
             kubeconfig: None,
+            cluster_kubeconfig: None,
             wait: Some(true),
             atomic: None,
             force: None,

@@ -191,6 +191,7 @@ async fn one_helm_process_per_apply(major: u32) {
         version: None,
         context: Some("c1".into()),
         kubeconfig: None,
+        cluster_kubeconfig: None,
         wait: Some(true),
         atomic: None,
         force: None,

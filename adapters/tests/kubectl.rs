@@ -39,6 +39,7 @@ impl Setup {
             namespace: None,
             context: Some("c1".into()),
             kubeconfig: None,
+            cluster_kubeconfig: None,
             server_side: None,
             // These tests are about what kubectl applies and recovers; waiting (the default in a
             // stack) has its own test below.

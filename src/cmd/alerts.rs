@@ -65,7 +65,7 @@ pub async fn run(a: &AlertsArgs, global: &Global, ui: Arc<Ui>) -> anyhow::Result
             fs_err::write(path, rules)?;
             ui.info(format!("wrote the fleet alerting rules to {}", path.display()));
         }
-        None => out!("{rules}"),
+        None => out!(ui.out(), "{rules}"),
     }
     Ok(Code::Ok)
 }

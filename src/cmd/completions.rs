@@ -3,6 +3,7 @@
 use clap::Args;
 
 use crate::exit::Code;
+use crate::out::Out;
 
 #[derive(Args)]
 pub struct CompletionsArgs {
@@ -11,10 +12,10 @@ pub struct CompletionsArgs {
     pub shell: clap_complete::Shell,
 }
 
-pub fn run(args: &CompletionsArgs, mut cli: clap::Command) -> anyhow::Result<Code> {
+pub fn run(args: &CompletionsArgs, mut cli: clap::Command, out: &Out) -> anyhow::Result<Code> {
     let CompletionsArgs { shell } = args;
     let mut text = Vec::new();
     clap_complete::generate(*shell, &mut cli, "rdeploy", &mut text);
-    out!("{}", String::from_utf8_lossy(&text));
+    out!(out, "{}", String::from_utf8_lossy(&text));
     Ok(Code::Ok)
 }

@@ -8,6 +8,7 @@ use clap::Args;
 use rdeploy_adapters::CancellationToken;
 
 use crate::exit::{Code, Refusal};
+use crate::redact::Redactor;
 use crate::stack::StackError;
 use crate::store::StateDir;
 use crate::ui::{ColorChoice, Ui};
@@ -51,14 +52,15 @@ impl Global {
     }
 }
 
-/// Loads the stack file, mapping "not found" to a clear bad-input error.
-pub fn load_stack(path: &Path) -> anyhow::Result<stack::Stack> {
+/// Loads the stack file, mapping "not found" to a clear bad-input error; the secrets it marks
+/// join the run's `redactor`.
+pub fn load_stack(path: &Path, redactor: &Redactor) -> anyhow::Result<stack::Stack> {
     if !path.exists() {
         return Err(Refusal::new(Code::BadInput, format!("no stack file at {}", path.display()))
             .with_hint("pass the stack file: `rdeploy up path/to/stack.yaml`")
             .into());
     }
-    let stack = stack::load(path).map_err(|e| match e.downcast::<StackError>() {
+    let stack = stack::load(path, redactor).map_err(|e| match e.downcast::<StackError>() {
         Ok(stack_error) => stack_error.into(),
         Err(other) => Refusal::new(Code::BadInput, format!("{other:#}")).into(),
     });
@@ -80,7 +82,7 @@ fn give_back_freed_memory() {
 
 pub fn session(stack_path: &Path, global: &Global, ui: Arc<Ui>, parallel: usize) -> anyhow::Result<engine::Session> {
     let stack_path = &stack_file_in(stack_path);
-    let stack = load_stack(stack_path)?;
+    let stack = load_stack(stack_path, ui.redactor())?;
     let state = match &global.state_dir {
         Some(dir) => StateDir::new(dir.clone()),
         None => {
@@ -107,6 +109,7 @@ pub fn session(stack_path: &Path, global: &Global, ui: Arc<Ui>, parallel: usize)
     let keep_going = stack.on_failure == stack::OnFailure::Continue;
     let processes = rdeploy_adapters::process::ProcessTracker::in_dir(state.path.join("running"));
     Ok(engine::Session {
+        redactor: ui.redactor().clone(),
         stack: Arc::new(stack),
         store,
         reporters: engine::event::Reporters::new(vec![

@@ -73,7 +73,7 @@ pub enum InventorySource {
     Prometheus,
 }
 
-pub async fn run(a: &InventoryArgs, global: &Global, _ui: Arc<Ui>) -> anyhow::Result<Code> {
+pub async fn run(a: &InventoryArgs, global: &Global, ui: Arc<Ui>) -> anyhow::Result<Code> {
     let request = fleet::InventoryRequest {
         kubeconfig: a.kubeconfig.clone(),
         contexts: a.contexts.clone(),
@@ -103,5 +103,5 @@ pub async fn run(a: &InventoryArgs, global: &Global, _ui: Arc<Ui>) -> anyhow::Re
         },
         html: a.html.clone(),
     };
-    fleet::inventory(&request, &global.state_dir.clone().unwrap_or_else(|| PathBuf::from(".rdeploy"))).await
+    fleet::inventory(&request, &global.state_dir.clone().unwrap_or_else(|| PathBuf::from(".rdeploy")), ui.out()).await
 }

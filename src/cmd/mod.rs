@@ -60,8 +60,9 @@ pub fn present_to(session: &Session, report: &RunReport, finishers: &[&dyn Finis
         })
         .map(|d| report::from_deploy(&session.stack, &session.state, d, &session.stack_arg, None));
     let (text, markdown) = render(session, report, status.as_ref());
-    out!("{text}");
+    out!(session.ui.out(), "{text}");
     if let Some(markdown) = markdown {
+        let markdown = session.redactor.redact_document(&markdown);
         session.state.write_atomic(&session.state.report_path(), markdown.as_bytes())?;
     }
     let code = exit_code(report.outcome);

@@ -13,7 +13,7 @@ use crate::ui::Ui;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use rdeploy_adapters::outputs::{value_text, OutputValue};
+use rdeploy_adapters::outputs::value_text;
 use rdeploy_adapters::Adapter;
 use serde_json::Value;
 
@@ -189,18 +189,14 @@ fn find_step<'a>(deploy: &'a Deploy, name: &str) -> anyhow::Result<&'a StepState
     })
 }
 
-/// The sensitive outputs of a step, read again from its tool's own state.
+/// The outputs of a step, read again from its tool's own state: the caller takes those the
+/// checkpoint records as sensitive (the tool's sensitive ones, and plain ones whose value held
+/// one of the run's secrets, which the tool reports as plain).
 async fn read_again(session: &Session, step: &str) -> anyhow::Result<BTreeMap<String, Value>> {
     let Some(spec) = session.stack.step(step) else { return Ok(BTreeMap::new()) };
     let ctx = session.context(spec, session.cancel.child_token());
     match spec.spec.read_outputs(&ctx).await {
-        Ok(Some(outputs)) => Ok(outputs
-            .into_iter()
-            .filter_map(|(k, v)| match v {
-                OutputValue::Sensitive(s) => Some((k, s.expose().clone())),
-                OutputValue::Plain(_) => None,
-            })
-            .collect()),
+        Ok(Some(outputs)) => Ok(outputs.into_iter().map(|(k, v)| (k, v.value().clone())).collect()),
         Ok(None) => Ok(BTreeMap::new()),
         Err(failure) => Err(Refusal::new(
             Code::BadInput,
@@ -231,6 +227,13 @@ pub async fn run(args: &OutputArgs, global: &Global, ui: Arc<Ui>) -> anyhow::Res
     let OutputArgs { words, json, show_sensitive } = args;
     let target = super::output::Target::from_words(words)?;
     let s = session(&target.stack, global, ui.clone(), 1)?;
-    out!("{}", super::output::render(&s, &target, *json, *show_sensitive).await?);
+    let text = super::output::render(&s, &target, *json, *show_sensitive).await?;
+    if *show_sensitive {
+        // Asked for in clear: a sensitive value that holds one of the stack's secrets (a
+        // connection string with its password) is printed whole, not as `postgres://app:***@..`.
+        ui.out().reveal(&text);
+    } else {
+        out!(ui.out(), "{text}");
+    }
     Ok(Code::Ok)
 }

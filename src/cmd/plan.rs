@@ -37,7 +37,8 @@ pub async fn run(args: &PlanArgs, global: &Global, ui: Arc<Ui>) -> anyhow::Resul
     }
     let plan = s.plan().await?;
     if let Some(path) = out {
-        let digest = planfile::write(path, &planfile::build(&s.stack, &s.stack_file, &s.state.shared, &plan)?)?;
+        let digest =
+            planfile::write(path, &planfile::build(&s.stack, &s.stack_file, &s.state.shared, &plan, &s.redactor)?)?;
         ui.info(format!(
             "saved the plan to {} (sha256:{}); apply it with `rdeploy up {} --plan {}`",
             path.display(),
@@ -47,11 +48,11 @@ pub async fn run(args: &PlanArgs, global: &Global, ui: Arc<Ui>) -> anyhow::Resul
         ));
     }
     if *json {
-        outln!("{}", plan::render_json(&plan)?);
+        outln!(ui.out(), "{}", plan::render_json(&plan)?);
     } else if *markdown {
-        out!("{}", plan::render_markdown(&plan));
+        out!(ui.out(), "{}", plan::render_markdown(&plan));
     } else {
-        out!("{}", plan::render_text(&plan));
+        out!(ui.out(), "{}", plan::render_text(&plan));
     }
     Ok(if *detailed_exitcode && plan.has_changes() { Code::Changes } else { Code::Ok })
 }

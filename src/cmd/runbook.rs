@@ -25,10 +25,11 @@ pub async fn run(args: &RunbookArgs, global: &Global, ui: Arc<Ui>) -> anyhow::Re
     let text = runbook::render(&s.stack, &s.stack_file, &s.stack_arg, s.store.as_ref(), &s.state)?;
     match output {
         Some(path) => {
-            fs_err::write(path, text)?;
+            // Redacted as stdout is: the file is the same runbook.
+            fs_err::write(path, ui.redactor().redact_document(&text))?;
             ui.info(format!("wrote the runbook of stack {} to {}", s.stack.name, path.display()));
         }
-        None => out!("{text}"),
+        None => out!(ui.out(), "{text}"),
     }
     Ok(Code::Ok)
 }

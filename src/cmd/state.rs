@@ -3,6 +3,7 @@
 use clap::Subcommand;
 
 use crate::exit::Code;
+use crate::out::Out;
 use crate::store;
 
 #[derive(Subcommand)]
@@ -31,14 +32,14 @@ pub enum StateCommand {
     },
 }
 
-pub fn run(args: &StateCommand) -> anyhow::Result<Code> {
+pub fn run(args: &StateCommand, out: &Out) -> anyhow::Result<Code> {
     match args {
         StateCommand::Migrate { from, to, stack } => {
-            outln!("{}", store::postgres::transfer::migrate(from, to, stack.as_deref())?);
+            outln!(out, "{}", store::postgres::transfer::migrate(from, to, stack.as_deref())?);
             Ok(Code::Ok)
         }
         StateCommand::Bench { to, sub_changes } => {
-            outln!("{}", store::postgres::bench::run(to, *sub_changes)?);
+            outln!(out, "{}", store::postgres::bench::run(to, *sub_changes)?);
             Ok(Code::Ok)
         }
     }

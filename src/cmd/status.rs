@@ -8,7 +8,7 @@ use clap::Args;
 use super::global::{session, Global};
 use crate::exit::Code;
 use crate::ui::Ui;
-use crate::{out, report, ui};
+use crate::{report, ui};
 
 #[derive(Args)]
 pub struct StatusArgs {
@@ -28,10 +28,10 @@ pub async fn run(args: &StatusArgs, global: &Global, ui: Arc<Ui>) -> anyhow::Res
     let s = session(stack, global, ui.clone(), 1)?;
     let status = report::build(&s.stack, s.store.as_ref(), &s.state, &s.stack_arg)?;
     if *json {
-        out::json(&status)?;
+        ui.out().json(&status)?;
     } else {
         let color = global.color().enabled(std::io::IsTerminal::is_terminal(&std::io::stdout()));
-        out!("{}", report::render_text(&status, ui::Paint { enabled: color }));
+        out!(ui.out(), "{}", report::render_text(&status, ui::Paint { enabled: color }));
     }
     Ok(if *detailed_exitcode { status.exit_code() } else { Code::Ok })
 }

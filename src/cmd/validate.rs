@@ -27,14 +27,14 @@ pub async fn run(args: &ValidateArgs, global: &Global, ui: Arc<Ui>) -> anyhow::R
     if *json {
         return validate_json(stack, global, ui).await;
     }
-    let s = session(stack, global, ui, 1)?;
+    let s = session(stack, global, ui.clone(), 1)?;
     let steps: Vec<&stack::Step> = s.stack.ordered().collect();
     let tools = s.preflight(&steps).await?;
-    outln!("{}: ok, {} in this order:", stack.display(), out::count(steps.len(), "step"));
+    outln!(ui.out(), "{}: ok, {} in this order:", stack.display(), out::count(steps.len(), "step"));
     for step in steps {
         let version = tools.get(&step.name).map(|t| t.version.as_str()).unwrap_or("");
         let resumable = if step.resumable { "resumable" } else { "not resumable" };
-        outln!("  {} ({} {version}, {resumable})", step.name, step.tool);
+        outln!(ui.out(), "  {} ({} {version}, {resumable})", step.name, step.tool);
     }
     Ok(Code::Ok)
 }
@@ -64,7 +64,7 @@ async fn validate_json(stack: &Path, global: &Global, ui: Arc<Ui>) -> anyhow::Re
         (vec![serde_json::json!({ "message": message, "hint": hint })], code)
     };
     let verdict = async {
-        let s = session(stack, global, ui, 1)?;
+        let s = session(stack, global, ui.clone(), 1)?;
         let steps: Vec<&stack::Step> = s.stack.ordered().collect();
         let tools = s.preflight(&steps).await?;
         let steps: Vec<serde_json::Value> = steps
@@ -90,6 +90,6 @@ async fn validate_json(stack: &Path, global: &Global, ui: Arc<Ui>) -> anyhow::Re
             (serde_json::json!({ "valid": false, "file": stack.display().to_string(), "problems": problems }), code)
         }
     };
-    out::json(&value)?;
+    ui.out().json(&value)?;
     Ok(code)
 }

@@ -16,6 +16,7 @@ use rdeploy_adapters::SubStatus;
 
 use crate::checkpoint::{now, Deploy, DeployState, Entry, Record, StepHeader, StepStatus};
 use crate::exit::{Code, Refusal};
+use crate::redact::Redactor;
 use crate::stack::Stack;
 use crate::store::local::JournalGone;
 use crate::store::{JournalWriter, Store};
@@ -41,16 +42,20 @@ pub struct Checkpoint {
     unsynced: bool,
     /// Sub-changes that finished after the checkpoint was deleted (step, id).
     unrecorded: Vec<(String, String)>,
+    /// The run's secrets, redacted from every record before it is written.
+    redactor: Redactor,
 }
 
 impl Checkpoint {
-    /// Starts a new deploy's journal (the caller holds the lock and checked there is none).
-    pub fn create(store: &dyn Store) -> anyhow::Result<Checkpoint> {
+    /// Starts a new deploy's journal (the caller holds the lock and checked there is none);
+    /// every record is redacted with the run's `redactor`.
+    pub fn create(store: &dyn Store, redactor: &Redactor) -> anyhow::Result<Checkpoint> {
         Ok(Checkpoint {
             journal: store.create_journal()?,
             deploy: Deploy::empty(),
             unsynced: false,
             unrecorded: Vec::new(),
+            redactor: redactor.clone(),
         })
     }
 
@@ -58,8 +63,8 @@ impl Checkpoint {
     /// lock, so steps recorded as running were left by a dead run and are settled as failed.
     /// A journal that lost records is refused: what they said is unknown, and going on could
     /// apply completed work again.
-    pub fn resume(store: &dyn Store) -> anyhow::Result<Checkpoint> {
-        let cp = Checkpoint::reopen_as_is(store)?;
+    pub fn resume(store: &dyn Store, redactor: &Redactor) -> anyhow::Result<Checkpoint> {
+        let cp = Checkpoint::reopen_as_is(store, redactor)?;
         if let Some(lost) = cp.journal.lost() {
             return Err(Refusal::new(Code::BadInput, format!("{lost}; nothing was run"))
                 .with_hint(
@@ -72,10 +77,10 @@ impl Checkpoint {
 
     /// Opens the unfinished deploy to close it (`reset`, archiving a finished deploy), even when
     /// its journal is damaged: these only add a record and move it to history.
-    pub fn reopen_as_is(store: &dyn Store) -> anyhow::Result<Checkpoint> {
+    pub fn reopen_as_is(store: &dyn Store, redactor: &Redactor) -> anyhow::Result<Checkpoint> {
         let (journal, mut deploy) = store.open_journal()?;
         deploy.settle_after_load(false);
-        Ok(Checkpoint { journal, deploy, unsynced: false, unrecorded: Vec::new() })
+        Ok(Checkpoint { journal, deploy, unsynced: false, unrecorded: Vec::new(), redactor: redactor.clone() })
     }
 
     pub fn deploy(&self) -> &Deploy {
@@ -87,7 +92,7 @@ impl Checkpoint {
     pub fn record(&mut self, record: Record) -> anyhow::Result<()> {
         // The one place records are written: whatever an adapter or the engine forgot to
         // redact, the run's secrets never reach the journal (nor the snapshot folded from it).
-        let record = record.redacted(crate::out::secrets());
+        let record = record.redacted(&self.redactor);
         let entry = Entry { seq: self.deploy.seq + 1, ts: now(), record };
         tracing::trace!(seq = entry.seq, record = ?entry.record, "journal");
         if let Err(e) = self.journal.append(&entry) {

@@ -139,7 +139,7 @@ impl Session {
                 Err(PreviewError::Failed(f)) => {
                     moved.push(format!(
                         "step `{name}`: cannot read its live state again: {}",
-                        crate::out::secrets().redact(&f.summary)
+                        self.redactor.redact(&f.summary)
                     ));
                 }
             }
@@ -235,6 +235,6 @@ impl Session {
                 None => moved.push(format!("`{key}` is not a reference the plan recorded for this step")),
             }
         }
-        (!moved.is_empty()).then(|| crate::out::secrets().redact(&moved.join("; ")))
+        (!moved.is_empty()).then(|| self.redactor.redact(&moved.join("; ")))
     }
 }

@@ -191,7 +191,7 @@ impl Session {
     ) -> anyhow::Result<StepPlan> {
         // The run's registry holds every secret of the stack (registered when it loaded,
         // and the marked ones read for this step's preview).
-        let redact = |text: &str| crate::out::secrets().redact(text);
+        let redact = |text: &str| self.redactor.redact(text);
         let mut step_plan = StepPlan {
             name: step.name.clone(),
             tool: step.tool,

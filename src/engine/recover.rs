@@ -46,7 +46,7 @@ impl Session {
                 ended: Ended::DryRun { deploy, plan },
             });
         }
-        let mut cp = Checkpoint::resume(self.store.as_ref())?;
+        let mut cp = Checkpoint::resume(self.store.as_ref(), &self.redactor)?;
         let run_id = ulid::Ulid::new().to_string();
         cp.record(Checkpoint::run_record(&self.stack, "recover", &run_id))?;
         for (name, _) in actions.iter().filter(|(name, _)| diff.settings_changed(name)) {

@@ -80,7 +80,7 @@ impl Session {
         // read; again here, which costs nothing), so what the step reports is redacted of it.
         for value in values.values() {
             if let OutputValue::Sensitive(secret) = value {
-                crate::out::secrets().add(secret);
+                self.redactor.add(secret);
             }
         }
         let text = |r: &Reference| values.get(r).map(|v| rdeploy_adapters::outputs::value_text(v.value()));
@@ -93,7 +93,7 @@ impl Session {
             .with_hint("check what the producing steps output (`rdeploy output`) against the keys that use them"),
         });
         // The tool's words about a bad value may quote it.
-        resolved.map_err(|f| crate::out::secrets().redact_failure(f))
+        resolved.map_err(|f| self.redactor.redact_failure(f))
     }
 
     /// A sensitive output never recorded, read again from its producer's own state (and
@@ -108,10 +108,15 @@ impl Session {
                 let mut vault = self.sensitive.lock().unwrap_or_else(|e| e.into_inner());
                 let entry = vault.entry(reference.step.clone()).or_default();
                 for (key, value) in outputs {
-                    if let OutputValue::Sensitive(secret) = value {
-                        crate::out::secrets().add(&secret);
-                        entry.insert(key, secret);
-                    }
+                    let secret = match value {
+                        OutputValue::Sensitive(secret) => secret,
+                        // Recorded as sensitive because its value held one of the run's secrets:
+                        // the tool calls it plain, and the value is a secret all the same.
+                        OutputValue::Plain(value) if key == reference.key => Secret::new(value),
+                        OutputValue::Plain(_) => continue,
+                    };
+                    self.redactor.add(&secret);
+                    entry.insert(key, secret);
                 }
             }
             Ok(None) => {}

@@ -57,7 +57,7 @@ impl Session {
         let Some(script) = &step.revert else { return Ok(Outcome::StepReverted) };
         // A revert must finish even after Ctrl-C or a journal error: a half-reverted step is the third outcome.
         let journal = StepJournal::new(step.name.clone(), cp.clone(), CancellationToken::new());
-        let sink = StepSink::new(journal, self.sensitive.clone(), self.reporters.clone());
+        let sink = StepSink::new(journal, self.sensitive.clone(), self.reporters.clone(), self.redactor.clone());
         let (_, ctx, read) = self.resolved(step, CancellationToken::new());
         let reverted = match read {
             Ok(()) => shell::run_revert(&ctx, script, &sink).await,
@@ -70,7 +70,7 @@ impl Session {
                 Ok(Outcome::StepReverted)
             }
             Err(failure) => {
-                let failure = crate::out::secrets().redact_failure(failure);
+                let failure = self.redactor.redact_failure(failure);
                 self.step_ended(&step.name, StepEnd::RevertFailed { summary: failure.summary.clone() });
                 cp.record(Record::StepRevertFailed { step: step.name.clone(), failure })?;
                 Ok(Outcome::RevertFailed)
@@ -125,7 +125,7 @@ impl Session {
             {
                 return Ok(RunReport::new(Outcome::Complete, Ended::NothingToRevert(Some(deploy))));
             }
-            let mut cp = Checkpoint::resume(self.store.as_ref())?;
+            let mut cp = Checkpoint::resume(self.store.as_ref(), &self.redactor)?;
             cp.record(Checkpoint::run_record(&self.stack, "revert", &ulid::Ulid::new().to_string()))?;
             cp
         } else {
@@ -138,7 +138,7 @@ impl Session {
                 return Ok(RunReport::new(Outcome::Complete, Ended::NothingToRevert(Some(last))));
             }
             // Re-open the finished deploy as a new journal so the revert itself is checkpointed.
-            let mut cp = Checkpoint::create(self.store.as_ref())?;
+            let mut cp = Checkpoint::create(self.store.as_ref(), &self.redactor)?;
             cp.record(Checkpoint::run_record(&self.stack, "revert", &ulid::Ulid::new().to_string()))?;
             let mut done: Vec<_> = last.steps.iter().filter(|s| s.status == StepStatus::Done).collect();
             done.sort_by_key(|s| s.done_seq);
@@ -176,7 +176,7 @@ impl Session {
             archived?;
             return Ok(RunReport::new(Outcome::Complete, Ended::NothingToReset));
         }
-        let mut cp = match Checkpoint::reopen_as_is(self.store.as_ref()) {
+        let mut cp = match Checkpoint::reopen_as_is(self.store.as_ref(), &self.redactor) {
             Ok(cp) => cp,
             Err(e) => {
                 let kept = self.store.retire_unfinished()?;

@@ -277,7 +277,7 @@ impl Session {
         };
         let applied = run.converging.as_ref().map(|c| c.applied.clone());
         let journal = StepJournal::new(name.clone(), cp.clone(), ctx.cancel.clone());
-        let sink = StepSink::new(journal, self.sensitive.clone(), self.reporters.clone());
+        let sink = StepSink::new(journal, self.sensitive.clone(), self.reporters.clone(), self.redactor.clone());
         // 0700: the tools' files in it (terraform's saved plan) are nobody else's to read.
         self.state.create_dir(&ctx.work_dir)?;
         let attempts = Attempts {

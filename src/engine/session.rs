@@ -14,6 +14,7 @@ use super::outputs::SensitiveOutputs;
 use crate::adapter::StepAdapter;
 use crate::checkpoint::{Deploy, DeployState, StepStatus};
 use crate::exit::{Code, Refusal};
+use crate::redact::Redactor;
 use crate::stack::{Stack, Step};
 use crate::store::local::StateDir;
 use crate::store::{LockGuard, Store};
@@ -27,6 +28,9 @@ pub struct Session {
     /// Local scratch: logs, adapters' work dirs, the report (the store may be remote).
     pub state: StateDir,
     pub ui: Arc<Ui>,
+    /// The run's secrets: handed to the adapters (`StepContext::secrets`), the journal, the step
+    /// sinks; the same set the `ui` writes stderr and stdout with.
+    pub redactor: Redactor,
     /// Who is told what happens as the run goes (the progress display, the step logs).
     pub reporters: Reporters,
     /// The stack file as the operator typed it, followed by the flags that locate its state
@@ -98,7 +102,7 @@ impl Session {
             processes: self.processes.clone(),
             force: self.force,
             reapply_missing: self.reapply_missing,
-            secrets: crate::out::secrets().clone(),
+            secrets: self.redactor.registry().clone(),
             started_by: Default::default(),
         }
     }
@@ -373,7 +377,7 @@ impl Session {
     pub(super) fn archive_if_finished(&self) -> anyhow::Result<()> {
         if let Some(deploy) = self.store.load_unfinished()? {
             if deploy.state != DeployState::Partial {
-                Checkpoint::reopen_as_is(self.store.as_ref())?.archive_finished()?;
+                Checkpoint::reopen_as_is(self.store.as_ref(), &self.redactor)?.archive_finished()?;
             }
         }
         Ok(())

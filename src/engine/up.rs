@@ -60,7 +60,7 @@ impl Session {
         let early =
             if self.force_apply || self.from_plan.is_some() { HashMap::new() } else { self.early_previews().await };
         let ran = async {
-            let mut cp = Checkpoint::create(self.store.as_ref())?;
+            let mut cp = Checkpoint::create(self.store.as_ref(), &self.redactor)?;
             let run_id = ulid::Ulid::new().to_string();
             cp.record(Checkpoint::run_record(&self.stack, "up", &run_id))?;
             if let Some(loaded) = &self.from_plan {

@@ -51,9 +51,9 @@ fn bad_input(message: impl Into<String>) -> anyhow::Error {
     Refusal::new(Code::BadInput, message).into()
 }
 
-/// Runs the inventory and prints the report. Exit 0, or 1 when an SLO objective is breached
-/// (so CI fails), or 2 on bad input.
-pub async fn inventory(req: &InventoryRequest, state_dir: &Path) -> anyhow::Result<Code> {
+/// Runs the inventory and prints the report on the run's stdout `out`. Exit 0, or 1 when an
+/// SLO objective is breached (so CI fails), or 2 on bad input.
+pub async fn inventory(req: &InventoryRequest, state_dir: &Path, out: &crate::out::Out) -> anyhow::Result<Code> {
     let objectives = req.slo.as_deref().map(slo::parse).transpose().map_err(|e| bad_input(format!("`--slo`: {e}")))?;
     let selector =
         Selector::parse(req.selector.as_deref().unwrap_or("")).map_err(|e| bad_input(format!("`--selector`: {e}")))?;
@@ -139,11 +139,11 @@ pub async fn inventory(req: &InventoryRequest, state_dir: &Path) -> anyhow::Resu
         eprintln!("wrote the fleet dashboard to {}", path.display());
     }
     if req.json {
-        outln!("{}", serde_json::to_string_pretty(&report)?);
+        outln!(out, "{}", serde_json::to_string_pretty(&report)?);
     } else if req.markdown {
-        out!("{}", report.render_markdown());
+        out!(out, "{}", report.render_markdown());
     } else {
-        out!("{}", report.render_text());
+        out!(out, "{}", report.render_text());
     }
     if report.slo_breached() {
         let breached: Vec<String> =

@@ -520,12 +520,14 @@ impl Runner<'_> {
     /// when an earlier run started it there, else `apply`. The note for the done record.
     /// `started` is set once the tool starts changing the cluster in this run.
     async fn apply(&self, m: &Member, started: &AtomicBool) -> Result<(String, bool), Failure> {
-        let spec = spec_for_cluster(&self.r.step.spec, &m.name);
+        let mut spec = spec_for_cluster(&self.r.step.spec, &m.name);
         let mut ctx = self.r.ctx.clone();
         ctx.work_dir = self.r.ctx.work_dir.join("clusters").join(&m.name);
         if let Err(e) = std::fs::create_dir_all(&ctx.work_dir) {
             return Err(Failure::new(format!("cannot create {}: {e}", ctx.work_dir.display())));
         }
+        // Held until the tool is done with this cluster.
+        let _own_kubeconfig = spec.use_own_kubeconfig(&ctx, &m.name);
         let prior_fact = self.r.prior.facts.get(&cluster_fact(&m.name)).and_then(Value::as_object).cloned();
         ctx.started_by = BTreeMap::new();
         if let (Some(by), Some(inner)) = (

@@ -64,6 +64,11 @@ pub struct HelmSpec {
     pub context: Option<String>,
     /// A kubeconfig file, relative to the stack file (default: `KUBECONFIG` or `~/.kube/config`).
     pub kubeconfig: Option<PathBuf>,
+    /// The file this cluster's tool reads instead, holding only its context (a fleet step's
+    /// cluster: see [`crate::kubeconfig`]). Not a stack key; messages and runbooks name
+    /// `kubeconfig`, the user's file.
+    #[serde(skip)]
+    pub cluster_kubeconfig: Option<PathBuf>,
     /// Wait until the release's resources are ready (`--wait`; `--wait=watcher` on helm 4);
     /// the default. rdeploy then checks every workload of the release itself (helm 3's `--wait`
     /// passes a DaemonSet with pods not ready up to its `maxUnavailable`).
@@ -165,11 +170,20 @@ impl HelmSpec {
         if let Some(c) = &self.context {
             args.extend(["--kube-context".to_string(), c.clone()]);
         }
-        if let Some(k) = &self.kubeconfig {
-            let path = ctx.map(|c| c.resolve(k)).unwrap_or_else(|| k.clone());
+        if let Some(path) = self.kubeconfig_arg(ctx) {
             args.extend(["--kubeconfig".to_string(), path.to_string_lossy().into_owned()]);
         }
         args
+    }
+
+    /// The `--kubeconfig` a helm or kubectl call gets: running (`ctx`), the cluster's own file
+    /// when the rollout made one, else the step's `kubeconfig`; in a runbook, the step's as
+    /// written.
+    pub(crate) fn kubeconfig_arg(&self, ctx: Option<&StepContext>) -> Option<PathBuf> {
+        match ctx {
+            Some(ctx) => self.cluster_kubeconfig.clone().or_else(|| self.kubeconfig.as_ref().map(|k| ctx.resolve(k))),
+            None => self.kubeconfig.clone(),
+        }
     }
 
     /// `upgrade --install R CHART ...` with the flags of helm `major`.
@@ -1668,6 +1682,7 @@ mod tests {
             version: None,
             context: Some("c1".into()),
             kubeconfig: None,
+            cluster_kubeconfig: None,
             wait: Some(true),
             atomic: Some(true),
             force: None,

@@ -342,8 +342,8 @@ impl HelmSpec {
 
     fn kubectl_cluster_args(&self, ctx: &StepContext) -> Vec<String> {
         let mut args = Vec::new();
-        if let Some(k) = &self.kubeconfig {
-            args.extend(["--kubeconfig".to_string(), ctx.resolve(k).to_string_lossy().into_owned()]);
+        if let Some(path) = self.kubeconfig_arg(Some(ctx)) {
+            args.extend(["--kubeconfig".to_string(), path.to_string_lossy().into_owned()]);
         }
         if let Some(c) = &self.context {
             args.extend(["--context".to_string(), c.clone()]);

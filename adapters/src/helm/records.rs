@@ -25,6 +25,7 @@ use serde_json::Value;
 use tracing::instrument::WithSubscriber as _;
 
 use super::state::{ReleaseStatus, Revision, Status, StatusInfo};
+use crate::kubeconfig::{seen, Seen};
 use crate::StepContext;
 
 /// Where helm keeps its release records (`HELM_DRIVER`).
@@ -120,16 +121,7 @@ impl Records {
         if let Some(key) = HELM_CLUSTER_OVERRIDES.iter().find(|k| env(k).is_some()) {
             return Err(format!("`{key}` is set"));
         }
-        let files: Vec<PathBuf> = match (kubeconfig, env("KUBECONFIG")) {
-            (Some(file), _) => vec![file],
-            (None, Some(list)) => {
-                std::env::split_paths(&list).filter(|p| !p.as_os_str().is_empty()).map(|p| ctx.resolve(&p)).collect()
-            }
-            (None, None) => {
-                let home = env("HOME").ok_or("no `HOME` to find `~/.kube/config` in")?;
-                vec![PathBuf::from(home).join(".kube").join("config")]
-            }
-        };
+        let files = crate::kubeconfig::files(kubeconfig.as_deref(), ctx)?;
         let kubeconfig = load_kubeconfig(&files)?;
         let context = context
             .map(str::to_string)
@@ -408,18 +400,6 @@ pub fn only_context(kubeconfig: &Kubeconfig, context: &str) -> Kubeconfig {
         kind: kubeconfig.kind.clone(),
         api_version: kubeconfig.api_version.clone(),
     }
-}
-
-/// A kubeconfig file as last seen: its inode, length, modification and change times (to the
-/// nanosecond), or none where it is missing. An in-place rewrite of the same length within the
-/// clock's granularity (`kubectl config use-context` between names of one length) still moves
-/// the change time, and a file replaced by rename has another inode.
-type Seen = Option<(u64, u64, i64, i64, i64, i64)>;
-
-fn seen(file: &std::path::Path) -> Seen {
-    use std::os::unix::fs::MetadataExt as _;
-    let m = std::fs::metadata(file).ok()?;
-    Some((m.ino(), m.len(), m.mtime(), m.mtime_nsec(), m.ctime(), m.ctime_nsec()))
 }
 
 /// The kubeconfig files merged (as kubectl merges `KUBECONFIG`; missing files skipped), parsed

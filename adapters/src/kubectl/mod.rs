@@ -44,6 +44,11 @@ pub struct KubectlSpec {
     pub context: Option<String>,
     /// A kubeconfig file, relative to the stack file (default: `KUBECONFIG` or `~/.kube/config`).
     pub kubeconfig: Option<PathBuf>,
+    /// The file this cluster's tool reads instead, holding only its context (a fleet step's
+    /// cluster: see [`crate::kubeconfig`]). Not a stack key; messages and runbooks name
+    /// `kubeconfig`, the user's file.
+    #[serde(skip)]
+    pub cluster_kubeconfig: Option<PathBuf>,
     pub server_side: Option<bool>,
     /// Wait for every Deployment, StatefulSet and DaemonSet to roll out (`kubectl rollout
     /// status`); the default. rdeploy then checks every applied workload (Jobs included) itself.
@@ -178,9 +183,12 @@ impl KubectlSpec {
     /// `--kubeconfig K --context C`, as every kubectl call gets them.
     fn cluster_args(&self, ctx: Option<&StepContext>) -> Vec<String> {
         let mut args = Vec::new();
-        if let Some(k) = &self.kubeconfig {
+        // Running, the cluster's own file when the rollout made one (see `crate::kubeconfig`).
+        let running = ctx.and_then(|_| self.cluster_kubeconfig.clone());
+        if let Some(path) =
+            running.or_else(|| self.kubeconfig.as_ref().map(|k| ctx.map_or_else(|| k.clone(), |c| c.resolve(k))))
+        {
             args.push("--kubeconfig".into());
-            let path = ctx.map(|c| c.resolve(k)).unwrap_or_else(|| k.clone());
             args.push(path.to_string_lossy().into_owned());
         }
         if let Some(c) = &self.context {
@@ -1135,6 +1143,7 @@ mod tests {
             namespace: None,
             context: Some("c1".into()),
             kubeconfig: None,
+            cluster_kubeconfig: None,
             server_side: None,
             wait: Some(true),
             binary: None,

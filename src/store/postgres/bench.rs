@@ -22,7 +22,7 @@ pub fn run(to: &str, sub_changes: usize) -> anyhow::Result<String> {
         Box::new(LocalStore::at_path(std::path::Path::new(to).join(&stack)))
     };
     let lock = store.lock("state bench").map_err(|e| anyhow::anyhow!("{e}"))?;
-    let mut cp = Checkpoint::create(store.as_ref())?;
+    let mut cp = Checkpoint::create(store.as_ref(), &Default::default())?;
     cp.record(Record::Run {
         run_id,
         command: "state bench".into(),
