@@ -443,11 +443,41 @@ fn failure_text(s: &StepReport) -> String {
 }
 
 /// `file`, relative to the stack file's directory, as a path from where the stack file was
-/// named (`deploy/stack.yaml` and `k8s/app.yaml` -> `deploy/k8s/app.yaml`).
+/// named (`deploy/stack.yaml` and `k8s/app.yaml` -> `deploy/k8s/app.yaml`), without `.` or a
+/// `..` that a name before it takes back (`./stack.yaml` and `m/x.yaml` -> `m/x.yaml`): GitHub
+/// matches an annotation's file by its path in the checkout as it is.
 fn stack_relative(stack_file: &str, file: &str) -> String {
-    match Path::new(stack_file).parent().filter(|p| !p.as_os_str().is_empty()) {
-        Some(dir) if !Path::new(file).is_absolute() => dir.join(file).to_string_lossy().into_owned(),
-        _ => file.to_string(),
+    let file = Path::new(file);
+    let joined = match Path::new(stack_file).parent() {
+        Some(dir) if !file.is_absolute() => dir.join(file),
+        _ => file.to_path_buf(),
+    };
+    lexically_clean(&joined).to_string_lossy().into_owned()
+}
+
+/// `path` without `.` and with each `..` taking back the name before it, read as text only (no
+/// file system: the path names a file in the checkout, wherever rdeploy runs). A `..` with no
+/// name before it stays (`../shared/x.yaml`); one right after the root is the root.
+fn lexically_clean(path: &Path) -> PathBuf {
+    use std::path::Component;
+    let mut out: Vec<Component<'_>> = Vec::new();
+    for part in path.components() {
+        match part {
+            Component::CurDir => {}
+            Component::ParentDir => match out.last() {
+                Some(Component::Normal(_)) => {
+                    out.pop();
+                }
+                Some(Component::RootDir | Component::Prefix(_)) => {}
+                _ => out.push(part),
+            },
+            _ => out.push(part),
+        }
+    }
+    if out.is_empty() {
+        PathBuf::from(".")
+    } else {
+        out.iter().collect()
     }
 }
 
@@ -700,5 +730,22 @@ mod tests {
         let xml = junit_text(&report);
         assert!(xml.contains(r#"message="a&lt;b &amp; &quot;c&quot; red bell""#), "{xml}");
         assert!(!xml.contains('\u{1b}') && !xml.contains('\u{7}'), "{xml}");
+    }
+
+    /// An annotation names its file as the checkout has it: from the stack file's directory,
+    /// without `./` and without a `..` that a name before it takes back.
+    #[test]
+    fn an_annotations_file_is_named_without_dot_segments() {
+        assert_eq!(stack_relative("deploy/stack.yaml", "k8s/app.yaml"), "deploy/k8s/app.yaml");
+        assert_eq!(stack_relative("stack.yaml", "m/x.yaml"), "m/x.yaml");
+        assert_eq!(stack_relative("./stack.yaml", "m/x.yaml"), "m/x.yaml");
+        assert_eq!(stack_relative("stack.yaml", "./m/x.yaml"), "m/x.yaml");
+        assert_eq!(stack_relative("a/../stack.yaml", "m/x.yaml"), "m/x.yaml");
+        assert_eq!(stack_relative("stack.yaml", "a/../m/x.yaml"), "m/x.yaml");
+        assert_eq!(stack_relative("deploy/./stack.yaml", "../m/./x.yaml"), "m/x.yaml");
+        assert_eq!(stack_relative("stack.yaml", "../shared/x.yaml"), "../shared/x.yaml");
+        assert_eq!(stack_relative("../deploy/stack.yaml", "../../x.yaml"), "../../x.yaml");
+        assert_eq!(stack_relative("deploy/stack.yaml", "/srv/./k8s/../x.yaml"), "/srv/x.yaml");
+        assert_eq!(stack_relative("stack.yaml", "/../x.yaml"), "/x.yaml");
     }
 }

@@ -992,6 +992,34 @@ fn help_lists_one_line_per_command_and_every_flag_has_text() {
     assert!(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/plan.md").is_file());
 }
 
+/// `inventory` and `alerts` take the fleet's scope flags from one definition: each flag reads
+/// the same in both commands' help, and says what it defaults to.
+#[test]
+fn inventory_and_alerts_describe_their_scope_flags_alike() {
+    let p = Project::new();
+    // A flag's text, its words joined by single spaces: on the flag's line or under it, up to
+    // the next flag or a blank line (columns differ between commands).
+    let flag_text = |help: &str, flag: &str| -> String {
+        let mut lines = help.lines().skip_while(|l| !l.trim_start().starts_with(&format!("{flag} ")));
+        let first = lines.next().unwrap_or_else(|| panic!("`{flag}` is not listed:\n{help}"));
+        let rest = lines.take_while(|l| !l.trim().is_empty() && !l.trim_start().starts_with('-'));
+        std::iter::once(first).chain(rest).flat_map(str::split_whitespace).collect::<Vec<_>>().join(" ")
+    };
+    let inventory = p.rdeploy(&["inventory", "--help"]);
+    inventory.code(0);
+    let alerts = p.rdeploy(&["alerts", "--help"]);
+    alerts.code(0);
+    for (flag, says) in [
+        ("--kubeconfig", "(default: `$KUBECONFIG`, else `~/.kube/config`)"),
+        ("--contexts", "(default: every cluster of the fleet file, else every context)"),
+        ("--fleet", "its clusters are the fleet"),
+    ] {
+        let text = flag_text(&inventory.stdout, flag);
+        assert!(text.contains(says), "`inventory {flag}`: {text}");
+        assert_eq!(text, flag_text(&alerts.stdout, flag), "`{flag}` reads differently in `alerts --help`");
+    }
+}
+
 /// `--no-color` is `--color never`; `validate --json` gives editors and CI every problem with
 /// its place, or the steps; `validate DIR` reads `DIR/stack.yaml`.
 #[test]

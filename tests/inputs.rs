@@ -105,6 +105,30 @@ fn subcharts_are_found_by_their_own_chart_name_as_helm_finds_them() {
     );
 }
 
+/// A packaged chart that an earlier step makes (`helm package`) may be named as a path,
+/// `./web-0.1.0.tgz`, as it may bare: `validate` passes before the archive exists, and `up`
+/// packages the chart, then installs the archive with the real helm.
+#[test]
+fn a_packaged_chart_an_earlier_step_makes_is_installed_by_its_path() {
+    let sim = kubesim::testing::Kubesim::start("c1");
+    let mut p = Project::new();
+    for (k, v) in sim.env() {
+        p.env(&k, &v);
+    }
+    p.env("HELM_BIN", &helm_bin(3).to_string_lossy());
+    p.file("web/Chart.yaml", "apiVersion: v2\nname: web\nversion: 0.1.0\n");
+    p.file("web/templates/cm.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: web}\n");
+    p.stack(&format!(
+        "name: app\nsteps:\n  - name: pack\n    tool: shell\n    run: '\"$HELM_BIN\" package ./web'\n  - name: web\n    tool: helm\n    needs: [pack]\n    release: web\n    chart: ./web-0.1.0.tgz\n    namespace: shop\n    context: c1\n    binary: {}\n",
+        helm_bin(3).display()
+    ));
+    p.rdeploy(&["validate"]).code(0);
+    assert!(!p.path("web-0.1.0.tgz").exists(), "validate packaged nothing");
+    p.rdeploy(&["up"]).code(0);
+    assert!(p.path("web-0.1.0.tgz").is_file());
+    assert_eq!(sim.kubectl_ok(&["get", "configmap", "web", "-n", "shop", "-o", "jsonpath={.metadata.name}"]), "web");
+}
+
 /// Manifests rdeploy cannot split into objects are found by `validate` from their text, with
 /// no cluster (none is running here): YAML that does not parse, documents without `kind` or
 /// `metadata.name` (a `generateName` one), a `*List` without `items` and one whose `items` is

@@ -240,6 +240,20 @@ pub trait Adapter: Sync {
 
     /// The runbook section for this step: exact commands an operator would type.
     fn describe_recovery(&self, ctx: &DescribeContext<'_>, prior: Option<&PriorStep>) -> RecoveryDoc;
+
+    /// Where the step's keys hold shell lines (a shell step's `run` and `check`, and those of
+    /// each `sub_changes` entry), as paths of keys with `*` for any entry of a list. A value a
+    /// reference brings into such a line reaches the shell through its environment, never in
+    /// its text. The default: the tool runs no shell line of the stack's.
+    fn shell_line_keys(&self) -> &'static [&'static [&'static str]] {
+        &[]
+    }
+
+    /// The kube context the step names itself (`context:`), for a tool that talks to a
+    /// cluster: a fleet step takes its clusters from `contexts` instead. The default: none.
+    fn own_context(&self) -> Option<&str> {
+        None
+    }
 }
 
 /// The Kubernetes cluster a step targets ([`Adapter::kube_target`]).

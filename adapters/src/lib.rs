@@ -23,6 +23,7 @@ pub mod outputs;
 pub mod preview;
 pub mod private;
 pub mod process;
+pub mod redact;
 pub mod registry;
 pub mod secrets;
 pub mod shell;

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-pub use crate::secrets::Secret;
+pub use crate::redact::Secret;
 
 /// One output as its producer reported it.
 #[derive(Clone, Debug, PartialEq)]

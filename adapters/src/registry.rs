@@ -12,7 +12,7 @@ use crate::contract::{
 };
 use crate::preview::{Preview, PreviewError};
 use crate::secrets::{Marked, Registry, RegistrySink, SecretError};
-use crate::{ansible, helm, kubectl, shell, terraform};
+use crate::{ansible, helm, kubectl, shell, terraform, yaml};
 
 /// The tools rdeploy drives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -79,6 +79,12 @@ impl Tool {
             Tool::Kubectl => "objects",
             Tool::Shell => "declared sub-changes",
         }
+    }
+
+    /// Whether a step of this tool can run once per cluster of a fleet (`contexts:`,
+    /// `fleet:`): the tools that talk to a Kubernetes cluster.
+    pub fn runs_per_cluster(self) -> bool {
+        matches!(self, Tool::Helm | Tool::Kubectl)
     }
 }
 
@@ -213,6 +219,19 @@ impl ToolSpec {
             Tool::Shell => shell::ShellSpec::KEYS,
         }
     }
+
+    /// A tool's spec from its own keys (the step's mapping without the common keys). serde
+    /// reads a scalar as a number or a boolean only from a [`yaml::coercible`] node, so the
+    /// caller passes one; the values as written go to [`Adapter::typed_values_mut`] afterwards.
+    pub fn decode(tool: Tool, node: &yaml::Node) -> Result<ToolSpec, yaml::DecodeError> {
+        match tool {
+            Tool::Terraform => yaml::from_node(node).map(ToolSpec::Terraform),
+            Tool::Ansible => yaml::from_node(node).map(ToolSpec::Ansible),
+            Tool::Helm => yaml::from_node(node).map(ToolSpec::Helm),
+            Tool::Kubectl => yaml::from_node(node).map(ToolSpec::Kubectl),
+            Tool::Shell => yaml::from_node(node).map(ToolSpec::Shell),
+        }
+    }
 }
 
 impl Adapter for ToolSpec {
@@ -319,5 +338,12 @@ impl Adapter for ToolSpec {
 
     fn describe_recovery(&self, ctx: &DescribeContext<'_>, prior: Option<&PriorStep>) -> RecoveryDoc {
         dispatch!(self, s => s.describe_recovery(ctx, prior))
+    }
+    fn shell_line_keys(&self) -> &'static [&'static [&'static str]] {
+        dispatch!(self, s => s.shell_line_keys())
+    }
+
+    fn own_context(&self) -> Option<&str> {
+        dispatch!(self, s => s.own_context())
     }
 }

@@ -8,7 +8,9 @@
 //!
 //! The API other modules use:
 //! - [`Secret`]: a secret value. Its `Debug` prints `***` and it has no `Serialize`, so it cannot
-//!   reach a journal, a report or a log by accident; [`Secret::expose`] is the one way in.
+//!   reach a journal, a report or a log by accident; [`Secret::expose`] is the one way in. It
+//!   lives in [`crate::redact`] with the other plain pieces (secret names, [`redact_line`]), which
+//!   `outputs` and `process` use too; this module re-exports them.
 //! - [`Marked`] and [`SecretSource`]: a value the stack marks secret, where it comes from, and
 //!   (once [`Marked::resolve`]d when the step runs) its [`Secret`].
 //! - [`Registry`]: the run's set of values never to write. Cloning it shares it. Whatever learns
@@ -29,35 +31,8 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
 
-pub use crate::process::redact_line;
+pub use crate::redact::{env_secrets, is_secret_name, normalize, redact_line, Secret};
 use crate::{Event, EventSink, Failure};
-
-/// A secret value. `Debug` and `Display` print `***`; there is no `Serialize`.
-#[derive(Clone, PartialEq)]
-pub struct Secret(Value);
-
-impl Secret {
-    pub fn new(value: Value) -> Secret {
-        Secret(value)
-    }
-
-    /// The value itself, for the tool (a 0600 file, its environment): never for text rdeploy writes.
-    pub fn expose(&self) -> &Value {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Secret(***)")
-    }
-}
-
-impl fmt::Display for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("***")
-    }
-}
 
 /// Where a value the stack marks secret comes from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -282,60 +257,6 @@ impl Registry {
     }
 }
 
-/// Word parts that make a name secret on their own (`API_KEY`, `db-password`, `GITHUB_TOKEN`).
-const SECRET_WORDS: &[&str] = &["password", "passwd", "pwd", "token", "secret", "key", "credential", "apikey"];
-/// Word-part endings that make a name secret (`dbpassword`, `accesstoken`, `clientsecret`); `key`
-/// is not one of them, so `MONKEY` and `KEYBOARD_LAYOUT` stay plain.
-const SECRET_ENDINGS: &[&str] = &["password", "passwd", "token", "secret", "credential", "apikey"];
-
-/// Whether a variable or key name says its value is secret. The name is split into word parts
-/// at `_`, `-`, `.`, `/` and lower-to-upper case changes (`dbPassword`), and a part matches when
-/// it is one of the secret words (or its plural) or ends with one of the long ones.
-pub fn is_secret_name(name: &str) -> bool {
-    word_parts(name).iter().any(|part| {
-        let singular = part.strip_suffix('s').unwrap_or(part);
-        SECRET_WORDS.contains(&part.as_str())
-            || SECRET_WORDS.contains(&singular)
-            || SECRET_ENDINGS.iter().any(|end| part.ends_with(end) || singular.ends_with(end))
-    })
-}
-
-fn word_parts(name: &str) -> Vec<String> {
-    let mut parts = Vec::new();
-    let mut current = String::new();
-    let mut prev_lower = false;
-    for c in name.chars() {
-        if !c.is_alphanumeric() {
-            if !current.is_empty() {
-                parts.push(std::mem::take(&mut current));
-            }
-            prev_lower = false;
-            continue;
-        }
-        if c.is_uppercase() && prev_lower && !current.is_empty() {
-            parts.push(std::mem::take(&mut current));
-        }
-        prev_lower = c.is_lowercase() || c.is_ascii_digit();
-        current.extend(c.to_lowercase());
-    }
-    if !current.is_empty() {
-        parts.push(current);
-    }
-    parts
-}
-
-/// The values of the `env` entries whose name is secret. A name alone does not make a setting a
-/// secret: a number, a boolean word or a value under four characters (`TOKEN_TTL: "60"`) is left
-/// in clear, since redacting it everywhere would corrupt the tools' own output.
-pub fn env_secrets(env: &BTreeMap<String, String>) -> Vec<String> {
-    env.iter().filter(|(k, v)| is_secret_name(k) && plausible_secret(v)).map(|(_, v)| v.clone()).collect()
-}
-
-fn plausible_secret(value: &str) -> bool {
-    let lower = value.trim().to_ascii_lowercase();
-    lower.len() >= 4 && lower.parse::<f64>().is_err() && !matches!(lower.as_str(), "true" | "false" | "null")
-}
-
 /// Every string a typed value holds: the value as terraform or a tool would print it whole, and
 /// each string inside a map or list, so a secret map is redacted in any rendering.
 pub fn value_strings(value: &serde_json::Value) -> Vec<String> {
@@ -353,15 +274,6 @@ pub fn value_strings(value: &serde_json::Value) -> Vec<String> {
         other => out.push(other.to_string()),
     }
     out
-}
-
-/// Secrets ready for redaction: no empty ones, no duplicates, longest first so a secret that
-/// contains another is replaced whole.
-pub fn normalize(mut secrets: Vec<String>) -> Vec<String> {
-    secrets.retain(|s| !s.is_empty());
-    secrets.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
-    secrets.dedup();
-    secrets
 }
 
 /// Whether a helm `set` path or an ansible extra var names a secret: any dotted part does
@@ -650,46 +562,6 @@ impl EventSink for RedactingSink<'_> {
 mod tests {
     use super::*;
     use crate::Adapter;
-
-    #[test]
-    fn secret_names_are_word_parts() {
-        for name in [
-            "API_KEY",
-            "DB_PASSWORD",
-            "GITHUB_TOKEN",
-            "client-secret",
-            "db.password",
-            "dbPassword",
-            "AWS_SECRET_ACCESS_KEY",
-            "ssh_keys",
-            "ACCESSTOKEN",
-            "MYSQL_PWD",
-            "credentials",
-            "PGPASSWORD",
-        ] {
-            assert!(is_secret_name(name), "{name} should be secret");
-        }
-        for name in ["KEYBOARD_LAYOUT", "MONKEY", "enabled", "region", "TOKENIZER_MODE", "HOME", "replicas", "passage"]
-        {
-            assert!(!is_secret_name(name), "{name} should be plain");
-        }
-    }
-
-    #[test]
-    fn env_secrets_take_only_secret_names() {
-        let env: BTreeMap<String, String> = [
-            ("DB_PASSWORD", "pw-1234"),
-            ("REGION", "eu"),
-            ("API_KEY", "k2-abcd"),
-            // Settings with a secret-sounding name: a number, a boolean, a tiny value.
-            ("TOKEN_TTL", "60"),
-            ("USE_TOKEN", "true"),
-            ("SECRET_MODE", "on"),
-        ]
-        .map(|(k, v)| (k.into(), v.into()))
-        .into();
-        assert_eq!(normalize(env_secrets(&env)), vec!["k2-abcd".to_string(), "pw-1234".to_string()]);
-    }
 
     #[test]
     fn a_boolean_or_number_under_a_secret_key_is_no_secret() {

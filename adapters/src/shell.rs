@@ -488,6 +488,10 @@ impl Adapter for ShellSpec {
         }
         paths
     }
+
+    fn shell_line_keys(&self) -> &'static [&'static [&'static str]] {
+        &[&["run"], &["check"], &["sub_changes", "*", "run"], &["sub_changes", "*", "check"]]
+    }
 }
 
 /// Whether `path` is a script: named as one, or executable.

@@ -6,21 +6,15 @@ use std::sync::Arc;
 use clap::Args;
 
 use super::global::Global;
+use super::scope::ScopeArgs;
 use crate::exit::Code;
 use crate::fleet;
 use crate::ui::Ui;
 
 #[derive(Args)]
 pub struct AlertsArgs {
-    /// The kubeconfig whose contexts are the fleet, when there is no fleet file.
-    #[arg(long, value_name = "FILE")]
-    pub kubeconfig: Option<PathBuf>,
-    /// Contexts: names or globs like `edge-*`, comma-separated (default: all).
-    #[arg(long, value_delimiter = ',', value_name = "LIST")]
-    pub contexts: Vec<String>,
-    /// A fleet file: its clusters are the fleet, their labels go on the alerts.
-    #[arg(long, value_name = "FILE")]
-    pub fleet: Option<PathBuf>,
+    #[command(flatten)]
+    pub scope: ScopeArgs,
     /// Rollout-completion objectives, like `95%@48h,100%@7d`, measured from the recorded
     /// rollout start of each component's newest version.
     #[arg(long, value_name = "OBJECTIVES")]
@@ -48,9 +42,9 @@ pub struct AlertsArgs {
 
 pub async fn run(a: &AlertsArgs, global: &Global, ui: Arc<Ui>) -> anyhow::Result<Code> {
     let request = fleet::alerts::AlertsRequest {
-        kubeconfig: a.kubeconfig.clone(),
-        contexts: a.contexts.clone(),
-        fleet: a.fleet.clone(),
+        kubeconfig: a.scope.kubeconfig.clone(),
+        contexts: a.scope.contexts.clone(),
+        fleet: a.scope.fleet.clone(),
         slo: a.slo.clone(),
         supported: a.supported,
         components: a.component.clone(),

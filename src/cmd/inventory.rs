@@ -6,21 +6,15 @@ use std::sync::Arc;
 use clap::Args;
 
 use super::global::Global;
+use super::scope::ScopeArgs;
 use crate::exit::{Code, Refusal};
 use crate::fleet;
 use crate::ui::Ui;
 
 #[derive(Args)]
 pub struct InventoryArgs {
-    /// The kubeconfig (default: `$KUBECONFIG`, else `~/.kube/config`).
-    #[arg(long, value_name = "FILE")]
-    pub kubeconfig: Option<PathBuf>,
-    /// Contexts to ask: names or globs like `edge-*`, comma-separated (default: all).
-    #[arg(long, value_delimiter = ',', value_name = "LIST")]
-    pub contexts: Vec<String>,
-    /// A fleet file: `clusters: {NAME: {site: .., region: ..}}`; its clusters are the fleet.
-    #[arg(long, value_name = "FILE")]
-    pub fleet: Option<PathBuf>,
+    #[command(flatten)]
+    pub scope: ScopeArgs,
     /// Machine-readable output.
     #[arg(long, conflicts_with = "markdown")]
     pub json: bool,
@@ -75,9 +69,9 @@ pub enum InventorySource {
 
 pub async fn run(a: &InventoryArgs, global: &Global, ui: Arc<Ui>) -> anyhow::Result<Code> {
     let request = fleet::InventoryRequest {
-        kubeconfig: a.kubeconfig.clone(),
-        contexts: a.contexts.clone(),
-        fleet: a.fleet.clone(),
+        kubeconfig: a.scope.kubeconfig.clone(),
+        contexts: a.scope.contexts.clone(),
+        fleet: a.scope.fleet.clone(),
         json: a.json,
         markdown: a.markdown,
         supported: a.supported,

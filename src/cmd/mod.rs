@@ -17,6 +17,7 @@ pub mod recover;
 pub mod reset;
 pub mod revert;
 pub mod runbook;
+pub mod scope;
 pub mod state;
 pub mod status;
 pub mod up;

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use super::callback::{parse_line, Record, ResultStatus, TaskDiff, TaskResult};
 use super::{command_failure, events_file, AnsibleSpec, EVENTS_ENV};
 use crate::preview::{unified_diff, PlanAction, PlanItem, Preview, PreviewError};
-use crate::process::redact_line;
+use crate::redact::redact_line;
 use crate::{secrets, Failure, StepContext};
 
 /// One host as the check run left it.

@@ -12,12 +12,9 @@ use std::path::Path;
 use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 
-use super::{HelmSpec, Release};
+use super::{HelmSpec, Release, DESCRIPTION_PREFIX, NEVER_IN_PLACE};
 use crate::preview::Preview;
 use crate::{Event, EventSink, Failure, StepContext};
-
-/// How every description rdeploy writes starts.
-pub const DESCRIPTION_PREFIX: &str = "rdeploy: chart ";
 
 impl HelmSpec {
     /// The description of a revision made from the step's chart as it is now: its
@@ -62,7 +59,7 @@ impl HelmSpec {
     ) -> Result<(), Failure> {
         use crate::Adapter as _;
         if preview.changes() > 0 {
-            let never = preview.notes.iter().find_map(|n| n.strip_prefix(super::preview::NEVER_IN_PLACE));
+            let never = preview.notes.iter().find_map(|n| n.strip_prefix(NEVER_IN_PLACE));
             if let Some(why) = never {
                 sink.emit(Event::Fact { key: crate::NEVER_IN_PLACE_FACT.into(), value: why.into() });
             }

@@ -44,6 +44,14 @@ const QUICK: Duration = Duration::from_secs(120);
 /// Beyond helm's own `--timeout`, how long before rdeploy stops a helm that hangs.
 const BACKSTOP: Duration = Duration::from_secs(60);
 
+/// How every revision description rdeploy writes starts (`converge` writes it with the chart's
+/// digest, `preview` reads it to tell a revision rdeploy made).
+const DESCRIPTION_PREFIX: &str = "rdeploy: chart ";
+
+/// How a plan note starts that says the chart renders differently every time (`preview` writes
+/// it); `up` (`converge`) reports it as the step's [`crate::NEVER_IN_PLACE_FACT`].
+const NEVER_IN_PLACE: &str = "never in place: ";
+
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HelmSpec {
@@ -958,23 +966,20 @@ impl<'a> Release<'a> {
 /// is an error (helm wants `REPO/NAME` then); `REPO/NAME` is looked up in helm's repositories.
 /// `REPO/NAME` is a problem only where `REPO` is also a directory beside the stack file and helm
 /// knows no repository of that name: a local path with a typo, not a repository that a CI job
-/// adds before `up`. A bare `NAME.tgz` / `NAME.tar.gz` is a packaged chart that an earlier step
-/// (`helm package`) may make: helm opens it when the step runs. `repositories` gives the names
-/// of helm's repositories.
+/// adds before `up`. A packaged chart ([`is_packaged_chart`]) that is not there yet is no
+/// problem: an earlier step (`helm package`) may make it, and helm opens it when the step runs.
+/// `repositories` gives the names of helm's repositories.
 fn chart_problem(chart: &str, dir: &Path, repositories: &dyn Fn() -> Vec<String>) -> Option<SpecProblem> {
     if chart.contains("://") || chart.contains("${{") || chart.starts_with('.') || chart.starts_with('/') {
         // URLs are helm's to fetch; explicit paths are checked as referenced paths.
         return None;
     }
     let full = dir.join(chart);
-    if full.exists() {
+    if full.exists() || is_packaged_chart(chart) {
         return None;
     }
     let at = vec![PathSegment::Key("chart")];
     let Some((repo, name)) = chart.split_once('/') else {
-        if chart.ends_with(".tgz") || chart.ends_with(".tar.gz") {
-            return None;
-        }
         return Some(SpecProblem {
             at,
             message: format!(
@@ -1017,6 +1022,14 @@ fn chart_problem(chart: &str, dir: &Path, repositories: &dyn Fn() -> Vec<String>
         ),
         hint: Some(hint),
     })
+}
+
+/// Whether `chart` names a packaged chart, however it is written (`web-0.1.0.tgz`,
+/// `./web-0.1.0.tgz`, `dist/web-0.1.0.tar.gz`): a file that an earlier step (`helm package`)
+/// may make, so one that is not there when the stack loads is no problem. A chart directory
+/// that is not there is one.
+fn is_packaged_chart(chart: &str) -> bool {
+    !chart.contains("://") && (chart.ends_with(".tgz") || chart.ends_with(".tar.gz"))
 }
 
 /// The names of the repositories helm knows (`helm repo list`), read from its repository file
@@ -1094,7 +1107,8 @@ impl Adapter for HelmSpec {
             .enumerate()
             .map(|(i, p)| (vec![PathSegment::Key("values"), PathSegment::Index(i)], p.clone()))
             .collect();
-        if self.is_local_chart() {
+        // A packaged chart may be made by an earlier step: `chart_problem` leaves it to helm.
+        if self.is_local_chart() && !is_packaged_chart(&self.chart) {
             paths.push((vec![PathSegment::Key("chart")], PathBuf::from(&self.chart)));
         }
         if let Some(k) = &self.kubeconfig {
@@ -1331,6 +1345,10 @@ impl Adapter for HelmSpec {
 
     fn marked_mut(&mut self) -> Option<&mut BTreeMap<String, crate::secrets::Marked>> {
         Some(&mut self.marked)
+    }
+
+    fn own_context(&self) -> Option<&str> {
+        self.context.as_deref()
     }
 }
 
@@ -1619,6 +1637,26 @@ mod tests {
                 dir.path().join("web").display()
             )
         );
+    }
+
+    /// A packaged chart is no problem when the stack loads however its path is written
+    /// (`./NAME.tgz`, `dist/NAME.tgz` beside a directory `dist`): an earlier step may package
+    /// it, as it may a bare `NAME.tgz`. A chart directory written as a path must be there.
+    #[test]
+    fn a_packaged_chart_written_as_a_path_may_be_made_by_an_earlier_step() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("dist")).unwrap();
+        let none = || Vec::new();
+        for chart in ["./web-0.1.0.tgz", "./dist/web-0.1.0.tar.gz", "dist/web-0.1.0.tgz"] {
+            let spec = HelmSpec { chart: chart.into(), ..spec() };
+            let chart_path = spec.referenced_paths().into_iter().find(|(at, _)| *at == [PathSegment::Key("chart")]);
+            assert_eq!(chart_path, None, "{chart}");
+            assert!(chart_problem(chart, dir.path(), &none).is_none(), "{chart}");
+        }
+        let spec = HelmSpec { chart: "./charts/web".into(), ..spec() };
+        let chart_path = spec.referenced_paths().into_iter().find(|(at, _)| *at == [PathSegment::Key("chart")]);
+        assert_eq!(chart_path.map(|(_, path)| path), Some(PathBuf::from("./charts/web")));
+        assert!(chart_problem("dist/web", dir.path(), &none).is_some());
     }
 
     /// helm reads its repository file in the environment the step gives it: the step's `env`

@@ -12,10 +12,11 @@ use std::path::Path;
 
 use serde_json::{Map, Value};
 
-use super::{helm_failure, state, HelmSpec, Release, QUICK};
+use super::{helm_failure, state, HelmSpec, Release, DESCRIPTION_PREFIX, NEVER_IN_PLACE, QUICK};
 use crate::kubectl::manifest::{flatten_lists, objects_from_documents, parse_documents, KubeObject, Scopes};
 use crate::preview::{unified_diff, PlanAction, PlanItem, Preview, PreviewError};
-use crate::process::{capture, redact_line, Captured, Command, StdoutLog};
+use crate::process::{capture, Captured, Command, StdoutLog};
+use crate::redact::redact_line;
 use crate::{secrets, Failure, StepContext};
 
 /// How far a helm preview goes.
@@ -211,10 +212,6 @@ pub fn compare(current: &[KubeObject], wanted: &[KubeObject], live: &HashMap<Str
     changes
 }
 
-/// How a plan note starts that says the chart renders differently every time
-/// ([`renders_anew`]); `up` reports it as the step's [`crate::NEVER_IN_PLACE_FACT`].
-pub(super) const NEVER_IN_PLACE: &str = "never in place: ";
-
 /// Where the release's rendering (`wanted`, the dry run's manifest) differs from the deployed
 /// revision's (`current`), made by rdeploy from the same chart and values: what a template
 /// computes anew on every render (`randAlphaNum`, `now`, a generated password or certificate,
@@ -366,7 +363,7 @@ impl HelmSpec {
         } else if wanted.as_deref() != Some(text("description")) {
             match (wanted, text("description")) {
                 (None, _) => "the chart's content cannot be known before helm fetches it (pin `version`)".to_string(),
-                (Some(_), d) if d.starts_with(super::converge::DESCRIPTION_PREFIX) => {
+                (Some(_), d) if d.starts_with(DESCRIPTION_PREFIX) => {
                     "the deployed revision was made from another chart or chart content".to_string()
                 }
                 (Some(_), d) => format!("the deployed revision was not made by rdeploy from this chart (`{d}`)"),

@@ -916,6 +916,10 @@ impl Adapter for KubectlSpec {
         }
         doc
     }
+
+    fn own_context(&self) -> Option<&str> {
+        self.context.as_deref()
+    }
 }
 
 /// Decides, object by object, what recover does from `kubectl diff`'s exit code (0: no

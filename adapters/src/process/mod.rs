@@ -28,6 +28,7 @@ pub use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 use tokio_util::sync::CancellationToken;
 
+use crate::redact::redact_line;
 use crate::{AdapterError, Stream};
 
 /// How many lines of each stream are kept for error messages.
@@ -196,7 +197,7 @@ impl Command {
     {
         let mut redact = std::mem::take(&mut self.redact);
         redact.extend(secrets.into_iter().map(Into::into));
-        self.redact = crate::secrets::normalize(redact);
+        self.redact = crate::redact::normalize(redact);
         self
     }
 
@@ -207,9 +208,9 @@ impl Command {
         // The step's secret `env` values and the run's secrets never reach anything rdeploy
         // prints or records.
         let mut redact = std::mem::take(&mut self.redact);
-        redact.extend(crate::secrets::env_secrets(&ctx.env));
+        redact.extend(crate::redact::env_secrets(&ctx.env));
         redact.extend(ctx.secrets.values());
-        self.redact = crate::secrets::normalize(redact);
+        self.redact = crate::redact::normalize(redact);
         if !matches!(self.output, Output::Files { .. }) {
             self.output = Output::UnnamedIn(ctx.work_dir.clone());
         }
@@ -1141,17 +1142,6 @@ pub async fn capture(
         }
     }
     Ok(Captured { outcome, stdout, stderr })
-}
-
-/// Replaces every secret in `line` by `***`.
-pub fn redact_line(line: &str, secrets: &[String]) -> String {
-    let mut out = line.to_string();
-    for secret in secrets {
-        if out.contains(secret.as_str()) {
-            out = out.replace(secret.as_str(), "***");
-        }
-    }
-    out
 }
 
 /// How a child ended.

@@ -25,7 +25,8 @@ use serde::Deserialize;
 use self::events::{parse_line, ApplyTracker, Diagnostic, PlanReport, PlannedChange, Progress, UiLine, UiMessage};
 use self::lock::{parse_lock_diagnostic, LockInfo};
 use self::state::InState;
-use crate::process::{redact_line, Command, Outcome, Signal};
+use crate::process::{Command, Outcome, Signal};
+use crate::redact::redact_line;
 use crate::secrets;
 use crate::{
     display_command, shell_quote, Adapter, AdapterError, CancellationToken, DescribeContext, Event, EventSink, Failure,
