@@ -16,6 +16,7 @@ macro_rules! out {
 
 mod out;
 
+mod adapter;
 mod checkpoint;
 mod ci;
 mod cmd;

@@ -22,7 +22,7 @@ use anyhow::Context as _;
 use base64::Engine as _;
 use rdeploy_adapters::preview::Observed;
 use rdeploy_adapters::secrets::SecretSource;
-use rdeploy_adapters::{Adapter, PathSegment, Tool, ToolSpec};
+use rdeploy_adapters::{Adapter, Tool};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 
@@ -281,13 +281,11 @@ pub fn load(path: &Path) -> anyhow::Result<Loaded> {
 
 /// The keys of a step whose values are secret, as `plan` names them (values never stored).
 fn secret_keys(step: &Step) -> Vec<String> {
-    let tool_key = match step.tool {
-        Tool::Terraform => "vars",
-        Tool::Ansible => "extra_vars",
-        Tool::Helm => "set",
-        Tool::Kubectl | Tool::Shell => "values",
+    // Only a tool with typed values has entries marked secret among them.
+    let mut out: Vec<String> = match step.spec.typed_values_key() {
+        Some(key) => step.spec.marked().keys().map(|k| format!("{key}.{k}")).collect(),
+        None => Vec::new(),
     };
-    let mut out: Vec<String> = step.spec.marked().keys().map(|k| format!("{tool_key}.{k}")).collect();
     out.extend(step.env_marked.keys().map(|k| format!("env.{k}")));
     // `env` values secret by their name (`API_TOKEN`), which the run redacts too.
     let secret_values = rdeploy_adapters::secrets::env_secrets(&step.env);
@@ -302,62 +300,11 @@ fn secret_keys(step: &Step) -> Vec<String> {
 /// `.terraform/`) and var files, a local chart and values files, manifests, the playbook with
 /// what playbooks read beside them (`roles/`, `group_vars/`, `host_vars/`, `tasks/`, `vars/`,
 /// `templates/`, `files/`, `ansible.cfg`, ...) and the inventory, and the scripts a shell
-/// step's commands name when they are files. A kubeconfig is left out (tokens refresh in it),
-/// as is a shell step's working `dir` (its scripts write there).
+/// step's commands name when they are files, as the step's adapter names them
+/// ([`Adapter::pinned_paths`]). A kubeconfig is left out (tokens refresh in it), as is a shell
+/// step's working `dir` (its scripts write there).
 pub fn step_files(stack: &Stack, step: &Step, state_dir: &Path) -> anyhow::Result<BTreeMap<String, String>> {
-    let mut roots: Vec<PathBuf> = Vec::new();
-    for (at, path) in step.spec.referenced_paths() {
-        let key = |name: &str| matches!(at.first(), Some(PathSegment::Key(k)) if *k == name);
-        if key("kubeconfig") || (step.tool == Tool::Shell && key("dir")) {
-            continue;
-        }
-        roots.push(path);
-    }
-    match &step.spec {
-        ToolSpec::Ansible(spec) => {
-            // The playbook's whole directory tree: what it imports, includes and reads beside
-            // it (`import_playbook`, `include_tasks`, `vars_files`, roles, group_vars, ...).
-            roots.push(spec.playbook.parent().map(Path::to_path_buf).unwrap_or_default());
-            if !spec.inventory.to_string_lossy().contains(',') {
-                let inventory = stack.dir.join(&spec.inventory);
-                roots.push(spec.inventory.clone());
-                if !inventory.is_dir() {
-                    let beside = spec.inventory.parent().map(Path::to_path_buf).unwrap_or_default();
-                    for sub in ["group_vars", "host_vars"] {
-                        roots.push(beside.join(sub));
-                    }
-                }
-            }
-        }
-        // `repo/chart` and a local `charts/web` look alike; helm takes a path that exists.
-        ToolSpec::Helm(spec) if !spec.chart.contains("://") && stack.dir.join(&spec.chart).exists() => {
-            roots.push(PathBuf::from(&spec.chart));
-        }
-        ToolSpec::Shell(spec) => {
-            let cwd = spec.dir.clone().unwrap_or_default();
-            let mut commands: Vec<&str> = spec.run.iter().map(String::as_str).collect();
-            for sub in spec.sub_changes.iter().flatten() {
-                commands.push(&sub.run);
-                commands.extend(sub.check.as_deref());
-            }
-            commands.extend(step.revert.as_deref());
-            for word in
-                commands.iter().flat_map(|c| c.split(|ch: char| ch.is_whitespace() || ";&|()<>\"'`".contains(ch)))
-            {
-                let script = [".sh", ".bash", ".py", ".rb", ".pl"].iter().any(|e| word.ends_with(e))
-                    || (word.contains('/') && !word.starts_with('/') && !word.contains('$'));
-                if script && stack.dir.join(&cwd).join(word).is_file() {
-                    let path = cwd.join(word);
-                    // A file the commands write to (`>> out/seed.log`) is data, not a script:
-                    // only executables and script files count.
-                    if is_script(&stack.dir.join(&path)) {
-                        roots.push(path);
-                    }
-                }
-            }
-        }
-        _ => {}
-    }
+    let roots = step.spec.pinned_paths(&stack.dir, step.revert.as_deref());
     // Never digested: a file the stack reads a secret from (its sha256 would give a guess
     // away) and the state directory (rdeploy writes there).
     let mut excluded: HashSet<PathBuf> = HashSet::new();
@@ -437,13 +384,6 @@ impl Walker<'_> {
         }
         Ok(())
     }
-}
-
-fn is_script(path: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    let by_name = path.extension().is_some_and(|e| ["sh", "bash", "py", "rb", "pl"].iter().any(|x| e == *x));
-    let executable = std::fs::metadata(path).is_ok_and(|m| m.permissions().mode() & 0o111 != 0);
-    by_name || executable
 }
 
 fn display(path: &Path) -> String {

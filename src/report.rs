@@ -882,26 +882,10 @@ pub fn summarize_step(s: &StepState) -> String {
     // `done (2 objects)`, `done (1 release revision)`; `done (0/0 ...)` says nothing.
     let counted = match (done, total) {
         (_, 0) => "nothing to apply".to_string(),
-        (done, total) if done == total || s.status == StepStatus::Done => count_of(s.tool, done),
-        (done, total) => format!("{done} of {}", count_of(s.tool, total)),
+        (done, total) if done == total || s.status == StepStatus::Done => s.tool.count_of(done),
+        (done, total) => format!("{done} of {}", s.tool.count_of(total)),
     };
     format!("{}: {} ({counted}{in_place}){attempts}{settled}", s.name, s.status.as_str())
-}
-
-/// `1 release revision`, `2 objects`: a count of a tool's sub-changes.
-fn count_of(tool: rdeploy_adapters::Tool, n: usize) -> String {
-    use rdeploy_adapters::Tool;
-    if n != 1 {
-        return format!("{n} {}", tool.sub_change_plural());
-    }
-    let one = match tool {
-        Tool::Terraform => "resource address",
-        Tool::Ansible => "host",
-        Tool::Helm => "release revision",
-        Tool::Kubectl => "object",
-        Tool::Shell => "declared sub-change",
-    };
-    format!("1 {one}")
 }
 
 /// A tool's multi-line message under a list item: every line after the first indented by

@@ -5,9 +5,11 @@
 //! enough to commit (`runbooks/`) and to snapshot.
 
 use std::fmt::Write as _;
+use std::path::Path;
 
 use rdeploy_adapters::{Adapter, DescribeContext, PriorStep, RecoveryDoc, SubStatus, ToolSpec};
 
+use crate::adapter::StepAdapter;
 use crate::checkpoint::{Deploy, DeployState, StepStatus};
 use crate::reference::Reference;
 use crate::report::{self, StepReport, StepView};
@@ -43,7 +45,7 @@ pub fn render(
         (None, Some(deploy)) => render_finished(&mut out, deploy),
         (None, None) => {}
     }
-    render_steps(&mut out, stack, stack_args);
+    render_steps(&mut out, stack, stack_args, &state_dir.shared);
     Ok(out)
 }
 
@@ -52,23 +54,12 @@ fn stack_dir(stack: &Stack) -> String {
     stack.dir.display().to_string()
 }
 
-fn describe(stack: &Stack, stack_file: &str, step: &Step, prior: Option<&PriorStep>) -> RecoveryDoc {
+/// The step's recovery doc, from its adapter (a fleet step's names one cluster: the first in
+/// trouble, else a placeholder). `records`: the fleet's records directory.
+fn describe(stack: &Stack, stack_file: &str, records: &Path, step: &Step, prior: Option<&PriorStep>) -> RecoveryDoc {
     let dir = stack_dir(stack);
     let ctx = DescribeContext { step: &step.name, stack_file, stack_dir: &dir, resumable: step.resumable };
-    let doc = match &step.fleet {
-        // One cluster's commands: the first one in trouble, else a placeholder.
-        Some(_) => {
-            let cluster = prior
-                .and_then(|p| {
-                    let troubled = |st: SubStatus| p.sub_changes.iter().find(|c| c.status == st);
-                    troubled(SubStatus::Failed).or(troubled(SubStatus::Started)).or(troubled(SubStatus::Pending))
-                })
-                .map(|c| c.id.clone())
-                .unwrap_or_else(|| crate::rollout::runbook::CLUSTER.to_string());
-            crate::rollout::runbook::doc(step, &ctx, &cluster)
-        }
-        None => step.spec.describe_recovery(&ctx, prior),
-    };
+    let doc = StepAdapter::of(step, records).describe_recovery(&ctx, prior);
     let tidy = |lines: Vec<String>| lines.into_iter().map(|l| tidy(&l)).collect();
     RecoveryDoc {
         inspect: tidy(doc.inspect),
@@ -346,7 +337,7 @@ fn render_live(
         n += 1;
         let prior = recorded.map(|r| r.prior());
         let (resolved, exports) = resolve_recorded(deploy, step);
-        let doc = describe(stack, stack_file, &resolved, prior.as_ref());
+        let doc = describe(stack, stack_file, &state_dir.shared, &resolved, prior.as_ref());
         let doc = fill_sensitive(doc, &exports);
         let what = match recorded.map(|r| r.status) {
             Some(StepStatus::Failed) if step.resumable => "resume it: what is done stays done",
@@ -583,7 +574,7 @@ fn settings(step: &Step, stack_dir: &std::path::Path) -> Vec<(&'static str, Stri
     out
 }
 
-fn render_steps(out: &mut String, stack: &Stack, stack_file: &str) {
+fn render_steps(out: &mut String, stack: &Stack, stack_file: &str, records: &Path) {
     for (i, step) in stack.ordered().enumerate() {
         let _ = writeln!(out, "## Step {}: `{}` ({})\n", i + 1, step.name, step.tool);
         let resumable = if step.resumable {
@@ -591,7 +582,7 @@ fn render_steps(out: &mut String, stack: &Stack, stack_file: &str) {
         } else {
             "no: it completes, or its `revert` runs and recovery runs it again from the start".to_string()
         };
-        let noun = if step.fleet.is_some() { "cluster (its kube context)" } else { step.tool.sub_change_noun() };
+        let noun = StepAdapter::of(step, records).sub_change_noun();
         let _ = writeln!(out, "- sub-change: {noun}");
         let _ = writeln!(out, "- resumable: {resumable}");
         if !step.needs.is_empty() {
@@ -625,7 +616,7 @@ fn render_steps(out: &mut String, stack: &Stack, stack_file: &str) {
             }
         }
 
-        let doc = describe(stack, stack_file, step, None);
+        let doc = describe(stack, stack_file, records, step, None);
         if doc_is_empty(&doc) {
             let _ = writeln!(
                 out,

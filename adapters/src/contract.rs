@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -14,8 +15,9 @@ use crate::preview::{Preview, PreviewError};
 use crate::process;
 
 /// What every tool's spec implements; the driver calls nothing else. Adapters never print and
-/// never touch the checkpoint: they report through the sink and return a [`Failure`].
-pub trait Adapter {
+/// never touch the checkpoint: they report through the sink and return a [`Failure`]. An
+/// adapter is shared by the tasks that run its step (`Sync`), so its futures are `Send`.
+pub trait Adapter: Sync {
     /// Problems a stack file can have that serde cannot see (exclusive keys, empty lists).
     fn problems(&self) -> Vec<SpecProblem>;
 
@@ -42,12 +44,33 @@ pub trait Adapter {
         None
     }
 
+    /// The name of that key (`set`, `extra_vars`, `vars`), for what names a value by it (a
+    /// reviewed plan lists its secret values as `set.password`); `None`: the tool takes no typed
+    /// values. The same name [`Adapter::typed_values_mut`] returns.
+    fn typed_values_key(&self) -> Option<&'static str> {
+        None
+    }
+
     /// The entries of that same key the stack marks secret (`{ from_env: NAME }`,
     /// `{ from_file: PATH }`, `{ value: V, secret: true }`), by key. The stack module fills it;
     /// [`crate::ToolSpec::resolve_secrets`] reads each value when the step runs and puts it in
     /// the typed values, where the adapter finds it and passes it off the command line.
     fn marked_mut(&mut self) -> Option<&mut BTreeMap<String, crate::secrets::Marked>> {
         None
+    }
+
+    /// The Kubernetes cluster the step's tool targets (helm, kubectl), as the stack sets it; `None`
+    /// for a tool that targets none. A fleet step reads the kubeconfig's contexts from it.
+    fn kube_target(&self) -> Option<KubeTarget<'_>> {
+        None
+    }
+
+    /// Points the step at one cluster of a fleet: its kube `context` passed through, waiting for
+    /// the workloads to be ready unless the step says `wait: false`. `false` (and nothing
+    /// changed): the tool targets no kube context.
+    fn target_context(&mut self, context: &str) -> bool {
+        let _ = context;
+        false
     }
 
     /// Checks that the tool is installed and usable; returns what was found.
@@ -60,10 +83,7 @@ pub trait Adapter {
     fn preflight_for_run(
         &self,
         ctx: &StepContext,
-    ) -> impl Future<Output = Result<Option<ToolInfo>, AdapterError>> + Send
-    where
-        Self: Sync,
-    {
+    ) -> impl Future<Output = Result<Option<ToolInfo>, AdapterError>> + Send {
         async { self.preflight(ctx).await.map(Some) }
     }
 
@@ -102,10 +122,7 @@ pub trait Adapter {
     /// [`Adapter::preview`], through the same code, but a tool may stop where the verdict is
     /// already known and skip what only `plan` shows (helm's dry-run, when the release's
     /// record already says it must be upgraded). The default is the preview itself.
-    fn decision_preview(&self, ctx: &StepContext) -> impl Future<Output = Result<Preview, PreviewError>> + Send
-    where
-        Self: Sync,
-    {
+    fn decision_preview(&self, ctx: &StepContext) -> impl Future<Output = Result<Preview, PreviewError>> + Send {
         self.preview(ctx)
     }
 
@@ -137,12 +154,88 @@ pub trait Adapter {
         ctx: &StepContext,
         preview: &Preview,
         sink: &dyn EventSink,
-    ) -> impl Future<Output = Result<(), Failure>> + Send
-    where
-        Self: Sync,
-    {
+    ) -> impl Future<Output = Result<(), Failure>> + Send {
         let _ = preview;
         self.apply(ctx, sink)
+    }
+
+    /// Whether `up`'s decision is this adapter's own preview ([`Adapter::decision_preview`]),
+    /// taken before [`Adapter::converge`] and so before the run too (`up` previews such steps at
+    /// once, as `plan` does). `false` for a tool that decides as it runs (ansible, idempotent by
+    /// its own design: its hosts with `changed=0` are reported in place) and for a step whose
+    /// parts each preview their own when their turn comes (a fleet step's clusters).
+    fn converges_by_preview(&self) -> bool {
+        true
+    }
+
+    /// `up`'s one decision, the one `plan` shows: the adapter's own read-only preview (its
+    /// [`Adapter::decision_preview`]: the same verdict, maybe fewer reads), or `decided` (the
+    /// reviewed plan's items under `up --plan`, or a preview `up` made before the run), then
+    /// [`Adapter::converge`] on it, which applies what is not in place and reports the rest
+    /// [`Event::InPlace`]. A preview that fails (a cluster that cannot be diffed yet) is warned
+    /// about and everything is applied; a missing tool or an interrupt is the step's failure. An
+    /// adapter that does not converge by preview ([`Adapter::converges_by_preview`]) runs as
+    /// `apply` does. The step is [`Converged::InPlace`] when nothing was reported done by the
+    /// tool (only in place, or nothing at all).
+    fn converge_step(
+        &self,
+        ctx: &StepContext,
+        decided: Option<Preview>,
+        sink: &dyn EventSink,
+    ) -> impl Future<Output = Result<Converged, Failure>> + Send {
+        async move {
+            let counting = CountDone { inner: sink, done: AtomicBool::new(false) };
+            let sink = &counting;
+            let preview = match decided {
+                _ if !self.converges_by_preview() => None,
+                Some(preview) => Some(preview),
+                None => match self.decision_preview(ctx).await {
+                    Ok(preview) => Some(preview),
+                    Err(PreviewError::Tool(e)) => return Err(e.into()),
+                    Err(PreviewError::Failed(failure)) if failure.interrupted || ctx.cancel.is_cancelled() => {
+                        return Err(Failure { interrupted: true, ..failure })
+                    }
+                    Err(PreviewError::Failed(failure)) => {
+                        sink.emit(Event::Warning {
+                            message: format!(
+                                "could not tell what is already in place ({}): applying everything",
+                                ctx.secrets.redact(&failure.summary)
+                            ),
+                        });
+                        None
+                    }
+                },
+            };
+            match preview {
+                Some(preview) => self.converge(ctx, &preview, sink).await?,
+                None => self.apply(ctx, sink).await?,
+            }
+            Ok(if counting.done.load(Ordering::SeqCst) { Converged::Applied } else { Converged::InPlace })
+        }
+    }
+
+    /// Whether a sub-change found in place ([`Event::InPlace`]) leaves the step's outputs
+    /// unwritten, so that `up` hands on those the last finished deploy recorded for it (as
+    /// `plan` showed them): a shell sub-change in place does not run, so it writes no
+    /// `$RDEPLOY_OUTPUT`. `false` for a tool that reads its outputs again as it converges
+    /// (terraform's state) or has none.
+    fn in_place_keeps_last_outputs(&self) -> bool {
+        false
+    }
+
+    /// What a reviewed plan pins of this step (`plan -o` records each file's digest, `up --plan`
+    /// refuses when one changed): the files and directories, relative to the stack file's
+    /// directory `stack_dir`, whose content decides what the tool does. `revert` is the step's
+    /// `revert` line, for a tool whose own lines are shell lines (its scripts are pinned as
+    /// theirs are). The default: every path [`Adapter::referenced_paths`] names but a
+    /// `kubeconfig` (its tokens refresh).
+    fn pinned_paths(&self, stack_dir: &Path, revert: Option<&str>) -> Vec<PathBuf> {
+        let _ = (stack_dir, revert);
+        self.referenced_paths()
+            .into_iter()
+            .filter(|(at, _)| !matches!(at.first(), Some(PathSegment::Key("kubeconfig"))))
+            .map(|(_, path)| path)
+            .collect()
     }
 
     /// The runbook section for this step: exact commands an operator would type.
@@ -160,6 +253,39 @@ pub trait Adapter {
     /// cluster: a fleet step takes its clusters from `contexts` instead. The default: none.
     fn own_context(&self) -> Option<&str> {
         None
+    }
+}
+
+/// The Kubernetes cluster a step targets ([`Adapter::kube_target`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KubeTarget<'a> {
+    /// Its `kubeconfig`, relative to the stack file (`None`: `KUBECONFIG` or `~/.kube/config`).
+    pub kubeconfig: Option<&'a Path>,
+    /// Its `namespace` (`None`: the context's, or every namespace for what the step reads).
+    pub namespace: Option<&'a str>,
+}
+
+/// How [`Adapter::converge_step`] left a step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Converged {
+    /// Everything was found in place: the tool reported nothing done.
+    InPlace,
+    /// Something was applied (the tool reported a sub-change done).
+    Applied,
+}
+
+/// Passes events on, noting whether the tool reported any sub-change done (applied).
+struct CountDone<'a> {
+    inner: &'a dyn EventSink,
+    done: AtomicBool,
+}
+
+impl EventSink for CountDone<'_> {
+    fn emit(&self, event: Event) {
+        if matches!(event, Event::Done { .. }) {
+            self.done.store(true, Ordering::SeqCst);
+        }
+        self.inner.emit(event);
     }
 }
 
@@ -555,5 +681,177 @@ impl From<AdapterError> for Failure {
             Some(hint) => failure.with_hint(hint.to_string()),
             None => failure,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::Recorder;
+    use crate::{PlanAction, PlanItem};
+
+    /// An adapter that notes which of its run-time calls ran, and reports `reports` from
+    /// whichever of `apply` and `converge` runs.
+    struct Noting {
+        by_preview: bool,
+        preview: fn() -> Result<Preview, PreviewError>,
+        reports: fn(&str) -> Event,
+        calls: std::sync::Mutex<Vec<String>>,
+    }
+
+    impl Noting {
+        fn new(by_preview: bool, reports: fn(&str) -> Event) -> Noting {
+            let preview: fn() -> Result<Preview, PreviewError> =
+                || Ok(Preview { items: vec![PlanItem::new("own", PlanAction::Unchanged)], ..Preview::default() });
+            Noting { by_preview, preview, reports, calls: Default::default() }
+        }
+
+        fn note(&self, call: impl Into<String>) {
+            self.calls.lock().unwrap().push(call.into());
+        }
+
+        fn calls(&self) -> Vec<String> {
+            self.calls.lock().unwrap().clone()
+        }
+    }
+
+    impl Adapter for Noting {
+        fn problems(&self) -> Vec<SpecProblem> {
+            Vec::new()
+        }
+
+        fn referenced_paths(&self) -> Vec<(FieldPath, PathBuf)> {
+            vec![
+                (vec![PathSegment::Key("kubeconfig")], PathBuf::from("kube/config")),
+                (vec![PathSegment::Key("manifests"), PathSegment::Index(0)], PathBuf::from("k8s/app.yaml")),
+            ]
+        }
+
+        async fn preflight(&self, _ctx: &StepContext) -> Result<ToolInfo, AdapterError> {
+            Ok(ToolInfo { binary: PathBuf::from("/bin/true"), version: "1".into() })
+        }
+
+        async fn apply(&self, _ctx: &StepContext, sink: &dyn EventSink) -> Result<(), Failure> {
+            self.note("apply");
+            sink.emit((self.reports)("a"));
+            Ok(())
+        }
+
+        async fn recover(&self, _: &StepContext, _: &PriorStep, _: &dyn EventSink) -> Result<Recovered, Failure> {
+            self.note("recover");
+            Ok(Recovered::Complete)
+        }
+
+        async fn inspect(&self, _: &StepContext, _: &PriorStep) -> Result<Inspection, Failure> {
+            Ok(Inspection::default())
+        }
+
+        async fn preview(&self, _ctx: &StepContext) -> Result<Preview, PreviewError> {
+            self.note("preview");
+            (self.preview)()
+        }
+
+        fn converges_by_preview(&self) -> bool {
+            self.by_preview
+        }
+
+        async fn converge(&self, _: &StepContext, preview: &Preview, sink: &dyn EventSink) -> Result<(), Failure> {
+            self.note(format!(
+                "converge on {}",
+                preview.items.iter().map(|i| i.id.as_str()).collect::<Vec<_>>().join(",")
+            ));
+            sink.emit((self.reports)("a"));
+            Ok(())
+        }
+
+        fn describe_recovery(&self, _: &DescribeContext<'_>, _: Option<&PriorStep>) -> RecoveryDoc {
+            RecoveryDoc::default()
+        }
+    }
+
+    fn ctx() -> StepContext {
+        StepContext {
+            step: "s".into(),
+            stack: "test".into(),
+            stack_dir: PathBuf::from("."),
+            work_dir: PathBuf::from("."),
+            env: Default::default(),
+            timeout: None,
+            cancel: CancellationToken::new(),
+            force: false,
+            reapply_missing: false,
+            secrets: Default::default(),
+            started_by: Default::default(),
+            processes: Default::default(),
+        }
+    }
+
+    fn in_place(id: &str) -> Event {
+        Event::InPlace { id: id.into(), note: None }
+    }
+
+    fn done(id: &str) -> Event {
+        Event::Done { id: id.into(), note: None }
+    }
+
+    #[tokio::test]
+    async fn converge_step_takes_the_decided_preview_without_previewing_again() {
+        let adapter = Noting::new(true, in_place);
+        let decided = Preview { items: vec![PlanItem::new("reviewed", PlanAction::Unchanged)], ..Preview::default() };
+        let sink = Recorder::default();
+        let converged = adapter.converge_step(&ctx(), Some(decided), &sink).await.unwrap();
+        assert_eq!(adapter.calls(), ["converge on reviewed"]);
+        assert_eq!(converged, Converged::InPlace, "nothing was reported done");
+    }
+
+    #[tokio::test]
+    async fn converge_step_without_a_decision_converges_on_the_adapters_own_preview() {
+        let adapter = Noting::new(true, done);
+        let sink = Recorder::default();
+        let converged = adapter.converge_step(&ctx(), None, &sink).await.unwrap();
+        assert_eq!(adapter.calls(), ["preview", "converge on own"]);
+        assert_eq!(converged, Converged::Applied, "a sub-change was reported done");
+    }
+
+    #[tokio::test]
+    async fn an_adapter_that_does_not_converge_by_preview_applies_whatever_was_decided() {
+        let adapter = Noting::new(false, in_place);
+        let decided = Preview { items: vec![PlanItem::new("reviewed", PlanAction::Update)], ..Preview::default() };
+        let sink = Recorder::default();
+        let converged = adapter.converge_step(&ctx(), Some(decided), &sink).await.unwrap();
+        assert_eq!(adapter.calls(), ["apply"]);
+        assert_eq!(converged, Converged::InPlace);
+    }
+
+    #[tokio::test]
+    async fn a_preview_that_fails_is_warned_about_and_everything_applied() {
+        let mut adapter = Noting::new(true, done);
+        adapter.preview = || Err(PreviewError::Failed(Failure::new("the cluster cannot be diffed yet")));
+        let sink = Recorder::default();
+        let converged = adapter.converge_step(&ctx(), None, &sink).await.unwrap();
+        assert_eq!(adapter.calls(), ["preview", "apply"]);
+        assert_eq!(converged, Converged::Applied);
+        assert!(sink.events().contains(&Event::Warning {
+            message: "could not tell what is already in place (the cluster cannot be diffed yet): applying everything"
+                .into()
+        }));
+    }
+
+    #[tokio::test]
+    async fn a_missing_tool_in_the_preview_is_the_steps_failure_and_nothing_runs() {
+        let mut adapter = Noting::new(true, done);
+        adapter.preview =
+            || Err(PreviewError::Tool(AdapterError::ToolMissing { tool: "kubectl".into(), hint: "install it".into() }));
+        let failure = adapter.converge_step(&ctx(), None, &Recorder::default()).await.unwrap_err();
+        assert_eq!(adapter.calls(), ["preview"]);
+        assert_eq!(failure.hint.as_deref(), Some("install it"));
+    }
+
+    #[test]
+    fn the_defaults_pin_every_referenced_path_but_a_kubeconfig_and_carry_no_outputs() {
+        let adapter = Noting::new(true, done);
+        assert_eq!(adapter.pinned_paths(Path::new("."), Some("sh undo.sh")), [PathBuf::from("k8s/app.yaml")]);
+        assert!(!adapter.in_place_keeps_last_outputs());
+        assert_eq!(adapter.typed_values_key(), None);
     }
 }

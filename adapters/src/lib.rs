@@ -35,7 +35,7 @@ pub mod yaml;
 pub use binary::resolve_binary;
 pub use contract::*;
 pub use preview::{PlanAction, PlanItem, Preview};
-pub use registry::{Converged, Tool, ToolSpec};
+pub use registry::{Tool, ToolSpec};
 pub use tokio_util::sync::CancellationToken;
 
 /// The nearest valid word, if one is close enough to be a likely typo.
@@ -93,6 +93,14 @@ mod tests {
         assert_eq!(shell_quote("it's"), r"'it'\''s'");
         assert_eq!(shell_quote(""), "''");
         assert_eq!(display_command(&["terraform", "apply", "tf plan"]), "terraform apply 'tf plan'");
+    }
+
+    #[test]
+    fn a_count_of_sub_changes_is_singular_for_one() {
+        assert_eq!(Tool::Kubectl.count_of(1), "1 object");
+        assert_eq!(Tool::Kubectl.count_of(2), "2 objects");
+        assert_eq!(Tool::Helm.count_of(1), "1 release revision");
+        assert_eq!(Tool::Terraform.count_of(0), "0 resource addresses");
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::contract::{
-    Adapter, AdapterError, DescribeContext, Event, EventSink, Failure, FieldPath, Inspection, PriorStep, Recovered,
+    Adapter, AdapterError, DescribeContext, EventSink, Failure, FieldPath, Inspection, PriorStep, Recovered,
     RecoveryDoc, SpecProblem, StepContext, ToolInfo,
 };
 use crate::preview::{Preview, PreviewError};
@@ -55,6 +55,21 @@ impl Tool {
 }
 
 impl Tool {
+    /// `1 release revision`, `2 objects`: a count of this tool's sub-changes, for reports.
+    pub fn count_of(self, n: usize) -> String {
+        if n != 1 {
+            return format!("{n} {}", self.sub_change_plural());
+        }
+        let one = match self {
+            Tool::Terraform => "resource address",
+            Tool::Ansible => "host",
+            Tool::Helm => "release revision",
+            Tool::Kubectl => "object",
+            Tool::Shell => "declared sub-change",
+        };
+        format!("1 {one}")
+    }
+
     /// The plural of [`Tool::sub_change_noun`], for counts.
     pub fn sub_change_plural(self) -> &'static str {
         match self {
@@ -88,30 +103,6 @@ pub enum ToolSpec {
     Helm(helm::HelmSpec),
     Kubectl(kubectl::KubectlSpec),
     Shell(shell::ShellSpec),
-}
-
-/// How [`ToolSpec::converge_step`] left a step.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Converged {
-    /// Everything was found in place: the tool reported nothing done.
-    InPlace,
-    /// Something was applied (the tool reported a sub-change done).
-    Applied,
-}
-
-/// Passes events on, noting whether the tool reported any sub-change done (applied).
-struct CountDone<'a> {
-    inner: &'a dyn EventSink,
-    done: std::sync::atomic::AtomicBool,
-}
-
-impl EventSink for CountDone<'_> {
-    fn emit(&self, event: Event) {
-        if matches!(event, Event::Done { .. }) {
-            self.done.store(true, std::sync::atomic::Ordering::SeqCst);
-        }
-        self.inner.emit(event);
-    }
 }
 
 /// Calls the same method on whichever tool's spec this is.
@@ -218,54 +209,6 @@ impl ToolSpec {
         }
     }
 
-    /// `up`'s one decision, the one `plan` shows: the step's own read-only preview (its
-    /// [`Adapter::decision_preview`]: the same verdict, maybe fewer reads), or `decided`
-    /// (the reviewed plan's items under `up --plan`, or a preview `up` made before the run),
-    /// then [`Adapter::converge`] on it, which applies what is not in place and reports the
-    /// rest [`Event::InPlace`]. A preview that fails (a cluster that cannot be diffed yet) is
-    /// warned about and everything is applied, as before; a missing tool or an interrupt is the
-    /// step's failure. ansible previews nothing here: it runs as `apply` does (it is idempotent),
-    /// and its hosts with `changed=0` are reported in place. The step is [`Converged::InPlace`]
-    /// when nothing was reported done by the tool (only in place, or nothing at all).
-    pub async fn converge_step(
-        &self,
-        ctx: &StepContext,
-        decided: Option<Preview>,
-        sink: &dyn EventSink,
-    ) -> Result<Converged, Failure> {
-        let counting = CountDone { inner: sink, done: std::sync::atomic::AtomicBool::new(false) };
-        let sink = &counting;
-        let preview = match (decided, self) {
-            (_, ToolSpec::Ansible(_)) => None,
-            (Some(preview), _) => Some(preview),
-            (None, _) => match self.decision_preview(ctx).await {
-                Ok(preview) => Some(preview),
-                Err(PreviewError::Tool(e)) => return Err(e.into()),
-                Err(PreviewError::Failed(failure)) if failure.interrupted || ctx.cancel.is_cancelled() => {
-                    return Err(Failure { interrupted: true, ..failure })
-                }
-                Err(PreviewError::Failed(failure)) => {
-                    sink.emit(Event::Warning {
-                        message: format!(
-                            "could not tell what is already in place ({}): applying everything",
-                            ctx.secrets.redact(&failure.summary)
-                        ),
-                    });
-                    None
-                }
-            },
-        };
-        match preview {
-            Some(preview) => self.converge(ctx, &preview, sink).await?,
-            None => self.apply(ctx, sink).await?,
-        }
-        Ok(if counting.done.load(std::sync::atomic::Ordering::SeqCst) {
-            Converged::Applied
-        } else {
-            Converged::InPlace
-        })
-    }
-
     /// The keys this tool accepts on a step (besides the common ones), for suggestions.
     pub fn keys(tool: Tool) -> &'static [&'static str] {
         match tool {
@@ -312,8 +255,32 @@ impl Adapter for ToolSpec {
         dispatch!(self, s => s.typed_values_mut())
     }
 
+    fn typed_values_key(&self) -> Option<&'static str> {
+        dispatch!(self, s => s.typed_values_key())
+    }
+
     fn marked_mut(&mut self) -> Option<&mut BTreeMap<String, Marked>> {
         dispatch!(self, s => s.marked_mut())
+    }
+
+    fn converges_by_preview(&self) -> bool {
+        dispatch!(self, s => s.converges_by_preview())
+    }
+
+    fn kube_target(&self) -> Option<crate::contract::KubeTarget<'_>> {
+        dispatch!(self, s => s.kube_target())
+    }
+
+    fn target_context(&mut self, context: &str) -> bool {
+        dispatch!(self, s => s.target_context(context))
+    }
+
+    fn in_place_keeps_last_outputs(&self) -> bool {
+        dispatch!(self, s => s.in_place_keeps_last_outputs())
+    }
+
+    fn pinned_paths(&self, stack_dir: &Path, revert: Option<&str>) -> Vec<PathBuf> {
+        dispatch!(self, s => s.pinned_paths(stack_dir, revert))
     }
 
     async fn preflight(&self, ctx: &StepContext) -> Result<ToolInfo, AdapterError> {

@@ -3,7 +3,7 @@
 //! too). A `check` that exits 0 says the sub-change is in place: `plan` shows it so, `up` does
 //! not run it, and `recover` settles with it a sub-change a crash left uncertain.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
@@ -458,9 +458,48 @@ impl Adapter for ShellSpec {
         self.sub_changes.is_some()
     }
 
+    /// A sub-change in place does not run, so it writes no `$RDEPLOY_OUTPUT`.
+    fn in_place_keeps_last_outputs(&self) -> bool {
+        true
+    }
+
+    /// The scripts its commands (`run`, each sub-change's `run` and `check`) and the step's
+    /// `revert` name, when they are files under its working `dir`: executables and script
+    /// files (`.sh`, `.py`, ...), not the data files the commands write (`>> out/seed.log`).
+    /// The working `dir` itself is not pinned: its scripts write there.
+    fn pinned_paths(&self, stack_dir: &Path, revert: Option<&str>) -> Vec<PathBuf> {
+        let cwd = self.dir.clone().unwrap_or_default();
+        let mut commands: Vec<&str> = self.run.iter().map(String::as_str).collect();
+        for sub in self.sub_changes.iter().flatten() {
+            commands.push(&sub.run);
+            commands.extend(sub.check.as_deref());
+        }
+        commands.extend(revert);
+        let mut paths = Vec::new();
+        for word in commands.iter().flat_map(|c| c.split(|ch: char| ch.is_whitespace() || ";&|()<>\"'`".contains(ch))) {
+            let script = [".sh", ".bash", ".py", ".rb", ".pl"].iter().any(|e| word.ends_with(e))
+                || (word.contains('/') && !word.starts_with('/') && !word.contains('$'));
+            if script && stack_dir.join(&cwd).join(word).is_file() {
+                let path = cwd.join(word);
+                if is_script(&stack_dir.join(&path)) {
+                    paths.push(path);
+                }
+            }
+        }
+        paths
+    }
+
     fn shell_line_keys(&self) -> &'static [&'static [&'static str]] {
         &[&["run"], &["check"], &["sub_changes", "*", "run"], &["sub_changes", "*", "check"]]
     }
+}
+
+/// Whether `path` is a script: named as one, or executable.
+fn is_script(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    let by_name = path.extension().is_some_and(|e| ["sh", "bash", "py", "rb", "pl"].iter().any(|x| e == *x));
+    let executable = std::fs::metadata(path).is_ok_and(|m| m.permissions().mode() & 0o111 != 0);
+    by_name || executable
 }
 
 /// Runs a step's `revert` command (any tool may declare one) in the stack's directory.

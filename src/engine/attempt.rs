@@ -12,6 +12,7 @@ use rdeploy_adapters::{
 use super::event::{Attempt, Reporters, RetryWhy, RunEvent, Work};
 use super::journal::{JournalError, SharedCheckpoint};
 use super::sink::StepSink;
+use crate::adapter::StepAdapter;
 use crate::checkpoint::{Deploy, Record, StepMode, StepStatus};
 use crate::stack::{Retry, Step};
 
@@ -114,9 +115,9 @@ impl Attempts {
 }
 
 impl Attempts {
-    /// One attempt of the step through its adapter (a fleet step through the rollout);
-    /// `converge` is `up`'s decision, taken by the first attempt only, and `converged` says
-    /// whether it found everything in place.
+    /// One attempt of the step through its adapter ([`StepAdapter`]: a fleet step's runs the
+    /// rollout); `converge` is `up`'s decision, taken by the first attempt only, and
+    /// `converged` says whether it found everything in place.
     async fn once(
         &self,
         step: &Step,
@@ -126,50 +127,32 @@ impl Attempts {
         converge: &mut Option<Option<Preview>>,
         converged: &mut Converged,
     ) -> Result<Recovered, Failure> {
-        match (&step.fleet, action) {
-            (Some(fleet), action) => {
-                let fresh = PriorStep::default();
-                let prior = match action {
-                    Action::Recover(prior) => prior,
-                    _ => &fresh,
-                };
-                let run = crate::rollout::FleetRun {
-                    step,
-                    fleet,
-                    ctx,
-                    prior,
-                    state_dir: &self.fleet_dir,
-                    converge: converge.take().is_some(),
-                };
-                crate::rollout::run(run, sink).await
-            }
-            // Done means every pod is updated and ready: the readiness check holds the
-            // step's Done events until it has read the workloads the tool touched.
-            (None, action) => {
-                let carry = CarryOutputs::new(self, step, sink);
-                let held = crate::readiness::Held::new(step, ctx, &carry);
-                let result = match action {
-                    Action::Recover(prior) => step.spec.recover(ctx, prior, &held).await,
-                    // `up`: what the step's preview finds in place is not applied again.
-                    _ => match converge.take() {
-                        Some(decided) => step.spec.converge_step(ctx, decided, &held).await.map(|c| {
-                            *converged = c;
-                            if c == Converged::InPlace {
-                                sink.emit(Event::Fact { key: IN_PLACE_FACT.into(), value: true.into() });
-                            }
-                            Recovered::Complete
-                        }),
-                        None => step.spec.apply(ctx, &held).await.map(|()| Recovered::Complete),
-                    },
-                };
-                held.settle(result).await
-            }
-        }
+        let adapter = StepAdapter::of(step, &self.fleet_dir);
+        let carry = CarryOutputs::new(self, step, &adapter, sink);
+        // Done means every pod is updated and ready: the readiness check holds the step's Done
+        // events until it has read the workloads the tool touched.
+        let held = crate::readiness::Held::new(step, ctx, &carry);
+        let result = match action {
+            Action::Recover(prior) => adapter.recover(ctx, prior, &held).await,
+            // `up`: what the step's preview finds in place is not applied again.
+            _ => match converge.take() {
+                Some(decided) => adapter.converge_step(ctx, decided, &held).await.map(|c| {
+                    *converged = c;
+                    if c == Converged::InPlace {
+                        sink.emit(Event::Fact { key: IN_PLACE_FACT.into(), value: true.into() });
+                    }
+                    Recovered::Complete
+                }),
+                None => adapter.apply(ctx, &held).await.map(|()| Recovered::Complete),
+            },
+        };
+        held.settle(result).await
     }
 }
 
-/// A shell sub-change found in place does not run, so it writes no `$RDEPLOY_OUTPUT`: the
-/// outputs the last finished deploy recorded for the step are handed on, as `plan` showed them.
+/// A sub-change found in place that writes no outputs (a shell one does not run, so it writes no
+/// `$RDEPLOY_OUTPUT`: [`Adapter::in_place_keeps_last_outputs`]): the outputs the last finished
+/// deploy recorded for the step are handed on, as `plan` showed them.
 /// They are journaled as the step's first sub-change in place is (before it), not when the step
 /// ends: a sub-change after it that fails, then runs again under `retry:` or `rdeploy recover`,
 /// finds them in the checkpoint like any other output. A key the run made before then is kept,
@@ -184,8 +167,9 @@ struct CarryOutputs<'a> {
 }
 
 impl<'a> CarryOutputs<'a> {
-    fn new(attempts: &'a Attempts, step: &'a Step, inner: &'a StepSink) -> CarryOutputs<'a> {
-        let last = (step.tool == rdeploy_adapters::Tool::Shell)
+    fn new(attempts: &'a Attempts, step: &'a Step, adapter: &StepAdapter<'_>, inner: &'a StepSink) -> CarryOutputs<'a> {
+        let last = adapter
+            .in_place_keeps_last_outputs()
             .then(|| {
                 // Only a step the last deploy left done: a reverted one's outputs were undone.
                 let done =

@@ -10,6 +10,7 @@ use rdeploy_adapters::preview::PreviewError;
 use rdeploy_adapters::Adapter;
 
 use super::session::Session;
+use crate::adapter::StepAdapter;
 use crate::exit::{Code, Refusal};
 use crate::plan::Resolved;
 use crate::planfile::{files_moved, observed_moved, sha256_hex, step_files, Loaded, SavedStep, REVIEWED_TFPLAN};
@@ -109,9 +110,10 @@ impl Session {
                 .map_err(|e| anyhow::anyhow!("step `{}`: {e:?}", step.name))?;
             let (step, ctx, read) = self.resolved(&step, self.cancel.child_token());
             let then = saved_step.observed.clone();
+            let records = self.state.shared.clone();
             running.spawn(async move {
                 let now = match read {
-                    Ok(()) => step.spec.observe(&ctx).await,
+                    Ok(()) => StepAdapter::of(&step, &records).observe(&ctx).await,
                     Err(failure) => Err(PreviewError::Failed(failure)),
                 };
                 (step.name.clone(), then, now)

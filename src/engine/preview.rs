@@ -5,9 +5,10 @@
 use std::collections::{BTreeMap, HashMap};
 
 use rdeploy_adapters::preview::PreviewError;
-use rdeploy_adapters::{Adapter, PlanAction, Preview, Tool};
+use rdeploy_adapters::{Adapter, PlanAction, Preview};
 
 use super::session::Session;
+use crate::adapter::StepAdapter;
 use crate::exit::{Code, Refusal};
 use crate::plan::{input_key, known_inputs, redact_preview, Resolved, StackPlan, StepPlan};
 use crate::stack::Step;
@@ -59,11 +60,13 @@ impl Session {
                 // As for `up`: marked secrets are read (and registered for redaction) before the
                 // tool starts; one that cannot be read fails this step's preview.
                 let (step, ctx, read) = self.resolved(&step, self.cancel.child_token());
+                let records = self.state.shared.clone();
                 running.spawn(async move {
+                    let adapter = StepAdapter::of(&step, &records);
                     let result = match read {
                         // `up` takes the decision alone (the same verdict, maybe fewer reads).
-                        Ok(()) if decision => step.spec.decision_preview(&ctx).await,
-                        Ok(()) => step.spec.preview(&ctx).await,
+                        Ok(()) if decision => adapter.decision_preview(&ctx).await,
+                        Ok(()) => adapter.preview(&ctx).await,
                         Err(failure) => Err(PreviewError::Failed(failure)),
                     };
                     (index, result)
@@ -87,14 +90,15 @@ impl Session {
     /// values the last deploy recorded; each tool's [`Adapter::decision_preview`], the same
     /// verdict with no more reads than it needs): each step's decision while nothing in the run has
     /// applied anything yet, so a deploy where everything is in place costs about a plan. A
-    /// step its preview is not for (ansible runs anyway, a fleet step previews per cluster,
-    /// `always: true`) or whose preview failed gets none: it previews when it starts.
+    /// step whose adapter does not converge by its preview ([`Adapter::converges_by_preview`]:
+    /// ansible runs anyway, a fleet step previews per cluster), one with `always: true`, or one
+    /// whose preview failed gets none: it previews when it starts.
     pub(crate) async fn early_previews(
         &self,
     ) -> HashMap<String, (Preview, BTreeMap<String, Resolved<serde_json::Value>>)> {
         let steps: Vec<&Step> = self.stack.ordered().collect();
         let recorded = self.store.last_finished().ok().flatten().filter(|d| d.stack == self.stack.name);
-        let wanted = |step: &Step| step.tool != Tool::Ansible && step.fleet.is_none() && !step.always;
+        let wanted = |step: &Step| StepAdapter::of(step, &self.state.shared).converges_by_preview() && !step.always;
         let Ok((results, inputs)) = self.run_previews(&steps, recorded.as_ref(), false, &wanted, true).await else {
             return HashMap::new();
         };
@@ -109,7 +113,7 @@ impl Session {
             .collect()
     }
 
-    /// The decision a step of `up` takes ([`rdeploy_adapters::ToolSpec::converge_step`]):
+    /// The decision a step of `up` takes ([`Adapter::converge_step`]):
     /// under `up --plan`, the reviewed plan's items (exactly what it said would change); else
     /// the preview `up` made before the run, as long as nothing in the run applied anything
     /// since, no other step is running (`alone`), and the output values the step gets now are

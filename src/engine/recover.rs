@@ -8,6 +8,7 @@ use super::journal::Checkpoint;
 use super::report::{ApplyWhy, DryRunPlan, DryRunStep, Ended, RunReport};
 use super::schedule::Outcome;
 use super::session::Session;
+use crate::adapter::StepAdapter;
 use crate::checkpoint::{Deploy, Record, StepStatus};
 use crate::diff::StackDiff;
 use crate::exit::{Code, Refusal};
@@ -124,6 +125,7 @@ impl Session {
             // sensitive one is read again, registered as a secret, so it prints redacted).
             let step = self.resolve_references_from(|f| f(deploy), &step).await.unwrap_or(step);
             let step = &step;
+            let adapter = StepAdapter::of(step, &self.state.shared);
             ctx.started_by = self.started_by(deploy, &step.name, None);
             let what = match action {
                 _ if read.is_err() => {
@@ -134,14 +136,6 @@ impl Session {
                     }
                 }
                 Action::RevertThenApply => DryRunPlan::RevertThenApply { revert: step.revert.clone() },
-                // A fleet step's plan comes from the checkpoint: no cluster is asked.
-                Action::Recover(prior) if step.fleet.is_some() => {
-                    DryRunPlan::Recover(Ok(crate::rollout::dry_run(prior)))
-                }
-                Action::Apply if step.fleet.is_some() => DryRunPlan::Apply {
-                    why: ApplyWhy::NotStarted,
-                    actions: vec!["runs once per cluster in scope, wave by wave".into()],
-                },
                 Action::Apply => {
                     let why = if deploy.step(&step.name).is_some_and(|s| s.status == StepStatus::Reverted) {
                         ApplyWhy::Reverted
@@ -150,14 +144,14 @@ impl Session {
                     } else {
                         ApplyWhy::NotResumable
                     };
-                    let actions = match step.spec.inspect(&ctx, &PriorStep::default()).await {
+                    let actions = match adapter.inspect(&ctx, &PriorStep::default()).await {
                         Ok(inspection) => inspection.actions,
                         Err(_) => Vec::new(),
                     };
                     DryRunPlan::Apply { why, actions }
                 }
                 Action::Recover(prior) => {
-                    DryRunPlan::Recover(step.spec.inspect(&ctx, prior).await.map(|i| i.actions).map_err(|f| f.summary))
+                    DryRunPlan::Recover(adapter.inspect(&ctx, prior).await.map(|i| i.actions).map_err(|f| f.summary))
                 }
             };
             plan.push(DryRunStep { name: step.name.clone(), tool: step.tool, changed, plan: what });

@@ -11,6 +11,7 @@ use super::event::Reporters;
 use super::event::{RunEvent, StepEnd};
 use super::journal::Checkpoint;
 use super::outputs::SensitiveOutputs;
+use crate::adapter::StepAdapter;
 use crate::checkpoint::{Deploy, DeployState, StepStatus};
 use crate::exit::{Code, Refusal};
 use crate::redact::Redactor;
@@ -176,7 +177,7 @@ impl Session {
             Failure::new(format!("cannot read the secret `{key}` before starting the tool: {e}")).with_hint(e.hint())
         };
         ctx.secrets.add_strings(rdeploy_adapters::secrets::env_secrets(&step.env));
-        let tool_key = step.spec.typed_values_mut().map(|(k, _)| k).unwrap_or("values");
+        let tool_key = step.spec.typed_values_key().unwrap_or("values");
         step.spec
             .resolve_secrets(&self.stack.dir, &env, &ctx.secrets)
             .map_err(|(key, e)| failed(format!("{tool_key}.{key}"), e))?;
@@ -224,11 +225,9 @@ impl Session {
                 break;
             }
             let ctx = self.context(step, self.cancel.clone());
-            let checked = if for_run {
-                step.spec.preflight_for_run(&ctx).await
-            } else {
-                step.spec.preflight(&ctx).await.map(Some)
-            };
+            let adapter = StepAdapter::of(step, &self.state.shared);
+            let checked =
+                if for_run { adapter.preflight_for_run(&ctx).await } else { adapter.preflight(&ctx).await.map(Some) };
             match checked {
                 Ok(Some(info)) => {
                     found.insert(step.name.clone(), info);

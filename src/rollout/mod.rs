@@ -18,6 +18,7 @@
 //! settings), `waves_baked` (how many waves are through their bake), `bake` (the wave baking and
 //! until when) and one `cluster:NAME` per cluster.
 
+pub mod adapter;
 pub mod plan;
 pub mod report;
 pub mod runbook;
@@ -67,7 +68,7 @@ pub struct FleetRun<'a> {
     /// The local state directory: last-seen times and rollout starts (`fleet/`).
     pub state_dir: &'a Path,
     /// `up`: a cluster whose preview finds the release (or every object) in place is done
-    /// without the tool applying anything there ([`rdeploy_adapters::ToolSpec::converge_step`]).
+    /// without the tool applying anything there ([`Adapter::converge_step`]).
     pub converge: bool,
 }
 
@@ -108,13 +109,12 @@ fn after_tool_failure(absent: Option<&str>, changing: bool, failure: &str) -> Af
 /// The clusters in scope, in the rollout's stable order: the fleet file's order, else by
 /// context name (digit runs by value).
 pub fn scope_of(step: &Step, fleet: &FleetStep, ctx: &StepContext) -> Result<(Vec<Member>, String), Failure> {
-    let kubeconfig = match &step.spec {
-        ToolSpec::Helm(h) => h.kubeconfig.as_ref(),
-        ToolSpec::Kubectl(k) => k.kubeconfig.as_ref(),
-        _ => None,
-    }
-    .map(|k| ctx.resolve(k))
-    .or_else(|| ctx.env.get("KUBECONFIG").map(Into::into));
+    let kubeconfig = step
+        .spec
+        .kube_target()
+        .and_then(|t| t.kubeconfig)
+        .map(|k| ctx.resolve(k))
+        .or_else(|| ctx.env.get("KUBECONFIG").map(Into::into));
     let (kc, source) = scope::read_kubeconfig(kubeconfig.as_deref()).map_err(|e| {
         Failure::new(format!("cannot read the kubeconfig of fleet step `{}`: {e:#}", step.name))
             .with_hint("set `kubeconfig:` on the step or `KUBECONFIG`, then `rdeploy recover`")
@@ -350,31 +350,15 @@ fn stopped(
 }
 
 fn namespace_of(spec: &ToolSpec) -> Option<String> {
-    match spec {
-        ToolSpec::Helm(h) => h.namespace.clone(),
-        ToolSpec::Kubectl(k) => k.namespace.clone(),
-        _ => None,
-    }
+    spec.kube_target().and_then(|t| t.namespace).map(str::to_string)
 }
 
 /// The step's spec for one cluster: its context passed through, and waiting for the
-/// workloads to be ready unless the step says `wait: false`.
+/// workloads to be ready unless the step says `wait: false` ([`Adapter::target_context`]).
 pub fn spec_for_cluster(spec: &ToolSpec, cluster: &str) -> ToolSpec {
-    match spec {
-        ToolSpec::Helm(h) => {
-            let mut h = h.clone();
-            h.context = Some(cluster.to_string());
-            h.wait.get_or_insert(true);
-            ToolSpec::Helm(h)
-        }
-        ToolSpec::Kubectl(k) => {
-            let mut k = k.clone();
-            k.context = Some(cluster.to_string());
-            k.wait.get_or_insert(true);
-            ToolSpec::Kubectl(k)
-        }
-        other => other.clone(),
-    }
+    let mut one = spec.clone();
+    one.target_context(cluster);
+    one
 }
 
 /// What makes a present cluster unhealthy: its workloads (in the step's namespace) whose
@@ -574,9 +558,10 @@ impl Runner<'_> {
         result?;
         let facts = self.facts.lock().unwrap_or_else(|e| e.into_inner());
         let revision = facts.get(&cluster_fact(&m.name)).and_then(|f| f.get("revision")).and_then(Value::as_u64);
-        let note = match (revision, &self.r.step.spec) {
-            (Some(rev), ToolSpec::Helm(_)) if in_place => format!("rev {rev}, in place: no upgrade"),
-            (Some(rev), ToolSpec::Helm(_)) => format!("rev {rev}"),
+        // Only helm records a release revision.
+        let note = match revision {
+            Some(rev) if in_place => format!("rev {rev}, in place: no upgrade"),
+            Some(rev) => format!("rev {rev}"),
             _ if in_place => "in place: nothing applied".to_string(),
             _ => {
                 let n = csink.done.load(Ordering::SeqCst);

@@ -17,6 +17,9 @@ use serde::Deserialize;
 use self::callback::{parse_line, HostOutcome, HostTracker, Tail};
 use crate::process::{Command, Outcome, Signal};
 use crate::secrets;
+
+/// The key whose values reach ansible with their YAML types.
+const TYPED_KEY: &str = "extra_vars";
 use crate::{
     display_command, shell_quote, Adapter, AdapterError, DescribeContext, Event, EventSink, Failure, FieldPath,
     Inspection, PathSegment, Preview, PriorStep, Recovered, RecoveryDoc, SpecProblem, StepContext, Stream, SubStatus,
@@ -662,7 +665,32 @@ impl Adapter for AnsibleSpec {
     }
 
     fn typed_values_mut(&mut self) -> Option<(&'static str, &mut BTreeMap<String, serde_json::Value>)> {
-        Some(("extra_vars", &mut self.extra_vars))
+        Some((TYPED_KEY, &mut self.extra_vars))
+    }
+
+    fn typed_values_key(&self) -> Option<&'static str> {
+        Some(TYPED_KEY)
+    }
+
+    /// ansible decides as it runs: `up` runs it as `apply` does (it is idempotent by design),
+    /// and its hosts with `changed=0` are reported in place.
+    fn converges_by_preview(&self) -> bool {
+        false
+    }
+
+    /// Besides the playbook and the inventory: the playbook's whole directory tree (what it
+    /// imports, includes and reads beside it: `import_playbook`, `include_tasks`, `vars_files`,
+    /// roles, `group_vars`, ...), and the `group_vars/` and `host_vars/` beside an inventory file.
+    fn pinned_paths(&self, stack_dir: &Path, _revert: Option<&str>) -> Vec<PathBuf> {
+        let mut paths: Vec<PathBuf> = self.referenced_paths().into_iter().map(|(_, path)| path).collect();
+        paths.push(self.playbook.parent().map(Path::to_path_buf).unwrap_or_default());
+        if !self.inventory.to_string_lossy().contains(',') && !stack_dir.join(&self.inventory).is_dir() {
+            let beside = self.inventory.parent().map(Path::to_path_buf).unwrap_or_default();
+            for sub in ["group_vars", "host_vars"] {
+                paths.push(beside.join(sub));
+            }
+        }
+        paths
     }
 
     fn marked_mut(&mut self) -> Option<&mut BTreeMap<String, crate::secrets::Marked>> {

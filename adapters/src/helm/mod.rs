@@ -28,6 +28,9 @@ use serde_json::Value;
 use self::state::{last_deployed, ReleaseStatus, Revision, Status};
 use crate::process::{capture, Captured, Command, Outcome, Signal, StdoutLog};
 use crate::secrets;
+
+/// The key whose values reach helm with their YAML types.
+const TYPED_KEY: &str = "set";
 use crate::{
     display_command, shell_quote, Adapter, AdapterError, DescribeContext, Event, EventSink, Failure, FieldPath,
     Inspection, PathSegment, Preview, PriorStep, Recovered, RecoveryDoc, SpecProblem, StepContext, SubStatus, ToolInfo,
@@ -1058,6 +1061,19 @@ fn repository_names(env: &dyn Fn(&str) -> Option<OsString>) -> Vec<String> {
 }
 
 impl Adapter for HelmSpec {
+    fn kube_target(&self) -> Option<crate::contract::KubeTarget<'_>> {
+        Some(crate::contract::KubeTarget {
+            kubeconfig: self.kubeconfig.as_deref(),
+            namespace: self.namespace.as_deref(),
+        })
+    }
+
+    fn target_context(&mut self, context: &str) -> bool {
+        self.context = Some(context.to_string());
+        self.wait.get_or_insert(true);
+        true
+    }
+
     fn problems(&self) -> Vec<SpecProblem> {
         let mut problems = Vec::new();
         let valid = |s: &str| {
@@ -1305,7 +1321,26 @@ impl Adapter for HelmSpec {
     }
 
     fn typed_values_mut(&mut self) -> Option<(&'static str, &mut BTreeMap<String, serde_json::Value>)> {
-        Some(("set", &mut self.set))
+        Some((TYPED_KEY, &mut self.set))
+    }
+
+    fn typed_values_key(&self) -> Option<&'static str> {
+        Some(TYPED_KEY)
+    }
+
+    /// Besides the values files: a local chart. `repo/chart` and a local `charts/web` look
+    /// alike; helm takes a path that exists.
+    fn pinned_paths(&self, stack_dir: &Path, _revert: Option<&str>) -> Vec<PathBuf> {
+        let mut paths: Vec<PathBuf> = self
+            .referenced_paths()
+            .into_iter()
+            .filter(|(at, _)| !matches!(at.first(), Some(PathSegment::Key("kubeconfig"))))
+            .map(|(_, path)| path)
+            .collect();
+        if !self.chart.contains("://") && stack_dir.join(&self.chart).exists() {
+            paths.push(PathBuf::from(&self.chart));
+        }
+        paths
     }
 
     fn marked_mut(&mut self) -> Option<&mut BTreeMap<String, crate::secrets::Marked>> {

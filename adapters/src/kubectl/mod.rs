@@ -652,6 +652,19 @@ impl KubectlSpec {
 }
 
 impl Adapter for KubectlSpec {
+    fn kube_target(&self) -> Option<crate::contract::KubeTarget<'_>> {
+        Some(crate::contract::KubeTarget {
+            kubeconfig: self.kubeconfig.as_deref(),
+            namespace: self.namespace.as_deref(),
+        })
+    }
+
+    fn target_context(&mut self, context: &str) -> bool {
+        self.context = Some(context.to_string());
+        self.wait.get_or_insert(true);
+        true
+    }
+
     fn problems(&self) -> Vec<SpecProblem> {
         let mut problems = Vec::new();
         if self.manifests.is_empty() {

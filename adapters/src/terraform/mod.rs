@@ -34,6 +34,9 @@ use crate::{
     StepContext, Stream, SubStatus, ToolInfo, TOOL_VERSION_FACT,
 };
 
+/// The key whose values reach terraform with their YAML types.
+const TYPED_KEY: &str = "vars";
+
 /// The `outputs` message of an apply's `-json` stream: name to `{sensitive, type, value}`.
 type OutputsMessage = serde_json::Map<String, serde_json::Value>;
 
@@ -464,7 +467,11 @@ impl Adapter for TerraformSpec {
     }
 
     fn typed_values_mut(&mut self) -> Option<(&'static str, &mut BTreeMap<String, serde_json::Value>)> {
-        Some(("vars", &mut self.vars))
+        Some((TYPED_KEY, &mut self.vars))
+    }
+
+    fn typed_values_key(&self) -> Option<&'static str> {
+        Some(TYPED_KEY)
     }
 
     fn marked_mut(&mut self) -> Option<&mut BTreeMap<String, crate::secrets::Marked>> {
