@@ -274,7 +274,10 @@ steps:
     assert_eq!(config_starts(&first), 1, "{first:#?}");
     assert_eq!(sub_statuses(&p.status(), "hosts"), pairs(&[("web1", "done"), ("web2", "done"), ("web3", "done")]));
     let journal = p.read(&p.state("journal.jsonl"));
-    assert!(journal.contains(r#""tool_version":"core 2.19.14""#), "the version, from the check's first line: {journal}");
+    assert!(
+        journal.contains(r#""tool_version":"core 2.19.14""#),
+        "the version, from the check's first line: {journal}"
+    );
 
     p.rdeploy(&["up"]).code(0).stdout_has("in place");
     let second = starts(&p);
@@ -282,7 +285,10 @@ steps:
     assert!(!second.iter().any(|s| s.contains("--syntax-check")), "{second:#?}");
     assert_eq!(config_starts(&second), 0, "the settings came from the cache: {second:#?}");
     let status = p.status();
-    assert!(step(&status, "hosts")["sub_changes"].as_array().unwrap().iter().all(|h| h["in_place"] == true), "{status}");
+    assert!(
+        step(&status, "hosts")["sub_changes"].as_array().unwrap().iter().all(|h| h["in_place"] == true),
+        "{status}"
+    );
     let journal = p.read(&p.state("journal.jsonl"));
     assert!(journal.contains(r#""tool_version":"core 2.19.14""#), "the version the check said: {journal}");
 

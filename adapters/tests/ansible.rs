@@ -504,8 +504,11 @@ fn logging_playbook(stack: &Stack, body: &str) -> PathBuf {
     let bin = stack.path().join("bin");
     std::fs::create_dir_all(&bin).unwrap();
     let path = bin.join("ansible-playbook");
-    std::fs::write(&path, format!("#!/bin/sh\necho \"$*\" >> '{}'\n{body}\n", stack.path().join("starts.log").display()))
-        .unwrap();
+    std::fs::write(
+        &path,
+        format!("#!/bin/sh\necho \"$*\" >> '{}'\n{body}\n", stack.path().join("starts.log").display()),
+    )
+    .unwrap();
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
     path
 }

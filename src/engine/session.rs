@@ -5,8 +5,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use rdeploy_adapters::{Adapter, CancellationToken, Failure, RunFate, StartedBy, StepContext, ToolInfo};
 use futures::StreamExt as _;
+use rdeploy_adapters::{Adapter, CancellationToken, Failure, RunFate, StartedBy, StepContext, ToolInfo};
 
 use super::event::Reporters;
 use super::event::{RunEvent, StepEnd};

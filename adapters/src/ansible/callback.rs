@@ -27,13 +27,21 @@ pub enum CallbackError {
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum Record {
-    PlaybookStart { playbook: Option<String> },
-    PlayStart { play: Option<String> },
-    NoHostsRemaining { play: Option<String> },
+    PlaybookStart {
+        playbook: Option<String>,
+    },
+    PlayStart {
+        play: Option<String>,
+    },
+    NoHostsRemaining {
+        play: Option<String>,
+    },
     /// Hosts the run targets, written before any task runs on them: at the playbook's start
     /// those of every play whose `hosts` has no template, and at each play's start that play's
     /// own (as ansible selected them, `--limit` applied).
-    Hosts { hosts: Vec<String> },
+    Hosts {
+        hosts: Vec<String>,
+    },
     Result(TaskResult),
     Stats(Stats),
 }

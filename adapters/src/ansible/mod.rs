@@ -286,7 +286,11 @@ impl AnsibleSpec {
         let (paths, enabled) = parse_callback_config(&stdout)
             .ok_or_else(|| format!("`{}` printed no callback settings", cmd.display()))?;
         if let Some(inputs) = &inputs {
-            settings::remember(ctx, inputs, &settings::CallbackSettings { paths: paths.clone(), enabled: enabled.clone() });
+            settings::remember(
+                ctx,
+                inputs,
+                &settings::CallbackSettings { paths: paths.clone(), enabled: enabled.clone() },
+            );
         }
         Ok((paths, enabled))
     }

@@ -43,9 +43,8 @@ struct Remembered {
 /// - the environment: every `ANSIBLE_*` variable, `HOME` (`~` and the default `ANSIBLE_HOME`),
 ///   and each variable a config file names as `$NAME` or `${NAME}` (ansible expands paths).
 pub fn inputs_digest(ctx: &StepContext, programs: &[&Path]) -> String {
-    let env = |key: &str| -> Option<OsString> {
-        ctx.env.get(key).map(OsString::from).or_else(|| std::env::var_os(key))
-    };
+    let env =
+        |key: &str| -> Option<OsString> { ctx.env.get(key).map(OsString::from).or_else(|| std::env::var_os(key)) };
     let mut digest = Sha256::new();
     let mut field = |label: &str, bytes: &[u8]| {
         digest.update(label.as_bytes());

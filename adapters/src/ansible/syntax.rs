@@ -43,7 +43,13 @@ struct Passed {
 
 /// The digest of the check's inputs that are known before it runs; `None` when a tree is too
 /// large to digest on every run (then nothing is remembered).
-pub fn inputs_digest(ctx: &StepContext, program: &Path, args: &[String], playbook: &Path, inventory: &Path) -> Option<String> {
+pub fn inputs_digest(
+    ctx: &StepContext,
+    program: &Path,
+    args: &[String],
+    playbook: &Path,
+    inventory: &Path,
+) -> Option<String> {
     let mut digest = Digest::default();
     digest.field("settings", super::settings::inputs_digest(ctx, &[program]).as_bytes());
     for arg in args {
@@ -238,7 +244,8 @@ impl Digest {
             if depth >= MAX_DEPTH {
                 return None;
             }
-            let mut names: Vec<_> = std::fs::read_dir(path).ok()?.filter_map(|e| e.ok()).map(|e| e.file_name()).collect();
+            let mut names: Vec<_> =
+                std::fs::read_dir(path).ok()?.filter_map(|e| e.ok()).map(|e| e.file_name()).collect();
             names.sort();
             self.field("dir", &[]);
             for name in names {
@@ -301,8 +308,14 @@ mod tests {
         std::fs::write(root.join("program"), "#!/bin/sh\n").unwrap();
         let ctx = step_context(root);
         let digest = || {
-            inputs_digest(&ctx, &root.join("program"), &["--syntax-check".into()], Path::new("play/site.yml"), Path::new("inv/hosts.ini"))
-                .unwrap()
+            inputs_digest(
+                &ctx,
+                &root.join("program"),
+                &["--syntax-check".into()],
+                Path::new("play/site.yml"),
+                Path::new("inv/hosts.ini"),
+            )
+            .unwrap()
         };
         let first = digest();
         // What a run leaves beside the playbook, hidden, is not read: the state dir, `.git`.
