@@ -262,7 +262,7 @@ impl AnsibleSpec {
         let sibling = binary.with_file_name("ansible-config");
         let config = if sibling.is_file() { sibling } else { PathBuf::from("ansible-config") };
         // The program that will run, for the digest; one not found is asked (and fails) as before.
-        let found = match config.is_absolute() {
+        let found = match config.components().count() > 1 {
             true => Some(config.clone()),
             false => crate::resolve_binary(ctx, "ansible-config", INSTALL_HINT).ok(),
         };
