@@ -191,3 +191,131 @@ fn a_host_unreachable_on_the_first_attempt_only_is_retried_alone() {
         assert_eq!(log(&p, host), ["start site", "finish site"], "{host} ran once: the retry limited to db1");
     }
 }
+
+/// Wrappers named as ansible's programs in `bin/` of the project, each logging its arguments to
+/// `starts.log` and running the real one from `.venv`: how many times ansible started.
+fn logging_ansible(p: &Project) {
+    let venv = repo_root().join(".venv/bin");
+    assert!(venv.join("ansible-config").is_file(), "{} is missing: run scripts/setup-ansible.sh", venv.display());
+    for program in ["ansible-playbook", "ansible-config"] {
+        let path = p.path(&format!("bin/{program}"));
+        p.file(
+            &format!("bin/{program}"),
+            &format!(
+                "#!/bin/sh\necho \"{program} $*\" >> '{log}'\nexec '{real}' \"$@\"\n",
+                log = p.path("starts.log").display(),
+                real = venv.join(program).display()
+            ),
+        );
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+}
+
+/// Every deploy the history keeps, as text.
+fn history(p: &Project) -> String {
+    let dir = p.path(&p.state("history"));
+    let mut files: Vec<_> =
+        std::fs::read_dir(&dir).map(|d| d.flatten().map(|e| e.path()).collect()).unwrap_or_default();
+    files.sort();
+    files.iter().map(|f| std::fs::read_to_string(f).unwrap_or_default()).collect()
+}
+
+/// The starts `starts.log` holds since the last call, and empties it.
+fn starts(p: &Project) -> Vec<String> {
+    let lines = p.lines("starts.log");
+    p.remove("starts.log");
+    lines
+}
+
+/// A deploy runs ansible once, besides the check before anything runs (one `ansible-playbook -vv
+/// --syntax-check`, whose first line is the version), and that check is not made again while
+/// nothing it reads changed: a second `up` starts ansible once, for the run, whose callback names
+/// the hosts before any task. An edited playbook is checked again; one that no longer parses is
+/// refused (exit 2) although a check passed before; a changed `ansible.cfg` is read again
+/// (`ansible-config dump`, asked once and kept meanwhile), and the callback it enables runs.
+/// Before, every `up` started ansible five times (`--version`, `--syntax-check`, `--list-hosts`,
+/// `ansible-config dump` and the run).
+#[test]
+fn a_second_up_starts_ansible_once_and_checks_again_only_what_changed() {
+    let p = Project::new();
+    logging_ansible(&p);
+    let inventory = r#"[web]
+web1
+web2
+web3
+
+[web:vars]
+ansible_connection=local
+ansible_python_interpreter={{ ansible_playbook_python }}
+"#;
+    let playbook = r#"- hosts: web
+  gather_facts: false
+  tasks:
+    - name: install the release
+      ansible.builtin.copy:
+        content: "release {{ release }}\n"
+        dest: "{{ playbook_dir }}/../out/{{ inventory_hostname }}.release"
+"#;
+    p.file("play/inventory.ini", inventory).file("play/site.yml", playbook);
+    std::fs::create_dir_all(p.path("out")).unwrap();
+    p.stack(
+        r#"
+name: agents
+steps:
+  - name: hosts
+    tool: ansible
+    playbook: play/site.yml
+    inventory: play/inventory.ini
+    extra_vars: { release: "1.4.2" }
+    binary: bin/ansible-playbook
+    env: { ANSIBLE_NOCOLOR: "1", JUNIT_OUTPUT_DIR: junit }
+"#,
+    );
+    let playbook_starts = |starts: &[String]| starts.iter().filter(|s| s.starts_with("ansible-playbook ")).count();
+    let config_starts = |starts: &[String]| starts.iter().filter(|s| s.starts_with("ansible-config ")).count();
+
+    p.rdeploy(&["up"]).code(0);
+    let first = starts(&p);
+    assert_eq!(playbook_starts(&first), 2, "{first:#?}");
+    assert!(first.iter().any(|s| s.contains("--syntax-check")), "{first:#?}");
+    assert!(!first.iter().any(|s| s.contains("--list-hosts") || s.contains("--version")), "{first:#?}");
+    assert_eq!(config_starts(&first), 1, "{first:#?}");
+    assert_eq!(sub_statuses(&p.status(), "hosts"), pairs(&[("web1", "done"), ("web2", "done"), ("web3", "done")]));
+    let journal = history(&p);
+    assert!(journal.contains("core 2.19.14"), "the version, from the check's first line: {journal}");
+
+    p.rdeploy(&["up"]).code(0).stdout_has("in place");
+    let second = starts(&p);
+    assert_eq!(playbook_starts(&second), 1, "only the run: {second:#?}");
+    assert!(!second.iter().any(|s| s.contains("--syntax-check")), "{second:#?}");
+    assert_eq!(config_starts(&second), 0, "the settings came from the cache: {second:#?}");
+    let status = p.status();
+    assert!(
+        step(&status, "hosts")["sub_changes"].as_array().unwrap().iter().all(|h| h["in_place"] == true),
+        "{status}"
+    );
+    let journal = history(&p);
+    assert!(journal.contains("core 2.19.14"), "the version the check said: {journal}");
+
+    p.file("play/site.yml", &format!("{playbook}    - ansible.builtin.debug: {{ msg: edited }}\n"));
+    p.rdeploy(&["up"]).code(0);
+    let edited = starts(&p);
+    assert_eq!(playbook_starts(&edited), 2, "an edited playbook is checked again: {edited:#?}");
+
+    p.file("play/site.yml", &format!("{playbook}    - not_a_keyword: true\n"));
+    p.rdeploy(&["up"]).code(2).stderr_has("play/site.yml: the playbook does not parse").stderr_has("--syntax-check");
+    assert_eq!(playbook_starts(&starts(&p)), 1, "refused by the check alone");
+
+    p.file("play/site.yml", playbook);
+    assert!(!p.exists("junit"), "no callback of the user's is enabled yet");
+    p.file("ansible.cfg", "[defaults]\ncallbacks_enabled = ansible.builtin.junit\n");
+    p.rdeploy(&["up"]).code(0);
+    let configured = starts(&p);
+    assert_eq!(config_starts(&configured), 1, "a changed ansible.cfg is read again: {configured:#?}");
+    assert_eq!(playbook_starts(&configured), 2, "and the playbook checked again under it: {configured:#?}");
+    assert!(
+        std::fs::read_dir(p.path("junit")).map(|d| d.count()).unwrap_or(0) > 0,
+        "the junit callback ansible.cfg enables ran"
+    );
+}

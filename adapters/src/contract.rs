@@ -349,6 +349,10 @@ pub struct StepContext {
     /// A scratch directory for this step inside the state directory (plan files, callback
     /// output); it survives a crash so recovery can read it.
     pub work_dir: PathBuf,
+    /// A directory inside the state directory that outlives deploys, where an adapter keeps
+    /// what it learnt from a tool under a digest of everything the answer depends on (ansible's
+    /// callback settings), so a later run need not ask again. `None`: nothing is kept.
+    pub cache_dir: Option<PathBuf>,
     /// Extra environment for the tool (`env:` on the step).
     pub env: BTreeMap<String, String>,
     /// The step's time limit, if any.
@@ -775,6 +779,7 @@ mod tests {
             stack: "test".into(),
             stack_dir: PathBuf::from("."),
             work_dir: PathBuf::from("."),
+            cache_dir: None,
             env: Default::default(),
             timeout: None,
             cancel: CancellationToken::new(),

@@ -532,6 +532,7 @@ mod tests {
             stack: "test".into(),
             stack_dir: dir.to_path_buf(),
             work_dir: dir.join("work"),
+            cache_dir: None,
             env: Default::default(),
             timeout: None,
             cancel: CancellationToken::new(),

@@ -87,6 +87,7 @@ impl Stack {
             stack: "test".into(),
             stack_dir: self.path().to_path_buf(),
             work_dir: self.path().join(".rdeploy/work/hosts"),
+            cache_dir: None,
             env: BTreeMap::from([("PATH".to_string(), path), ("ANSIBLE_NOCOLOR".to_string(), "1".to_string())]),
             timeout: Some(std::time::Duration::from_secs(300)),
             cancel: CancellationToken::new(),
@@ -434,4 +435,108 @@ async fn a_secret_extra_var_goes_in_a_file_and_a_failing_task_printing_it_is_red
     );
     let runbook = format!("{runbook:?}");
     assert!(!runbook.contains("SECRETVALUE") && runbook.contains("eu-west-2"), "{runbook}");
+}
+
+/// The run names the hosts of every play before any task runs, as `--list-hosts` did in a start
+/// of its own: here play 1 aborts (any_errors_fatal) on web1, so play 2 never starts, and its
+/// hosts web4 and web5 are still planned and left pending, for `recover` to run.
+#[tokio::test]
+async fn the_run_plans_every_plays_hosts_before_any_task_and_a_play_never_started_leaves_them_pending() {
+    let stack = Stack::new();
+    std::fs::write(
+        stack.path().join("plays.yml"),
+        r#"- name: first
+  hosts: web1:web2
+  any_errors_fatal: true
+  gather_facts: false
+  tasks:
+    - name: check for injected failure
+      ansible.builtin.fail:
+        msg: "injected failure on {{ inventory_hostname }}"
+      when: (markers ~ '/fail-' ~ inventory_hostname) is exists
+- name: second
+  hosts: web4,web5
+  gather_facts: false
+  tasks:
+    - ansible.builtin.shell: echo second >> "{{ out }}/{{ inventory_hostname }}.log"
+"#,
+    )
+    .unwrap();
+    let spec = stack.spec("plays.yml", "inventory.ini");
+    stack.fail("web1");
+    let (sink, result) = apply(&stack, &spec).await;
+    result.unwrap_err();
+    let planned = ["web1", "web2", "web4", "web5"].map(String::from).to_vec();
+    assert_eq!(sink.events()[0], Event::Planned { ids: planned }, "{:#?}", sink.events());
+    let prior = sink.prior();
+    assert_eq!(status_of(&prior, "web1"), SubStatus::Failed);
+    for host in ["web2", "web4", "web5"] {
+        assert_eq!(status_of(&prior, host), SubStatus::Pending, "{host}");
+    }
+    assert_eq!(prior.status_of("web3"), None, "no play targets web3");
+    assert!(stack.log("web4").is_empty());
+}
+
+/// A play whose `hosts` is a template is planned as it starts, with the hosts ansible selected.
+#[tokio::test]
+async fn a_templated_hosts_pattern_is_planned_as_its_play_starts() {
+    let stack = Stack::new();
+    std::fs::write(
+        stack.path().join("templated.yml"),
+        "- hosts: \"{{ targets }}\"\n  gather_facts: false\n  tasks:\n    - ansible.builtin.shell: echo templated >> \"{{ out }}/{{ inventory_hostname }}.log\"\n",
+    )
+    .unwrap();
+    let mut spec = stack.spec("templated.yml", "inventory.ini");
+    spec.extra_vars.insert("targets".into(), serde_json::json!("web2:web3"));
+    let (sink, result) = apply(&stack, &spec).await;
+    result.unwrap();
+    let events = sink.events();
+    let planned = events.iter().position(|e| matches!(e, Event::Planned { .. })).expect("planned");
+    let started = events.iter().position(|e| matches!(e, Event::Started { .. })).expect("started");
+    assert!(planned < started, "{events:#?}");
+    assert_eq!(events[planned], Event::Planned { ids: vec!["web2".into(), "web3".into()] });
+    assert_eq!(sink.done(), vec!["web2", "web3"]);
+}
+
+/// `ansible-playbook` wrappers in `bin/` of the stack that log each start to `starts.log`.
+fn logging_playbook(stack: &Stack, body: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let bin = stack.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let path = bin.join("ansible-playbook");
+    std::fs::write(
+        &path,
+        format!("#!/bin/sh\necho \"$*\" >> '{}'\n{body}\n", stack.path().join("starts.log").display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+/// The checks before anything runs start `ansible-playbook` once: `-vv --syntax-check` opens
+/// with the version line, then checks the playbook. A playbook that does not parse is bad input
+/// naming `--syntax-check`; a program that prints no version is an unusable tool, with its words.
+#[tokio::test]
+async fn one_start_says_the_version_and_checks_the_playbook() {
+    let stack = Stack::new();
+    let real = venv_bin().join("ansible-playbook");
+    let mut spec = stack.spec("site.yml", "inventory.ini");
+    spec.binary = Some(logging_playbook(&stack, &format!("exec '{}' \"$@\"", real.display())).display().to_string());
+    let info = ToolSpec::Ansible(spec.clone()).preflight(&stack.ctx()).await.unwrap();
+    assert_eq!(info.version, "core 2.19.14");
+    let starts = std::fs::read_to_string(stack.path().join("starts.log")).unwrap();
+    assert_eq!(starts.lines().count(), 1, "{starts}");
+    assert!(starts.contains("--syntax-check") && starts.contains("-vv"), "{starts}");
+
+    spec.playbook = "broken.yml".into();
+    let error = ToolSpec::Ansible(spec.clone()).preflight(&stack.ctx()).await.unwrap_err();
+    assert!(matches!(error, rdeploy_adapters::AdapterError::BadInput { .. }), "{error:?}");
+    assert!(error.to_string().contains("broken.yml: the playbook does not parse"), "{error}");
+    assert!(error.hint().unwrap().contains("--syntax-check"), "{error:?}");
+
+    spec.playbook = "site.yml".into();
+    spec.binary = Some(logging_playbook(&stack, "echo 'no python here' >&2; exit 3").display().to_string());
+    let error = ToolSpec::Ansible(spec).preflight(&stack.ctx()).await.unwrap_err();
+    assert!(matches!(error, rdeploy_adapters::AdapterError::ToolUnusable { .. }), "{error:?}");
+    assert!(error.to_string().contains("no python here"), "{error}");
 }

@@ -53,6 +53,7 @@ impl Setup {
             stack: "test".into(),
             stack_dir: self.stack.path().to_path_buf(),
             work_dir: self.stack.path().join(".rdeploy/work/app"),
+            cache_dir: None,
             env,
             timeout: Some(Duration::from_secs(30)),
             cancel: CancellationToken::new(),

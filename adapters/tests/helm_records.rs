@@ -23,6 +23,7 @@ fn ctx(sim: &Kubesim, stack: &Path, extra: &[(&str, &str)]) -> StepContext {
         stack: "test".into(),
         stack_dir: stack.to_path_buf(),
         work_dir: stack.join(".rdeploy/work/app"),
+        cache_dir: None,
         env,
         timeout: Some(Duration::from_secs(30)),
         cancel: CancellationToken::new(),

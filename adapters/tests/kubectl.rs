@@ -55,6 +55,7 @@ impl Setup {
             stack: "test".into(),
             stack_dir: self.stack.path().to_path_buf(),
             work_dir: self.stack.path().join(".rdeploy/work/extras"),
+            cache_dir: None,
             env: self.sim.env().into_iter().collect(),
             timeout: Some(timeout),
             cancel: CancellationToken::new(),

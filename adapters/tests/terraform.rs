@@ -49,6 +49,7 @@ impl Fixture {
             stack: "test".into(),
             stack_dir: self.root.clone(),
             work_dir: self.root.join("state/infra"),
+            cache_dir: None,
             env: BTreeMap::new(),
             timeout: Some(Duration::from_secs(240)),
             cancel: CancellationToken::new(),

@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use futures::StreamExt as _;
 use rdeploy_adapters::{Adapter, CancellationToken, Failure, RunFate, StartedBy, StepContext, ToolInfo};
 
 use super::event::Reporters;
@@ -96,6 +97,7 @@ impl Session {
             // to the caller's (`rdeploy up demo/stack.yaml`) would not be found from there.
             work_dir: std::path::absolute(self.state.step_dir(&step.name))
                 .unwrap_or_else(|_| self.state.step_dir(&step.name)),
+            cache_dir: Some(std::path::absolute(self.state.cache_dir()).unwrap_or_else(|_| self.state.cache_dir())),
             env: step.env.clone(),
             timeout: step.timeout,
             cancel,
@@ -220,14 +222,26 @@ impl Session {
                 step.name
             ));
         }
-        for step in steps {
-            if self.cancel.is_cancelled() {
-                break;
+        // Each check only reads (a version, a playbook's syntax), so they run side by side, as
+        // many as there are cores: the checks cost about the slowest tool's, not their sum.
+        // Problems are told in the stack's order.
+        let at_once = std::thread::available_parallelism().map_or(2, |n| n.get().max(2));
+        let checks = steps.iter().map(|step| async move {
+            let mut ctx = self.context(step, self.cancel.clone());
+            if !for_run {
+                // `validate` records nothing: it reads what runs kept (under the lock, in a state
+                // directory checked first), and makes no cache of its own.
+                ctx.cache_dir = ctx.cache_dir.filter(|dir| dir.is_dir());
             }
-            let ctx = self.context(step, self.cancel.clone());
             let adapter = StepAdapter::of(step, &self.state.shared);
-            let checked =
-                if for_run { adapter.preflight_for_run(&ctx).await } else { adapter.preflight(&ctx).await.map(Some) };
+            if for_run {
+                adapter.preflight_for_run(&ctx).await
+            } else {
+                adapter.preflight(&ctx).await.map(Some)
+            }
+        });
+        let checked: Vec<_> = futures::stream::iter(checks).buffered(at_once).collect().await;
+        for (step, checked) in steps.iter().zip(checked) {
             match checked {
                 Ok(Some(info)) => {
                     found.insert(step.name.clone(), info);

@@ -198,6 +198,7 @@ mod tests {
             stack: "s".into(),
             stack_dir: dir.to_path_buf(),
             work_dir: dir.join("work"),
+            cache_dir: None,
             // No kubeconfig: a cluster asked would be an error, not an answer.
             env: [("KUBECONFIG".to_string(), dir.join("missing").display().to_string())].into_iter().collect(),
             timeout: None,

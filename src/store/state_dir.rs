@@ -59,6 +59,12 @@ impl StateDir {
         self.path.join("steps").join(step)
     }
 
+    /// What adapters keep between deploys, each answer under a digest of its inputs (see
+    /// `StepContext::cache_dir`); unlike `steps/`, a finished deploy does not remove it.
+    pub fn cache_dir(&self) -> PathBuf {
+        self.path.join("cache")
+    }
+
     pub fn log_path(&self, step: &str) -> PathBuf {
         self.path.join("logs").join(format!("{step}.log"))
     }

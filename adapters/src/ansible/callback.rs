@@ -27,9 +27,21 @@ pub enum CallbackError {
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum Record {
-    PlaybookStart { playbook: Option<String> },
-    PlayStart { play: Option<String> },
-    NoHostsRemaining { play: Option<String> },
+    PlaybookStart {
+        playbook: Option<String>,
+    },
+    PlayStart {
+        play: Option<String>,
+    },
+    NoHostsRemaining {
+        play: Option<String>,
+    },
+    /// Hosts the run targets, written before any task runs on them: at the playbook's start
+    /// those of every play whose `hosts` has no template, and at each play's start that play's
+    /// own (as ansible selected them, `--limit` applied).
+    Hosts {
+        hosts: Vec<String>,
+    },
     Result(TaskResult),
     Stats(Stats),
 }
@@ -238,7 +250,36 @@ impl HostTracker {
             Record::NoHostsRemaining { .. } => self.no_hosts_remaining = true,
             Record::PlayStart { .. } => self.hosts.values_mut().for_each(|h| h.finished_play = false),
             Record::PlaybookStart { .. } => {}
+            Record::Hosts { hosts } => {
+                if self.plan(hosts) {
+                    events.push(Event::Planned { ids: self.planned.clone() });
+                }
+            }
         }
+    }
+
+    /// The hosts planned so far, in natural order (web2 before web10).
+    pub fn planned(&self) -> &[String] {
+        &self.planned
+    }
+
+    /// Adds hosts the run targets to the plan; `true` when one was new. A host already seen
+    /// in a result (added to the inventory by an earlier play's `add_host`) joins the plan too.
+    fn plan(&mut self, hosts: Vec<String>) -> bool {
+        let known: HashSet<&str> = self.planned.iter().map(String::as_str).collect();
+        let mut new: Vec<String> = hosts.into_iter().filter(|h| !known.contains(h.as_str())).collect();
+        new.sort();
+        new.dedup();
+        if new.is_empty() {
+            return false;
+        }
+        self.extra.retain(|h| new.binary_search(h).is_err());
+        for host in &new {
+            self.hosts.entry(host.clone()).or_default();
+        }
+        self.planned.extend(new);
+        self.planned.sort_by(|a, b| super::recap::natural_cmp(a, b));
+        true
     }
 
     /// Uses the play recap from the human output when the plugin wrote no stats (it did not
@@ -292,8 +333,16 @@ impl HostTracker {
 
     /// Settles every host once the run is over. `exit_code` is ansible-playbook's status.
     pub fn finish(&mut self, exit_code: Option<i32>, events: &mut Vec<Event>) -> Vec<(String, HostOutcome)> {
-        let order: Vec<String> = self.planned.iter().chain(self.extra.iter()).cloned().collect();
         let stats = self.stats.take();
+        let mut order: Vec<String> = self.planned.iter().chain(self.extra.iter()).cloned().collect();
+        // Hosts only the play recap names (the plugin did not load, so nothing planned them).
+        let listed: HashSet<&str> = order.iter().map(String::as_str).collect();
+        let mut recapped: Vec<String> = stats
+            .as_ref()
+            .map(|s| s.hosts.keys().filter(|h| !listed.contains(h.as_str())).cloned().collect())
+            .unwrap_or_default();
+        recapped.sort_by(|a, b| super::recap::natural_cmp(a, b));
+        order.extend(recapped);
         let failed_marked: HashSet<&str> = stats
             .as_ref()
             .and_then(|s| s.failed_hosts.as_ref())
@@ -629,6 +678,38 @@ mod tests {
         tracker.use_recap(&recap, false);
         let outcomes = tracker.finish(Some(0), &mut Vec::new());
         assert!(outcomes.iter().all(|(_, o)| *o == HostOutcome::Done));
+    }
+
+    #[test]
+    fn hosts_records_plan_the_run_in_natural_order_once_each() {
+        let mut tracker = HostTracker::new(Vec::new());
+        let mut events = Vec::new();
+        let record = |line: &str| parse_line(line).unwrap().unwrap();
+        tracker.observe(record(r#"{"v":1,"event":"hosts","hosts":["web10","web2","web1","web2"]}"#), &mut events);
+        assert_eq!(events, vec![Event::Planned { ids: hosts(&["web1", "web2", "web10"]) }]);
+        events.clear();
+        tracker.observe(record(r#"{"v":1,"event":"hosts","hosts":["web2"]}"#), &mut events);
+        assert!(events.is_empty(), "nothing new: {events:?}");
+        tracker.observe(
+            record(r#"{"v":1,"event":"result","status":"ok","host":"added","task":"t","msg":""}"#),
+            &mut events,
+        );
+        events.clear();
+        // A host an earlier play added (add_host) that a later play targets joins the plan.
+        tracker.observe(record(r#"{"v":1,"event":"hosts","hosts":["web3","added"]}"#), &mut events);
+        assert_eq!(events, vec![Event::Planned { ids: hosts(&["added", "web1", "web2", "web3", "web10"]) }]);
+        let outcomes = tracker.finish(Some(0), &mut Vec::new());
+        assert_eq!(outcomes.len(), 5, "{outcomes:?}");
+    }
+
+    #[test]
+    fn the_recap_alone_settles_every_host_it_names_when_nothing_planned_them() {
+        let recap = super::super::recap::parse_recap(&captured("site-ok.stdout"));
+        let mut tracker = HostTracker::new(Vec::new());
+        tracker.use_recap(&recap, false);
+        let outcomes = tracker.finish(Some(0), &mut Vec::new());
+        assert_eq!(outcomes.iter().map(|(h, _)| h.as_str()).collect::<Vec<_>>(), WEB);
+        assert!(outcomes.iter().all(|(_, o)| *o == HostOutcome::Done), "{outcomes:?}");
     }
 
     #[test]

@@ -7,6 +7,8 @@ pub mod callback;
 pub mod exit_codes;
 pub mod preview;
 pub mod recap;
+pub mod settings;
+pub mod syntax;
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -59,6 +61,8 @@ const INSTALL_HINT: &str =
 const TAIL_EVERY: Duration = Duration::from_millis(100);
 /// Above this many hosts `--limit` goes through a file (`--limit @file`) to keep argv short.
 const LIMIT_FILE_ABOVE: usize = 200;
+/// The lines of the check's `-vv` output read for where it searches (its version header).
+const HEADER_LINES: usize = 40;
 /// How many hosts a one-line message names before it says "and N more".
 const NAMED_HOSTS: usize = 10;
 
@@ -250,6 +254,9 @@ impl AnsibleSpec {
         )
     }
 
+    /// `CALLBACK_PLUGINS` and `CALLBACKS_ENABLED` in effect, from `ansible-config dump` (a
+    /// second or more of python), or from the state directory's cache when nothing that dump
+    /// reads has changed since it last said them ([`settings`]).
     async fn effective_callback_config(
         &self,
         ctx: &StepContext,
@@ -257,6 +264,15 @@ impl AnsibleSpec {
     ) -> Result<(Vec<String>, Vec<String>), String> {
         let sibling = binary.with_file_name("ansible-config");
         let config = if sibling.is_file() { sibling } else { PathBuf::from("ansible-config") };
+        // The program that will run, for the digest; one not found is asked (and fails) as before.
+        let found = match config.components().count() > 1 {
+            true => Some(config.clone()),
+            false => crate::resolve_binary(ctx, "ansible-config", INSTALL_HINT).ok(),
+        };
+        let inputs = found.map(|program| settings::inputs_digest(ctx, &[&program, binary]));
+        if let Some(known) = inputs.as_deref().and_then(|inputs| settings::recall(ctx, inputs)) {
+            return Ok((known.paths, known.enabled));
+        }
         let cmd = self.command(ctx, &config).args(["dump", "--format", "json"]);
         let mut stdout = String::new();
         let outcome = cmd
@@ -270,7 +286,16 @@ impl AnsibleSpec {
         if !outcome.success() {
             return Err(format!("`{}` {}", cmd.display(), outcome.describe_status()));
         }
-        parse_callback_config(&stdout).ok_or_else(|| format!("`{}` printed no callback settings", cmd.display()))
+        let (paths, enabled) = parse_callback_config(&stdout)
+            .ok_or_else(|| format!("`{}` printed no callback settings", cmd.display()))?;
+        if let Some(inputs) = &inputs {
+            settings::remember(
+                ctx,
+                inputs,
+                &settings::CallbackSettings { paths: paths.clone(), enabled: enabled.clone() },
+            );
+        }
+        Ok((paths, enabled))
     }
 
     /// `h1,h2` or, for long lists, `@file` with one host per line in the work dir.
@@ -344,10 +369,14 @@ impl AnsibleSpec {
             cmd = cmd.env(UNLINK_ENV, std::path::absolute(file.path()).unwrap_or_else(|_| file.path().to_path_buf()));
         }
 
-        let mut tracker = HostTracker::new(planned);
-        let mut tail = Tail::new(
+        let tail = Tail::new(
             events.reader().map_err(|e| Failure::new(format!("could not read the callback's records: {e}")))?,
         );
+        // Read by the ticker and, until the first record is in, before each line ansible prints:
+        // the hosts the run targets are planned (the plugin names them before any task) before
+        // any output of the run is told. Never locked twice: `select!` polls one at a time (a
+        // mutex, not a cell, only so the step's future may move between threads).
+        let reading = std::sync::Mutex::new((tail, HostTracker::new(planned)));
         let mut recap_lines = Vec::new();
         let mut no_more_hosts = false;
         let outcome = {
@@ -359,6 +388,11 @@ impl AnsibleSpec {
                         no_more_hosts = true;
                     }
                 }
+                let mut guard = reading.lock().unwrap_or_else(|e| e.into_inner());
+                let (tail, tracker) = &mut *guard;
+                if tracker.records() == 0 {
+                    drain(tail, tracker, sink);
+                }
                 sink.emit(Event::Output { stream, line: line.to_string() });
             };
             let run = cmd.run(&ctx.cancel, ctx.timeout, &mut on_line);
@@ -367,10 +401,15 @@ impl AnsibleSpec {
             loop {
                 tokio::select! {
                     outcome = &mut run => break outcome.map_err(|e| Failure::new(e.to_string()))?,
-                    _ = ticker.tick() => drain(&mut tail, &mut tracker, sink),
+                    _ = ticker.tick() => {
+                        let mut guard = reading.lock().unwrap_or_else(|e| e.into_inner());
+                        let (tail, tracker) = &mut *guard;
+                        drain(tail, tracker, sink);
+                    }
                 }
             }
         };
+        let (mut tail, mut tracker) = reading.into_inner().unwrap_or_else(|e| e.into_inner());
         drain(&mut tail, &mut tracker, sink);
         if let Some(rest) = tail.remainder() {
             sink.emit(Event::Warning { message: format!("the callback's last record was cut off: {rest}") });
@@ -512,48 +551,65 @@ impl Adapter for AnsibleSpec {
 
     async fn preflight(&self, ctx: &StepContext) -> Result<ToolInfo, AdapterError> {
         let binary = self.resolve_binary(ctx)?;
-        let cmd = self.command(ctx, &binary).arg("--version");
-        let mut first = None;
-        let outcome = cmd
-            .run(&ctx.cancel, Some(Duration::from_secs(60)), &mut |stream, line| {
-                if stream == Stream::Stdout && first.is_none() {
-                    first = Some(line.to_string());
+        // A playbook that does not parse is bad input, known before anything runs. One start
+        // says both that and the version: at `-vv` ansible-playbook opens with its version
+        // line (`ansible-playbook [core 2.19.14]`, before it reads the inventory or the
+        // playbook), then checks the playbook; each start costs a second or more of python.
+        // Once passed, the check is not made again while nothing it reads changed ([`syntax`]).
+        // Secret extra vars show as `***` here.
+        let args: Vec<String> =
+            self.base_args(None).into_iter().chain(["--syntax-check".to_string(), "-vv".to_string()]).collect();
+        let inputs = syntax::inputs_digest(ctx, &binary, &args, &self.playbook, &self.inventory);
+        if let Some(version) = inputs.as_deref().and_then(|inputs| syntax::recall(ctx, inputs)) {
+            return Ok(ToolInfo { binary, version });
+        }
+        let check = self.command(ctx, &binary).args(&args);
+        let mut version = None;
+        let mut header = Vec::new();
+        let outcome = check
+            .run(&ctx.cancel, Some(Duration::from_secs(120)), &mut |_, line| {
+                if version.is_none() {
+                    version = parse_version(line);
+                }
+                if header.len() < HEADER_LINES {
+                    header.push(line.to_string());
                 }
             })
             .await?;
-        let version = first.as_deref().and_then(parse_version);
-        let info = match version {
-            Some(version) if outcome.success() => ToolInfo { binary, version },
-            _ => {
-                return Err(AdapterError::ToolUnusable {
-                    command: cmd.display(),
-                    detail: outcome.last_error_line().unwrap_or_else(|| outcome.describe_status()),
-                })
-            }
+        let Some(version) = version else {
+            // No version line: ansible itself did not start (a broken install, a binary that is
+            // not ansible-playbook), whatever the playbook holds.
+            return Err(AdapterError::ToolUnusable {
+                command: check.display(),
+                detail: outcome.last_error_line().unwrap_or_else(|| outcome.describe_status()),
+            });
         };
-        // A playbook that does not parse is bad input, known before anything runs. Cost: one
-        // more ansible-playbook start (about a second); secret extra vars show as `***` here.
-        let check = self.command(ctx, &info.binary).args(self.base_args(None)).arg("--syntax-check");
-        let outcome = check.run(&ctx.cancel, Some(Duration::from_secs(120)), &mut |_, _| {}).await?;
         // Only a check that ran to its end and failed says the playbook does not parse: one cut
         // short (a slow dynamic inventory on a loaded runner, a Ctrl-C the driver reports itself)
         // proved nothing, and ansible still checks the playbook when the step runs.
         if !outcome.success() && !outcome.interrupted && !outcome.timed_out {
+            syntax::forget(ctx);
             return Err(crate::inputs::playbook_syntax(
                 &self.playbook,
                 &display_command(&[self.runbook_words(None), vec!["--syntax-check".into()]].concat()),
                 ansible_error_line(&outcome),
             ));
         }
-        Ok(info)
+        // Kept only if nothing it read moved while it ran.
+        if let (true, Some(inputs)) = (outcome.success(), &inputs) {
+            if syntax::inputs_digest(ctx, &binary, &args, &self.playbook, &self.inventory).as_ref() == Some(inputs) {
+                syntax::remember(ctx, inputs, &version, &header);
+            }
+        }
+        Ok(ToolInfo { binary, version })
     }
 
     async fn apply(&self, ctx: &StepContext, sink: &dyn EventSink) -> Result<(), Failure> {
         let binary = self.resolve_binary(ctx).map_err(Failure::from)?;
-        let (planned, callback) = self.hosts_and_callback_env(ctx, &binary).await;
-        let planned = planned?;
-        sink.emit(Event::Planned { ids: planned.clone() });
-        self.run_playbook(ctx, sink, &binary, self.limit.as_deref(), Prepared { hosts: planned, callback }, "apply")
+        // The hosts come from the run itself: the plugin names them before any task runs
+        // (`callback::Record::Hosts`), as `--list-hosts` would, without a start of their own.
+        let callback = self.callback_env(ctx, &binary, &ctx.work_dir.join("callback_plugins")).await;
+        self.run_playbook(ctx, sink, &binary, self.limit.as_deref(), Prepared { hosts: Vec::new(), callback }, "apply")
             .await
     }
 
@@ -782,10 +838,27 @@ fn limit_words(hosts: &[String]) -> String {
     }
 }
 
-/// `ansible-playbook [core 2.19.14]` -> `core 2.19.14`.
+/// `ansible-playbook [core 2.19.14]` -> `core 2.19.14`: the first line of `--version`, and of
+/// any run at `-vv` (in colour under `ANSIBLE_FORCE_COLOR`); `None` for any other line.
 fn parse_version(line: &str) -> Option<String> {
-    let inner = line.split_once('[')?.1.split_once(']')?.0.trim();
-    (!inner.is_empty()).then(|| inner.to_string())
+    let mut plain = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' {
+            // An SGR sequence: ESC [ digits and semicolons, then `m`.
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            plain.push(c);
+        }
+    }
+    let (program, rest) = plain.trim().split_once(" [")?;
+    let inner = rest.strip_suffix(']')?.trim();
+    let program_ok = !program.is_empty() && !program.contains(char::is_whitespace) && !program.starts_with('[');
+    (program_ok && !inner.is_empty() && !inner.contains(['[', ']'])).then(|| inner.to_string())
 }
 
 /// `CALLBACK_PLUGINS` paths and `CALLBACKS_ENABLED` names from `ansible-config dump --format json`.
@@ -946,6 +1019,11 @@ mod tests {
     fn reads_the_version_and_the_callback_config() {
         assert_eq!(parse_version("ansible-playbook [core 2.19.14]").as_deref(), Some("core 2.19.14"));
         assert_eq!(parse_version("nonsense"), None);
+        // `-vv` output: the colour ANSIBLE_FORCE_COLOR adds, and lines that are not the version.
+        assert_eq!(parse_version("\x1b[0;34mansible-playbook [core 2.19.14]\x1b[0m").as_deref(), Some("core 2.19.14"));
+        assert_eq!(parse_version("[WARNING]: Ansible is being run in a world writable directory"), None);
+        assert_eq!(parse_version("PLAY [configure web hosts] ******"), None);
+        assert_eq!(parse_version("  config file = None"), None);
         let json = r#"[{"name":"CALLBACKS_ENABLED","origin":"env","value":["profile_tasks"]},
             {"name":"DEFAULT_CALLBACK_PLUGIN_PATH","origin":"default","value":["/a","/b"]},{"GALAXY_SERVERS":{}}]"#;
         assert_eq!(

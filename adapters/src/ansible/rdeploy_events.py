@@ -102,6 +102,44 @@ def _executor_frame():
     return None
 
 
+def _literal(pattern):
+    """Whether a play's `hosts` needs no templating: ansible uses it as written."""
+    items = pattern if isinstance(pattern, (list, tuple)) else [pattern]
+    return bool(items) and all(
+        isinstance(p, str) and not any(mark in p for mark in ("{{", "{%", "{#")) for p in items
+    )
+
+
+def _playbook_hosts(playbook):
+    """The hosts the playbook's plays target, as `--list-hosts` lists them, for every play whose
+    `hosts` is written without a template (the inventory, `--limit` applied); the others are
+    told as each play starts. None when ansible's executor cannot be found."""
+    frame = _executor_frame()
+    inventory = getattr(frame.f_locals.get("self"), "_inventory", None) if frame is not None else None
+    if inventory is None:
+        return None
+    hosts = []
+    try:
+        for play in playbook.get_plays():
+            if _literal(play.hosts):
+                hosts.extend(_name(h) for h in inventory.get_hosts(play.hosts))
+    except Exception:  # an internal API of ansible: never break the run over it
+        return None
+    return hosts
+
+
+def _play_hosts():
+    """Every host of the play starting now, over all its serial batches, as the executor
+    selected them (its `hosts` templated, `--limit` applied). None when it cannot be found."""
+    frame = _executor_frame()
+    if frame is None or "batches" not in frame.f_locals:
+        return None
+    try:
+        return [_name(h) for b in frame.f_locals.get("batches") or [] for h in b]
+    except Exception:  # an internal API of ansible: never break the run over it
+        return None
+
+
 # Tasks whose result is followed by tasks ansible inserts only afterwards (the included file).
 _INCLUDES = {"include_tasks", "include_role", "ansible.builtin.include_tasks", "ansible.builtin.include_role"}
 
@@ -141,6 +179,7 @@ class CallbackModule(CallbackBase):
         path = os.environ.get("RDEPLOY_ANSIBLE_EVENTS")
         self._out = open(path, "a", encoding="utf-8", buffering=1) if path else None
         self._play = None
+        self._listed_plays = set()
         self._unlink_secret_vars()
 
     def _unlink_secret_vars(self):
@@ -189,10 +228,21 @@ class CallbackModule(CallbackBase):
     def v2_playbook_on_start(self, playbook):
         self._unlink_secret_vars()
         self._write({"event": "playbook_start", "playbook": getattr(playbook, "_file_name", None)})
+        # Before any task: the hosts rdeploy checkpoints, so one never reached is named pending.
+        hosts = _playbook_hosts(playbook)
+        if hosts:
+            self._write({"event": "hosts", "hosts": hosts})
 
     def v2_playbook_on_play_start(self, play):
         self._play = play.get_name()
-        self._write({"event": "play_start", "play": self._play, "play_uuid": getattr(play, "_uuid", None)})
+        uuid = getattr(play, "_uuid", None)
+        self._write({"event": "play_start", "play": self._play, "play_uuid": uuid})
+        # Once per play: a play of serial batches starts again for each batch.
+        if uuid is None or uuid not in self._listed_plays:
+            self._listed_plays.add(uuid)
+            hosts = _play_hosts()
+            if hosts:
+                self._write({"event": "hosts", "hosts": hosts})
 
     def v2_playbook_on_no_hosts_remaining(self):
         self._write({"event": "no_hosts_remaining", "play": self._play})

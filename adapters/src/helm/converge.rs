@@ -119,6 +119,7 @@ mod tests {
             stack: "t".into(),
             stack_dir: dir.into(),
             work_dir: dir.join("w"),
+            cache_dir: None,
             env: Default::default(),
             timeout: None,
             cancel: crate::CancellationToken::new(),

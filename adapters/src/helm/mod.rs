@@ -1735,6 +1735,7 @@ mod tests {
             stack: "t".into(),
             stack_dir: "/nonexistent".into(),
             work_dir: "/nonexistent/w".into(),
+            cache_dir: None,
             env: Default::default(),
             timeout: Some(Duration::from_secs(90)),
             cancel: CancellationToken::new(),

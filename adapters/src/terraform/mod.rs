@@ -1375,6 +1375,7 @@ mod tests {
             stack: "test".into(),
             stack_dir: ".".into(),
             work_dir: "work".into(),
+            cache_dir: None,
             env: BTreeMap::from([
                 ("TF_VAR_db_pass".to_string(), "from-step-env".to_string()),
                 ("TF_VAR_region".to_string(), "eu-north-1".to_string()),
