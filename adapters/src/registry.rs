@@ -133,11 +133,12 @@ impl ToolSpec {
     /// Points a fleet cluster's tool (helm, kubectl) at a kubeconfig holding only `context`,
     /// cut from the files the step reads ([`crate::kubeconfig::one_context`]) and kept in memory
     /// behind `ctx.work_dir/kubeconfig` ([`crate::secrets::SecretFile`]: credentials never at
-    /// rest) for as long as the returned file is held. A fleet's kubeconfig names every cluster,
+    /// rest) for as long as the returned value is held. A fleet's kubeconfig names every cluster,
     /// and the tool parses all of it on every start: at 400 contexts 0.9 s of CPU per
-    /// `helm upgrade`. `None` (other tools, or a kubeconfig the cut cannot read): the tool reads
-    /// the user's files, as a single-cluster step does.
-    pub fn use_own_kubeconfig(&mut self, ctx: &StepContext, context: &str) -> Option<crate::secrets::SecretFile> {
+    /// `helm upgrade`. `None` (other tools, a kubeconfig the cut cannot read, a user whose
+    /// legacy `auth-provider` writes refreshed tokens back into the file it read, or no memory
+    /// file to be had): the tool reads the user's files, as a single-cluster step does.
+    pub fn use_own_kubeconfig(&mut self, ctx: &StepContext, context: &str) -> Option<OwnKubeconfig> {
         let (kubeconfig, slot) = match self {
             ToolSpec::Helm(h) => (h.kubeconfig.clone(), &mut h.cluster_kubeconfig),
             ToolSpec::Kubectl(k) => (k.kubeconfig.clone(), &mut k.cluster_kubeconfig),
@@ -145,13 +146,22 @@ impl ToolSpec {
         };
         let made = crate::kubeconfig::files(kubeconfig.as_deref(), ctx)
             .and_then(|files| crate::kubeconfig::one_context(&files, context))
+            .and_then(|doc| match doc["users"].get(0).and_then(|u| u["user"].get("auth-provider")) {
+                Some(_) => Err("its user has an `auth-provider`, which writes refreshed tokens back".to_string()),
+                None => Ok(doc),
+            })
             .and_then(|doc| {
                 crate::secrets::SecretFile::write(&ctx.work_dir, "kubeconfig", &doc).map_err(|e| e.to_string())
+            })
+            .and_then(|file| match file.in_memory() {
+                true => Ok(file),
+                false => Err("no memory file to hold it in".to_string()),
             });
         match made {
             Ok(file) => {
                 *slot = Some(file.path().to_path_buf());
-                Some(file)
+                let user = kubeconfig.map(|k| ctx.resolve(&k).to_string_lossy().into_owned());
+                Some(OwnKubeconfig { file, user })
             }
             Err(why) => {
                 tracing::debug!(context, %why, "the cluster's tool reads the whole kubeconfig");
@@ -345,5 +355,63 @@ impl Adapter for ToolSpec {
 
     fn own_context(&self) -> Option<&str> {
         dispatch!(self, s => s.own_context())
+    }
+}
+
+/// A fleet cluster's own kubeconfig ([`ToolSpec::use_own_kubeconfig`]), held while its tool runs.
+#[derive(Debug)]
+pub struct OwnKubeconfig {
+    file: crate::secrets::SecretFile,
+    /// The step's `kubeconfig` as the tool would otherwise get it; `None`: it reads `KUBECONFIG`.
+    user: Option<String>,
+}
+
+impl OwnKubeconfig {
+    /// `failure` as the user's own command would have read: the link to the cut file (gone once
+    /// the cluster is done) replaced by the step's `kubeconfig`, or left out where the tool
+    /// would have read `KUBECONFIG`.
+    pub fn restore(&self, mut failure: Failure) -> Failure {
+        let link = self.file.path().to_string_lossy().into_owned();
+        let fix = |text: &mut String| {
+            *text = match &self.user {
+                Some(user) => text.replace(&link, user),
+                None => text.replace(&format!(" --kubeconfig {link}"), "").replace(&link, "KUBECONFIG"),
+            }
+        };
+        fix(&mut failure.summary);
+        failure.command.iter_mut().for_each(fix);
+        failure.hint.iter_mut().for_each(fix);
+        failure.stderr_tail.iter_mut().for_each(fix);
+        failure
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failure_names_the_users_kubeconfig_not_the_cut_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = crate::secrets::SecretFile::write(dir.path(), "kubeconfig", &serde_json::json!({})).unwrap();
+        let link = file.path().display().to_string();
+        let failure = || Failure {
+            command: Some(format!("helm upgrade --install web chart -n shop --kube-context c1 --kubeconfig {link}")),
+            hint: Some(format!("check `--kubeconfig {link}`")),
+            ..Failure::new("helm failed")
+        };
+        let own = OwnKubeconfig { file, user: Some("/stack/kube/fleet.yaml".into()) };
+        let restored = own.restore(failure());
+        assert_eq!(
+            restored.command.as_deref(),
+            Some("helm upgrade --install web chart -n shop --kube-context c1 --kubeconfig /stack/kube/fleet.yaml")
+        );
+        assert_eq!(restored.hint.as_deref(), Some("check `--kubeconfig /stack/kube/fleet.yaml`"));
+        let own = OwnKubeconfig { user: None, ..own };
+        assert_eq!(
+            own.restore(failure()).command.as_deref(),
+            Some("helm upgrade --install web chart -n shop --kube-context c1"),
+            "the tool would have read KUBECONFIG: no --kubeconfig"
+        );
     }
 }

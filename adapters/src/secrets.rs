@@ -363,6 +363,11 @@ impl SecretFile {
     pub fn path(&self) -> &std::path::Path {
         &self.path
     }
+
+    /// Whether the value is held in memory (else in a 0600 file a kill -9 would leave behind).
+    pub fn in_memory(&self) -> bool {
+        self._memory.is_some()
+    }
 }
 
 impl Drop for SecretFile {

@@ -229,9 +229,9 @@ impl Session {
         let checks = steps.iter().map(|step| async move {
             let mut ctx = self.context(step, self.cancel.clone());
             if !for_run {
-                // `validate` records nothing: it reads what runs kept (under the lock, in a state
-                // directory checked first), and makes no cache of its own.
-                ctx.cache_dir = ctx.cache_dir.filter(|dir| dir.is_dir());
+                // `validate` records nothing and reads no cache: it checks every playbook itself
+                // (a cache a run keeps is written under that run's lock).
+                ctx.cache_dir = None;
             }
             let adapter = StepAdapter::of(step, &self.state.shared);
             if for_run {

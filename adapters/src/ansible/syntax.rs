@@ -68,8 +68,16 @@ pub fn inputs_digest(
     let mut budget = Budget::default();
     let playbook = ctx.resolve(playbook);
     digest.field("playbook", playbook.as_os_str().as_bytes());
-    let tree = playbook.parent().map(Path::to_path_buf).unwrap_or_else(|| ctx.stack_dir.clone());
-    digest.tree(&tree, Contents::Bytes, &mut budget)?;
+    // The playbook's folder. A play that imports or names a role by a path leading out of it
+    // (`import_playbook: ../common/base.yml`, `roles: [/opt/roles/web]`) is never remembered
+    // ([`escapes`]): what it reads there is not digested. The state directory, when it is inside
+    // (a `--state-dir` not hidden), changes on every run and is no input of the check.
+    let folder = playbook.parent().map(Path::to_path_buf).unwrap_or_else(|| ctx.stack_dir.clone());
+    let folder = std::path::absolute(&folder).unwrap_or(folder);
+    let state = ctx.work_dir.parent().and_then(Path::parent);
+    let shared = state.and_then(Path::parent);
+    digest.skip = state.into_iter().chain(shared).filter(|p| !folder.starts_with(p)).map(Path::to_path_buf).collect();
+    digest.tree(&folder, Contents::Bytes, &mut budget)?;
     // `host1,host2,` is an inline inventory, not a file; it is in the arguments.
     if !inventory.to_string_lossy().contains(',') {
         let inventory = ctx.resolve(inventory);
@@ -211,18 +219,22 @@ impl Default for Budget {
 }
 
 #[derive(Default)]
-struct Digest(Sha256);
+struct Digest {
+    hash: Sha256,
+    /// Directories left out of every tree (the state directory).
+    skip: Vec<PathBuf>,
+}
 
 impl Digest {
     fn field(&mut self, label: &str, bytes: &[u8]) {
-        self.0.update(label.as_bytes());
-        self.0.update([0]);
-        self.0.update((bytes.len() as u64).to_le_bytes());
-        self.0.update(bytes);
+        self.hash.update(label.as_bytes());
+        self.hash.update([0]);
+        self.hash.update((bytes.len() as u64).to_le_bytes());
+        self.hash.update(bytes);
     }
 
     fn finish(self) -> String {
-        self.0.finalize().iter().map(|b| format!("{b:02x}")).collect()
+        self.hash.finalize().iter().map(|b| format!("{b:02x}")).collect()
     }
 
     /// A file, or a directory's entries in name order, recursively (following symbolic links,
@@ -232,6 +244,9 @@ impl Digest {
     }
 
     fn walk(&mut self, path: &Path, contents: Contents, budget: &mut Budget, depth: usize) -> Option<()> {
+        if self.skip.iter().any(|s| s == path) {
+            return Some(());
+        }
         self.field("path", path.as_os_str().as_bytes());
         let meta = match std::fs::metadata(path) {
             Ok(meta) => meta,
@@ -258,6 +273,12 @@ impl Digest {
             return Some(());
         }
         budget.files = budget.files.checked_sub(1)?;
+        if !meta.is_file() {
+            // A FIFO (a secret pipe a killed run left), a socket or a device: never opened
+            // (opening a FIFO waits for a writer, `/dev/zero` never ends); its kind is the input.
+            self.field("special", format!("{:?}", meta.file_type()).as_bytes());
+            return Some(());
+        }
         match contents {
             Contents::Metadata => {
                 self.field("meta", format!("{} {}.{}", meta.size(), meta.mtime(), meta.mtime_nsec()).as_bytes())
@@ -265,6 +286,7 @@ impl Digest {
             Contents::Bytes => {
                 budget.bytes = budget.bytes.checked_sub(meta.len())?;
                 match std::fs::read(path) {
+                    Ok(bytes) if is_yaml(path) && escapes(&bytes) => return None,
                     Ok(bytes) => self.field("content", &bytes),
                     Err(e) => self.field("unread", format!("{:?}", e.kind()).as_bytes()),
                 }
@@ -272,6 +294,28 @@ impl Digest {
         }
         Some(())
     }
+}
+
+fn is_yaml(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e == "yml" || e == "yaml")
+}
+
+/// Whether a playbook or task file imports, includes or names a role by a path that leads out of
+/// its folder (`../`) or is absolute: a file the digest of the folder does not cover.
+fn escapes(yaml: &[u8]) -> bool {
+    static KEYED: std::sync::OnceLock<regex::bytes::Regex> = std::sync::OnceLock::new();
+    let keyed = KEYED.get_or_init(|| {
+        regex::bytes::Regex::new(
+            r#"(?m)^\s*(?:-\s+)?(?:[\w.]+\.)?(?:import_playbook|import_tasks|include_tasks|include|include_vars|vars_files|import_role|include_role|roles|role|tasks_from|vars_from)\s*:(?:.*?\.\./|\s*['"]?/|.*?[\[,]\s*['"]?/)"#,
+        )
+        .expect("a valid pattern")
+    });
+    static LISTED: std::sync::OnceLock<regex::bytes::Regex> = std::sync::OnceLock::new();
+    // A bare list item that is such a path (`roles:` / `vars_files:` written as a block list).
+    let listed = LISTED.get_or_init(|| {
+        regex::bytes::Regex::new(r#"(?m)^\s*-\s+['"]?(?:\.\./|/)[^\s:]*\s*['"]?\s*$"#).expect("a valid pattern")
+    });
+    keyed.is_match(yaml) || listed.is_match(yaml)
 }
 
 #[cfg(test)]
@@ -349,6 +393,48 @@ mod tests {
         remember(&ctx, "inputs", "core 2.19.14", &header);
         forget(&ctx);
         assert_eq!(recall(&ctx, "inputs"), None);
+    }
+
+    #[test]
+    fn a_file_the_playbook_imports_from_beside_its_folder_moves_the_digest_and_a_pipe_is_never_opened() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("ansible")).unwrap();
+        std::fs::create_dir_all(root.join("common")).unwrap();
+        std::fs::write(root.join("ansible/site.yml"), "- import_playbook: ../common/base.yml\n").unwrap();
+        std::fs::write(root.join("common/base.yml"), "- hosts: all\n  tasks: []\n").unwrap();
+        std::fs::write(root.join("hosts.ini"), "web1\n").unwrap();
+        // A pipe a killed run left (a secret extra-vars pipe): opening it would wait for good.
+        nix::unistd::mkfifo(&root.join("ansible/leftover.pipe"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let ctx = step_context(root);
+        let digest =
+            || inputs_digest(&ctx, &root.join("program"), &[], Path::new("ansible/site.yml"), Path::new("hosts.ini"));
+        assert_eq!(digest(), None, "what the play imports from beside its folder is not digested: no cache");
+        std::fs::write(root.join("ansible/site.yml"), "- hosts: all\n  tasks: []\n").unwrap();
+        assert!(digest().is_some(), "a play of its own folder only, the pipe beside it counted, not opened");
+    }
+
+    #[test]
+    fn a_path_out_of_the_folder_is_told_from_a_task_argument() {
+        for out in [
+            "- import_playbook: ../common/base.yml\n",
+            "- hosts: all\n  roles: [../shared/roles/web]\n",
+            "- hosts: all\n  roles:\n    - /opt/roles/web\n",
+            "- hosts: all\n  roles:\n    - role: '/opt/roles/web'\n",
+            "- hosts: all\n  vars_files:\n    - ../vars/common.yml\n",
+            "- ansible.builtin.import_tasks: ../tasks/x.yml\n",
+            "- include_role:\n    name: web\n    tasks_from: /srv/x.yml\n",
+        ] {
+            assert!(escapes(out.as_bytes()), "{out}");
+        }
+        for inside in [
+            "- hosts: all\n  roles: [web, db]\n",
+            "- copy:\n    dest: \"{{ playbook_dir }}/../out/x\"\n    src: /etc/hosts\n",
+            "- import_tasks: tasks/x.yml\n",
+            "- hosts: all\n  tasks:\n    - name: a\n      command: /bin/true\n",
+        ] {
+            assert!(!escapes(inside.as_bytes()), "{inside}");
+        }
     }
 
     #[test]
