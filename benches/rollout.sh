@@ -24,6 +24,13 @@
 # clusters, parallel 5, load average 6-8, four runs each: 0.79/0.49/0.87/0.80 s per cluster
 # before, 0.51/0.35/0.52/0.54 s after (sequential helm 0.32-0.59 s per cluster meanwhile).
 #
+# 2026-12-02, after each cluster's helm got a kubeconfig of its own context only (helm parsed the
+# fleet's whole kubeconfig on every start: 1.0-1.1 s of CPU per upgrade at 400 contexts, 0.19 s
+# with one), release builds, ratios rdeploy / sequential loop per cluster:
+#   40 10 40 (3 runs, load 2-6): wall .46/.48/.58, CPU .82/.87/1.09 (before, quiet: wall
+#   .62/.66/.66, CPU 1.09/1.17/1.17); 400 50 40: wall .21, CPU .33, up 46.2 s (before: .83, 1.36,
+#   294.9 s); recover --dry-run after kill -9 at 50% 0.21 s; recover 30.6 s (before 161 s).
+#
 # Usage: benches/rollout.sh [N] [PARALLEL] [SAMPLE]   (default 400, 50, 40).
 # Builds the release binaries first (honours CARGO_TARGET_DIR; PROFILE=debug for a smoke run;
 # RDEPLOY=path KUBESIM=path use those binaries instead, so a build can go on meanwhile);
