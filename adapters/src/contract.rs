@@ -774,21 +774,7 @@ mod tests {
     }
 
     fn ctx() -> StepContext {
-        StepContext {
-            step: "s".into(),
-            stack: "test".into(),
-            stack_dir: PathBuf::from("."),
-            work_dir: PathBuf::from("."),
-            cache_dir: None,
-            env: Default::default(),
-            timeout: None,
-            cancel: CancellationToken::new(),
-            force: false,
-            reapply_missing: false,
-            secrets: Default::default(),
-            started_by: Default::default(),
-            processes: Default::default(),
-        }
+        StepContext { step: "s".into(), work_dir: PathBuf::from("."), ..crate::testing::step_context(Path::new(".")) }
     }
 
     fn in_place(id: &str) -> Event {

@@ -524,24 +524,10 @@ pub async fn run_revert(ctx: &StepContext, script: &str, sink: &dyn EventSink) -
 mod tests {
     use super::*;
     use crate::testing::Recorder;
-    use crate::{CancellationToken, PriorSubChange};
+    use crate::PriorSubChange;
 
     fn ctx(dir: &std::path::Path) -> StepContext {
-        StepContext {
-            step: "seed".into(),
-            stack: "test".into(),
-            stack_dir: dir.to_path_buf(),
-            work_dir: dir.join("work"),
-            cache_dir: None,
-            env: Default::default(),
-            timeout: None,
-            cancel: CancellationToken::new(),
-            force: false,
-            reapply_missing: false,
-            secrets: Default::default(),
-            started_by: Default::default(),
-            processes: Default::default(),
-        }
+        StepContext { step: "seed".into(), ..crate::testing::step_context(dir) }
     }
 
     fn spec(subs: &[(&str, &str, Option<&str>)]) -> ShellSpec {

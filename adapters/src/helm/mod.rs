@@ -1707,7 +1707,7 @@ mod tests {
         );
         assert_eq!(helm_error_message(&lines("Error: UPGRADE FAILED: boom")).as_deref(), Some("UPGRADE FAILED: boom"));
     }
-    use crate::{CancellationToken, RunFate, StartedBy};
+    use crate::{RunFate, StartedBy};
 
     fn spec() -> HelmSpec {
         HelmSpec {
@@ -1733,17 +1733,9 @@ mod tests {
         StepContext {
             step: "app".into(),
             stack: "t".into(),
-            stack_dir: "/nonexistent".into(),
             work_dir: "/nonexistent/w".into(),
-            cache_dir: None,
-            env: Default::default(),
             timeout: Some(Duration::from_secs(90)),
-            cancel: CancellationToken::new(),
-            force: false,
-            reapply_missing: false,
-            secrets: Default::default(),
-            started_by: Default::default(),
-            processes: Default::default(),
+            ..crate::testing::step_context(Path::new("/nonexistent"))
         }
     }
 

@@ -1372,22 +1372,12 @@ mod tests {
         spec.vars.insert("region".into(), serde_json::json!("eu-west-2"));
         let ctx = StepContext {
             step: "infra".into(),
-            stack: "test".into(),
-            stack_dir: ".".into(),
-            work_dir: "work".into(),
-            cache_dir: None,
             env: BTreeMap::from([
                 ("TF_VAR_db_pass".to_string(), "from-step-env".to_string()),
                 ("TF_VAR_region".to_string(), "eu-north-1".to_string()),
                 ("API_KEY".to_string(), "k-123".to_string()),
             ]),
-            timeout: None,
-            cancel: Default::default(),
-            processes: Default::default(),
-            force: false,
-            reapply_missing: false,
-            secrets: Default::default(),
-            started_by: Default::default(),
+            ..crate::testing::step_context(Path::new("."))
         };
         let sensitive = BTreeSet::from(["token".to_string(), "db_pass".to_string(), "admin".to_string()]);
         let own_env =
