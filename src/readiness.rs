@@ -12,15 +12,14 @@
 //! (the rollout runner reads each cluster itself) nor for a step with `wait: false`, whose
 //! sub-changes say they were not waited for.
 
-use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use rdeploy_adapters::{Event, EventSink, Failure, Recovered, StepContext, ToolSpec};
+use rdeploy_adapters::{kubeconfig, Event, EventSink, Failure, Recovered, StepContext, ToolSpec};
 
 use crate::fleet::collect::{collect, CollectOptions};
 use crate::fleet::model::{ClusterInventory, Kind, Presence, Workload};
-use crate::fleet::scope::{read_kubeconfig, Scope};
+use crate::fleet::scope::{read_found, Scope};
 use crate::fleet::state::LastSeen;
 use crate::stack::Step;
 
@@ -35,15 +34,6 @@ const PODS_NAMED: usize = 3;
 /// What a sub-change not checked says.
 const NOT_WAITED: &str = "not waited for (`wait: false`): its pods may not be updated and ready";
 
-/// The kubeconfig the step's tool reads: its `kubeconfig`, else a `KUBECONFIG` the step's
-/// `env` sets (its first file), else the process's own (`None`).
-fn kubeconfig_of(explicit: Option<&PathBuf>, ctx: &StepContext) -> Option<PathBuf> {
-    explicit.map(|p| ctx.resolve(p)).or_else(|| {
-        let from_env = ctx.env.get("KUBECONFIG")?.split(':').find(|p| !p.is_empty())?.to_string();
-        Some(ctx.resolve(std::path::Path::new(&from_env)))
-    })
-}
-
 /// A helm variable as the step's helm sees it: the step's `env`, else rdeploy's own.
 fn helm_variable(ctx: &StepContext, name: &str) -> Option<String> {
     ctx.env.get(name).cloned().or_else(|| std::env::var(name).ok()).filter(|v| !v.is_empty())
@@ -52,7 +42,8 @@ fn helm_variable(ctx: &StepContext, name: &str) -> Option<String> {
 /// What the step touched, and where.
 #[derive(Clone, Debug)]
 struct Target {
-    kubeconfig: Option<PathBuf>,
+    /// The kubeconfig files the step's tool reads ([`kubeconfig::for_step`]).
+    kubeconfig: Result<kubeconfig::Found, String>,
     context: Option<String>,
     /// The namespace to read (`None`: all of them).
     namespace: Option<String>,
@@ -92,7 +83,7 @@ impl<'a> Held<'a> {
             (Some(_), _) => (None, false),
             (None, ToolSpec::Helm(h)) if h.wait != Some(false) => (
                 Some(Target {
-                    kubeconfig: kubeconfig_of(h.kubeconfig.as_ref(), ctx),
+                    kubeconfig: kubeconfig::for_step(h.kubeconfig.as_deref(), ctx),
                     // As helm picks them: the step's keys, else helm's own variables.
                     context: h.context.clone().or_else(|| helm_variable(ctx, "HELM_KUBECONTEXT")),
                     namespace: h.namespace.clone().or_else(|| helm_variable(ctx, "HELM_NAMESPACE")),
@@ -102,7 +93,7 @@ impl<'a> Held<'a> {
             ),
             (None, ToolSpec::Kubectl(k)) if k.wait != Some(false) => (
                 Some(Target {
-                    kubeconfig: kubeconfig_of(k.kubeconfig.as_ref(), ctx),
+                    kubeconfig: kubeconfig::for_step(k.kubeconfig.as_deref(), ctx),
                     context: k.context.clone(),
                     namespace: None,
                     touched: Touched::Objects,
@@ -237,8 +228,7 @@ impl<'a> Held<'a> {
     }
 
     async fn read(&self, target: &Target) -> Result<ClusterInventory, String> {
-        let explicit = target.kubeconfig.as_deref();
-        let (kubeconfig, source) = read_kubeconfig(explicit).map_err(|e| format!("{e:#}"))?;
+        let (kubeconfig, source) = read_found(target.kubeconfig.clone()).map_err(|e| format!("{e:#}"))?;
         let context = match target.context.clone().or_else(|| kubeconfig.current_context.clone()) {
             Some(c) => c,
             None => return Err(format!("no context given and no current context in {source}")),

@@ -109,13 +109,9 @@ fn after_tool_failure(absent: Option<&str>, changing: bool, failure: &str) -> Af
 /// The clusters in scope, in the rollout's stable order: the fleet file's order, else by
 /// context name (digit runs by value).
 pub fn scope_of(step: &Step, fleet: &FleetStep, ctx: &StepContext) -> Result<(Vec<Member>, String), Failure> {
-    let kubeconfig = step
-        .spec
-        .kube_target()
-        .and_then(|t| t.kubeconfig)
-        .map(|k| ctx.resolve(k))
-        .or_else(|| ctx.env.get("KUBECONFIG").map(Into::into));
-    let (kc, source) = scope::read_kubeconfig(kubeconfig.as_deref()).map_err(|e| {
+    // The files each cluster's own kubeconfig is cut from (`ToolSpec::use_own_kubeconfig`).
+    let kubeconfig = step.spec.kube_target().and_then(|t| t.kubeconfig);
+    let (kc, source) = scope::read_step_kubeconfig(kubeconfig, ctx).map_err(|e| {
         Failure::new(format!("cannot read the kubeconfig of fleet step `{}`: {e:#}", step.name))
             .with_hint("set `kubeconfig:` on the step or `KUBECONFIG`, then `rdeploy recover`")
     })?;
