@@ -523,7 +523,7 @@ impl Runner<'_> {
             return Err(Failure::new(format!("cannot create {}: {e}", ctx.work_dir.display())));
         }
         // Held until the tool is done with this cluster.
-        let own_kubeconfig = spec.use_own_kubeconfig(&ctx, &m.name);
+        let _own_kubeconfig = spec.use_own_kubeconfig(&ctx, &m.name);
         let prior_fact = self.r.prior.facts.get(&cluster_fact(&m.name)).and_then(Value::as_object).cloned();
         ctx.started_by = BTreeMap::new();
         if let (Some(by), Some(inner)) = (
@@ -551,11 +551,7 @@ impl Runner<'_> {
             }),
             _ => spec.apply(&ctx, &csink).await,
         };
-        // Messages name the user's kubeconfig, not the cut file (gone once this cluster is done).
-        result.map_err(|failure| match &own_kubeconfig {
-            Some(own) => own.restore(failure),
-            None => failure,
-        })?;
+        result?;
         let facts = self.facts.lock().unwrap_or_else(|e| e.into_inner());
         let revision = facts.get(&cluster_fact(&m.name)).and_then(|f| f.get("revision")).and_then(Value::as_u64);
         // Only helm records a release revision.

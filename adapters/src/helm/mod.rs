@@ -184,6 +184,16 @@ impl HelmSpec {
         args
     }
 
+    /// The spec whose words a message shows: the cluster's own kubeconfig (a fleet step's, see
+    /// [`crate::kubeconfig`]) is what helm runs with, never what is shown: that is the step's
+    /// `kubeconfig`, or none, as the user would type the command.
+    fn shown(&self) -> std::borrow::Cow<'_, HelmSpec> {
+        match self.cluster_kubeconfig {
+            None => std::borrow::Cow::Borrowed(self),
+            Some(_) => std::borrow::Cow::Owned(HelmSpec { cluster_kubeconfig: None, ..self.clone() }),
+        }
+    }
+
     /// The `--kubeconfig` a helm or kubectl call gets: running (`ctx`), the cluster's own file
     /// when the rollout made one, else the step's `kubeconfig`; in a runbook, the step's as
     /// written.
@@ -498,6 +508,12 @@ impl<'a> Release<'a> {
         })
     }
 
+    /// helm with the words `words` gives for the spec: run with this cluster's own kubeconfig
+    /// where the rollout made one, shown with the user's ([`HelmSpec::shown`]).
+    fn with_words(&self, words: &dyn Fn(&HelmSpec) -> Vec<String>) -> Command {
+        self.command().args_shown_as(words(self.spec), words(&self.spec.shown()))
+    }
+
     fn command(&self) -> Command {
         // helm install/upgrade catch SIGINT (and SIGTERM) and mark the release failed rather than
         // leave it pending.
@@ -555,7 +571,7 @@ impl<'a> Release<'a> {
         let cmd = self
             .command()
             .args(["get", "metadata", &self.spec.release, "-o", "json"])
-            .args(self.spec.cluster_args(Some(self.ctx)));
+            .args_shown_as(self.spec.cluster_args(Some(self.ctx)), self.spec.shown().cluster_args(Some(self.ctx)));
         let Captured { outcome, stdout, stderr } =
             capture(&cmd, self.ctx, Some(QUICK), None, StdoutLog::UnlessJson).await.map_err(Failure::from)?;
         if !outcome.success() && state::is_not_found(&stderr) {
@@ -617,7 +633,7 @@ impl<'a> Release<'a> {
         let history_cmd = self
             .command()
             .args(["history", &self.spec.release, "-o", "json", "--max", "256"])
-            .args(self.spec.cluster_args(Some(self.ctx)));
+            .args_shown_as(self.spec.cluster_args(Some(self.ctx)), self.spec.shown().cluster_args(Some(self.ctx)));
         let Captured { outcome, stdout, stderr } =
             capture(&history_cmd, self.ctx, Some(QUICK), sink, StdoutLog::UnlessJson).await.map_err(Failure::from)?;
         if !outcome.success() {
@@ -634,7 +650,7 @@ impl<'a> Release<'a> {
         let status_cmd = self
             .command()
             .args(["status", &self.spec.release, "-o", "json"])
-            .args(self.spec.cluster_args(Some(self.ctx)));
+            .args_shown_as(self.spec.cluster_args(Some(self.ctx)), self.spec.shown().cluster_args(Some(self.ctx)));
         let Captured { outcome, stdout, stderr } =
             capture(&status_cmd, self.ctx, Some(QUICK), None, StdoutLog::UnlessJson).await.map_err(Failure::from)?;
         let status = if outcome.success() {
@@ -840,7 +856,7 @@ impl<'a> Release<'a> {
                 ..Failure::new(format!("stopped before `helm uninstall {}`", self.spec.release))
             });
         }
-        let cmd = self.command().args(self.spec.uninstall_words(self.major, Some(self.ctx)));
+        let cmd = self.with_words(&|spec| spec.uninstall_words(self.major, Some(self.ctx)));
         let backstop = self.ctx.timeout.map(|t| t.saturating_add(BACKSTOP));
         let Captured { outcome, stderr, .. } =
             capture(&cmd, self.ctx, backstop, Some(sink), StdoutLog::UnlessJson).await.map_err(Failure::from)?;
@@ -856,19 +872,22 @@ impl<'a> Release<'a> {
     /// it wrote; the outputs of that revision come from it ([`printed_outputs`]), `None` when
     /// helm printed no release for exactly that revision.
     async fn upgrade(&self, sink: &dyn EventSink, before: &Live) -> Result<Option<crate::outputs::Outputs>, Failure> {
-        let mut words = self.spec.upgrade_words(self.major, Some(self.ctx));
-        words.extend(["-o".to_string(), "json".to_string()]);
+        let words = |spec: &HelmSpec| {
+            let mut words = spec.upgrade_words(self.major, Some(self.ctx));
+            words.extend(["-o".to_string(), "json".to_string()]);
+            words
+        };
         let what = format!("`helm upgrade --install {}`", self.spec.release);
         let _secret_values = self.secret_values_file(SECRET_VALUES_FILE)?;
-        let written = self.run_revision(sink, before, words, &what, None).await?;
+        let written = self.run_revision(sink, before, &words, &what, None).await?;
         Ok(printed_outputs(written.printed.as_ref(), &self.spec.release, written.revision))
     }
 
     async fn rollback(&self, sink: &dyn EventSink, before: &Live, to: u64) -> Result<Live, Failure> {
-        let words = self.spec.rollback_words(self.major, to, Some(self.ctx));
+        let words = |spec: &HelmSpec| spec.rollback_words(self.major, to, Some(self.ctx));
         let what = format!("`helm rollback {} {to}`", self.spec.release);
         let namespace = self.spec.namespace.clone().unwrap_or_else(|| "default".into());
-        self.run_revision(sink, before, words, &what, Some(to))
+        self.run_revision(sink, before, &words, &what, Some(to))
             .await
             .map(|written| written.after)
             .map_err(|f| renamed_object_rollback(f, &namespace))
@@ -880,7 +899,7 @@ impl<'a> Release<'a> {
         &self,
         sink: &dyn EventSink,
         before: &Live,
-        words: Vec<String>,
+        words: &(dyn Fn(&HelmSpec) -> Vec<String> + Sync),
         what: &str,
         rollback_to: Option<u64>,
     ) -> Result<Written, Failure> {
@@ -893,7 +912,7 @@ impl<'a> Release<'a> {
         if self.ctx.cancel.is_cancelled() {
             return Err(Failure { interrupted: true, ..Failure::new(format!("stopped before {what}")) });
         }
-        let cmd = self.command().args(&words);
+        let cmd = self.with_words(words);
         let backstop = self.ctx.timeout.map(|t| t.saturating_add(BACKSTOP));
         let Captured { outcome, stdout, stderr } =
             capture(&cmd, self.ctx, backstop, Some(sink), StdoutLog::UnlessJson).await.map_err(Failure::from)?;
@@ -1198,7 +1217,9 @@ impl Adapter for HelmSpec {
                     .unwrap_or_default()
             ));
         }
-        let upgrade = display_command(&self.helm_words(self.upgrade_words(major, Some(ctx))));
+        // The commands as the user would type them (never a fleet cluster's own kubeconfig).
+        let shown = self.shown();
+        let upgrade = display_command(&shown.helm_words(shown.upgrade_words(major, Some(ctx))));
         match release.decide(&live, Path::new("/proc")) {
             Decision::InPlace { revision } => {
                 inspection.actions.push(format!("keep {}: deployed at the wanted chart and values", self.id(revision)))
@@ -1210,7 +1231,7 @@ impl Adapter for HelmSpec {
             Decision::Reinstall { why, .. } => {
                 inspection.actions.push(format!(
                     "{why}: `{}`",
-                    display_command(&self.helm_words(self.uninstall_words(major, Some(ctx))))
+                    display_command(&shown.helm_words(shown.uninstall_words(major, Some(ctx))))
                 ));
                 inspection.actions.push(format!("then install it again: `{upgrade}`"));
                 inspection.remaining.push(self.id(1));
@@ -1218,7 +1239,7 @@ impl Adapter for HelmSpec {
             Decision::Rollback { to, why, then_upgrade, .. } => {
                 inspection.actions.push(format!(
                     "{why}: `{}`",
-                    display_command(&self.helm_words(self.rollback_words(major, to, Some(ctx))))
+                    display_command(&shown.helm_words(shown.rollback_words(major, to, Some(ctx))))
                 ));
                 inspection.remaining.push(self.id(live.next_revision()));
                 if then_upgrade {
@@ -2157,6 +2178,25 @@ mod tests {
             Decision::Rollback { to: 2, then_upgrade: true, abandoned: Some(4), .. }
         ));
         assert!(matches!(s.decide_in(&ctx(), &live, empty.path()), Decision::Refuse { .. }));
+    }
+
+    /// A fleet cluster's helm runs with the kubeconfig cut for it, and its commands are shown
+    /// with the user's: the step's `kubeconfig`, else none (helm reads `KUBECONFIG`).
+    #[test]
+    fn a_clusters_own_kubeconfig_is_run_and_the_users_is_shown() {
+        let ctx = StepContext { stack_dir: "/stack".into(), ..ctx() };
+        let cut = HelmSpec { cluster_kubeconfig: Some("/work/clusters/c1/kubeconfig".into()), ..spec() };
+        for (kubeconfig, shown) in [(Some("kube/fleet.yaml"), " --kubeconfig /stack/kube/fleet.yaml"), (None, "")] {
+            let spec = HelmSpec { kubeconfig: kubeconfig.map(PathBuf::from), ..cut.clone() };
+            let release = Release::new(&spec, &ctx, PathBuf::from("helm"));
+            let cmd = release.with_words(&|s| s.rollback_words(3, 2, Some(&ctx)));
+            assert_eq!(
+                cmd.display(),
+                format!("helm rollback web 2 -n shop --kube-context c1{shown} --wait --timeout=90s")
+            );
+            let run = cmd.run_args().join(" ");
+            assert!(run.contains("--kubeconfig /work/clusters/c1/kubeconfig --wait"), "{run}");
+        }
     }
 
     #[test]

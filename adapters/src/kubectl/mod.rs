@@ -198,11 +198,15 @@ impl KubectlSpec {
         args
     }
 
+    /// kubectl in the step's cluster: run with this cluster's own kubeconfig where a fleet's
+    /// rollout made one (see [`crate::kubeconfig`]), shown with the step's `kubeconfig`, or
+    /// none, as the user would type the command.
     fn command(&self, ctx: &StepContext, binary: &Path) -> Command {
+        let shown = KubectlSpec { cluster_kubeconfig: None, ..self.clone() };
         Command::new(binary)
             .cwd(&ctx.stack_dir)
             .envs(ctx.env.iter().map(|(k, v)| (k.clone(), v.clone())))
-            .args(self.cluster_args(Some(ctx)))
+            .args_shown_as(self.cluster_args(Some(ctx)), shown.cluster_args(Some(ctx)))
             .in_step(ctx)
     }
 
@@ -1183,6 +1187,21 @@ mod tests {
             doc.notes
         );
         assert_eq!(doc.verify, ["kubectl rollout status deployment/web -n shop --context c1"]);
+    }
+
+    /// A fleet cluster's kubectl runs with the kubeconfig cut for it, and is shown with the
+    /// step's `kubeconfig`.
+    #[test]
+    fn a_clusters_own_kubeconfig_is_run_and_the_users_is_shown() {
+        let ctx = crate::testing::step_context(Path::new("/stack"));
+        let spec = KubectlSpec {
+            kubeconfig: Some("kube/fleet.yaml".into()),
+            cluster_kubeconfig: Some("/work/kubeconfig".into()),
+            ..spec()
+        };
+        let cmd = spec.command(&ctx, Path::new("kubectl")).arg("diff");
+        assert_eq!(cmd.display(), "kubectl --kubeconfig /stack/kube/fleet.yaml --context c1 diff");
+        assert_eq!(cmd.run_args(), ["--kubeconfig", "/work/kubeconfig", "--context", "c1", "diff"]);
     }
 
     #[test]
