@@ -15,7 +15,7 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use rdeploy_adapters::{kubeconfig, Event, EventSink, Failure, Recovered, StepContext, ToolSpec};
+use rdeploy_adapters::{kubeconfig, Adapter, Event, EventSink, Failure, Recovered, StepContext, Touched};
 
 use crate::fleet::collect::{collect, CollectOptions};
 use crate::fleet::model::{ClusterInventory, Kind, Presence, Workload};
@@ -34,11 +34,6 @@ const PODS_NAMED: usize = 3;
 /// What a sub-change not checked says.
 const NOT_WAITED: &str = "not waited for (`wait: false`): its pods may not be updated and ready";
 
-/// A helm variable as the step's helm sees it: the step's `env`, else rdeploy's own.
-fn helm_variable(ctx: &StepContext, name: &str) -> Option<String> {
-    ctx.env.get(name).cloned().or_else(|| std::env::var(name).ok()).filter(|v| !v.is_empty())
-}
-
 /// What the step touched, and where.
 #[derive(Clone, Debug)]
 struct Target {
@@ -48,15 +43,6 @@ struct Target {
     /// The namespace to read (`None`: all of them).
     namespace: Option<String>,
     touched: Touched,
-}
-
-#[derive(Clone, Debug)]
-enum Touched {
-    /// The workloads helm manages for this release (`meta.helm.sh/release-name`), plus the
-    /// release's hook Jobs when helm failed.
-    Release { name: String },
-    /// The workloads a kubectl step applied, from its sub-change ids (`Kind/namespace/name`).
-    Objects,
 }
 
 /// An [`EventSink`] between a single-cluster helm or kubectl step and the journal: it passes
@@ -79,29 +65,20 @@ impl<'a> Held<'a> {
     /// Holds for `step` when it is a single-cluster helm or kubectl step that waits (the
     /// default); passes everything through otherwise.
     pub fn new(step: &Step, ctx: &StepContext, inner: &'a dyn EventSink) -> Held<'a> {
-        let (target, not_waited) = match (&step.fleet, &step.spec) {
-            (Some(_), _) => (None, false),
-            (None, ToolSpec::Helm(h)) if h.wait != Some(false) => (
+        // The rollout runner reads a fleet step's clusters itself.
+        let workloads = step.fleet.is_none().then(|| step.spec.workloads(ctx)).flatten();
+        let (target, not_waited) = match workloads {
+            None => (None, false),
+            Some(w) if !w.wait => (None, true),
+            Some(w) => (
                 Some(Target {
-                    kubeconfig: kubeconfig::for_step(h.kubeconfig.as_deref(), ctx),
-                    // As helm picks them: the step's keys, else helm's own variables.
-                    context: h.context.clone().or_else(|| helm_variable(ctx, "HELM_KUBECONTEXT")),
-                    namespace: h.namespace.clone().or_else(|| helm_variable(ctx, "HELM_NAMESPACE")),
-                    touched: Touched::Release { name: h.release.clone() },
+                    kubeconfig: kubeconfig::for_step(step.spec.kube_target().and_then(|t| t.kubeconfig), ctx),
+                    context: w.context,
+                    namespace: w.namespace,
+                    touched: w.touched,
                 }),
                 false,
             ),
-            (None, ToolSpec::Kubectl(k)) if k.wait != Some(false) => (
-                Some(Target {
-                    kubeconfig: kubeconfig::for_step(k.kubeconfig.as_deref(), ctx),
-                    context: k.context.clone(),
-                    namespace: None,
-                    touched: Touched::Objects,
-                }),
-                false,
-            ),
-            (None, ToolSpec::Helm(_) | ToolSpec::Kubectl(_)) => (None, true),
-            _ => (None, false),
         };
         Held {
             inner,

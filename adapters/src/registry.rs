@@ -284,6 +284,18 @@ impl Adapter for ToolSpec {
         dispatch!(self, s => s.target_context(context))
     }
 
+    fn settings(&self, stack_dir: &Path) -> Vec<(&'static str, crate::contract::Setting)> {
+        dispatch!(self, s => s.settings(stack_dir))
+    }
+
+    fn workloads(&self, ctx: &StepContext) -> Option<crate::contract::Workloads> {
+        dispatch!(self, s => s.workloads(ctx))
+    }
+
+    fn cluster_rollback(&self) -> Option<String> {
+        dispatch!(self, s => s.cluster_rollback())
+    }
+
     fn in_place_keeps_last_outputs(&self) -> bool {
         dispatch!(self, s => s.in_place_keeps_last_outputs())
     }

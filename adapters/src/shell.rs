@@ -492,6 +492,13 @@ impl Adapter for ShellSpec {
     fn shell_line_keys(&self) -> &'static [&'static [&'static str]] {
         &[&["run"], &["check"], &["sub_changes", "*", "run"], &["sub_changes", "*", "check"]]
     }
+
+    /// The working directory and the `run` line (a `sub_changes` list has a table of its own).
+    fn settings(&self, _stack_dir: &Path) -> Vec<(&'static str, crate::contract::Setting)> {
+        use crate::contract::Setting;
+        let dir = self.dir.iter().map(|d| ("working directory", Setting::Code(d.display().to_string())));
+        dir.chain(self.run.iter().map(|r| ("run", Setting::Code(r.clone())))).collect()
+    }
 }
 
 /// Whether `path` is a script: named as one, or executable.

@@ -326,15 +326,10 @@ fn stopped(
         "it was the last wave".to_string()
     };
     let absent = if stragglers.is_empty() { String::new() } else { format!("; stragglers: {}", list(stragglers)) };
-    let first = &failed[0].0;
-    let rollback = match &step.spec {
-        ToolSpec::Helm(h) => format!(
-            "; to roll one cluster back: `helm history {0} --kube-context {first}{ns}`, then `helm rollback {0} REVISION --kube-context {first}{ns}`",
-            h.release,
-            ns = h.namespace.as_ref().map(|n| format!(" -n {n}")).unwrap_or_default()
-        ),
-        _ => String::new(),
-    };
+    let rollback = spec_for_cluster(&step.spec, &failed[0].0)
+        .cluster_rollback()
+        .map(|how| format!("; to roll one cluster back: {how}"))
+        .unwrap_or_default();
     Failure::new(format!(
         "the rollout stopped in wave {} of {waves}: {} cluster{} failed (max_failures: {tolerated}): {}; {later}{absent}",
         wave + 1,

@@ -263,6 +263,16 @@ impl HelmSpec {
         words
     }
 
+    /// `(history, rollback)`: the commands that name the release's revisions and roll it back
+    /// to `REVISION` with helm `major`'s flags, as a runbook shows them.
+    fn rollback_by_hand(&self, major: u32) -> (String, String) {
+        let mut history = vec!["history".to_string(), self.release.clone()];
+        history.extend(self.cluster_args(None));
+        let mut rollback = self.rollback_words(major, 0, None);
+        rollback[2] = "REVISION".into();
+        (display_command(&self.helm_words(history)), display_command(&self.helm_words(rollback)))
+    }
+
     fn wait_words(&self, major: u32, ctx: Option<&StepContext>) -> Vec<String> {
         let mut words = Vec::new();
         if self.wait.unwrap_or(true) {
@@ -1080,6 +1090,26 @@ fn repository_names(env: &dyn Fn(&str) -> Option<OsString>) -> Vec<String> {
 }
 
 impl Adapter for HelmSpec {
+    /// The release, chart, namespace, context, values files and `set` (secret by their name
+    /// hidden).
+    fn settings(&self, _stack_dir: &Path) -> Vec<(&'static str, crate::contract::Setting)> {
+        use crate::contract::Setting;
+        let mut out =
+            vec![("release", Setting::Code(self.release.clone())), ("chart", Setting::Code(self.chart.clone()))];
+        if let Some(ns) = &self.namespace {
+            out.push(("namespace", Setting::Code(ns.clone())));
+        }
+        if let Some(c) = &self.context {
+            out.push(("context", Setting::Code(c.clone())));
+        }
+        if !self.values.is_empty() {
+            out.push(("values", Setting::List(self.values.iter().map(|p| p.display().to_string()).collect())));
+        }
+        let secret = self.set.keys().filter(|k| secrets::is_secret_key(k)).cloned().collect();
+        out.push(("set", Setting::Values { values: self.set.clone(), secret }));
+        out
+    }
+
     fn kube_target(&self) -> Option<crate::contract::KubeTarget<'_>> {
         Some(crate::contract::KubeTarget {
             kubeconfig: self.kubeconfig.as_deref(),
@@ -1091,6 +1121,24 @@ impl Adapter for HelmSpec {
         self.context = Some(context.to_string());
         self.wait.get_or_insert(true);
         true
+    }
+
+    /// The release's workloads, in the context and namespace helm picks: the step's keys, else
+    /// `HELM_KUBECONTEXT` and `HELM_NAMESPACE`.
+    fn workloads(&self, ctx: &StepContext) -> Option<crate::contract::Workloads> {
+        let env = |key: &str| ctx.env.get(key).cloned().or_else(|| std::env::var(key).ok()).filter(|v| !v.is_empty());
+        Some(crate::contract::Workloads {
+            context: self.context.clone().or_else(|| env("HELM_KUBECONTEXT")),
+            namespace: self.namespace.clone().or_else(|| env("HELM_NAMESPACE")),
+            wait: self.wait != Some(false),
+            touched: crate::contract::Touched::Release { name: self.release.clone() },
+        })
+    }
+
+    fn cluster_rollback(&self) -> Option<String> {
+        // helm 3's flags: its bare `--wait` is helm 4's `--wait=watcher` too.
+        let (history, rollback) = self.rollback_by_hand(3);
+        Some(format!("`{history}` names its last deployed revision, then `{rollback}`"))
     }
 
     fn problems(&self) -> Vec<SpecProblem> {
@@ -1292,7 +1340,7 @@ impl Adapter for HelmSpec {
         let good = facts.and_then(|f| f.get("last_deployed_revision")).and_then(Value::as_u64);
         // The runbook is written without asking helm; flags are helm 4's where they differ.
         match good {
-            Some(good) => doc.notes.push(format!(
+            Some(good) => doc.rollback.push(format!(
                 "roll back by hand to revision {good}, the last deployed one the checkpoint recorded: `{}`",
                 display_command(&self.helm_words(self.rollback_words(4, good, None)))
             )),
@@ -1302,21 +1350,16 @@ impl Adapter for HelmSpec {
                 f.contains_key("revision") && f.get("status").and_then(Value::as_str) != Some("deployed")
             }) =>
             {
-                doc.notes.push(format!(
+                doc.rollback.push(format!(
                     "nothing to roll back to: no revision of `{}` was ever deployed; `{}` removes the failed install",
                     self.release,
                     display_command(&self.helm_words(self.uninstall_words(4, None)))
                 ))
             }
             None => {
-                let mut history = vec!["history".to_string(), self.release.clone()];
-                history.extend(self.cluster_args(None));
-                let mut words = self.rollback_words(4, 0, None);
-                words[2] = "REVISION".into();
-                doc.notes.push(format!(
-                    "roll back by hand: `{}`, REVISION being the last `deployed` one in `{}` (never \"previous\", which may be a failed revision)",
-                    display_command(&self.helm_words(words)),
-                    display_command(&self.helm_words(history))
+                let (history, rollback) = self.rollback_by_hand(4);
+                doc.rollback.push(format!(
+                    "roll back by hand: `{rollback}`, REVISION being the last `deployed` one in `{history}` (never \"previous\", which may be a failed revision)"
                 ));
             }
         }
@@ -2213,19 +2256,23 @@ mod tests {
         let doc = spec().describe_recovery(&ctx, Some(&prior));
         assert_eq!(doc.inspect[0], "helm status web -n shop --kube-context c1");
         assert!(
-            doc.notes[0].contains("`helm rollback web 2 -n shop --kube-context c1 --wait=watcher`"),
+            doc.rollback[0].contains("`helm rollback web 2 -n shop --kube-context c1 --wait=watcher`"),
             "{:?}",
-            doc.notes
+            doc.rollback
         );
         assert!(doc.notes.iter().any(|n| n == "recorded: revision 3 is failed"));
         // Without a checkpoint: the release's namespace and context, the revision to look up.
         let fresh = spec().describe_recovery(&ctx, None);
         assert!(
-            fresh.notes[0].contains(
+            fresh.rollback[0].contains(
                 "`helm rollback web REVISION -n shop --kube-context c1 --wait=watcher`, REVISION being the last `deployed` one in `helm history web -n shop --kube-context c1`"
             ),
             "{:?}",
-            fresh.notes
+            fresh.rollback
+        );
+        assert_eq!(
+            spec().cluster_rollback().as_deref(),
+            Some("`helm history web -n shop --kube-context c1` names its last deployed revision, then `helm rollback web REVISION -n shop --kube-context c1 --wait`")
         );
         // The checkpoint read the history and no revision was ever deployed: nothing to roll back to.
         let never = PriorStep {
@@ -2237,9 +2284,9 @@ mod tests {
         };
         let never = spec().describe_recovery(&ctx, Some(&never));
         assert!(
-            never.notes[0].starts_with("nothing to roll back to: no revision of `web` was ever deployed; `helm uninstall web -n shop --kube-context c1`"),
+            never.rollback[0].starts_with("nothing to roll back to: no revision of `web` was ever deployed; `helm uninstall web -n shop --kube-context c1`"),
             "{:?}",
-            never.notes
+            never.rollback
         );
         // A release found in place whose readiness then failed: its revision is deployed, so
         // it is never called never-deployed (an uninstall would remove a live release).
@@ -2251,7 +2298,7 @@ mod tests {
             ]),
         };
         let kept = spec().describe_recovery(&ctx, Some(&kept));
-        assert!(!kept.notes.iter().any(|n| n.contains("helm uninstall")), "{:?}", kept.notes);
+        assert!(!kept.rollback.iter().chain(&kept.notes).any(|n| n.contains("helm uninstall")), "{kept:?}");
     }
 
     #[test]

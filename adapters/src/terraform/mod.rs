@@ -185,6 +185,27 @@ impl TerraformSpec {
 }
 
 impl Adapter for TerraformSpec {
+    /// The configuration, its variables (those the configuration declares sensitive hidden),
+    /// var files and workspace.
+    fn settings(&self, stack_dir: &Path) -> Vec<(&'static str, crate::contract::Setting)> {
+        use crate::contract::Setting;
+        let mut out = vec![("configuration", Setting::Code(self.dir.display().to_string()))];
+        out.push((
+            "vars",
+            Setting::Values {
+                values: self.vars.clone(),
+                secret: config::declared_sensitive(&stack_dir.join(&self.dir)),
+            },
+        ));
+        if !self.var_files.is_empty() {
+            out.push(("var files", Setting::List(self.var_files.iter().map(|p| p.display().to_string()).collect())));
+        }
+        if let Some(w) = &self.workspace {
+            out.push(("workspace", Setting::Code(w.clone())));
+        }
+        out
+    }
+
     fn problems(&self) -> Vec<SpecProblem> {
         let mut problems = Vec::new();
         if let Some(binary) = &self.binary {
