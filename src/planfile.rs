@@ -166,7 +166,8 @@ pub fn build(
             .iter()
             .map(|(k, v)| {
                 let v = match v {
-                    Resolved::Known(value) => Resolved::Known(secrets.redact_json(value.clone())),
+                    // As the journal records it: `up --plan` compares it with the value then.
+                    Resolved::Known(value) => Resolved::Known(secrets.redact_json_document(value.clone())),
                     pending => pending.clone(),
                 };
                 (k.clone(), v)

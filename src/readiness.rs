@@ -12,15 +12,14 @@
 //! (the rollout runner reads each cluster itself) nor for a step with `wait: false`, whose
 //! sub-changes say they were not waited for.
 
-use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use rdeploy_adapters::{Event, EventSink, Failure, Recovered, StepContext, ToolSpec};
+use rdeploy_adapters::{kubeconfig, Adapter, Event, EventSink, Failure, Recovered, StepContext, Touched};
 
 use crate::fleet::collect::{collect, CollectOptions};
 use crate::fleet::model::{ClusterInventory, Kind, Presence, Workload};
-use crate::fleet::scope::{read_kubeconfig, Scope};
+use crate::fleet::scope::{read_found, Scope};
 use crate::fleet::state::LastSeen;
 use crate::stack::Step;
 
@@ -35,37 +34,15 @@ const PODS_NAMED: usize = 3;
 /// What a sub-change not checked says.
 const NOT_WAITED: &str = "not waited for (`wait: false`): its pods may not be updated and ready";
 
-/// The kubeconfig the step's tool reads: its `kubeconfig`, else a `KUBECONFIG` the step's
-/// `env` sets (its first file), else the process's own (`None`).
-fn kubeconfig_of(explicit: Option<&PathBuf>, ctx: &StepContext) -> Option<PathBuf> {
-    explicit.map(|p| ctx.resolve(p)).or_else(|| {
-        let from_env = ctx.env.get("KUBECONFIG")?.split(':').find(|p| !p.is_empty())?.to_string();
-        Some(ctx.resolve(std::path::Path::new(&from_env)))
-    })
-}
-
-/// A helm variable as the step's helm sees it: the step's `env`, else rdeploy's own.
-fn helm_variable(ctx: &StepContext, name: &str) -> Option<String> {
-    ctx.env.get(name).cloned().or_else(|| std::env::var(name).ok()).filter(|v| !v.is_empty())
-}
-
 /// What the step touched, and where.
 #[derive(Clone, Debug)]
 struct Target {
-    kubeconfig: Option<PathBuf>,
+    /// The kubeconfig files the step's tool reads ([`kubeconfig::for_step`]).
+    kubeconfig: Result<kubeconfig::Found, String>,
     context: Option<String>,
     /// The namespace to read (`None`: all of them).
     namespace: Option<String>,
     touched: Touched,
-}
-
-#[derive(Clone, Debug)]
-enum Touched {
-    /// The workloads helm manages for this release (`meta.helm.sh/release-name`), plus the
-    /// release's hook Jobs when helm failed.
-    Release { name: String },
-    /// The workloads a kubectl step applied, from its sub-change ids (`Kind/namespace/name`).
-    Objects,
 }
 
 /// An [`EventSink`] between a single-cluster helm or kubectl step and the journal: it passes
@@ -88,29 +65,20 @@ impl<'a> Held<'a> {
     /// Holds for `step` when it is a single-cluster helm or kubectl step that waits (the
     /// default); passes everything through otherwise.
     pub fn new(step: &Step, ctx: &StepContext, inner: &'a dyn EventSink) -> Held<'a> {
-        let (target, not_waited) = match (&step.fleet, &step.spec) {
-            (Some(_), _) => (None, false),
-            (None, ToolSpec::Helm(h)) if h.wait != Some(false) => (
+        // The rollout runner reads a fleet step's clusters itself.
+        let workloads = step.fleet.is_none().then(|| step.spec.workloads(ctx)).flatten();
+        let (target, not_waited) = match workloads {
+            None => (None, false),
+            Some(w) if !w.wait => (None, true),
+            Some(w) => (
                 Some(Target {
-                    kubeconfig: kubeconfig_of(h.kubeconfig.as_ref(), ctx),
-                    // As helm picks them: the step's keys, else helm's own variables.
-                    context: h.context.clone().or_else(|| helm_variable(ctx, "HELM_KUBECONTEXT")),
-                    namespace: h.namespace.clone().or_else(|| helm_variable(ctx, "HELM_NAMESPACE")),
-                    touched: Touched::Release { name: h.release.clone() },
+                    kubeconfig: kubeconfig::for_step(step.spec.kube_target().and_then(|t| t.kubeconfig), ctx),
+                    context: w.context,
+                    namespace: w.namespace,
+                    touched: w.touched,
                 }),
                 false,
             ),
-            (None, ToolSpec::Kubectl(k)) if k.wait != Some(false) => (
-                Some(Target {
-                    kubeconfig: kubeconfig_of(k.kubeconfig.as_ref(), ctx),
-                    context: k.context.clone(),
-                    namespace: None,
-                    touched: Touched::Objects,
-                }),
-                false,
-            ),
-            (None, ToolSpec::Helm(_) | ToolSpec::Kubectl(_)) => (None, true),
-            _ => (None, false),
         };
         Held {
             inner,
@@ -237,8 +205,7 @@ impl<'a> Held<'a> {
     }
 
     async fn read(&self, target: &Target) -> Result<ClusterInventory, String> {
-        let explicit = target.kubeconfig.as_deref();
-        let (kubeconfig, source) = read_kubeconfig(explicit).map_err(|e| format!("{e:#}"))?;
+        let (kubeconfig, source) = read_found(target.kubeconfig.clone()).map_err(|e| format!("{e:#}"))?;
         let context = match target.context.clone().or_else(|| kubeconfig.current_context.clone()) {
             Some(c) => c,
             None => return Err(format!("no context given and no current context in {source}")),

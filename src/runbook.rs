@@ -7,7 +7,7 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use rdeploy_adapters::{Adapter, DescribeContext, PriorStep, RecoveryDoc, SubStatus, ToolSpec};
+use rdeploy_adapters::{Adapter, DescribeContext, PriorStep, RecoveryDoc, Setting, SubStatus, ToolSpec};
 
 use crate::adapter::StepAdapter;
 use crate::checkpoint::{Deploy, DeployState, StepStatus};
@@ -61,11 +61,13 @@ fn describe(stack: &Stack, stack_file: &str, records: &Path, step: &Step, prior:
     let ctx = DescribeContext { step: &step.name, stack_file, stack_dir: &dir, resumable: step.resumable };
     let doc = StepAdapter::of(step, records).describe_recovery(&ctx, prior);
     let tidy = |lines: Vec<String>| lines.into_iter().map(|l| tidy(&l)).collect();
+    // The runbook says how to roll back first among the notes.
     RecoveryDoc {
         inspect: tidy(doc.inspect),
         recover: tidy(doc.recover),
         verify: tidy(doc.verify),
-        notes: tidy(doc.notes),
+        notes: tidy(doc.rollback.into_iter().chain(doc.notes).collect()),
+        rollback: Vec::new(),
     }
 }
 
@@ -450,6 +452,7 @@ fn fill_sensitive(doc: RecoveryDoc, exports: &[Export]) -> RecoveryDoc {
         recover: fill(doc.recover),
         verify: fill(doc.verify),
         notes: fill(doc.notes),
+        rollback: fill(doc.rollback),
     }
 }
 
@@ -496,71 +499,15 @@ fn settings(step: &Step, stack_dir: &std::path::Path) -> Vec<(&'static str, Stri
             .collect::<Vec<_>>()
             .join(", ")
     };
-    let pairs = |map: &std::collections::BTreeMap<String, serde_json::Value>| {
-        pairs_hiding(map, &rdeploy_adapters::secrets::is_secret_key)
-    };
-    let path = |p: &std::path::Path| code(&p.display().to_string());
     let mut out = Vec::new();
-    match &step.spec {
-        ToolSpec::Terraform(s) => {
-            out.push(("configuration", path(&s.dir)));
-            if !s.vars.is_empty() || !marked.is_empty() {
-                let sensitive = rdeploy_adapters::terraform::config::declared_sensitive(&stack_dir.join(&s.dir));
-                out.push(("vars", pairs_hiding(&s.vars, &|k| sensitive.contains(k))));
-            }
-            if !s.var_files.is_empty() {
-                out.push(("var files", list(s.var_files.iter().map(|p| p.display().to_string()).collect())));
-            }
-            if let Some(w) = &s.workspace {
-                out.push(("workspace", code(w)));
-            }
-        }
-        ToolSpec::Ansible(s) => {
-            out.push(("playbook", path(&s.playbook)));
-            out.push(("inventory", path(&s.inventory)));
-            if let Some(l) = &s.limit {
-                out.push(("limit", code(l)));
-            }
-            if !s.extra_vars.is_empty() || !marked.is_empty() {
-                out.push(("extra vars", pairs(&s.extra_vars)));
-            }
-            if !s.tags.is_empty() {
-                out.push(("tags", list(s.tags.clone())));
-            }
-        }
-        ToolSpec::Helm(s) => {
-            out.push(("release", code(&s.release)));
-            out.push(("chart", code(&s.chart)));
-            if let Some(ns) = &s.namespace {
-                out.push(("namespace", code(ns)));
-            }
-            if let Some(c) = &s.context {
-                out.push(("context", code(c)));
-            }
-            if !s.values.is_empty() {
-                out.push(("values", list(s.values.iter().map(|p| p.display().to_string()).collect())));
-            }
-            if !s.set.is_empty() || !marked.is_empty() {
-                out.push(("set", pairs(&s.set)));
-            }
-        }
-        ToolSpec::Kubectl(s) => {
-            out.push(("manifests", list(s.manifests.iter().map(|p| p.display().to_string()).collect())));
-            if let Some(ns) = &s.namespace {
-                out.push(("namespace", code(ns)));
-            }
-            if let Some(c) = &s.context {
-                out.push(("context", code(c)));
-            }
-        }
-        ToolSpec::Shell(s) => {
-            if let Some(dir) = &s.dir {
-                out.push(("working directory", path(dir)));
-            }
-            if let Some(run) = &s.run {
-                out.push(("run", code(run)));
-            }
-        }
+    for (label, setting) in step.spec.settings(stack_dir) {
+        let shown = match setting {
+            Setting::Code(text) => code(&text),
+            Setting::List(items) => list(items),
+            Setting::Values { values, .. } if values.is_empty() && marked.is_empty() => continue,
+            Setting::Values { values, secret } => pairs_hiding(&values, &|k| secret.contains(k)),
+        };
+        out.push((label, shown));
     }
     if !step.env_marked.is_empty() {
         // The operator's shell needs them for the step's commands; the runbook names where from.

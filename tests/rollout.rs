@@ -157,7 +157,7 @@ fn a_failing_first_wave_halts_the_rollout_before_any_later_cluster_is_touched() 
         .code(0)
         .stdout_has("- waves: 1, 50%, 100% (cumulative")
         .stdout_has("- stop rule: more than 0 failed clusters stop the rollout before the next wave")
-        .stdout_has("`helm rollback agent-broken REVISION -n monitoring --kube-context edge-1 --wait`")
+        .stdout_has("helm rollback agent-broken REVISION -n monitoring --kube-context edge-1 --wait`")
         .stdout_has("helm status agent-broken -n monitoring --kube-context CLUSTER");
 
     p.stack(&helm_stack(rel, "edge-*", rollout, ""));

@@ -65,6 +65,22 @@ pub trait Adapter: Sync {
         None
     }
 
+    /// The workloads the step's tool changes in its cluster (helm, kubectl), as the tool picks
+    /// the context and namespace (its keys, else its own variables in the step's `env` over
+    /// rdeploy's): what a single-cluster `up` reads until their rollout is complete. `None`:
+    /// the tool changes no workloads.
+    fn workloads(&self, ctx: &StepContext) -> Option<Workloads> {
+        let _ = ctx;
+        None
+    }
+
+    /// How an operator rolls one cluster of a fleet step back by hand, for the step's spec
+    /// pointed at that cluster ([`Adapter::target_context`]): the tool's commands, ready to
+    /// paste. `None`: the tool has no rollback of its own to point at.
+    fn cluster_rollback(&self) -> Option<String> {
+        None
+    }
+
     /// Points the step at one cluster of a fleet: its kube `context` passed through, waiting for
     /// the workloads to be ready unless the step says `wait: false`. `false` (and nothing
     /// changed): the tool targets no kube context.
@@ -238,6 +254,15 @@ pub trait Adapter: Sync {
             .collect()
     }
 
+    /// The step's settings its commands use, as the runbook lists them under the step so the
+    /// operator can check them at a glance: a label and its value, in order. `stack_dir` is the
+    /// stack file's directory (terraform reads which variables its configuration declares
+    /// sensitive). The default: none.
+    fn settings(&self, stack_dir: &Path) -> Vec<(&'static str, Setting)> {
+        let _ = stack_dir;
+        Vec::new()
+    }
+
     /// The runbook section for this step: exact commands an operator would type.
     fn describe_recovery(&self, ctx: &DescribeContext<'_>, prior: Option<&PriorStep>) -> RecoveryDoc;
 
@@ -263,6 +288,43 @@ pub struct KubeTarget<'a> {
     pub kubeconfig: Option<&'a Path>,
     /// Its `namespace` (`None`: the context's, or every namespace for what the step reads).
     pub namespace: Option<&'a str>,
+}
+
+/// The workloads a step's tool changes in its cluster ([`Adapter::workloads`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Workloads {
+    /// The kube context the tool writes to (`None`: the kubeconfig's current one).
+    pub context: Option<String>,
+    /// The namespace to read (`None`: for a release, the context's, else `default`; for
+    /// objects, every namespace).
+    pub namespace: Option<String>,
+    /// The tool is told to wait for them (`wait:`, the default); `false`: they are not checked,
+    /// and the step's sub-changes say they were not waited for.
+    pub wait: bool,
+    pub touched: Touched,
+}
+
+/// Which workloads a step's tool changes ([`Workloads::touched`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Touched {
+    /// The workloads of a helm release (`meta.helm.sh/release-name`), and its hook Jobs when
+    /// the tool failed (helm waited for them).
+    Release { name: String },
+    /// The workloads the step's sub-changes name, their ids being `Kind/namespace/name`.
+    Objects,
+}
+
+/// The value of one of a step's settings in the runbook ([`Adapter::settings`]).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Setting {
+    /// A word, a path or a command, shown as code.
+    Code(String),
+    /// Several, each shown as code.
+    List(Vec<String>),
+    /// The step's typed values (`vars`, `extra_vars`, `set`), shown as `key=value`, those named
+    /// in `secret` as `***`. The runbook adds the entries the stack marks secret, named by
+    /// their source, and leaves the line out when there are neither.
+    Values { values: BTreeMap<String, serde_json::Value>, secret: std::collections::BTreeSet<String> },
 }
 
 /// How [`Adapter::converge_step`] left a step.
@@ -652,6 +714,10 @@ pub struct RecoveryDoc {
     pub verify: Vec<String>,
     /// Anything an operator must know (stuck locks, manual steps).
     pub notes: Vec<String>,
+    /// How to roll the step back by hand with the tool (helm's `rollback`), or why there is
+    /// nothing to roll back to; shown first among the notes. Apart from them so that a fleet
+    /// step can say it per cluster instead ([`Adapter::cluster_rollback`]).
+    pub rollback: Vec<String>,
 }
 
 /// Errors that stop a step before it touches anything (tool missing, unusable version).
@@ -774,21 +840,7 @@ mod tests {
     }
 
     fn ctx() -> StepContext {
-        StepContext {
-            step: "s".into(),
-            stack: "test".into(),
-            stack_dir: PathBuf::from("."),
-            work_dir: PathBuf::from("."),
-            cache_dir: None,
-            env: Default::default(),
-            timeout: None,
-            cancel: CancellationToken::new(),
-            force: false,
-            reapply_missing: false,
-            secrets: Default::default(),
-            started_by: Default::default(),
-            processes: Default::default(),
-        }
+        StepContext { step: "s".into(), work_dir: PathBuf::from("."), ..crate::testing::step_context(Path::new(".")) }
     }
 
     fn in_place(id: &str) -> Event {

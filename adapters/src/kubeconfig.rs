@@ -16,21 +16,45 @@ use serde_json::{Map, Value};
 
 use crate::StepContext;
 
+/// The kubeconfig files a kube client reads, and where they came from for messages.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Found {
+    pub files: Vec<PathBuf>,
+    /// The file given, `$KUBECONFIG (LIST)` or `~/.kube/config`.
+    pub source: String,
+}
+
 /// The kubeconfig files the step's tool reads, as kubectl and helm find them: the step's
 /// `kubeconfig` (relative to the stack file), else every file of `KUBECONFIG` (the step's `env`
 /// over rdeploy's), else `~/.kube/config`.
 pub fn files(kubeconfig: Option<&Path>, ctx: &StepContext) -> Result<Vec<PathBuf>, String> {
-    let env = |key: &str| -> Option<String> {
-        ctx.env.get(key).cloned().or_else(|| std::env::var(key).ok()).filter(|v| !v.is_empty())
-    };
+    for_step(kubeconfig, ctx).map(|found| found.files)
+}
+
+/// [`files`], with where they came from.
+pub fn for_step(kubeconfig: Option<&Path>, ctx: &StepContext) -> Result<Found, String> {
+    let env = |key: &str| ctx.env.get(key).cloned().or_else(|| std::env::var(key).ok());
+    find(kubeconfig, &env, &ctx.stack_dir)
+}
+
+/// The kubeconfig files a kube client reads, as kubectl finds them: `kubeconfig` (relative to
+/// `base`), else every file of `KUBECONFIG` (missing ones are skipped when read, relative ones
+/// against `base`), else `~/.kube/config`; `env` gives the variables (`KUBECONFIG`, `HOME`), an
+/// empty one counting as unset.
+pub fn find(kubeconfig: Option<&Path>, env: &dyn Fn(&str) -> Option<String>, base: &Path) -> Result<Found, String> {
+    let env = |key: &str| env(key).filter(|v| !v.is_empty());
     Ok(match (kubeconfig, env("KUBECONFIG")) {
-        (Some(file), _) => vec![ctx.resolve(file)],
-        (None, Some(list)) => {
-            std::env::split_paths(&list).filter(|p| !p.as_os_str().is_empty()).map(|p| ctx.resolve(&p)).collect()
+        (Some(file), _) => {
+            let file = base.join(file);
+            Found { source: file.display().to_string(), files: vec![file] }
         }
+        (None, Some(list)) => Found {
+            files: std::env::split_paths(&list).filter(|p| !p.as_os_str().is_empty()).map(|p| base.join(p)).collect(),
+            source: format!("$KUBECONFIG ({list})"),
+        },
         (None, None) => {
-            let home = env("HOME").ok_or("no `HOME` to find `~/.kube/config` in")?;
-            vec![PathBuf::from(home).join(".kube").join("config")]
+            let home = env("HOME").ok_or("no `HOME` to find `~/.kube/config` in: set `HOME` or `KUBECONFIG`")?;
+            Found { files: vec![PathBuf::from(home).join(".kube").join("config")], source: "~/.kube/config".into() }
         }
     })
 }

@@ -160,8 +160,7 @@ impl ToolSpec {
         match made {
             Ok(file) => {
                 *slot = Some(file.path().to_path_buf());
-                let user = kubeconfig.map(|k| ctx.resolve(&k).to_string_lossy().into_owned());
-                Some(OwnKubeconfig { file, user })
+                Some(OwnKubeconfig { _file: file })
             }
             Err(why) => {
                 tracing::debug!(context, %why, "the cluster's tool reads the whole kubeconfig");
@@ -285,6 +284,18 @@ impl Adapter for ToolSpec {
         dispatch!(self, s => s.target_context(context))
     }
 
+    fn settings(&self, stack_dir: &Path) -> Vec<(&'static str, crate::contract::Setting)> {
+        dispatch!(self, s => s.settings(stack_dir))
+    }
+
+    fn workloads(&self, ctx: &StepContext) -> Option<crate::contract::Workloads> {
+        dispatch!(self, s => s.workloads(ctx))
+    }
+
+    fn cluster_rollback(&self) -> Option<String> {
+        dispatch!(self, s => s.cluster_rollback())
+    }
+
     fn in_place_keeps_last_outputs(&self) -> bool {
         dispatch!(self, s => s.in_place_keeps_last_outputs())
     }
@@ -358,60 +369,10 @@ impl Adapter for ToolSpec {
     }
 }
 
-/// A fleet cluster's own kubeconfig ([`ToolSpec::use_own_kubeconfig`]), held while its tool runs.
+/// A fleet cluster's own kubeconfig ([`ToolSpec::use_own_kubeconfig`]), held while its tool
+/// runs: its link is gone once this is dropped. The tool runs with it; its commands are shown
+/// with the user's kubeconfig (helm's and kubectl's `shown` words).
 #[derive(Debug)]
 pub struct OwnKubeconfig {
-    file: crate::secrets::SecretFile,
-    /// The step's `kubeconfig` as the tool would otherwise get it; `None`: it reads `KUBECONFIG`.
-    user: Option<String>,
-}
-
-impl OwnKubeconfig {
-    /// `failure` as the user's own command would have read: the link to the cut file (gone once
-    /// the cluster is done) replaced by the step's `kubeconfig`, or left out where the tool
-    /// would have read `KUBECONFIG`.
-    pub fn restore(&self, mut failure: Failure) -> Failure {
-        let link = self.file.path().to_string_lossy().into_owned();
-        let fix = |text: &mut String| {
-            *text = match &self.user {
-                Some(user) => text.replace(&link, user),
-                None => text.replace(&format!(" --kubeconfig {link}"), "").replace(&link, "KUBECONFIG"),
-            }
-        };
-        fix(&mut failure.summary);
-        failure.command.iter_mut().for_each(fix);
-        failure.hint.iter_mut().for_each(fix);
-        failure.stderr_tail.iter_mut().for_each(fix);
-        failure
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_failure_names_the_users_kubeconfig_not_the_cut_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = crate::secrets::SecretFile::write(dir.path(), "kubeconfig", &serde_json::json!({})).unwrap();
-        let link = file.path().display().to_string();
-        let failure = || Failure {
-            command: Some(format!("helm upgrade --install web chart -n shop --kube-context c1 --kubeconfig {link}")),
-            hint: Some(format!("check `--kubeconfig {link}`")),
-            ..Failure::new("helm failed")
-        };
-        let own = OwnKubeconfig { file, user: Some("/stack/kube/fleet.yaml".into()) };
-        let restored = own.restore(failure());
-        assert_eq!(
-            restored.command.as_deref(),
-            Some("helm upgrade --install web chart -n shop --kube-context c1 --kubeconfig /stack/kube/fleet.yaml")
-        );
-        assert_eq!(restored.hint.as_deref(), Some("check `--kubeconfig /stack/kube/fleet.yaml`"));
-        let own = OwnKubeconfig { user: None, ..own };
-        assert_eq!(
-            own.restore(failure()).command.as_deref(),
-            Some("helm upgrade --install web chart -n shop --kube-context c1"),
-            "the tool would have read KUBECONFIG: no --kubeconfig"
-        );
-    }
+    _file: crate::secrets::SecretFile,
 }

@@ -492,6 +492,13 @@ impl Adapter for ShellSpec {
     fn shell_line_keys(&self) -> &'static [&'static [&'static str]] {
         &[&["run"], &["check"], &["sub_changes", "*", "run"], &["sub_changes", "*", "check"]]
     }
+
+    /// The working directory and the `run` line (a `sub_changes` list has a table of its own).
+    fn settings(&self, _stack_dir: &Path) -> Vec<(&'static str, crate::contract::Setting)> {
+        use crate::contract::Setting;
+        let dir = self.dir.iter().map(|d| ("working directory", Setting::Code(d.display().to_string())));
+        dir.chain(self.run.iter().map(|r| ("run", Setting::Code(r.clone())))).collect()
+    }
 }
 
 /// Whether `path` is a script: named as one, or executable.
@@ -524,24 +531,10 @@ pub async fn run_revert(ctx: &StepContext, script: &str, sink: &dyn EventSink) -
 mod tests {
     use super::*;
     use crate::testing::Recorder;
-    use crate::{CancellationToken, PriorSubChange};
+    use crate::PriorSubChange;
 
     fn ctx(dir: &std::path::Path) -> StepContext {
-        StepContext {
-            step: "seed".into(),
-            stack: "test".into(),
-            stack_dir: dir.to_path_buf(),
-            work_dir: dir.join("work"),
-            cache_dir: None,
-            env: Default::default(),
-            timeout: None,
-            cancel: CancellationToken::new(),
-            force: false,
-            reapply_missing: false,
-            secrets: Default::default(),
-            started_by: Default::default(),
-            processes: Default::default(),
-        }
+        StepContext { step: "seed".into(), ..crate::testing::step_context(dir) }
     }
 
     fn spec(subs: &[(&str, &str, Option<&str>)]) -> ShellSpec {

@@ -1,12 +1,38 @@
-//! Test support for adapter tests: an [`EventSink`] that records what an adapter reports and
-//! folds it with the driver's own sub-change fold ([`crate::fold`]), so a test can feed `recover` a realistic
-//! [`PriorStep`]. Used by the unit tests and by `adapters/tests/*`.
+//! Test support for adapter tests: a default [`StepContext`] rooted at a directory
+//! ([`step_context`]), and an [`EventSink`] that records what an adapter reports and folds it
+//! with the driver's own sub-change fold ([`crate::fold`]), so a test can feed `recover` a
+//! realistic [`PriorStep`]. Used by the unit tests, by `adapters/tests/*` and by the binary's
+//! tests.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::sync::Mutex;
 
 use crate::fold::{fold_sub_change, SubChangeEvent, SubChangeFields};
-use crate::{Event, EventSink, PriorStep, PriorSubChange, SubStatus};
+use crate::{Event, EventSink, PriorStep, PriorSubChange, StepContext, SubStatus};
+
+/// A step `step` of stack `test` rooted at `dir` (its stack directory), working in `dir/work`,
+/// with no cache, no `env`, no time limit, no `--force`, no secrets and a fresh cancellation
+/// token. A test sets what it varies over it:
+/// `StepContext { env, timeout: Some(t), ..step_context(dir) }`, so a field added to
+/// [`StepContext`] needs its default here only.
+pub fn step_context(dir: &Path) -> StepContext {
+    StepContext {
+        step: "step".into(),
+        stack: "test".into(),
+        stack_dir: dir.to_path_buf(),
+        work_dir: dir.join("work"),
+        cache_dir: None,
+        env: BTreeMap::new(),
+        timeout: None,
+        cancel: Default::default(),
+        processes: Default::default(),
+        force: false,
+        reapply_missing: false,
+        secrets: Default::default(),
+        started_by: Default::default(),
+    }
+}
 
 /// Records every event; output lines are kept apart from sub-change events.
 #[derive(Default)]

@@ -6,10 +6,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use rdeploy_adapters::ansible::AnsibleSpec;
-use rdeploy_adapters::testing::Recorder;
-use rdeploy_adapters::{
-    Adapter, CancellationToken, Event, Failure, PriorStep, Recovered, StepContext, SubStatus, ToolSpec,
-};
+use rdeploy_adapters::testing::{step_context, Recorder};
+use rdeploy_adapters::{Adapter, Event, Failure, PriorStep, Recovered, StepContext, SubStatus, ToolSpec};
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
@@ -84,18 +82,10 @@ impl Stack {
         let path = format!("{}:{}", venv_bin().display(), std::env::var("PATH").unwrap_or_default());
         StepContext {
             step: "hosts".into(),
-            stack: "test".into(),
-            stack_dir: self.path().to_path_buf(),
             work_dir: self.path().join(".rdeploy/work/hosts"),
-            cache_dir: None,
             env: BTreeMap::from([("PATH".to_string(), path), ("ANSIBLE_NOCOLOR".to_string(), "1".to_string())]),
             timeout: Some(std::time::Duration::from_secs(300)),
-            cancel: CancellationToken::new(),
-            force: false,
-            reapply_missing: false,
-            secrets: Default::default(),
-            started_by: Default::default(),
-            processes: Default::default(),
+            ..step_context(self.path())
         }
     }
 }

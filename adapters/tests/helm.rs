@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use kubesim::testing::{helm_bin, kubectl_bin, testdata, Kubesim};
 use rdeploy_adapters::helm::{HelmSpec, RecoverMode};
-use rdeploy_adapters::testing::Recorder;
-use rdeploy_adapters::{Adapter, CancellationToken, Event, Failure, PriorStep, Recovered, StepContext, ToolSpec};
+use rdeploy_adapters::testing::{step_context, Recorder};
+use rdeploy_adapters::{Adapter, Event, Failure, PriorStep, Recovered, StepContext, ToolSpec};
 
 struct Setup {
     sim: Kubesim,
@@ -50,18 +50,11 @@ impl Setup {
         let env: BTreeMap<String, String> = self.sim.env().into_iter().collect();
         StepContext {
             step: "app".into(),
-            stack: "test".into(),
-            stack_dir: self.stack.path().to_path_buf(),
             work_dir: self.stack.path().join(".rdeploy/work/app"),
-            cache_dir: None,
             env,
             timeout: Some(Duration::from_secs(30)),
-            cancel: CancellationToken::new(),
             force,
-            reapply_missing: false,
-            secrets: Default::default(),
-            started_by: Default::default(),
-            processes: Default::default(),
+            ..step_context(self.stack.path())
         }
     }
 

@@ -10,8 +10,8 @@ use std::time::Duration;
 use kubesim::testing::{helm_bin, testdata, Kubesim};
 use rdeploy_adapters::helm::records::{Driver, Records};
 use rdeploy_adapters::helm::HelmSpec;
-use rdeploy_adapters::testing::Recorder;
-use rdeploy_adapters::{Adapter, CancellationToken, PriorStep, Recovered, StepContext, ToolSpec};
+use rdeploy_adapters::testing::{step_context, Recorder};
+use rdeploy_adapters::{Adapter, PriorStep, Recovered, StepContext, ToolSpec};
 
 const NS: &str = "shop";
 
@@ -20,18 +20,10 @@ fn ctx(sim: &Kubesim, stack: &Path, extra: &[(&str, &str)]) -> StepContext {
     env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     StepContext {
         step: "app".into(),
-        stack: "test".into(),
-        stack_dir: stack.to_path_buf(),
         work_dir: stack.join(".rdeploy/work/app"),
-        cache_dir: None,
         env,
         timeout: Some(Duration::from_secs(30)),
-        cancel: CancellationToken::new(),
-        force: false,
-        reapply_missing: false,
-        secrets: Default::default(),
-        started_by: Default::default(),
-        processes: Default::default(),
+        ..step_context(stack)
     }
 }
 

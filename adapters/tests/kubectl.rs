@@ -7,10 +7,8 @@ use std::time::Duration;
 
 use kubesim::testing::{kubectl_bin, workspace_root, Kubesim};
 use rdeploy_adapters::kubectl::KubectlSpec;
-use rdeploy_adapters::testing::Recorder;
-use rdeploy_adapters::{
-    Adapter, CancellationToken, Event, Failure, PriorStep, Recovered, StepContext, SubStatus, ToolSpec,
-};
+use rdeploy_adapters::testing::{step_context, Recorder};
+use rdeploy_adapters::{Adapter, Event, Failure, PriorStep, Recovered, StepContext, SubStatus, ToolSpec};
 
 struct Setup {
     sim: Kubesim,
@@ -52,18 +50,10 @@ impl Setup {
     fn ctx(&self, timeout: Duration) -> StepContext {
         StepContext {
             step: "extras".into(),
-            stack: "test".into(),
-            stack_dir: self.stack.path().to_path_buf(),
             work_dir: self.stack.path().join(".rdeploy/work/extras"),
-            cache_dir: None,
             env: self.sim.env().into_iter().collect(),
             timeout: Some(timeout),
-            cancel: CancellationToken::new(),
-            force: false,
-            reapply_missing: false,
-            secrets: Default::default(),
-            started_by: Default::default(),
-            processes: Default::default(),
+            ..step_context(self.stack.path())
         }
     }
 

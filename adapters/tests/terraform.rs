@@ -8,10 +8,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use rdeploy_adapters::terraform::{TerraformSpec, FACT_LOCK_ID};
-use rdeploy_adapters::testing::Recorder;
-use rdeploy_adapters::{
-    Adapter, CancellationToken, Event, Failure, PriorStep, Recovered, StepContext, SubStatus, ToolSpec,
-};
+use rdeploy_adapters::testing::{step_context, Recorder};
+use rdeploy_adapters::{Adapter, Event, Failure, PriorStep, Recovered, StepContext, SubStatus, ToolSpec};
 
 /// Fails loudly: these tests exist to run real terraform.
 fn require_terraform() {
@@ -46,18 +44,9 @@ impl Fixture {
     fn ctx(&self) -> StepContext {
         StepContext {
             step: "infra".into(),
-            stack: "test".into(),
-            stack_dir: self.root.clone(),
             work_dir: self.root.join("state/infra"),
-            cache_dir: None,
-            env: BTreeMap::new(),
             timeout: Some(Duration::from_secs(240)),
-            cancel: CancellationToken::new(),
-            force: false,
-            reapply_missing: false,
-            secrets: Default::default(),
-            started_by: Default::default(),
-            processes: Default::default(),
+            ..step_context(&self.root)
         }
     }
 

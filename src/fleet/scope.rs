@@ -9,6 +9,7 @@ use std::sync::Arc;
 use anyhow::{bail, Context as _};
 use kube::config::{Kubeconfig, NamedAuthInfo, NamedCluster, NamedContext};
 use rdeploy_adapters::helm::records::load_kubeconfig;
+use rdeploy_adapters::{kubeconfig, StepContext};
 use serde::Deserialize;
 
 /// The clusters to ask and how to reach them.
@@ -44,29 +45,37 @@ impl FleetFile {
     }
 }
 
-/// The kubeconfig as kubectl finds it: the explicit file, else `$KUBECONFIG` (its files merged,
-/// missing ones skipped), else `~/.kube/config`. Parsed once per process while its files are
-/// unchanged, in the cache helm's records reads use too: a rollout's scope, each cluster's
-/// helm records and readiness reads share one parse of a (possibly 4,000-context) kubeconfig.
+/// The kubeconfig of a command without a step (`rdeploy inventory`, `alerts`, a gate), as
+/// kubectl finds it ([`kubeconfig::find`]): the explicit file, else `$KUBECONFIG` (its files
+/// merged, missing ones skipped), else `~/.kube/config`, in rdeploy's own environment. Without
+/// `HOME`, the home directory is the account's, as kube finds it: rdeploy
+/// itself is the client here, not a tool that reads `HOME` alone. Parsed once per process while
+/// its files are unchanged, in the cache helm's records reads use too: a rollout's scope, each
+/// cluster's helm records and readiness reads share one parse of a (possibly 4,000-context)
+/// kubeconfig.
 pub fn read_kubeconfig(explicit: Option<&Path>) -> anyhow::Result<(Arc<Kubeconfig>, String)> {
-    let load = |files: &[PathBuf]| load_kubeconfig(files).map_err(anyhow::Error::msg);
-    if let Some(path) = explicit {
-        let kc =
-            load(&[path.to_path_buf()]).with_context(|| format!("could not read the kubeconfig {}", path.display()))?;
-        return Ok((kc, path.display().to_string()));
-    }
-    let (files, source) = match std::env::var_os("KUBECONFIG") {
-        Some(v) if !v.is_empty() => (
-            std::env::split_paths(&v).filter(|p| !p.as_os_str().is_empty()).collect::<Vec<_>>(),
-            format!("$KUBECONFIG ({})", v.to_string_lossy()),
-        ),
-        _ => (
-            vec![default_path().context("no home directory to find ~/.kube/config in: set `HOME` or `KUBECONFIG`")?],
-            "~/.kube/config".to_string(),
-        ),
+    let env = |key: &str| match std::env::var(key) {
+        Ok(value) if !value.is_empty() => Some(value),
+        _ if key == "HOME" => home::home_dir().map(|home| home.display().to_string()),
+        _ => None,
     };
-    let kc = load(&files).with_context(|| format!("could not read the kubeconfig from {source}"))?;
-    Ok((kc, source))
+    read_found(kubeconfig::find(explicit, &env, Path::new("")))
+}
+
+/// The kubeconfig a step's helm or kubectl reads ([`kubeconfig::for_step`]: the step's
+/// `kubeconfig`, else `KUBECONFIG` from its `env` over rdeploy's, else `~/.kube/config`): the
+/// same files a fleet cluster's own kubeconfig is cut from.
+pub fn read_step_kubeconfig(kubeconfig: Option<&Path>, ctx: &StepContext) -> anyhow::Result<(Arc<Kubeconfig>, String)> {
+    read_found(kubeconfig::for_step(kubeconfig, ctx))
+}
+
+/// The kubeconfig files found, read (a reason they could not be found is the error).
+pub fn read_found(found: Result<kubeconfig::Found, String>) -> anyhow::Result<(Arc<Kubeconfig>, String)> {
+    let found = found.map_err(anyhow::Error::msg)?;
+    let kc = load_kubeconfig(&found.files)
+        .map_err(anyhow::Error::msg)
+        .with_context(|| format!("could not read the kubeconfig from {}", found.source))?;
+    Ok((kc, found.source))
 }
 
 pub fn is_glob(pattern: &str) -> bool {
@@ -220,6 +229,29 @@ mod tests {
         assert_eq!(changed.contexts.len(), 3, "a changed file is read again");
         let missing = read_kubeconfig(Some(&dir.path().join("nope"))).unwrap_err();
         assert!(format!("{missing:#}").starts_with("could not read the kubeconfig "), "{missing:#}");
+    }
+
+    /// A step reads what its tool reads: every file of the `KUBECONFIG` its `env` sets (relative
+    /// to the stack file), merged, the first naming a context winning; its `kubeconfig` over it.
+    #[test]
+    fn a_step_reads_every_file_of_its_kubeconfig_variable_and_its_own_key_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, names: &[&str]| {
+            std::fs::write(dir.path().join(name), serde_json::to_string(&kubeconfig(names)).unwrap()).unwrap();
+        };
+        write("a.yaml", &["edge-1"]);
+        write("b.yaml", &["edge-1", "edge-2"]);
+        let ctx = StepContext {
+            env: [("KUBECONFIG".to_string(), "a.yaml:missing.yaml:b.yaml".to_string())].into(),
+            ..rdeploy_adapters::testing::step_context(dir.path())
+        };
+        let (kc, source) = read_step_kubeconfig(None, &ctx).unwrap();
+        assert_eq!(source, "$KUBECONFIG (a.yaml:missing.yaml:b.yaml)");
+        let names: Vec<&str> = kc.contexts.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["edge-1", "edge-2"], "both files merged, each context once");
+        let (kc, source) = read_step_kubeconfig(Some(Path::new("a.yaml")), &ctx).unwrap();
+        assert_eq!(source, dir.path().join("a.yaml").display().to_string());
+        assert_eq!(kc.contexts.len(), 1);
     }
 
     #[test]

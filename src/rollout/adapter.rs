@@ -196,18 +196,9 @@ mod tests {
         StepContext {
             step: "agent".into(),
             stack: "s".into(),
-            stack_dir: dir.to_path_buf(),
-            work_dir: dir.join("work"),
-            cache_dir: None,
             // No kubeconfig: a cluster asked would be an error, not an answer.
             env: [("KUBECONFIG".to_string(), dir.join("missing").display().to_string())].into_iter().collect(),
-            timeout: None,
-            cancel: rdeploy_adapters::CancellationToken::new(),
-            force: false,
-            reapply_missing: false,
-            secrets: Default::default(),
-            started_by: Default::default(),
-            processes: Default::default(),
+            ..rdeploy_adapters::testing::step_context(dir)
         }
     }
 

@@ -109,13 +109,9 @@ fn after_tool_failure(absent: Option<&str>, changing: bool, failure: &str) -> Af
 /// The clusters in scope, in the rollout's stable order: the fleet file's order, else by
 /// context name (digit runs by value).
 pub fn scope_of(step: &Step, fleet: &FleetStep, ctx: &StepContext) -> Result<(Vec<Member>, String), Failure> {
-    let kubeconfig = step
-        .spec
-        .kube_target()
-        .and_then(|t| t.kubeconfig)
-        .map(|k| ctx.resolve(k))
-        .or_else(|| ctx.env.get("KUBECONFIG").map(Into::into));
-    let (kc, source) = scope::read_kubeconfig(kubeconfig.as_deref()).map_err(|e| {
+    // The files each cluster's own kubeconfig is cut from (`ToolSpec::use_own_kubeconfig`).
+    let kubeconfig = step.spec.kube_target().and_then(|t| t.kubeconfig);
+    let (kc, source) = scope::read_step_kubeconfig(kubeconfig, ctx).map_err(|e| {
         Failure::new(format!("cannot read the kubeconfig of fleet step `{}`: {e:#}", step.name))
             .with_hint("set `kubeconfig:` on the step or `KUBECONFIG`, then `rdeploy recover`")
     })?;
@@ -330,15 +326,10 @@ fn stopped(
         "it was the last wave".to_string()
     };
     let absent = if stragglers.is_empty() { String::new() } else { format!("; stragglers: {}", list(stragglers)) };
-    let first = &failed[0].0;
-    let rollback = match &step.spec {
-        ToolSpec::Helm(h) => format!(
-            "; to roll one cluster back: `helm history {0} --kube-context {first}{ns}`, then `helm rollback {0} REVISION --kube-context {first}{ns}`",
-            h.release,
-            ns = h.namespace.as_ref().map(|n| format!(" -n {n}")).unwrap_or_default()
-        ),
-        _ => String::new(),
-    };
+    let rollback = spec_for_cluster(&step.spec, &failed[0].0)
+        .cluster_rollback()
+        .map(|how| format!("; to roll one cluster back: {how}"))
+        .unwrap_or_default();
     Failure::new(format!(
         "the rollout stopped in wave {} of {waves}: {} cluster{} failed (max_failures: {tolerated}): {}; {later}{absent}",
         wave + 1,
@@ -527,7 +518,7 @@ impl Runner<'_> {
             return Err(Failure::new(format!("cannot create {}: {e}", ctx.work_dir.display())));
         }
         // Held until the tool is done with this cluster.
-        let own_kubeconfig = spec.use_own_kubeconfig(&ctx, &m.name);
+        let _own_kubeconfig = spec.use_own_kubeconfig(&ctx, &m.name);
         let prior_fact = self.r.prior.facts.get(&cluster_fact(&m.name)).and_then(Value::as_object).cloned();
         ctx.started_by = BTreeMap::new();
         if let (Some(by), Some(inner)) = (
@@ -555,11 +546,7 @@ impl Runner<'_> {
             }),
             _ => spec.apply(&ctx, &csink).await,
         };
-        // Messages name the user's kubeconfig, not the cut file (gone once this cluster is done).
-        result.map_err(|failure| match &own_kubeconfig {
-            Some(own) => own.restore(failure),
-            None => failure,
-        })?;
+        result?;
         let facts = self.facts.lock().unwrap_or_else(|e| e.into_inner());
         let revision = facts.get(&cluster_fact(&m.name)).and_then(|f| f.get("revision")).and_then(Value::as_u64);
         // Only helm records a release revision.

@@ -2,7 +2,7 @@
 //! inspect, resume or roll back one cluster, the tool's own commands with that cluster's
 //! context (`CLUSTER` in the static runbook, the cluster in trouble in the live one).
 
-use rdeploy_adapters::{shell_quote, Adapter, DescribeContext, RecoveryDoc, ToolSpec};
+use rdeploy_adapters::{Adapter, DescribeContext, RecoveryDoc};
 
 use super::spec_for_cluster;
 use crate::stack::{AbsentPolicy, FleetStep, MaxFailures, Step, WaveSize};
@@ -100,28 +100,10 @@ pub fn doc(step: &Step, ctx: &DescribeContext<'_>, cluster: &str) -> RecoveryDoc
     doc.notes.push(format!(
         "`rdeploy recover` resumes the rollout: the stragglers that answer now and the failed clusters, then the waves not reached; a done cluster is never applied again{placeholder}"
     ));
-    match &one {
-        ToolSpec::Helm(h) => {
-            let ns = h.namespace.as_ref().map(|n| format!(" -n {}", shell_quote(n))).unwrap_or_default();
-            doc.notes.push(format!(
-                "roll back one cluster: `helm history {0}{ns} --kube-context {cluster}` names its last deployed revision, then `helm rollback {0} REVISION{ns} --kube-context {cluster} --wait` (the checkpoint still records the cluster done)",
-                h.release
-            ));
-        }
-        ToolSpec::Kubectl(k) => {
-            let ns = k.namespace.as_ref().map(|n| format!(" -n {}", shell_quote(n))).unwrap_or_default();
-            doc.notes.push(format!(
-                "roll back one cluster: `kubectl --context {cluster} rollout undo deployment/NAME{ns}` for each workload the manifests change (`kubectl --context {cluster} rollout history deployment/NAME{ns}` lists its revisions)"
-            ));
-        }
-        _ => {}
+    // The tool's own rollback (`inner.rollback`) is the step's: this one names the cluster.
+    if let Some(how) = one.cluster_rollback() {
+        doc.notes.push(format!("roll back one cluster: {how} (the checkpoint still records the cluster done)"));
     }
-    // The tool's own rollback note names no cluster: the one above replaces it.
-    doc.notes.extend(
-        inner
-            .notes
-            .into_iter()
-            .filter(|n| !n.starts_with("roll back by hand") && !n.starts_with("nothing to roll back to")),
-    );
+    doc.notes.extend(inner.notes);
     doc
 }

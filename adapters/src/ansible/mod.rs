@@ -510,6 +510,24 @@ impl AnsibleSpec {
 }
 
 impl Adapter for AnsibleSpec {
+    /// The playbook, inventory, limit, extra vars (secret by their name hidden) and tags.
+    fn settings(&self, _stack_dir: &Path) -> Vec<(&'static str, crate::contract::Setting)> {
+        use crate::contract::Setting;
+        let mut out = vec![
+            ("playbook", Setting::Code(self.playbook.display().to_string())),
+            ("inventory", Setting::Code(self.inventory.display().to_string())),
+        ];
+        if let Some(l) = &self.limit {
+            out.push(("limit", Setting::Code(l.clone())));
+        }
+        let secret = self.extra_vars.keys().filter(|k| secrets::is_secret_key(k)).cloned().collect();
+        out.push(("extra vars", Setting::Values { values: self.extra_vars.clone(), secret }));
+        if !self.tags.is_empty() {
+            out.push(("tags", Setting::List(self.tags.clone())));
+        }
+        out
+    }
+
     fn problems(&self) -> Vec<SpecProblem> {
         let mut problems = Vec::new();
         if let Some(mode) = &self.recover {

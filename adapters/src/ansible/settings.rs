@@ -181,21 +181,7 @@ mod tests {
     use super::*;
 
     fn step_context(stack_dir: &Path) -> StepContext {
-        StepContext {
-            step: "hosts".into(),
-            stack: "test".into(),
-            stack_dir: stack_dir.to_path_buf(),
-            work_dir: stack_dir.join("work"),
-            cache_dir: None,
-            env: Default::default(),
-            timeout: None,
-            cancel: crate::CancellationToken::new(),
-            force: false,
-            reapply_missing: false,
-            secrets: Default::default(),
-            started_by: Default::default(),
-            processes: Default::default(),
-        }
+        StepContext { step: "hosts".into(), ..crate::testing::step_context(stack_dir) }
     }
 
     #[test]

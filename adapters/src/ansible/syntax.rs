@@ -325,18 +325,8 @@ mod tests {
     fn step_context(stack_dir: &Path) -> StepContext {
         StepContext {
             step: "hosts".into(),
-            stack: "test".into(),
-            stack_dir: stack_dir.to_path_buf(),
-            work_dir: stack_dir.join("work"),
             cache_dir: Some(stack_dir.join(".cache")),
-            env: Default::default(),
-            timeout: None,
-            cancel: crate::CancellationToken::new(),
-            force: false,
-            reapply_missing: false,
-            secrets: Default::default(),
-            started_by: Default::default(),
-            processes: Default::default(),
+            ..crate::testing::step_context(stack_dir)
         }
     }
 

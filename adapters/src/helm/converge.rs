@@ -117,17 +117,8 @@ mod tests {
         StepContext {
             step: "app".into(),
             stack: "t".into(),
-            stack_dir: dir.into(),
             work_dir: dir.join("w"),
-            cache_dir: None,
-            env: Default::default(),
-            timeout: None,
-            cancel: crate::CancellationToken::new(),
-            force: false,
-            reapply_missing: false,
-            secrets: Default::default(),
-            started_by: Default::default(),
-            processes: Default::default(),
+            ..crate::testing::step_context(dir)
         }
     }
 

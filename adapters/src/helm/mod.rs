@@ -184,6 +184,16 @@ impl HelmSpec {
         args
     }
 
+    /// The spec whose words a message shows: the cluster's own kubeconfig (a fleet step's, see
+    /// [`crate::kubeconfig`]) is what helm runs with, never what is shown: that is the step's
+    /// `kubeconfig`, or none, as the user would type the command.
+    fn shown(&self) -> std::borrow::Cow<'_, HelmSpec> {
+        match self.cluster_kubeconfig {
+            None => std::borrow::Cow::Borrowed(self),
+            Some(_) => std::borrow::Cow::Owned(HelmSpec { cluster_kubeconfig: None, ..self.clone() }),
+        }
+    }
+
     /// The `--kubeconfig` a helm or kubectl call gets: running (`ctx`), the cluster's own file
     /// when the rollout made one, else the step's `kubeconfig`; in a runbook, the step's as
     /// written.
@@ -251,6 +261,16 @@ impl HelmSpec {
         words.extend(self.cluster_args(ctx));
         words.extend(self.wait_words(major, ctx));
         words
+    }
+
+    /// `(history, rollback)`: the commands that name the release's revisions and roll it back
+    /// to `REVISION` with helm `major`'s flags, as a runbook shows them.
+    fn rollback_by_hand(&self, major: u32) -> (String, String) {
+        let mut history = vec!["history".to_string(), self.release.clone()];
+        history.extend(self.cluster_args(None));
+        let mut rollback = self.rollback_words(major, 0, None);
+        rollback[2] = "REVISION".into();
+        (display_command(&self.helm_words(history)), display_command(&self.helm_words(rollback)))
     }
 
     fn wait_words(&self, major: u32, ctx: Option<&StepContext>) -> Vec<String> {
@@ -498,6 +518,12 @@ impl<'a> Release<'a> {
         })
     }
 
+    /// helm with the words `words` gives for the spec: run with this cluster's own kubeconfig
+    /// where the rollout made one, shown with the user's ([`HelmSpec::shown`]).
+    fn with_words(&self, words: &dyn Fn(&HelmSpec) -> Vec<String>) -> Command {
+        self.command().args_shown_as(words(self.spec), words(&self.spec.shown()))
+    }
+
     fn command(&self) -> Command {
         // helm install/upgrade catch SIGINT (and SIGTERM) and mark the release failed rather than
         // leave it pending.
@@ -555,7 +581,7 @@ impl<'a> Release<'a> {
         let cmd = self
             .command()
             .args(["get", "metadata", &self.spec.release, "-o", "json"])
-            .args(self.spec.cluster_args(Some(self.ctx)));
+            .args_shown_as(self.spec.cluster_args(Some(self.ctx)), self.spec.shown().cluster_args(Some(self.ctx)));
         let Captured { outcome, stdout, stderr } =
             capture(&cmd, self.ctx, Some(QUICK), None, StdoutLog::UnlessJson).await.map_err(Failure::from)?;
         if !outcome.success() && state::is_not_found(&stderr) {
@@ -617,7 +643,7 @@ impl<'a> Release<'a> {
         let history_cmd = self
             .command()
             .args(["history", &self.spec.release, "-o", "json", "--max", "256"])
-            .args(self.spec.cluster_args(Some(self.ctx)));
+            .args_shown_as(self.spec.cluster_args(Some(self.ctx)), self.spec.shown().cluster_args(Some(self.ctx)));
         let Captured { outcome, stdout, stderr } =
             capture(&history_cmd, self.ctx, Some(QUICK), sink, StdoutLog::UnlessJson).await.map_err(Failure::from)?;
         if !outcome.success() {
@@ -634,7 +660,7 @@ impl<'a> Release<'a> {
         let status_cmd = self
             .command()
             .args(["status", &self.spec.release, "-o", "json"])
-            .args(self.spec.cluster_args(Some(self.ctx)));
+            .args_shown_as(self.spec.cluster_args(Some(self.ctx)), self.spec.shown().cluster_args(Some(self.ctx)));
         let Captured { outcome, stdout, stderr } =
             capture(&status_cmd, self.ctx, Some(QUICK), None, StdoutLog::UnlessJson).await.map_err(Failure::from)?;
         let status = if outcome.success() {
@@ -840,7 +866,7 @@ impl<'a> Release<'a> {
                 ..Failure::new(format!("stopped before `helm uninstall {}`", self.spec.release))
             });
         }
-        let cmd = self.command().args(self.spec.uninstall_words(self.major, Some(self.ctx)));
+        let cmd = self.with_words(&|spec| spec.uninstall_words(self.major, Some(self.ctx)));
         let backstop = self.ctx.timeout.map(|t| t.saturating_add(BACKSTOP));
         let Captured { outcome, stderr, .. } =
             capture(&cmd, self.ctx, backstop, Some(sink), StdoutLog::UnlessJson).await.map_err(Failure::from)?;
@@ -856,19 +882,22 @@ impl<'a> Release<'a> {
     /// it wrote; the outputs of that revision come from it ([`printed_outputs`]), `None` when
     /// helm printed no release for exactly that revision.
     async fn upgrade(&self, sink: &dyn EventSink, before: &Live) -> Result<Option<crate::outputs::Outputs>, Failure> {
-        let mut words = self.spec.upgrade_words(self.major, Some(self.ctx));
-        words.extend(["-o".to_string(), "json".to_string()]);
+        let words = |spec: &HelmSpec| {
+            let mut words = spec.upgrade_words(self.major, Some(self.ctx));
+            words.extend(["-o".to_string(), "json".to_string()]);
+            words
+        };
         let what = format!("`helm upgrade --install {}`", self.spec.release);
         let _secret_values = self.secret_values_file(SECRET_VALUES_FILE)?;
-        let written = self.run_revision(sink, before, words, &what, None).await?;
+        let written = self.run_revision(sink, before, &words, &what, None).await?;
         Ok(printed_outputs(written.printed.as_ref(), &self.spec.release, written.revision))
     }
 
     async fn rollback(&self, sink: &dyn EventSink, before: &Live, to: u64) -> Result<Live, Failure> {
-        let words = self.spec.rollback_words(self.major, to, Some(self.ctx));
+        let words = |spec: &HelmSpec| spec.rollback_words(self.major, to, Some(self.ctx));
         let what = format!("`helm rollback {} {to}`", self.spec.release);
         let namespace = self.spec.namespace.clone().unwrap_or_else(|| "default".into());
-        self.run_revision(sink, before, words, &what, Some(to))
+        self.run_revision(sink, before, &words, &what, Some(to))
             .await
             .map(|written| written.after)
             .map_err(|f| renamed_object_rollback(f, &namespace))
@@ -880,7 +909,7 @@ impl<'a> Release<'a> {
         &self,
         sink: &dyn EventSink,
         before: &Live,
-        words: Vec<String>,
+        words: &(dyn Fn(&HelmSpec) -> Vec<String> + Sync),
         what: &str,
         rollback_to: Option<u64>,
     ) -> Result<Written, Failure> {
@@ -893,7 +922,7 @@ impl<'a> Release<'a> {
         if self.ctx.cancel.is_cancelled() {
             return Err(Failure { interrupted: true, ..Failure::new(format!("stopped before {what}")) });
         }
-        let cmd = self.command().args(&words);
+        let cmd = self.with_words(words);
         let backstop = self.ctx.timeout.map(|t| t.saturating_add(BACKSTOP));
         let Captured { outcome, stdout, stderr } =
             capture(&cmd, self.ctx, backstop, Some(sink), StdoutLog::UnlessJson).await.map_err(Failure::from)?;
@@ -1061,6 +1090,26 @@ fn repository_names(env: &dyn Fn(&str) -> Option<OsString>) -> Vec<String> {
 }
 
 impl Adapter for HelmSpec {
+    /// The release, chart, namespace, context, values files and `set` (secret by their name
+    /// hidden).
+    fn settings(&self, _stack_dir: &Path) -> Vec<(&'static str, crate::contract::Setting)> {
+        use crate::contract::Setting;
+        let mut out =
+            vec![("release", Setting::Code(self.release.clone())), ("chart", Setting::Code(self.chart.clone()))];
+        if let Some(ns) = &self.namespace {
+            out.push(("namespace", Setting::Code(ns.clone())));
+        }
+        if let Some(c) = &self.context {
+            out.push(("context", Setting::Code(c.clone())));
+        }
+        if !self.values.is_empty() {
+            out.push(("values", Setting::List(self.values.iter().map(|p| p.display().to_string()).collect())));
+        }
+        let secret = self.set.keys().filter(|k| secrets::is_secret_key(k)).cloned().collect();
+        out.push(("set", Setting::Values { values: self.set.clone(), secret }));
+        out
+    }
+
     fn kube_target(&self) -> Option<crate::contract::KubeTarget<'_>> {
         Some(crate::contract::KubeTarget {
             kubeconfig: self.kubeconfig.as_deref(),
@@ -1072,6 +1121,24 @@ impl Adapter for HelmSpec {
         self.context = Some(context.to_string());
         self.wait.get_or_insert(true);
         true
+    }
+
+    /// The release's workloads, in the context and namespace helm picks: the step's keys, else
+    /// `HELM_KUBECONTEXT` and `HELM_NAMESPACE`.
+    fn workloads(&self, ctx: &StepContext) -> Option<crate::contract::Workloads> {
+        let env = |key: &str| ctx.env.get(key).cloned().or_else(|| std::env::var(key).ok()).filter(|v| !v.is_empty());
+        Some(crate::contract::Workloads {
+            context: self.context.clone().or_else(|| env("HELM_KUBECONTEXT")),
+            namespace: self.namespace.clone().or_else(|| env("HELM_NAMESPACE")),
+            wait: self.wait != Some(false),
+            touched: crate::contract::Touched::Release { name: self.release.clone() },
+        })
+    }
+
+    fn cluster_rollback(&self) -> Option<String> {
+        // helm 3's flags: its bare `--wait` is helm 4's `--wait=watcher` too.
+        let (history, rollback) = self.rollback_by_hand(3);
+        Some(format!("`{history}` names its last deployed revision, then `{rollback}`"))
     }
 
     fn problems(&self) -> Vec<SpecProblem> {
@@ -1198,7 +1265,9 @@ impl Adapter for HelmSpec {
                     .unwrap_or_default()
             ));
         }
-        let upgrade = display_command(&self.helm_words(self.upgrade_words(major, Some(ctx))));
+        // The commands as the user would type them (never a fleet cluster's own kubeconfig).
+        let shown = self.shown();
+        let upgrade = display_command(&shown.helm_words(shown.upgrade_words(major, Some(ctx))));
         match release.decide(&live, Path::new("/proc")) {
             Decision::InPlace { revision } => {
                 inspection.actions.push(format!("keep {}: deployed at the wanted chart and values", self.id(revision)))
@@ -1210,7 +1279,7 @@ impl Adapter for HelmSpec {
             Decision::Reinstall { why, .. } => {
                 inspection.actions.push(format!(
                     "{why}: `{}`",
-                    display_command(&self.helm_words(self.uninstall_words(major, Some(ctx))))
+                    display_command(&shown.helm_words(shown.uninstall_words(major, Some(ctx))))
                 ));
                 inspection.actions.push(format!("then install it again: `{upgrade}`"));
                 inspection.remaining.push(self.id(1));
@@ -1218,7 +1287,7 @@ impl Adapter for HelmSpec {
             Decision::Rollback { to, why, then_upgrade, .. } => {
                 inspection.actions.push(format!(
                     "{why}: `{}`",
-                    display_command(&self.helm_words(self.rollback_words(major, to, Some(ctx))))
+                    display_command(&shown.helm_words(shown.rollback_words(major, to, Some(ctx))))
                 ));
                 inspection.remaining.push(self.id(live.next_revision()));
                 if then_upgrade {
@@ -1271,7 +1340,7 @@ impl Adapter for HelmSpec {
         let good = facts.and_then(|f| f.get("last_deployed_revision")).and_then(Value::as_u64);
         // The runbook is written without asking helm; flags are helm 4's where they differ.
         match good {
-            Some(good) => doc.notes.push(format!(
+            Some(good) => doc.rollback.push(format!(
                 "roll back by hand to revision {good}, the last deployed one the checkpoint recorded: `{}`",
                 display_command(&self.helm_words(self.rollback_words(4, good, None)))
             )),
@@ -1281,21 +1350,16 @@ impl Adapter for HelmSpec {
                 f.contains_key("revision") && f.get("status").and_then(Value::as_str) != Some("deployed")
             }) =>
             {
-                doc.notes.push(format!(
+                doc.rollback.push(format!(
                     "nothing to roll back to: no revision of `{}` was ever deployed; `{}` removes the failed install",
                     self.release,
                     display_command(&self.helm_words(self.uninstall_words(4, None)))
                 ))
             }
             None => {
-                let mut history = vec!["history".to_string(), self.release.clone()];
-                history.extend(self.cluster_args(None));
-                let mut words = self.rollback_words(4, 0, None);
-                words[2] = "REVISION".into();
-                doc.notes.push(format!(
-                    "roll back by hand: `{}`, REVISION being the last `deployed` one in `{}` (never \"previous\", which may be a failed revision)",
-                    display_command(&self.helm_words(words)),
-                    display_command(&self.helm_words(history))
+                let (history, rollback) = self.rollback_by_hand(4);
+                doc.rollback.push(format!(
+                    "roll back by hand: `{rollback}`, REVISION being the last `deployed` one in `{history}` (never \"previous\", which may be a failed revision)"
                 ));
             }
         }
@@ -1707,7 +1771,7 @@ mod tests {
         );
         assert_eq!(helm_error_message(&lines("Error: UPGRADE FAILED: boom")).as_deref(), Some("UPGRADE FAILED: boom"));
     }
-    use crate::{CancellationToken, RunFate, StartedBy};
+    use crate::{RunFate, StartedBy};
 
     fn spec() -> HelmSpec {
         HelmSpec {
@@ -1733,17 +1797,9 @@ mod tests {
         StepContext {
             step: "app".into(),
             stack: "t".into(),
-            stack_dir: "/nonexistent".into(),
             work_dir: "/nonexistent/w".into(),
-            cache_dir: None,
-            env: Default::default(),
             timeout: Some(Duration::from_secs(90)),
-            cancel: CancellationToken::new(),
-            force: false,
-            reapply_missing: false,
-            secrets: Default::default(),
-            started_by: Default::default(),
-            processes: Default::default(),
+            ..crate::testing::step_context(Path::new("/nonexistent"))
         }
     }
 
@@ -2167,6 +2223,25 @@ mod tests {
         assert!(matches!(s.decide_in(&ctx(), &live, empty.path()), Decision::Refuse { .. }));
     }
 
+    /// A fleet cluster's helm runs with the kubeconfig cut for it, and its commands are shown
+    /// with the user's: the step's `kubeconfig`, else none (helm reads `KUBECONFIG`).
+    #[test]
+    fn a_clusters_own_kubeconfig_is_run_and_the_users_is_shown() {
+        let ctx = StepContext { stack_dir: "/stack".into(), ..ctx() };
+        let cut = HelmSpec { cluster_kubeconfig: Some("/work/clusters/c1/kubeconfig".into()), ..spec() };
+        for (kubeconfig, shown) in [(Some("kube/fleet.yaml"), " --kubeconfig /stack/kube/fleet.yaml"), (None, "")] {
+            let spec = HelmSpec { kubeconfig: kubeconfig.map(PathBuf::from), ..cut.clone() };
+            let release = Release::new(&spec, &ctx, PathBuf::from("helm"));
+            let cmd = release.with_words(&|s| s.rollback_words(3, 2, Some(&ctx)));
+            assert_eq!(
+                cmd.display(),
+                format!("helm rollback web 2 -n shop --kube-context c1{shown} --wait --timeout=90s")
+            );
+            let run = cmd.run_args().join(" ");
+            assert!(run.contains("--kubeconfig /work/clusters/c1/kubeconfig --wait"), "{run}");
+        }
+    }
+
     #[test]
     fn runbook_names_the_last_deployed_revision() {
         let ctx = DescribeContext { step: "app", stack_file: "stack.yaml", stack_dir: ".", resumable: true };
@@ -2181,19 +2256,23 @@ mod tests {
         let doc = spec().describe_recovery(&ctx, Some(&prior));
         assert_eq!(doc.inspect[0], "helm status web -n shop --kube-context c1");
         assert!(
-            doc.notes[0].contains("`helm rollback web 2 -n shop --kube-context c1 --wait=watcher`"),
+            doc.rollback[0].contains("`helm rollback web 2 -n shop --kube-context c1 --wait=watcher`"),
             "{:?}",
-            doc.notes
+            doc.rollback
         );
         assert!(doc.notes.iter().any(|n| n == "recorded: revision 3 is failed"));
         // Without a checkpoint: the release's namespace and context, the revision to look up.
         let fresh = spec().describe_recovery(&ctx, None);
         assert!(
-            fresh.notes[0].contains(
+            fresh.rollback[0].contains(
                 "`helm rollback web REVISION -n shop --kube-context c1 --wait=watcher`, REVISION being the last `deployed` one in `helm history web -n shop --kube-context c1`"
             ),
             "{:?}",
-            fresh.notes
+            fresh.rollback
+        );
+        assert_eq!(
+            spec().cluster_rollback().as_deref(),
+            Some("`helm history web -n shop --kube-context c1` names its last deployed revision, then `helm rollback web REVISION -n shop --kube-context c1 --wait`")
         );
         // The checkpoint read the history and no revision was ever deployed: nothing to roll back to.
         let never = PriorStep {
@@ -2205,9 +2284,9 @@ mod tests {
         };
         let never = spec().describe_recovery(&ctx, Some(&never));
         assert!(
-            never.notes[0].starts_with("nothing to roll back to: no revision of `web` was ever deployed; `helm uninstall web -n shop --kube-context c1`"),
+            never.rollback[0].starts_with("nothing to roll back to: no revision of `web` was ever deployed; `helm uninstall web -n shop --kube-context c1`"),
             "{:?}",
-            never.notes
+            never.rollback
         );
         // A release found in place whose readiness then failed: its revision is deployed, so
         // it is never called never-deployed (an uninstall would remove a live release).
@@ -2219,7 +2298,7 @@ mod tests {
             ]),
         };
         let kept = spec().describe_recovery(&ctx, Some(&kept));
-        assert!(!kept.notes.iter().any(|n| n.contains("helm uninstall")), "{:?}", kept.notes);
+        assert!(!kept.rollback.iter().chain(&kept.notes).any(|n| n.contains("helm uninstall")), "{kept:?}");
     }
 
     #[test]

@@ -333,7 +333,7 @@ impl HelmSpec {
         Command::new(kubectl)
             .cwd(&ctx.stack_dir)
             .envs(ctx.env.iter().map(|(k, v)| (k.clone(), v.clone())))
-            .args(self.kubectl_cluster_args(ctx))
+            .args_shown_as(self.kubectl_cluster_args(ctx), self.shown().kubectl_cluster_args(ctx))
             .in_step(ctx)
     }
 
@@ -432,7 +432,7 @@ impl HelmSpec {
         }
 
         let _secret_values = release.secret_values_file(super::PREVIEW_SECRET_VALUES_FILE)?;
-        let dry_cmd = release.command().args(self.dry_run_words(ctx));
+        let dry_cmd = release.command().args_shown_as(self.dry_run_words(ctx), self.shown().dry_run_words(ctx));
         let Captured { outcome, stdout, stderr } =
             capture(&dry_cmd, ctx, Some(ctx.timeout.unwrap_or(QUICK)), None, StdoutLog::UnlessJson)
                 .await
@@ -540,8 +540,10 @@ impl HelmSpec {
 
     /// `helm status -o json`: the current release as helm prints it, `None` when not installed.
     async fn current_release(&self, release: &Release<'_>, ctx: &StepContext) -> Result<Option<Value>, PreviewError> {
-        let status_cmd =
-            release.command().args(["status", &self.release, "-o", "json"]).args(self.cluster_args(Some(ctx)));
+        let status_cmd = release
+            .command()
+            .args(["status", &self.release, "-o", "json"])
+            .args_shown_as(self.cluster_args(Some(ctx)), self.shown().cluster_args(Some(ctx)));
         let Captured { outcome, stdout, stderr } =
             capture(&status_cmd, ctx, Some(QUICK), None, StdoutLog::UnlessJson).await.map_err(Failure::from)?;
         let current: Option<Value> = if outcome.success() {

@@ -198,11 +198,15 @@ impl KubectlSpec {
         args
     }
 
+    /// kubectl in the step's cluster: run with this cluster's own kubeconfig where a fleet's
+    /// rollout made one (see [`crate::kubeconfig`]), shown with the step's `kubeconfig`, or
+    /// none, as the user would type the command.
     fn command(&self, ctx: &StepContext, binary: &Path) -> Command {
+        let shown = KubectlSpec { cluster_kubeconfig: None, ..self.clone() };
         Command::new(binary)
             .cwd(&ctx.stack_dir)
             .envs(ctx.env.iter().map(|(k, v)| (k.clone(), v.clone())))
-            .args(self.cluster_args(Some(ctx)))
+            .args_shown_as(self.cluster_args(Some(ctx)), shown.cluster_args(Some(ctx)))
             .in_step(ctx)
     }
 
@@ -652,6 +656,19 @@ impl KubectlSpec {
 }
 
 impl Adapter for KubectlSpec {
+    fn settings(&self, _stack_dir: &Path) -> Vec<(&'static str, crate::contract::Setting)> {
+        use crate::contract::Setting;
+        let mut out =
+            vec![("manifests", Setting::List(self.manifests.iter().map(|p| p.display().to_string()).collect()))];
+        if let Some(ns) = &self.namespace {
+            out.push(("namespace", Setting::Code(ns.clone())));
+        }
+        if let Some(c) = &self.context {
+            out.push(("context", Setting::Code(c.clone())));
+        }
+        out
+    }
+
     fn kube_target(&self) -> Option<crate::contract::KubeTarget<'_>> {
         Some(crate::contract::KubeTarget {
             kubeconfig: self.kubeconfig.as_deref(),
@@ -663,6 +680,33 @@ impl Adapter for KubectlSpec {
         self.context = Some(context.to_string());
         self.wait.get_or_insert(true);
         true
+    }
+
+    /// The workloads the step's objects are (their sub-change ids), read in every namespace.
+    fn workloads(&self, _ctx: &StepContext) -> Option<crate::contract::Workloads> {
+        Some(crate::contract::Workloads {
+            context: self.context.clone(),
+            namespace: None,
+            wait: self.wait != Some(false),
+            touched: crate::contract::Touched::Objects,
+        })
+    }
+
+    fn cluster_rollback(&self) -> Option<String> {
+        let words = |verb: &str| {
+            let mut words =
+                vec![self.binary_name().to_string(), "rollout".into(), verb.into(), "deployment/NAME".into()];
+            if let Some(ns) = &self.namespace {
+                words.extend(["-n".to_string(), ns.clone()]);
+            }
+            words.extend(self.cluster_args(None));
+            display_command(&words)
+        };
+        Some(format!(
+            "`{}` for each workload the manifests change (`{}` lists its revisions)",
+            words("undo"),
+            words("history")
+        ))
     }
 
     fn problems(&self) -> Vec<SpecProblem> {
@@ -1183,6 +1227,25 @@ mod tests {
             doc.notes
         );
         assert_eq!(doc.verify, ["kubectl rollout status deployment/web -n shop --context c1"]);
+        assert_eq!(
+            KubectlSpec { namespace: Some("shop".into()), ..spec() }.cluster_rollback().as_deref(),
+            Some("`kubectl rollout undo deployment/NAME -n shop --context c1` for each workload the manifests change (`kubectl rollout history deployment/NAME -n shop --context c1` lists its revisions)")
+        );
+    }
+
+    /// A fleet cluster's kubectl runs with the kubeconfig cut for it, and is shown with the
+    /// step's `kubeconfig`.
+    #[test]
+    fn a_clusters_own_kubeconfig_is_run_and_the_users_is_shown() {
+        let ctx = crate::testing::step_context(Path::new("/stack"));
+        let spec = KubectlSpec {
+            kubeconfig: Some("kube/fleet.yaml".into()),
+            cluster_kubeconfig: Some("/work/kubeconfig".into()),
+            ..spec()
+        };
+        let cmd = spec.command(&ctx, Path::new("kubectl")).arg("diff");
+        assert_eq!(cmd.display(), "kubectl --kubeconfig /stack/kube/fleet.yaml --context c1 diff");
+        assert_eq!(cmd.run_args(), ["--kubeconfig", "/work/kubeconfig", "--context", "c1", "diff"]);
     }
 
     #[test]

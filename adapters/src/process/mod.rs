@@ -50,6 +50,10 @@ pub struct Command {
     program: PathBuf,
     /// Its arguments after the program.
     args: Vec<OsString>,
+    /// Runs of `args` shown otherwise wherever the command is displayed, in order: where the
+    /// run starts, how many arguments it spans, and the words shown instead
+    /// ([`Command::args_shown_as`]).
+    shown: Vec<(usize, usize, Vec<OsString>)>,
     /// Its working directory; rdeploy's own when unset.
     cwd: Option<PathBuf>,
     /// Variables set on top of rdeploy's own environment, later ones winning.
@@ -137,6 +141,7 @@ impl Command {
         Command {
             program: program.into(),
             args: Vec::new(),
+            shown: Vec::new(),
             cwd: None,
             env: Vec::new(),
             redact: Vec::new(),
@@ -167,6 +172,31 @@ impl Command {
     {
         self.args.extend(args.into_iter().map(Into::into));
         self
+    }
+
+    /// Arguments run as `run` but shown as `shown` wherever the command is displayed (messages,
+    /// logs, the process notes): a fleet cluster's tool runs with the kubeconfig cut for that
+    /// cluster, and is shown with the user's, as the user would type it.
+    pub fn args_shown_as<I, S, J, T>(mut self, run: I, shown: J) -> Command
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<OsString>,
+        J: IntoIterator<Item = T>,
+        T: Into<OsString>,
+    {
+        let from = self.args.len();
+        self.args.extend(run.into_iter().map(Into::into));
+        let shown: Vec<OsString> = shown.into_iter().map(Into::into).collect();
+        if self.args[from..] != shown[..] {
+            self.shown.push((from, self.args.len() - from, shown));
+        }
+        self
+    }
+
+    /// The arguments as they are run (not as shown), for tests.
+    #[cfg(test)]
+    pub(crate) fn run_args(&self) -> Vec<String> {
+        self.args.iter().map(|a| a.to_string_lossy().into_owned()).collect()
     }
 
     pub fn cwd(mut self, dir: impl AsRef<Path>) -> Command {
@@ -629,8 +659,15 @@ fn note_child(child: &std::io::Result<tokio::process::Child>, note: Option<(Proc
 /// The command line as the shell would print it for an operator to type, secrets redacted.
 impl fmt::Display for Command {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let word = |a: &OsString| a.to_string_lossy().into_owned();
         let mut words = vec![self.program.to_string_lossy().into_owned()];
-        words.extend(self.args.iter().map(|a| a.to_string_lossy().into_owned()));
+        let mut at = 0;
+        for (from, count, shown) in &self.shown {
+            words.extend(self.args.get(at..*from).unwrap_or_default().iter().map(word));
+            words.extend(shown.iter().map(word));
+            at = from + count;
+        }
+        words.extend(self.args.get(at..).unwrap_or_default().iter().map(word));
         f.write_str(&redact_line(&crate::display_command(&words), &self.redact))
     }
 }
@@ -1455,6 +1492,22 @@ pub(super) mod tests {
         assert_eq!(lines.len(), 2);
         assert_eq!(std::fs::read_to_string(&out).unwrap(), "one\n", "truncated, then written by the child");
         assert_eq!(std::fs::read_to_string(&err).unwrap(), "two\n");
+    }
+
+    /// Arguments shown as other words are run as given and displayed as shown; shown as
+    /// nothing, they are left out of the display.
+    #[tokio::test]
+    async fn arguments_shown_otherwise_run_as_given() {
+        let cmd = Command::new("/bin/echo")
+            .arg("a")
+            .args_shown_as(["--kubeconfig", "/cut"], ["--kubeconfig", "kube/fleet.yaml"])
+            .arg("b")
+            .args_shown_as(["--kubeconfig", "/cut"], None::<&str>)
+            .args_shown_as(["c"], ["c"]);
+        assert_eq!(cmd.display(), "/bin/echo a --kubeconfig kube/fleet.yaml b c");
+        let (outcome, lines) = run(cmd).await;
+        assert!(outcome.success());
+        assert_eq!(lines, [(Stream::Stdout, "a --kubeconfig /cut b --kubeconfig /cut c".to_string())]);
     }
 
     /// The running notes are 0600 and never written through a link planted at their

@@ -185,6 +185,27 @@ impl TerraformSpec {
 }
 
 impl Adapter for TerraformSpec {
+    /// The configuration, its variables (those the configuration declares sensitive hidden),
+    /// var files and workspace.
+    fn settings(&self, stack_dir: &Path) -> Vec<(&'static str, crate::contract::Setting)> {
+        use crate::contract::Setting;
+        let mut out = vec![("configuration", Setting::Code(self.dir.display().to_string()))];
+        out.push((
+            "vars",
+            Setting::Values {
+                values: self.vars.clone(),
+                secret: config::declared_sensitive(&stack_dir.join(&self.dir)),
+            },
+        ));
+        if !self.var_files.is_empty() {
+            out.push(("var files", Setting::List(self.var_files.iter().map(|p| p.display().to_string()).collect())));
+        }
+        if let Some(w) = &self.workspace {
+            out.push(("workspace", Setting::Code(w.clone())));
+        }
+        out
+    }
+
     fn problems(&self) -> Vec<SpecProblem> {
         let mut problems = Vec::new();
         if let Some(binary) = &self.binary {
@@ -1372,22 +1393,12 @@ mod tests {
         spec.vars.insert("region".into(), serde_json::json!("eu-west-2"));
         let ctx = StepContext {
             step: "infra".into(),
-            stack: "test".into(),
-            stack_dir: ".".into(),
-            work_dir: "work".into(),
-            cache_dir: None,
             env: BTreeMap::from([
                 ("TF_VAR_db_pass".to_string(), "from-step-env".to_string()),
                 ("TF_VAR_region".to_string(), "eu-north-1".to_string()),
                 ("API_KEY".to_string(), "k-123".to_string()),
             ]),
-            timeout: None,
-            cancel: Default::default(),
-            processes: Default::default(),
-            force: false,
-            reapply_missing: false,
-            secrets: Default::default(),
-            started_by: Default::default(),
+            ..crate::testing::step_context(Path::new("."))
         };
         let sensitive = BTreeSet::from(["token".to_string(), "db_pass".to_string(), "admin".to_string()]);
         let own_env =
