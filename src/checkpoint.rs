@@ -753,12 +753,10 @@ impl Record {
             Record::Fact { step, key, value } => Record::Fact { step, key, value: secrets.redact_json_document(value) },
             Record::Warning { step, message } => Record::Warning { step, message: r(message) },
             // Output keys are names. A plain value holding a secret was made sensitive before
-            // it got here (`rdeploy_adapters::secrets::redact_event`); this is the last line. A
-            // value is what consumers get on `recover`: as for facts, a secret shorter than four
-            // characters inside it (`1` in `v1.2.0`) is left, or the value would be corrupted.
+            // it got here (`rdeploy_adapters::secrets::redact_event`); this is the last line.
             Record::Outputs { step, values, sensitive } => Record::Outputs {
                 step,
-                values: values.into_iter().map(|(k, v)| (k, secrets.redact_json_document(v))).collect(),
+                values: values.into_iter().map(|(k, v)| (k, secrets.redact_json(v))).collect(),
                 sensitive,
             },
             Record::Stale { step, because } => Record::Stale { step, because: r(because) },

@@ -166,8 +166,7 @@ pub fn build(
             .iter()
             .map(|(k, v)| {
                 let v = match v {
-                    // As the journal records it: `up --plan` compares it with the value then.
-                    Resolved::Known(value) => Resolved::Known(secrets.redact_json_document(value.clone())),
+                    Resolved::Known(value) => Resolved::Known(secrets.redact_json(value.clone())),
                     pending => pending.clone(),
                 };
                 (k.clone(), v)

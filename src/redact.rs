@@ -48,6 +48,11 @@ impl Redactor {
         self.0.redact_json_document(value)
     }
 
+    /// Every string in `value` (map keys too) redacted; booleans and numbers as they are.
+    pub fn redact_json(&self, value: Value) -> Value {
+        self.0.redact_json(value)
+    }
+
     /// A failure with every text in it redacted.
     pub fn redact_failure(&self, failure: Failure) -> Failure {
         self.0.redact_failure(failure)

@@ -484,9 +484,8 @@ impl UnlinkedFile {
 /// Every secret in an event's text replaced by `***`. Sub-change ids are names (resource
 /// addresses, hosts, objects), not values, and the checkpoint's keys: they are left as they are,
 /// so a short secret cannot turn `terraform_data.a1` into another id. A plain output whose value
-/// holds a secret ([`holds_secret`]) is not redacted but becomes a sensitive one, its value
-/// whole: redacted, it would reach its consumers as `postgres://app:***@db` as if that were the
-/// value.
+/// holds a secret is not redacted but becomes a sensitive one, its value whole: redacted, it
+/// would reach its consumers as `postgres://app:***@db` as if that were the value.
 pub fn redact_event(event: Event, secrets: &[String]) -> Event {
     let r = |s: String| redact_line(&s, secrets);
     match event {
@@ -504,31 +503,13 @@ pub fn redact_event(event: Event, secrets: &[String]) -> Event {
             values: values
                 .into_iter()
                 .map(|(k, v)| match v {
-                    crate::outputs::OutputValue::Plain(v) if holds_secret(&v, secrets) => {
+                    crate::outputs::OutputValue::Plain(v) if redact_value(v.clone(), secrets) != v => {
                         (k, crate::outputs::OutputValue::Sensitive(Secret::new(v)))
                     }
                     other => (k, other),
                 })
                 .collect(),
         },
-    }
-}
-
-/// Whether an output's value holds a secret, which makes the output sensitive: one of its strings
-/// is a secret, or contains one of [`DOCUMENT_MIN`] characters or more. A shorter secret inside a
-/// longer string (`1` in `v1.2.0`, `ok` in `token`) is a coincidence far more often than a leak:
-/// such an output stays plain, its value recorded whole, as a fact's is
-/// ([`Registry::redact_json_document`]).
-pub fn holds_secret(value: &Value, secrets: &[String]) -> bool {
-    match value {
-        Value::String(s) => {
-            secrets.iter().any(|secret| s == secret || (secret.chars().count() >= DOCUMENT_MIN && s.contains(secret)))
-        }
-        Value::Array(items) => items.iter().any(|v| holds_secret(v, secrets)),
-        Value::Object(map) => {
-            map.iter().any(|(k, v)| holds_secret(&Value::String(k.clone()), secrets) || holds_secret(v, secrets))
-        }
-        _ => false,
     }
 }
 
@@ -700,41 +681,6 @@ mod tests {
         fresh.marked_mut().unwrap().insert("db.pass".into(), Marked::from_env("CI_DB"));
         let (key, e) = fresh.resolve_secrets(Path::new("/nonexistent"), &none, &registry).unwrap_err();
         assert_eq!((key.as_str(), e), ("db.pass", SecretError::MissingEnv { name: "CI_DB".into() }));
-    }
-
-    /// A plain output becomes sensitive when one of its strings is a secret, or contains a
-    /// secret of four characters or more; a shorter secret inside a longer string leaves it
-    /// plain, its value whole.
-    #[test]
-    fn an_output_holding_a_secret_is_sensitive_but_a_short_secret_must_be_all_of_a_string() {
-        use crate::outputs::OutputValue;
-        let secrets = normalize(vec!["1".into(), "ok".into(), "db-pw-93f1c7".into(), "abcd".into()]);
-        let sensitive = |value: Value| {
-            let values = BTreeMap::from([("k".to_string(), OutputValue::Plain(value))]);
-            match redact_event(Event::Outputs { values }, &secrets) {
-                Event::Outputs { values } => values["k"].is_sensitive(),
-                other => panic!("{other:?}"),
-            }
-        };
-        for value in [
-            serde_json::json!("postgres://app:db-pw-93f1c7@db/app"),
-            serde_json::json!("xabcdx"),
-            serde_json::json!("1"),
-            serde_json::json!("ok"),
-            serde_json::json!(["v2", "ok"]),
-            serde_json::json!({"status": "1"}),
-        ] {
-            assert!(sensitive(value.clone()), "{value} holds a secret");
-        }
-        for value in [
-            serde_json::json!("v1.2.0"),
-            serde_json::json!("token"),
-            serde_json::json!(1),
-            serde_json::json!({"replicas": 1, "tag": "v1"}),
-            serde_json::json!("abc"),
-        ] {
-            assert!(!sensitive(value.clone()), "{value} stays plain");
-        }
     }
 
     #[test]

@@ -194,6 +194,21 @@ impl HelmSpec {
         }
     }
 
+    /// `text` (a live helm's command line) as a message shows it: the cluster's own kubeconfig
+    /// (a fleet step's) becomes the step's `kubeconfig` as helm resolves it, or goes with its
+    /// flag when the step names none, as [`HelmSpec::shown`] shows the commands rdeploy runs.
+    fn shown_text(&self, text: &str, ctx: &StepContext) -> String {
+        let Some(cut) = &self.cluster_kubeconfig else { return text.to_string() };
+        let cut = cut.to_string_lossy();
+        let user = self.kubeconfig.as_ref().map(|k| ctx.resolve(k).to_string_lossy().into_owned());
+        let flag = format!(" --kubeconfig {cut}");
+        let text = match &user {
+            Some(user) => text.replace(&flag, &format!(" --kubeconfig {user}")),
+            None => text.replace(&flag, ""),
+        };
+        text.replace(cut.as_ref(), user.as_deref().unwrap_or("the step's kubeconfig"))
+    }
+
     /// The `--kubeconfig` a helm or kubectl call gets: running (`ctx`), the cluster's own file
     /// when the rollout made one, else the step's `kubeconfig`; in a runbook, the step's as
     /// written.
@@ -698,7 +713,8 @@ impl<'a> Release<'a> {
             // Only the operator's `rdeploy recover --force` forces it (never an environment
             // variable, which a CI environment may export to every recover).
             let forced = self.ctx.force;
-            let live_helm = state::live_helm_for(&self.spec.release, proc);
+            let live_helm = state::live_helm_for(&self.spec.release, proc)
+                .map(|(pid, cmdline)| (pid, self.spec.shown_text(&cmdline, self.ctx)));
             let unproven = match self.abandoned(latest, live_helm.as_ref()) {
                 Ok(evidence) => {
                     let why = format!("{stuck}, abandoned: {evidence}");
@@ -2096,6 +2112,20 @@ mod tests {
         assert!(elsewhere.contains("on another host, which this one cannot check"), "{elsewhere}");
         let running = refused(ctx_started("web@2", RunFate::LockTakenOver), &live_helm);
         assert!(running.contains("a helm process for it is still running (pid 72: `/opt/helm upgrade"), "{running}");
+        // A fleet cluster's helm runs with the cluster's own kubeconfig: the live process is
+        // shown with the step's (resolved as helm resolves it), the cut file never named.
+        let cut = "/state/steps/web/clusters/edge-1/kubeconfig";
+        let fleet_helm = proc_table(&[(73, 'S', &["/opt/helm", "upgrade", "web", "--kubeconfig", cut])]);
+        for (kubeconfig, shown) in [(Some("kube/fleet.yaml"), " --kubeconfig "), (None, "upgrade web`")] {
+            let fleet =
+                HelmSpec { cluster_kubeconfig: Some(cut.into()), kubeconfig: kubeconfig.map(PathBuf::from), ..spec() };
+            let ctx = ctx_started("web@2", RunFate::LockTakenOver);
+            let text = summary(fleet.decide_in(&ctx, &live, fleet_helm.path()));
+            assert!(!text.contains(cut) && text.contains(shown), "{text}");
+            if let Some(k) = kubeconfig {
+                assert!(text.contains(&ctx.resolve(Path::new(k)).display().to_string()), "{text}");
+            }
+        }
         // Every refusal's hint ends in a `rdeploy recover` that can act once it is followed,
         // as the report's `next:` line says.
         for text in [&no_record, &other_revision, &alive, &elsewhere, &running] {
