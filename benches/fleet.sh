@@ -101,13 +101,21 @@ echo "rdeploy inventory --json (min/median/max of $RUNS): ${rdjson} s"
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 echo
-echo "== growth (rdeploy inventory --json, min/median/max of $RUNS; peak RSS of one run)"
-printf '%8s %22s %16s %10s %9s %16s\n' clusters seconds ms/cluster rss_mb answered load
+echo "== growth (rdeploy inventory --json, min/median/max of $RUNS; then one run's peak RSS and"
+echo "   CPU (user+sys) of rdeploy and of kubesim, which shares the cores)"
+printf '%8s %22s %16s %8s %8s %8s %9s %16s\n' clusters seconds ms/cluster rss_mb rd_cpu ks_cpu answered load
+ticks=$(getconf CLK_TCK)
+sim_cpu() { awk '{print $14 + $15}' "/proc/$sim_pid/stat"; }
 for n in $SIZES; do
   start_fleet "$n"
   s=$(spread inventory --json)
   median=$(echo "$s" | cut -d/ -f2)
-  rss=$( { /usr/bin/time -f '%M' "$RDEPLOY" --state-dir "$work/state" inventory --kubeconfig "$work/kubeconfig" --json > "$work/inv.json"; } 2>&1 | tail -1)
+  c0=$(sim_cpu)
+  one=$( { /usr/bin/time -f '%M %U %S' "$RDEPLOY" --state-dir "$work/state" inventory --kubeconfig "$work/kubeconfig" --json > "$work/inv.json"; } 2>&1 | tail -1)
+  c1=$(sim_cpu)
+  read -r rss user sys <<< "$one"
   answered=$(grep -m1 '"answered"' "$work/inv.json" | tr -dc 0-9)
-  printf '%8s %22s %16s %10s %9s %16s\n' "$n" "$s" "$(echo "scale=2; $median * 1000 / $n" | bc) (median)" "$(echo "scale=1; $rss / 1024" | bc)" "$answered" "$(cut -d' ' -f1-3 /proc/loadavg | tr ' ' /)"
+  printf '%8s %22s %16s %8s %8s %8s %9s %16s\n' "$n" "$s" "$(echo "scale=2; $median * 1000 / $n" | bc) (median)" \
+    "$(echo "scale=1; $rss / 1024" | bc)" "$(echo "$user + $sys" | bc)" "$(echo "scale=2; ($c1 - $c0) / $ticks" | bc)" \
+    "$answered" "$(cut -d' ' -f1-3 /proc/loadavg | tr ' ' /)"
 done

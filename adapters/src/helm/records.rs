@@ -12,7 +12,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Read as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -417,7 +417,7 @@ pub fn load_kubeconfig(files: &[PathBuf]) -> Result<Arc<Kubeconfig>, String> {
     }
     let mut merged: Option<Kubeconfig> = None;
     for file in files.iter().filter(|f| f.exists()) {
-        let one = Kubeconfig::read_from(file).map_err(|e| format!("{}: {e}", file.display()))?;
+        let one = read_kubeconfig(file).map_err(|e| format!("{}: {e}", file.display()))?;
         merged = Some(match merged {
             Some(m) => m.merge(one).map_err(|e| format!("{}: {e}", file.display()))?,
             None => one,
@@ -428,6 +428,39 @@ pub fn load_kubeconfig(files: &[PathBuf]) -> Result<Arc<Kubeconfig>, String> {
     })?);
     cache.lock().unwrap_or_else(|e| e.into_inner()).insert(files.to_vec(), (stamp, merged.clone()));
     Ok(merged)
+}
+
+/// One kubeconfig file, as kube's `Kubeconfig::read_from` reads it (its documents merged, the
+/// relative paths in it made absolute against its folder), parsed straight into the kubeconfig's
+/// types rather than through a tree of YAML values.
+fn read_kubeconfig(file: &Path) -> Result<Kubeconfig, String> {
+    let text = std::fs::read_to_string(file).map_err(|e| format!("failed to read kubeconfig: {e}"))?;
+    let documents: Vec<Kubeconfig> =
+        crate::yaml::documents_into(&text).map_err(|e| format!("failed to parse kubeconfig YAML: {e}"))?;
+    let dir = file.parent();
+    let absolute = |path: &mut Option<String>| {
+        if let (Some(dir), Some(relative)) = (dir, path.as_deref().filter(|p| Path::new(p).is_relative())) {
+            if let Some(joined) = dir.join(relative).to_str() {
+                *path = Some(joined.to_string());
+            }
+        }
+    };
+    let mut merged: Option<Kubeconfig> = None;
+    for mut one in documents {
+        for cluster in one.clusters.iter_mut().filter_map(|c| c.cluster.as_mut()) {
+            absolute(&mut cluster.certificate_authority);
+        }
+        for user in one.auth_infos.iter_mut().filter_map(|u| u.auth_info.as_mut()) {
+            absolute(&mut user.client_certificate);
+            absolute(&mut user.client_key);
+            absolute(&mut user.token_file);
+        }
+        merged = Some(match merged {
+            Some(m) => m.merge(one).map_err(|e| e.to_string())?,
+            None => one,
+        });
+    }
+    Ok(merged.unwrap_or_default())
 }
 
 /// A plain-HTTP connection pool (kube's base-URI and auth layers over hyper's HTTP connector).
