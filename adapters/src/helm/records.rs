@@ -520,6 +520,32 @@ mod tests {
     use super::*;
     use std::io::Write as _;
 
+    /// Read as kube reads it: the relative paths in it are made absolute against its folder
+    /// (an absolute one is kept), and its documents are merged, the first of each name kept.
+    #[test]
+    fn a_kubeconfig_s_relative_paths_are_made_absolute_and_its_documents_merged() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("config");
+        std::fs::write(
+            &file,
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {server: 'https://10.0.0.1', certificate-authority: ca.crt}\nusers:\n- name: u\n  user: {tokenFile: tok, client-key: /etc/key.pem}\ncontexts:\n- name: a\n  context: {cluster: c, user: u}\n---\nclusters:\n- name: c\n  cluster: {server: 'https://10.0.0.2'}\n- name: d\n  cluster: {server: 'https://10.0.0.3'}\n",
+        )
+        .unwrap();
+        let kc = read_kubeconfig(&file).unwrap();
+        let cluster = kc.clusters[0].cluster.as_ref().unwrap();
+        let user = kc.auth_infos[0].auth_info.as_ref().unwrap();
+        let under = |name: &str| Some(dir.path().join(name).to_string_lossy().into_owned());
+        assert_eq!(cluster.certificate_authority, under("ca.crt"));
+        assert_eq!((user.token_file.clone(), user.client_key.as_deref()), (under("tok"), Some("/etc/key.pem")));
+        let servers: Vec<_> = kc.clusters.iter().map(|c| c.cluster.as_ref().unwrap().server.clone().unwrap()).collect();
+        assert_eq!(servers, ["https://10.0.0.1", "https://10.0.0.3"]);
+        let kube = Kubeconfig::read_from(&file).unwrap();
+        assert_eq!(serde_json::to_value(&kc).unwrap(), serde_json::to_value(&kube).unwrap(), "as kube reads it");
+        assert!(read_kubeconfig(&dir.path().join("missing")).is_err());
+        std::fs::write(&file, "clusters: [").unwrap();
+        assert!(read_kubeconfig(&file).unwrap_err().starts_with("failed to parse kubeconfig YAML: "));
+    }
+
     /// `kubectl config use-context` between two names of one length rewrites the kubeconfig in
     /// place with its length unchanged; with the modification time put back as well (a rewrite
     /// within the clock's granularity), the next read still sees the new context, and the parse
