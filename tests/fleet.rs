@@ -372,3 +372,22 @@ fn slo_is_computed_on_recorded_rollout_starts() {
     // Bad objectives are bad input.
     p.rdeploy(&["inventory", "--slo", "lots"]).code(2).stderr_has("`--slo`");
 }
+
+/// Every kubesim cluster is behind one address, as clusters behind one proxy are: the inventory
+/// asks them a few dozen at a time over kept-alive connections. Asking every cluster at once
+/// opened a connection for nearly each of its requests (seven per cluster: about 700 here).
+#[test]
+fn clusters_behind_one_address_share_kept_alive_connections() {
+    let f = Fleet::start("100", &[]);
+    f.apply("cluster-001", &agent_ds("2.0"));
+    let p = project(&f);
+    let opened = || f.0.control_json("GET", "/_sim/clusters")["connections"].as_u64().unwrap();
+    let before = opened();
+    let run = p.rdeploy(&["inventory", "--json"]);
+    run.code(0);
+    let r: Value = serde_json::from_str(&run.stdout).unwrap();
+    assert_eq!((r["clusters"].as_u64(), r["answered"].as_u64()), (Some(100), Some(100)), "{r:#}");
+    // The second count's own connection is counted too.
+    let by_inventory = opened() - before - 1;
+    assert!(by_inventory <= 7 * 32, "{by_inventory} connections for the inventory's 700 requests");
+}

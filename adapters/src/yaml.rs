@@ -294,6 +294,13 @@ pub fn documents(text: &str) -> Result<Vec<Value>, String> {
     Ok(docs)
 }
 
+/// Every document of a YAML (or JSON) text read straight into `T`, with no tree of values in
+/// between (a 4,000-context kubeconfig would be 4,000 contexts' worth of maps built and thrown
+/// away). An empty text has no documents.
+pub fn documents_into<T: DeserializeOwned>(text: &str) -> Result<Vec<T>, String> {
+    serde_norway::Deserializer::from_str(text).map(|doc| T::deserialize(doc).map_err(|e| e.to_string())).collect()
+}
+
 /// Like [`documents`], each value with the line its document's content starts on (1-based),
 /// for messages that name a document by its place in the file. An error says where it is
 /// when the parser does.

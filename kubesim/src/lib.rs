@@ -147,10 +147,25 @@ fn build(opts: &Options) -> Result<(Arc<Sim>, Vec<String>)> {
     Ok((sim, names))
 }
 
+/// A listener with the accept queue a real API server has (Go listens with the kernel's
+/// `somaxconn`, 4096): with the 128 of Rust's default, a client that opens a few hundred
+/// connections at once has some of them dropped and retried a second later.
+async fn listen(address: &str) -> std::io::Result<tokio::net::TcpListener> {
+    let mut last = None;
+    for addr in tokio::net::lookup_host(address).await? {
+        let socket = if addr.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+        socket.set_reuseaddr(true)?;
+        match socket.bind(addr).and_then(|()| socket.listen(4096)) {
+            Ok(listener) => return Ok(listener),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "no address to listen on")))
+}
+
 /// Binds the listener and writes the kubeconfig (must run inside a tokio runtime).
 async fn bind(opts: &Options, names: &[String]) -> Result<(tokio::net::TcpListener, SocketAddr)> {
-    let listener =
-        tokio::net::TcpListener::bind(&opts.listen).await.with_context(|| format!("listening on {}", opts.listen))?;
+    let listener = listen(&opts.listen).await.with_context(|| format!("listening on {}", opts.listen))?;
     let addr = listener.local_addr()?;
     if let Some(path) = &opts.kubeconfig {
         std::fs::write(path, kubeconfig(&addr, names)).with_context(|| format!("writing {}", path.display()))?;

@@ -2,17 +2,21 @@
 //! `kube` client (kubeconfig, auth and TLS as kubectl does, no `kubectl` process), each under
 //! its own timeout. A cluster that errors or times out is recorded absent, with the reason.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use hyper::body::Bytes;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
-use rdeploy_adapters::helm::records::{client_with, plain_http, quiet, short_error, PlainHttp};
+use rdeploy_adapters::helm::records::{quiet, short_error};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use time::OffsetDateTime;
+use tokio::sync::Semaphore;
 use tokio::task::{JoinError, JoinSet};
 use tracing::instrument::WithSubscriber as _;
 
@@ -50,10 +54,9 @@ impl Default for CollectOptions {
 /// Asks every cluster of the scope; absent clusters get their last-seen time from `last_seen`.
 pub async fn collect(scope: &Scope, options: &CollectOptions, last_seen: &LastSeen) -> Inventory {
     let taken_at = OffsetDateTime::now_utc();
-    // Plain-HTTP clusters share a few pools rather than one: every kubesim cluster (and every
-    // cluster behind one proxy) is the same host:port, and one pool's idle list for it grows
-    // with the clusters asked at once, scanned on every request.
-    let pools: Vec<PlainHttp> = (0..POOLS.min(scope.clusters.len()).max(1)).map(|_| plain_http()).collect();
+    // Plain-HTTP clusters share the run's keep-alive connections, by server address.
+    let http = PlainPool::default();
+    let mut servers: HashMap<String, Arc<Semaphore>> = HashMap::new();
     // kube logs each failed request at ERROR; an absent cluster is reported once, in the
     // inventory, so its logs are only wanted when debugging (-vv). One dispatch for the run.
     let dispatch = if tracing::enabled!(tracing::Level::DEBUG) {
@@ -79,12 +82,23 @@ pub async fn collect(scope: &Scope, options: &CollectOptions, last_seen: &LastSe
         while tasks.len() >= limit {
             keep(tasks.join_next().await);
         }
+        // Clusters behind one plain-HTTP address (every kubesim cluster, every cluster behind
+        // one proxy) take turns `PLAIN_CLUSTERS` at a time, so that a few hundred connections
+        // are opened and kept alive, not seven for every cluster asked at once.
+        let turn = match plain_server(&kubeconfig) {
+            Some(server) => {
+                let server = servers.entry(server).or_insert_with(|| Arc::new(Semaphore::new(PLAIN_CLUSTERS)));
+                server.clone().acquire_owned().await.ok()
+            }
+            None => None,
+        };
         let (name, options) = (member.name.clone(), options.clone());
-        let (http, dispatch) = (pools[index % pools.len()].clone(), dispatch.clone());
+        let (http, dispatch) = (http.clone(), dispatch.clone());
         tasks.spawn(async move {
             // A cluster's timeout starts when its turn comes.
             let ask = tokio::time::timeout(options.timeout, ask_cluster(kubeconfig, &name, &options, &http));
             let ask = ask.with_subscriber(dispatch);
+            let _turn = turn;
             let answer = match ask.await {
                 Ok(result) => result,
                 Err(_) => Err(format!("no answer within {}", humantime::format_duration(options.timeout))),
@@ -127,8 +141,20 @@ pub async fn collect(scope: &Scope, options: &CollectOptions, last_seen: &LastSe
     Inventory { taken_at, clusters }
 }
 
-/// How many plain-HTTP pools the clusters of one inventory share.
-const POOLS: usize = 32;
+/// How many clusters behind one plain-HTTP address are asked at once: with a cluster's seven
+/// requests, at most 224 connections to that address, well under the API server's default of
+/// 400 read requests in flight (`--max-requests-inflight`).
+const PLAIN_CLUSTERS: usize = 32;
+
+/// The `host:port` of a kubeconfig's `http://` server, `None` for any other.
+fn plain_server(kubeconfig: &Kubeconfig) -> Option<String> {
+    let server = kubeconfig.clusters.first()?.cluster.as_ref()?.server.as_deref()?;
+    let uri: hyper::Uri = server.parse().ok()?;
+    if uri.scheme_str() != Some("http") {
+        return None;
+    }
+    uri.authority().map(ToString::to_string)
+}
 
 /// What a cluster that answered holds.
 type Answer = (Vec<Workload>, Vec<GitOpsObject>);
@@ -140,7 +166,7 @@ async fn ask_cluster(
     kubeconfig: Kubeconfig,
     context: &str,
     options: &CollectOptions,
-    http: &PlainHttp,
+    http: &PlainPool,
 ) -> Result<Answer, String> {
     let kube_options = KubeConfigOptions { context: Some(context.to_string()), ..KubeConfigOptions::default() };
     let mut config = Config::from_custom_kubeconfig(kubeconfig, &kube_options)
@@ -867,32 +893,28 @@ async fn gitops_objects(client: &Transport, wanted: bool) -> Result<Vec<GitOpsOb
 
 /// How the inventory reaches one cluster.
 enum Transport {
-    /// An `http://` cluster: kube's base-URI and auth layers over the run's shared pool, called
-    /// as they are. kube's `Client` would put a buffer in front (a task and a channel per
-    /// cluster, a hop through them per request) and copy each body into a `String`.
+    /// An `http://` cluster: kube's base-URI and auth layers over the run's [`PlainPool`],
+    /// called as they are. kube's `Client` would put a buffer in front (a task and a channel
+    /// per cluster, a hop through them per request) and copy each body into a `String`.
     Plain(PlainService),
     /// Any other (`https://`): kube's own client, TLS and auth as kubectl does.
     Kube(Client),
 }
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
-type PlainService = tower::util::BoxCloneSyncService<
-    hyper::Request<kube::client::Body>,
-    hyper::Response<hyper::body::Incoming>,
-    BoxError,
->;
+type PlainService =
+    tower::util::BoxCloneSyncService<hyper::Request<kube::client::Body>, hyper::Response<Bytes>, BoxError>;
 
 impl Transport {
-    fn new(config: Config, http: &PlainHttp) -> Result<Transport, kube::Error> {
+    fn new(config: Config, http: &PlainPool) -> Result<Transport, kube::Error> {
         use kube::client::ConfigExt as _;
         if config.cluster_url.scheme_str() != Some("http") {
-            return client_with(config, http).map(Transport::Kube);
+            return Client::try_from(config).map(Transport::Kube);
         }
         let service = tower::ServiceBuilder::new()
             .layer(config.base_uri_layer())
             .option_layer(config.auth_layer()?)
-            // kube's auth layers expect a boxed error from the service they wrap.
-            .map_err(|e: hyper_util::client::legacy::Error| -> BoxError { Box::new(e) })
+            .layer(config.extra_headers_layer()?)
             .service(http.clone());
         Ok(Transport::Plain(PlainService::new(service)))
     }
@@ -900,16 +922,22 @@ impl Transport {
     /// A GET's answer read into `T` straight from the body's bytes; an error status is
     /// kube's `Error::Api`, as kube's client makes it.
     async fn get<T: DeserializeOwned>(&self, request: hyper::Request<Vec<u8>>) -> Result<T, kube::Error> {
+        use http_body_util::BodyExt as _;
         use tower::ServiceExt as _;
         let request = request.map(kube::client::Body::from);
-        let body = match self {
+        let (status, body) = match self {
             Transport::Plain(service) => {
                 let response = service.clone().oneshot(request).await.map_err(service_error)?;
-                body_of(response).await?
+                (response.status(), response.into_body())
             }
-            Transport::Kube(client) => body_of(client.send(request).await?).await?,
+            Transport::Kube(client) => {
+                let response = client.send(request).await?;
+                let status = response.status();
+                let body = response.into_body().collect().await.map_err(|e| service_error(e.into()))?;
+                (status, body.to_bytes())
+            }
         };
-        serde_json::from_slice(&body).map_err(kube::Error::SerdeError)
+        serde_json::from_slice(&answer(status, body)?).map_err(kube::Error::SerdeError)
     }
 }
 
@@ -925,16 +953,9 @@ fn service_error(e: BoxError) -> kube::Error {
     }
 }
 
-/// The whole body of a successful answer; an error status is `Error::Api` with the server's
-/// `Status` (its message), or the status and body when it sent none.
-async fn body_of<B>(response: hyper::Response<B>) -> Result<hyper::body::Bytes, kube::Error>
-where
-    B: hyper::body::Body,
-    B::Error: Into<BoxError>,
-{
-    use http_body_util::BodyExt as _;
-    let status = response.status();
-    let body = response.into_body().collect().await.map_err(|e| service_error(e.into()))?.to_bytes();
+/// The body of a successful answer; an error status is `Error::Api` with the server's `Status`
+/// (its message), or the status and body when it sent none.
+fn answer(status: hyper::StatusCode, body: Bytes) -> Result<Bytes, kube::Error> {
     if !(status.is_client_error() || status.is_server_error()) {
         return Ok(body);
     }
@@ -946,6 +967,104 @@ where
             reason: "Failed to parse error data".into(),
         }
     })))
+}
+
+/// The run's plain-HTTP connections, kept alive and reused last-in first-out by server
+/// address (`host:port`): many clusters can share one address (every kubesim cluster, every
+/// cluster behind one proxy). hyper's pool queued a waiter for every request that found no idle
+/// connection and scanned that queue as each one was answered; a connection here is taken when
+/// it is free and opened when none is. A request answers with its whole body, read before the
+/// connection goes back.
+#[derive(Clone, Default)]
+struct PlainPool {
+    idle: Arc<Mutex<HashMap<String, Vec<Sender>>>>,
+}
+
+type Sender = hyper::client::conn::http1::SendRequest<kube::client::Body>;
+
+impl PlainPool {
+    fn take(&self, server: &str) -> Option<Sender> {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let senders = idle.get_mut(server)?;
+        while let Some(sender) = senders.pop() {
+            if !sender.is_closed() {
+                return Some(sender);
+            }
+        }
+        None
+    }
+
+    fn give_back(&self, server: String, sender: Sender) {
+        if !sender.is_closed() {
+            self.idle.lock().unwrap_or_else(|e| e.into_inner()).entry(server).or_default().push(sender);
+        }
+    }
+
+    async fn send(self, mut request: hyper::Request<kube::client::Body>) -> Result<hyper::Response<Bytes>, BoxError> {
+        use http_body_util::BodyExt as _;
+        let uri = request.uri().clone();
+        let authority = uri.authority().ok_or_else(|| format!("no server address in `{uri}`"))?;
+        let server = authority.as_str().to_string();
+        if !request.headers().contains_key(hyper::header::HOST) {
+            request.headers_mut().insert(hyper::header::HOST, hyper::header::HeaderValue::from_str(&server)?);
+        }
+        // Origin form (`/path?query`), as a client that is not talking to a proxy sends it.
+        *request.uri_mut() = match uri.path_and_query() {
+            Some(path) => hyper::Uri::from(path.clone()),
+            None => hyper::Uri::from_static("/"),
+        };
+        loop {
+            let (mut sender, reused) = match self.take(&server) {
+                Some(sender) => (sender, true),
+                None => (connect(authority.host(), authority.port_u16().unwrap_or(80)).await?, false),
+            };
+            if reused && sender.ready().await.is_err() {
+                continue;
+            }
+            match sender.try_send_request(request).await {
+                Ok(response) => {
+                    let (parts, body) = response.into_parts();
+                    let body = body.collect().await?.to_bytes();
+                    self.give_back(server, sender);
+                    return Ok(hyper::Response::from_parts(parts, body));
+                }
+                // A kept-alive connection the server closed before the request went out: the
+                // request is handed back, to go out on another.
+                Err(mut e) if reused && e.message().is_some() => {
+                    request = e.take_message().expect("just checked");
+                }
+                Err(e) => return Err(e.into_error().into()),
+            }
+        }
+    }
+}
+
+impl tower::Service<hyper::Request<kube::client::Body>> for PlainPool {
+    type Response = hyper::Response<Bytes>;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<hyper::Response<Bytes>, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), BoxError>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: hyper::Request<kube::client::Body>) -> Self::Future {
+        Box::pin(self.clone().send(request))
+    }
+}
+
+/// A new connection to `host` at `port`, its end driven by a task of its own.
+async fn connect(host: &str, port: u16) -> Result<Sender, BoxError> {
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let stream = tokio::net::TcpStream::connect((host, port)).await.map_err(|e| format!("tcp connect error: {e}"))?;
+    // One write per request: nothing to gain from Nagle's delay.
+    let _ = stream.set_nodelay(true);
+    let (sender, connection) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
+    tokio::spawn(async move {
+        // Its errors reach the request that was on it.
+        let _ = connection.await;
+    });
+    Ok(sender)
 }
 
 fn gitops_object(kind: &str, o: &DynamicObject) -> GitOpsObject {

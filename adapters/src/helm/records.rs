@@ -12,7 +12,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Read as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -417,7 +417,7 @@ pub fn load_kubeconfig(files: &[PathBuf]) -> Result<Arc<Kubeconfig>, String> {
     }
     let mut merged: Option<Kubeconfig> = None;
     for file in files.iter().filter(|f| f.exists()) {
-        let one = Kubeconfig::read_from(file).map_err(|e| format!("{}: {e}", file.display()))?;
+        let one = read_kubeconfig(file).map_err(|e| format!("{}: {e}", file.display()))?;
         merged = Some(match merged {
             Some(m) => m.merge(one).map_err(|e| format!("{}: {e}", file.display()))?,
             None => one,
@@ -428,6 +428,39 @@ pub fn load_kubeconfig(files: &[PathBuf]) -> Result<Arc<Kubeconfig>, String> {
     })?);
     cache.lock().unwrap_or_else(|e| e.into_inner()).insert(files.to_vec(), (stamp, merged.clone()));
     Ok(merged)
+}
+
+/// One kubeconfig file, as kube's `Kubeconfig::read_from` reads it (its documents merged, the
+/// relative paths in it made absolute against its folder), parsed straight into the kubeconfig's
+/// types rather than through a tree of YAML values.
+fn read_kubeconfig(file: &Path) -> Result<Kubeconfig, String> {
+    let text = std::fs::read_to_string(file).map_err(|e| format!("failed to read kubeconfig: {e}"))?;
+    let documents: Vec<Kubeconfig> =
+        crate::yaml::documents_into(&text).map_err(|e| format!("failed to parse kubeconfig YAML: {e}"))?;
+    let dir = file.parent();
+    let absolute = |path: &mut Option<String>| {
+        if let (Some(dir), Some(relative)) = (dir, path.as_deref().filter(|p| Path::new(p).is_relative())) {
+            if let Some(joined) = dir.join(relative).to_str() {
+                *path = Some(joined.to_string());
+            }
+        }
+    };
+    let mut merged: Option<Kubeconfig> = None;
+    for mut one in documents {
+        for cluster in one.clusters.iter_mut().filter_map(|c| c.cluster.as_mut()) {
+            absolute(&mut cluster.certificate_authority);
+        }
+        for user in one.auth_infos.iter_mut().filter_map(|u| u.auth_info.as_mut()) {
+            absolute(&mut user.client_certificate);
+            absolute(&mut user.client_key);
+            absolute(&mut user.token_file);
+        }
+        merged = Some(match merged {
+            Some(m) => m.merge(one).map_err(|e| e.to_string())?,
+            None => one,
+        });
+    }
+    Ok(merged.unwrap_or_default())
 }
 
 /// A plain-HTTP connection pool (kube's base-URI and auth layers over hyper's HTTP connector).
@@ -486,6 +519,32 @@ pub fn short_error(e: &dyn std::error::Error) -> String {
 mod tests {
     use super::*;
     use std::io::Write as _;
+
+    /// Read as kube reads it: the relative paths in it are made absolute against its folder
+    /// (an absolute one is kept), and its documents are merged, the first of each name kept.
+    #[test]
+    fn a_kubeconfig_s_relative_paths_are_made_absolute_and_its_documents_merged() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("config");
+        std::fs::write(
+            &file,
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {server: 'https://10.0.0.1', certificate-authority: ca.crt}\nusers:\n- name: u\n  user: {tokenFile: tok, client-key: /etc/key.pem}\ncontexts:\n- name: a\n  context: {cluster: c, user: u}\n---\nclusters:\n- name: c\n  cluster: {server: 'https://10.0.0.2'}\n- name: d\n  cluster: {server: 'https://10.0.0.3'}\n",
+        )
+        .unwrap();
+        let kc = read_kubeconfig(&file).unwrap();
+        let cluster = kc.clusters[0].cluster.as_ref().unwrap();
+        let user = kc.auth_infos[0].auth_info.as_ref().unwrap();
+        let under = |name: &str| Some(dir.path().join(name).to_string_lossy().into_owned());
+        assert_eq!(cluster.certificate_authority, under("ca.crt"));
+        assert_eq!((user.token_file.clone(), user.client_key.as_deref()), (under("tok"), Some("/etc/key.pem")));
+        let servers: Vec<_> = kc.clusters.iter().map(|c| c.cluster.as_ref().unwrap().server.clone().unwrap()).collect();
+        assert_eq!(servers, ["https://10.0.0.1", "https://10.0.0.3"]);
+        let kube = Kubeconfig::read_from(&file).unwrap();
+        assert_eq!(serde_json::to_value(&kc).unwrap(), serde_json::to_value(&kube).unwrap(), "as kube reads it");
+        assert!(read_kubeconfig(&dir.path().join("missing")).is_err());
+        std::fs::write(&file, "clusters: [").unwrap();
+        assert!(read_kubeconfig(&file).unwrap_err().starts_with("failed to parse kubeconfig YAML: "));
+    }
 
     /// `kubectl config use-context` between two names of one length rewrites the kubeconfig in
     /// place with its length unchanged; with the modification time put back as well (a rewrite
