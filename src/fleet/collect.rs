@@ -85,20 +85,20 @@ pub async fn collect(scope: &Scope, options: &CollectOptions, last_seen: &LastSe
         // Clusters behind one plain-HTTP address (every kubesim cluster, every cluster behind
         // one proxy) take turns `PLAIN_CLUSTERS` at a time, so that a few hundred connections
         // are opened and kept alive, not seven for every cluster asked at once.
-        let turn = match plain_server(&kubeconfig) {
-            Some(server) => {
-                let server = servers.entry(server).or_insert_with(|| Arc::new(Semaphore::new(PLAIN_CLUSTERS)));
-                server.clone().acquire_owned().await.ok()
-            }
-            None => None,
-        };
+        // The turn is waited for in the cluster's task, so that clusters behind other addresses
+        // (and `https://` ones) are not held up behind them.
+        let server = plain_server(&kubeconfig)
+            .map(|server| servers.entry(server).or_insert_with(|| Arc::new(Semaphore::new(PLAIN_CLUSTERS))).clone());
         let (name, options) = (member.name.clone(), options.clone());
         let (http, dispatch) = (http.clone(), dispatch.clone());
         tasks.spawn(async move {
+            let _turn = match server {
+                Some(server) => server.acquire_owned().await.ok(),
+                None => None,
+            };
             // A cluster's timeout starts when its turn comes.
             let ask = tokio::time::timeout(options.timeout, ask_cluster(kubeconfig, &name, &options, &http));
             let ask = ask.with_subscriber(dispatch);
-            let _turn = turn;
             let answer = match ask.await {
                 Ok(result) => result,
                 Err(_) => Err(format!("no answer within {}", humantime::format_duration(options.timeout))),
@@ -153,7 +153,17 @@ fn plain_server(kubeconfig: &Kubeconfig) -> Option<String> {
     if uri.scheme_str() != Some("http") {
         return None;
     }
-    uri.authority().map(ToString::to_string)
+    uri.authority().map(host_port)
+}
+
+/// An address as `Host` names it: the host and any port, never the user information a server
+/// URL may carry (`http://user:pw@host:port`), which is no part of `Host` (RFC 9110 7.2) and
+/// would put the credentials where proxies log them.
+fn host_port(authority: &hyper::http::uri::Authority) -> String {
+    match authority.port() {
+        Some(port) => format!("{}:{port}", authority.host()),
+        None => authority.host().to_string(),
+    }
 }
 
 /// What a cluster that answered holds.
@@ -1004,7 +1014,7 @@ impl PlainPool {
         use http_body_util::BodyExt as _;
         let uri = request.uri().clone();
         let authority = uri.authority().ok_or_else(|| format!("no server address in `{uri}`"))?;
-        let server = authority.as_str().to_string();
+        let server = host_port(authority);
         if !request.headers().contains_key(hyper::header::HOST) {
             request.headers_mut().insert(hyper::header::HOST, hyper::header::HeaderValue::from_str(&server)?);
         }
@@ -1013,8 +1023,14 @@ impl PlainPool {
             Some(path) => hyper::Uri::from(path.clone()),
             None => hyper::Uri::from_static("/"),
         };
+        // A GET (all the inventory sends) lost with a kept-alive connection the server closed
+        // as it went out is sent once more, on a new connection, as Go's client does: it changes
+        // nothing, and the cluster answered the requests before it.
+        let mut replay = (request.method() == hyper::Method::GET)
+            .then(|| (request.uri().clone(), request.headers().clone(), request.version()));
+        let mut fresh = false;
         loop {
-            let (mut sender, reused) = match self.take(&server) {
+            let (mut sender, reused) = match self.take(&server).filter(|_| !fresh) {
                 Some(sender) => (sender, true),
                 None => (connect(authority.host(), authority.port_u16().unwrap_or(80)).await?, false),
             };
@@ -1033,7 +1049,15 @@ impl PlainPool {
                 Err(mut e) if reused && e.message().is_some() => {
                     request = e.take_message().expect("just checked");
                 }
-                Err(e) => return Err(e.into_error().into()),
+                Err(e) => match replay.take().filter(|_| reused) {
+                    Some((uri, headers, version)) => {
+                        request = hyper::Request::new(kube::client::Body::empty());
+                        (*request.uri_mut(), *request.headers_mut(), *request.version_mut()) = (uri, headers, version);
+                        fresh = true;
+                        tracing::debug!("a kept-alive connection to {server} failed ({}): sent again", e.error());
+                    }
+                    None => return Err(e.into_error().into()),
+                },
             }
         }
     }
@@ -1107,6 +1131,58 @@ fn gitops_object(kind: &str, o: &DynamicObject) -> GitOpsObject {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A server that answers a kept-alive connection's first request, then reads the second
+    /// and closes without an answer (an idle connection dropped as a request arrives): the
+    /// GET goes out once more on a new connection and is answered; `Host` names no credentials.
+    #[tokio::test]
+    async fn a_get_lost_with_a_closed_kept_alive_connection_is_sent_again_on_a_new_one() {
+        use std::io::{BufRead as _, BufReader, Write as _};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = std::thread::spawn(move || {
+            let read_request = |reader: &mut BufReader<std::net::TcpStream>| {
+                let mut head = Vec::new();
+                loop {
+                    let mut line = String::new();
+                    if reader.read_line(&mut line).unwrap() == 0 || line == "\r\n" {
+                        return head;
+                    }
+                    head.push(line.trim_end().to_string());
+                }
+            };
+            let answer = |stream: &mut std::net::TcpStream, body: &str| {
+                write!(stream, "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+            };
+            let (first, _) = listener.accept().unwrap();
+            let mut reader = BufReader::new(first.try_clone().unwrap());
+            let head = read_request(&mut reader);
+            answer(&mut reader.get_ref().try_clone().unwrap(), "one");
+            assert!(!read_request(&mut reader).is_empty(), "the second request came on the kept-alive connection");
+            drop(reader);
+            drop(first);
+            let (second, _) = listener.accept().unwrap();
+            let mut reader = BufReader::new(second.try_clone().unwrap());
+            let again = read_request(&mut reader);
+            answer(&mut reader.get_ref().try_clone().unwrap(), "two");
+            (head, again)
+        });
+        let pool = PlainPool::default();
+        let get = |path: &str| {
+            hyper::Request::get(format!("http://user:secret@127.0.0.1:{port}{path}"))
+                .body(kube::client::Body::empty())
+                .unwrap()
+        };
+        let one = pool.clone().send(get("/api")).await.unwrap();
+        assert_eq!(one.body().as_ref(), b"one");
+        let two = pool.clone().send(get("/apis")).await.unwrap();
+        assert_eq!(two.body().as_ref(), b"two");
+        let (head, again) = server.join().unwrap();
+        assert_eq!(head[0], "GET /api HTTP/1.1");
+        assert_eq!(again[0], "GET /apis HTTP/1.1");
+        let host = again.iter().find(|h| h.to_ascii_lowercase().starts_with("host:")).unwrap();
+        assert_eq!(host.to_ascii_lowercase(), format!("host: 127.0.0.1:{port}"));
+    }
 
     #[test]
     fn gitops_revisions_are_read_from_argo_and_flux_status() {
