@@ -17,6 +17,32 @@
 #    followed by the floor for the same children and rdeploy's cost beyond it.
 #    Goal: under 0.25 ms and flat.
 #
+# Figures (session 36, release build, 2-core VM shared with four builds: load average 3.6-6.5;
+# old = main at 105b56c, new = its branch s36-core, alternated with the floor in each round;
+# `sh -c true` children; wall is unreliable at this load, so CPU from /usr/bin/time, the
+# children's included, is the figure to trust):
+#   1,000 sub-changes, 10 rounds: CPU per sub-change old 1.01 / 1.10 / 1.17 ms (min/median/max),
+#     new 0.98 / 1.02 / 1.19 ms, the floor's 0.88-1.05 ms; rdeploy/floor in CPU (5 rounds)
+#     old 1.08-1.20, new 0.96-1.16; wall rdeploy/floor in the quiet rounds old 1.11-1.33, new
+#     1.11-1.22 (not yet at 1.15: re-measure on a quiet machine).
+#   10,000 sub-changes, 2 rounds: CPU beyond the floor's per sub-change old 0.16 / 0.35 ms, new
+#     0.12 / 0.29 ms (the second round under a load spike); wall rdeploy/floor in the first round
+#     old 1.12, new 1.02. Own CPU at 5,000 (old) 0.18 ms against 0.19 at 1,000: flat in CPU; the
+#     wall's rise with N seen before did not show in CPU.
+#   This script itself (`BIN=... SIZES=1000 benches/core.sh 1000`), old and new alternated twice
+#   while a clippy run loaded the machine; the quieter pair, in the kept form:
+#     old: n=1000: own cost .354 ms/sub-change, rdeploy/floor 1.254 (side by side 1.768)
+#     new: n=1000: own cost .300 ms/sub-change, rdeploy/floor 1.144 (side by side 1.135)
+#   (the other pair is noise: own cost -.295 and 2.212, the spawn-only baseline itself moved).
+#   System calls per sub-change (strace -f, sub-change 50 of 100): rdeploy's own 51 -> 32 (one
+#     `journal.seq` rewrite instead of two around the start's fdatasync, no dup and close of each
+#     memory output file, /proc/PID/stat in one read, one sendmsg per request, no unlink of a
+#     `$RDEPLOY_OUTPUT` path the command never created, no first follow
+#     tick), the spawner's 8, the child's before and after its exec 127 -> 66 (it resets only
+#     the handlers the spawner has, not asks all 64 signals). perf stat's instruction counter is
+#     not supported on this VM (no PMU); perf record -e cpu-clock put rdeploy's worker at 70% in
+#     the kernel (fdatasync the most, as in the floor), 17% in its own code, 12% in libc.
+#
 # Usage: benches/core.sh [N]   (default 1000). Builds the release binary first; BIN=path uses
 # that binary instead (to compare two builds in the same minutes).
 set -euo pipefail

@@ -68,7 +68,7 @@ impl ShellSpec {
         if ctx.cancel.is_cancelled() {
             return Err(Failure { interrupted: true, ..Failure::new(format!("stopped before `{id}`")) });
         }
-        let output_file = outputs.next();
+        let mut output_file = outputs.next();
         sink.emit(Event::Started { id: id.to_string() });
         // Nothing starts unless its start is recorded: the sink stops the step (cancels) when
         // it could not make the start durable (a full disk), and then this one never runs.
@@ -77,13 +77,13 @@ impl ShellSpec {
         }
         let outcome = self
             .command(ctx, id, run)
-            .env("RDEPLOY_OUTPUT", &output_file.0)
+            .env("RDEPLOY_OUTPUT", &output_file.path)
             .run(&ctx.cancel, ctx.timeout, &mut forward_output(sink))
             .await
             .map_err(|e| Failure::new(e.to_string()))?;
         if outcome.success() {
             // Journaled before the sub-change's completion, so a done sub-change has its outputs.
-            self.report_outputs(sink, id, &output_file.0);
+            self.report_outputs(sink, id, &mut output_file);
             sink.emit(Event::Done { id: id.to_string(), note: None });
             Ok(())
         } else {
@@ -116,11 +116,16 @@ impl ShellSpec {
     }
 
     /// Reads what a sub-change wrote to `$RDEPLOY_OUTPUT` and reports it as the step's outputs.
-    fn report_outputs(&self, sink: &dyn EventSink, id: &str, file: &std::path::Path) {
-        let text = match std::fs::read(file) {
+    fn report_outputs(&self, sink: &dyn EventSink, id: &str, file: &mut OutputFile) {
+        let text = match std::fs::read(&file.path) {
             Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
-            // The sub-change wrote no output: nothing was created.
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+            // The sub-change wrote no output: nothing was created, nor is there anything to remove
+            // (a process it left running that writes one later leaves it in the private
+            // directory, removed with it when the step's run ends).
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                file.exists = false;
+                return;
+            }
             Err(e) => {
                 sink.emit(Event::Warning { message: format!("could not read `{id}`'s `$RDEPLOY_OUTPUT`: {e}") });
                 return;
@@ -186,15 +191,21 @@ impl OutputFiles {
     /// it, is removed when the returned guard drops.
     fn next(&self) -> OutputFile {
         let n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        OutputFile(self.dir.path().join(n.to_string()))
+        OutputFile { path: self.dir.path().join(n.to_string()), exists: true }
     }
 }
 
-struct OutputFile(PathBuf);
+struct OutputFile {
+    path: PathBuf,
+    /// Cleared when reading it found no file: then there is none to remove.
+    exists: bool,
+}
 
 impl Drop for OutputFile {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
+        if self.exists {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
 }
 

@@ -95,16 +95,12 @@ impl Checkpoint {
         let record = record.redacted(&self.redactor);
         let entry = Entry { seq: self.deploy.seq + 1, ts: now(), record };
         tracing::trace!(seq = entry.seq, record = ?entry.record, "journal");
-        if let Err(e) = self.journal.append(&entry) {
+        let synced = entry.record.needs_sync();
+        let written = if synced { self.journal.append_synced(&entry) } else { self.journal.append(&entry) };
+        if let Err(e) = written {
             return Err(self.explain(e, &entry.record));
         }
-        if entry.record.needs_sync() {
-            if let Err(e) = self.sync() {
-                return Err(self.explain(e, &entry.record));
-            }
-        } else {
-            self.unsynced = true;
-        }
+        self.unsynced = !synced;
         self.deploy.apply(entry.seq, &entry.ts, &entry.record);
         Ok(())
     }

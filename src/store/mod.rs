@@ -67,6 +67,13 @@ pub trait JournalWriter: Send {
     fn append(&mut self, entry: &Entry) -> anyhow::Result<()>;
     /// Makes everything appended so far survive an OS crash.
     fn sync(&mut self) -> anyhow::Result<()>;
+    /// Writes a record and makes it (with everything before it) survive an OS crash before
+    /// returning: [`JournalWriter::append`] then [`JournalWriter::sync`], which a store may do
+    /// in fewer writes (the local store counts the record once, after the sync).
+    fn append_synced(&mut self, entry: &Entry) -> anyhow::Result<()> {
+        self.append(entry)?;
+        self.sync()
+    }
     /// Saves the state folded so far, so loading need not replay the whole journal.
     fn snapshot(&mut self, deploy: &Deploy) -> anyhow::Result<()>;
     /// Moves the finished deploy to history and removes the journal.

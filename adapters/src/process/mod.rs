@@ -324,8 +324,10 @@ impl Command {
     /// Starts exactly this program in its own process group, output to files, with `extra_env`
     /// on top of the command's own.
     fn start_plain(&self, extra_env: &[(OsString, OsString)]) -> std::io::Result<Started> {
-        let (stdout, stdout_read) = self.output_file(Stream::Stdout)?;
-        let (stderr, stderr_read) = self.output_file(Stream::Stderr)?;
+        let (stdout_write, stdout_read) = self.output_file(Stream::Stdout)?;
+        let (stderr_write, stderr_read) = self.output_file(Stream::Stderr)?;
+        let stdout = stdout_write.as_ref().unwrap_or(&stdout_read.file);
+        let stderr = stderr_write.as_ref().unwrap_or(&stderr_read.file);
         let parent = nix::unistd::getpid();
         let signal = self.death_signal;
         let relay = signal != Signal::SIGTERM && signal != Signal::SIGKILL;
@@ -341,8 +343,8 @@ impl Command {
             cwd: self.cwd.as_deref(),
             death_signal: signal,
             relay,
-            stdout: &stdout,
-            stderr: &stderr,
+            stdout,
+            stderr,
         };
         if let Some(spawned) = spawner::spawn(&request) {
             let child = spawned?;
@@ -355,6 +357,7 @@ impl Command {
         // A relative path names a file in the child's directory, as it does for `sh -c`: the
         // child changes directory before it execs (the fork path pre_exec implies; a test holds
         // this), and the interpreter of a `#!` script sees the path as written in `$0`.
+        let (stdout, stderr) = (stdout.try_clone()?, stderr.try_clone()?);
         let mut cmd = tokio::process::Command::new(&self.program);
         cmd.args(&self.args)
             .envs(env)
@@ -380,13 +383,16 @@ impl Command {
     }
 
     /// One output file: the end the child writes and the end rdeploy reads (with `pread` at its
-    /// own position, so reading never moves the child's write offset).
-    fn output_file(&self, stream: Stream) -> std::io::Result<(File, Reader)> {
+    /// own position, so reading never moves the child's write offset). A memory or unnamed file
+    /// is one descriptor, opened for both (`None` for the writing end): the spawner gets a copy
+    /// of it in its request, as the child does, and rdeploy reads from its own (no duplicate is
+    /// made and closed for each child).
+    fn output_file(&self, stream: Stream) -> std::io::Result<(Option<File>, Reader)> {
         // A memory file (`memfd_create`): a tool's output (which may hold a secret the tool
         // printed) is not written to a filesystem (memory may still be swapped), and making one
         // costs a fraction of an `O_TMPFILE` on ext4, which scans its inode table for each. What rdeploy has read is given back as
         // it goes (see [`Follower::release_read`]), so memory holds only the unread tail.
-        let memory = || -> std::io::Result<(File, Reader)> {
+        let memory = || -> std::io::Result<(Option<File>, Reader)> {
             let fd = nix::sys::memfd::memfd_create(c"rdeploy-output", nix::sys::memfd::MemFdCreateFlag::MFD_CLOEXEC)?;
             // Appending: a memory file's position is not locked across writers as a file
             // opened by name is, so a tool and a process it left running (or two threads)
@@ -395,16 +401,12 @@ impl Command {
                 std::os::fd::AsRawFd::as_raw_fd(&fd),
                 nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_APPEND),
             )?;
-            let write = File::from(fd);
-            let read = write.try_clone()?;
-            Ok((write, Reader { file: read, release: true }))
+            Ok((None, Reader { file: File::from(fd), release: true }))
         };
         // Where memory files are not to be had (an old kernel, a seccomp filter): an unnamed
         // file on disk, gone once the child and rdeploy have both closed it.
-        let unnamed = |dir: &Path| -> std::io::Result<(File, Reader)> {
-            let write = tempfile::tempfile_in(dir)?;
-            let read = write.try_clone()?;
-            Ok((write, Reader { file: read, release: false }))
+        let unnamed = |dir: &Path| -> std::io::Result<(Option<File>, Reader)> {
+            Ok((None, Reader { file: tempfile::tempfile_in(dir)?, release: false }))
         };
         match &self.output {
             Output::Unnamed => memory().or_else(|_| unnamed(&std::env::temp_dir())),
@@ -418,7 +420,7 @@ impl Command {
                 let write =
                     crate::private::open(path, std::fs::OpenOptions::new().write(true).create(true).truncate(true))?;
                 let read = crate::private::open(path, std::fs::OpenOptions::new().read(true))?;
-                Ok((write, Reader { file: read, release: false }))
+                Ok((Some(write), Reader { file: read, release: false }))
             }
         }
     }
@@ -461,7 +463,10 @@ impl Command {
             }
         };
 
-        let mut poll = tokio::time::interval(FOLLOW_INTERVAL);
+        // The first read one interval in: the child has just started and written nothing yet,
+        // and an interval's immediate first tick costs a wake-up of its own (the timer rounds it
+        // up to the next millisecond) for every child, most of which end before the second.
+        let mut poll = tokio::time::interval_at(tokio::time::Instant::now() + FOLLOW_INTERVAL, FOLLOW_INTERVAL);
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // None when the clock cannot hold it: a deadline that far away never comes (no panic).
         let deadline = timeout.and_then(|t| tokio::time::Instant::now().checked_add(t));
@@ -1041,7 +1046,23 @@ pub fn process_lives(pid: i32) -> bool {
 }
 
 fn proc_stat(pid: i32) -> Option<ProcStat> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Read into a buffer on the stack: `read_to_string` asks a /proc file (size 0) for its length,
+    // then reads it in doubling pieces from 32 bytes, six reads where one does (a line is a few
+    // hundred bytes), and this is read for every child started.
+    use std::io::Read as _;
+    let mut file = std::fs::File::open(format!("/proc/{pid}/stat")).ok()?;
+    let mut buf = [0u8; 1024];
+    let mut len = 0;
+    while len < buf.len() && !buf[..len].ends_with(b"\n") {
+        match file.read(&mut buf[len..]) {
+            Ok(0) => break,
+            Ok(n) => len += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    }
+    // A command name is any bytes (a program may name itself so): not UTF-8 is still a process.
+    let text = String::from_utf8_lossy(&buf[..len]);
     // The command name (field 2) is in parentheses and may hold spaces and parentheses itself.
     let fields: Vec<&str> = text[text.rfind(')')? + 1..].split_whitespace().collect();
     Some(ProcStat {

@@ -264,11 +264,10 @@ fn adopt(pid: i32) -> std::io::Result<Spawned> {
 /// the directory (or none), the program, the arguments, the environment (`KEY=VALUE`, the whole
 /// of it, sorted as std sorts a changed environment).
 fn encode(req: &Request<'_>) -> std::io::Result<Vec<u8>> {
-    let mut env: BTreeMap<&OsStr, &OsStr> = own_env().iter().map(|(k, v)| (k.as_os_str(), v.as_os_str())).collect();
-    for (k, v) in req.env {
-        env.insert(k.as_os_str(), v.as_os_str());
-    }
-    let mut out = Vec::with_capacity(4096);
+    // The request's own variables, later ones winning, merged into rdeploy's (sorted once).
+    let overrides: BTreeMap<&OsStr, &OsStr> = req.env.iter().map(|(k, v)| (k.as_os_str(), v.as_os_str())).collect();
+    let own = own_env();
+    let mut out = Vec::with_capacity(own.bytes + 1024);
     out.extend_from_slice(&(req.death_signal as i32).to_ne_bytes());
     out.push(req.relay as u8);
     let string = |out: &mut Vec<u8>, bytes: &[u8]| -> std::io::Result<()> {
@@ -291,21 +290,59 @@ fn encode(req: &Request<'_>) -> std::io::Result<Vec<u8>> {
     for arg in req.args {
         string(&mut out, arg.as_bytes())?;
     }
-    out.extend_from_slice(&(env.len() as u32).to_ne_bytes());
-    for (k, v) in &env {
+    // The count goes before the variables: written once they are.
+    let count_at = out.len();
+    out.extend_from_slice(&0u32.to_ne_bytes());
+    let mut count = 0u32;
+    let mut mine = own.vars.iter().peekable();
+    for (k, v) in &overrides {
+        while let Some((_, var)) = mine.next_if(|(key, _)| key.as_os_str() < *k) {
+            out.extend_from_slice(var);
+            count += 1;
+        }
+        // Replaced by the request's value.
+        mine.next_if(|(key, _)| key.as_os_str() == *k);
         let mut var = k.as_bytes().to_vec();
         var.push(b'=');
         var.extend_from_slice(v.as_bytes());
         string(&mut out, &var)?;
+        count += 1;
     }
+    for (_, var) in mine {
+        out.extend_from_slice(var);
+        count += 1;
+    }
+    out[count_at..count_at + 4].copy_from_slice(&count.to_ne_bytes());
     Ok(out)
 }
 
 /// rdeploy's own environment, read once: nothing in rdeploy changes it after it starts (it
-/// never calls `set_var`), and reading and copying it for every child was a cost of each.
-fn own_env() -> &'static [(OsString, OsString)] {
-    static ENV: OnceLock<Vec<(OsString, OsString)>> = OnceLock::new();
-    ENV.get_or_init(|| std::env::vars_os().collect())
+/// never calls `set_var`), and reading, sorting and copying it for every child was a cost of each.
+struct OwnEnv {
+    /// Sorted by name (the last of a repeated name): the name, and `NAME=VALUE` NUL-ended as
+    /// a request carries it.
+    vars: Vec<(OsString, Vec<u8>)>,
+    /// All of them together.
+    bytes: usize,
+}
+
+fn own_env() -> &'static OwnEnv {
+    static ENV: OnceLock<OwnEnv> = OnceLock::new();
+    ENV.get_or_init(|| {
+        let sorted: BTreeMap<OsString, OsString> = std::env::vars_os().collect();
+        let vars: Vec<(OsString, Vec<u8>)> = sorted
+            .into_iter()
+            .map(|(k, v)| {
+                let mut var = k.as_bytes().to_vec();
+                var.push(b'=');
+                var.extend_from_slice(v.as_bytes());
+                var.push(0);
+                (k, var)
+            })
+            .collect();
+        let bytes = vars.iter().map(|(_, v)| v.len()).sum();
+        OwnEnv { vars, bytes }
+    })
 }
 
 /// A request read back in the spawner.
@@ -345,18 +382,20 @@ fn cstring(rest: &mut &[u8]) -> Option<CString> {
     Some(s)
 }
 
-/// One request: its length and the two output descriptors in one message, then its bytes.
+/// One request: its length with the two output descriptors, and its bytes, in one message (the
+/// spawner reads the length and the descriptors, then the bytes); what a full socket buffer
+/// left unsent follows.
 fn send(socket: &UnixStream, message: &[u8], fds: [RawFd; 2]) -> std::io::Result<()> {
     use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
     let len = (message.len() as u32).to_ne_bytes();
-    let iov = [std::io::IoSlice::new(&len)];
+    let iov = [std::io::IoSlice::new(&len), std::io::IoSlice::new(message)];
     let cmsg = [ControlMessage::ScmRights(&fds)];
     let sent = sendmsg::<()>(socket.as_raw_fd(), &iov, &cmsg, MsgFlags::MSG_NOSIGNAL, None)?;
-    if sent != len.len() {
+    if sent < len.len() {
         return Err(std::io::Error::new(std::io::ErrorKind::WriteZero, "short write to the spawner"));
     }
     let mut socket = socket;
-    socket.write_all(message)
+    socket.write_all(&message[sent - len.len()..])
 }
 
 /// The spawner's loop, in the process forked from rdeploy: reads a request, starts the child,
@@ -380,6 +419,9 @@ unsafe fn serve(socket: UnixStream, rdeploy: libc::pid_t) -> ! {
         for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGQUIT, libc::SIGHUP, libc::SIGPIPE] {
             libc::signal(sig, libc::SIG_IGN);
         }
+        // The spawner's dispositions are final now (nothing in it sets one again): the
+        // handlers it inherited are read once here, not asked of all 64 signals in each child.
+        HANDLED.get_or_init(|| (1..=libc::SIGRTMAX()).filter(|&sig| has_handler(sig)).collect());
         // Nothing of rdeploy's input or output: a test reading rdeploy's stdout to its end must
         // not wait for the spawner. The children get /dev/null as stdin from here.
         let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
@@ -650,13 +692,16 @@ unsafe fn exec_child(
         for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGQUIT, libc::SIGHUP, libc::SIGPIPE] {
             libc::signal(sig, libc::SIG_DFL);
         }
-        for sig in 1..=libc::SIGRTMAX() {
-            let mut old: libc::sigaction = std::mem::zeroed();
-            if libc::sigaction(sig, std::ptr::null(), &mut old) == 0
-                && old.sa_sigaction != libc::SIG_DFL
-                && old.sa_sigaction != libc::SIG_IGN
-            {
-                libc::signal(sig, libc::SIG_DFL);
+        match HANDLED.get() {
+            Some(handled) => {
+                for &sig in handled {
+                    libc::signal(sig, libc::SIG_DFL);
+                }
+            }
+            None => {
+                for sig in (1..=libc::SIGRTMAX()).filter(|&sig| has_handler(sig)) {
+                    libc::signal(sig, libc::SIG_DFL);
+                }
             }
         }
         let mut none: libc::sigset_t = std::mem::zeroed();
@@ -690,6 +735,21 @@ unsafe fn exec_child(
         // `environ` is the child's environment already (see `start_child`).
         libc::execvp(req.program.as_ptr(), argv.as_mut_ptr().cast());
         errno()
+    }
+}
+
+/// The signals the spawner has a handler for (inherited from rdeploy: std's, a test binary's),
+/// read once when it starts serving; each child sets them back to the default before its exec.
+static HANDLED: OnceLock<Vec<libc::c_int>> = OnceLock::new();
+
+/// Whether `sig` runs a handler here (neither the default nor ignored).
+fn has_handler(sig: libc::c_int) -> bool {
+    // SAFETY: sigaction only reads the disposition into a zeroed struct of our own.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(sig, std::ptr::null(), &mut old) == 0
+            && old.sa_sigaction != libc::SIG_DFL
+            && old.sa_sigaction != libc::SIG_IGN
     }
 }
 
