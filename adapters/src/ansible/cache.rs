@@ -26,8 +26,7 @@ fn remove_stale_temps(dir: &Path, name: &str) {
     let prefix = format!("{name}.");
     for entry in entries.flatten() {
         let file = entry.file_name();
-        let Some(pid) = file.to_str().and_then(|f| f.strip_prefix(&prefix)).and_then(|p| p.parse::<i32>().ok())
-        else {
+        let Some(pid) = file.to_str().and_then(|f| f.strip_prefix(&prefix)).and_then(|p| p.parse::<i32>().ok()) else {
             continue;
         };
         if pid != std::process::id() as i32 && !crate::process::process_lives(pid) {
