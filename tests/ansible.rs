@@ -319,3 +319,74 @@ steps:
         "the junit callback ansible.cfg enables ran"
     );
 }
+
+/// A play that targets a group made as the run goes (`group_by`) matches nothing before the
+/// run: the callback's listing of the hosts up front does not make ansible warn "Could not
+/// match supplied host pattern" for it, while a pattern that still matches nothing when its
+/// play starts is warned about by ansible, as without rdeploy. The grouped hosts are
+/// checkpointed as their play starts.
+#[test]
+fn a_group_made_as_the_run_goes_is_not_warned_about_before_the_run() {
+    let p = project("grouped.yml", "inventory.ini");
+    p.file(
+        "ansible/grouped.yml",
+        r#"- hosts: all
+  gather_facts: false
+  tasks:
+    - ansible.builtin.group_by:
+        key: "tier_{{ 'front' if inventory_hostname in ['web1', 'web2'] else 'back' }}"
+- hosts: tier_front
+  gather_facts: false
+  tasks:
+    - ansible.builtin.shell: echo front >> "{{ playbook_dir }}/out/{{ inventory_hostname }}.log"
+- hosts: no_such_group
+  gather_facts: false
+  tasks:
+    - ansible.builtin.shell: echo never >> "{{ playbook_dir }}/out/never.log"
+"#,
+    );
+    p.rdeploy(&["up"]).code(0);
+    assert_eq!(log(&p, "web1"), ["front"]);
+    assert_eq!(log(&p, "web2"), ["front"]);
+    assert!(!p.exists("ansible/out/web3.log"));
+    let step_log = p.read(&p.state("logs/hosts.log"));
+    assert!(
+        !step_log.contains("Could not match supplied host pattern, ignoring: tier_front"),
+        "the runtime group was warned about:\n{step_log}"
+    );
+    assert!(
+        step_log.contains("Could not match supplied host pattern, ignoring: no_such_group"),
+        "ansible's own warning for a pattern that never matches is kept:\n{step_log}"
+    );
+}
+
+/// A play whose `hosts` is templated (from the extra vars) names its hosts before the run, as
+/// a play written without a template does: when an earlier play fails and it never starts, its
+/// hosts are pending in the partial state, not missing from it.
+#[test]
+fn the_hosts_of_a_templated_play_that_never_started_are_pending() {
+    let p = project("templated.yml", "inventory.ini");
+    p.file(
+        "ansible/templated.yml",
+        r#"- hosts: web1
+  gather_facts: false
+  tasks:
+    - ansible.builtin.fail:
+        msg: injected failure on web1
+- hosts: "{{ later_hosts }}"
+  gather_facts: false
+  tasks:
+    - ansible.builtin.shell: echo later >> "{{ playbook_dir }}/out/{{ inventory_hostname }}.log"
+"#,
+    );
+    p.stack(&p.read("stack.yaml").replace(
+        "    inventory: ansible/inventory.ini\n",
+        "    inventory: ansible/inventory.ini\n    extra_vars: { later_hosts: \"web4:web5\" }\n",
+    ));
+    p.rdeploy(&["up"]).code(1).stdout_has("injected failure on web1");
+    assert_eq!(
+        sub_statuses(&p.status(), "hosts"),
+        pairs(&[("web1", "failed"), ("web4", "pending"), ("web5", "pending")])
+    );
+    assert!(!p.exists("ansible/out/web4.log"));
+}

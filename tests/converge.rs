@@ -539,3 +539,122 @@ fn a_chart_that_renders_anew_is_upgraded_and_said_never_in_place_helm3() {
 fn a_chart_that_renders_anew_is_upgraded_and_said_never_in_place_helm4() {
     a_chart_that_renders_anew_is_upgraded_and_said_never_in_place(4);
 }
+
+/// `later`'s `check` (its early preview) waits until `first` has started running, then finds
+/// `marker` in place; `first`, having waited for that check, removes `marker`. The bounded loops
+/// only keep a broken build from hanging: each waits on the other side's file.
+const STREAMED: &str = r#"
+name: streamed
+steps:
+  - name: first
+    tool: shell
+    run: |
+      touch started
+      i=0; while [ ! -f checked ] && [ $i -lt 2400 ]; do sleep 0.05; i=$((i+1)); done
+      rm -f marker; touch first-done
+    check: test -f first-done
+  - name: later
+    tool: shell
+    needs: [first]
+    run: echo later >> later.log; touch marker
+    check: |
+      i=0; while [ ! -f started ] && [ $i -lt 2400 ]; do sleep 0.05; i=$((i+1)); done
+      if [ -f started ]; then echo saw-first-run >> checks.log; else echo gave-up >> checks.log; fi
+      touch checked
+      test -f marker
+"#;
+
+/// `up` starts the run while the later steps' previews go on: `later`'s early check sees `first`
+/// running. Its verdict (`marker` in place) was read before `first` ended having changed
+/// something, so `later` does not take it: it checks again when it starts, finds `marker` gone
+/// and runs. Once nothing changes, the early check is the one `later` takes.
+#[test]
+fn the_run_starts_while_later_previews_go_on_and_a_preview_read_before_an_apply_is_not_taken() {
+    let p = shell_project(STREAMED);
+    p.file("marker", "");
+    p.rdeploy(&["up"]).code(0);
+    assert_eq!(
+        p.lines("checks.log"),
+        ["saw-first-run", "saw-first-run"],
+        "the early check ran while `first` ran, and `later` checked again when it started"
+    );
+    assert_eq!(p.lines("later.log"), ["later"], "`first` removed marker after the early check read it");
+
+    p.rdeploy(&["up"]).code(0).stdout_has("later: done (in place, nothing to do)");
+    assert_eq!(p.lines("checks.log").len(), 3, "nothing changed: `later` took its early check");
+    assert_eq!(p.lines("later.log"), ["later"]);
+}
+
+/// `first` waits until `later`'s early check is under way, then fails (or waits to be
+/// interrupted); the check would wait for a file nobody creates.
+const STOPPED: &str = r#"
+name: stopped
+steps:
+  - name: first
+    tool: shell
+    run: |
+      i=0; while [ ! -f checking ] && [ $i -lt 2400 ]; do sleep 0.05; i=$((i+1)); done
+      touch first-saw
+      if [ -f first-fails ]; then echo 'first: broken' >&2; exit 3; fi
+      while [ ! -f never ]; do sleep 0.05; done
+  - name: later
+    tool: shell
+    needs: [first]
+    run: echo later >> later.log
+    check: |
+      echo $$ > checking
+      i=0; while [ ! -f never ] && [ $i -lt 2400 ]; do sleep 0.05; i=$((i+1)); done
+      touch check-finished
+"#;
+
+/// The pid the early check wrote, once it is running.
+fn check_pid(p: &Project) -> i32 {
+    p.wait_for("first-saw", std::time::Duration::from_secs(120));
+    p.read("checking").trim().parse().expect("the check wrote its pid")
+}
+
+/// Whether a process is gone (or a zombie nobody waits for), waited for a while.
+fn gone(pid: i32) -> bool {
+    let start = std::time::Instant::now();
+    while rdeploy_adapters::process::process_lives(pid) {
+        if start.elapsed() > std::time::Duration::from_secs(60) {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    true
+}
+
+/// A step that fails while a later step's early preview is under way ends the deploy at once:
+/// the preview (it only reads) is stopped and waited for, and leaves no process behind.
+#[test]
+fn a_failing_step_stops_the_previews_still_under_way() {
+    let p = shell_project(STOPPED);
+    p.file("first-fails", "");
+    p.rdeploy(&["up"]).code(1).stdout_has("first: broken");
+    let pid = p.read("checking").trim().parse::<i32>().expect("the check wrote its pid");
+    assert!(!rdeploy_adapters::process::process_lives(pid), "the early check was waited for before rdeploy exited");
+    assert!(!p.exists("check-finished"), "the early check was stopped, not waited out");
+    assert!(!p.exists("later.log"));
+}
+
+/// Ctrl-C while a later step's early preview is under way stops it with the running step; kill
+/// -9 leaves no preview running either.
+#[test]
+fn sigint_or_kill_9_while_previews_are_under_way_leaves_no_tool_running() {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    for signal in [Signal::SIGINT, Signal::SIGKILL] {
+        let p = shell_project(STOPPED);
+        let child = p.spawn(&["up"]);
+        let pid = check_pid(&p);
+        kill(Pid::from_raw(child.id() as i32), signal).unwrap();
+        let output = child.wait_with_output().unwrap();
+        if signal == Signal::SIGINT {
+            assert_eq!(output.status.code(), Some(130), "stderr: {}", String::from_utf8_lossy(&output.stderr));
+            assert!(!rdeploy_adapters::process::process_lives(pid), "the early check was waited for");
+        }
+        assert!(gone(pid), "{signal}: the early check (pid {pid}) is still running");
+        assert!(!p.exists("check-finished"), "{signal}: the early check was stopped, not waited out");
+    }
+}

@@ -1,11 +1,14 @@
 //! Previews through the session: `rdeploy plan`'s (every step at once, as far as their inputs
-//! allow) and `up`'s early ones, and the decision each step of `up` takes from them. The plan's
-//! model and its renderers are `crate::plan`'s.
+//! allow) and `up`'s early ones, which go on while the run starts, and the decision each step of
+//! `up` takes from them. The plan's model and its renderers are `crate::plan`'s.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
 
 use rdeploy_adapters::preview::PreviewError;
-use rdeploy_adapters::{Adapter, PlanAction, Preview};
+use rdeploy_adapters::{Adapter, CancellationToken, PlanAction, Preview};
+use tokio::sync::oneshot;
 
 use super::session::Session;
 use crate::adapter::StepAdapter;
@@ -13,35 +16,158 @@ use crate::exit::{Code, Refusal};
 use crate::plan::{input_key, known_inputs, redact_preview, Resolved, StackPlan, StepPlan};
 use crate::stack::Step;
 
+/// The output values a step was previewed with, by [`input_key`].
+pub(crate) type Inputs = BTreeMap<String, Resolved<serde_json::Value>>;
+
+/// Who runs a set of previews ([`Session::run_previews`]) decides, for each step, whether its
+/// preview starts when its inputs are known, and hears each one end.
+pub(crate) trait PreviewWatch {
+    /// Right before step `index`'s preview starts: the token that stops it, or `None` to leave
+    /// it unpreviewed.
+    fn start(&mut self, index: usize) -> Option<CancellationToken>;
+    /// Step `index`'s preview ended (its tools have exited).
+    fn ended(&mut self, index: usize, result: &Result<Preview, PreviewError>, inputs: &Inputs);
+}
+
+/// A step's preview as `up` made it early, with the output values it was made with.
+pub(crate) struct EarlyPreview {
+    pub(crate) preview: Preview,
+    pub(crate) inputs: Inputs,
+}
+
+/// One step's early preview, shared between the previews under way and the run: not started
+/// yet, started (with the run's count of applies when it started reading live state), or taken
+/// by the step before it started (then it never starts: the step previews for itself).
+pub(crate) struct EarlySlot {
+    state: AtomicU8,
+    /// [`EarlyPreviews::applies`] when the preview started: a preview is the step's decision
+    /// only while the count has not moved since.
+    began: AtomicU64,
+    /// Stops this preview alone (a child of the run's: an interrupt stops it too).
+    cancel: CancellationToken,
+}
+
+const WAITING: u8 = 0;
+const STARTED: u8 = 1;
+const TAKEN: u8 = 2;
+
+/// `up`'s early previews as the run sees them ([`Session::early_previews`]): each step's slot
+/// and where its preview comes in, and the count of applies in the run so far.
+pub(crate) struct EarlyPreviews {
+    pub(crate) slots: HashMap<String, (Arc<EarlySlot>, oneshot::Receiver<EarlyPreview>)>,
+    /// How many times something in the run may have changed live state: a step that did not
+    /// find everything in place ended (applied, failed, or was stopped), or a revert ended.
+    /// Raised once that work has ended, so a preview that read live state while it went on
+    /// started at a smaller count.
+    pub(crate) applies: Arc<AtomicU64>,
+}
+
+impl EarlyPreviews {
+    /// No early previews (`up --plan` decides by the reviewed plan, `--force-apply` not at all).
+    pub(crate) fn none() -> EarlyPreviews {
+        EarlyPreviews { slots: HashMap::new(), applies: Arc::new(AtomicU64::new(0)) }
+    }
+
+    /// Something in the run has ended that may have changed live state.
+    pub(crate) fn applied(&self) {
+        self.applies.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// The early preview of `step`, as it starts: waits for it if it is under way (the step is
+    /// `alone` and nothing applied since it started), else stops it and waits for its tools to
+    /// exit (a preview that went on beside the step's own tools would read, and lock, what they
+    /// change) and returns `None`; one not started yet never starts.
+    pub(crate) async fn take(&mut self, step: &str, alone: bool) -> Option<EarlyPreview> {
+        let (slot, receiver) = self.slots.remove(step)?;
+        if slot.state.compare_exchange(WAITING, TAKEN, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
+            return None;
+        }
+        let now = self.applies.load(Ordering::SeqCst);
+        let valid = |slot: &EarlySlot| alone && slot.began.load(Ordering::SeqCst) == now;
+        if !valid(&slot) {
+            slot.cancel.cancel();
+        }
+        // Resolves once the preview's task has ended: its result, or nothing (it failed, or
+        // the previews stopped).
+        let early = receiver.await.ok();
+        // Nothing runs while a step that is alone waits: the count cannot have moved.
+        early.filter(|_| valid(&slot) && self.applies.load(Ordering::SeqCst) == now)
+    }
+}
+
+/// [`PreviewWatch`] of `rdeploy plan`: every step previews, each said as it ends.
+struct PlanWatch<'a> {
+    session: &'a Session,
+    steps: &'a [&'a Step],
+}
+
+impl PreviewWatch for PlanWatch<'_> {
+    fn start(&mut self, _index: usize) -> Option<CancellationToken> {
+        Some(self.session.cancel.child_token())
+    }
+
+    fn ended(&mut self, index: usize, _result: &Result<Preview, PreviewError>, _inputs: &Inputs) {
+        let step = self.steps[index];
+        self.session.ui.info(format!("planned {} ({})", step.name, step.tool));
+    }
+}
+
+/// [`PreviewWatch`] of `up`'s early previews: a step's preview starts unless the step took its
+/// slot first; each one that succeeds goes to the step through its channel.
+struct EarlyWatch {
+    slots: Vec<Option<(Arc<EarlySlot>, oneshot::Sender<EarlyPreview>)>>,
+    applies: Arc<AtomicU64>,
+}
+
+impl PreviewWatch for EarlyWatch {
+    fn start(&mut self, index: usize) -> Option<CancellationToken> {
+        let slot = self.slots[index].as_ref()?.0.clone();
+        // Read before the CAS, so before the preview reads anything: an apply that ends in
+        // between moves the count and the preview is not taken.
+        slot.began.store(self.applies.load(Ordering::SeqCst), Ordering::SeqCst);
+        match slot.state.compare_exchange(WAITING, STARTED, Ordering::SeqCst, Ordering::SeqCst) {
+            Ok(_) => Some(slot.cancel.clone()),
+            Err(_) => {
+                self.slots[index] = None;
+                None
+            }
+        }
+    }
+
+    fn ended(&mut self, index: usize, result: &Result<Preview, PreviewError>, inputs: &Inputs) {
+        // A preview that failed sends nothing: the step previews when it starts.
+        if let (Some((_, sender)), Ok(preview)) = (self.slots[index].take(), result) {
+            let _ = sender.send(EarlyPreview { preview: preview.clone(), inputs: inputs.clone() });
+        }
+    }
+}
+
 impl Session {
-    /// Every step's preview that `wanted` selects, run at once as far as their inputs allow: in
-    /// waves, a step that reads outputs starts once each producer's preview is in and changes
-    /// nothing and the recorded deploy has the value; one whose values stay pending is not
-    /// previewed (`None`). Returns each step's result and the output values it was previewed
-    /// with. `announce`: say each step planned (for `rdeploy plan`).
+    /// Every step's preview that `wanted` selects and `watch` starts, run at once as far as
+    /// their inputs allow: a step that reads outputs starts once each producer's preview is in
+    /// and changes nothing and the recorded deploy has the value; one whose values stay pending
+    /// is not previewed (`None`). Returns each step's result and the output values it was
+    /// previewed with; `watch` hears each preview end as it ends.
     pub(crate) async fn run_previews(
         &self,
         steps: &[&Step],
         recorded: Option<&crate::checkpoint::Deploy>,
-        announce: bool,
         wanted: &dyn Fn(&Step) -> bool,
         decision: bool,
-    ) -> anyhow::Result<(Vec<Option<Result<Preview, PreviewError>>>, Vec<BTreeMap<String, Resolved<serde_json::Value>>>)>
-    {
+        watch: &mut dyn PreviewWatch,
+    ) -> anyhow::Result<(Vec<Option<Result<Preview, PreviewError>>>, Vec<Inputs>)> {
         let mut running = tokio::task::JoinSet::new();
         let mut results: Vec<Option<Result<Preview, PreviewError>>> = steps.iter().map(|_| None).collect();
-        let mut inputs: Vec<BTreeMap<String, Resolved<serde_json::Value>>> = vec![BTreeMap::new(); steps.len()];
+        let mut inputs: Vec<Inputs> = vec![BTreeMap::new(); steps.len()];
         let mut started = vec![false; steps.len()];
-        // In waves: a step that reads outputs starts once each producer's preview is in and its
-        // values are known; one whose values stay pending is not previewed at all.
         loop {
             for (index, step) in steps.iter().enumerate() {
                 if started[index] || !wanted(step) {
                     continue;
                 }
                 let known = known_inputs(step, steps, &results, recorded);
-                // A producer not previewed yet, or one that would change: wait (the next wave, or
-                // for good).
+                // A producer not previewed yet, or one that would change: wait (until a
+                // preview ends, or for good).
                 let waiting = known.values().any(|v| matches!(v, Resolved::Pending { .. }));
                 inputs[index] = known;
                 if waiting {
@@ -57,9 +183,10 @@ impl Session {
                 // A value its key cannot take is for `up` to refuse; the plan leaves it pending.
                 let Ok(step) = step.resolve(&|r| values.get(&input_key(r)).cloned()) else { continue };
                 started[index] = true;
+                let Some(cancel) = watch.start(index) else { continue };
                 // As for `up`: marked secrets are read (and registered for redaction) before the
                 // tool starts; one that cannot be read fails this step's preview.
-                let (step, ctx, read) = self.resolved(&step, self.cancel.child_token());
+                let (step, ctx, read) = self.resolved(&step, cancel);
                 let records = self.state.shared.clone();
                 running.spawn(async move {
                     let adapter = StepAdapter::of(&step, &records);
@@ -72,67 +199,72 @@ impl Session {
                     (index, result)
                 });
             }
-            if running.is_empty() {
-                break;
-            }
-            while let Some(joined) = running.join_next().await {
-                let (index, result) = joined.map_err(|e| anyhow::anyhow!("a preview task panicked: {e}"))?;
-                if announce {
-                    self.ui.info(format!("planned {} ({})", steps[index].name, steps[index].tool));
-                }
-                results[index] = Some(result);
-            }
+            // One at a time: the steps that read a producer's outputs start as soon as its
+            // preview is in.
+            let Some(joined) = running.join_next().await else { break };
+            let (index, result) = joined.map_err(|e| anyhow::anyhow!("a preview task panicked: {e}"))?;
+            watch.ended(index, &result, &inputs[index]);
+            results[index] = Some(result);
         }
         Ok((results, inputs))
     }
 
-    /// `up`'s previews made before the run, as `plan` makes them (at once, with the output
-    /// values the last deploy recorded; each tool's [`Adapter::decision_preview`], the same
-    /// verdict with no more reads than it needs): each step's decision while nothing in the run has
-    /// applied anything yet, so a deploy where everything is in place costs about a plan. A
-    /// step whose adapter does not converge by its preview ([`Adapter::converges_by_preview`]:
-    /// ansible runs anyway, a fleet step previews per cluster), one with `always: true`, or one
-    /// whose preview failed gets none: it previews when it starts.
-    pub(crate) async fn early_previews(
+    /// `up`'s previews, made as `plan` makes them (at once, with the output values the last
+    /// deploy recorded; each tool's [`Adapter::decision_preview`], the same verdict with no more
+    /// reads than it needs) while the run goes on: each step takes its own when its turn comes
+    /// ([`EarlyPreviews::take`]), so a deploy where everything is in place costs about a plan
+    /// and the tools that run anyway. A step whose adapter does not converge by its preview
+    /// ([`Adapter::converges_by_preview`]: ansible runs anyway, a fleet step previews per
+    /// cluster) or one with `always: true` gets none. Returns the previews as the run sees them,
+    /// and the future that makes them: it ends once every preview started has ended, and
+    /// `cancel` stops those still under way (they only read).
+    pub(crate) fn early_previews(
         &self,
-    ) -> HashMap<String, (Preview, BTreeMap<String, Resolved<serde_json::Value>>)> {
+        cancel: &CancellationToken,
+    ) -> (EarlyPreviews, impl std::future::Future<Output = ()> + '_) {
         let steps: Vec<&Step> = self.stack.ordered().collect();
-        let recorded = self.store.last_finished().ok().flatten().filter(|d| d.stack == self.stack.name);
         let wanted = |step: &Step| StepAdapter::of(step, &self.state.shared).converges_by_preview() && !step.always;
-        let Ok((results, inputs)) = self.run_previews(&steps, recorded.as_ref(), false, &wanted, true).await else {
-            return HashMap::new();
+        let applies = Arc::new(AtomicU64::new(0));
+        let mut previews = EarlyPreviews { slots: HashMap::new(), applies: applies.clone() };
+        let mut watch = EarlyWatch { slots: Vec::new(), applies };
+        for step in &steps {
+            if !wanted(step) {
+                watch.slots.push(None);
+                continue;
+            }
+            let slot = Arc::new(EarlySlot {
+                state: AtomicU8::new(WAITING),
+                began: AtomicU64::new(0),
+                cancel: cancel.child_token(),
+            });
+            let (sender, receiver) = oneshot::channel();
+            previews.slots.insert(step.name.clone(), (slot.clone(), receiver));
+            watch.slots.push(Some((slot, sender)));
+        }
+        let making = async move {
+            let recorded = self.store.last_finished().ok().flatten().filter(|d| d.stack == self.stack.name);
+            // A preview task that panicked ends them all: each step still to come previews for
+            // itself.
+            let _ = self.run_previews(&steps, recorded.as_ref(), &wanted, true, &mut watch).await;
         };
-        steps
-            .iter()
-            .zip(results)
-            .zip(inputs)
-            .filter_map(|((step, result), inputs)| match result {
-                Some(Ok(preview)) => Some((step.name.clone(), (preview, inputs))),
-                _ => None,
-            })
-            .collect()
+        (previews, making)
     }
 
     /// The decision a step of `up` takes ([`Adapter::converge_step`]):
     /// under `up --plan`, the reviewed plan's items (exactly what it said would change); else
-    /// the preview `up` made before the run, as long as nothing in the run applied anything
-    /// since, no other step is running (`alone`), and the output values the step gets now are
-    /// those it was previewed with; otherwise `None`: the step previews when it starts.
+    /// the step's early preview ([`EarlyPreviews::take`]: made while nothing in the run applied
+    /// anything, with no other step running), as long as the output values the step gets now
+    /// are those it was previewed with; otherwise `None`: the step previews when it starts.
     pub(crate) fn decided_preview(
         &self,
         current: &dyn Fn(&str, &str) -> Option<serde_json::Value>,
         step: &Step,
-        early: &mut HashMap<String, (Preview, BTreeMap<String, Resolved<serde_json::Value>>)>,
-        applied: bool,
-        alone: bool,
+        early: Option<EarlyPreview>,
     ) -> Option<Preview> {
         if let Some(loaded) = &self.from_plan {
             return loaded.step(&step.name).and_then(crate::planfile::SavedStep::decided);
         }
-        let (preview, inputs) = early.remove(&step.name)?;
-        if applied || !alone {
-            return None;
-        }
+        let EarlyPreview { preview, inputs } = early?;
         let same = step.refs.iter().all(|r| match inputs.get(&input_key(r)) {
             Some(Resolved::Known(then)) => current(&r.step, &r.key).as_ref() == Some(then),
             _ => false,
@@ -158,7 +290,8 @@ impl Session {
             Ok(Some(deploy)) => Some(deploy),
             _ => self.store.last_finished().ok().flatten().filter(|d| d.stack == self.stack.name),
         };
-        let (results, inputs) = self.run_previews(&steps, recorded.as_ref(), true, &|_| true, false).await?;
+        let mut watch = PlanWatch { session: self, steps: &steps };
+        let (results, inputs) = self.run_previews(&steps, recorded.as_ref(), &|_| true, false, &mut watch).await?;
         let missing: Vec<String> = steps
             .iter()
             .zip(&results)
@@ -187,7 +320,7 @@ impl Session {
         &self,
         step: &Step,
         result: Option<Result<Preview, PreviewError>>,
-        inputs: BTreeMap<String, Resolved<serde_json::Value>>,
+        inputs: Inputs,
     ) -> anyhow::Result<StepPlan> {
         // The run's registry holds every secret of the stack (registered when it loaded,
         // and the marked ones read for this step's preview).

@@ -2,7 +2,7 @@
 //! each as it ends (journal, stale consumers, complete-or-revert) and settles the run's outcome
 //! (`on_failure: revert`, interrupts).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use rdeploy_adapters::{Converged, Failure, Recovered, ToolInfo};
@@ -30,12 +30,10 @@ pub(super) struct RunState {
     pub(super) converging: Option<Converging>,
 }
 
-/// `up`'s convergence: the previews made before the run ([`Session::early_previews`]) and
-/// whether anything in the run has applied anything since (then a step previews afresh).
+/// `up`'s convergence: the previews made as the run goes ([`Session::early_previews`]), each
+/// taken by its step when it starts, and the count of applies that tells which are still good.
 pub(super) struct Converging {
-    pub(super) early:
-        HashMap<String, (rdeploy_adapters::Preview, BTreeMap<String, crate::plan::Resolved<serde_json::Value>>)>,
-    pub(super) applied: Arc<std::sync::atomic::AtomicBool>,
+    pub(super) early: super::preview::EarlyPreviews,
     /// The last finished deploy of the stack (for the outputs of shell steps found in place).
     pub(super) last: Option<Arc<Deploy>>,
 }
@@ -172,7 +170,11 @@ impl Session {
             }
             let action = match action {
                 Action::RevertThenApply => {
-                    if self.revert_step(cp, &step).await? == Outcome::RevertFailed {
+                    let reverted = self.revert_step(cp, &step).await;
+                    if let Some(converging) = &run.converging {
+                        converging.early.applied();
+                    }
+                    if reverted? == Outcome::RevertFailed {
                         run.schedule
                             .finish(&name, End::Failed { interrupted: false, then: AfterFailure::RevertFailed });
                         break;
@@ -193,7 +195,7 @@ impl Session {
                     continue;
                 }
             };
-            self.spawn_step(cp, run, step, action, tool_version)?;
+            self.spawn_step(cp, run, step, action, tool_version).await?;
         }
         Ok(())
     }
@@ -234,7 +236,7 @@ impl Session {
     /// Records the step started and runs it (its attempts, as a task of the run) through its
     /// adapter, with its journal and sink, the saved plan `up --plan` reviewed, and `up`'s
     /// decision from the early previews.
-    fn spawn_step(
+    async fn spawn_step(
         &self,
         cp: &SharedCheckpoint,
         run: &mut RunState,
@@ -267,15 +269,16 @@ impl Session {
         }
         let converge = match (&action, &mut run.converging) {
             (Action::Apply, Some(converging)) if !step.always => {
+                // Its early preview, if it is still good (made while nothing applied, with no
+                // other step running): waited for here, while nothing else runs.
+                let early = converging.early.take(&name, run.running.is_empty()).await;
                 let current =
                     |producer: &str, key: &str| cp.read(|d| d.step(producer).and_then(|s| s.outputs.get(key).cloned()));
-                let applied = converging.applied.load(std::sync::atomic::Ordering::SeqCst);
-                let alone = run.running.is_empty();
-                Some(self.decided_preview(&current, &step, &mut converging.early, applied, alone))
+                Some(self.decided_preview(&current, &step, early))
             }
             _ => None,
         };
-        let applied = run.converging.as_ref().map(|c| c.applied.clone());
+        let applies = run.converging.as_ref().map(|c| c.early.applies.clone());
         let journal = StepJournal::new(name.clone(), cp.clone(), ctx.cancel.clone());
         let sink = StepSink::new(journal, self.sensitive.clone(), self.reporters.clone(), self.redactor.clone());
         // 0700: the tools' files in it (terraform's saved plan) are nobody else's to read.
@@ -295,9 +298,9 @@ impl Session {
                 Err(failure) => Err(failure),
             };
             // Whatever the step did (unless it found everything in place) may move what a
-            // preview made before it saw: later steps preview afresh.
-            if let Some(applied) = applied.filter(|_| !matches!(result, Ok((_, Converged::InPlace)))) {
-                applied.store(true, std::sync::atomic::Ordering::SeqCst);
+            // preview that started before now read: later steps do not take such a preview.
+            if let Some(applies) = applies.filter(|_| !matches!(result, Ok((_, Converged::InPlace)))) {
+                applies.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             }
             let result = result.map(|(recovered, _)| recovered);
             (step.name.clone(), result)
@@ -345,7 +348,12 @@ impl Session {
         let then = if !step.resumable && step.revert.is_some() {
             // Complete or revert, under Ctrl-C too: a step that cannot resume goes back to where
             // it started (uncancellably) before rdeploy exits.
-            match self.revert_step(cp, &step).await? {
+            let reverted = self.revert_step(cp, &step).await;
+            // The revert moved live state too (a preview under way read some of it).
+            if let Some(converging) = &run.converging {
+                converging.early.applied();
+            }
+            match reverted? {
                 // Manual action is needed: nothing more runs on top of a half-reverted step.
                 Outcome::RevertFailed => AfterFailure::RevertFailed,
                 _ => AfterFailure::Reverted,

@@ -1,10 +1,10 @@
 //! `rdeploy up`: a new deploy of every step (with `--plan`, exactly the reviewed one).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::attempt::Action;
 use super::journal::Checkpoint;
+use super::preview::EarlyPreviews;
 use super::report::{Ended, RunReport};
 use super::run::Converging;
 use super::session::Session;
@@ -56,9 +56,16 @@ impl Session {
                 return Err(e);
             }
         }
-        // What is in place, as `plan` sees it, before anything is recorded (read-only).
-        let early =
-            if self.force_apply || self.from_plan.is_some() { HashMap::new() } else { self.early_previews().await };
+        // What is in place, as `plan` sees it (read-only): previewed while the run goes, each
+        // step taking its own when its turn comes. Those still under way when the run ends are
+        // stopped and waited for.
+        let stop_previews = self.cancel.child_token();
+        let (early, previews) = if self.force_apply || self.from_plan.is_some() {
+            (EarlyPreviews::none(), None)
+        } else {
+            let (early, previews) = self.early_previews(&stop_previews);
+            (early, Some(previews))
+        };
         let ran = async {
             let mut cp = Checkpoint::create(self.store.as_ref(), &self.redactor)?;
             let run_id = ulid::Ulid::new().to_string();
@@ -73,10 +80,27 @@ impl Session {
             ));
             let actions = self.stack.ordered().map(|s| (s.name.clone(), Action::Apply)).collect();
             let last = self.store.last_finished().ok().flatten().filter(|d| d.stack == self.stack.name).map(Arc::new);
-            let converging = (!self.force_apply).then(|| Converging { early, applied: Default::default(), last });
+            let converging = (!self.force_apply).then(|| Converging { early, last });
             self.run(cp, actions, tools, converging).await
-        }
-        .await;
+        };
+        let ran = match previews {
+            None => ran.await,
+            Some(previews) => {
+                let mut previews = std::pin::pin!(previews);
+                // The previews that need no other's start now, before the first step can take
+                // its slot (and so preview for itself).
+                if futures::poll!(previews.as_mut()).is_ready() {
+                    ran.await
+                } else {
+                    let ran = async {
+                        let ran = ran.await;
+                        stop_previews.cancel();
+                        ran
+                    };
+                    tokio::join!(ran, previews).0
+                }
+            }
+        };
         // A reviewed saved plan no apply consumed (its step never ran) goes, whatever happened.
         self.unstage_saved_plans();
         let (outcome, deploy) = ran?;

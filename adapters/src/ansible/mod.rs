@@ -3,6 +3,7 @@
 //! records arrive, and recovers by re-running the playbook with `--limit` set to exactly the
 //! hosts that are not done.
 
+pub mod cache;
 pub mod callback;
 pub mod exit_codes;
 pub mod preview;

@@ -110,21 +110,61 @@ def _literal(pattern):
     )
 
 
+def _templated_hosts(frame, play):
+    """A play's templated `hosts` as the executor templates it when the play starts (with the
+    play's variables and the extra vars), so that its hosts are named pending if the run stops
+    before it. None when it cannot be told now (it reads what earlier plays set): its hosts are
+    told when it starts, as before."""
+    owner = frame.f_locals.get("self")
+    try:
+        try:
+            from ansible._internal._templating._engine import TemplateEngine as Engine
+        except ImportError:  # before ansible-core 2.19
+            from ansible.template import Templar as Engine
+        variables = owner._variable_manager.get_vars(play=play)
+        pattern = Engine(loader=owner._loader, variables=variables).template(play.hosts)
+    except Exception:  # an internal API of ansible, or a value undefined yet
+        return None
+    return pattern if _literal(pattern) else None
+
+
 def _playbook_hosts(playbook):
-    """The hosts the playbook's plays target, as `--list-hosts` lists them, for every play whose
-    `hosts` is written without a template (the inventory, `--limit` applied); the others are
-    told as each play starts. None when ansible's executor cannot be found."""
+    """The hosts the playbook's plays target, as `--list-hosts` lists them (the inventory,
+    `--limit` applied), a templated `hosts` templated as the play will be when it can be now;
+    the others are told as each play starts. None when ansible's executor cannot be found."""
     frame = _executor_frame()
     inventory = getattr(frame.f_locals.get("self"), "_inventory", None) if frame is not None else None
     if inventory is None:
         return None
     hosts = []
+    # A group made as the run goes (`add_host`, `group_by`) matches nothing yet: ansible's
+    # "Could not match supplied host pattern" is not the user's to read (nor an error under
+    # `host_pattern_mismatch = error`). Its hosts are told when its play starts.
+    try:
+        from ansible import constants
+
+        mismatch = getattr(constants, "HOST_PATTERN_MISMATCH", None)
+        constants.HOST_PATTERN_MISMATCH = "ignore"
+    except Exception:  # an internal API of ansible: never break the run over it
+        constants, mismatch = None, None
     try:
         for play in playbook.get_plays():
-            if _literal(play.hosts):
-                hosts.extend(_name(h) for h in inventory.get_hosts(play.hosts))
+            pattern = play.hosts if _literal(play.hosts) else _templated_hosts(frame, play)
+            if pattern is not None:
+                hosts.extend(_name(h) for h in inventory.get_hosts(pattern))
     except Exception:  # an internal API of ansible: never break the run over it
         return None
+    finally:
+        if constants is not None:
+            constants.HOST_PATTERN_MISMATCH = mismatch
+        # Not remembered: a pattern that still matches nothing when its play starts is warned
+        # about by ansible then, as without rdeploy.
+        clear = getattr(inventory, "clear_caches", None)
+        if clear is not None:
+            try:
+                clear()
+            except Exception:  # an internal API of ansible: never break the run over it
+                pass
     return hosts
 
 

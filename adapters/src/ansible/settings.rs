@@ -131,12 +131,7 @@ pub fn remember(ctx: &StepContext, inputs: &str, settings: &CallbackSettings) {
     let Some(dir) = ctx.cache_dir.as_ref().map(|d| d.join(&ctx.step)) else { return };
     let remembered = Remembered { inputs: inputs.to_string(), settings: settings.clone() };
     let Ok(json) = serde_json::to_vec(&remembered) else { return };
-    let temp = dir.join(format!("{FILE}.{}", std::process::id()));
-    let written = crate::private::create_dir_all(&dir)
-        .and_then(|()| crate::private::write(&temp, &json))
-        .and_then(|()| std::fs::rename(&temp, dir.join(FILE)));
-    if let Err(e) = written {
-        let _ = std::fs::remove_file(&temp);
+    if let Err(e) = super::cache::replace(&dir, FILE, &json) {
         tracing::debug!(dir = %dir.display(), error = %e, "could not remember ansible's callback settings");
     }
 }

@@ -111,12 +111,7 @@ pub fn remember(ctx: &StepContext, inputs: &str, version: &str, header: &[String
     let Some(searched_digest) = searched_digest(&searched) else { return };
     let passed = Passed { inputs: inputs.to_string(), version: version.to_string(), searched, searched_digest };
     let Ok(json) = serde_json::to_vec(&passed) else { return };
-    let temp = dir.join(format!("{FILE}.{}", std::process::id()));
-    let written = crate::private::create_dir_all(&dir)
-        .and_then(|()| crate::private::write(&temp, &json))
-        .and_then(|()| std::fs::rename(&temp, dir.join(FILE)));
-    if let Err(e) = written {
-        let _ = std::fs::remove_file(&temp);
+    if let Err(e) = super::cache::replace(&dir, FILE, &json) {
         tracing::debug!(dir = %dir.display(), error = %e, "could not remember the playbook's syntax check");
     }
 }
