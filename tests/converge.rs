@@ -596,7 +596,7 @@ steps:
       i=0; while [ ! -f checking ] && [ $i -lt 2400 ]; do sleep 0.05; i=$((i+1)); done
       touch first-saw
       if [ -f first-fails ]; then echo 'first: broken' >&2; exit 3; fi
-      while [ ! -f never ]; do sleep 0.05; done
+      i=0; while [ ! -f never ] && [ $i -lt 2400 ]; do sleep 0.05; i=$((i+1)); done
   - name: later
     tool: shell
     needs: [first]

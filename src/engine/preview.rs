@@ -73,25 +73,36 @@ impl EarlyPreviews {
         self.applies.fetch_add(1, Ordering::SeqCst);
     }
 
-    /// The early preview of `step`, as it starts: waits for it if it is under way (the step is
-    /// `alone` and nothing applied since it started), else stops it and waits for its tools to
-    /// exit (a preview that went on beside the step's own tools would read, and lock, what they
-    /// change) and returns `None`; one not started yet never starts.
-    pub(crate) async fn take(&mut self, step: &str, alone: bool) -> Option<EarlyPreview> {
-        let (slot, receiver) = self.slots.remove(step)?;
+    /// The early preview of `step`, as it starts: waited for if it is under way (the step is
+    /// `alone` and nothing applied since it started: nothing else runs while it is waited for);
+    /// one not started yet never starts. Else it is stopped, and what resolves once its tools
+    /// have exited is returned beside `None`, for the step's own task to wait on before its
+    /// tools start (a preview that went on beside them would read, and lock, what they change),
+    /// while the run goes on settling the steps that end meanwhile.
+    pub(crate) async fn take(&mut self, step: &str, alone: bool) -> (Option<EarlyPreview>, Option<Stopping>) {
+        let Some((slot, receiver)) = self.slots.remove(step) else { return (None, None) };
         if slot.state.compare_exchange(WAITING, TAKEN, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
-            return None;
+            return (None, None);
         }
         let now = self.applies.load(Ordering::SeqCst);
-        let valid = |slot: &EarlySlot| alone && slot.began.load(Ordering::SeqCst) == now;
-        if !valid(&slot) {
+        if !(alone && slot.began.load(Ordering::SeqCst) == now) {
             slot.cancel.cancel();
+            return (None, Some(Stopping(receiver)));
         }
         // Resolves once the preview's task has ended: its result, or nothing (it failed, or
-        // the previews stopped).
+        // the previews stopped). Nothing runs while a step that is alone waits: the count
+        // cannot have moved, and is checked all the same.
         let early = receiver.await.ok();
-        // Nothing runs while a step that is alone waits: the count cannot have moved.
-        early.filter(|_| valid(&slot) && self.applies.load(Ordering::SeqCst) == now)
+        (early.filter(|_| self.applies.load(Ordering::SeqCst) == now), None)
+    }
+}
+
+/// An early preview being stopped: [`Stopping::ended`] resolves once its tools have exited.
+pub(crate) struct Stopping(oneshot::Receiver<EarlyPreview>);
+
+impl Stopping {
+    pub(crate) async fn ended(self) {
+        let _ = self.0.await;
     }
 }
 

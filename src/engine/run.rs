@@ -252,6 +252,15 @@ impl Session {
         // step applying a reviewed saved plan: another attempt would apply a plan nobody
         // reviewed; after its failure `rdeploy recover` (an operator's choice) plans again.
         let retry = step.retry.clone().filter(|_| step.resumable && saved.is_none());
+        // Its early preview, if it is still good (made while nothing applied, with no other
+        // step running): waited for here, while nothing else runs, before the step is recorded
+        // and shown started (a Ctrl-C meanwhile interrupts it as at any step's start).
+        let (early, stopping) = match (&action, &mut run.converging) {
+            (Action::Apply, Some(converging)) if !step.always => {
+                converging.early.take(&name, run.running.is_empty()).await
+            }
+            _ => (None, None),
+        };
         if let Some(retry) = &retry {
             cp.record(Record::Attempt { step: name.clone(), attempt: 1, of: retry.attempts })?;
         }
@@ -267,11 +276,8 @@ impl Session {
             ctx.started_by =
                 cp.read(|deploy| self.started_by(deploy, &name, deploy.runs.last().map(|r| r.run_id.as_str())));
         }
-        let converge = match (&action, &mut run.converging) {
-            (Action::Apply, Some(converging)) if !step.always => {
-                // Its early preview, if it is still good (made while nothing applied, with no
-                // other step running): waited for here, while nothing else runs.
-                let early = converging.early.take(&name, run.running.is_empty()).await;
+        let converge = match (&action, &run.converging) {
+            (Action::Apply, Some(_)) if !step.always => {
                 let current =
                     |producer: &str, key: &str| cp.read(|d| d.step(producer).and_then(|s| s.outputs.get(key).cloned()));
                 Some(self.decided_preview(&current, &step, early))
@@ -293,6 +299,11 @@ impl Session {
         };
         run.outputs_before.insert(name.clone(), self.outputs_seen(cp, &name));
         run.running.spawn(async move {
+            // A preview of this step stopped as it started: its tools exit before the step's own
+            // start.
+            if let Some(stopping) = stopping {
+                stopping.ended().await;
+            }
             let result = match read {
                 Ok(()) => attempts.run(&step, &ctx, action, &sink, converge).await,
                 Err(failure) => Err(failure),

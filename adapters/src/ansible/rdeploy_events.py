@@ -17,6 +17,7 @@ DOCUMENTATION = """
 
 import json
 import os
+import re
 import sys
 
 from ansible.plugins.callback import CallbackBase
@@ -111,21 +112,25 @@ def _literal(pattern):
 
 
 def _templated_hosts(frame, play):
-    """A play's templated `hosts` as the executor templates it when the play starts (with the
-    play's variables and the extra vars), so that its hosts are named pending if the run stops
-    before it. None when it cannot be told now (it reads what earlier plays set): its hosts are
-    told when it starts, as before."""
+    """A play's `hosts` written as one extra var (`hosts: "{{ targets }}"`, the var passed with
+    `-e`), as the executor will template it when the play starts, so that its hosts are named
+    pending if the run stops before it. None for any other template: one may read what earlier
+    plays set (a `default()` would hide that it is not set yet) or run a lookup, so its hosts
+    are told when its play starts, as before."""
+    items = play.hosts if isinstance(play.hosts, (list, tuple)) else [play.hosts]
     owner = frame.f_locals.get("self")
     try:
-        try:
-            from ansible._internal._templating._engine import TemplateEngine as Engine
-        except ImportError:  # before ansible-core 2.19
-            from ansible.template import Templar as Engine
-        variables = owner._variable_manager.get_vars(play=play)
-        pattern = Engine(loader=owner._loader, variables=variables).template(play.hosts)
-    except Exception:  # an internal API of ansible, or a value undefined yet
+        extra = owner._variable_manager.extra_vars
+        names = [re.fullmatch(r"\s*\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}\s*", p) for p in items]
+        if not all(names) or not all(m.group(1) in extra for m in names):
+            return None
+        pattern = [extra[m.group(1)] for m in names]
+    except Exception:  # an internal API of ansible
         return None
-    return pattern if _literal(pattern) else None
+    flat = []
+    for value in pattern:
+        flat.extend(value if isinstance(value, (list, tuple)) else [value])
+    return flat if _literal(flat) else None
 
 
 def _playbook_hosts(playbook):

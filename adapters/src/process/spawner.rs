@@ -390,7 +390,13 @@ fn send(socket: &UnixStream, message: &[u8], fds: [RawFd; 2]) -> std::io::Result
     let len = (message.len() as u32).to_ne_bytes();
     let iov = [std::io::IoSlice::new(&len), std::io::IoSlice::new(message)];
     let cmsg = [ControlMessage::ScmRights(&fds)];
-    let sent = sendmsg::<()>(socket.as_raw_fd(), &iov, &cmsg, MsgFlags::MSG_NOSIGNAL, None)?;
+    // A signal before anything went is no reason to give the spawner up: sent again.
+    let sent = loop {
+        match sendmsg::<()>(socket.as_raw_fd(), &iov, &cmsg, MsgFlags::MSG_NOSIGNAL, None) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            other => break other?,
+        }
+    };
     if sent < len.len() {
         return Err(std::io::Error::new(std::io::ErrorKind::WriteZero, "short write to the spawner"));
     }
