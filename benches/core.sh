@@ -34,6 +34,17 @@
 #     old: n=1000: own cost .354 ms/sub-change, rdeploy/floor 1.254 (side by side 1.768)
 #     new: n=1000: own cost .300 ms/sub-change, rdeploy/floor 1.144 (side by side 1.135)
 #   (the other pair is noise: own cost -.295 and 2.212, the spawn-only baseline itself moved).
+#   Quiet machine, the same session (nothing else running), release builds of main 105b56c
+#   ("old") and the session's merged main ("new"), side by side (part 1) and part 2's
+#   `sh -c true` floor:
+#     1,000: part 1 rdeploy/floor old 1.085/1.147/1.191 (3 runs) and 1.076, 1.153 alternated;
+#       new 1.116/1.140/1.149 (3 runs) and 1.188, 1.104 alternated; part 2 old 1.17-1.27, new
+#       1.22-1.29; own cost old .26-.40 ms, new .28-.45 ms: the cut syscalls do not show in wall
+#       above this noise.
+#     10,000: part 1 old 1.090, new 1.151; part 2 old 1.196, new 1.240; own cost at 10k against
+#       1k old .274/.260, new .292/.354: flat (it does not rise with N) in both.
+#   So: flat is met; 1.15x the floor holds side by side (part 1) at 1,000 and at the edge at
+#   10,000, not for part 2's bare `sh -c true` children (1.2-1.29x).
 #   System calls per sub-change (strace -f, sub-change 50 of 100): rdeploy's own 51 -> 32 (one
 #     `journal.seq` rewrite instead of two around the start's fdatasync, no dup and close of each
 #     memory output file, /proc/PID/stat in one read, one sendmsg per request, no unlink of a
