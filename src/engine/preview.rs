@@ -171,9 +171,13 @@ impl Session {
         let mut results: Vec<Option<Result<Preview, PreviewError>>> = steps.iter().map(|_| None).collect();
         let mut inputs: Vec<Inputs> = vec![BTreeMap::new(); steps.len()];
         let mut started = vec![false; steps.len()];
+        // Which step each preview task is, to hear the one that panicked end as a failure.
+        let mut tasks: HashMap<tokio::task::Id, usize> = HashMap::new();
+        let mut panicked: Option<tokio::task::JoinError> = None;
         loop {
             for (index, step) in steps.iter().enumerate() {
-                if started[index] || !wanted(step) {
+                // After a panic nothing new starts; the previews under way end as they do.
+                if started[index] || !wanted(step) || panicked.is_some() {
                     continue;
                 }
                 let known = known_inputs(step, steps, &results, recorded);
@@ -199,7 +203,7 @@ impl Session {
                 // tool starts; one that cannot be read fails this step's preview.
                 let (step, ctx, read) = self.resolved(&step, cancel);
                 let records = self.state.shared.clone();
-                running.spawn(async move {
+                let task = running.spawn(async move {
                     let adapter = StepAdapter::of(&step, &records);
                     let result = match read {
                         // `up` takes the decision alone (the same verdict, maybe fewer reads).
@@ -209,15 +213,30 @@ impl Session {
                     };
                     (index, result)
                 });
+                tasks.insert(task.id(), index);
             }
             // One at a time: the steps that read a producer's outputs start as soon as its
             // preview is in.
             let Some(joined) = running.join_next().await else { break };
-            let (index, result) = joined.map_err(|e| anyhow::anyhow!("a preview task panicked: {e}"))?;
+            let (index, result) = match joined {
+                Ok(ended) => ended,
+                // The others are waited for, not dropped (their tools would be left exiting
+                // beside the steps' own); the step that panicked previews as it starts.
+                Err(e) => {
+                    let index = tasks[&e.id()];
+                    let failed = Err(PreviewError::Failed(rdeploy_adapters::Failure::new("its preview task panicked")));
+                    watch.ended(index, &failed, &inputs[index]);
+                    panicked.get_or_insert(e);
+                    continue;
+                }
+            };
             watch.ended(index, &result, &inputs[index]);
             results[index] = Some(result);
         }
-        Ok((results, inputs))
+        match panicked {
+            Some(e) => Err(anyhow::anyhow!("a preview task panicked: {e}")),
+            None => Ok((results, inputs)),
+        }
     }
 
     /// `up`'s previews, made as `plan` makes them (at once, with the output values the last
@@ -254,8 +273,8 @@ impl Session {
         }
         let making = async move {
             let recorded = self.store.last_finished().ok().flatten().filter(|d| d.stack == self.stack.name);
-            // A preview task that panicked ends them all: each step still to come previews for
-            // itself.
+            // A preview task that panicked starts no other, and the others end as they do:
+            // each step still to come previews for itself.
             let _ = self.run_previews(&steps, recorded.as_ref(), &wanted, true, &mut watch).await;
         };
         (previews, making)
