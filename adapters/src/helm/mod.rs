@@ -539,6 +539,14 @@ impl<'a> Release<'a> {
         self.command().args_shown_as(words(self.spec), words(&self.spec.shown()))
     }
 
+    /// helm reading the release: `words`, then the cluster's arguments, run with this
+    /// cluster's own kubeconfig where the rollout made one and shown with the user's, as
+    /// [`Release::with_words`] does.
+    fn reading(&self, words: &[&str]) -> Command {
+        let cluster = |spec: &HelmSpec| spec.cluster_args(Some(self.ctx));
+        self.command().args(words).args_shown_as(cluster(self.spec), cluster(&self.spec.shown()))
+    }
+
     fn command(&self) -> Command {
         // helm install/upgrade catch SIGINT (and SIGTERM) and mark the release failed rather than
         // leave it pending.
@@ -593,10 +601,7 @@ impl<'a> Release<'a> {
                 })
             }));
         }
-        let cmd = self
-            .command()
-            .args(["get", "metadata", &self.spec.release, "-o", "json"])
-            .args_shown_as(self.spec.cluster_args(Some(self.ctx)), self.spec.shown().cluster_args(Some(self.ctx)));
+        let cmd = self.reading(&["get", "metadata", &self.spec.release, "-o", "json"]);
         let Captured { outcome, stdout, stderr } =
             capture(&cmd, self.ctx, Some(QUICK), None, StdoutLog::UnlessJson).await.map_err(Failure::from)?;
         if !outcome.success() && state::is_not_found(&stderr) {
@@ -655,10 +660,7 @@ impl<'a> Release<'a> {
                 .map_err(|e| Failure::new(e.0).with_hint("check that the cluster is reachable"));
         }
         let with_status = detail == Detail::Latest;
-        let history_cmd = self
-            .command()
-            .args(["history", &self.spec.release, "-o", "json", "--max", "256"])
-            .args_shown_as(self.spec.cluster_args(Some(self.ctx)), self.spec.shown().cluster_args(Some(self.ctx)));
+        let history_cmd = self.reading(&["history", &self.spec.release, "-o", "json", "--max", "256"]);
         let Captured { outcome, stdout, stderr } =
             capture(&history_cmd, self.ctx, Some(QUICK), sink, StdoutLog::UnlessJson).await.map_err(Failure::from)?;
         if !outcome.success() {
@@ -672,10 +674,7 @@ impl<'a> Release<'a> {
         if !with_status {
             return Ok(Live { history, status: None });
         }
-        let status_cmd = self
-            .command()
-            .args(["status", &self.spec.release, "-o", "json"])
-            .args_shown_as(self.spec.cluster_args(Some(self.ctx)), self.spec.shown().cluster_args(Some(self.ctx)));
+        let status_cmd = self.reading(&["status", &self.spec.release, "-o", "json"]);
         let Captured { outcome, stdout, stderr } =
             capture(&status_cmd, self.ctx, Some(QUICK), None, StdoutLog::UnlessJson).await.map_err(Failure::from)?;
         let status = if outcome.success() {

@@ -190,13 +190,13 @@ impl Adapter for TerraformSpec {
     fn settings(&self, stack_dir: &Path) -> Vec<(&'static str, crate::contract::Setting)> {
         use crate::contract::Setting;
         let mut out = vec![("configuration", Setting::Code(self.dir.display().to_string()))];
-        out.push((
-            "vars",
-            Setting::Values {
-                values: self.vars.clone(),
-                secret: config::declared_sensitive(&stack_dir.join(&self.dir)),
-            },
-        ));
+        // The configuration is read only when there are values to hide.
+        let secret = if self.vars.is_empty() {
+            Default::default()
+        } else {
+            config::declared_sensitive(&stack_dir.join(&self.dir))
+        };
+        out.push(("vars", Setting::Values { values: self.vars.clone(), secret }));
         if !self.var_files.is_empty() {
             out.push(("var files", Setting::List(self.var_files.iter().map(|p| p.display().to_string()).collect())));
         }
