@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{fleet_project, helm_group_for, step, sub_statuses, Project};
+use common::{fleet_project, helm_group_for, step, sub_statuses, Project, Run};
 use kubesim::testing::{helm_bin, kubectl_bin, Kubesim};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -128,21 +128,33 @@ fn an_offline_cluster_is_a_straggler_and_recover_finishes_it_once_it_is_back() {
 }
 
 /// A broken image on the first cluster fails the first wave (helm's wait times out): the rollout
-/// halts with no cluster of the later waves touched; once the image is fixed, `recover` upgrades
-/// the failed cluster and goes on.
+/// halts with no cluster of the later waves touched, and its hint's rollback command names the
+/// step's kubeconfig as helm found it from where rdeploy ran (the stack's directory is not the
+/// working one); once the image is fixed, `recover` upgrades the failed cluster and goes on.
 #[test]
 fn a_failing_first_wave_halts_the_rollout_before_any_later_cluster_is_touched() {
     let rel = "agent-broken";
     let sim = Kubesim::start(&names(5));
     let p = fleet_project(&sim);
+    p.file("kube/fleet.yaml", &std::fs::read_to_string(&sim.kubeconfig).expect("the sim's kubeconfig"));
     let rollout = r#"{ waves: [1, "50%", "100%"], parallel: 2, max_failures: 0 }"#;
-    p.stack(
-        &helm_stack(rel, "edge-*", rollout, "set: { image: \"nginx:broken\" }").replace("timeout: 20s", "timeout: 5s"),
-    );
-    p.rdeploy(&["up"])
-        .code(1)
-        .stdout_has("stopped in wave 1 of 3")
-        .stdout_has("no cluster of a later wave was touched");
+    let broken = "set: { image: \"nginx:broken\" }\nkubeconfig: kube/fleet.yaml";
+    p.stack(&helm_stack(rel, "edge-*", rollout, broken).replace("timeout: 20s", "timeout: 5s"));
+    let elsewhere = p.path("elsewhere");
+    std::fs::create_dir_all(&elsewhere).expect("a directory beside the stack's");
+    let args = ["up", "../stack.yaml"];
+    let run = Run::from(p.command(&args).current_dir(&elsewhere).output().expect("run rdeploy"), &args);
+    run.code(1).stdout_has("stopped in wave 1 of 3").stdout_has("no cluster of a later wave was touched");
+    let hint = run.stdout.lines().find(|l| l.contains("to roll one cluster back")).unwrap_or_else(|| {
+        panic!("no rollback hint:\n{}", run.stdout);
+    });
+    let kubeconfig = hint.split_whitespace().skip_while(|w| *w != "--kubeconfig").nth(1);
+    let kubeconfig =
+        kubeconfig.unwrap_or_else(|| panic!("no `--kubeconfig` in the hint: {hint}")).trim_end_matches('`');
+    assert!(hint.contains("--kube-context edge-1"), "{hint}");
+    // The user's file, from where rdeploy ran: not the one cut for the cluster in the state dir.
+    assert_eq!(kubeconfig, "../kube/fleet.yaml", "{hint}");
+    assert!(elsewhere.join(kubeconfig).is_file(), "{kubeconfig} is no file from {}", elsewhere.display());
     let status = p.status();
     assert_eq!(sub(&status, "edge-1")["status"], "failed", "{status}");
     assert_eq!(revisions(&sim, rel, "edge-1"), 1);
@@ -157,7 +169,7 @@ fn a_failing_first_wave_halts_the_rollout_before_any_later_cluster_is_touched() 
         .code(0)
         .stdout_has("- waves: 1, 50%, 100% (cumulative")
         .stdout_has("- stop rule: more than 0 failed clusters stop the rollout before the next wave")
-        .stdout_has("helm rollback agent-broken REVISION -n monitoring --kube-context edge-1 --wait`")
+        .stdout_has("helm rollback agent-broken REVISION -n monitoring --kube-context edge-1 --kubeconfig kube/fleet.yaml --wait`")
         .stdout_has("helm status agent-broken -n monitoring --kube-context CLUSTER");
 
     p.stack(&helm_stack(rel, "edge-*", rollout, ""));

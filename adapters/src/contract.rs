@@ -76,8 +76,11 @@ pub trait Adapter: Sync {
 
     /// How an operator rolls one cluster of a fleet step back by hand, for the step's spec
     /// pointed at that cluster ([`Adapter::target_context`]): the tool's commands, ready to
-    /// paste. `None`: the tool has no rollback of its own to point at.
-    fn cluster_rollback(&self) -> Option<String> {
+    /// paste. Running (`ctx`), they name the step's files as the tool resolves them against
+    /// the stack's directory (the user's kubeconfig, never the one cut for the cluster); in a
+    /// runbook (`None`), as written. `None`: the tool has no rollback of its own to point at.
+    fn cluster_rollback(&self, ctx: Option<&StepContext>) -> Option<String> {
+        let _ = ctx;
         None
     }
 

@@ -292,8 +292,8 @@ impl Adapter for ToolSpec {
         dispatch!(self, s => s.workloads(ctx))
     }
 
-    fn cluster_rollback(&self) -> Option<String> {
-        dispatch!(self, s => s.cluster_rollback())
+    fn cluster_rollback(&self, ctx: Option<&StepContext>) -> Option<String> {
+        dispatch!(self, s => s.cluster_rollback(ctx))
     }
 
     fn in_place_keeps_last_outputs(&self) -> bool {

@@ -262,7 +262,7 @@ pub async fn run(r: FleetRun<'_>, sink: &dyn EventSink) -> Result<Recovered, Fai
             return Err(interrupted(format!("stopped during wave {} of {}", w + 1, waves.len())));
         }
         if plan::must_stop(failed.len(), tolerated) {
-            return Err(stopped(r.step, w, waves.len(), &failed, tolerated, &stragglers));
+            return Err(stopped(r.step, r.ctx, w, waves.len(), &failed, tolerated, &stragglers));
         }
         // The bake holds the next wave; the last wave has none to hold. A wave baked in an
         // earlier run is not baked again for its stragglers.
@@ -276,7 +276,7 @@ pub async fn run(r: FleetRun<'_>, sink: &dyn EventSink) -> Result<Recovered, Fai
                     .collect();
                 failed.extend(runner.bake(w, waves.len(), &in_wave).await?);
                 if plan::must_stop(failed.len(), tolerated) {
-                    return Err(stopped(r.step, w, waves.len(), &failed, tolerated, &stragglers));
+                    return Err(stopped(r.step, r.ctx, w, waves.len(), &failed, tolerated, &stragglers));
                 }
             }
             sink.emit(Event::Fact { key: "waves_baked".into(), value: (w + 1).into() });
@@ -314,6 +314,7 @@ fn interrupted(summary: String) -> Failure {
 
 fn stopped(
     step: &Step,
+    ctx: &StepContext,
     wave: usize,
     waves: usize,
     failed: &[(String, String)],
@@ -327,7 +328,7 @@ fn stopped(
     };
     let absent = if stragglers.is_empty() { String::new() } else { format!("; stragglers: {}", list(stragglers)) };
     let rollback = spec_for_cluster(&step.spec, &failed[0].0)
-        .cluster_rollback()
+        .cluster_rollback(Some(ctx))
         .map(|how| format!("; to roll one cluster back: {how}"))
         .unwrap_or_default();
     Failure::new(format!(

@@ -101,7 +101,7 @@ pub fn doc(step: &Step, ctx: &DescribeContext<'_>, cluster: &str) -> RecoveryDoc
         "`rdeploy recover` resumes the rollout: the stragglers that answer now and the failed clusters, then the waves not reached; a done cluster is never applied again{placeholder}"
     ));
     // The tool's own rollback (`inner.rollback`) is the step's: this one names the cluster.
-    if let Some(how) = one.cluster_rollback() {
+    if let Some(how) = one.cluster_rollback(None) {
         doc.notes.push(format!("roll back one cluster: {how} (the checkpoint still records the cluster done)"));
     }
     doc.notes.extend(inner.notes);

@@ -1150,9 +1150,12 @@ impl Adapter for HelmSpec {
         })
     }
 
-    fn cluster_rollback(&self) -> Option<String> {
+    fn cluster_rollback(&self, ctx: Option<&StepContext>) -> Option<String> {
+        // The user's kubeconfig as helm resolves it when running, as written in a runbook.
+        let mut shown = HelmSpec { cluster_kubeconfig: None, ..self.clone() };
+        shown.kubeconfig = shown.kubeconfig_arg(ctx);
         // helm 3's flags: its bare `--wait` is helm 4's `--wait=watcher` too.
-        let (history, rollback) = self.rollback_by_hand(3);
+        let (history, rollback) = shown.rollback_by_hand(3);
         Some(format!("`{history}` names its last deployed revision, then `{rollback}`"))
     }
 
@@ -2268,6 +2271,12 @@ mod tests {
             );
             let run = cmd.run_args().join(" ");
             assert!(run.contains("--kubeconfig /work/clusters/c1/kubeconfig --wait"), "{run}");
+            // The rollback an operator pastes: the user's file as helm found it, else as written.
+            let running = spec.cluster_rollback(Some(&ctx)).expect("helm rolls back");
+            assert!(running.ends_with(&format!("--kube-context c1{shown} --wait`")), "{running}");
+            let written = spec.cluster_rollback(None).expect("helm rolls back");
+            assert!(!written.contains("/work/") && !written.contains("/stack/"), "{written}");
+            assert_eq!(written.contains("--kubeconfig kube/fleet.yaml"), kubeconfig.is_some(), "{written}");
         }
     }
 
@@ -2300,7 +2309,7 @@ mod tests {
             fresh.rollback
         );
         assert_eq!(
-            spec().cluster_rollback().as_deref(),
+            spec().cluster_rollback(None).as_deref(),
             Some("`helm history web -n shop --kube-context c1` names its last deployed revision, then `helm rollback web REVISION -n shop --kube-context c1 --wait`")
         );
         // The checkpoint read the history and no revision was ever deployed: nothing to roll back to.

@@ -692,14 +692,16 @@ impl Adapter for KubectlSpec {
         })
     }
 
-    fn cluster_rollback(&self) -> Option<String> {
+    fn cluster_rollback(&self, ctx: Option<&StepContext>) -> Option<String> {
+        // The user's kubeconfig as kubectl resolves it when running, as written in a runbook.
+        let shown = KubectlSpec { cluster_kubeconfig: None, ..self.clone() };
         let words = |verb: &str| {
             let mut words =
                 vec![self.binary_name().to_string(), "rollout".into(), verb.into(), "deployment/NAME".into()];
             if let Some(ns) = &self.namespace {
                 words.extend(["-n".to_string(), ns.clone()]);
             }
-            words.extend(self.cluster_args(None));
+            words.extend(shown.cluster_args(ctx));
             display_command(&words)
         };
         Some(format!(
@@ -1228,7 +1230,7 @@ mod tests {
         );
         assert_eq!(doc.verify, ["kubectl rollout status deployment/web -n shop --context c1"]);
         assert_eq!(
-            KubectlSpec { namespace: Some("shop".into()), ..spec() }.cluster_rollback().as_deref(),
+            KubectlSpec { namespace: Some("shop".into()), ..spec() }.cluster_rollback(None).as_deref(),
             Some("`kubectl rollout undo deployment/NAME -n shop --context c1` for each workload the manifests change (`kubectl rollout history deployment/NAME -n shop --context c1` lists its revisions)")
         );
     }
@@ -1246,6 +1248,18 @@ mod tests {
         let cmd = spec.command(&ctx, Path::new("kubectl")).arg("diff");
         assert_eq!(cmd.display(), "kubectl --kubeconfig /stack/kube/fleet.yaml --context c1 diff");
         assert_eq!(cmd.run_args(), ["--kubeconfig", "/work/kubeconfig", "--context", "c1", "diff"]);
+        // The rollback an operator pastes: the user's file as kubectl found it, else as written.
+        let running = spec.cluster_rollback(Some(&ctx)).expect("kubectl rolls back");
+        assert!(
+            running
+                .starts_with("`kubectl rollout undo deployment/NAME --kubeconfig /stack/kube/fleet.yaml --context c1`"),
+            "{running}"
+        );
+        let written = spec.cluster_rollback(None).expect("kubectl rolls back");
+        assert!(
+            written.starts_with("`kubectl rollout undo deployment/NAME --kubeconfig kube/fleet.yaml --context c1`"),
+            "{written}"
+        );
     }
 
     #[test]
