@@ -38,7 +38,7 @@ const NOT_WAITED: &str = "not waited for (`wait: false`): its pods may not be up
 #[derive(Clone, Debug)]
 struct Target {
     /// The kubeconfig files the step's tool reads ([`kubeconfig::for_step`]).
-    kubeconfig: Result<kubeconfig::Found, String>,
+    kubeconfig: kubeconfig::Found,
     context: Option<String>,
     /// The namespace to read (`None`: all of them).
     namespace: Option<String>,
@@ -136,12 +136,13 @@ impl<'a> Held<'a> {
                             ..Failure::new("interrupted while checking that every pod is ready")
                         })
                     }
-                    Err(Verdict::Unreadable(why)) => {
+                    Err(Verdict::Unreadable(Unread { why, hint })) => {
                         let summary = format!("applied, but its rollout could not be checked: {why}");
                         self.fail_held(held, &summary, &[]);
-                        Err(Failure::new(summary).with_hint(
-                            "check the pods (`kubectl get pods`), then `rdeploy recover` checks again without applying anything the tool reports in place",
-                        ))
+                        let first = hint.unwrap_or_else(|| "check the pods (`kubectl get pods`)".into());
+                        Err(Failure::new(summary).with_hint(format!(
+                            "{first}, then `rdeploy recover` checks again without applying anything the tool reports in place"
+                        )))
                     }
                     Err(Verdict::Stragglers(stragglers)) => {
                         let waited = humantime::format_duration(Duration::from_secs(self.timeout.as_secs()));
@@ -204,11 +205,12 @@ impl<'a> Held<'a> {
         }
     }
 
-    async fn read(&self, target: &Target) -> Result<ClusterInventory, String> {
-        let (kubeconfig, source) = read_found(target.kubeconfig.clone()).map_err(|e| format!("{e:#}"))?;
+    async fn read(&self, target: &Target) -> Result<ClusterInventory, Unread> {
+        let (kubeconfig, source) = read_found(target.kubeconfig.clone())
+            .map_err(|e| Unread { why: format!("{e:#}"), hint: target.kubeconfig.hint.clone() })?;
         let context = match target.context.clone().or_else(|| kubeconfig.current_context.clone()) {
             Some(c) => c,
-            None => return Err(format!("no context given and no current context in {source}")),
+            None => return Err(format!("no context given and no current context in {source}").into()),
         };
         // Where the tool wrote: a helm release without `namespace` is in the context's
         // namespace (else `default`), as helm picks it; never every namespace, which may be
@@ -237,7 +239,7 @@ impl<'a> Held<'a> {
         let cluster = inventory.clusters.into_iter().next().ok_or_else(|| format!("no answer from `{context}`"))?;
         match &cluster.presence {
             Presence::Present => Ok(cluster),
-            Presence::Absent { error, .. } => Err(format!("`{context}` did not answer: {error}")),
+            Presence::Absent { error, .. } => Err(format!("`{context}` did not answer: {error}").into()),
         }
     }
 
@@ -266,8 +268,21 @@ impl<'a> Held<'a> {
 
 enum Verdict {
     Stragglers(Vec<Straggler>),
-    Unreadable(String),
+    Unreadable(Unread),
     Interrupted,
+}
+
+/// Why the cluster could not be read, and what to do first when it says more than "check the
+/// pods" ([`kubeconfig::Found::hint`]).
+struct Unread {
+    why: String,
+    hint: Option<String>,
+}
+
+impl From<String> for Unread {
+    fn from(why: String) -> Unread {
+        Unread { why, hint: None }
+    }
 }
 
 /// A workload whose rollout is not complete, and why, in one line.

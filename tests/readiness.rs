@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{repo_root, step, sub_statuses, Project};
+use common::{repo_root, step, sub_statuses, Project, Run};
 use kubesim::testing::{helm_bin, kubectl_bin, Kubesim};
 
 fn project(sim: &Kubesim) -> Project {
@@ -176,6 +176,28 @@ fn kubectl_wait_false_is_not_checked_and_says_so() {
         kubectl_bin().display()
     ));
     p.rdeploy(&["up"]).code(0).stderr_has("warning: web: not waited for (`wait: false`)");
+    assert_eq!(sub_statuses(&p.status(), "web"), pairs(&[("Deployment/default/web", "done")]));
+}
+
+/// Without `HOME` or `KUBECONFIG`, kubectl reads `.kube/config` in the directory it runs in
+/// (the stack's), as client-go finds it: the readiness check reads the same file, and the step
+/// is done once its pods are.
+#[test]
+fn without_home_the_check_reads_the_kubeconfig_kubectl_read() {
+    let sim = Kubesim::start_with("c1", &["--pod-startup-ms", "50"]);
+    let p = Project::new();
+    p.file(".kube/config", &std::fs::read_to_string(&sim.kubeconfig).expect("the sim's kubeconfig"));
+    p.file(
+        "k8s/web.yaml",
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web, namespace: default}\nspec:\n  selector: {matchLabels: {app: web}}\n  template:\n    metadata: {labels: {app: web}}\n    spec: {containers: [{name: web, image: \"nginx:1.27\"}]}\n",
+    );
+    p.stack(&format!(
+        "name: web\nsteps:\n  - name: web\n    tool: kubectl\n    manifests: [k8s/]\n    context: c1\n    binary: {}\n",
+        kubectl_bin().display()
+    ));
+    let args = ["up"];
+    let up = p.command(&args).env_remove("HOME").env_remove("KUBECONFIG").output().expect("run rdeploy");
+    Run::from(up, &args).code(0).stdout_has("deploy complete");
     assert_eq!(sub_statuses(&p.status(), "web"), pairs(&[("Deployment/default/web", "done")]));
 }
 

@@ -22,41 +22,63 @@ pub struct Found {
     pub files: Vec<PathBuf>,
     /// The file given, `$KUBECONFIG (LIST)` or `~/.kube/config`.
     pub source: String,
+    /// What to do when the files cannot be read, for a `hint:` line, where how they were
+    /// found needs a word of its own (`HOME` unset).
+    pub hint: Option<String>,
 }
 
 /// The kubeconfig files the step's tool reads, as kubectl and helm find them: the step's
 /// `kubeconfig` (relative to the stack file), else every file of `KUBECONFIG` (the step's `env`
-/// over rdeploy's), else `~/.kube/config`.
-pub fn files(kubeconfig: Option<&Path>, ctx: &StepContext) -> Result<Vec<PathBuf>, String> {
-    for_step(kubeconfig, ctx).map(|found| found.files)
+/// over rdeploy's), else `~/.kube/config` (`.kube/config` in the stack's directory, where the
+/// tool runs, without `HOME`).
+pub fn files(kubeconfig: Option<&Path>, ctx: &StepContext) -> Vec<PathBuf> {
+    for_step(kubeconfig, ctx).files
 }
 
 /// [`files`], with where they came from.
-pub fn for_step(kubeconfig: Option<&Path>, ctx: &StepContext) -> Result<Found, String> {
+pub fn for_step(kubeconfig: Option<&Path>, ctx: &StepContext) -> Found {
     let env = |key: &str| ctx.env.get(key).cloned().or_else(|| std::env::var(key).ok());
     find(kubeconfig, &env, &ctx.stack_dir)
 }
 
 /// The kubeconfig files a kube client reads, as kubectl finds them: `kubeconfig` (relative to
-/// `base`), else every file of `KUBECONFIG` (missing ones are skipped when read, relative ones
-/// against `base`), else `~/.kube/config`; `env` gives the variables (`KUBECONFIG`, `HOME`), an
-/// empty one counting as unset.
-pub fn find(kubeconfig: Option<&Path>, env: &dyn Fn(&str) -> Option<String>, base: &Path) -> Result<Found, String> {
+/// `base`, the directory the client runs in), else every file of `KUBECONFIG` (missing ones
+/// are skipped when read, relative ones against `base`), else `~/.kube/config`; `env` gives the
+/// variables (`KUBECONFIG`, `HOME`), an empty one counting as unset. Without `HOME` it is
+/// `.kube/config` in `base`, as client-go finds it (kubectl, helm): on Linux its home
+/// directory is `$HOME` alone (`homedir.HomeDir()`), with no look-up of the account's, and
+/// `~/.kube/config` is that joined to `.kube/config`.
+pub fn find(kubeconfig: Option<&Path>, env: &dyn Fn(&str) -> Option<String>, base: &Path) -> Found {
     let env = |key: &str| env(key).filter(|v| !v.is_empty());
-    Ok(match (kubeconfig, env("KUBECONFIG")) {
+    match (kubeconfig, env("KUBECONFIG")) {
         (Some(file), _) => {
             let file = base.join(file);
-            Found { source: file.display().to_string(), files: vec![file] }
+            Found { source: file.display().to_string(), files: vec![file], hint: None }
         }
         (None, Some(list)) => Found {
             files: std::env::split_paths(&list).filter(|p| !p.as_os_str().is_empty()).map(|p| base.join(p)).collect(),
             source: format!("$KUBECONFIG ({list})"),
+            hint: None,
         },
-        (None, None) => {
-            let home = env("HOME").ok_or("no `HOME` to find `~/.kube/config` in: set `HOME` or `KUBECONFIG`")?;
-            Found { files: vec![PathBuf::from(home).join(".kube").join("config")], source: "~/.kube/config".into() }
-        }
-    })
+        (None, None) => match env("HOME") {
+            Some(home) => Found {
+                files: vec![PathBuf::from(home).join(".kube").join("config")],
+                source: "~/.kube/config".into(),
+                hint: None,
+            },
+            None => {
+                let file = base.join(".kube").join("config");
+                Found {
+                    source: format!(
+                        "{} (`HOME` is unset, so kubectl and helm read `.kube/config` in the directory they run in)",
+                        file.display()
+                    ),
+                    files: vec![file],
+                    hint: Some("set `KUBECONFIG` to the kubeconfig to read, or `HOME` to the directory holding its `.kube/config`".into()),
+                }
+            }
+        },
+    }
 }
 
 /// A kubeconfig document holding only `context`, its cluster and its user, each entry taken
@@ -278,6 +300,30 @@ users:
         assert_eq!(one_context(std::slice::from_ref(&file), "c9").unwrap_err(), "no context `c9`");
         let broken = write(dir.path(), "broken", "contexts:\n  - name: c\n    context: { cluster: gone, user: u }\n");
         assert_eq!(one_context(&[broken], "c").unwrap_err(), "no cluster `gone`");
+    }
+
+    /// Where kubectl and helm look: the step's file, else `KUBECONFIG`, else `~/.kube/config`;
+    /// without `HOME` (unset or empty), `.kube/config` in the directory they run in, as client-go
+    /// finds it (its home directory is `$HOME` alone on Linux), said in the source and the hint.
+    #[test]
+    fn without_home_the_kubeconfig_is_dot_kube_config_where_the_tool_runs() {
+        let base = Path::new("/stack");
+        let with = |vars: &'static [(&'static str, &'static str)]| {
+            move |key: &str| vars.iter().find(|(k, _)| *k == key).map(|(_, v)| v.to_string())
+        };
+        let home = find(None, &with(&[("HOME", "/home/op")]), base);
+        assert_eq!(home.files, [PathBuf::from("/home/op/.kube/config")]);
+        assert_eq!((home.source.as_str(), home.hint), ("~/.kube/config", None));
+        let listed = find(None, &with(&[("HOME", "/home/op"), ("KUBECONFIG", "a:/b")]), base);
+        assert_eq!(listed.files, [PathBuf::from("/stack/a"), PathBuf::from("/b")]);
+        assert_eq!(find(Some(Path::new("k.yaml")), &with(&[]), base).files, [PathBuf::from("/stack/k.yaml")]);
+        for vars in [&[][..], &[("HOME", ""), ("KUBECONFIG", "")][..]] {
+            let found = find(None, &with(vars), base);
+            assert_eq!(found.files, [PathBuf::from("/stack/.kube/config")], "{vars:?}");
+            assert!(found.source.starts_with("/stack/.kube/config (`HOME` is unset"), "{}", found.source);
+            let hint = found.hint.expect("a hint without `HOME`");
+            assert!(hint.starts_with("set `KUBECONFIG`") && !found.source.contains("set `"), "{hint}");
+        }
     }
 
     #[test]

@@ -144,8 +144,7 @@ impl ToolSpec {
             ToolSpec::Kubectl(k) => (k.kubeconfig.clone(), &mut k.cluster_kubeconfig),
             _ => return None,
         };
-        let made = crate::kubeconfig::files(kubeconfig.as_deref(), ctx)
-            .and_then(|files| crate::kubeconfig::one_context(&files, context))
+        let made = crate::kubeconfig::one_context(&crate::kubeconfig::files(kubeconfig.as_deref(), ctx), context)
             .and_then(|doc| match doc["users"].get(0).and_then(|u| u["user"].get("auth-provider")) {
                 Some(_) => Err("its user has an `auth-provider`, which writes refreshed tokens back".to_string()),
                 None => Ok(doc),

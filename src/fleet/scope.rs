@@ -69,9 +69,8 @@ pub fn read_step_kubeconfig(kubeconfig: Option<&Path>, ctx: &StepContext) -> any
     read_found(kubeconfig::for_step(kubeconfig, ctx))
 }
 
-/// The kubeconfig files found, read (a reason they could not be found is the error).
-pub fn read_found(found: Result<kubeconfig::Found, String>) -> anyhow::Result<(Arc<Kubeconfig>, String)> {
-    let found = found.map_err(anyhow::Error::msg)?;
+/// The kubeconfig files found, read.
+pub fn read_found(found: kubeconfig::Found) -> anyhow::Result<(Arc<Kubeconfig>, String)> {
     let kc = load_kubeconfig(&found.files)
         .map_err(anyhow::Error::msg)
         .with_context(|| format!("could not read the kubeconfig from {}", found.source))?;

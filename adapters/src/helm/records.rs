@@ -121,7 +121,7 @@ impl Records {
         if let Some(key) = HELM_CLUSTER_OVERRIDES.iter().find(|k| env(k).is_some()) {
             return Err(format!("`{key}` is set"));
         }
-        let files = crate::kubeconfig::files(kubeconfig.as_deref(), ctx)?;
+        let files = crate::kubeconfig::files(kubeconfig.as_deref(), ctx);
         let kubeconfig = load_kubeconfig(&files)?;
         let context = context
             .map(str::to_string)
