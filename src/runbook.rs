@@ -7,7 +7,7 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use rdeploy_adapters::{Adapter, DescribeContext, PriorStep, RecoveryDoc, Setting, SubStatus, ToolSpec};
+use rdeploy_adapters::{Adapter, DescribeContext, PriorStep, RecoveryDoc, Setting, SubStatus};
 
 use crate::adapter::StepAdapter;
 use crate::checkpoint::{Deploy, DeployState, StepStatus};
@@ -552,15 +552,14 @@ fn render_steps(out: &mut String, stack: &Stack, stack_file: &str, records: &Pat
         }
         let _ = writeln!(out);
 
-        if let ToolSpec::Shell(s) = &step.spec {
-            if let Some(subs) = &s.sub_changes {
-                let _ = writeln!(out, "| sub-change | run | check |\n| --- | --- | --- |");
-                for sub in subs {
-                    let check = sub.check.as_deref().map(|c| cell(&code(c))).unwrap_or_else(|| "-".into());
-                    let _ = writeln!(out, "| `{}` | {} | {check} |", sub.name, cell(&code(&sub.run)));
-                }
-                let _ = writeln!(out);
+        let declared = step.spec.declared_sub_changes();
+        if !declared.is_empty() {
+            let _ = writeln!(out, "| sub-change | run | check |\n| --- | --- | --- |");
+            for sub in declared {
+                let check = sub.check.map(|c| cell(&code(c))).unwrap_or_else(|| "-".into());
+                let _ = writeln!(out, "| `{}` | {} | {check} |", sub.name, cell(&code(sub.run)));
             }
+            let _ = writeln!(out);
         }
 
         let doc = describe(stack, stack_file, records, step, None);

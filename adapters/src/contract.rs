@@ -266,6 +266,13 @@ pub trait Adapter: Sync {
         Vec::new()
     }
 
+    /// The sub-changes the stack declares itself (a shell step's `sub_changes`), each with the
+    /// lines it runs, in order, for the runbook's table of them. The default: none, the tool
+    /// finds its sub-changes as it runs (resources, hosts, objects, revisions).
+    fn declared_sub_changes(&self) -> Vec<DeclaredSubChange<'_>> {
+        Vec::new()
+    }
+
     /// The runbook section for this step: exact commands an operator would type.
     fn describe_recovery(&self, ctx: &DescribeContext<'_>, prior: Option<&PriorStep>) -> RecoveryDoc;
 
@@ -315,6 +322,16 @@ pub enum Touched {
     Release { name: String },
     /// The workloads the step's sub-changes name, their ids being `Kind/namespace/name`.
     Objects,
+}
+
+/// A sub-change the stack declares, as the runbook lists it ([`Adapter::declared_sub_changes`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeclaredSubChange<'a> {
+    pub name: &'a str,
+    /// The shell line that makes the change.
+    pub run: &'a str,
+    /// The shell line that exits 0 when it is already in place, if any.
+    pub check: Option<&'a str>,
 }
 
 /// The value of one of a step's settings in the runbook ([`Adapter::settings`]).

@@ -363,6 +363,10 @@ impl Adapter for ToolSpec {
         dispatch!(self, s => s.shell_line_keys())
     }
 
+    fn declared_sub_changes(&self) -> Vec<crate::contract::DeclaredSubChange<'_>> {
+        dispatch!(self, s => s.declared_sub_changes())
+    }
+
     fn own_context(&self) -> Option<&str> {
         dispatch!(self, s => s.own_context())
     }

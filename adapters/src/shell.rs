@@ -504,7 +504,15 @@ impl Adapter for ShellSpec {
         &[&["run"], &["check"], &["sub_changes", "*", "run"], &["sub_changes", "*", "check"]]
     }
 
-    /// The working directory and the `run` line (a `sub_changes` list has a table of its own).
+    fn declared_sub_changes(&self) -> Vec<crate::contract::DeclaredSubChange<'_>> {
+        let declared = self.sub_changes.iter().flatten();
+        declared
+            .map(|s| crate::contract::DeclaredSubChange { name: &s.name, run: &s.run, check: s.check.as_deref() })
+            .collect()
+    }
+
+    /// The working directory and the `run` line (a `sub_changes` list has a table of its own:
+    /// [`Adapter::declared_sub_changes`]).
     fn settings(&self, _stack_dir: &Path) -> Vec<(&'static str, crate::contract::Setting)> {
         use crate::contract::Setting;
         let dir = self.dir.iter().map(|d| ("working directory", Setting::Code(d.display().to_string())));
