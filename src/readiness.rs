@@ -59,6 +59,8 @@ pub struct Held<'a> {
     held: Mutex<Vec<Event>>,
     /// The not-waited-for warning went out.
     warned: std::sync::atomic::AtomicBool,
+    /// What `recover` applies again, in the tool's words ([`Adapter::reapplies`]).
+    reapplies: Option<&'static str>,
 }
 
 impl<'a> Held<'a> {
@@ -89,6 +91,7 @@ impl<'a> Held<'a> {
             cancel: ctx.cancel.clone(),
             held: Mutex::new(Vec::new()),
             warned: std::sync::atomic::AtomicBool::new(false),
+            reapplies: step.spec.reapplies(),
         }
     }
 
@@ -149,9 +152,10 @@ impl<'a> Held<'a> {
                         let summary =
                             format!("not every pod is updated and ready after {waited}: {}", join(&stragglers));
                         self.fail_held(held, &summary, &stragglers);
-                        Err(Failure::new(summary).with_hint(
-                            "fix what holds the pods back (above), then `rdeploy recover` checks again; it applies again only what changed (helm: a new revision only if the chart or values changed)",
-                        ))
+                        let tool = self.reapplies.map(|r| format!(" ({r})")).unwrap_or_default();
+                        Err(Failure::new(summary).with_hint(format!(
+                            "fix what holds the pods back (above), then `rdeploy recover` checks again; it applies again only what changed{tool}"
+                        )))
                     }
                 }
             }
@@ -434,6 +438,22 @@ impl EventSink for Held<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The hint after a failed check says what `recover` applies again in the step's tool's
+    /// words: helm's revisions for a helm step, nothing of helm's for a kubectl step.
+    #[test]
+    fn what_recover_applies_again_is_said_in_the_steps_tools_words() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        std::fs::create_dir_all(dir.path().join("chart")).expect("a chart directory");
+        std::fs::write(dir.path().join("web.yaml"), "").expect("a manifest");
+        let text = "name: s\nsteps:\n  - name: app\n    tool: helm\n    release: app\n    chart: chart\n  - name: web\n    tool: kubectl\n    manifests: [web.yaml]\n";
+        let stack = crate::stack::parse(&dir.path().join("stack.yaml"), text).expect("the stack parses");
+        let ctx = rdeploy_adapters::testing::step_context(dir.path());
+        let sink = rdeploy_adapters::testing::Recorder::default();
+        let said: Vec<(&str, Option<&str>)> =
+            stack.ordered().map(|step| (step.name.as_str(), Held::new(step, &ctx, &sink).reapplies)).collect();
+        assert_eq!(said, [("app", Some("helm: a new revision only if the chart or values changed")), ("web", None)]);
+    }
 
     #[test]
     fn kubectl_workload_ids_are_recognised() {

@@ -74,6 +74,14 @@ pub trait Adapter: Sync {
         None
     }
 
+    /// What `recover` applies again of a step whose tool succeeded but whose workloads did not
+    /// become ready, when nothing changed since, in words for that failure's hint (helm's: a
+    /// new revision only if the chart or values changed). `None`: the tool applies again only
+    /// what changed, with nothing more to say.
+    fn reapplies(&self) -> Option<&'static str> {
+        None
+    }
+
     /// How an operator rolls one cluster of a fleet step back by hand, for the step's spec
     /// pointed at that cluster ([`Adapter::target_context`]): the tool's commands, ready to
     /// paste. Running (`ctx`), they name the step's files as the tool resolves them against

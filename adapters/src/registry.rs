@@ -291,6 +291,10 @@ impl Adapter for ToolSpec {
         dispatch!(self, s => s.workloads(ctx))
     }
 
+    fn reapplies(&self) -> Option<&'static str> {
+        dispatch!(self, s => s.reapplies())
+    }
+
     fn cluster_rollback(&self, ctx: Option<&StepContext>) -> Option<String> {
         dispatch!(self, s => s.cluster_rollback(ctx))
     }

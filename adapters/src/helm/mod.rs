@@ -1150,6 +1150,10 @@ impl Adapter for HelmSpec {
         })
     }
 
+    fn reapplies(&self) -> Option<&'static str> {
+        Some("helm: a new revision only if the chart or values changed")
+    }
+
     fn cluster_rollback(&self, ctx: Option<&StepContext>) -> Option<String> {
         // The user's kubeconfig as helm resolves it when running, as written in a runbook.
         let mut shown = HelmSpec { cluster_kubeconfig: None, ..self.clone() };
