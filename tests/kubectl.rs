@@ -404,3 +404,31 @@ fn recover_applies_a_crd_deleted_out_of_band_when_kubectl_diff_fails_as_a_whole(
     assert_eq!(status["state"], "complete");
     assert!(sub_statuses(&status, "gadgets").iter().all(|(_, st)| st == "done"), "{status}");
 }
+
+/// A stack run from another directory (`rdeploy up deploy/stack.yaml`): kubectl runs in the
+/// stack's directory, and is given the step's `kubeconfig` and kustomization made absolute, so
+/// it finds them (relative to rdeploy's directory, it would look for them a second time under
+/// the stack's).
+#[test]
+fn a_stack_run_from_another_directory_finds_its_kubeconfig_and_kustomization() {
+    let sim = Kubesim::start_with("c1", &["--pod-startup-ms", "50"]);
+    let p = Project::new();
+    p.file("deploy/kube/k.yaml", &std::fs::read_to_string(&sim.kubeconfig).expect("the sim's kubeconfig"));
+    p.file("deploy/k8s/kustomization.yaml", "resources: [web.yaml]\n");
+    p.file(
+        "deploy/k8s/web.yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: web, namespace: default}\ndata: {a: b}\n",
+    );
+    p.file(
+        "deploy/stack.yaml",
+        &format!(
+            "name: web\nsteps:\n  - name: web\n    tool: kubectl\n    manifests: [k8s]\n    kubeconfig: kube/k.yaml\n    context: c1\n    binary: {}\n",
+            kubectl_bin().display()
+        ),
+    );
+    let args = ["up", "deploy/stack.yaml"];
+    let up = p.command(&args).env_remove("KUBECONFIG").output().expect("run rdeploy");
+    let up = common::Run::from(up, &args);
+    up.code(0).stdout_has("deploy complete");
+    assert_eq!(sim.kubectl_ok(&["get", "configmap", "web", "-o", "jsonpath={.data.a}"]), "b");
+}

@@ -525,6 +525,15 @@ impl StepContext {
     pub fn resolve(&self, path: &Path) -> PathBuf {
         self.stack_dir.join(path)
     }
+
+    /// [`StepContext::resolve`], made absolute: what a tool started in the stack's directory
+    /// is given (it would take a relative one against that directory a second time when the
+    /// stack's directory is not rdeploy's, `rdeploy up deploy/stack.yaml`), and what its
+    /// command shows, to paste from anywhere.
+    pub fn resolve_absolute(&self, path: &Path) -> PathBuf {
+        let resolved = self.resolve(path);
+        std::path::absolute(&resolved).unwrap_or(resolved)
+    }
 }
 
 /// What `describe_recovery` needs: names and paths as the operator will type them.

@@ -200,7 +200,7 @@ impl HelmSpec {
     fn shown_text(&self, text: &str, ctx: &StepContext) -> String {
         let Some(cut) = &self.cluster_kubeconfig else { return text.to_string() };
         let cut = cut.to_string_lossy();
-        let user = self.kubeconfig.as_ref().map(|k| ctx.resolve(k).to_string_lossy().into_owned());
+        let user = self.kubeconfig.as_ref().map(|k| ctx.resolve_absolute(k).to_string_lossy().into_owned());
         let flag = format!(" --kubeconfig {cut}");
         let text = match &user {
             Some(user) => text.replace(&flag, &format!(" --kubeconfig {user}")),
@@ -210,11 +210,13 @@ impl HelmSpec {
     }
 
     /// The `--kubeconfig` a helm or kubectl call gets: running (`ctx`), the cluster's own file
-    /// when the rollout made one, else the step's `kubeconfig`; in a runbook, the step's as
-    /// written.
+    /// when the rollout made one, else the step's `kubeconfig` made absolute (helm runs in the
+    /// stack's directory); in a runbook, the step's as written.
     pub(crate) fn kubeconfig_arg(&self, ctx: Option<&StepContext>) -> Option<PathBuf> {
         match ctx {
-            Some(ctx) => self.cluster_kubeconfig.clone().or_else(|| self.kubeconfig.as_ref().map(|k| ctx.resolve(k))),
+            Some(ctx) => {
+                self.cluster_kubeconfig.clone().or_else(|| self.kubeconfig.as_ref().map(|k| ctx.resolve_absolute(k)))
+            }
             None => self.kubeconfig.clone(),
         }
     }
@@ -2282,6 +2284,12 @@ mod tests {
             assert!(!written.contains("/work/") && !written.contains("/stack/"), "{written}");
             assert_eq!(written.contains("--kubeconfig kube/fleet.yaml"), kubeconfig.is_some(), "{written}");
         }
+        // From another directory (`rdeploy up deploy/stack.yaml`) helm runs in `deploy`: it is
+        // given the step's kubeconfig absolute, not relative to rdeploy's directory.
+        let here = StepContext { stack_dir: "deploy".into(), ..ctx.clone() };
+        let spec = HelmSpec { kubeconfig: Some("kube/fleet.yaml".into()), ..spec() };
+        let cwd = std::env::current_dir().expect("a working directory");
+        assert_eq!(spec.kubeconfig_arg(Some(&here)), Some(cwd.join("deploy/kube/fleet.yaml")));
     }
 
     #[test]

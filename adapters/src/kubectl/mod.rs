@@ -185,8 +185,8 @@ impl KubectlSpec {
         let mut args = Vec::new();
         // Running, the cluster's own file when the rollout made one (see `crate::kubeconfig`).
         let running = ctx.and_then(|_| self.cluster_kubeconfig.clone());
-        if let Some(path) =
-            running.or_else(|| self.kubeconfig.as_ref().map(|k| ctx.map_or_else(|| k.clone(), |c| c.resolve(k))))
+        if let Some(path) = running
+            .or_else(|| self.kubeconfig.as_ref().map(|k| ctx.map_or_else(|| k.clone(), |c| c.resolve_absolute(k))))
         {
             args.push("--kubeconfig".into());
             args.push(path.to_string_lossy().into_owned());
@@ -248,7 +248,7 @@ impl KubectlSpec {
         for manifest in &self.manifests {
             let path = ctx.resolve(manifest);
             if path.is_dir() && manifest::is_kustomization(&path) {
-                let cmd = self.command(ctx, binary).arg("kustomize").arg(&path);
+                let cmd = self.command(ctx, binary).arg("kustomize").arg(ctx.resolve_absolute(manifest));
                 let Captured { outcome, stdout, stderr } =
                     capture(&cmd, ctx, Some(QUICK), None, StdoutLog::Lines).await.map_err(Failure::from)?;
                 if !outcome.success() {
