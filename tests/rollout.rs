@@ -6,6 +6,7 @@
 mod common;
 
 use std::path::Path;
+use std::process::Command;
 use std::time::Duration;
 
 use common::{fleet_project, helm_group_for, step, sub_statuses, Project, Run};
@@ -379,6 +380,54 @@ steps:
     p.rdeploy(&["up"]).code(0);
     let status = p.status();
     assert_eq!(step(&status, "agent")["facts"]["rollout"]["waves"], serde_json::json!([["edge-3"], ["edge-2"]]));
+}
+
+/// A fleet cluster's kubeconfig, cut from the step's `kubeconfig`, names the files the user's
+/// names relative to it (`certificate-authority: certs/ca.crt`) absolute: the cut one lives in
+/// the state directory, and kubectl reads a relative path against the folder of the file it
+/// loaded.
+#[test]
+fn a_fleet_clusters_kubeconfig_names_the_users_relative_files_absolute() {
+    let sim = Kubesim::start(&names(2));
+    let p = fleet_project(&sim);
+    let ca = rcgen::CertificateParams::new(Vec::<String>::new())
+        .expect("CA params")
+        .self_signed(&rcgen::KeyPair::generate().expect("CA key"))
+        .expect("self-signed CA");
+    p.file("kube/certs/ca.crt", &ca.pem());
+    // kubesim serves plain http: kubectl reads the CA file but has no use for it.
+    let fleet = std::fs::read_to_string(&sim.kubeconfig).expect("the sim's kubeconfig");
+    assert!(fleet.contains("  cluster:\n"), "{fleet}");
+    p.file("kube/fleet.yaml", &fleet.replace("  cluster:\n", "  cluster:\n    certificate-authority: certs/ca.crt\n"));
+    p.file(
+        "k8s/config.yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: ca-config\n  namespace: default\ndata:\n  level: info\n",
+    );
+    let direct = Command::new(kubectl_bin())
+        .args(["--kubeconfig", "kube/fleet.yaml", "--context", "edge-1", "get", "ns"])
+        .current_dir(p.path(""))
+        .envs(sim.env())
+        .output()
+        .expect("run kubectl");
+    assert!(direct.status.success(), "kubectl with the user's file: {}", String::from_utf8_lossy(&direct.stderr));
+    p.stack(&format!(
+        r#"
+name: agents
+steps:
+  - name: agent
+    tool: kubectl
+    manifests: [k8s/]
+    binary: {kubectl}
+    kubeconfig: kube/fleet.yaml
+    contexts: [edge-1]
+"#,
+        kubectl = kubectl_bin().display()
+    ));
+    p.rdeploy(&["up"]).code(0);
+    assert_eq!(sub(&p.status(), "edge-1")["status"], "done");
+    let level =
+        sim.kubectl_ok(&["--context", "edge-1", "get", "configmap", "ca-config", "-o", "jsonpath={.data.level}"]);
+    assert_eq!(level, "info");
 }
 
 /// A release this deploy's killed run left pending-upgrade on one cluster of the fleet is

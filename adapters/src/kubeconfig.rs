@@ -167,8 +167,12 @@ fn parse(file: &Path) -> Result<Arc<Parsed>, String> {
         }
         map
     };
+    // Absolute against rdeploy's working directory, where `file` is found from (the stack's
+    // directory is relative to it): the cut document is read from the state directory, and a
+    // kube client reads a relative path in it against the folder of that file.
+    let absolute = std::path::absolute(file).map_err(|e| format!("{}: {e}", file.display()))?;
     let parsed = Arc::new(Parsed {
-        dir: file.parent().map(Path::to_path_buf).unwrap_or_default(),
+        dir: absolute.parent().map(Path::to_path_buf).unwrap_or_default(),
         contexts: by_name("contexts"),
         clusters: by_name("clusters"),
         users: by_name("users"),
