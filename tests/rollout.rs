@@ -173,8 +173,13 @@ fn a_failing_first_wave_halts_the_rollout_before_any_later_cluster_is_touched() 
         .code(0)
         .stdout_has("- waves: 1, 50%, 100% (cumulative")
         .stdout_has("- stop rule: more than 0 failed clusters stop the rollout before the next wave")
+        .stdout_has("roll back one cluster, from this directory: `")
         .stdout_has("helm rollback agent-broken REVISION -n monitoring --kube-context edge-1 --kubeconfig kube/fleet.yaml --wait`")
         .stdout_has("helm status agent-broken -n monitoring --kube-context CLUSTER");
+    // From another directory, the commands are run from the stack's, where their paths are.
+    let args = ["runbook", "../stack.yaml"];
+    let run = Run::from(p.command(&args).current_dir(&elsewhere).output().expect("run rdeploy"), &args);
+    run.code(0).stdout_has("roll back one cluster, from `cd ..`: `");
 
     p.stack(&helm_stack(rel, "edge-*", rollout, ""));
     p.rdeploy(&["recover"]).code(0);

@@ -100,9 +100,14 @@ pub fn doc(step: &Step, ctx: &DescribeContext<'_>, cluster: &str) -> RecoveryDoc
     doc.notes.push(format!(
         "`rdeploy recover` resumes the rollout: the stragglers that answer now and the failed clusters, then the waves not reached; a done cluster is never applied again{placeholder}"
     ));
-    // The tool's own rollback (`inner.rollback`) is the step's: this one names the cluster.
+    // The tool's own rollback (`inner.rollback`) is the step's: this one names the cluster. Its
+    // commands name the step's files as written, relative to the stack's directory, as the
+    // step's other commands do from a `cd` there.
     if let Some(how) = one.cluster_rollback(None) {
-        doc.notes.push(format!("roll back one cluster: {how} (the checkpoint still records the cluster done)"));
+        doc.notes.push(format!(
+            "roll back one cluster, from `cd {}`: {how} (the checkpoint still records the cluster done)",
+            rdeploy_adapters::shell_quote(ctx.stack_dir)
+        ));
     }
     doc.notes.extend(inner.notes);
     doc
