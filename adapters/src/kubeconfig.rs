@@ -43,8 +43,9 @@ pub fn for_step(kubeconfig: Option<&Path>, ctx: &StepContext) -> Found {
 
 /// The kubeconfig files a kube client reads, as kubectl finds them: `kubeconfig` (relative to
 /// `base`, the directory the client runs in), else every file of `KUBECONFIG` (missing ones
-/// are skipped when read, relative ones against `base`), else `~/.kube/config`; `env` gives the
-/// variables (`KUBECONFIG`, `HOME`), an empty one counting as unset. Without `HOME` it is
+/// are skipped when read, relative ones against `base`), else `~/.kube/config` (a relative
+/// `HOME` against `base` too); `env` gives the variables (`KUBECONFIG`, `HOME`), an empty one
+/// counting as unset. Without `HOME` it is
 /// `.kube/config` in `base`, as client-go finds it (kubectl, helm): on Linux its home
 /// directory is `$HOME` alone (`homedir.HomeDir()`), with no look-up of the account's, and
 /// `~/.kube/config` is that joined to `.kube/config`.
@@ -62,7 +63,8 @@ pub fn find(kubeconfig: Option<&Path>, env: &dyn Fn(&str) -> Option<String>, bas
         },
         (None, None) => match env("HOME") {
             Some(home) => Found {
-                files: vec![PathBuf::from(home).join(".kube").join("config")],
+                // client-go joins `$HOME` as it is: a relative one is read from where it runs.
+                files: vec![base.join(home).join(".kube").join("config")],
                 source: "~/.kube/config".into(),
                 hint: None,
             },
@@ -318,6 +320,9 @@ users:
         let home = find(None, &with(&[("HOME", "/home/op")]), base);
         assert_eq!(home.files, [PathBuf::from("/home/op/.kube/config")]);
         assert_eq!((home.source.as_str(), home.hint), ("~/.kube/config", None));
+        // client-go reads `$HOME/.kube/config` from the directory it runs in.
+        let relative = find(None, &with(&[("HOME", "op")]), base);
+        assert_eq!(relative.files, [PathBuf::from("/stack/op/.kube/config")]);
         let listed = find(None, &with(&[("HOME", "/home/op"), ("KUBECONFIG", "a:/b")]), base);
         assert_eq!(listed.files, [PathBuf::from("/stack/a"), PathBuf::from("/b")]);
         assert_eq!(find(Some(Path::new("k.yaml")), &with(&[]), base).files, [PathBuf::from("/stack/k.yaml")]);
