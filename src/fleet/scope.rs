@@ -59,12 +59,23 @@ pub fn read_kubeconfig(explicit: Option<&Path>) -> anyhow::Result<(Arc<Kubeconfi
         _ if key == "HOME" => home::home_dir().map(|home| home.display().to_string()),
         _ => None,
     };
-    read_found(kubeconfig::find(explicit, &env, Path::new("")))
+    let mut found = kubeconfig::find(explicit, &env, Path::new(""));
+    if explicit.is_none() && env("KUBECONFIG").is_none() && env("HOME").is_none() {
+        // `find` words it for a step's tool; here rdeploy reads the file.
+        if let [file] = found.files.as_slice() {
+            found.source = format!(
+                "{} (`HOME` is unset and the account has no home directory, so rdeploy reads `.kube/config` in the directory it runs in)",
+                file.display()
+            );
+        }
+    }
+    read_found(found)
 }
 
 /// The kubeconfig a step's helm or kubectl reads ([`kubeconfig::for_step`]: the step's
-/// `kubeconfig`, else `KUBECONFIG` from its `env` over rdeploy's, else `~/.kube/config`): the
-/// same files a fleet cluster's own kubeconfig is cut from.
+/// `kubeconfig`, else `KUBECONFIG` from its `env` over rdeploy's, else `~/.kube/config`, which
+/// without `HOME` is `.kube/config` in the stack's directory, where the tool runs): the same
+/// files a fleet cluster's own kubeconfig is cut from.
 pub fn read_step_kubeconfig(kubeconfig: Option<&Path>, ctx: &StepContext) -> anyhow::Result<(Arc<Kubeconfig>, String)> {
     read_found(kubeconfig::for_step(kubeconfig, ctx))
 }
