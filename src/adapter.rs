@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 
 use rdeploy_adapters::preview::{Observed, PreviewError};
 use rdeploy_adapters::{
-    Adapter, AdapterError, Converged, DescribeContext, EventSink, Failure, FieldPath, Inspection, KubeTarget, Preview,
-    PriorStep, Recovered, RecoveryDoc, SpecProblem, StepContext, ToolInfo, ToolSpec,
+    Adapter, AdapterError, Converged, DeclaredSubChange, DescribeContext, EventSink, Failure, FieldPath, Inspection,
+    KubeTarget, Preview, PriorStep, Recovered, RecoveryDoc, SpecProblem, StepContext, ToolInfo, ToolSpec,
 };
 
 use crate::rollout::adapter::FleetAdapter;
@@ -149,6 +149,18 @@ impl<'a> Adapter for StepAdapter<'a> {
     fn describe_recovery(&self, ctx: &DescribeContext<'_>, prior: Option<&PriorStep>) -> RecoveryDoc {
         dispatch!(self, a => a.describe_recovery(ctx, prior))
     }
+
+    fn reapplies(&self) -> Option<&'static str> {
+        dispatch!(self, a => a.reapplies())
+    }
+
+    fn declared_sub_changes(&self) -> Vec<DeclaredSubChange<'_>> {
+        dispatch!(self, a => a.declared_sub_changes())
+    }
+
+    fn cluster_rollback(&self, ctx: Option<&StepContext>) -> Option<String> {
+        dispatch!(self, a => a.cluster_rollback(ctx))
+    }
 }
 
 #[cfg(test)]
@@ -207,7 +219,8 @@ steps:
         let stack = stack(dir.path());
         let records = dir.path().join(".rdeploy");
         let records = records.as_path();
-        let answers: Vec<(&str, bool, bool, Option<&str>, &str)> = stack
+        type Answers<'a> = (&'a str, bool, bool, Option<&'a str>, &'a str, bool, usize, bool);
+        let answers: Vec<Answers<'_>> = stack
             .ordered()
             .map(|step| {
                 let a = StepAdapter::of(step, records);
@@ -219,18 +232,21 @@ steps:
                     a.in_place_keeps_last_outputs(),
                     a.typed_values_key(),
                     a.sub_change_noun(),
+                    a.reapplies().is_some(),
+                    a.declared_sub_changes().len(),
+                    a.cluster_rollback(None).is_some_and(|how| how.contains("--kube-context CLUSTER")),
                 )
             })
             .collect();
         assert_eq!(
             answers,
             [
-                ("net", true, false, Some("vars"), "resource address"),
-                ("hosts", false, false, Some("extra_vars"), "host"),
-                ("app", true, false, Some("set"), "release revision"),
-                ("extras", true, false, None, "object (kind/namespace/name)"),
-                ("seed", true, true, None, "declared sub-change"),
-                ("agent", false, false, Some("set"), "cluster (its kube context)"),
+                ("net", true, false, Some("vars"), "resource address", false, 0, false),
+                ("hosts", false, false, Some("extra_vars"), "host", false, 0, false),
+                ("app", true, false, Some("set"), "release revision", true, 0, false),
+                ("extras", true, false, None, "object (kind/namespace/name)", false, 0, false),
+                ("seed", true, true, None, "declared sub-change", false, 1, false),
+                ("agent", false, false, Some("set"), "cluster (its kube context)", true, 0, true),
             ]
         );
     }

@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 
 use rdeploy_adapters::preview::{Observed, PreviewError};
 use rdeploy_adapters::{
-    Adapter, AdapterError, Converged, DescribeContext, EventSink, Failure, FieldPath, Inspection, KubeTarget, Preview,
-    PriorStep, Recovered, RecoveryDoc, SpecProblem, StepContext, SubStatus, ToolInfo,
+    Adapter, AdapterError, Converged, DeclaredSubChange, DescribeContext, EventSink, Failure, FieldPath, Inspection,
+    KubeTarget, Preview, PriorStep, Recovered, RecoveryDoc, SpecProblem, StepContext, SubStatus, ToolInfo,
 };
 
 use super::{dry_run, run, runbook, FleetRun};
@@ -143,6 +143,20 @@ impl<'a> Adapter for FleetAdapter<'a> {
         sink: &dyn EventSink,
     ) -> Result<Converged, Failure> {
         self.rollout(ctx, &PriorStep::default(), true, sink).await.map(|_| Converged::Applied)
+    }
+
+    fn reapplies(&self) -> Option<&'static str> {
+        self.step.spec.reapplies()
+    }
+
+    /// The tool's: a fleet step's sub-changes are its clusters, found as it runs.
+    fn declared_sub_changes(&self) -> Vec<DeclaredSubChange<'_>> {
+        self.step.spec.declared_sub_changes()
+    }
+
+    /// The tool's, for the cluster placeholder the runbook's notes explain ([`runbook::CLUSTER`]).
+    fn cluster_rollback(&self, ctx: Option<&StepContext>) -> Option<String> {
+        super::spec_for_cluster(&self.step.spec, runbook::CLUSTER).cluster_rollback(ctx)
     }
 
     /// The tool's commands for one cluster: the first one in trouble (failed, else started,
