@@ -1158,7 +1158,7 @@ impl Adapter for HelmSpec {
 
     fn cluster_rollback(&self, ctx: Option<&StepContext>) -> Option<String> {
         // The user's kubeconfig as helm resolves it when running, as written in a runbook.
-        let mut shown = HelmSpec { cluster_kubeconfig: None, ..self.clone() };
+        let mut shown = self.shown().into_owned();
         shown.kubeconfig = shown.kubeconfig_arg(ctx);
         // helm 3's flags: its bare `--wait` is helm 4's `--wait=watcher` too.
         let (history, rollback) = shown.rollback_by_hand(3);
