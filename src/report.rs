@@ -153,11 +153,18 @@ impl StepReport {
             // Short errors (`exit 3`) read fine twice; a long one is named, not repeated.
             if sub.chars().count() >= 40 {
                 if let Some(at) = why.find(sub) {
-                    let before = why[..at].trim_end().trim_end_matches(':').trim_end();
-                    let after = why[at + sub.len()..].trim_start();
-                    let mut short = format!("{before}: the error of `{}`", c.id);
+                    let named = format!("the error of `{}`", c.id);
+                    let (before, after) = (&why[..at], &why[at + sub.len()..]);
+                    // Quoted in parentheses (a rollout's `edge-1 (ERROR); ...`): named in its place.
+                    if before.trim_end().ends_with('(') && after.trim_start().starts_with(')') {
+                        why = format!("{}{named}{}", before.trim_end(), after.trim_start());
+                        continue;
+                    }
+                    let before = before.trim_end().trim_end_matches(':').trim_end();
+                    let after = after.trim_start();
+                    let mut short = format!("{before}: {named}");
                     if before.is_empty() {
-                        short = format!("the error of `{}`", c.id);
+                        short = named;
                     }
                     if !after.is_empty() {
                         short = format!("{short}; {after}");
@@ -913,6 +920,36 @@ fn one_line(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A long error of a sub-change is named, not said twice; one quoted in parentheses (a
+    /// rollout's failed cluster) is named in its place.
+    #[test]
+    fn a_long_sub_change_error_is_named_where_the_step_quotes_it() {
+        let long = "unable to read certificate-authority /x/clusters/edge-1/kube/certs/ca.crt";
+        let step = |error: String| StepReport {
+            error: Some(error),
+            sub_changes: vec![SubReport {
+                id: "edge-1".into(),
+                status: SubStatus::Failed,
+                uncertain: false,
+                in_place: false,
+                error: Some(long.into()),
+                note: None,
+                wave: Some(1),
+                absent_since: None,
+                absent_why: None,
+            }],
+            ..pending_step("agents".into(), "kubectl".into(), true)
+        };
+        assert_eq!(
+            step(format!("wave 1 of 1 failed: edge-1 ({long}); it was the last wave")).why().unwrap(),
+            "wave 1 of 1 failed: edge-1 (the error of `edge-1`); it was the last wave"
+        );
+        assert_eq!(
+            step(format!("`kubectl apply` failed: {long}")).why().unwrap(),
+            "`kubectl apply` failed: the error of `edge-1`"
+        );
+    }
 
     #[test]
     fn errors_are_one_line() {
