@@ -658,3 +658,102 @@ fn sigint_or_kill_9_while_previews_are_under_way_leaves_no_tool_running() {
         assert!(!p.exists("check-finished"), "{signal}: the early check was stopped, not waited out");
     }
 }
+
+/// `migrate` cannot resume and has a `revert`; its `check` (its early preview) says it started
+/// (`checking`, its pid), hears the SIGINT that stops it (`stop-asked`) and goes on until the
+/// test writes `release`. `WAITING_ALONE`: it is the only step, so it waits for its preview under
+/// way; `WAITING_STOPPED`: `first` applies something once the check is under way, so `migrate`
+/// cannot take it and waits for it to stop. The bounded loops only keep a broken build from
+/// hanging.
+const MIGRATE: &str = r#"
+  - name: migrate
+    tool: shell
+    resumable: false
+    run: echo migrated >> migrated.log
+    revert: touch reverted
+    check: |
+      echo $$ > checking.tmp; mv checking.tmp checking
+      trap 'touch stop-asked' INT
+      i=0; while [ ! -f release ] && [ $i -lt 2400 ]; do sleep 0.05; i=$((i+1)); done
+      test -f migrated.log
+"#;
+
+fn waiting_alone() -> String {
+    format!("name: waiting\nsteps:{MIGRATE}")
+}
+
+fn waiting_stopped() -> String {
+    let first = r#"
+  - name: first
+    tool: shell
+    run: |
+      i=0; while [ ! -f checking ] && [ $i -lt 2400 ]; do sleep 0.05; i=$((i+1)); done
+      echo first >> first.log
+"#;
+    format!(
+        "name: waiting\nsteps:{first}{}",
+        MIGRATE.replace("    resumable: false\n", "    needs: [first]\n    resumable: false\n")
+    )
+}
+
+/// `rdeploy recover` right after a kill -9: retried while the dead run's tool is still exiting
+/// (exit 5), as an operator would.
+fn recover_after_kill(p: &Project) -> common::Run {
+    let start = std::time::Instant::now();
+    loop {
+        let run = p.rdeploy(&["recover"]);
+        if run.status != 5 || start.elapsed() > std::time::Duration::from_secs(60) {
+            return run;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// A step that was only waiting for its early preview (under way, or being stopped) when the run
+/// was stopped has not started: no `StepStarted`, no interrupt, and its `revert` (complete or
+/// revert) does not run, for it applied nothing. It stays pending, as a step not reached, and
+/// `rdeploy recover` runs it once. Ctrl-C in either wait; kill -9 while its preview is being
+/// stopped (before the fix it was journaled started there, and `recover` reverted it first).
+#[test]
+fn a_step_waiting_for_its_preview_when_the_run_stops_is_not_started_nor_reverted() {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    let cases = [
+        ("alone, sigint", waiting_alone(), "checking", Signal::SIGINT),
+        ("stopped, sigint", waiting_stopped(), "stop-asked", Signal::SIGINT),
+        ("stopped, kill -9", waiting_stopped(), "stop-asked", Signal::SIGKILL),
+    ];
+    for (case, stack, waiting, signal) in cases {
+        let p = shell_project(&stack);
+        let child = p.spawn(&["up"]);
+        p.wait_for(waiting, std::time::Duration::from_secs(120));
+        let check: i32 = p.read("checking").trim().parse().expect("the check wrote its pid");
+        kill(Pid::from_raw(child.id() as i32), signal).unwrap();
+        // The check stopped (or rdeploy died) and ends once released.
+        p.file("release", "");
+        let output = child.wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(gone(check), "{case}: the early check (pid {check}) is still running");
+        assert!(!stderr.contains("migrate: shell apply"), "{case}: shown started: {stderr}");
+        if signal == Signal::SIGINT {
+            assert_eq!(output.status.code(), Some(130), "{case}: stdout: {stdout}\nstderr: {stderr}");
+            assert!(stdout.contains("migrate (shell): not run yet"), "{case}: {stdout}");
+            let status = p.status();
+            assert_eq!(status["interrupted"], "SIGINT", "{case}: {status:#}");
+            let migrate = step(&status, "migrate");
+            assert_eq!(migrate["status"], "pending", "{case}: {status:#}");
+            assert!(migrate.get("interrupted").is_none() && migrate.get("error").is_none(), "{case}: {migrate:#}");
+        }
+        assert!(!p.exists("reverted"), "{case}: `migrate` applied nothing, yet its revert ran");
+        let recovered = recover_after_kill(&p);
+        recovered.code(0);
+        assert!(!recovered.stdout.contains("revert"), "{case}: {}", recovered.stdout);
+        assert!(!p.exists("reverted"), "{case}: `recover` reverted a step that never started");
+        assert_eq!(p.lines("migrated.log"), ["migrated"], "{case}: `recover` ran it once");
+        assert_eq!(p.status()["state"], "complete", "{case}");
+        if case.starts_with("stopped") {
+            assert_eq!(p.lines("first.log"), ["first"], "{case}: `first` was done: not run again");
+        }
+    }
+}

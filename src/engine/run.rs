@@ -9,7 +9,7 @@ use rdeploy_adapters::{Converged, Failure, Recovered, ToolInfo};
 use tokio::task::JoinSet;
 
 use super::attempt::{Action, Attempts};
-use super::event::{Attempt, RunEvent, StepEnd, Work};
+use super::event::{StepEnd, Work};
 use super::journal::{Checkpoint, CheckpointGone};
 use super::journal::{SharedCheckpoint, StepJournal};
 use super::references::OutputsSeen;
@@ -23,11 +23,20 @@ use crate::stack::{OnFailure, Step};
 /// step's outputs were when it started.
 pub(super) struct RunState {
     pub(super) schedule: Schedule<Action>,
-    pub(super) running: JoinSet<(String, Result<Recovered, Failure>)>,
+    pub(super) running: JoinSet<(String, Ran)>,
     /// Each running step's outputs when it started, to tell which changed when it is done.
     pub(super) outputs_before: HashMap<String, OutputsSeen>,
     /// `up` (not `--force-apply`): each step applies only what its preview finds not in place.
     pub(super) converging: Option<Converging>,
+}
+
+/// What a step's task comes back with.
+pub(super) enum Ran {
+    /// The step started (it was journaled and shown started) and ended so.
+    Ended(Result<Recovered, Failure>),
+    /// It never started: the run stopped (`error`: its start could not be journaled) while it
+    /// waited for an early preview of it to stop. It ran nothing, and is as a step not reached.
+    NotStarted { action: Action, error: Option<anyhow::Error> },
 }
 
 /// `up`'s convergence: the previews made as the run goes ([`Session::early_previews`]), each
@@ -65,14 +74,25 @@ impl Session {
                 if let Err(e) = self.start_ready(&cp, &mut run, &tools).await {
                     fatal = Some(self.stop_everything(e, &mut run));
                 }
+                self.stop_previews_if_stopping(&run);
             }
             let Some(joined) = run.running.join_next().await else { break };
             let (name, result) = match joined {
-                Ok(finished) => finished,
+                Ok((name, Ran::Ended(result))) => (name, result),
+                Ok((name, Ran::NotStarted { action, error })) => {
+                    run.outputs_before.remove(&name);
+                    run.schedule.unpop(&name, action);
+                    if let Some(e) = error.filter(|_| fatal.is_none()) {
+                        fatal = Some(self.stop_everything(e, &mut run));
+                    }
+                    self.stop_previews_if_stopping(&run);
+                    continue;
+                }
                 Err(e) => {
                     fatal.get_or_insert_with(|| {
                         self.stop_everything(anyhow::anyhow!("a step task panicked: {e}"), &mut run)
                     });
+                    self.stop_previews_if_stopping(&run);
                     continue;
                 }
             };
@@ -81,6 +101,12 @@ impl Session {
                     fatal = Some(self.stop_everything(e, &mut run));
                 }
             }
+            self.stop_previews_if_stopping(&run);
+        }
+        // No step starts any more: an early preview still under way is of no use (and
+        // `on_failure: revert` is about to change what it reads).
+        if let Some(converging) = &run.converging {
+            converging.early.stop();
         }
         if let Some(e) = fatal {
             cp.snapshot();
@@ -136,6 +162,13 @@ impl Session {
         cp.snapshot();
         let deploy = cp.read(Deploy::clone);
         Ok((outcome, deploy))
+    }
+
+    /// Once nothing new starts, the early previews still under way are of no use: stopped.
+    fn stop_previews_if_stopping(&self, run: &RunState) {
+        if let Some(converging) = run.converging.as_ref().filter(|_| run.schedule.is_stopping()) {
+            converging.early.stop();
+        }
     }
 
     /// Cancels every running step (their tools get SIGINT once) and stops scheduling.
@@ -254,19 +287,20 @@ impl Session {
         let retry = step.retry.clone().filter(|_| step.resumable && saved.is_none());
         // Its early preview, if it is still good (made while nothing applied, with no other
         // step running): waited for here, while nothing else runs, before the step is recorded
-        // and shown started (a Ctrl-C meanwhile interrupts it as at any step's start).
+        // and shown started. A step that only waited for it when the run stopped (a Ctrl-C)
+        // never started: it is taken back, as a step not reached.
         let (early, stopping) = match (&action, &mut run.converging) {
             (Action::Apply, Some(converging)) if !step.always => {
                 converging.early.take(&name, run.running.is_empty()).await
             }
             _ => (None, None),
         };
-        if let Some(retry) = &retry {
-            cp.record(Record::Attempt { step: name.clone(), attempt: 1, of: retry.attempts })?;
+        let stopped = run.converging.as_ref().map(|c| c.early.stopped()).unwrap_or_default();
+        if self.cancel.is_cancelled() || stopped.is_cancelled() {
+            run.schedule.unpop(&name, action);
+            run.schedule.stop();
+            return Ok(());
         }
-        cp.record(Record::StepStarted { step: name.clone(), mode, tool_version: tool_version.clone() })?;
-        let attempt = retry.as_ref().map(|r| Attempt { number: 1, of: r.attempts });
-        self.emit(RunEvent::StepStarted { step: name.clone(), work, attempt });
         let (mut step, mut ctx, read) = self.resolved(&step, self.cancel.child_token());
         if let Some(saved) = saved {
             step.spec.use_saved_plan(saved);
@@ -297,12 +331,24 @@ impl Session {
             fleet_dir: self.state.shared.clone(),
             last: run.converging.as_ref().and_then(|c| c.last.clone()),
         };
+        // Journaled started before its tools start (a kill -9 before that leaves it pending):
+        // here, or in its task once a preview of it being stopped has ended.
+        if stopping.is_none() {
+            attempts.start(&name, mode, work)?;
+        }
         run.outputs_before.insert(name.clone(), self.outputs_seen(cp, &name));
+        let run_cancel = self.cancel.clone();
         run.running.spawn(async move {
             // A preview of this step stopped as it started: its tools exit before the step's own
-            // start.
+            // start, and if the run stopped meanwhile (nothing new starts) the step never does.
             if let Some(stopping) = stopping {
                 stopping.ended().await;
+                if run_cancel.is_cancelled() || stopped.is_cancelled() {
+                    return (step.name.clone(), Ran::NotStarted { action, error: None });
+                }
+                if let Err(e) = attempts.start(&step.name, mode, work) {
+                    return (step.name.clone(), Ran::NotStarted { action, error: Some(e) });
+                }
             }
             let result = match read {
                 Ok(()) => attempts.run(&step, &ctx, action, &sink, converge).await,
@@ -314,7 +360,7 @@ impl Session {
                 applies.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             }
             let result = result.map(|(recovered, _)| recovered);
-            (step.name.clone(), result)
+            (step.name.clone(), Ran::Ended(result))
         });
         Ok(())
     }
@@ -356,6 +402,11 @@ impl Session {
         let failure = self.name_timeout(cp, &step, failure);
         self.step_ended(&name, StepEnd::Failed { summary: failure.summary.clone() });
         cp.record(Record::StepFailed { step: name.clone(), failure: Failure { interrupted, ..failure } })?;
+        if let Some(converging) = run.converging.as_ref().filter(|_| run.schedule.failure_stops(interrupted)) {
+            // No other step starts after this failure: the previews still under way are of no
+            // use, and the revert below would change what they read.
+            converging.early.stop();
+        }
         let then = if !step.resumable && step.revert.is_some() {
             // Complete or revert, under Ctrl-C too: a step that cannot resume goes back to where
             // it started (uncancellably) before rdeploy exits.

@@ -158,6 +158,24 @@ impl<A> Schedule<A> {
         }
     }
 
+    /// A step [`next_ready`](Self::next_ready) gave that never started (the run stopped while it
+    /// waited for its early preview): it is taken back as it was, not running, first in line.
+    pub fn unpop(&mut self, step: &str, action: A) {
+        self.running.remove(step);
+        self.todo.insert(0, (step.to_string(), action));
+    }
+
+    /// Whether a failure (`interrupted`: by the run's signal) stops every new start, as
+    /// [`finish`](Self::finish) will once the failed step is settled.
+    pub fn failure_stops(&self, interrupted: bool) -> bool {
+        !self.keep_going || interrupted
+    }
+
+    /// Nothing new starts.
+    pub fn is_stopping(&self) -> bool {
+        self.stopping
+    }
+
     /// A done step used an output that changed since: it is no longer done, and runs again
     /// (with `action`) once what it needs is done.
     pub fn requeue(&mut self, step: &str, action: A) {
@@ -193,7 +211,7 @@ impl<A> Schedule<A> {
     /// A step failed, was refused or rolled back: with `keep_going` (and `may_go_on`) only its
     /// dependents wait; otherwise nothing new starts.
     fn branch_failed(&mut self, may_go_on: bool) {
-        if !(self.keep_going && may_go_on) {
+        if self.failure_stops(!may_go_on) {
             self.stopping = true;
         }
     }
@@ -311,6 +329,26 @@ mod tests {
         assert_eq!(ready(&mut s), ["c"]);
         s.finish("c", StepEnd::Done);
         assert!(s.all_done());
+    }
+
+    #[test]
+    fn a_step_taken_back_is_not_running_and_starts_again_first() {
+        let mut s = diamond(1, false);
+        assert_eq!(ready(&mut s), ["a"]);
+        s.unpop("a", ());
+        assert_eq!(ready(&mut s), ["a"], "not running, first in line");
+        s.unpop("a", ());
+        s.stop();
+        assert!(ready(&mut s).is_empty());
+        assert!(!s.all_done());
+        assert_eq!(s.outcome(), Outcome::Complete, "a step that never started changes no outcome");
+    }
+
+    #[test]
+    fn a_failure_stops_the_run_without_keep_going_or_when_interrupted() {
+        assert!(diamond(1, false).failure_stops(false));
+        assert!(!diamond(1, true).failure_stops(false));
+        assert!(diamond(1, true).failure_stops(true));
     }
 
     #[test]
