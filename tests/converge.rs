@@ -757,3 +757,54 @@ fn a_step_waiting_for_its_preview_when_the_run_stops_is_not_started_nor_reverted
         }
     }
 }
+
+/// `broken` fails once `later`'s early check is under way; `later` needs it, so it will never
+/// run. Each revert says whether the check had been told to stop (`stop-asked`) when it ran:
+/// `broken`'s (complete or revert) waits for that a while, `base`'s (`on_failure: revert`, after
+/// it) only looks.
+const REVERTED_UNDER_A_PREVIEW: &str = r#"
+name: reverting
+on_failure: revert
+steps:
+  - name: base
+    tool: shell
+    run: echo base >> base.log
+    revert: if [ -f stop-asked ]; then echo base-after-stop >> reverts.log; else echo base-beside-preview >> reverts.log; fi
+  - name: broken
+    tool: shell
+    needs: [base]
+    run: |
+      i=0; while [ ! -f checking ] && [ $i -lt 2400 ]; do sleep 0.05; i=$((i+1)); done
+      echo 'broken: failed' >&2; exit 3
+    revert: |
+      i=0; while [ ! -f stop-asked ] && [ $i -lt 2400 ]; do sleep 0.05; i=$((i+1)); done
+      if [ -f stop-asked ]; then echo broken-after-stop >> reverts.log; else echo broken-beside-preview >> reverts.log; fi
+  - name: later
+    tool: shell
+    needs: [broken]
+    run: echo later >> later.log
+    check: |
+      touch checking
+      trap 'touch stop-asked; exit 1' INT
+      i=0; while [ ! -f never ] && [ $i -lt 2400 ]; do sleep 0.05; i=$((i+1)); done
+      touch check-finished
+"#;
+
+/// A failure after which a step will never run stops that step's early preview before any revert
+/// runs (the revert changes the live state it reads): the run's end without `--keep-going`, and
+/// with it the failed step's dependents.
+#[test]
+fn the_previews_of_steps_that_will_never_run_are_stopped_before_the_reverts() {
+    for args in [&["up"][..], &["up", "--keep-going"][..]] {
+        let p = shell_project(REVERTED_UNDER_A_PREVIEW);
+        let up = p.rdeploy(args);
+        up.code(3).stderr_has("broken: failed");
+        assert_eq!(
+            p.lines("reverts.log"),
+            ["broken-after-stop", "base-after-stop"],
+            "{args:?}: the preview of `later` was stopped before each revert ran"
+        );
+        assert!(!p.exists("check-finished"), "{args:?}: the early check was stopped, not waited out");
+        assert!(!p.exists("later.log"), "{args:?}");
+    }
+}

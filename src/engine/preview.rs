@@ -77,6 +77,13 @@ impl EarlyPreviews {
         self.stop.cancel();
     }
 
+    /// `step` will never start (a step it needs failed): its preview, if under way, is stopped.
+    pub(crate) fn stop_one(&self, step: &str) {
+        if let Some((slot, _)) = self.slots.get(step) {
+            slot.cancel.cancel();
+        }
+    }
+
     /// Cancelled once [`EarlyPreviews::stop`] was called (or the run was interrupted): a step
     /// that waited for a preview of its own to stop does not start then.
     pub(crate) fn stopped(&self) -> CancellationToken {
@@ -148,6 +155,11 @@ struct EarlyWatch {
 impl PreviewWatch for EarlyWatch {
     fn start(&mut self, index: usize) -> Option<CancellationToken> {
         let slot = self.slots[index].as_ref()?.0.clone();
+        // Stopped before it started: its step will never run.
+        if slot.cancel.is_cancelled() {
+            self.slots[index] = None;
+            return None;
+        }
         // Read before the CAS, so before the preview reads anything: an apply that ends in
         // between moves the count and the preview is not taken.
         slot.began.store(self.applies.load(Ordering::SeqCst), Ordering::SeqCst);

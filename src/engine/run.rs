@@ -171,6 +171,20 @@ impl Session {
         }
     }
 
+    /// `step` ended without being done (`stops`: and no step starts any more): the previews of
+    /// the steps that will never start now (every one left, else those that need it) are of no
+    /// use, and are stopped.
+    fn stop_previews_after(&self, run: &RunState, step: &str, stops: bool) {
+        let Some(converging) = &run.converging else { return };
+        if stops {
+            converging.early.stop();
+        } else {
+            for dependent in run.schedule.dependents(step) {
+                converging.early.stop_one(&dependent);
+            }
+        }
+    }
+
     /// Cancels every running step (their tools get SIGINT once) and stops scheduling.
     pub(super) fn stop_everything(&self, error: anyhow::Error, run: &mut RunState) -> anyhow::Error {
         if CheckpointGone::is(&error) {
@@ -242,6 +256,7 @@ impl Session {
         let name = &step.name;
         self.step_ended(name, StepEnd::Refused { reason: reason.clone() });
         run.schedule.finish(name, End::Refused);
+        self.stop_previews_after(run, name, run.schedule.is_stopping());
         cp.record(Record::StepRefused { step: name.clone(), reason })?;
         Ok(true)
     }
@@ -402,11 +417,8 @@ impl Session {
         let failure = self.name_timeout(cp, &step, failure);
         self.step_ended(&name, StepEnd::Failed { summary: failure.summary.clone() });
         cp.record(Record::StepFailed { step: name.clone(), failure: Failure { interrupted, ..failure } })?;
-        if let Some(converging) = run.converging.as_ref().filter(|_| run.schedule.failure_stops(interrupted)) {
-            // No other step starts after this failure: the previews still under way are of no
-            // use, and the revert below would change what they read.
-            converging.early.stop();
-        }
+        // Before the revert below changes what they read.
+        self.stop_previews_after(run, &name, run.schedule.failure_stops(interrupted));
         let then = if !step.resumable && step.revert.is_some() {
             // Complete or revert, under Ctrl-C too: a step that cannot resume goes back to where
             // it started (uncancellably) before rdeploy exits.

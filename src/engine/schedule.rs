@@ -171,6 +171,28 @@ impl<A> Schedule<A> {
         !self.keep_going || interrupted
     }
 
+    /// The steps left to start that need `step`, directly or through one another: those that
+    /// never start once it failed.
+    pub fn dependents(&self, step: &str) -> Vec<String> {
+        let mut found: Vec<String> = Vec::new();
+        loop {
+            let more: Vec<String> = self
+                .todo
+                .iter()
+                .map(|(name, _)| name)
+                .filter(|name| !found.contains(name))
+                .filter(|name| {
+                    self.needs.get(*name).is_some_and(|needs| needs.iter().any(|n| n == step || found.contains(n)))
+                })
+                .cloned()
+                .collect();
+            if more.is_empty() {
+                return found;
+            }
+            found.extend(more);
+        }
+    }
+
     /// Nothing new starts.
     pub fn is_stopping(&self) -> bool {
         self.stopping
@@ -342,6 +364,19 @@ mod tests {
         assert!(ready(&mut s).is_empty());
         assert!(!s.all_done());
         assert_eq!(s.outcome(), Outcome::Complete, "a step that never started changes no outcome");
+    }
+
+    #[test]
+    fn the_dependents_of_a_step_are_those_left_that_need_it_through_one_another() {
+        let mut s = diamond(1, true);
+        assert_eq!(s.dependents("a"), ["b", "c"]);
+        assert_eq!(s.dependents("b"), ["c"]);
+        assert!(s.dependents("d").is_empty());
+        assert_eq!(ready(&mut s), ["a"]);
+        s.finish("a", StepEnd::Done);
+        assert_eq!(ready(&mut s), ["b"]);
+        assert_eq!(s.dependents("b"), ["c"]);
+        assert!(s.dependents("a").is_empty(), "only through steps left to start: b runs");
     }
 
     #[test]
