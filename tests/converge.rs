@@ -672,8 +672,8 @@ const MIGRATE: &str = r#"
     run: echo migrated >> migrated.log
     revert: touch reverted
     check: |
-      echo $$ > checking.tmp; mv checking.tmp checking
       trap 'touch stop-asked' INT
+      echo $$ > checking.tmp; mv checking.tmp checking
       i=0; while [ ! -f release ] && [ $i -lt 2400 ]; do sleep 0.05; i=$((i+1)); done
       test -f migrated.log
 "#;
@@ -784,8 +784,8 @@ steps:
     needs: [broken]
     run: echo later >> later.log
     check: |
-      touch checking
       trap 'touch stop-asked; exit 1' INT
+      touch checking
       i=0; while [ ! -f never ] && [ $i -lt 2400 ]; do sleep 0.05; i=$((i+1)); done
       touch check-finished
 "#;
