@@ -725,15 +725,28 @@ fn a_step_waiting_for_its_preview_when_the_run_stops_is_not_started_nor_reverted
     ];
     for (case, stack, waiting, signal) in cases {
         let p = shell_project(&stack);
-        let child = p.spawn(&["up"]);
+        // rdeploy's debug line `starting step` (migrate's) is written once the run has taken the
+        // step off its list, after its last look at a Ctrl-C before the step reaches its
+        // preview: a signal sent once it is there finds the step on its way to its preview (or
+        // in it), never before (where it would just not be taken off, fixed or not).
+        let mut up = p.command(&["up"]);
+        up.env("RDEPLOY_LOG", "warn,rdeploy::engine::run=debug")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::fs::File::create(p.path("up.stderr")).unwrap());
+        let child = up.spawn().expect("spawn rdeploy");
         p.wait_for(waiting, std::time::Duration::from_secs(120));
+        let start = std::time::Instant::now();
+        while !p.read("up.stderr").lines().any(|l| l.contains("starting step") && l.contains("migrate")) {
+            assert!(start.elapsed() < std::time::Duration::from_secs(120), "{case}: `migrate` was never taken");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
         let check: i32 = p.read("checking").trim().parse().expect("the check wrote its pid");
         kill(Pid::from_raw(child.id() as i32), signal).unwrap();
         // The check stopped (or rdeploy died) and ends once released.
         p.file("release", "");
         let output = child.wait_with_output().unwrap();
         let stdout = String::from_utf8_lossy(&output.stdout);
-        let stderr = String::from_utf8_lossy(&output.stderr);
+        let stderr = p.read("up.stderr");
         assert!(gone(check), "{case}: the early check (pid {check}) is still running");
         assert!(!stderr.contains("migrate: shell apply"), "{case}: shown started: {stderr}");
         if signal == Signal::SIGINT {
@@ -748,7 +761,7 @@ fn a_step_waiting_for_its_preview_when_the_run_stops_is_not_started_nor_reverted
         assert!(!p.exists("reverted"), "{case}: `migrate` applied nothing, yet its revert ran");
         let recovered = recover_after_kill(&p);
         recovered.code(0);
-        assert!(!recovered.stdout.contains("revert"), "{case}: {}", recovered.stdout);
+        assert!(!recovered.stderr.contains("migrate: revert"), "{case}: {}", recovered.stderr);
         assert!(!p.exists("reverted"), "{case}: `recover` reverted a step that never started");
         assert_eq!(p.lines("migrated.log"), ["migrated"], "{case}: `recover` ran it once");
         assert_eq!(p.status()["state"], "complete", "{case}");
