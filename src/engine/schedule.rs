@@ -78,6 +78,8 @@ pub struct Schedule<A> {
     needs: HashMap<String, Vec<String>>,
     /// Not started yet, in stack order.
     todo: Vec<(String, A)>,
+    /// Each step's place in the `todo` the run was given, to put a step taken back where it was.
+    rank: HashMap<String, usize>,
     running: HashSet<String>,
     done: HashSet<String>,
     parallel: usize,
@@ -98,6 +100,7 @@ impl<A> Schedule<A> {
     ) -> Schedule<A> {
         Schedule {
             needs: steps.into_iter().collect(),
+            rank: todo.iter().enumerate().map(|(i, (name, _))| (name.clone(), i)).collect(),
             todo,
             running: HashSet::new(),
             done,
@@ -159,10 +162,13 @@ impl<A> Schedule<A> {
     }
 
     /// A step [`next_ready`](Self::next_ready) gave that never started (the run stopped while it
-    /// waited for its early preview): it is taken back as it was, not running, first in line.
+    /// waited for its early preview, or its start could not be journaled): it is taken back as
+    /// it was, not running, at its place in stack order.
     pub fn unpop(&mut self, step: &str, action: A) {
         self.running.remove(step);
-        self.todo.insert(0, (step.to_string(), action));
+        let rank = |name: &str| self.rank.get(name).copied().unwrap_or(usize::MAX);
+        let at = self.todo.iter().position(|(name, _)| rank(name) > rank(step)).unwrap_or(self.todo.len());
+        self.todo.insert(at, (step.to_string(), action));
     }
 
     /// Whether a failure (`interrupted`: by the run's signal) stops every new start, as
@@ -354,12 +360,16 @@ mod tests {
     }
 
     #[test]
-    fn a_step_taken_back_is_not_running_and_starts_again_first() {
-        let mut s = diamond(1, false);
-        assert_eq!(ready(&mut s), ["a"]);
-        s.unpop("a", ());
-        assert_eq!(ready(&mut s), ["a"], "not running, first in line");
-        s.unpop("a", ());
+    fn a_step_taken_back_is_not_running_and_starts_again_at_its_place_in_stack_order() {
+        let mut s = diamond(2, false);
+        assert_eq!(ready(&mut s), ["a", "d"]);
+        s.unpop("d", ());
+        assert_eq!(ready(&mut s), ["d"], "not running: it starts again");
+        s.unpop("d", ());
+        s.finish("a", StepEnd::Done);
+        assert_eq!(ready(&mut s), ["b", "d"], "after b, which comes first in stack order");
+        s.unpop("b", ());
+        s.unpop("d", ());
         s.stop();
         assert!(ready(&mut s).is_empty());
         assert!(!s.all_done());
@@ -380,10 +390,16 @@ mod tests {
     }
 
     #[test]
-    fn a_failure_stops_the_run_without_keep_going_or_when_interrupted() {
-        assert!(diamond(1, false).failure_stops(false));
-        assert!(!diamond(1, true).failure_stops(false));
-        assert!(diamond(1, true).failure_stops(true));
+    fn failure_stops_says_beforehand_whether_the_failure_will_stop_every_new_start() {
+        for keep_going in [false, true] {
+            for interrupted in [false, true] {
+                let mut s = diamond(1, keep_going);
+                assert_eq!(ready(&mut s), ["a"]);
+                let said = s.failure_stops(interrupted);
+                s.finish("a", StepEnd::Failed { interrupted, then: AfterFailure::Kept });
+                assert_eq!(ready(&mut s).is_empty(), said, "keep_going {keep_going}, interrupted {interrupted}");
+            }
+        }
     }
 
     #[test]
