@@ -66,9 +66,10 @@ pub(crate) struct EarlyPreviews {
 }
 
 impl EarlyPreviews {
-    /// No early previews (`up --plan` decides by the reviewed plan, `--force-apply` not at all).
-    pub(crate) fn none() -> EarlyPreviews {
-        EarlyPreviews { slots: HashMap::new(), applies: Arc::new(AtomicU64::new(0)), stop: CancellationToken::new() }
+    /// No early previews (`up --plan` decides by the reviewed plan, `--force-apply` not at all);
+    /// `cancel`: the run's.
+    pub(crate) fn none(cancel: &CancellationToken) -> EarlyPreviews {
+        EarlyPreviews { slots: HashMap::new(), applies: Arc::new(AtomicU64::new(0)), stop: cancel.child_token() }
     }
 
     /// No step starts any more: the previews still under way are of no use, and are stopped
@@ -84,8 +85,10 @@ impl EarlyPreviews {
         }
     }
 
-    /// Cancelled once [`EarlyPreviews::stop`] was called (or the run was interrupted): a step
-    /// that waited for a preview of its own to stop does not start then.
+    /// Cancelled once [`EarlyPreviews::stop`] was called or the run's cancel was (a Ctrl-C, a
+    /// fatal error: it is the parent of both [`EarlyPreviews::none`]'s and
+    /// [`Session::early_previews`]'): a step that waited for a preview of its own to stop does
+    /// not start then.
     pub(crate) fn stopped(&self) -> CancellationToken {
         self.stop.clone()
     }

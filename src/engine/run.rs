@@ -74,7 +74,12 @@ impl Session {
                 if let Err(e) = self.start_ready(&cp, &mut run, &tools).await {
                     fatal = Some(self.stop_everything(e, &mut run));
                 }
-                self.stop_previews_if_stopping(&run);
+                // Every step's end comes back here with nothing awaited in between (a fatal error
+                // cancels the run, and so every preview, itself): the previews are stopped as
+                // soon as nothing new starts.
+                if run.schedule.is_stopping() {
+                    self.stop_previews(&run);
+                }
             }
             let Some(joined) = run.running.join_next().await else { break };
             let (name, result) = match joined {
@@ -85,14 +90,12 @@ impl Session {
                     if let Some(e) = error.filter(|_| fatal.is_none()) {
                         fatal = Some(self.stop_everything(e, &mut run));
                     }
-                    self.stop_previews_if_stopping(&run);
                     continue;
                 }
                 Err(e) => {
                     fatal.get_or_insert_with(|| {
                         self.stop_everything(anyhow::anyhow!("a step task panicked: {e}"), &mut run)
                     });
-                    self.stop_previews_if_stopping(&run);
                     continue;
                 }
             };
@@ -101,13 +104,10 @@ impl Session {
                     fatal = Some(self.stop_everything(e, &mut run));
                 }
             }
-            self.stop_previews_if_stopping(&run);
         }
         // No step starts any more: an early preview still under way is of no use (and
         // `on_failure: revert` is about to change what it reads).
-        if let Some(converging) = &run.converging {
-            converging.early.stop();
-        }
+        self.stop_previews(&run);
         if let Some(e) = fatal {
             cp.snapshot();
             if CheckpointGone::is(&e) {
@@ -164,24 +164,20 @@ impl Session {
         Ok((outcome, deploy))
     }
 
-    /// Once nothing new starts, the early previews still under way are of no use: stopped.
-    fn stop_previews_if_stopping(&self, run: &RunState) {
-        if let Some(converging) = run.converging.as_ref().filter(|_| run.schedule.is_stopping()) {
+    /// No step starts any more: the early previews still under way are of no use, and are
+    /// stopped.
+    fn stop_previews(&self, run: &RunState) {
+        if let Some(converging) = &run.converging {
             converging.early.stop();
         }
     }
 
-    /// `step` ended without being done (`stops`: and no step starts any more): the previews of
-    /// the steps that will never start now (every one left, else those that need it) are of no
-    /// use, and are stopped.
-    fn stop_previews_after(&self, run: &RunState, step: &str, stops: bool) {
+    /// `step` ended without being done: the early previews of the steps left that need it (they
+    /// will never start) are of no use, and are stopped.
+    fn stop_previews_of_dependents(&self, run: &RunState, step: &str) {
         let Some(converging) = &run.converging else { return };
-        if stops {
-            converging.early.stop();
-        } else {
-            for dependent in run.schedule.dependents(step) {
-                converging.early.stop_one(&dependent);
-            }
+        for dependent in run.schedule.dependents(step) {
+            converging.early.stop_one(&dependent);
         }
     }
 
@@ -256,7 +252,7 @@ impl Session {
         let name = &step.name;
         self.step_ended(name, StepEnd::Refused { reason: reason.clone() });
         run.schedule.finish(name, End::Refused);
-        self.stop_previews_after(run, name, run.schedule.is_stopping());
+        self.stop_previews_of_dependents(run, name);
         cp.record(Record::StepRefused { step: name.clone(), reason })?;
         Ok(true)
     }
@@ -310,8 +306,9 @@ impl Session {
             }
             _ => (None, None),
         };
-        let stopped = run.converging.as_ref().map(|c| c.early.stopped()).unwrap_or_default();
-        if self.cancel.is_cancelled() || stopped.is_cancelled() {
+        // A child of the run's cancel: a Ctrl-C cancels it too.
+        let stopped = run.converging.as_ref().map_or_else(|| self.cancel.clone(), |c| c.early.stopped());
+        if stopped.is_cancelled() {
             run.schedule.unpop(&name, action);
             run.schedule.stop();
             return Ok(());
@@ -352,13 +349,12 @@ impl Session {
             attempts.start(&name, mode, work)?;
         }
         run.outputs_before.insert(name.clone(), self.outputs_seen(cp, &name));
-        let run_cancel = self.cancel.clone();
         run.running.spawn(async move {
             // A preview of this step stopped as it started: its tools exit before the step's own
             // start, and if the run stopped meanwhile (nothing new starts) the step never does.
             if let Some(stopping) = stopping {
                 stopping.ended().await;
-                if run_cancel.is_cancelled() || stopped.is_cancelled() {
+                if stopped.is_cancelled() {
                     return (step.name.clone(), Ran::NotStarted { action, error: None });
                 }
                 if let Err(e) = attempts.start(&step.name, mode, work) {
@@ -418,7 +414,11 @@ impl Session {
         self.step_ended(&name, StepEnd::Failed { summary: failure.summary.clone() });
         cp.record(Record::StepFailed { step: name.clone(), failure: Failure { interrupted, ..failure } })?;
         // Before the revert below changes what they read.
-        self.stop_previews_after(run, &name, run.schedule.failure_stops(interrupted));
+        if run.schedule.failure_stops(interrupted) {
+            self.stop_previews(run);
+        } else {
+            self.stop_previews_of_dependents(run, &name);
+        }
         let then = if !step.resumable && step.revert.is_some() {
             // Complete or revert, under Ctrl-C too: a step that cannot resume goes back to where
             // it started (uncancellably) before rdeploy exits.

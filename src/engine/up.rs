@@ -62,7 +62,7 @@ impl Session {
         // too, for a run that ended early with an error) and waited for.
         let stop_previews = self.cancel.child_token();
         let (early, previews) = if self.force_apply || self.from_plan.is_some() {
-            (EarlyPreviews::none(), None)
+            (EarlyPreviews::none(&stop_previews), None)
         } else {
             let (early, previews) = self.early_previews(&stop_previews);
             (early, Some(previews))
