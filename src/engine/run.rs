@@ -234,6 +234,7 @@ impl Session {
                     cp.record(Record::StepStarted { step: name.clone(), mode, tool_version: tool_version.clone() })?;
                     self.step_ended(&name, StepEnd::Failed { summary: failure.summary.clone() });
                     run.schedule.finish(&name, End::Failed { interrupted: false, then: AfterFailure::Kept });
+                    self.stop_previews_of_dependents(run, &name);
                     cp.record(Record::StepFailed { step: name.clone(), failure })?;
                     continue;
                 }
@@ -405,6 +406,7 @@ impl Session {
                 cp.snapshot();
                 self.step_ended(&name, StepEnd::RolledBack { to: to.to_string() });
                 run.schedule.finish(&name, End::RolledBack);
+                self.stop_previews_of_dependents(run, &name);
                 return Ok(());
             }
             Err(failure) => failure,
