@@ -347,7 +347,11 @@ impl Session {
         // Journaled started before its tools start (a kill -9 before that leaves it pending):
         // here, or in its task once a preview of it being stopped has ended.
         if stopping.is_none() {
-            attempts.start(&name, mode, work)?;
+            if let Err(e) = attempts.start(&name, mode, work) {
+                // As in its task: a step whose start could not be journaled never started.
+                run.schedule.unpop(&name, action);
+                return Err(e);
+            }
         }
         run.outputs_before.insert(name.clone(), self.outputs_seen(cp, &name));
         run.running.spawn(async move {
