@@ -821,3 +821,48 @@ fn the_previews_of_steps_that_will_never_run_are_stopped_before_the_reverts() {
         assert!(!p.exists("later.log"), "{args:?}");
     }
 }
+
+/// With `--keep-going`, `b` fails on its inputs (`a` has no output `missing`), having run
+/// nothing; `c` needs it, so `c`'s early check (under way since before `a` ended) is of no use.
+/// `d`, beside them, says whether the check had been told to stop (`stop-asked`) when it ended:
+/// it waits for that a while.
+const FAILED_ON_ITS_INPUTS: &str = r#"
+name: inputs
+steps:
+  - name: a
+    tool: shell
+    run: |
+      i=0; while [ ! -f checking ] && [ $i -lt 2400 ]; do sleep 0.05; i=$((i+1)); done
+      echo a >> a.log
+  - name: b
+    tool: shell
+    needs: [a]
+    run: echo "${{ steps.a.outputs.missing }}" >> b.log
+  - name: c
+    tool: shell
+    needs: [b]
+    run: echo c >> c.log
+    check: |
+      trap 'touch stop-asked; exit 1' INT
+      touch checking
+      i=0; while [ ! -f never ] && [ $i -lt 2400 ]; do sleep 0.05; i=$((i+1)); done
+      touch check-finished
+  - name: d
+    tool: shell
+    run: |
+      i=0; while [ ! -f stop-asked ] && [ $i -lt 2400 ]; do sleep 0.05; i=$((i+1)); done
+      if [ -f stop-asked ]; then echo d-after-stop >> d.log; else echo d-beside-preview >> d.log; fi
+"#;
+
+/// With `--keep-going`, a step that fails on its inputs stops the early previews of the steps
+/// that need it at once, not when the run ends.
+#[test]
+fn keep_going_stops_the_previews_of_the_dependents_of_a_step_failed_on_its_inputs() {
+    let p = shell_project(FAILED_ON_ITS_INPUTS);
+    let up = p.rdeploy(&["up", "--keep-going", "--parallel", "2"]);
+    up.code(1).stderr_has("has no output `missing`");
+    assert_eq!(p.lines("d.log"), ["d-after-stop"], "`c`'s early check was stopped while `d` ran");
+    assert!(!p.exists("check-finished"), "the early check was stopped, not waited out");
+    assert!(!p.exists("b.log") && !p.exists("c.log"));
+    assert_eq!(p.lines("a.log"), ["a"]);
+}
