@@ -307,7 +307,7 @@ impl Session {
             }
             _ => (None, None),
         };
-        // A child of the run's cancel: a Ctrl-C cancels it too.
+        // The run's cancel or a child of it: a Ctrl-C cancels it too.
         let stopped = run.converging.as_ref().map_or_else(|| self.cancel.clone(), |c| c.early.stopped());
         if stopped.is_cancelled() {
             run.schedule.unpop(&name, action);
