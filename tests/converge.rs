@@ -658,3 +658,211 @@ fn sigint_or_kill_9_while_previews_are_under_way_leaves_no_tool_running() {
         assert!(!p.exists("check-finished"), "{signal}: the early check was stopped, not waited out");
     }
 }
+
+/// `migrate` cannot resume and has a `revert`; its `check` (its early preview) says it started
+/// (`checking`, its pid), hears the SIGINT that stops it (`stop-asked`) and goes on until the
+/// test writes `release`. `WAITING_ALONE`: it is the only step, so it waits for its preview under
+/// way; `WAITING_STOPPED`: `first` applies something once the check is under way, so `migrate`
+/// cannot take it and waits for it to stop. The bounded loops only keep a broken build from
+/// hanging.
+const MIGRATE: &str = r#"
+  - name: migrate
+    tool: shell
+    resumable: false
+    run: echo migrated >> migrated.log
+    revert: touch reverted
+    check: |
+      trap 'touch stop-asked' INT
+      echo $$ > checking.tmp; mv checking.tmp checking
+      i=0; while [ ! -f release ] && [ $i -lt 2400 ]; do sleep 0.05; i=$((i+1)); done
+      test -f migrated.log
+"#;
+
+fn waiting_alone() -> String {
+    format!("name: waiting\nsteps:{MIGRATE}")
+}
+
+fn waiting_stopped() -> String {
+    let first = r#"
+  - name: first
+    tool: shell
+    run: |
+      i=0; while [ ! -f checking ] && [ $i -lt 2400 ]; do sleep 0.05; i=$((i+1)); done
+      echo first >> first.log
+"#;
+    format!(
+        "name: waiting\nsteps:{first}{}",
+        MIGRATE.replace("    resumable: false\n", "    needs: [first]\n    resumable: false\n")
+    )
+}
+
+/// `rdeploy recover` right after a kill -9: retried while the dead run's tool is still exiting
+/// (exit 5), as an operator would.
+fn recover_after_kill(p: &Project) -> common::Run {
+    let start = std::time::Instant::now();
+    loop {
+        let run = p.rdeploy(&["recover"]);
+        if run.status != 5 || start.elapsed() > std::time::Duration::from_secs(60) {
+            return run;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// A step that was only waiting for its early preview (under way, or being stopped) when the run
+/// was stopped has not started: no `StepStarted`, no interrupt, and its `revert` (complete or
+/// revert) does not run, for it applied nothing. It stays pending, as a step not reached, and
+/// `rdeploy recover` runs it once. Ctrl-C in either wait; kill -9 while its preview is being
+/// stopped (before the fix it was journaled started there, and `recover` reverted it first).
+#[test]
+fn a_step_waiting_for_its_preview_when_the_run_stops_is_not_started_nor_reverted() {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    let cases = [
+        ("alone, sigint", waiting_alone(), "checking", Signal::SIGINT),
+        ("stopped, sigint", waiting_stopped(), "stop-asked", Signal::SIGINT),
+        ("stopped, kill -9", waiting_stopped(), "stop-asked", Signal::SIGKILL),
+    ];
+    for (case, stack, waiting, signal) in cases {
+        let p = shell_project(&stack);
+        // rdeploy's debug line `starting step` (migrate's) is written once the run has taken the
+        // step off its list, after its last look at a Ctrl-C before the step reaches its
+        // preview: a signal sent once it is there finds the step on its way to its preview (or
+        // in it), never before (where it would just not be taken off, fixed or not).
+        let mut up = p.command(&["up"]);
+        up.env("RDEPLOY_LOG", "warn,rdeploy::engine::run=debug")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::fs::File::create(p.path("up.stderr")).unwrap());
+        let child = up.spawn().expect("spawn rdeploy");
+        p.wait_for(waiting, std::time::Duration::from_secs(120));
+        let start = std::time::Instant::now();
+        while !p.read("up.stderr").lines().any(|l| l.contains("starting step") && l.contains("migrate")) {
+            assert!(start.elapsed() < std::time::Duration::from_secs(120), "{case}: `migrate` was never taken");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let check: i32 = p.read("checking").trim().parse().expect("the check wrote its pid");
+        kill(Pid::from_raw(child.id() as i32), signal).unwrap();
+        // The check stopped (or rdeploy died) and ends once released.
+        p.file("release", "");
+        let output = child.wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let stderr = p.read("up.stderr");
+        assert!(gone(check), "{case}: the early check (pid {check}) is still running");
+        assert!(!stderr.contains("migrate: shell apply"), "{case}: shown started: {stderr}");
+        if signal == Signal::SIGINT {
+            assert_eq!(output.status.code(), Some(130), "{case}: stdout: {stdout}\nstderr: {stderr}");
+            assert!(stdout.contains("migrate (shell): not run yet"), "{case}: {stdout}");
+            let status = p.status();
+            assert_eq!(status["interrupted"], "SIGINT", "{case}: {status:#}");
+            let migrate = step(&status, "migrate");
+            assert_eq!(migrate["status"], "pending", "{case}: {status:#}");
+            assert!(migrate.get("interrupted").is_none() && migrate.get("error").is_none(), "{case}: {migrate:#}");
+        }
+        assert!(!p.exists("reverted"), "{case}: `migrate` applied nothing, yet its revert ran");
+        let recovered = recover_after_kill(&p);
+        recovered.code(0);
+        assert!(!recovered.stderr.contains("migrate: revert"), "{case}: {}", recovered.stderr);
+        assert!(!p.exists("reverted"), "{case}: `recover` reverted a step that never started");
+        assert_eq!(p.lines("migrated.log"), ["migrated"], "{case}: `recover` ran it once");
+        assert_eq!(p.status()["state"], "complete", "{case}");
+        if case.starts_with("stopped") {
+            assert_eq!(p.lines("first.log"), ["first"], "{case}: `first` was done: not run again");
+        }
+    }
+}
+
+/// `broken` fails once `later`'s early check is under way; `later` needs it, so it will never
+/// run. Each revert says whether the check had been told to stop (`stop-asked`) when it ran:
+/// `broken`'s (complete or revert) waits for that a while, `base`'s (`on_failure: revert`, after
+/// it) only looks.
+const REVERTED_UNDER_A_PREVIEW: &str = r#"
+name: reverting
+on_failure: revert
+steps:
+  - name: base
+    tool: shell
+    run: echo base >> base.log
+    revert: if [ -f stop-asked ]; then echo base-after-stop >> reverts.log; else echo base-beside-preview >> reverts.log; fi
+  - name: broken
+    tool: shell
+    needs: [base]
+    run: |
+      i=0; while [ ! -f checking ] && [ $i -lt 2400 ]; do sleep 0.05; i=$((i+1)); done
+      echo 'broken: failed' >&2; exit 3
+    revert: |
+      i=0; while [ ! -f stop-asked ] && [ $i -lt 2400 ]; do sleep 0.05; i=$((i+1)); done
+      if [ -f stop-asked ]; then echo broken-after-stop >> reverts.log; else echo broken-beside-preview >> reverts.log; fi
+  - name: later
+    tool: shell
+    needs: [broken]
+    run: echo later >> later.log
+    check: |
+      trap 'touch stop-asked; exit 1' INT
+      touch checking
+      i=0; while [ ! -f never ] && [ $i -lt 2400 ]; do sleep 0.05; i=$((i+1)); done
+      touch check-finished
+"#;
+
+/// A failure after which a step will never run stops that step's early preview before any revert
+/// runs (the revert changes the live state it reads): the run's end without `--keep-going`, and
+/// with it the failed step's dependents.
+#[test]
+fn the_previews_of_steps_that_will_never_run_are_stopped_before_the_reverts() {
+    for args in [&["up"][..], &["up", "--keep-going"][..]] {
+        let p = shell_project(REVERTED_UNDER_A_PREVIEW);
+        let up = p.rdeploy(args);
+        up.code(3).stderr_has("broken: failed");
+        assert_eq!(
+            p.lines("reverts.log"),
+            ["broken-after-stop", "base-after-stop"],
+            "{args:?}: the preview of `later` was stopped before each revert ran"
+        );
+        assert!(!p.exists("check-finished"), "{args:?}: the early check was stopped, not waited out");
+        assert!(!p.exists("later.log"), "{args:?}");
+    }
+}
+
+/// With `--keep-going`, `b` fails on its inputs (`a` has no output `missing`), having run
+/// nothing; `c` needs it, so `c`'s early check (under way since before `a` ended) is of no use.
+/// `d`, beside them, says whether the check had been told to stop (`stop-asked`) when it ended:
+/// it waits for that a while.
+const FAILED_ON_ITS_INPUTS: &str = r#"
+name: inputs
+steps:
+  - name: a
+    tool: shell
+    run: |
+      i=0; while [ ! -f checking ] && [ $i -lt 2400 ]; do sleep 0.05; i=$((i+1)); done
+      echo a >> a.log
+  - name: b
+    tool: shell
+    needs: [a]
+    run: echo "${{ steps.a.outputs.missing }}" >> b.log
+  - name: c
+    tool: shell
+    needs: [b]
+    run: echo c >> c.log
+    check: |
+      trap 'touch stop-asked; exit 1' INT
+      touch checking
+      i=0; while [ ! -f never ] && [ $i -lt 2400 ]; do sleep 0.05; i=$((i+1)); done
+      touch check-finished
+  - name: d
+    tool: shell
+    run: |
+      i=0; while [ ! -f stop-asked ] && [ $i -lt 2400 ]; do sleep 0.05; i=$((i+1)); done
+      if [ -f stop-asked ]; then echo d-after-stop >> d.log; else echo d-beside-preview >> d.log; fi
+"#;
+
+/// With `--keep-going`, a step that fails on its inputs stops the early previews of the steps
+/// that need it at once, not when the run ends.
+#[test]
+fn keep_going_stops_the_previews_of_the_dependents_of_a_step_failed_on_its_inputs() {
+    let p = shell_project(FAILED_ON_ITS_INPUTS);
+    let up = p.rdeploy(&["up", "--keep-going", "--parallel", "2"]);
+    up.code(1).stderr_has("has no output `missing`");
+    assert_eq!(p.lines("d.log"), ["d-after-stop"], "`c`'s early check was stopped while `d` ran");
+    assert!(!p.exists("check-finished"), "the early check was stopped, not waited out");
+    assert!(!p.exists("b.log") && !p.exists("c.log"));
+    assert_eq!(p.lines("a.log"), ["a"]);
+}

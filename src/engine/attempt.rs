@@ -42,6 +42,22 @@ pub struct Attempts {
 }
 
 impl Attempts {
+    /// The first attempt starts: journaled (`Attempt` under `retry:`, then `StepStarted`) before
+    /// the step's tools start, then shown started.
+    pub fn start(&self, step: &str, mode: StepMode, work: Work) -> anyhow::Result<()> {
+        if let Some(retry) = &self.retry {
+            self.cp.record(Record::Attempt { step: step.to_string(), attempt: 1, of: retry.attempts })?;
+        }
+        self.cp.record(Record::StepStarted {
+            step: step.to_string(),
+            mode,
+            tool_version: self.tool_version.clone(),
+        })?;
+        let attempt = self.retry.as_ref().map(|r| Attempt { number: 1, of: r.attempts });
+        self.reporters.emit(RunEvent::StepStarted { step: step.to_string(), work, attempt });
+        Ok(())
+    }
+
     pub async fn run(
         &self,
         step: &Step,

@@ -60,12 +60,37 @@ pub(crate) struct EarlyPreviews {
     /// Raised once that work has ended, so a preview that read live state while it went on
     /// started at a smaller count.
     pub(crate) applies: Arc<AtomicU64>,
+    /// Stops every preview (each slot's token is a child): cancelled once no step starts any
+    /// more (the run's cancel is its parent).
+    stop: CancellationToken,
 }
 
 impl EarlyPreviews {
-    /// No early previews (`up --plan` decides by the reviewed plan, `--force-apply` not at all).
-    pub(crate) fn none() -> EarlyPreviews {
-        EarlyPreviews { slots: HashMap::new(), applies: Arc::new(AtomicU64::new(0)) }
+    /// No early previews (`up --plan` decides by the reviewed plan, `--force-apply` not at all);
+    /// `cancel`: the run's.
+    pub(crate) fn none(cancel: &CancellationToken) -> EarlyPreviews {
+        EarlyPreviews { slots: HashMap::new(), applies: Arc::new(AtomicU64::new(0)), stop: cancel.child_token() }
+    }
+
+    /// No step starts any more: the previews still under way are of no use, and are stopped
+    /// (their tools get SIGINT; [`Session::early_previews`]' future ends once they have exited).
+    pub(crate) fn stop(&self) {
+        self.stop.cancel();
+    }
+
+    /// `step` will never start (a step it needs failed): its preview, if under way, is stopped.
+    pub(crate) fn stop_one(&self, step: &str) {
+        if let Some((slot, _)) = self.slots.get(step) {
+            slot.cancel.cancel();
+        }
+    }
+
+    /// Cancelled once [`EarlyPreviews::stop`] was called or the run's cancel was (a Ctrl-C, a
+    /// fatal error: it is the parent of both [`EarlyPreviews::none`]'s and
+    /// [`Session::early_previews`]'): a step that waited for a preview of its own to stop does
+    /// not start then.
+    pub(crate) fn stopped(&self) -> CancellationToken {
+        self.stop.clone()
     }
 
     /// Something in the run has ended that may have changed live state.
@@ -133,6 +158,11 @@ struct EarlyWatch {
 impl PreviewWatch for EarlyWatch {
     fn start(&mut self, index: usize) -> Option<CancellationToken> {
         let slot = self.slots[index].as_ref()?.0.clone();
+        // Stopped before it started: its step will never run.
+        if slot.cancel.is_cancelled() {
+            self.slots[index] = None;
+            return None;
+        }
         // Read before the CAS, so before the preview reads anything: an apply that ends in
         // between moves the count and the preview is not taken.
         slot.began.store(self.applies.load(Ordering::SeqCst), Ordering::SeqCst);
@@ -255,7 +285,7 @@ impl Session {
         let steps: Vec<&Step> = self.stack.ordered().collect();
         let wanted = |step: &Step| StepAdapter::of(step, &self.state.shared).converges_by_preview() && !step.always;
         let applies = Arc::new(AtomicU64::new(0));
-        let mut previews = EarlyPreviews { slots: HashMap::new(), applies: applies.clone() };
+        let mut previews = EarlyPreviews { slots: HashMap::new(), applies: applies.clone(), stop: cancel.clone() };
         let mut watch = EarlyWatch { slots: Vec::new(), applies };
         for step in &steps {
             if !wanted(step) {

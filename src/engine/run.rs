@@ -9,7 +9,7 @@ use rdeploy_adapters::{Converged, Failure, Recovered, ToolInfo};
 use tokio::task::JoinSet;
 
 use super::attempt::{Action, Attempts};
-use super::event::{Attempt, RunEvent, StepEnd, Work};
+use super::event::{StepEnd, Work};
 use super::journal::{Checkpoint, CheckpointGone};
 use super::journal::{SharedCheckpoint, StepJournal};
 use super::references::OutputsSeen;
@@ -23,11 +23,20 @@ use crate::stack::{OnFailure, Step};
 /// step's outputs were when it started.
 pub(super) struct RunState {
     pub(super) schedule: Schedule<Action>,
-    pub(super) running: JoinSet<(String, Result<Recovered, Failure>)>,
+    pub(super) running: JoinSet<(String, Ran)>,
     /// Each running step's outputs when it started, to tell which changed when it is done.
     pub(super) outputs_before: HashMap<String, OutputsSeen>,
     /// `up` (not `--force-apply`): each step applies only what its preview finds not in place.
     pub(super) converging: Option<Converging>,
+}
+
+/// What a step's task comes back with.
+pub(super) enum Ran {
+    /// The step started (it was journaled and shown started) and ended so.
+    Ended(Result<Recovered, Failure>),
+    /// It never started: the run stopped (`error`: its start could not be journaled) while it
+    /// waited for an early preview of it to stop. It ran nothing, and is as a step not reached.
+    NotStarted { action: Action, error: Option<anyhow::Error> },
 }
 
 /// `up`'s convergence: the previews made as the run goes ([`Session::early_previews`]), each
@@ -65,10 +74,24 @@ impl Session {
                 if let Err(e) = self.start_ready(&cp, &mut run, &tools).await {
                     fatal = Some(self.stop_everything(e, &mut run));
                 }
+                // Every step's end comes back here with nothing awaited in between (a fatal error
+                // cancels the run, and so every preview, itself): the previews are stopped as
+                // soon as nothing new starts.
+                if run.schedule.is_stopping() {
+                    self.stop_previews(&run);
+                }
             }
             let Some(joined) = run.running.join_next().await else { break };
             let (name, result) = match joined {
-                Ok(finished) => finished,
+                Ok((name, Ran::Ended(result))) => (name, result),
+                Ok((name, Ran::NotStarted { action, error })) => {
+                    run.outputs_before.remove(&name);
+                    run.schedule.unpop(&name, action);
+                    if let Some(e) = error.filter(|_| fatal.is_none()) {
+                        fatal = Some(self.stop_everything(e, &mut run));
+                    }
+                    continue;
+                }
                 Err(e) => {
                     fatal.get_or_insert_with(|| {
                         self.stop_everything(anyhow::anyhow!("a step task panicked: {e}"), &mut run)
@@ -82,6 +105,9 @@ impl Session {
                 }
             }
         }
+        // No step starts any more: an early preview still under way is of no use (and
+        // `on_failure: revert` is about to change what it reads).
+        self.stop_previews(&run);
         if let Some(e) = fatal {
             cp.snapshot();
             if CheckpointGone::is(&e) {
@@ -138,6 +164,23 @@ impl Session {
         Ok((outcome, deploy))
     }
 
+    /// No step starts any more: the early previews still under way are of no use, and are
+    /// stopped.
+    fn stop_previews(&self, run: &RunState) {
+        if let Some(converging) = &run.converging {
+            converging.early.stop();
+        }
+    }
+
+    /// `step` ended without being done: the early previews of the steps left that need it (they
+    /// will never start) are of no use, and are stopped.
+    fn stop_previews_of_dependents(&self, run: &RunState, step: &str) {
+        let Some(converging) = &run.converging else { return };
+        for dependent in run.schedule.dependents(step) {
+            converging.early.stop_one(&dependent);
+        }
+    }
+
     /// Cancels every running step (their tools get SIGINT once) and stops scheduling.
     pub(super) fn stop_everything(&self, error: anyhow::Error, run: &mut RunState) -> anyhow::Error {
         if CheckpointGone::is(&error) {
@@ -191,6 +234,7 @@ impl Session {
                     cp.record(Record::StepStarted { step: name.clone(), mode, tool_version: tool_version.clone() })?;
                     self.step_ended(&name, StepEnd::Failed { summary: failure.summary.clone() });
                     run.schedule.finish(&name, End::Failed { interrupted: false, then: AfterFailure::Kept });
+                    self.stop_previews_of_dependents(run, &name);
                     cp.record(Record::StepFailed { step: name.clone(), failure })?;
                     continue;
                 }
@@ -209,6 +253,7 @@ impl Session {
         let name = &step.name;
         self.step_ended(name, StepEnd::Refused { reason: reason.clone() });
         run.schedule.finish(name, End::Refused);
+        self.stop_previews_of_dependents(run, name);
         cp.record(Record::StepRefused { step: name.clone(), reason })?;
         Ok(true)
     }
@@ -254,19 +299,21 @@ impl Session {
         let retry = step.retry.clone().filter(|_| step.resumable && saved.is_none());
         // Its early preview, if it is still good (made while nothing applied, with no other
         // step running): waited for here, while nothing else runs, before the step is recorded
-        // and shown started (a Ctrl-C meanwhile interrupts it as at any step's start).
+        // and shown started. A step that only waited for it when the run stopped (a Ctrl-C)
+        // never started: it is taken back, as a step not reached.
         let (early, stopping) = match (&action, &mut run.converging) {
             (Action::Apply, Some(converging)) if !step.always => {
                 converging.early.take(&name, run.running.is_empty()).await
             }
             _ => (None, None),
         };
-        if let Some(retry) = &retry {
-            cp.record(Record::Attempt { step: name.clone(), attempt: 1, of: retry.attempts })?;
+        // The run's cancel or a child of it: a Ctrl-C cancels it too.
+        let stopped = run.converging.as_ref().map_or_else(|| self.cancel.clone(), |c| c.early.stopped());
+        if stopped.is_cancelled() {
+            run.schedule.unpop(&name, action);
+            run.schedule.stop();
+            return Ok(());
         }
-        cp.record(Record::StepStarted { step: name.clone(), mode, tool_version: tool_version.clone() })?;
-        let attempt = retry.as_ref().map(|r| Attempt { number: 1, of: r.attempts });
-        self.emit(RunEvent::StepStarted { step: name.clone(), work, attempt });
         let (mut step, mut ctx, read) = self.resolved(&step, self.cancel.child_token());
         if let Some(saved) = saved {
             step.spec.use_saved_plan(saved);
@@ -297,12 +344,27 @@ impl Session {
             fleet_dir: self.state.shared.clone(),
             last: run.converging.as_ref().and_then(|c| c.last.clone()),
         };
+        // Journaled started before its tools start (a kill -9 before that leaves it pending):
+        // here, or in its task once a preview of it being stopped has ended.
+        if stopping.is_none() {
+            if let Err(e) = attempts.start(&name, mode, work) {
+                // As in its task: a step whose start could not be journaled never started.
+                run.schedule.unpop(&name, action);
+                return Err(e);
+            }
+        }
         run.outputs_before.insert(name.clone(), self.outputs_seen(cp, &name));
         run.running.spawn(async move {
             // A preview of this step stopped as it started: its tools exit before the step's own
-            // start.
+            // start, and if the run stopped meanwhile (nothing new starts) the step never does.
             if let Some(stopping) = stopping {
                 stopping.ended().await;
+                if stopped.is_cancelled() {
+                    return (step.name.clone(), Ran::NotStarted { action, error: None });
+                }
+                if let Err(e) = attempts.start(&step.name, mode, work) {
+                    return (step.name.clone(), Ran::NotStarted { action, error: Some(e) });
+                }
             }
             let result = match read {
                 Ok(()) => attempts.run(&step, &ctx, action, &sink, converge).await,
@@ -314,7 +376,7 @@ impl Session {
                 applies.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             }
             let result = result.map(|(recovered, _)| recovered);
-            (step.name.clone(), result)
+            (step.name.clone(), Ran::Ended(result))
         });
         Ok(())
     }
@@ -348,6 +410,7 @@ impl Session {
                 cp.snapshot();
                 self.step_ended(&name, StepEnd::RolledBack { to: to.to_string() });
                 run.schedule.finish(&name, End::RolledBack);
+                self.stop_previews_of_dependents(run, &name);
                 return Ok(());
             }
             Err(failure) => failure,
@@ -356,6 +419,12 @@ impl Session {
         let failure = self.name_timeout(cp, &step, failure);
         self.step_ended(&name, StepEnd::Failed { summary: failure.summary.clone() });
         cp.record(Record::StepFailed { step: name.clone(), failure: Failure { interrupted, ..failure } })?;
+        // Before the revert below changes what they read.
+        if run.schedule.failure_stops(interrupted) {
+            self.stop_previews(run);
+        } else {
+            self.stop_previews_of_dependents(run, &name);
+        }
         let then = if !step.resumable && step.revert.is_some() {
             // Complete or revert, under Ctrl-C too: a step that cannot resume goes back to where
             // it started (uncancellably) before rdeploy exits.

@@ -78,6 +78,8 @@ pub struct Schedule<A> {
     needs: HashMap<String, Vec<String>>,
     /// Not started yet, in stack order.
     todo: Vec<(String, A)>,
+    /// Each step's place in the `todo` the run was given, to put a step taken back where it was.
+    rank: HashMap<String, usize>,
     running: HashSet<String>,
     done: HashSet<String>,
     parallel: usize,
@@ -98,6 +100,7 @@ impl<A> Schedule<A> {
     ) -> Schedule<A> {
         Schedule {
             needs: steps.into_iter().collect(),
+            rank: todo.iter().enumerate().map(|(i, (name, _))| (name.clone(), i)).collect(),
             todo,
             running: HashSet::new(),
             done,
@@ -158,6 +161,49 @@ impl<A> Schedule<A> {
         }
     }
 
+    /// A step [`next_ready`](Self::next_ready) gave that never started (the run stopped while it
+    /// waited for its early preview, or its start could not be journaled): it is taken back as
+    /// it was, not running, at its place in stack order.
+    pub fn unpop(&mut self, step: &str, action: A) {
+        self.running.remove(step);
+        let rank = |name: &str| self.rank.get(name).copied().unwrap_or(usize::MAX);
+        let at = self.todo.iter().position(|(name, _)| rank(name) > rank(step)).unwrap_or(self.todo.len());
+        self.todo.insert(at, (step.to_string(), action));
+    }
+
+    /// Whether a failure (`interrupted`: by the run's signal) stops every new start, as
+    /// [`finish`](Self::finish) will once the failed step is settled.
+    pub fn failure_stops(&self, interrupted: bool) -> bool {
+        !self.keep_going || interrupted
+    }
+
+    /// The steps left to start that need `step`, directly or through one another: those that
+    /// never start once it failed.
+    pub fn dependents(&self, step: &str) -> Vec<String> {
+        let mut found: Vec<String> = Vec::new();
+        loop {
+            let more: Vec<String> = self
+                .todo
+                .iter()
+                .map(|(name, _)| name)
+                .filter(|name| !found.contains(name))
+                .filter(|name| {
+                    self.needs.get(*name).is_some_and(|needs| needs.iter().any(|n| n == step || found.contains(n)))
+                })
+                .cloned()
+                .collect();
+            if more.is_empty() {
+                return found;
+            }
+            found.extend(more);
+        }
+    }
+
+    /// Nothing new starts.
+    pub fn is_stopping(&self) -> bool {
+        self.stopping
+    }
+
     /// A done step used an output that changed since: it is no longer done, and runs again
     /// (with `action`) once what it needs is done.
     pub fn requeue(&mut self, step: &str, action: A) {
@@ -193,7 +239,7 @@ impl<A> Schedule<A> {
     /// A step failed, was refused or rolled back: with `keep_going` (and `may_go_on`) only its
     /// dependents wait; otherwise nothing new starts.
     fn branch_failed(&mut self, may_go_on: bool) {
-        if !(self.keep_going && may_go_on) {
+        if self.failure_stops(!may_go_on) {
             self.stopping = true;
         }
     }
@@ -311,6 +357,49 @@ mod tests {
         assert_eq!(ready(&mut s), ["c"]);
         s.finish("c", StepEnd::Done);
         assert!(s.all_done());
+    }
+
+    #[test]
+    fn a_step_taken_back_is_not_running_and_starts_again_at_its_place_in_stack_order() {
+        let mut s = diamond(2, false);
+        assert_eq!(ready(&mut s), ["a", "d"]);
+        s.unpop("d", ());
+        assert_eq!(ready(&mut s), ["d"], "not running: it starts again");
+        s.unpop("d", ());
+        s.finish("a", StepEnd::Done);
+        assert_eq!(ready(&mut s), ["b", "d"], "after b, which comes first in stack order");
+        s.unpop("b", ());
+        s.unpop("d", ());
+        s.stop();
+        assert!(ready(&mut s).is_empty());
+        assert!(!s.all_done());
+        assert_eq!(s.outcome(), Outcome::Complete, "a step that never started changes no outcome");
+    }
+
+    #[test]
+    fn the_dependents_of_a_step_are_those_left_that_need_it_through_one_another() {
+        let mut s = diamond(1, true);
+        assert_eq!(s.dependents("a"), ["b", "c"]);
+        assert_eq!(s.dependents("b"), ["c"]);
+        assert!(s.dependents("d").is_empty());
+        assert_eq!(ready(&mut s), ["a"]);
+        s.finish("a", StepEnd::Done);
+        assert_eq!(ready(&mut s), ["b"]);
+        assert_eq!(s.dependents("b"), ["c"]);
+        assert!(s.dependents("a").is_empty(), "only through steps left to start: b runs");
+    }
+
+    #[test]
+    fn failure_stops_says_beforehand_whether_the_failure_will_stop_every_new_start() {
+        for keep_going in [false, true] {
+            for interrupted in [false, true] {
+                let mut s = diamond(1, keep_going);
+                assert_eq!(ready(&mut s), ["a"]);
+                let said = s.failure_stops(interrupted);
+                s.finish("a", StepEnd::Failed { interrupted, then: AfterFailure::Kept });
+                assert_eq!(ready(&mut s).is_empty(), said, "keep_going {keep_going}, interrupted {interrupted}");
+            }
+        }
     }
 
     #[test]

@@ -57,11 +57,12 @@ impl Session {
             }
         }
         // What is in place, as `plan` sees it (read-only): previewed while the run goes, each
-        // step taking its own when its turn comes. Those still under way when the run ends are
-        // stopped and waited for.
+        // step taking its own when its turn comes. Those still under way once no step starts any
+        // more are stopped (by the run, before `on_failure: revert` changes what they read; here
+        // too, for a run that ended early with an error) and waited for.
         let stop_previews = self.cancel.child_token();
         let (early, previews) = if self.force_apply || self.from_plan.is_some() {
-            (EarlyPreviews::none(), None)
+            (EarlyPreviews::none(&stop_previews), None)
         } else {
             let (early, previews) = self.early_previews(&stop_previews);
             (early, Some(previews))
