@@ -145,7 +145,15 @@ fn main() -> ExitCode {
     // The run's secrets: this invocation is the run, and everything it writes redacts with them.
     let redactor = redact::Redactor::default();
     let ui = Arc::new(Ui::new(no_progress, cli.global.verbose, cli.global.quiet, cli.global.color(), redactor));
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    // No thread of the runtime ends before it does (an idle one is kept for 136 years): a tool
+    // started from one dies with rdeploy, not with a thread retired while rdeploy lives on.
+    rdeploy_adapters::process::lives_as_long_as_rdeploy();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_keep_alive(std::time::Duration::from_secs(u32::MAX.into()))
+        .on_thread_start(rdeploy_adapters::process::lives_as_long_as_rdeploy)
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: could not start the async runtime: {e}");

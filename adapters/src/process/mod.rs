@@ -11,7 +11,7 @@
 mod shell_line;
 mod spawner;
 
-pub use spawner::start_from_this_thread as start_spawner;
+pub use spawner::{lives_as_long_as_rdeploy, start_from_this_thread as start_spawner};
 
 use std::collections::{BTreeMap, VecDeque};
 use std::ffi::OsString;
@@ -335,7 +335,8 @@ impl Command {
         // Noted the moment the child exists: a kill -9 of rdeploy right after the tool started
         // must still leave its note for the next run to wait on.
         let note = self.tracker.notes.is_some().then(|| (self.tracker.clone(), self.display()));
-        // The spawner starts it (see [`spawner`]: the same child, without copying rdeploy).
+        // Started from this thread when it lives as long as rdeploy, else by the spawner (see
+        // [`spawner`]: the same child either way, without copying rdeploy).
         let request = spawner::Request {
             program: self.program.as_os_str(),
             args: &self.args,
@@ -346,10 +347,10 @@ impl Command {
             stdout,
             stderr,
         };
-        if let Some(spawned) = spawner::spawn(&request) {
+        if let Some(spawned) = spawner::spawn_here(&request).or_else(|| spawner::spawn(&request)) {
             let child = spawned?;
             if let Some((tracker, command)) = note {
-                tracker.note(child.id(), || command);
+                tracker.note(child.id(), child.start(), || command);
             }
             return Ok(Started { child: Child::Spawned(child), stdout: stdout_read, stderr: stderr_read });
         }
@@ -656,7 +657,7 @@ fn spawn_on_the_spawning_thread(
 fn note_child(child: &std::io::Result<tokio::process::Child>, note: Option<(ProcessTracker, String)>) {
     if let (Ok(child), Some((tracker, command))) = (child, note) {
         if let Some(pid) = child.id() {
-            tracker.note(pid, || command);
+            tracker.note(pid, None, || command);
         }
     }
 }
@@ -998,11 +999,13 @@ impl ProcessTracker {
         ProcessTracker { notes: Some(Arc::new(Mutex::new(notes))) }
     }
 
-    fn note(&self, pid: u32, command: impl FnOnce() -> String) {
+    /// Notes a child that is not reaped yet, and its start (as `/proc/PID/stat` gives it) when
+    /// the caller knows it.
+    fn note(&self, pid: u32, start: Option<u64>, command: impl FnOnce() -> String) {
         let Some(notes) = &self.notes else { return };
         // Read before the child is reaped: even a child that already exited (a zombie) still
         // has its start time.
-        let start = proc_stat(pid as i32).map_or(0, |s| s.start);
+        let start = start.or_else(|| proc_stat(pid as i32).map(|s| s.start)).unwrap_or(0);
         let mut notes = notes.lock().unwrap_or_else(|e| e.into_inner());
         notes.groups.insert(pid, (start, command()));
         notes.save();
@@ -1544,11 +1547,11 @@ pub(super) mod tests {
         let planted = running.join(std::process::id().to_string());
         std::os::unix::fs::symlink(&victim, &planted).unwrap();
         let tracker = ProcessTracker::in_dir(running.clone());
-        tracker.note(1, || "init".into());
+        tracker.note(1, None, || "init".into());
         assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n", "not written through the link");
 
         std::fs::remove_file(&planted).unwrap();
-        tracker.note(1, || "init".into());
+        tracker.note(1, None, || "init".into());
         assert_eq!(std::fs::metadata(&planted).unwrap().permissions().mode() & 0o777, 0o600);
         assert!(std::fs::read_to_string(&planted).unwrap().contains("\tinit\n"));
     }
@@ -1616,9 +1619,9 @@ pub(super) mod tests {
             std::fs::read_to_string(&path).unwrap().lines().filter_map(parse_note).map(|(pid, ..)| pid).collect()
         };
         let tracker = ProcessTracker::in_dir(running.clone());
-        tracker.note(11, || "terraform apply -auto-approve -input=false".into());
+        tracker.note(11, None, || "terraform apply -auto-approve -input=false".into());
         assert_eq!(pids(), [11], "the older file is overwritten whole");
-        tracker.note(12, || "helm".into());
+        tracker.note(12, None, || "helm".into());
         let inode = std::fs::metadata(&path).unwrap().ino();
         tracker.forget(11);
         assert_eq!(pids(), [12]);
@@ -1626,7 +1629,7 @@ pub(super) mod tests {
         assert_eq!(pids(), Vec::<i32>::new());
         assert_eq!(std::fs::metadata(&path).unwrap().ino(), inode, "rewritten in place");
         std::fs::remove_dir_all(&running).unwrap();
-        tracker.note(13, || "kubectl".into());
+        tracker.note(13, None, || "kubectl".into());
         assert_eq!(pids(), [13], "noted again after its file was deleted");
     }
 
@@ -1689,10 +1692,11 @@ pub(super) mod tests {
     }
 
     /// The death signal is the one set on the command: a child whose parent dies gets it, the
-    /// relayed SIGINT and the kernel's own SIGTERM alike (the spawner starts both).
+    /// relayed SIGINT and the kernel's own SIGTERM alike, started by the spawner or (SIGTERM, from
+    /// a thread that lives as long as rdeploy) by rdeploy's own thread.
     #[test]
     fn a_dying_parent_sends_the_commands_signal() {
-        for signal in ["INT", "TERM"] {
+        for (signal, here) in [("INT", false), ("TERM", false), ("INT", true), ("TERM", true)] {
             let dir = tempfile::tempdir().unwrap();
             // An intermediate process that starts the tool through this very code, then dies.
             let exe = std::env::current_exe().unwrap();
@@ -1700,6 +1704,7 @@ pub(super) mod tests {
                 .args(["--exact", "process::tests::death_signal_helper", "--nocapture", "--include-ignored"])
                 .env("RDEPLOY_TEST_DEATH_DIR", dir.path())
                 .env("RDEPLOY_TEST_DEATH_SIGNAL", signal)
+                .env("RDEPLOY_TEST_DEATH_HERE", if here { "1" } else { "" })
                 .stdout(Stdio::null())
                 .spawn()
                 .unwrap();
@@ -1717,7 +1722,7 @@ pub(super) mod tests {
                 assert!(start.elapsed() < Duration::from_secs(60), "the child never heard of its parent's death");
                 std::thread::sleep(Duration::from_millis(10));
             }
-            assert_eq!(std::fs::read_to_string(&got).unwrap().trim(), signal);
+            assert_eq!(std::fs::read_to_string(&got).unwrap().trim(), signal, "started here: {here}");
         }
     }
 
@@ -1729,6 +1734,10 @@ pub(super) mod tests {
             Ok("TERM") => Signal::SIGTERM,
             _ => Signal::SIGINT,
         };
+        // This thread runs the test to its end, when the whole process is killed.
+        if std::env::var_os("RDEPLOY_TEST_DEATH_HERE").is_some_and(|here| !here.is_empty()) {
+            spawner::lives_as_long_as_rdeploy();
+        }
         let script = "trap 'echo INT > got; exit 0' INT; trap 'echo TERM > got; exit 0' TERM; touch ready; \
                       while :; do sleep 0.05; done";
         let _ = Command::shell(script)
@@ -1736,6 +1745,80 @@ pub(super) mod tests {
             .on_rdeploy_death(signal)
             .run(&CancellationToken::new(), None, &mut |_, _| {})
             .await;
+    }
+
+    /// From a thread that lives as long as rdeploy a child is started right there, without the
+    /// spawner, and it is the same child: rdeploy's, in its own group, stdin from /dev/null, in
+    /// the command's directory with its environment, its status and output followed. A file the
+    /// kernel does not run itself still runs (the spawner's `execvp` hands it to `sh`), a program
+    /// without a slash is searched for on PATH (by the spawner), and a missing one is a spawn
+    /// error.
+    #[tokio::test]
+    async fn a_thread_that_lives_as_long_as_rdeploy_starts_its_children_itself() {
+        // The current-thread runtime's: every child below ends before the test (and the thread).
+        spawner::lives_as_long_as_rdeploy();
+        let dir = tempfile::tempdir().unwrap();
+        let before = spawner::started_here();
+        let script = "echo $GREETING; pwd; echo ppid=$PPID; echo pgid=$(cut -d' ' -f5 /proc/self/stat) pid=$$; \
+                      readlink /proc/self/fd/0; exit 4";
+        let (outcome, lines) = run(Command::shell(script).env("GREETING", "hello").cwd(dir.path())).await;
+        assert_eq!(spawner::started_here(), before + 1, "started here");
+        assert_eq!(outcome.code, Some(4), "{lines:?}");
+        let lines: Vec<&str> = lines.iter().map(|(_, l)| l.as_str()).collect();
+        assert_eq!(lines[..2], ["hello", dir.path().canonicalize().unwrap().to_str().unwrap()]);
+        assert_eq!(lines[2], format!("ppid={}", std::process::id()), "rdeploy's child");
+        let (pgid, pid) = lines[3].trim_start_matches("pgid=").split_once(" pid=").unwrap();
+        assert_eq!(pgid, pid, "its own process group");
+        assert_eq!(lines[4], "/dev/null");
+
+        let script = dir.path().join("no-interpreter-line");
+        std::fs::write(&script, "echo ran by sh\n").unwrap();
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let (outcome, lines) = run(Command::new(&script)).await;
+        assert!(outcome.success(), "{lines:?}");
+        assert_eq!(lines, [(Stream::Stdout, "ran by sh".to_string())]);
+        let (outcome, lines) = run(Command::new("printf").arg("found on PATH")).await;
+        assert!(outcome.success(), "{lines:?}");
+        assert_eq!(lines, [(Stream::Stdout, "found on PATH".to_string())]);
+        assert_eq!(spawner::started_here(), before + 1, "the spawner started these two");
+
+        let err = Command::new(dir.path().join("missing")).run(&CancellationToken::new(), None, &mut |_, _| {}).await;
+        assert!(matches!(err, Err(AdapterError::Spawn { .. })), "{err:?}");
+    }
+
+    /// A running child's note holds the start `/proc/PID/stat` gives it (what tells it from a
+    /// later process with its pid), started by the spawner or from a thread that lives as long
+    /// as rdeploy.
+    #[tokio::test]
+    async fn a_child_is_noted_with_its_start_as_proc_gives_it() {
+        for here in [false, true] {
+            if here {
+                spawner::lives_as_long_as_rdeploy();
+            }
+            let dir = tempfile::tempdir().unwrap();
+            let running = dir.path().join("running");
+            let mut cmd = Command::shell("touch ready; while [ ! -f go ]; do sleep 0.01; done").cwd(dir.path());
+            cmd.tracker = ProcessTracker::in_dir(running.clone());
+            let mut ignore = |_: Stream, _: &str| {};
+            let cancel = CancellationToken::new();
+            let run = cmd.run(&cancel, None, &mut ignore);
+            tokio::pin!(run);
+            let ready = dir.path().join("ready");
+            let waiting = async {
+                while !ready.exists() {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            };
+            tokio::select! {
+                _ = &mut run => panic!("the tool ended by itself"),
+                _ = waiting => {}
+            }
+            let note = std::fs::read_to_string(running.join(std::process::id().to_string())).unwrap();
+            let (pid, start, _) = parse_note(note.lines().next().unwrap()).unwrap();
+            assert_eq!(start, Some(proc_stat(pid).unwrap().start), "started here: {here}: {note:?}");
+            std::fs::write(dir.path().join("go"), "").unwrap();
+            assert!(run.await.unwrap().success());
+        }
     }
 
     /// Children are not forked from rdeploy but started by the spawner, forked before rdeploy

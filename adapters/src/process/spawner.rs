@@ -138,6 +138,8 @@ pub(super) struct Request<'a> {
 /// A child the spawner started: rdeploy's own, reaped through its pidfd.
 pub(super) struct Spawned {
     pid: u32,
+    /// When it started, as `/proc/PID/stat` says (see [`StartTick`]), when known.
+    start: Option<u64>,
     pidfd: AsyncFd<OwnedFd>,
     reaped: bool,
 }
@@ -145,6 +147,10 @@ pub(super) struct Spawned {
 impl Spawned {
     pub fn id(&self) -> u32 {
         self.pid
+    }
+
+    pub fn start(&self) -> Option<u64> {
+        self.start
     }
 
     /// Waits for the child to exit and reaps it (cancel safe: a wait dropped half-way leaves
@@ -186,6 +192,31 @@ fn reap(pid: libc::pid_t) {
     {}
 }
 
+/// The moment a child is started, in the clock ticks after boot that `/proc/PID/stat` gives as a
+/// process's start (field 22: `CLOCK_BOOTTIME`, whole ticks of `sysconf(_SC_CLK_TCK)`), read
+/// before and after the clone: the same tick both times is the child's start, read without
+/// asking `/proc` (which, read while the child execs, also waits for the exec).
+struct StartTick(Option<u64>);
+
+impl StartTick {
+    fn before() -> StartTick {
+        StartTick(boot_ticks())
+    }
+
+    /// The child's start, unless a tick went by during the clone.
+    fn after(self) -> Option<u64> {
+        self.0.filter(|&before| boot_ticks() == Some(before))
+    }
+}
+
+fn boot_ticks() -> Option<u64> {
+    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME).ok()?;
+    // SAFETY: sysconf only reads a value.
+    let per_second = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).ok().filter(|&hz| hz > 0)?;
+    let nanos = u64::try_from(now.tv_sec()).ok()?.checked_mul(1_000_000_000)?.checked_add(now.tv_nsec() as u64)?;
+    Some(nanos / (1_000_000_000 / per_second))
+}
+
 /// Starts a child through the spawner. `None` when there is no spawner (then nothing was
 /// started and the caller forks the child itself).
 pub(super) fn spawn(req: &Request<'_>) -> Option<std::io::Result<Spawned>> {
@@ -198,6 +229,7 @@ pub(super) fn spawn(req: &Request<'_>) -> Option<std::io::Result<Spawned>> {
         Ok(message) => message,
         Err(e) => return Some(Err(e)),
     };
+    let started = StartTick::before();
     if let Err(e) = send(&conn.socket, &message, [req.stdout.as_raw_fd(), req.stderr.as_raw_fd()]) {
         // The spawner acts on a whole request only: nothing was started.
         tracing::debug!(error = %e, "the spawner is gone: forking children from rdeploy");
@@ -210,6 +242,7 @@ pub(super) fn spawn(req: &Request<'_>) -> Option<std::io::Result<Spawned>> {
         conn.gone();
         return Some(Err(std::io::Error::other(format!("the spawner ended while starting the command: {e}"))));
     }
+    let start = started.after();
     let pid = i32::from_ne_bytes(reply[..4].try_into().expect("4 bytes"));
     let errno = i32::from_ne_bytes(reply[4..].try_into().expect("4 bytes"));
     drop(conn);
@@ -220,7 +253,97 @@ pub(super) fn spawn(req: &Request<'_>) -> Option<std::io::Result<Spawned>> {
         }
         return Some(Err(std::io::Error::from_raw_os_error(errno)));
     }
-    Some(adopt(pid))
+    Some(adopt(pid, start))
+}
+
+thread_local! {
+    /// Whether this thread lives as long as rdeploy (see [`lives_as_long_as_rdeploy`]).
+    static LONG_LIVED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// The stack of the children [`spawn_here`] starts from this thread (see
+    /// [`start_sharing_memory`]).
+    static STACK: std::cell::RefCell<Option<Box<[u8]>>> = const { std::cell::RefCell::new(None) };
+    /// How many children [`spawn_here`] started from this thread.
+    #[cfg(test)]
+    static STARTED_HERE: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// How many children [`spawn_here`] started from the calling thread.
+#[cfg(test)]
+pub(super) fn started_here() -> usize {
+    STARTED_HERE.with(|n| n.get())
+}
+
+/// Says that the calling thread lives as long as rdeploy: `main`'s, and the threads of a
+/// runtime that never retires one (`on_thread_start` calls this, and its idle threads are kept
+/// for longer than any run). A child's death signal fires when the *thread* that started it
+/// exits, so only from such a thread may a child be started here, without the spawner (see
+/// [`spawn_here`]).
+pub fn lives_as_long_as_rdeploy() {
+    LONG_LIVED.with(|l| l.set(true));
+}
+
+/// Starts a child from the calling thread, as `posix_spawn` would, when it can: the thread lives
+/// as long as rdeploy (see [`lives_as_long_as_rdeploy`]), the tool needs no relay, and its
+/// program is a path (nothing to search: the environment is handed to `execve`, `environ` is
+/// never touched in a process with other threads). `None` otherwise, and when the kernel does not
+/// run the file itself (`ENOEXEC`: `execvp`'s shell fallback is the spawner's): then nothing ran
+/// and the spawner starts it.
+///
+/// Measured at shell sub-changes (see `benches/core.sh`): the spawner's round trip (a wake-up of
+/// the spawner, and one of rdeploy on its answer) was a sizeable part of rdeploy's cost beyond a
+/// plain `posix_spawn`. A clone of rdeploy with `CLONE_VM` copies no page tables, whatever it
+/// holds: the spawner is kept for the children this cannot start.
+pub(super) fn spawn_here(req: &Request<'_>) -> Option<std::io::Result<Spawned>> {
+    if req.relay || !LONG_LIVED.with(|l| l.get()) || !req.program.as_bytes().contains(&b'/') {
+        return None;
+    }
+    let decoded = match encode(req).map(|bytes| decode(&bytes)) {
+        Ok(Some(decoded)) => decoded,
+        Ok(None) => {
+            return Some(Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "a request that reads back wrong")))
+        }
+        Err(e) => return Some(Err(e)),
+    };
+    let stdin = dev_null()?;
+    let mut argv = decoded.argv();
+    let envp = decoded.envp();
+    // SAFETY: getpid is a plain system call.
+    let rdeploy = unsafe { libc::getpid() };
+    let child = Child {
+        req: &decoded,
+        argv: &mut argv,
+        envp: Some(envp.as_ptr()),
+        stdin: Some(stdin),
+        out: req.stdout.as_raw_fd(),
+        err: req.stderr.as_raw_fd(),
+        rdeploy,
+    };
+    let blocked = AllSignalsBlocked::new();
+    let started = StartTick::before();
+    // SAFETY: every signal is blocked in this thread; the stack is this thread's; `decoded`,
+    // `argv` and `envp` are this frame's and nothing changes them until the child has exec'd.
+    let (pid, errno) = STACK.with(|stack| unsafe { start_sharing_memory(child, &mut stack.borrow_mut(), 0) });
+    let start = started.after();
+    drop(blocked);
+    match (pid, errno) {
+        (0, errno) => Some(Err(std::io::Error::from_raw_os_error(errno))),
+        (pid, 0) => {
+            #[cfg(test)]
+            STARTED_HERE.with(|n| n.set(n.get() + 1));
+            Some(adopt(pid, start))
+        }
+        (pid, errno) => {
+            // The child could not exec and exits at once: ours to reap.
+            reap(pid);
+            (errno != libc::ENOEXEC).then(|| Err(std::io::Error::from_raw_os_error(errno)))
+        }
+    }
+}
+
+/// /dev/null, opened once, for the children's stdin (as the spawner's own stdin is).
+fn dev_null() -> Option<RawFd> {
+    static NULL: OnceLock<Option<OwnedFd>> = OnceLock::new();
+    NULL.get_or_init(|| std::fs::File::open("/dev/null").ok().map(OwnedFd::from)).as_ref().map(|fd| fd.as_raw_fd())
 }
 
 impl Connection {
@@ -233,7 +356,7 @@ impl Connection {
 }
 
 /// The pidfd through which rdeploy waits for its new child.
-fn adopt(pid: i32) -> std::io::Result<Spawned> {
+fn adopt(pid: i32, start: Option<u64>) -> std::io::Result<Spawned> {
     // SAFETY: pidfd_open returns a new descriptor we own, or -1. The child is ours and not yet
     // reaped, so the pid cannot name another process.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, libc::PIDFD_NONBLOCK) };
@@ -250,7 +373,7 @@ fn adopt(pid: i32) -> std::io::Result<Spawned> {
     // SAFETY: the AsyncFd owns the descriptor and deregisters it before closing it.
     let pidfd = unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) };
     match pidfd {
-        Ok(pidfd) => Ok(Spawned { pid: pid as u32, pidfd, reaped: false }),
+        Ok(pidfd) => Ok(Spawned { pid: pid as u32, start, pidfd, reaped: false }),
         Err(e) => {
             // SAFETY: our own child, in its own group.
             unsafe { libc::kill(-pid, libc::SIGKILL) };
@@ -353,6 +476,21 @@ struct Decoded {
     program: CString,
     args: Vec<CString>,
     env: Vec<CString>,
+}
+
+impl Decoded {
+    /// The program and its arguments as `exec` takes them, null-ended.
+    fn argv(&self) -> Vec<*const libc::c_char> {
+        std::iter::once(self.program.as_ptr())
+            .chain(self.args.iter().map(|a| a.as_ptr()))
+            .chain(std::iter::once(std::ptr::null()))
+            .collect()
+    }
+
+    /// The environment as `exec` takes it, null-ended.
+    fn envp(&self) -> Vec<*const libc::c_char> {
+        self.env.iter().map(|v| v.as_ptr()).chain(std::iter::once(std::ptr::null())).collect()
+    }
 }
 
 fn decode(bytes: &[u8]) -> Option<Decoded> {
@@ -516,12 +654,8 @@ fn receive(socket: &UnixStream) -> Option<(usize, Option<[OwnedFd; 2]>)> {
 /// # Safety
 /// Only in the spawner, which is single-threaded.
 unsafe fn start_child(req: &Decoded, out: RawFd, err: RawFd, rdeploy: libc::pid_t) -> (i32, i32) {
-    let mut argv: Vec<*const libc::c_char> = std::iter::once(req.program.as_ptr())
-        .chain(req.args.iter().map(|a| a.as_ptr()))
-        .chain(std::iter::once(std::ptr::null()))
-        .collect();
-    let envp: Vec<*const libc::c_char> =
-        req.env.iter().map(|v| v.as_ptr()).chain(std::iter::once(std::ptr::null())).collect();
+    let mut argv = req.argv();
+    let envp = req.envp();
     extern "C" {
         static mut environ: *const *const libc::c_char;
     }
@@ -531,31 +665,47 @@ unsafe fn start_child(req: &Decoded, out: RawFd, err: RawFd, rdeploy: libc::pid_
     // SAFETY: single-threaded; restored before `envp` is dropped.
     let saved = unsafe { environ };
     unsafe { environ = envp.as_ptr() };
-    // Every signal blocked across the clone, as `posix_spawn` does: no handler may run in a child
-    // that shares the spawner's memory before it reset the handlers ([`exec_child`]).
-    // SAFETY: a sigset_t is plain data for which all zeroes is a valid (empty) value.
-    let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    let mut before: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY: sigfillset and sigprocmask on sets of our own; the old mask is restored below.
-    unsafe {
-        libc::sigfillset(&mut all);
-        libc::sigprocmask(libc::SIG_SETMASK, &all, &mut before);
-    }
-    // SAFETY: as this function's.
+    let blocked = AllSignalsBlocked::new();
+    // SAFETY: as this function's; every signal is blocked.
     let started = unsafe {
         if req.relay {
             start_copy(req, &mut argv, out, err, rdeploy)
         } else {
-            start_sharing_memory(req, &mut argv, out, err, rdeploy)
+            let stack = &mut *std::ptr::addr_of_mut!(CHILD_STACK);
+            let child = Child { req, argv: &mut argv, envp: None, stdin: None, out, err, rdeploy };
+            start_sharing_memory(child, stack, libc::CLONE_PARENT)
         }
     };
-    // SAFETY: the mask saved above, and `environ` as it was (single-threaded, as above).
-    unsafe {
-        libc::sigprocmask(libc::SIG_SETMASK, &before, std::ptr::null_mut());
-        environ = saved;
-    }
+    drop(blocked);
+    // SAFETY: `environ` as it was (single-threaded, as above).
+    unsafe { environ = saved };
     started
+}
+
+/// Every signal blocked in the calling thread while it lives, as `posix_spawn` blocks them
+/// across its clone: no handler may run in a child that shares the caller's memory before it
+/// reset the handlers ([`exec_child`]). The mask before is restored when it is dropped.
+struct AllSignalsBlocked(libc::sigset_t);
+
+impl AllSignalsBlocked {
+    fn new() -> AllSignalsBlocked {
+        // SAFETY: a sigset_t is plain data for which all zeroes is a valid (empty) value;
+        // sigfillset and pthread_sigmask work on sets of our own.
+        unsafe {
+            let mut all: libc::sigset_t = std::mem::zeroed();
+            let mut before: libc::sigset_t = std::mem::zeroed();
+            libc::sigfillset(&mut all);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut before);
+            AllSignalsBlocked(before)
+        }
+    }
+}
+
+impl Drop for AllSignalsBlocked {
+    fn drop(&mut self) {
+        // SAFETY: the mask saved in `new`.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.0, std::ptr::null_mut()) };
+    }
 }
 
 /// [`start_child`] for a tool with a relay, which forks a process of its own in the child: the
@@ -580,7 +730,7 @@ unsafe fn start_copy(
         let pid = libc::syscall(libc::SYS_clone, libc::CLONE_PARENT | libc::SIGCHLD, 0, 0, 0, 0);
         if pid == 0 {
             libc::close(pipe[0]);
-            let code = exec_child(req, argv, out, err, rdeploy);
+            let code = exec_child(&Child { req, argv, envp: None, stdin: None, out, err, rdeploy });
             let bytes = code.to_ne_bytes();
             libc::write(pipe[1], bytes.as_ptr().cast(), bytes.len());
             libc::_exit(127);
@@ -611,62 +761,68 @@ unsafe fn start_copy(
     }
 }
 
-/// What the child started by [`start_sharing_memory`] works on: the spawner's own memory.
-struct Shared<'a> {
+/// What a new child works on until its exec: memory of the process that cloned it (the
+/// spawner's, or rdeploy's for [`spawn_here`]), prepared before the clone.
+struct Child<'a> {
     req: &'a Decoded,
     argv: &'a mut [*const libc::c_char],
+    /// The environment to exec with; `None`: `environ` is the child's (see [`start_child`]).
+    envp: Option<*const *const libc::c_char>,
+    /// What becomes the child's stdin; `None`: the cloning process's own (the spawner's is
+    /// /dev/null).
+    stdin: Option<RawFd>,
     out: RawFd,
     err: RawFd,
     rdeploy: libc::pid_t,
-    /// Written by the child when it cannot exec.
-    errno: i32,
 }
 
-/// The child's stack for [`start_sharing_memory`], kept and grown when a request's argv needs
-/// more. The child runs on it only between `clone` and `exec`; an exec of a script without `#!`
-/// rebuilds argv on it, hence the room per argument.
+/// The child's stack for the spawner's [`start_sharing_memory`], kept and grown when a
+/// request's argv needs more. The child runs on it only between `clone` and `exec`; an exec of
+/// a script without `#!` rebuilds argv on it, hence the room per argument.
 static mut CHILD_STACK: Option<Box<[u8]>> = None;
 const CHILD_STACK_SIZE: usize = 256 * 1024;
 
-/// [`start_child`] as `posix_spawn` starts a child: `clone(CLONE_VM | CLONE_VFORK)`, the child
-/// running on the spawner's memory (no page tables copied, nothing torn down at its exec) until
-/// it execs, the spawner stopped meanwhile. It reports a failure before the exec in that memory,
-/// so no pipe is needed either.
+/// Starts `child` as `posix_spawn` starts one: `clone(CLONE_VM | CLONE_VFORK)`, the child
+/// running on the caller's memory (no page tables copied, nothing torn down at its exec) until
+/// it execs, the calling thread stopped meanwhile, every signal blocked across the clone (no
+/// handler may run in a child that shares the caller's memory before it reset them, see
+/// [`exec_child`]). The child is the calling process's, or with `parent` `CLONE_PARENT` its
+/// parent's (the spawner's children are rdeploy's). A failure before the exec is reported in that
+/// memory, so no pipe is needed either. Returns `(pid, 0)`, `(pid, errno)` when the child could
+/// not exec (it then exits 127, to be reaped), `(0, errno)` when no process could be made.
 ///
 /// # Safety
-/// Only in the spawner, which is single-threaded (`CLONE_VFORK` stops only the calling thread).
-unsafe fn start_sharing_memory(
-    req: &Decoded,
-    argv: &mut [*const libc::c_char],
-    out: RawFd,
-    err: RawFd,
-    rdeploy: libc::pid_t,
-) -> (i32, i32) {
-    extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
-        // SAFETY: `arg` is the `Shared` of the stopped spawner, alive until this child execs or
+/// `stack` is this thread's alone, and every signal is blocked in the calling thread.
+/// `CLONE_VFORK` stops only the calling thread: the child reads only what `child` points to,
+/// which nothing else changes until it has exec'd, and makes async-signal-safe calls only.
+unsafe fn start_sharing_memory(child: Child<'_>, stack: &mut Option<Box<[u8]>>, parent: libc::c_int) -> (i32, i32) {
+    struct Shared<'a> {
+        child: Child<'a>,
+        /// Written by the child when it cannot exec.
+        errno: i32,
+    }
+    extern "C" fn run(arg: *mut libc::c_void) -> libc::c_int {
+        // SAFETY: `arg` is the `Shared` of the stopped caller, alive until this child execs or
         // exits; only async-signal-safe calls follow.
         unsafe {
             let shared = &mut *(arg as *mut Shared<'_>);
-            let code = exec_child(shared.req, shared.argv, shared.out, shared.err, shared.rdeploy);
+            let code = exec_child(&shared.child);
             std::ptr::write_volatile(&mut shared.errno, code);
             libc::_exit(127)
         }
     }
-    let mut shared = Shared { req, argv, out, err, rdeploy, errno: 0 };
-    // SAFETY: the stack is only touched here, in the single-threaded spawner, and by the child
-    // while the spawner is stopped.
+    let flags = libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD | parent;
+    // Room for an argv rebuilt on the stack (a script without `#!`), however many arguments.
+    let size = CHILD_STACK_SIZE + child.argv.len() * 2 * std::mem::size_of::<*const libc::c_char>();
+    let mut shared = Shared { child, errno: 0 };
+    if stack.as_ref().is_none_or(|s| s.len() < size) {
+        *stack = Some(vec![0; size].into());
+    }
+    let stack = stack.as_mut().expect("made above");
+    // SAFETY: as this function's; the stack grows down from its end, kept 16-byte aligned.
     unsafe {
-        // Room for an argv rebuilt on the stack (a script without `#!`), however many arguments.
-        let size = CHILD_STACK_SIZE + shared.argv.len() * 2 * std::mem::size_of::<*const libc::c_char>();
-        let cached = &mut *std::ptr::addr_of_mut!(CHILD_STACK);
-        if cached.as_ref().is_none_or(|s| s.len() < size) {
-            *cached = Some(vec![0; size].into());
-        }
-        let stack = cached.as_mut().expect("made above");
-        // The stack grows down from its end, kept 16-byte aligned.
         let top = (stack.as_mut_ptr().add(stack.len()) as usize & !15) as *mut libc::c_void;
-        let flags = libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PARENT | libc::SIGCHLD;
-        let pid = libc::clone(child, top, flags, (&mut shared as *mut Shared<'_>).cast());
+        let pid = libc::clone(run, top, flags, (&mut shared as *mut Shared<'_>).cast());
         if pid < 0 {
             return (0, errno());
         }
@@ -682,15 +838,10 @@ fn errno() -> i32 {
 /// errno of what failed.
 ///
 /// # Safety
-/// Only in the child `start_child` made.
-unsafe fn exec_child(
-    req: &Decoded,
-    argv: &mut [*const libc::c_char],
-    out: RawFd,
-    err: RawFd,
-    rdeploy: libc::pid_t,
-) -> i32 {
-    // SAFETY: async-signal-safe calls in the child, on memory the spawner prepared.
+/// Only in a child [`start_child`] or [`spawn_here`] made.
+unsafe fn exec_child(child: &Child<'_>) -> i32 {
+    let Child { req, ref argv, envp, stdin, out, err, rdeploy } = *child;
+    // SAFETY: async-signal-safe calls in the child, on memory the caller prepared.
     unsafe {
         // Started as std starts a child: no signal blocked, none ignored (the spawner ignores
         // the terminal's), and no handler the spawner inherited (a test binary's) left to run
@@ -713,7 +864,7 @@ unsafe fn exec_child(
         let mut none: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut none);
         libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
-        if libc::dup2(out, 1) < 0 || libc::dup2(err, 2) < 0 {
+        if stdin.is_some_and(|fd| libc::dup2(fd, 0) < 0) || libc::dup2(out, 1) < 0 || libc::dup2(err, 2) < 0 {
             return errno();
         }
         if let Some(dir) = &req.cwd {
@@ -738,8 +889,12 @@ unsafe fn exec_child(
                 return libc::ESRCH;
             }
         }
-        // `environ` is the child's environment already (see `start_child`).
-        libc::execvp(req.program.as_ptr(), argv.as_mut_ptr().cast());
+        match envp {
+            // The program's path holds a slash: nothing to search (see [`spawn_here`]).
+            Some(envp) => libc::execve(req.program.as_ptr(), argv.as_ptr(), envp),
+            // `environ` is the child's environment already (see `start_child`).
+            None => libc::execvp(req.program.as_ptr(), argv.as_ptr()),
+        };
         errno()
     }
 }
