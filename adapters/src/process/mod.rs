@@ -328,7 +328,6 @@ impl Command {
         let (stderr_write, stderr_read) = self.output_file(Stream::Stderr)?;
         let stdout = stdout_write.as_ref().unwrap_or(&stdout_read.file);
         let stderr = stderr_write.as_ref().unwrap_or(&stderr_read.file);
-        let parent = nix::unistd::getpid();
         let signal = self.death_signal;
         let relay = signal != Signal::SIGTERM && signal != Signal::SIGKILL;
         let env: Vec<(&OsString, &OsString)> = self.env.iter().chain(extra_env).map(|(k, v)| (k, v)).collect();
@@ -378,7 +377,7 @@ impl Command {
         // for it. Every child is forked from one thread that lives as long as rdeploy
         // ([`spawn_on_the_spawning_thread`]), so the kernel's death signal means rdeploy's
         // death, not a retired thread's.
-        spawner::die_with_rdeploy(&mut cmd, parent, signal, relay);
+        spawner::die_with_rdeploy(&mut cmd, nix::unistd::getpid(), signal, relay);
         let child = spawn_on_the_spawning_thread(cmd, note)?;
         Ok(Started { child: Child::Forked(child), stdout: stdout_read, stderr: stderr_read })
     }

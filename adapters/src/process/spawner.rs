@@ -297,31 +297,24 @@ pub(super) fn spawn_here(req: &Request<'_>) -> Option<std::io::Result<Spawned>> 
     if req.relay || !LONG_LIVED.with(|l| l.get()) || !req.program.as_bytes().contains(&b'/') {
         return None;
     }
-    let decoded = match encode(req).map(|bytes| decode(&bytes)) {
-        Ok(Some(decoded)) => decoded,
-        Ok(None) => {
-            return Some(Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "a request that reads back wrong")))
-        }
+    let mut exec = match Exec::of(req) {
+        Ok(exec) => exec,
         Err(e) => return Some(Err(e)),
     };
-    let stdin = dev_null()?;
-    let mut argv = decoded.argv();
-    let envp = decoded.envp();
-    // SAFETY: getpid is a plain system call.
-    let rdeploy = unsafe { libc::getpid() };
     let child = Child {
-        req: &decoded,
-        argv: &mut argv,
-        envp: Some(envp.as_ptr()),
-        stdin: Some(stdin),
+        req: &exec.decoded,
+        argv: &mut exec.argv,
+        envp: Some(exec.envp.as_ptr()),
+        stdin: Some(dev_null()?),
         out: req.stdout.as_raw_fd(),
         err: req.stderr.as_raw_fd(),
-        rdeploy,
+        // SAFETY: getpid is a plain system call.
+        rdeploy: unsafe { libc::getpid() },
     };
     let blocked = AllSignalsBlocked::new();
     let started = StartTick::before();
-    // SAFETY: every signal is blocked in this thread; the stack is this thread's; `decoded`,
-    // `argv` and `envp` are this frame's and nothing changes them until the child has exec'd.
+    // SAFETY: every signal is blocked in this thread; the stack is this thread's; what `child`
+    // points to is this frame's and nothing changes it until the child has exec'd.
     let (pid, errno) = STACK.with(|stack| unsafe { start_sharing_memory(child, &mut stack.borrow_mut(), 0) });
     let start = started.after();
     drop(blocked);
@@ -337,6 +330,51 @@ pub(super) fn spawn_here(req: &Request<'_>) -> Option<std::io::Result<Spawned>> 
             reap(pid);
             (errno != libc::ENOEXEC).then(|| Err(std::io::Error::from_raw_os_error(errno)))
         }
+    }
+}
+
+/// What a child [`spawn_here`] starts reads until its exec, all made before the clone:
+/// rdeploy's own variables are pointed to where they are kept, the request's are made here.
+struct Exec {
+    decoded: Decoded,
+    argv: Vec<*const libc::c_char>,
+    envp: Vec<*const libc::c_char>,
+    /// The request's variables, which `envp` points into.
+    _set: Vec<CString>,
+}
+
+impl Exec {
+    fn of(req: &Request<'_>) -> std::io::Result<Exec> {
+        let text = |s: &[u8]| {
+            CString::new(s)
+                .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "nul byte found in provided data"))
+        };
+        let decoded = Decoded {
+            death_signal: req.death_signal as i32,
+            relay: false,
+            cwd: req.cwd.map(|dir| text(dir.as_os_str().as_bytes())).transpose()?,
+            program: text(req.program.as_bytes())?,
+            args: req.args.iter().map(|arg| text(arg.as_bytes())).collect::<std::io::Result<_>>()?,
+            env: Vec::new(),
+        };
+        let vars = child_env(req);
+        let set: Vec<CString> = vars
+            .iter()
+            .filter_map(|var| match var {
+                Var::Own(_) => None,
+                Var::Set(var) => Some(text(var)),
+            })
+            .collect::<std::io::Result<_>>()?;
+        let mut made = set.iter();
+        let envp = vars
+            .iter()
+            .map(|var| match var {
+                Var::Own(var) => var.as_ptr().cast(),
+                Var::Set(_) => made.next().expect("one made for each").as_ptr(),
+            })
+            .chain(std::iter::once(std::ptr::null()))
+            .collect();
+        Ok(Exec { argv: decoded.argv(), decoded, envp, _set: set })
     }
 }
 
@@ -387,10 +425,7 @@ fn adopt(pid: i32, start: Option<u64>) -> std::io::Result<Spawned> {
 /// the directory (or none), the program, the arguments, the environment (`KEY=VALUE`, the whole
 /// of it, sorted as std sorts a changed environment).
 fn encode(req: &Request<'_>) -> std::io::Result<Vec<u8>> {
-    // The request's own variables, later ones winning, merged into rdeploy's (sorted once).
-    let overrides: BTreeMap<&OsStr, &OsStr> = req.env.iter().map(|(k, v)| (k.as_os_str(), v.as_os_str())).collect();
-    let own = own_env();
-    let mut out = Vec::with_capacity(own.bytes + 1024);
+    let mut out = Vec::with_capacity(own_env().bytes + 1024);
     out.extend_from_slice(&(req.death_signal as i32).to_ne_bytes());
     out.push(req.relay as u8);
     let string = |out: &mut Vec<u8>, bytes: &[u8]| -> std::io::Result<()> {
@@ -417,26 +452,45 @@ fn encode(req: &Request<'_>) -> std::io::Result<Vec<u8>> {
     let count_at = out.len();
     out.extend_from_slice(&0u32.to_ne_bytes());
     let mut count = 0u32;
+    for var in child_env(req) {
+        match var {
+            Var::Own(var) => out.extend_from_slice(var),
+            Var::Set(var) => string(&mut out, &var)?,
+        }
+        count += 1;
+    }
+    out[count_at..count_at + 4].copy_from_slice(&count.to_ne_bytes());
+    Ok(out)
+}
+
+/// One variable of a child's environment, `NAME=VALUE`.
+enum Var {
+    /// One of rdeploy's own, NUL-ended.
+    Own(&'static [u8]),
+    /// The request's, without its NUL.
+    Set(Vec<u8>),
+}
+
+/// The child's environment: the request's own variables, later ones winning, merged into
+/// rdeploy's (sorted once), in order.
+fn child_env(req: &Request<'_>) -> Vec<Var> {
+    let overrides: BTreeMap<&OsStr, &OsStr> = req.env.iter().map(|(k, v)| (k.as_os_str(), v.as_os_str())).collect();
+    let own = own_env();
+    let mut vars = Vec::with_capacity(own.vars.len() + overrides.len());
     let mut mine = own.vars.iter().peekable();
     for (k, v) in &overrides {
         while let Some((_, var)) = mine.next_if(|(key, _)| key.as_os_str() < *k) {
-            out.extend_from_slice(var);
-            count += 1;
+            vars.push(Var::Own(var));
         }
         // Replaced by the request's value.
         mine.next_if(|(key, _)| key.as_os_str() == *k);
         let mut var = k.as_bytes().to_vec();
         var.push(b'=');
         var.extend_from_slice(v.as_bytes());
-        string(&mut out, &var)?;
-        count += 1;
+        vars.push(Var::Set(var));
     }
-    for (_, var) in mine {
-        out.extend_from_slice(var);
-        count += 1;
-    }
-    out[count_at..count_at + 4].copy_from_slice(&count.to_ne_bytes());
-    Ok(out)
+    vars.extend(mine.map(|(_, var)| Var::Own(var)));
+    vars
 }
 
 /// rdeploy's own environment, read once: nothing in rdeploy changes it after it starts (it
