@@ -145,15 +145,10 @@ fn main() -> ExitCode {
     // The run's secrets: this invocation is the run, and everything it writes redacts with them.
     let redactor = redact::Redactor::default();
     let ui = Arc::new(Ui::new(no_progress, cli.global.verbose, cli.global.quiet, cli.global.color(), redactor));
-    // No thread of the runtime ends before it does (an idle one is kept for 136 years): a tool
-    // started from one dies with rdeploy, not with a thread retired while rdeploy lives on.
+    // Tools are started from rdeploy's own threads where they live as long as it does: `main`'s,
+    // and every thread of the runtime (see `process::runtime`).
     rdeploy_adapters::process::lives_as_long_as_rdeploy();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_keep_alive(std::time::Duration::from_secs(u32::MAX.into()))
-        .on_thread_start(rdeploy_adapters::process::lives_as_long_as_rdeploy)
-        .build()
-    {
+    let runtime = match rdeploy_adapters::process::runtime() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: could not start the async runtime: {e}");

@@ -11,7 +11,7 @@
 mod shell_line;
 mod spawner;
 
-pub use spawner::{lives_as_long_as_rdeploy, start_from_this_thread as start_spawner};
+pub use spawner::{lives_as_long_as_rdeploy, runtime, start_from_this_thread as start_spawner};
 
 use std::collections::{BTreeMap, VecDeque};
 use std::ffi::OsString;
@@ -112,8 +112,8 @@ struct Reader {
     release: bool,
 }
 
-/// A child rdeploy waits for: started by the spawner (see [`spawner`]), or forked by rdeploy
-/// itself when there is no spawner.
+/// A child rdeploy waits for: started by one of its threads or the spawner (see [`spawner`]),
+/// or forked by rdeploy itself when there is no spawner.
 enum Child {
     Spawned(spawner::Spawned),
     Forked(tokio::process::Child),
@@ -1695,7 +1695,7 @@ pub(super) mod tests {
     /// a thread that lives as long as rdeploy) by rdeploy's own thread.
     #[test]
     fn a_dying_parent_sends_the_commands_signal() {
-        for (signal, here) in [("INT", false), ("TERM", false), ("INT", true), ("TERM", true)] {
+        for (signal, here) in [("INT", false), ("TERM", false), ("TERM", true)] {
             let dir = tempfile::tempdir().unwrap();
             // An intermediate process that starts the tool through this very code, then dies.
             let exe = std::env::current_exe().unwrap();
@@ -1707,12 +1707,15 @@ pub(super) mod tests {
                 .stdout(Stdio::null())
                 .spawn()
                 .unwrap();
-            let ready = dir.path().join("ready");
+            let started_here = dir.path().join("started-here");
             let start = Instant::now();
-            while !ready.exists() {
+            while std::fs::read_to_string(&started_here).unwrap_or_default().is_empty() {
                 assert!(start.elapsed() < Duration::from_secs(60), "the helper never started its child");
                 std::thread::sleep(Duration::from_millis(10));
             }
+            // SIGINT needs the relay, which only the spawner starts.
+            let expected = if here { "1" } else { "0" };
+            assert_eq!(std::fs::read_to_string(&started_here).unwrap(), expected, "{signal}: started here");
             parent.kill().unwrap();
             parent.wait().unwrap();
             let got = dir.path().join("got");
@@ -1739,11 +1742,21 @@ pub(super) mod tests {
         }
         let script = "trap 'echo INT > got; exit 0' INT; trap 'echo TERM > got; exit 0' TERM; touch ready; \
                       while :; do sleep 0.05; done";
-        let _ = Command::shell(script)
-            .cwd(dir)
-            .on_rdeploy_death(signal)
-            .run(&CancellationToken::new(), None, &mut |_, _| {})
-            .await;
+        let dir = PathBuf::from(dir);
+        let cmd = Command::shell(script).cwd(&dir).on_rdeploy_death(signal);
+        let cancel = CancellationToken::new();
+        let mut ignore = |_: Stream, _: &str| {};
+        let run = cmd.run(&cancel, None, &mut ignore);
+        tokio::pin!(run);
+        while !dir.join("ready").exists() {
+            tokio::select! {
+                _ = &mut run => return,
+                _ = tokio::time::sleep(Duration::from_millis(10)) => {}
+            }
+        }
+        // How it was started, for the test to check before it kills this process.
+        std::fs::write(dir.join("started-here"), spawner::started_here().to_string()).unwrap();
+        let _ = run.await;
     }
 
     /// From a thread that lives as long as rdeploy a child is started right there, without the
@@ -1785,6 +1798,46 @@ pub(super) mod tests {
         assert!(matches!(err, Err(AdapterError::Spawn { .. })), "{err:?}");
     }
 
+    /// A child's start is read from the boot clock around its clone, as `/proc/PID/stat` gives
+    /// it (what the running note keys it by), whether the spawner or this thread started it.
+    #[tokio::test]
+    async fn a_childs_start_is_read_as_proc_gives_it() {
+        let null = std::fs::OpenOptions::new().write(true).open("/dev/null").unwrap();
+        let args: [OsString; 2] = ["-c".into(), "sleep 60".into()];
+        let request = spawner::Request {
+            program: std::ffi::OsStr::new("/bin/sh"),
+            args: &args,
+            env: &[],
+            cwd: None,
+            death_signal: Signal::SIGTERM,
+            relay: false,
+            stdout: &null,
+            stderr: &null,
+        };
+        // The spawner's first, then this thread's (a thread once said to live long stays so).
+        for here in [false, true] {
+            if here {
+                spawner::lives_as_long_as_rdeploy();
+            }
+            // A clock tick may pass during the clone (the start is then read from /proc): tried
+            // until one does not.
+            for tries in 1.. {
+                let before = spawner::started_here();
+                let started = if here { spawner::spawn_here(&request) } else { spawner::spawn(&request) };
+                let mut child = started.expect("a way to start it").unwrap();
+                assert_eq!(spawner::started_here(), before + usize::from(here), "started here: {here}");
+                let (start, proc) = (child.start(), proc_stat(child.id() as i32).unwrap().start);
+                signal_group(Some(Pid::from_raw(child.id() as i32)), Signal::SIGKILL);
+                child.wait().await.unwrap();
+                if let Some(start) = start {
+                    assert_eq!(start, proc, "started here: {here}");
+                    break;
+                }
+                assert!(tries < 50, "a clock tick passed during each of {tries} clones");
+            }
+        }
+    }
+
     /// A running child's note holds the start `/proc/PID/stat` gives it (what tells it from a
     /// later process with its pid), started by the spawner or from a thread that lives as long
     /// as rdeploy.
@@ -1821,9 +1874,10 @@ pub(super) mod tests {
     }
 
     /// Children are not forked from rdeploy but started by the spawner, forked before rdeploy
-    /// opened anything: a descriptor rdeploy opens later, even one an exec would keep, never
-    /// reaches a tool; the tool's parent is still rdeploy, which reaps it; it runs in its own
-    /// process group with stdin from /dev/null.
+    /// opened anything, or from a thread of rdeploy that closes rdeploy's descriptors before the
+    /// exec: a descriptor rdeploy opens later, even one an exec would keep, never reaches a tool;
+    /// the tool's parent is still rdeploy, which reaps it; it runs in its own process group with
+    /// stdin from /dev/null.
     #[tokio::test]
     async fn children_come_from_the_spawner_and_see_none_of_rdeploys_descriptors() {
         let (outcome, _) = run(Command::shell("true")).await; // the spawner exists from here
@@ -1837,15 +1891,23 @@ pub(super) mod tests {
             "test -e /proc/self/fd/{fd} && echo inherited; echo ppid=$PPID; \
              echo pgid=$(cut -d' ' -f5 /proc/self/stat) pid=$$; readlink /proc/self/fd/0"
         );
-        let (outcome, lines) = run(Command::shell(&script)).await;
-        assert!(outcome.success(), "{lines:?}");
-        let lines: Vec<&str> = lines.iter().map(|(_, l)| l.as_str()).collect();
-        assert!(!lines.contains(&"inherited"), "the tool got rdeploy's descriptor {fd}: {lines:?}");
-        assert!(lines.contains(&format!("ppid={}", std::process::id()).as_str()), "rdeploy's child: {lines:?}");
-        let group = lines.iter().find(|l| l.starts_with("pgid=")).unwrap();
-        let (pgid, pid) = group.trim_start_matches("pgid=").split_once(" pid=").unwrap();
-        assert_eq!(pgid, pid, "its own process group");
-        assert!(lines.contains(&"/dev/null"), "{lines:?}");
+        // The spawner's child, then one this thread starts itself (it closes them).
+        for here in [false, true] {
+            if here {
+                spawner::lives_as_long_as_rdeploy();
+            }
+            let before = spawner::started_here();
+            let (outcome, lines) = run(Command::shell(&script)).await;
+            assert_eq!(spawner::started_here(), before + usize::from(here), "started here: {here}");
+            assert!(outcome.success(), "{lines:?}");
+            let lines: Vec<&str> = lines.iter().map(|(_, l)| l.as_str()).collect();
+            assert!(!lines.contains(&"inherited"), "the tool got rdeploy's descriptor {fd} (here: {here}): {lines:?}");
+            assert!(lines.contains(&format!("ppid={}", std::process::id()).as_str()), "rdeploy's child: {lines:?}");
+            let group = lines.iter().find(|l| l.starts_with("pgid=")).unwrap();
+            let (pgid, pid) = group.trim_start_matches("pgid=").split_once(" pid=").unwrap();
+            assert_eq!(pgid, pid, "its own process group");
+            assert!(lines.contains(&"/dev/null"), "{lines:?}");
+        }
         // The spawner: named so, a child of this process. (Counting processes by that name
         // would also count another test's tool between its clone and its exec.)
         let spawner = spawner::pid().expect("a spawner runs");

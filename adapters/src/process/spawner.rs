@@ -1,23 +1,26 @@
 //! The spawner: a small process forked from rdeploy once, first thing (before the runtime, the
 //! parsed stack and the journal exist), that starts the tools rdeploy's own threads cannot.
 //!
-//! Most tools are started without it: a thread that lives as long as rdeploy (`main`'s, and
-//! the runtime's, whose idle threads are kept for 136 years) clones the child itself with
-//! `clone(CLONE_VM | CLONE_VFORK)`, as `posix_spawn` does (no page tables copied, however much
-//! rdeploy holds), and the child sets its death signal before its exec ([`spawn_here`]). That
-//! signal fires when the *thread* that cloned the child exits, hence the condition on the
-//! thread. The spawner starts the rest: a child asked for from any other thread (a test's, a
-//! library's), a tool with a relay (terraform's SIGINT), a program found on PATH (`execvp`
-//! searches `environ`, which a process with other threads must not swap), a file the kernel does
-//! not run itself (`execvp`'s `sh` fallback).
+//! Tools without a relay (shell lines, kubectl) are started without it: a thread that lives as
+//! long as rdeploy (`main`'s, and every thread of [`runtime`], whose idle threads are kept for
+//! 2^32 s) clones the child itself with `clone(CLONE_VM | CLONE_VFORK)`, as `posix_spawn` does
+//! (no page tables copied, however much rdeploy holds), and the child closes rdeploy's
+//! descriptors and sets its death signal before its exec ([`spawn_here`]). That signal fires
+//! when the *thread* that cloned the child exits, hence the condition on the thread. The
+//! spawner starts the rest: a child asked for from any other thread (a test's, the PostgreSQL
+//! store's), a tool with a relay (terraform's, helm's and ansible's SIGINT), a program found on
+//! PATH (`execvp` searches `environ`, which a process with other threads must not swap), a file
+//! the kernel does not run itself (`execvp`'s `sh` fallback) or finds busy.
 //!
 //! Why (issue 29, shell sub-changes at 1.15x the C durable floor): the spawner's round trip was
 //! a wake-up of the spawner and one of rdeploy on its answer for every child, and reading the
 //! child's start from `/proc/PID/stat` while it execs waited for its exec; both are gone (the
 //! start is read from the boot clock around the clone, see `StartTick`). Measured at 1,000
-//! sub-changes running `sh -c true` (release builds, alternated, 2-core machine loaded by other
-//! builds, `perf stat`): context switches of the whole run 10.0-10.5k with the spawner, 6.25-6.4k
-//! now (the floor's: 6.0k); CPU 1.12-1.18 s against 1.05-1.10 s (the floor's 0.92-0.95 s).
+//! sub-changes running `sh -c true` (release builds, alternated, `perf stat`, the 2-core machine
+//! loaded by other builds): context switches of the whole run 10.0-10.5k with the spawner,
+//! 6.25-6.4k now (the floor's: 6.0k). On the quiet machine, `benches/core.sh`: rdeploy's time
+//! beyond the floor per sub-change .168-.286 ms with the spawner, .097-.145 ms now at 1,000;
+//! .221 against .129 ms at 10,000.
 //!
 //! Forking a tool from rdeploy itself copies rdeploy's page tables, which grow with what it
 //! holds (a 100,000-sub-change stack is a large heap), on every sub-change; `posix_spawn`
@@ -25,7 +28,7 @@
 //! was when it started, so its fork costs what a fork of a small process costs, whatever rdeploy
 //! holds later.
 //!
-//! The tool is still rdeploy's child, not the spawner's: the spawner starts it with
+//! A tool the spawner starts is still rdeploy's child, not the spawner's: it is started with
 //! `clone(CLONE_PARENT)`, so rdeploy reaps it (through a pidfd), its `PR_SET_PDEATHSIG` means
 //! rdeploy's death (the parent it names is the rdeploy thread that started the spawner, which
 //! lives as long as rdeploy: `main`'s, or in a test binary a thread that never exits), and a
@@ -53,7 +56,8 @@
 //!
 //! The spawner itself dies with rdeploy (`PR_SET_PDEATHSIG` SIGKILL) or when rdeploy closes its
 //! end of the socket; it ignores the terminal's signals (rdeploy decides what a Ctrl-C means) and
-//! holds no file rdeploy opens later (it is forked before any), so not the state directory's lock.
+//! holds no descriptor but its socket (it is forked before rdeploy opens any, and closes those it
+//! was given), so not the state directory's lock.
 
 use std::collections::BTreeMap;
 use std::ffi::{CString, OsStr, OsString};
@@ -153,7 +157,7 @@ pub(super) struct Request<'a> {
     pub stderr: &'a std::fs::File,
 }
 
-/// A child the spawner started: rdeploy's own, reaped through its pidfd.
+/// A child started by the spawner or [`spawn_here`]: rdeploy's own, reaped through its pidfd.
 pub(super) struct Spawned {
     pid: u32,
     /// When it started, as `/proc/PID/stat` says (see [`StartTick`]), when known.
@@ -277,8 +281,8 @@ pub(super) fn spawn(req: &Request<'_>) -> Option<std::io::Result<Spawned>> {
 thread_local! {
     /// Whether this thread lives as long as rdeploy (see [`lives_as_long_as_rdeploy`]).
     static LONG_LIVED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-    /// The stack of the children [`spawn_here`] starts from this thread (see
-    /// [`start_sharing_memory`]).
+    /// The stack of the children this thread starts with [`start_sharing_memory`] (the
+    /// spawner's, or [`spawn_here`]'s), kept and grown when a request's argv needs more.
     static STACK: std::cell::RefCell<Option<Box<[u8]>>> = const { std::cell::RefCell::new(None) };
     /// How many children [`spawn_here`] started from this thread.
     #[cfg(test)]
@@ -291,21 +295,31 @@ pub(super) fn started_here() -> usize {
     STARTED_HERE.with(|n| n.get())
 }
 
-/// Says that the calling thread lives as long as rdeploy: `main`'s, and the threads of a
-/// runtime that never retires one (`on_thread_start` calls this, and its idle threads are kept
-/// for longer than any run). A child's death signal fires when the *thread* that started it
+/// Says that the calling thread lives as long as rdeploy: `main`'s, and the threads of
+/// [`runtime`]. A child's death signal fires when the *thread* that started it
 /// exits, so only from such a thread may a child be started here, without the spawner (see
 /// [`spawn_here`]).
 pub fn lives_as_long_as_rdeploy() {
     LONG_LIVED.with(|l| l.set(true));
 }
 
+/// The multi-thread runtime rdeploy runs on: every thread of it lives as long as it does (an idle
+/// one is kept for 2^32 s, where tokio's default retires it after 10 s, as it does a worker that
+/// ran `block_in_place`), so its threads start their children themselves ([`spawn_here`]).
+pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_keep_alive(std::time::Duration::from_secs(u32::MAX.into()))
+        .on_thread_start(lives_as_long_as_rdeploy)
+        .build()
+}
+
 /// Starts a child from the calling thread, as `posix_spawn` would, when it can: the thread lives
 /// as long as rdeploy (see [`lives_as_long_as_rdeploy`]), the tool needs no relay, and its
 /// program is a path (nothing to search: the environment is handed to `execve`, `environ` is
 /// never touched in a process with other threads). `None` otherwise, and when the kernel does not
-/// run the file itself (`ENOEXEC`: `execvp`'s shell fallback is the spawner's): then nothing ran
-/// and the spawner starts it.
+/// run the file itself (`ENOEXEC`: `execvp`'s shell fallback is the spawner's) or finds it busy
+/// (`ETXTBSY`): then nothing ran and the spawner starts it.
 ///
 /// Measured at shell sub-changes (see `benches/core.sh`): the spawner's round trip (a wake-up of
 /// the spawner, and one of rdeploy on its answer) was a sizeable part of rdeploy's cost beyond a
@@ -322,12 +336,11 @@ pub(super) fn spawn_here(req: &Request<'_>) -> Option<std::io::Result<Spawned>> 
     let child = Child {
         req: &exec.decoded,
         argv: &mut exec.argv,
-        envp: Some(exec.envp.as_ptr()),
-        stdin: Some(dev_null()?),
         out: req.stdout.as_raw_fd(),
         err: req.stderr.as_raw_fd(),
         // SAFETY: getpid is a plain system call.
         rdeploy: unsafe { libc::getpid() },
+        from: From::Rdeploy { stdin: dev_null()?, envp: exec.envp.as_ptr() },
     };
     let blocked = AllSignalsBlocked::new();
     let started = StartTick::before();
@@ -346,7 +359,10 @@ pub(super) fn spawn_here(req: &Request<'_>) -> Option<std::io::Result<Spawned>> 
         (pid, errno) => {
             // The child could not exec and exits at once: ours to reap.
             reap(pid);
-            (errno != libc::ENOEXEC).then(|| Err(std::io::Error::from_raw_os_error(errno)))
+            // Nothing ran: the spawner tries it again (a file busy for a moment, held open for
+            // writing by another thread's child between its clone and its closing of rdeploy's
+            // descriptors, is likely free by then).
+            (errno != libc::ENOEXEC && errno != libc::ETXTBSY).then(|| Err(std::io::Error::from_raw_os_error(errno)))
         }
     }
 }
@@ -399,7 +415,9 @@ impl Exec {
 /// /dev/null, opened once, for the children's stdin (as the spawner's own stdin is).
 fn dev_null() -> Option<RawFd> {
     static NULL: OnceLock<Option<OwnedFd>> = OnceLock::new();
-    NULL.get_or_init(|| std::fs::File::open("/dev/null").ok().map(OwnedFd::from)).as_ref().map(|fd| fd.as_raw_fd())
+    NULL.get_or_init(|| std::fs::OpenOptions::new().read(true).write(true).open("/dev/null").ok().map(OwnedFd::from))
+        .as_ref()
+        .map(|fd| fd.as_raw_fd())
 }
 
 impl Connection {
@@ -649,14 +667,15 @@ unsafe fn serve(socket: UnixStream, rdeploy: libc::pid_t) -> ! {
                 libc::close(null);
             }
         }
-        // Descriptors that an exec would close (every one rdeploy opened itself) are no business
-        // of the spawner: held here they would keep a pipe of another thread's child open.
+        // No descriptor of rdeploy's is the spawner's business, nor its children's (a tool gets
+        // its stdin, its two output files and nothing else, as from rdeploy's threads): held
+        // here one would keep a pipe of another thread's child open.
         let keep = socket.as_raw_fd();
         if let Ok(dir) = std::fs::read_dir("/proc/self/fd") {
             let fds: Vec<RawFd> =
                 dir.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).filter(|&fd| fd > 2).collect();
             for fd in fds {
-                if fd != keep && libc::fcntl(fd, libc::F_GETFD) & libc::FD_CLOEXEC != 0 {
+                if fd != keep {
                     libc::close(fd);
                 }
             }
@@ -743,9 +762,9 @@ unsafe fn start_child(req: &Decoded, out: RawFd, err: RawFd, rdeploy: libc::pid_
         if req.relay {
             start_copy(req, &mut argv, out, err, rdeploy)
         } else {
-            let stack = &mut *std::ptr::addr_of_mut!(CHILD_STACK);
-            let child = Child { req, argv: &mut argv, envp: None, stdin: None, out, err, rdeploy };
-            start_sharing_memory(child, stack, libc::CLONE_PARENT)
+            let from = From::Spawner { handled: HANDLED.get().map(Vec::as_slice) };
+            let child = Child { req, argv: &mut argv, out, err, rdeploy, from };
+            STACK.with(|stack| start_sharing_memory(child, &mut stack.borrow_mut(), libc::CLONE_PARENT))
         }
     };
     drop(blocked);
@@ -802,7 +821,8 @@ unsafe fn start_copy(
         let pid = libc::syscall(libc::SYS_clone, libc::CLONE_PARENT | libc::SIGCHLD, 0, 0, 0, 0);
         if pid == 0 {
             libc::close(pipe[0]);
-            let code = exec_child(&Child { req, argv, envp: None, stdin: None, out, err, rdeploy });
+            let from = From::Spawner { handled: HANDLED.get().map(Vec::as_slice) };
+            let code = exec_child(&Child { req, argv, out, err, rdeploy, from });
             let bytes = code.to_ne_bytes();
             libc::write(pipe[1], bytes.as_ptr().cast(), bytes.len());
             libc::_exit(127);
@@ -838,20 +858,26 @@ unsafe fn start_copy(
 struct Child<'a> {
     req: &'a Decoded,
     argv: &'a mut [*const libc::c_char],
-    /// The environment to exec with; `None`: `environ` is the child's (see [`start_child`]).
-    envp: Option<*const *const libc::c_char>,
-    /// What becomes the child's stdin; `None`: the cloning process's own (the spawner's is
-    /// /dev/null).
-    stdin: Option<RawFd>,
     out: RawFd,
     err: RawFd,
     rdeploy: libc::pid_t,
+    from: From<'a>,
 }
 
-/// The child's stack for the spawner's [`start_sharing_memory`], kept and grown when a
-/// request's argv needs more. The child runs on it only between `clone` and `exec`; an exec of
-/// a script without `#!` rebuilds argv on it, hence the room per argument.
-static mut CHILD_STACK: Option<Box<[u8]>> = None;
+/// Who starts a child, and so what its exec must set up.
+enum From<'a> {
+    /// The spawner: the handlers to reset are the ones it read when it started (`None`: all are
+    /// asked), its stdin is /dev/null, it holds no other descriptor than the request's, and
+    /// `environ` is the child's for the clone (see [`start_child`]).
+    Spawner { handled: Option<&'a [libc::c_int]> },
+    /// One of rdeploy's threads ([`spawn_here`]): every handler is asked (rdeploy may have set
+    /// one since it started), stdin is `stdin`, rdeploy's descriptors are closed, and the
+    /// environment is `envp`.
+    Rdeploy { stdin: RawFd, envp: *const *const libc::c_char },
+}
+
+/// The least stack of a child between its clone and its exec (see [`STACK`]); an exec of a
+/// script without `#!` rebuilds argv on it, hence room per argument on top.
 const CHILD_STACK_SIZE: usize = 256 * 1024;
 
 /// Starts `child` as `posix_spawn` starts one: `clone(CLONE_VM | CLONE_VFORK)`, the child
@@ -912,22 +938,38 @@ fn errno() -> i32 {
 /// # Safety
 /// Only in a child [`start_child`] or [`spawn_here`] made.
 unsafe fn exec_child(child: &Child<'_>) -> i32 {
-    let Child { req, ref argv, envp, stdin, out, err, rdeploy } = *child;
+    let Child { req, ref argv, out, err, rdeploy, ref from } = *child;
     // SAFETY: async-signal-safe calls in the child, on memory the caller prepared.
     unsafe {
+        // Its output files, and its stdin (the spawner's own is /dev/null already).
+        if let From::Rdeploy { stdin, .. } = from {
+            if libc::dup2(*stdin, 0) < 0 {
+                return errno();
+            }
+        }
+        if libc::dup2(out, 1) < 0 || libc::dup2(err, 2) < 0 {
+            return errno();
+        }
+        // No descriptor of rdeploy's, not even one opened without CLOEXEC (as from the spawner,
+        // which holds none), closed first thing: one held here keeps a pipe open, and a file
+        // written through one busy (`ETXTBSY`) for another thread's exec. Where `close_range`
+        // is missing (Linux before 5.9) those without CLOEXEC stay.
+        if let From::Rdeploy { .. } = from {
+            libc::syscall(libc::SYS_close_range, 3 as libc::c_uint, libc::c_uint::MAX, 0 as libc::c_uint);
+        }
         // Started as std starts a child: no signal blocked, none ignored (the spawner ignores
-        // the terminal's), and no handler the spawner inherited (a test binary's) left to run
-        // before the exec; signals stay blocked (see `start_child`) until then.
+        // the terminal's), and no handler of the cloning process (a test binary's, rdeploy's)
+        // left to run before the exec; signals stay blocked (see `start_child`) until then.
         for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGQUIT, libc::SIGHUP, libc::SIGPIPE] {
             libc::signal(sig, libc::SIG_DFL);
         }
-        match HANDLED.get() {
-            Some(handled) => {
-                for &sig in handled {
+        match from {
+            From::Spawner { handled: Some(handled) } => {
+                for &sig in handled.iter() {
                     libc::signal(sig, libc::SIG_DFL);
                 }
             }
-            None => {
+            From::Spawner { handled: None } | From::Rdeploy { .. } => {
                 for sig in (1..=libc::SIGRTMAX()).filter(|&sig| has_handler(sig)) {
                     libc::signal(sig, libc::SIG_DFL);
                 }
@@ -936,9 +978,6 @@ unsafe fn exec_child(child: &Child<'_>) -> i32 {
         let mut none: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut none);
         libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
-        if stdin.is_some_and(|fd| libc::dup2(fd, 0) < 0) || libc::dup2(out, 1) < 0 || libc::dup2(err, 2) < 0 {
-            return errno();
-        }
         if let Some(dir) = &req.cwd {
             if libc::chdir(dir.as_ptr()) != 0 {
                 return errno();
@@ -961,11 +1000,11 @@ unsafe fn exec_child(child: &Child<'_>) -> i32 {
                 return libc::ESRCH;
             }
         }
-        match envp {
+        match from {
             // The program's path holds a slash: nothing to search (see [`spawn_here`]).
-            Some(envp) => libc::execve(req.program.as_ptr(), argv.as_ptr(), envp),
+            From::Rdeploy { envp, .. } => libc::execve(req.program.as_ptr(), argv.as_ptr(), *envp),
             // `environ` is the child's environment already (see `start_child`).
-            None => libc::execvp(req.program.as_ptr(), argv.as_ptr()),
+            From::Spawner { .. } => libc::execvp(req.program.as_ptr(), argv.as_ptr()),
         };
         errno()
     }
