@@ -145,7 +145,10 @@ fn main() -> ExitCode {
     // The run's secrets: this invocation is the run, and everything it writes redacts with them.
     let redactor = redact::Redactor::default();
     let ui = Arc::new(Ui::new(no_progress, cli.global.verbose, cli.global.quiet, cli.global.color(), redactor));
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    // Tools are started from rdeploy's own threads where they live as long as it does: `main`'s,
+    // and every thread of the runtime (see `process::runtime`).
+    rdeploy_adapters::process::lives_as_long_as_rdeploy();
+    let runtime = match rdeploy_adapters::process::runtime() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: could not start the async runtime: {e}");

@@ -11,7 +11,7 @@
 mod shell_line;
 mod spawner;
 
-pub use spawner::start_from_this_thread as start_spawner;
+pub use spawner::{lives_as_long_as_rdeploy, runtime, start_from_this_thread as start_spawner};
 
 use std::collections::{BTreeMap, VecDeque};
 use std::ffi::OsString;
@@ -112,8 +112,8 @@ struct Reader {
     release: bool,
 }
 
-/// A child rdeploy waits for: started by the spawner (see [`spawner`]), or forked by rdeploy
-/// itself when there is no spawner.
+/// A child rdeploy waits for: started by one of its threads or the spawner (see [`spawner`]),
+/// or forked by rdeploy itself when there is no spawner.
 enum Child {
     Spawned(spawner::Spawned),
     Forked(tokio::process::Child),
@@ -328,14 +328,14 @@ impl Command {
         let (stderr_write, stderr_read) = self.output_file(Stream::Stderr)?;
         let stdout = stdout_write.as_ref().unwrap_or(&stdout_read.file);
         let stderr = stderr_write.as_ref().unwrap_or(&stderr_read.file);
-        let parent = nix::unistd::getpid();
         let signal = self.death_signal;
         let relay = signal != Signal::SIGTERM && signal != Signal::SIGKILL;
         let env: Vec<(&OsString, &OsString)> = self.env.iter().chain(extra_env).map(|(k, v)| (k, v)).collect();
         // Noted the moment the child exists: a kill -9 of rdeploy right after the tool started
         // must still leave its note for the next run to wait on.
         let note = self.tracker.notes.is_some().then(|| (self.tracker.clone(), self.display()));
-        // The spawner starts it (see [`spawner`]: the same child, without copying rdeploy).
+        // Started from this thread when it lives as long as rdeploy, else by the spawner (see
+        // [`spawner`]: the same child either way, without copying rdeploy).
         let request = spawner::Request {
             program: self.program.as_os_str(),
             args: &self.args,
@@ -346,10 +346,10 @@ impl Command {
             stdout,
             stderr,
         };
-        if let Some(spawned) = spawner::spawn(&request) {
+        if let Some(spawned) = spawner::spawn_here(&request).or_else(|| spawner::spawn(&request)) {
             let child = spawned?;
             if let Some((tracker, command)) = note {
-                tracker.note(child.id(), || command);
+                tracker.note(child.id(), child.start(), || command);
             }
             return Ok(Started { child: Child::Spawned(child), stdout: stdout_read, stderr: stderr_read });
         }
@@ -377,7 +377,7 @@ impl Command {
         // for it. Every child is forked from one thread that lives as long as rdeploy
         // ([`spawn_on_the_spawning_thread`]), so the kernel's death signal means rdeploy's
         // death, not a retired thread's.
-        spawner::die_with_rdeploy(&mut cmd, parent, signal, relay);
+        spawner::die_with_rdeploy(&mut cmd, nix::unistd::getpid(), signal, relay);
         let child = spawn_on_the_spawning_thread(cmd, note)?;
         Ok(Started { child: Child::Forked(child), stdout: stdout_read, stderr: stderr_read })
     }
@@ -656,7 +656,7 @@ fn spawn_on_the_spawning_thread(
 fn note_child(child: &std::io::Result<tokio::process::Child>, note: Option<(ProcessTracker, String)>) {
     if let (Ok(child), Some((tracker, command))) = (child, note) {
         if let Some(pid) = child.id() {
-            tracker.note(pid, || command);
+            tracker.note(pid, None, || command);
         }
     }
 }
@@ -998,11 +998,13 @@ impl ProcessTracker {
         ProcessTracker { notes: Some(Arc::new(Mutex::new(notes))) }
     }
 
-    fn note(&self, pid: u32, command: impl FnOnce() -> String) {
+    /// Notes a child that is not reaped yet, and its start (as `/proc/PID/stat` gives it) when
+    /// the caller knows it.
+    fn note(&self, pid: u32, start: Option<u64>, command: impl FnOnce() -> String) {
         let Some(notes) = &self.notes else { return };
         // Read before the child is reaped: even a child that already exited (a zombie) still
         // has its start time.
-        let start = proc_stat(pid as i32).map_or(0, |s| s.start);
+        let start = start.or_else(|| proc_stat(pid as i32).map(|s| s.start)).unwrap_or(0);
         let mut notes = notes.lock().unwrap_or_else(|e| e.into_inner());
         notes.groups.insert(pid, (start, command()));
         notes.save();
@@ -1544,11 +1546,11 @@ pub(super) mod tests {
         let planted = running.join(std::process::id().to_string());
         std::os::unix::fs::symlink(&victim, &planted).unwrap();
         let tracker = ProcessTracker::in_dir(running.clone());
-        tracker.note(1, || "init".into());
+        tracker.note(1, None, || "init".into());
         assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n", "not written through the link");
 
         std::fs::remove_file(&planted).unwrap();
-        tracker.note(1, || "init".into());
+        tracker.note(1, None, || "init".into());
         assert_eq!(std::fs::metadata(&planted).unwrap().permissions().mode() & 0o777, 0o600);
         assert!(std::fs::read_to_string(&planted).unwrap().contains("\tinit\n"));
     }
@@ -1616,9 +1618,9 @@ pub(super) mod tests {
             std::fs::read_to_string(&path).unwrap().lines().filter_map(parse_note).map(|(pid, ..)| pid).collect()
         };
         let tracker = ProcessTracker::in_dir(running.clone());
-        tracker.note(11, || "terraform apply -auto-approve -input=false".into());
+        tracker.note(11, None, || "terraform apply -auto-approve -input=false".into());
         assert_eq!(pids(), [11], "the older file is overwritten whole");
-        tracker.note(12, || "helm".into());
+        tracker.note(12, None, || "helm".into());
         let inode = std::fs::metadata(&path).unwrap().ino();
         tracker.forget(11);
         assert_eq!(pids(), [12]);
@@ -1626,7 +1628,7 @@ pub(super) mod tests {
         assert_eq!(pids(), Vec::<i32>::new());
         assert_eq!(std::fs::metadata(&path).unwrap().ino(), inode, "rewritten in place");
         std::fs::remove_dir_all(&running).unwrap();
-        tracker.note(13, || "kubectl".into());
+        tracker.note(13, None, || "kubectl".into());
         assert_eq!(pids(), [13], "noted again after its file was deleted");
     }
 
@@ -1689,10 +1691,11 @@ pub(super) mod tests {
     }
 
     /// The death signal is the one set on the command: a child whose parent dies gets it, the
-    /// relayed SIGINT and the kernel's own SIGTERM alike (the spawner starts both).
+    /// relayed SIGINT and the kernel's own SIGTERM alike, started by the spawner or (SIGTERM, from
+    /// a thread that lives as long as rdeploy) by rdeploy's own thread.
     #[test]
     fn a_dying_parent_sends_the_commands_signal() {
-        for signal in ["INT", "TERM"] {
+        for (signal, here) in [("INT", false), ("TERM", false), ("TERM", true)] {
             let dir = tempfile::tempdir().unwrap();
             // An intermediate process that starts the tool through this very code, then dies.
             let exe = std::env::current_exe().unwrap();
@@ -1700,15 +1703,19 @@ pub(super) mod tests {
                 .args(["--exact", "process::tests::death_signal_helper", "--nocapture", "--include-ignored"])
                 .env("RDEPLOY_TEST_DEATH_DIR", dir.path())
                 .env("RDEPLOY_TEST_DEATH_SIGNAL", signal)
+                .env("RDEPLOY_TEST_DEATH_HERE", if here { "1" } else { "" })
                 .stdout(Stdio::null())
                 .spawn()
                 .unwrap();
-            let ready = dir.path().join("ready");
+            let started_here = dir.path().join("started-here");
             let start = Instant::now();
-            while !ready.exists() {
+            while std::fs::read_to_string(&started_here).unwrap_or_default().is_empty() {
                 assert!(start.elapsed() < Duration::from_secs(60), "the helper never started its child");
                 std::thread::sleep(Duration::from_millis(10));
             }
+            // SIGINT needs the relay, which only the spawner starts.
+            let expected = if here { "1" } else { "0" };
+            assert_eq!(std::fs::read_to_string(&started_here).unwrap(), expected, "{signal}: started here");
             parent.kill().unwrap();
             parent.wait().unwrap();
             let got = dir.path().join("got");
@@ -1717,7 +1724,7 @@ pub(super) mod tests {
                 assert!(start.elapsed() < Duration::from_secs(60), "the child never heard of its parent's death");
                 std::thread::sleep(Duration::from_millis(10));
             }
-            assert_eq!(std::fs::read_to_string(&got).unwrap().trim(), signal);
+            assert_eq!(std::fs::read_to_string(&got).unwrap().trim(), signal, "started here: {here}");
         }
     }
 
@@ -1729,19 +1736,148 @@ pub(super) mod tests {
             Ok("TERM") => Signal::SIGTERM,
             _ => Signal::SIGINT,
         };
+        // This thread runs the test to its end, when the whole process is killed.
+        if std::env::var_os("RDEPLOY_TEST_DEATH_HERE").is_some_and(|here| !here.is_empty()) {
+            spawner::lives_as_long_as_rdeploy();
+        }
         let script = "trap 'echo INT > got; exit 0' INT; trap 'echo TERM > got; exit 0' TERM; touch ready; \
                       while :; do sleep 0.05; done";
-        let _ = Command::shell(script)
-            .cwd(dir)
-            .on_rdeploy_death(signal)
-            .run(&CancellationToken::new(), None, &mut |_, _| {})
-            .await;
+        let dir = PathBuf::from(dir);
+        let cmd = Command::shell(script).cwd(&dir).on_rdeploy_death(signal);
+        let cancel = CancellationToken::new();
+        let mut ignore = |_: Stream, _: &str| {};
+        let run = cmd.run(&cancel, None, &mut ignore);
+        tokio::pin!(run);
+        while !dir.join("ready").exists() {
+            tokio::select! {
+                _ = &mut run => return,
+                _ = tokio::time::sleep(Duration::from_millis(10)) => {}
+            }
+        }
+        // How it was started, for the test to check before it kills this process.
+        std::fs::write(dir.join("started-here"), spawner::started_here().to_string()).unwrap();
+        let _ = run.await;
+    }
+
+    /// From a thread that lives as long as rdeploy a child is started right there, without the
+    /// spawner, and it is the same child: rdeploy's, in its own group, stdin from /dev/null, in
+    /// the command's directory with its environment, its status and output followed. A file the
+    /// kernel does not run itself still runs (the spawner's `execvp` hands it to `sh`), a program
+    /// without a slash is searched for on PATH (by the spawner), and a missing one is a spawn
+    /// error.
+    #[tokio::test]
+    async fn a_thread_that_lives_as_long_as_rdeploy_starts_its_children_itself() {
+        // The current-thread runtime's: every child below ends before the test (and the thread).
+        spawner::lives_as_long_as_rdeploy();
+        let dir = tempfile::tempdir().unwrap();
+        let before = spawner::started_here();
+        let script = "echo $GREETING; pwd; echo ppid=$PPID; echo pgid=$(cut -d' ' -f5 /proc/self/stat) pid=$$; \
+                      readlink /proc/self/fd/0; exit 4";
+        let (outcome, lines) = run(Command::shell(script).env("GREETING", "hello").cwd(dir.path())).await;
+        assert_eq!(spawner::started_here(), before + 1, "started here");
+        assert_eq!(outcome.code, Some(4), "{lines:?}");
+        let lines: Vec<&str> = lines.iter().map(|(_, l)| l.as_str()).collect();
+        assert_eq!(lines[..2], ["hello", dir.path().canonicalize().unwrap().to_str().unwrap()]);
+        assert_eq!(lines[2], format!("ppid={}", std::process::id()), "rdeploy's child");
+        let (pgid, pid) = lines[3].trim_start_matches("pgid=").split_once(" pid=").unwrap();
+        assert_eq!(pgid, pid, "its own process group");
+        assert_eq!(lines[4], "/dev/null");
+
+        let script = dir.path().join("no-interpreter-line");
+        std::fs::write(&script, "echo ran by sh\n").unwrap();
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let (outcome, lines) = run(Command::new(&script)).await;
+        assert!(outcome.success(), "{lines:?}");
+        assert_eq!(lines, [(Stream::Stdout, "ran by sh".to_string())]);
+        let (outcome, lines) = run(Command::new("printf").arg("found on PATH")).await;
+        assert!(outcome.success(), "{lines:?}");
+        assert_eq!(lines, [(Stream::Stdout, "found on PATH".to_string())]);
+        assert_eq!(spawner::started_here(), before + 1, "the spawner started these two");
+
+        let err = Command::new(dir.path().join("missing")).run(&CancellationToken::new(), None, &mut |_, _| {}).await;
+        assert!(matches!(err, Err(AdapterError::Spawn { .. })), "{err:?}");
+    }
+
+    /// A child's start is read from the boot clock around its clone, as `/proc/PID/stat` gives
+    /// it (what the running note keys it by), whether the spawner or this thread started it.
+    #[tokio::test]
+    async fn a_childs_start_is_read_as_proc_gives_it() {
+        let null = std::fs::OpenOptions::new().write(true).open("/dev/null").unwrap();
+        let args: [OsString; 2] = ["-c".into(), "sleep 60".into()];
+        let request = spawner::Request {
+            program: std::ffi::OsStr::new("/bin/sh"),
+            args: &args,
+            env: &[],
+            cwd: None,
+            death_signal: Signal::SIGTERM,
+            relay: false,
+            stdout: &null,
+            stderr: &null,
+        };
+        // The spawner's first, then this thread's (a thread once said to live long stays so).
+        for here in [false, true] {
+            if here {
+                spawner::lives_as_long_as_rdeploy();
+            }
+            // A clock tick may pass during the clone (the start is then read from /proc): tried
+            // until one does not.
+            for tries in 1.. {
+                let before = spawner::started_here();
+                let started = if here { spawner::spawn_here(&request) } else { spawner::spawn(&request) };
+                let mut child = started.expect("a way to start it").unwrap();
+                assert_eq!(spawner::started_here(), before + usize::from(here), "started here: {here}");
+                let (start, proc) = (child.start(), proc_stat(child.id() as i32).unwrap().start);
+                signal_group(Some(Pid::from_raw(child.id() as i32)), Signal::SIGKILL);
+                child.wait().await.unwrap();
+                if let Some(start) = start {
+                    assert_eq!(start, proc, "started here: {here}");
+                    break;
+                }
+                assert!(tries < 50, "a clock tick passed during each of {tries} clones");
+            }
+        }
+    }
+
+    /// A running child's note holds the start `/proc/PID/stat` gives it (what tells it from a
+    /// later process with its pid), started by the spawner or from a thread that lives as long
+    /// as rdeploy.
+    #[tokio::test]
+    async fn a_child_is_noted_with_its_start_as_proc_gives_it() {
+        for here in [false, true] {
+            if here {
+                spawner::lives_as_long_as_rdeploy();
+            }
+            let dir = tempfile::tempdir().unwrap();
+            let running = dir.path().join("running");
+            let mut cmd = Command::shell("touch ready; while [ ! -f go ]; do sleep 0.01; done").cwd(dir.path());
+            cmd.tracker = ProcessTracker::in_dir(running.clone());
+            let mut ignore = |_: Stream, _: &str| {};
+            let cancel = CancellationToken::new();
+            let run = cmd.run(&cancel, None, &mut ignore);
+            tokio::pin!(run);
+            let ready = dir.path().join("ready");
+            let waiting = async {
+                while !ready.exists() {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            };
+            tokio::select! {
+                _ = &mut run => panic!("the tool ended by itself"),
+                _ = waiting => {}
+            }
+            let note = std::fs::read_to_string(running.join(std::process::id().to_string())).unwrap();
+            let (pid, start, _) = parse_note(note.lines().next().unwrap()).unwrap();
+            assert_eq!(start, Some(proc_stat(pid).unwrap().start), "started here: {here}: {note:?}");
+            std::fs::write(dir.path().join("go"), "").unwrap();
+            assert!(run.await.unwrap().success());
+        }
     }
 
     /// Children are not forked from rdeploy but started by the spawner, forked before rdeploy
-    /// opened anything: a descriptor rdeploy opens later, even one an exec would keep, never
-    /// reaches a tool; the tool's parent is still rdeploy, which reaps it; it runs in its own
-    /// process group with stdin from /dev/null.
+    /// opened anything, or from a thread of rdeploy that closes rdeploy's descriptors before the
+    /// exec: a descriptor rdeploy opens later, even one an exec would keep, never reaches a tool;
+    /// the tool's parent is still rdeploy, which reaps it; it runs in its own process group with
+    /// stdin from /dev/null.
     #[tokio::test]
     async fn children_come_from_the_spawner_and_see_none_of_rdeploys_descriptors() {
         let (outcome, _) = run(Command::shell("true")).await; // the spawner exists from here
@@ -1755,15 +1891,23 @@ pub(super) mod tests {
             "test -e /proc/self/fd/{fd} && echo inherited; echo ppid=$PPID; \
              echo pgid=$(cut -d' ' -f5 /proc/self/stat) pid=$$; readlink /proc/self/fd/0"
         );
-        let (outcome, lines) = run(Command::shell(&script)).await;
-        assert!(outcome.success(), "{lines:?}");
-        let lines: Vec<&str> = lines.iter().map(|(_, l)| l.as_str()).collect();
-        assert!(!lines.contains(&"inherited"), "the tool got rdeploy's descriptor {fd}: {lines:?}");
-        assert!(lines.contains(&format!("ppid={}", std::process::id()).as_str()), "rdeploy's child: {lines:?}");
-        let group = lines.iter().find(|l| l.starts_with("pgid=")).unwrap();
-        let (pgid, pid) = group.trim_start_matches("pgid=").split_once(" pid=").unwrap();
-        assert_eq!(pgid, pid, "its own process group");
-        assert!(lines.contains(&"/dev/null"), "{lines:?}");
+        // The spawner's child, then one this thread starts itself (it closes them).
+        for here in [false, true] {
+            if here {
+                spawner::lives_as_long_as_rdeploy();
+            }
+            let before = spawner::started_here();
+            let (outcome, lines) = run(Command::shell(&script)).await;
+            assert_eq!(spawner::started_here(), before + usize::from(here), "started here: {here}");
+            assert!(outcome.success(), "{lines:?}");
+            let lines: Vec<&str> = lines.iter().map(|(_, l)| l.as_str()).collect();
+            assert!(!lines.contains(&"inherited"), "the tool got rdeploy's descriptor {fd} (here: {here}): {lines:?}");
+            assert!(lines.contains(&format!("ppid={}", std::process::id()).as_str()), "rdeploy's child: {lines:?}");
+            let group = lines.iter().find(|l| l.starts_with("pgid=")).unwrap();
+            let (pgid, pid) = group.trim_start_matches("pgid=").split_once(" pid=").unwrap();
+            assert_eq!(pgid, pid, "its own process group");
+            assert!(lines.contains(&"/dev/null"), "{lines:?}");
+        }
         // The spawner: named so, a child of this process. (Counting processes by that name
         // would also count another test's tool between its clone and its exec.)
         let spawner = spawner::pid().expect("a spawner runs");

@@ -1,5 +1,26 @@
 //! The spawner: a small process forked from rdeploy once, first thing (before the runtime, the
-//! parsed stack and the journal exist), that starts every tool.
+//! parsed stack and the journal exist), that starts the tools rdeploy's own threads cannot.
+//!
+//! Tools without a relay (shell lines, kubectl) are started without it: a thread that lives as
+//! long as rdeploy (`main`'s, and every thread of [`runtime`], whose idle threads are kept for
+//! 2^32 s) clones the child itself with `clone(CLONE_VM | CLONE_VFORK)`, as `posix_spawn` does
+//! (no page tables copied, however much rdeploy holds), and the child closes rdeploy's
+//! descriptors and sets its death signal before its exec ([`spawn_here`]). That signal fires
+//! when the *thread* that cloned the child exits, hence the condition on the thread. The
+//! spawner starts the rest: a child asked for from any other thread (a test's, the PostgreSQL
+//! store's), a tool with a relay (terraform's, helm's and ansible's SIGINT), a program found on
+//! PATH (`execvp` searches `environ`, which a process with other threads must not swap), a file
+//! the kernel does not run itself (`execvp`'s `sh` fallback) or finds busy.
+//!
+//! Why (issue 29, shell sub-changes at 1.15x the C durable floor): the spawner's round trip was
+//! a wake-up of the spawner and one of rdeploy on its answer for every child, and reading the
+//! child's start from `/proc/PID/stat` while it execs waited for its exec; both are gone (the
+//! start is read from the boot clock around the clone, see `StartTick`). Measured at 1,000
+//! sub-changes running `sh -c true` (release builds, alternated, `perf stat`, the 2-core machine
+//! loaded by other builds): context switches of the whole run 10.0-10.5k with the spawner,
+//! 6.25-6.4k now (the floor's: 6.0k). On the quiet machine, `benches/core.sh`: rdeploy's time
+//! beyond the floor per sub-change .168-.286 ms with the spawner, .097-.145 ms now at 1,000;
+//! .221 against .129 ms at 10,000.
 //!
 //! Forking a tool from rdeploy itself copies rdeploy's page tables, which grow with what it
 //! holds (a 100,000-sub-change stack is a large heap), on every sub-change; `posix_spawn`
@@ -7,7 +28,7 @@
 //! was when it started, so its fork costs what a fork of a small process costs, whatever rdeploy
 //! holds later.
 //!
-//! The tool is still rdeploy's child, not the spawner's: the spawner starts it with
+//! A tool the spawner starts is still rdeploy's child, not the spawner's: it is started with
 //! `clone(CLONE_PARENT)`, so rdeploy reaps it (through a pidfd), its `PR_SET_PDEATHSIG` means
 //! rdeploy's death (the parent it names is the rdeploy thread that started the spawner, which
 //! lives as long as rdeploy: `main`'s, or in a test binary a thread that never exits), and a
@@ -35,7 +56,8 @@
 //!
 //! The spawner itself dies with rdeploy (`PR_SET_PDEATHSIG` SIGKILL) or when rdeploy closes its
 //! end of the socket; it ignores the terminal's signals (rdeploy decides what a Ctrl-C means) and
-//! holds no file rdeploy opens later (it is forked before any), so not the state directory's lock.
+//! holds no descriptor but its socket (it is forked before rdeploy opens any, and closes those it
+//! was given), so not the state directory's lock.
 
 use std::collections::BTreeMap;
 use std::ffi::{CString, OsStr, OsString};
@@ -135,9 +157,11 @@ pub(super) struct Request<'a> {
     pub stderr: &'a std::fs::File,
 }
 
-/// A child the spawner started: rdeploy's own, reaped through its pidfd.
+/// A child started by the spawner or [`spawn_here`]: rdeploy's own, reaped through its pidfd.
 pub(super) struct Spawned {
     pid: u32,
+    /// When it started, as `/proc/PID/stat` says (see [`StartTick`]), when known.
+    start: Option<u64>,
     pidfd: AsyncFd<OwnedFd>,
     reaped: bool,
 }
@@ -145,6 +169,10 @@ pub(super) struct Spawned {
 impl Spawned {
     pub fn id(&self) -> u32 {
         self.pid
+    }
+
+    pub fn start(&self) -> Option<u64> {
+        self.start
     }
 
     /// Waits for the child to exit and reaps it (cancel safe: a wait dropped half-way leaves
@@ -186,6 +214,31 @@ fn reap(pid: libc::pid_t) {
     {}
 }
 
+/// The moment a child is started, in the clock ticks after boot that `/proc/PID/stat` gives as a
+/// process's start (field 22: `CLOCK_BOOTTIME`, whole ticks of `sysconf(_SC_CLK_TCK)`), read
+/// before and after the clone: the same tick both times is the child's start, read without
+/// asking `/proc` (which, read while the child execs, also waits for the exec).
+struct StartTick(Option<u64>);
+
+impl StartTick {
+    fn before() -> StartTick {
+        StartTick(boot_ticks())
+    }
+
+    /// The child's start, unless a tick went by during the clone.
+    fn after(self) -> Option<u64> {
+        self.0.filter(|&before| boot_ticks() == Some(before))
+    }
+}
+
+fn boot_ticks() -> Option<u64> {
+    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME).ok()?;
+    // SAFETY: sysconf only reads a value.
+    let per_second = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).ok().filter(|&hz| hz > 0)?;
+    let nanos = u64::try_from(now.tv_sec()).ok()?.checked_mul(1_000_000_000)?.checked_add(now.tv_nsec() as u64)?;
+    Some(nanos / (1_000_000_000 / per_second))
+}
+
 /// Starts a child through the spawner. `None` when there is no spawner (then nothing was
 /// started and the caller forks the child itself).
 pub(super) fn spawn(req: &Request<'_>) -> Option<std::io::Result<Spawned>> {
@@ -198,6 +251,7 @@ pub(super) fn spawn(req: &Request<'_>) -> Option<std::io::Result<Spawned>> {
         Ok(message) => message,
         Err(e) => return Some(Err(e)),
     };
+    let started = StartTick::before();
     if let Err(e) = send(&conn.socket, &message, [req.stdout.as_raw_fd(), req.stderr.as_raw_fd()]) {
         // The spawner acts on a whole request only: nothing was started.
         tracing::debug!(error = %e, "the spawner is gone: forking children from rdeploy");
@@ -210,6 +264,7 @@ pub(super) fn spawn(req: &Request<'_>) -> Option<std::io::Result<Spawned>> {
         conn.gone();
         return Some(Err(std::io::Error::other(format!("the spawner ended while starting the command: {e}"))));
     }
+    let start = started.after();
     let pid = i32::from_ne_bytes(reply[..4].try_into().expect("4 bytes"));
     let errno = i32::from_ne_bytes(reply[4..].try_into().expect("4 bytes"));
     drop(conn);
@@ -220,7 +275,149 @@ pub(super) fn spawn(req: &Request<'_>) -> Option<std::io::Result<Spawned>> {
         }
         return Some(Err(std::io::Error::from_raw_os_error(errno)));
     }
-    Some(adopt(pid))
+    Some(adopt(pid, start))
+}
+
+thread_local! {
+    /// Whether this thread lives as long as rdeploy (see [`lives_as_long_as_rdeploy`]).
+    static LONG_LIVED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// The stack of the children this thread starts with [`start_sharing_memory`] (the
+    /// spawner's, or [`spawn_here`]'s), kept and grown when a request's argv needs more.
+    static STACK: std::cell::RefCell<Option<Box<[u8]>>> = const { std::cell::RefCell::new(None) };
+    /// How many children [`spawn_here`] started from this thread.
+    #[cfg(test)]
+    static STARTED_HERE: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// How many children [`spawn_here`] started from the calling thread.
+#[cfg(test)]
+pub(super) fn started_here() -> usize {
+    STARTED_HERE.with(|n| n.get())
+}
+
+/// Says that the calling thread lives as long as rdeploy: `main`'s, and the threads of
+/// [`runtime`]. A child's death signal fires when the *thread* that started it
+/// exits, so only from such a thread may a child be started here, without the spawner (see
+/// [`spawn_here`]).
+pub fn lives_as_long_as_rdeploy() {
+    LONG_LIVED.with(|l| l.set(true));
+}
+
+/// The multi-thread runtime rdeploy runs on: every thread of it lives as long as it does (an idle
+/// one is kept for 2^32 s, where tokio's default retires it after 10 s, as it does a worker that
+/// ran `block_in_place`), so its threads start their children themselves ([`spawn_here`]).
+pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_keep_alive(std::time::Duration::from_secs(u32::MAX.into()))
+        .on_thread_start(lives_as_long_as_rdeploy)
+        .build()
+}
+
+/// Starts a child from the calling thread, as `posix_spawn` would, when it can: the thread lives
+/// as long as rdeploy (see [`lives_as_long_as_rdeploy`]), the tool needs no relay, and its
+/// program is a path (nothing to search: the environment is handed to `execve`, `environ` is
+/// never touched in a process with other threads). `None` otherwise, and when the kernel does not
+/// run the file itself (`ENOEXEC`: `execvp`'s shell fallback is the spawner's) or finds it busy
+/// (`ETXTBSY`): then nothing ran and the spawner starts it.
+///
+/// Measured at shell sub-changes (see `benches/core.sh`): the spawner's round trip (a wake-up of
+/// the spawner, and one of rdeploy on its answer) was a sizeable part of rdeploy's cost beyond a
+/// plain `posix_spawn`. A clone of rdeploy with `CLONE_VM` copies no page tables, whatever it
+/// holds: the spawner is kept for the children this cannot start.
+pub(super) fn spawn_here(req: &Request<'_>) -> Option<std::io::Result<Spawned>> {
+    if req.relay || !LONG_LIVED.with(|l| l.get()) || !req.program.as_bytes().contains(&b'/') {
+        return None;
+    }
+    let mut exec = match Exec::of(req) {
+        Ok(exec) => exec,
+        Err(e) => return Some(Err(e)),
+    };
+    let child = Child {
+        req: &exec.decoded,
+        argv: &mut exec.argv,
+        out: req.stdout.as_raw_fd(),
+        err: req.stderr.as_raw_fd(),
+        // SAFETY: getpid is a plain system call.
+        rdeploy: unsafe { libc::getpid() },
+        from: From::Rdeploy { stdin: dev_null()?, envp: exec.envp.as_ptr() },
+    };
+    let blocked = AllSignalsBlocked::new();
+    let started = StartTick::before();
+    // SAFETY: every signal is blocked in this thread; the stack is this thread's; what `child`
+    // points to is this frame's and nothing changes it until the child has exec'd.
+    let (pid, errno) = STACK.with(|stack| unsafe { start_sharing_memory(child, &mut stack.borrow_mut(), 0) });
+    let start = started.after();
+    drop(blocked);
+    match (pid, errno) {
+        (0, errno) => Some(Err(std::io::Error::from_raw_os_error(errno))),
+        (pid, 0) => {
+            #[cfg(test)]
+            STARTED_HERE.with(|n| n.set(n.get() + 1));
+            Some(adopt(pid, start))
+        }
+        (pid, errno) => {
+            // The child could not exec and exits at once: ours to reap.
+            reap(pid);
+            // Nothing ran: the spawner tries it again (a file busy for a moment, held open for
+            // writing by another thread's child between its clone and its closing of rdeploy's
+            // descriptors, is likely free by then).
+            (errno != libc::ENOEXEC && errno != libc::ETXTBSY).then(|| Err(std::io::Error::from_raw_os_error(errno)))
+        }
+    }
+}
+
+/// What a child [`spawn_here`] starts reads until its exec, all made before the clone:
+/// rdeploy's own variables are pointed to where they are kept, the request's are made here.
+struct Exec {
+    decoded: Decoded,
+    argv: Vec<*const libc::c_char>,
+    envp: Vec<*const libc::c_char>,
+    /// The request's variables, which `envp` points into.
+    _set: Vec<CString>,
+}
+
+impl Exec {
+    fn of(req: &Request<'_>) -> std::io::Result<Exec> {
+        let text = |s: &[u8]| {
+            CString::new(s)
+                .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "nul byte found in provided data"))
+        };
+        let decoded = Decoded {
+            death_signal: req.death_signal as i32,
+            relay: false,
+            cwd: req.cwd.map(|dir| text(dir.as_os_str().as_bytes())).transpose()?,
+            program: text(req.program.as_bytes())?,
+            args: req.args.iter().map(|arg| text(arg.as_bytes())).collect::<std::io::Result<_>>()?,
+            env: Vec::new(),
+        };
+        let vars = child_env(req);
+        let set: Vec<CString> = vars
+            .iter()
+            .filter_map(|var| match var {
+                Var::Own(_) => None,
+                Var::Set(var) => Some(text(var)),
+            })
+            .collect::<std::io::Result<_>>()?;
+        let mut made = set.iter();
+        let envp = vars
+            .iter()
+            .map(|var| match var {
+                Var::Own(var) => var.as_ptr().cast(),
+                Var::Set(_) => made.next().expect("one made for each").as_ptr(),
+            })
+            .chain(std::iter::once(std::ptr::null()))
+            .collect();
+        Ok(Exec { argv: decoded.argv(), decoded, envp, _set: set })
+    }
+}
+
+/// /dev/null, opened once, for the children's stdin (as the spawner's own stdin is).
+fn dev_null() -> Option<RawFd> {
+    static NULL: OnceLock<Option<OwnedFd>> = OnceLock::new();
+    NULL.get_or_init(|| std::fs::OpenOptions::new().read(true).write(true).open("/dev/null").ok().map(OwnedFd::from))
+        .as_ref()
+        .map(|fd| fd.as_raw_fd())
 }
 
 impl Connection {
@@ -233,7 +430,7 @@ impl Connection {
 }
 
 /// The pidfd through which rdeploy waits for its new child.
-fn adopt(pid: i32) -> std::io::Result<Spawned> {
+fn adopt(pid: i32, start: Option<u64>) -> std::io::Result<Spawned> {
     // SAFETY: pidfd_open returns a new descriptor we own, or -1. The child is ours and not yet
     // reaped, so the pid cannot name another process.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, libc::PIDFD_NONBLOCK) };
@@ -250,7 +447,7 @@ fn adopt(pid: i32) -> std::io::Result<Spawned> {
     // SAFETY: the AsyncFd owns the descriptor and deregisters it before closing it.
     let pidfd = unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) };
     match pidfd {
-        Ok(pidfd) => Ok(Spawned { pid: pid as u32, pidfd, reaped: false }),
+        Ok(pidfd) => Ok(Spawned { pid: pid as u32, start, pidfd, reaped: false }),
         Err(e) => {
             // SAFETY: our own child, in its own group.
             unsafe { libc::kill(-pid, libc::SIGKILL) };
@@ -264,10 +461,7 @@ fn adopt(pid: i32) -> std::io::Result<Spawned> {
 /// the directory (or none), the program, the arguments, the environment (`KEY=VALUE`, the whole
 /// of it, sorted as std sorts a changed environment).
 fn encode(req: &Request<'_>) -> std::io::Result<Vec<u8>> {
-    // The request's own variables, later ones winning, merged into rdeploy's (sorted once).
-    let overrides: BTreeMap<&OsStr, &OsStr> = req.env.iter().map(|(k, v)| (k.as_os_str(), v.as_os_str())).collect();
-    let own = own_env();
-    let mut out = Vec::with_capacity(own.bytes + 1024);
+    let mut out = Vec::with_capacity(own_env().bytes + 1024);
     out.extend_from_slice(&(req.death_signal as i32).to_ne_bytes());
     out.push(req.relay as u8);
     let string = |out: &mut Vec<u8>, bytes: &[u8]| -> std::io::Result<()> {
@@ -294,26 +488,45 @@ fn encode(req: &Request<'_>) -> std::io::Result<Vec<u8>> {
     let count_at = out.len();
     out.extend_from_slice(&0u32.to_ne_bytes());
     let mut count = 0u32;
+    for var in child_env(req) {
+        match var {
+            Var::Own(var) => out.extend_from_slice(var),
+            Var::Set(var) => string(&mut out, &var)?,
+        }
+        count += 1;
+    }
+    out[count_at..count_at + 4].copy_from_slice(&count.to_ne_bytes());
+    Ok(out)
+}
+
+/// One variable of a child's environment, `NAME=VALUE`.
+enum Var {
+    /// One of rdeploy's own, NUL-ended.
+    Own(&'static [u8]),
+    /// The request's, without its NUL.
+    Set(Vec<u8>),
+}
+
+/// The child's environment: the request's own variables, later ones winning, merged into
+/// rdeploy's (sorted once), in order.
+fn child_env(req: &Request<'_>) -> Vec<Var> {
+    let overrides: BTreeMap<&OsStr, &OsStr> = req.env.iter().map(|(k, v)| (k.as_os_str(), v.as_os_str())).collect();
+    let own = own_env();
+    let mut vars = Vec::with_capacity(own.vars.len() + overrides.len());
     let mut mine = own.vars.iter().peekable();
     for (k, v) in &overrides {
         while let Some((_, var)) = mine.next_if(|(key, _)| key.as_os_str() < *k) {
-            out.extend_from_slice(var);
-            count += 1;
+            vars.push(Var::Own(var));
         }
         // Replaced by the request's value.
         mine.next_if(|(key, _)| key.as_os_str() == *k);
         let mut var = k.as_bytes().to_vec();
         var.push(b'=');
         var.extend_from_slice(v.as_bytes());
-        string(&mut out, &var)?;
-        count += 1;
+        vars.push(Var::Set(var));
     }
-    for (_, var) in mine {
-        out.extend_from_slice(var);
-        count += 1;
-    }
-    out[count_at..count_at + 4].copy_from_slice(&count.to_ne_bytes());
-    Ok(out)
+    vars.extend(mine.map(|(_, var)| Var::Own(var)));
+    vars
 }
 
 /// rdeploy's own environment, read once: nothing in rdeploy changes it after it starts (it
@@ -353,6 +566,21 @@ struct Decoded {
     program: CString,
     args: Vec<CString>,
     env: Vec<CString>,
+}
+
+impl Decoded {
+    /// The program and its arguments as `exec` takes them, null-ended.
+    fn argv(&self) -> Vec<*const libc::c_char> {
+        std::iter::once(self.program.as_ptr())
+            .chain(self.args.iter().map(|a| a.as_ptr()))
+            .chain(std::iter::once(std::ptr::null()))
+            .collect()
+    }
+
+    /// The environment as `exec` takes it, null-ended.
+    fn envp(&self) -> Vec<*const libc::c_char> {
+        self.env.iter().map(|v| v.as_ptr()).chain(std::iter::once(std::ptr::null())).collect()
+    }
 }
 
 fn decode(bytes: &[u8]) -> Option<Decoded> {
@@ -439,14 +667,15 @@ unsafe fn serve(socket: UnixStream, rdeploy: libc::pid_t) -> ! {
                 libc::close(null);
             }
         }
-        // Descriptors that an exec would close (every one rdeploy opened itself) are no business
-        // of the spawner: held here they would keep a pipe of another thread's child open.
+        // No descriptor of rdeploy's is the spawner's business, nor its children's (a tool gets
+        // its stdin, its two output files and nothing else, as from rdeploy's threads): held
+        // here one would keep a pipe of another thread's child open.
         let keep = socket.as_raw_fd();
         if let Ok(dir) = std::fs::read_dir("/proc/self/fd") {
             let fds: Vec<RawFd> =
                 dir.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).filter(|&fd| fd > 2).collect();
             for fd in fds {
-                if fd != keep && libc::fcntl(fd, libc::F_GETFD) & libc::FD_CLOEXEC != 0 {
+                if fd != keep {
                     libc::close(fd);
                 }
             }
@@ -516,12 +745,8 @@ fn receive(socket: &UnixStream) -> Option<(usize, Option<[OwnedFd; 2]>)> {
 /// # Safety
 /// Only in the spawner, which is single-threaded.
 unsafe fn start_child(req: &Decoded, out: RawFd, err: RawFd, rdeploy: libc::pid_t) -> (i32, i32) {
-    let mut argv: Vec<*const libc::c_char> = std::iter::once(req.program.as_ptr())
-        .chain(req.args.iter().map(|a| a.as_ptr()))
-        .chain(std::iter::once(std::ptr::null()))
-        .collect();
-    let envp: Vec<*const libc::c_char> =
-        req.env.iter().map(|v| v.as_ptr()).chain(std::iter::once(std::ptr::null())).collect();
+    let mut argv = req.argv();
+    let envp = req.envp();
     extern "C" {
         static mut environ: *const *const libc::c_char;
     }
@@ -531,31 +756,47 @@ unsafe fn start_child(req: &Decoded, out: RawFd, err: RawFd, rdeploy: libc::pid_
     // SAFETY: single-threaded; restored before `envp` is dropped.
     let saved = unsafe { environ };
     unsafe { environ = envp.as_ptr() };
-    // Every signal blocked across the clone, as `posix_spawn` does: no handler may run in a child
-    // that shares the spawner's memory before it reset the handlers ([`exec_child`]).
-    // SAFETY: a sigset_t is plain data for which all zeroes is a valid (empty) value.
-    let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    let mut before: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY: sigfillset and sigprocmask on sets of our own; the old mask is restored below.
-    unsafe {
-        libc::sigfillset(&mut all);
-        libc::sigprocmask(libc::SIG_SETMASK, &all, &mut before);
-    }
-    // SAFETY: as this function's.
+    let blocked = AllSignalsBlocked::new();
+    // SAFETY: as this function's; every signal is blocked.
     let started = unsafe {
         if req.relay {
             start_copy(req, &mut argv, out, err, rdeploy)
         } else {
-            start_sharing_memory(req, &mut argv, out, err, rdeploy)
+            let from = From::Spawner { handled: HANDLED.get().map(Vec::as_slice) };
+            let child = Child { req, argv: &mut argv, out, err, rdeploy, from };
+            STACK.with(|stack| start_sharing_memory(child, &mut stack.borrow_mut(), libc::CLONE_PARENT))
         }
     };
-    // SAFETY: the mask saved above, and `environ` as it was (single-threaded, as above).
-    unsafe {
-        libc::sigprocmask(libc::SIG_SETMASK, &before, std::ptr::null_mut());
-        environ = saved;
-    }
+    drop(blocked);
+    // SAFETY: `environ` as it was (single-threaded, as above).
+    unsafe { environ = saved };
     started
+}
+
+/// Every signal blocked in the calling thread while it lives, as `posix_spawn` blocks them
+/// across its clone: no handler may run in a child that shares the caller's memory before it
+/// reset the handlers ([`exec_child`]). The mask before is restored when it is dropped.
+struct AllSignalsBlocked(libc::sigset_t);
+
+impl AllSignalsBlocked {
+    fn new() -> AllSignalsBlocked {
+        // SAFETY: a sigset_t is plain data for which all zeroes is a valid (empty) value;
+        // sigfillset and pthread_sigmask work on sets of our own.
+        unsafe {
+            let mut all: libc::sigset_t = std::mem::zeroed();
+            let mut before: libc::sigset_t = std::mem::zeroed();
+            libc::sigfillset(&mut all);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut before);
+            AllSignalsBlocked(before)
+        }
+    }
+}
+
+impl Drop for AllSignalsBlocked {
+    fn drop(&mut self) {
+        // SAFETY: the mask saved in `new`.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.0, std::ptr::null_mut()) };
+    }
 }
 
 /// [`start_child`] for a tool with a relay, which forks a process of its own in the child: the
@@ -580,7 +821,8 @@ unsafe fn start_copy(
         let pid = libc::syscall(libc::SYS_clone, libc::CLONE_PARENT | libc::SIGCHLD, 0, 0, 0, 0);
         if pid == 0 {
             libc::close(pipe[0]);
-            let code = exec_child(req, argv, out, err, rdeploy);
+            let from = From::Spawner { handled: HANDLED.get().map(Vec::as_slice) };
+            let code = exec_child(&Child { req, argv, out, err, rdeploy, from });
             let bytes = code.to_ne_bytes();
             libc::write(pipe[1], bytes.as_ptr().cast(), bytes.len());
             libc::_exit(127);
@@ -611,62 +853,74 @@ unsafe fn start_copy(
     }
 }
 
-/// What the child started by [`start_sharing_memory`] works on: the spawner's own memory.
-struct Shared<'a> {
+/// What a new child works on until its exec: memory of the process that cloned it (the
+/// spawner's, or rdeploy's for [`spawn_here`]), prepared before the clone.
+struct Child<'a> {
     req: &'a Decoded,
     argv: &'a mut [*const libc::c_char],
     out: RawFd,
     err: RawFd,
     rdeploy: libc::pid_t,
-    /// Written by the child when it cannot exec.
-    errno: i32,
+    from: From<'a>,
 }
 
-/// The child's stack for [`start_sharing_memory`], kept and grown when a request's argv needs
-/// more. The child runs on it only between `clone` and `exec`; an exec of a script without `#!`
-/// rebuilds argv on it, hence the room per argument.
-static mut CHILD_STACK: Option<Box<[u8]>> = None;
+/// Who starts a child, and so what its exec must set up.
+enum From<'a> {
+    /// The spawner: the handlers to reset are the ones it read when it started (`None`: all are
+    /// asked), its stdin is /dev/null, it holds no other descriptor than the request's, and
+    /// `environ` is the child's for the clone (see [`start_child`]).
+    Spawner { handled: Option<&'a [libc::c_int]> },
+    /// One of rdeploy's threads ([`spawn_here`]): every handler is asked (rdeploy may have set
+    /// one since it started), stdin is `stdin`, rdeploy's descriptors are closed, and the
+    /// environment is `envp`.
+    Rdeploy { stdin: RawFd, envp: *const *const libc::c_char },
+}
+
+/// The least stack of a child between its clone and its exec (see [`STACK`]); an exec of a
+/// script without `#!` rebuilds argv on it, hence room per argument on top.
 const CHILD_STACK_SIZE: usize = 256 * 1024;
 
-/// [`start_child`] as `posix_spawn` starts a child: `clone(CLONE_VM | CLONE_VFORK)`, the child
-/// running on the spawner's memory (no page tables copied, nothing torn down at its exec) until
-/// it execs, the spawner stopped meanwhile. It reports a failure before the exec in that memory,
-/// so no pipe is needed either.
+/// Starts `child` as `posix_spawn` starts one: `clone(CLONE_VM | CLONE_VFORK)`, the child
+/// running on the caller's memory (no page tables copied, nothing torn down at its exec) until
+/// it execs, the calling thread stopped meanwhile, every signal blocked across the clone (no
+/// handler may run in a child that shares the caller's memory before it reset them, see
+/// [`exec_child`]). The child is the calling process's, or with `parent` `CLONE_PARENT` its
+/// parent's (the spawner's children are rdeploy's). A failure before the exec is reported in that
+/// memory, so no pipe is needed either. Returns `(pid, 0)`, `(pid, errno)` when the child could
+/// not exec (it then exits 127, to be reaped), `(0, errno)` when no process could be made.
 ///
 /// # Safety
-/// Only in the spawner, which is single-threaded (`CLONE_VFORK` stops only the calling thread).
-unsafe fn start_sharing_memory(
-    req: &Decoded,
-    argv: &mut [*const libc::c_char],
-    out: RawFd,
-    err: RawFd,
-    rdeploy: libc::pid_t,
-) -> (i32, i32) {
-    extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
-        // SAFETY: `arg` is the `Shared` of the stopped spawner, alive until this child execs or
+/// `stack` is this thread's alone, and every signal is blocked in the calling thread.
+/// `CLONE_VFORK` stops only the calling thread: the child reads only what `child` points to,
+/// which nothing else changes until it has exec'd, and makes async-signal-safe calls only.
+unsafe fn start_sharing_memory(child: Child<'_>, stack: &mut Option<Box<[u8]>>, parent: libc::c_int) -> (i32, i32) {
+    struct Shared<'a> {
+        child: Child<'a>,
+        /// Written by the child when it cannot exec.
+        errno: i32,
+    }
+    extern "C" fn run(arg: *mut libc::c_void) -> libc::c_int {
+        // SAFETY: `arg` is the `Shared` of the stopped caller, alive until this child execs or
         // exits; only async-signal-safe calls follow.
         unsafe {
             let shared = &mut *(arg as *mut Shared<'_>);
-            let code = exec_child(shared.req, shared.argv, shared.out, shared.err, shared.rdeploy);
+            let code = exec_child(&shared.child);
             std::ptr::write_volatile(&mut shared.errno, code);
             libc::_exit(127)
         }
     }
-    let mut shared = Shared { req, argv, out, err, rdeploy, errno: 0 };
-    // SAFETY: the stack is only touched here, in the single-threaded spawner, and by the child
-    // while the spawner is stopped.
+    let flags = libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD | parent;
+    // Room for an argv rebuilt on the stack (a script without `#!`), however many arguments.
+    let size = CHILD_STACK_SIZE + child.argv.len() * 2 * std::mem::size_of::<*const libc::c_char>();
+    let mut shared = Shared { child, errno: 0 };
+    if stack.as_ref().is_none_or(|s| s.len() < size) {
+        *stack = Some(vec![0; size].into());
+    }
+    let stack = stack.as_mut().expect("made above");
+    // SAFETY: as this function's; the stack grows down from its end, kept 16-byte aligned.
     unsafe {
-        // Room for an argv rebuilt on the stack (a script without `#!`), however many arguments.
-        let size = CHILD_STACK_SIZE + shared.argv.len() * 2 * std::mem::size_of::<*const libc::c_char>();
-        let cached = &mut *std::ptr::addr_of_mut!(CHILD_STACK);
-        if cached.as_ref().is_none_or(|s| s.len() < size) {
-            *cached = Some(vec![0; size].into());
-        }
-        let stack = cached.as_mut().expect("made above");
-        // The stack grows down from its end, kept 16-byte aligned.
         let top = (stack.as_mut_ptr().add(stack.len()) as usize & !15) as *mut libc::c_void;
-        let flags = libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PARENT | libc::SIGCHLD;
-        let pid = libc::clone(child, top, flags, (&mut shared as *mut Shared<'_>).cast());
+        let pid = libc::clone(run, top, flags, (&mut shared as *mut Shared<'_>).cast());
         if pid < 0 {
             return (0, errno());
         }
@@ -682,29 +936,40 @@ fn errno() -> i32 {
 /// errno of what failed.
 ///
 /// # Safety
-/// Only in the child `start_child` made.
-unsafe fn exec_child(
-    req: &Decoded,
-    argv: &mut [*const libc::c_char],
-    out: RawFd,
-    err: RawFd,
-    rdeploy: libc::pid_t,
-) -> i32 {
-    // SAFETY: async-signal-safe calls in the child, on memory the spawner prepared.
+/// Only in a child [`start_child`] or [`spawn_here`] made.
+unsafe fn exec_child(child: &Child<'_>) -> i32 {
+    let Child { req, ref argv, out, err, rdeploy, ref from } = *child;
+    // SAFETY: async-signal-safe calls in the child, on memory the caller prepared.
     unsafe {
+        // Its output files, and its stdin (the spawner's own is /dev/null already).
+        if let From::Rdeploy { stdin, .. } = from {
+            if libc::dup2(*stdin, 0) < 0 {
+                return errno();
+            }
+        }
+        if libc::dup2(out, 1) < 0 || libc::dup2(err, 2) < 0 {
+            return errno();
+        }
+        // No descriptor of rdeploy's, not even one opened without CLOEXEC (as from the spawner,
+        // which holds none), closed first thing: one held here keeps a pipe open, and a file
+        // written through one busy (`ETXTBSY`) for another thread's exec. Where `close_range`
+        // is missing (Linux before 5.9) those without CLOEXEC stay.
+        if let From::Rdeploy { .. } = from {
+            libc::syscall(libc::SYS_close_range, 3 as libc::c_uint, libc::c_uint::MAX, 0 as libc::c_uint);
+        }
         // Started as std starts a child: no signal blocked, none ignored (the spawner ignores
-        // the terminal's), and no handler the spawner inherited (a test binary's) left to run
-        // before the exec; signals stay blocked (see `start_child`) until then.
+        // the terminal's), and no handler of the cloning process (a test binary's, rdeploy's)
+        // left to run before the exec; signals stay blocked (see `start_child`) until then.
         for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGQUIT, libc::SIGHUP, libc::SIGPIPE] {
             libc::signal(sig, libc::SIG_DFL);
         }
-        match HANDLED.get() {
-            Some(handled) => {
-                for &sig in handled {
+        match from {
+            From::Spawner { handled: Some(handled) } => {
+                for &sig in handled.iter() {
                     libc::signal(sig, libc::SIG_DFL);
                 }
             }
-            None => {
+            From::Spawner { handled: None } | From::Rdeploy { .. } => {
                 for sig in (1..=libc::SIGRTMAX()).filter(|&sig| has_handler(sig)) {
                     libc::signal(sig, libc::SIG_DFL);
                 }
@@ -713,9 +978,6 @@ unsafe fn exec_child(
         let mut none: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut none);
         libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
-        if libc::dup2(out, 1) < 0 || libc::dup2(err, 2) < 0 {
-            return errno();
-        }
         if let Some(dir) = &req.cwd {
             if libc::chdir(dir.as_ptr()) != 0 {
                 return errno();
@@ -738,8 +1000,12 @@ unsafe fn exec_child(
                 return libc::ESRCH;
             }
         }
-        // `environ` is the child's environment already (see `start_child`).
-        libc::execvp(req.program.as_ptr(), argv.as_mut_ptr().cast());
+        match from {
+            // The program's path holds a slash: nothing to search (see [`spawn_here`]).
+            From::Rdeploy { envp, .. } => libc::execve(req.program.as_ptr(), argv.as_ptr(), *envp),
+            // `environ` is the child's environment already (see `start_child`).
+            From::Spawner { .. } => libc::execvp(req.program.as_ptr(), argv.as_ptr()),
+        };
         errno()
     }
 }
