@@ -17,6 +17,20 @@
 #    followed by the floor for the same children and rdeploy's cost beyond it.
 #    Goal: under 0.25 ms and flat.
 #
+# Figures (session 37): the tools without a relay (shell lines, kubectl) are started from
+# rdeploy's own long-lived threads, not through the spawner's round trip, and a child's start is
+# read from the boot clock around its clone, not from /proc/PID/stat (see
+# adapters/src/process/spawner.rs). Quiet machine, release builds of main 91f24b1 ("old") and of
+# the session's s37-core ("new"), alternated, this script as it is:
+#   1,000 (3 rounds each): part 2 (`sh -c true`) rdeploy/floor old 1.258 / 1.241 / 1.146, new
+#     1.132 / 1.095 / 1.084; beyond the floor old .286 / .265 / .168 ms, new .145 / .109 / .097 ms
+#     per sub-change; own cost old .367 / .324 / .313, new .232 / .251 / .254 ms. Part 1 (./apply-i
+#     scripts, side by side) old 1.165 / 1.097 / 1.075, new 1.178 / 1.055 / 1.076.
+#   10,000 (1 round each): part 2 old 1.201, new 1.118; beyond the floor old .221, new .129 ms;
+#     own cost old .299, new .191 ms (flat against 1,000); part 1 old 1.103, new 1.101.
+#   `perf stat` of 1,000 `sh -c true` sub-changes (loaded machine, 4-5 runs each): context
+#   switches of the whole run old 10.0-10.8k, new 6.25-6.4k, the floor 6.0-6.2k.
+#
 # Figures (session 36, release build, 2-core VM shared with four builds: load average 3.6-6.5;
 # old = main at 105b56c, new = its branch s36-core, alternated with the floor in each round;
 # `sh -c true` children; wall is unreliable at this load, so CPU from /usr/bin/time, the
