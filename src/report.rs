@@ -152,7 +152,11 @@ impl StepReport {
             }
             // Short errors (`exit 3`) read fine twice; a long one is named, not repeated.
             if sub.chars().count() >= 40 {
-                if let Some(at) = why.find(sub) {
+                // Where the step quotes it for this sub-change (`edge-1 (ERROR)`: two clusters
+                // may fail alike), else where it says it first.
+                let quoted = format!("{} ({sub})", c.id);
+                let found = why.find(&quoted).map(|at| at + c.id.len() + 2).or_else(|| why.find(sub));
+                if let Some(at) = found {
                     let named = format!("the error of `{}`", c.id);
                     let (before, after) = (&why[..at], &why[at + sub.len()..]);
                     // Quoted in parentheses (a rollout's `edge-1 (ERROR); ...`): named in its place.
@@ -216,7 +220,7 @@ impl StepReport {
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Clone, Debug, Serialize)]
 pub struct SubReport {
     pub id: String,
     /// done | failed | pending in the JSON (`started` shows as `pending` with `uncertain`).
@@ -948,6 +952,15 @@ mod tests {
         assert_eq!(
             step(format!("`kubectl apply` failed: {long}")).why().unwrap(),
             "`kubectl apply` failed: the error of `edge-1`"
+        );
+        // Two clusters failed alike: each is named where it is quoted.
+        let mut two = step(format!("wave 1 of 1 failed: edge-3 ({long}), edge-1 ({long}); it was the last wave"));
+        let mut other = two.sub_changes[0].clone();
+        other.id = "edge-3".into();
+        two.sub_changes.push(other);
+        assert_eq!(
+            two.why().unwrap(),
+            "wave 1 of 1 failed: edge-3 (the error of `edge-3`), edge-1 (the error of `edge-1`); it was the last wave"
         );
     }
 

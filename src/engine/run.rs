@@ -206,6 +206,8 @@ impl Session {
                 run.schedule.stop();
             }
             let Some((name, action)) = run.schedule.next_ready() else { break };
+            // tests/converge.rs waits for this line (its target and words) to interrupt a step
+            // that waits for its preview.
             tracing::debug!(step = %name, ?action, running = run.running.len(), "starting step");
             let step = self.stack.step(&name).expect("actions name stack steps").clone();
             if self.refused_by_gate(cp, run, &step).await? {

@@ -3,7 +3,7 @@
 //!
 //! Tools without a relay (shell lines, kubectl) are started without it: a thread that lives as
 //! long as rdeploy (`main`'s, and every thread of [`runtime`], whose idle threads are kept for
-//! 2^32 s) clones the child itself with `clone(CLONE_VM | CLONE_VFORK)`, as `posix_spawn` does
+//! `u32::MAX` seconds, 136 years) clones the child itself with `clone(CLONE_VM | CLONE_VFORK)`, as `posix_spawn` does
 //! (no page tables copied, however much rdeploy holds), and the child closes rdeploy's
 //! descriptors and sets its death signal before its exec ([`spawn_here`]). That signal fires
 //! when the *thread* that cloned the child exits, hence the condition on the thread. The
@@ -304,7 +304,7 @@ pub fn lives_as_long_as_rdeploy() {
 }
 
 /// The multi-thread runtime rdeploy runs on: every thread of it lives as long as it does (an idle
-/// one is kept for 2^32 s, where tokio's default retires it after 10 s, as it does a worker that
+/// one is kept for `u32::MAX` seconds, 136 years, where tokio's default retires it after 10 s, as it does a worker that
 /// ran `block_in_place`), so its threads start their children themselves ([`spawn_here`]).
 pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
@@ -340,7 +340,7 @@ pub(super) fn spawn_here(req: &Request<'_>) -> Option<std::io::Result<Spawned>> 
         err: req.stderr.as_raw_fd(),
         // SAFETY: getpid is a plain system call.
         rdeploy: unsafe { libc::getpid() },
-        from: From::Rdeploy { stdin: dev_null()?, envp: exec.envp.as_ptr() },
+        from: Starter::Rdeploy { stdin: dev_null()?, envp: exec.envp.as_ptr() },
     };
     let blocked = AllSignalsBlocked::new();
     let started = StartTick::before();
@@ -360,8 +360,8 @@ pub(super) fn spawn_here(req: &Request<'_>) -> Option<std::io::Result<Spawned>> 
             // The child could not exec and exits at once: ours to reap.
             reap(pid);
             // Nothing ran: the spawner tries it again (a file busy for a moment, held open for
-            // writing by another thread's child between its clone and its closing of rdeploy's
-            // descriptors, is likely free by then).
+            // writing by another child between its clone or fork and its exec, is likely free
+            // by then).
             (errno != libc::ENOEXEC && errno != libc::ETXTBSY).then(|| Err(std::io::Error::from_raw_os_error(errno)))
         }
     }
@@ -762,8 +762,7 @@ unsafe fn start_child(req: &Decoded, out: RawFd, err: RawFd, rdeploy: libc::pid_
         if req.relay {
             start_copy(req, &mut argv, out, err, rdeploy)
         } else {
-            let from = From::Spawner { handled: HANDLED.get().map(Vec::as_slice) };
-            let child = Child { req, argv: &mut argv, out, err, rdeploy, from };
+            let child = Child { req, argv: &mut argv, out, err, rdeploy, from: Starter::spawner() };
             STACK.with(|stack| start_sharing_memory(child, &mut stack.borrow_mut(), libc::CLONE_PARENT))
         }
     };
@@ -821,8 +820,7 @@ unsafe fn start_copy(
         let pid = libc::syscall(libc::SYS_clone, libc::CLONE_PARENT | libc::SIGCHLD, 0, 0, 0, 0);
         if pid == 0 {
             libc::close(pipe[0]);
-            let from = From::Spawner { handled: HANDLED.get().map(Vec::as_slice) };
-            let code = exec_child(&Child { req, argv, out, err, rdeploy, from });
+            let code = exec_child(&Child { req, argv, out, err, rdeploy, from: Starter::spawner() });
             let bytes = code.to_ne_bytes();
             libc::write(pipe[1], bytes.as_ptr().cast(), bytes.len());
             libc::_exit(127);
@@ -861,11 +859,18 @@ struct Child<'a> {
     out: RawFd,
     err: RawFd,
     rdeploy: libc::pid_t,
-    from: From<'a>,
+    from: Starter<'a>,
+}
+
+impl Starter<'static> {
+    /// The spawner, with the handlers it read when it started.
+    fn spawner() -> Starter<'static> {
+        Starter::Spawner { handled: HANDLED.get().map(Vec::as_slice) }
+    }
 }
 
 /// Who starts a child, and so what its exec must set up.
-enum From<'a> {
+enum Starter<'a> {
     /// The spawner: the handlers to reset are the ones it read when it started (`None`: all are
     /// asked), its stdin is /dev/null, it holds no other descriptor than the request's, and
     /// `environ` is the child's for the clone (see [`start_child`]).
@@ -942,7 +947,7 @@ unsafe fn exec_child(child: &Child<'_>) -> i32 {
     // SAFETY: async-signal-safe calls in the child, on memory the caller prepared.
     unsafe {
         // Its output files, and its stdin (the spawner's own is /dev/null already).
-        if let From::Rdeploy { stdin, .. } = from {
+        if let Starter::Rdeploy { stdin, .. } = from {
             if libc::dup2(*stdin, 0) < 0 {
                 return errno();
             }
@@ -954,7 +959,7 @@ unsafe fn exec_child(child: &Child<'_>) -> i32 {
         // which holds none), closed first thing: one held here keeps a pipe open, and a file
         // written through one busy (`ETXTBSY`) for another thread's exec. Where `close_range`
         // is missing (Linux before 5.9) those without CLOEXEC stay.
-        if let From::Rdeploy { .. } = from {
+        if let Starter::Rdeploy { .. } = from {
             libc::syscall(libc::SYS_close_range, 3 as libc::c_uint, libc::c_uint::MAX, 0 as libc::c_uint);
         }
         // Started as std starts a child: no signal blocked, none ignored (the spawner ignores
@@ -964,12 +969,12 @@ unsafe fn exec_child(child: &Child<'_>) -> i32 {
             libc::signal(sig, libc::SIG_DFL);
         }
         match from {
-            From::Spawner { handled: Some(handled) } => {
+            Starter::Spawner { handled: Some(handled) } => {
                 for &sig in handled.iter() {
                     libc::signal(sig, libc::SIG_DFL);
                 }
             }
-            From::Spawner { handled: None } | From::Rdeploy { .. } => {
+            Starter::Spawner { handled: None } | Starter::Rdeploy { .. } => {
                 for sig in (1..=libc::SIGRTMAX()).filter(|&sig| has_handler(sig)) {
                     libc::signal(sig, libc::SIG_DFL);
                 }
@@ -1002,9 +1007,9 @@ unsafe fn exec_child(child: &Child<'_>) -> i32 {
         }
         match from {
             // The program's path holds a slash: nothing to search (see [`spawn_here`]).
-            From::Rdeploy { envp, .. } => libc::execve(req.program.as_ptr(), argv.as_ptr(), *envp),
+            Starter::Rdeploy { envp, .. } => libc::execve(req.program.as_ptr(), argv.as_ptr(), *envp),
             // `environ` is the child's environment already (see `start_child`).
-            From::Spawner { .. } => libc::execvp(req.program.as_ptr(), argv.as_ptr()),
+            Starter::Spawner { .. } => libc::execvp(req.program.as_ptr(), argv.as_ptr()),
         };
         errno()
     }
@@ -1038,6 +1043,10 @@ pub(super) fn die_with_rdeploy(
     // sigwaitinfo, close_range, kill, _exit), touching no memory of the parent.
     unsafe {
         cmd.pre_exec(move || {
+            // No descriptor of rdeploy's reaches the tool, as from the spawner or rdeploy's
+            // threads (marked to close at the exec: std's own pipe reports a failed exec).
+            // Where `close_range` cannot (Linux before 5.11) those without CLOEXEC stay.
+            libc::syscall(libc::SYS_close_range, 3 as libc::c_uint, libc::c_uint::MAX, libc::CLOSE_RANGE_CLOEXEC);
             if relay {
                 return relay_one_death_signal(parent, signal);
             }
