@@ -3,9 +3,9 @@
 //!
 //! Tools without a relay (shell lines, kubectl) are started without it: a thread that lives as
 //! long as rdeploy (`main`'s, and every thread of [`runtime`], whose idle threads are kept for
-//! `u32::MAX` seconds, 136 years) clones the child itself with `clone(CLONE_VM | CLONE_VFORK)`, as `posix_spawn` does
-//! (no page tables copied, however much rdeploy holds), and the child closes rdeploy's
-//! descriptors and sets its death signal before its exec ([`spawn_here`]). That signal fires
+//! `u32::MAX` seconds, 136 years) clones the child itself with `clone(CLONE_VM | CLONE_VFORK)`,
+//! as `posix_spawn` does (no page tables copied, however much rdeploy holds), and the child
+//! closes rdeploy's descriptors and sets its death signal before its exec ([`spawn_here`]). That signal fires
 //! when the *thread* that cloned the child exits, hence the condition on the thread. The
 //! spawner starts the rest: a child asked for from any other thread (a test's, the PostgreSQL
 //! store's), a tool with a relay (terraform's, helm's and ansible's SIGINT), a program found on
@@ -296,16 +296,16 @@ pub(super) fn started_here() -> usize {
 }
 
 /// Says that the calling thread lives as long as rdeploy: `main`'s, and the threads of
-/// [`runtime`]. A child's death signal fires when the *thread* that started it
-/// exits, so only from such a thread may a child be started here, without the spawner (see
-/// [`spawn_here`]).
+/// [`runtime`]. A child's death signal fires when the *thread* that started it exits, so only
+/// from such a thread may a child be started here, without the spawner (see [`spawn_here`]).
 pub fn lives_as_long_as_rdeploy() {
     LONG_LIVED.with(|l| l.set(true));
 }
 
 /// The multi-thread runtime rdeploy runs on: every thread of it lives as long as it does (an idle
-/// one is kept for `u32::MAX` seconds, 136 years, where tokio's default retires it after 10 s, as it does a worker that
-/// ran `block_in_place`), so its threads start their children themselves ([`spawn_here`]).
+/// one is kept for `u32::MAX` seconds, 136 years, where tokio's default retires it after 10 s, as
+/// it does a worker that ran `block_in_place`), so its threads start their children themselves
+/// ([`spawn_here`]).
 pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
