@@ -38,18 +38,22 @@ pub fn files(kubeconfig: Option<&Path>, ctx: &StepContext) -> Vec<PathBuf> {
 /// [`files`], with where they came from.
 pub fn for_step(kubeconfig: Option<&Path>, ctx: &StepContext) -> Found {
     let env = |key: &str| ctx.env.get(key).cloned().or_else(|| std::env::var(key).ok());
-    find(kubeconfig, &env, &ctx.stack_dir)
+    find(kubeconfig, &env, &ctx.stack_dir, TOOLS_WITHOUT_HOME)
 }
+
+/// Why a step's tool reads `.kube/config` where it runs (see [`find`]).
+const TOOLS_WITHOUT_HOME: &str =
+    "`HOME` is unset, so kubectl and helm read `.kube/config` in the directory they run in";
 
 /// The kubeconfig files a kube client reads, as kubectl finds them: `kubeconfig` (relative to
 /// `base`, the directory the client runs in), else every file of `KUBECONFIG` (missing ones
 /// are skipped when read, relative ones against `base`), else `~/.kube/config` (a relative
 /// `HOME` against `base` too); `env` gives the variables (`KUBECONFIG`, `HOME`), an empty one
-/// counting as unset. Without `HOME` it is
+/// counting as unset, and `without_home` says in the source why, without `HOME`, it is
 /// `.kube/config` in `base`, as client-go finds it (kubectl, helm): on Linux its home
 /// directory is `$HOME` alone (`homedir.HomeDir()`), with no look-up of the account's, and
 /// `~/.kube/config` is that joined to `.kube/config`.
-pub fn find(kubeconfig: Option<&Path>, env: &dyn Fn(&str) -> Option<String>, base: &Path) -> Found {
+pub fn find(kubeconfig: Option<&Path>, env: &dyn Fn(&str) -> Option<String>, base: &Path, without_home: &str) -> Found {
     let env = |key: &str| env(key).filter(|v| !v.is_empty());
     match (kubeconfig, env("KUBECONFIG")) {
         (Some(file), _) => {
@@ -71,10 +75,7 @@ pub fn find(kubeconfig: Option<&Path>, env: &dyn Fn(&str) -> Option<String>, bas
             None => {
                 let file = base.join(".kube").join("config");
                 Found {
-                    source: format!(
-                        "{} (`HOME` is unset, so kubectl and helm read `.kube/config` in the directory they run in)",
-                        file.display()
-                    ),
+                    source: format!("{} ({without_home})", file.display()),
                     files: vec![file],
                     hint: Some("set `KUBECONFIG` to the kubeconfig to read, or `HOME` to the directory holding its `.kube/config`".into()),
                 }
@@ -317,17 +318,20 @@ users:
         let with = |vars: &'static [(&'static str, &'static str)]| {
             move |key: &str| vars.iter().find(|(k, _)| *k == key).map(|(_, v)| v.to_string())
         };
-        let home = find(None, &with(&[("HOME", "/home/op")]), base);
+        let home = find(None, &with(&[("HOME", "/home/op")]), base, TOOLS_WITHOUT_HOME);
         assert_eq!(home.files, [PathBuf::from("/home/op/.kube/config")]);
         assert_eq!((home.source.as_str(), home.hint), ("~/.kube/config", None));
         // client-go reads `$HOME/.kube/config` from the directory it runs in.
-        let relative = find(None, &with(&[("HOME", "op")]), base);
+        let relative = find(None, &with(&[("HOME", "op")]), base, TOOLS_WITHOUT_HOME);
         assert_eq!(relative.files, [PathBuf::from("/stack/op/.kube/config")]);
-        let listed = find(None, &with(&[("HOME", "/home/op"), ("KUBECONFIG", "a:/b")]), base);
+        let listed = find(None, &with(&[("HOME", "/home/op"), ("KUBECONFIG", "a:/b")]), base, TOOLS_WITHOUT_HOME);
         assert_eq!(listed.files, [PathBuf::from("/stack/a"), PathBuf::from("/b")]);
-        assert_eq!(find(Some(Path::new("k.yaml")), &with(&[]), base).files, [PathBuf::from("/stack/k.yaml")]);
+        assert_eq!(
+            find(Some(Path::new("k.yaml")), &with(&[]), base, TOOLS_WITHOUT_HOME).files,
+            [PathBuf::from("/stack/k.yaml")]
+        );
         for vars in [&[][..], &[("HOME", ""), ("KUBECONFIG", "")][..]] {
-            let found = find(None, &with(vars), base);
+            let found = find(None, &with(vars), base, TOOLS_WITHOUT_HOME);
             assert_eq!(found.files, [PathBuf::from("/stack/.kube/config")], "{vars:?}");
             assert!(found.source.starts_with("/stack/.kube/config (`HOME` is unset"), "{}", found.source);
             let hint = found.hint.expect("a hint without `HOME`");

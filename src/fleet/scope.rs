@@ -59,17 +59,9 @@ pub fn read_kubeconfig(explicit: Option<&Path>) -> anyhow::Result<(Arc<Kubeconfi
         _ if key == "HOME" => home::home_dir().map(|home| home.display().to_string()),
         _ => None,
     };
-    let mut found = kubeconfig::find(explicit, &env, Path::new(""));
-    if explicit.is_none() && env("KUBECONFIG").is_none() && env("HOME").is_none() {
-        // `find` words it for a step's tool; here rdeploy reads the file.
-        if let [file] = found.files.as_slice() {
-            found.source = format!(
-                "{} (`HOME` is unset and the account has no home directory, so rdeploy reads `.kube/config` in the directory it runs in)",
-                file.display()
-            );
-        }
-    }
-    read_found(found)
+    // rdeploy itself is the client here.
+    let without_home = "`HOME` is unset and the account has no home directory, so rdeploy reads `.kube/config` in the directory it runs in";
+    read_found(kubeconfig::find(explicit, &env, Path::new(""), without_home))
 }
 
 /// The kubeconfig a step's helm or kubectl reads ([`kubeconfig::for_step`]: the step's
