@@ -1247,6 +1247,20 @@ impl Outcome {
 pub(super) mod tests {
     use super::*;
 
+    /// Drives `run` until `file` exists (`None`), or to its end if that comes first (its output).
+    async fn run_until_exists<F: std::future::Future>(
+        mut run: std::pin::Pin<&mut F>,
+        file: &Path,
+    ) -> Option<F::Output> {
+        while !file.exists() {
+            tokio::select! {
+                output = &mut run => return Some(output),
+                _ = tokio::time::sleep(Duration::from_millis(10)) => {}
+            }
+        }
+        None
+    }
+
     pub(crate) async fn run(cmd: Command) -> (Outcome, Vec<(Stream, String)>) {
         let mut lines = Vec::new();
         let outcome =
@@ -1469,15 +1483,7 @@ pub(super) mod tests {
             {
                 let run = cmd.run(&cancel, None, &mut ignore);
                 tokio::pin!(run);
-                let started = async {
-                    while !ready.exists() {
-                        tokio::time::sleep(Duration::from_millis(10)).await;
-                    }
-                };
-                tokio::select! {
-                    _ = &mut run => panic!("the tool ended by itself"),
-                    _ = started => {}
-                }
+                assert!(run_until_exists(run.as_mut(), &ready).await.is_none(), "the tool ended by itself");
             } // dropped here
             let got = dir.path().join("got");
             wait_for("the tool's trap", || !std::fs::read_to_string(&got).unwrap_or_default().is_empty());
@@ -1748,11 +1754,8 @@ pub(super) mod tests {
         let mut ignore = |_: Stream, _: &str| {};
         let run = cmd.run(&cancel, None, &mut ignore);
         tokio::pin!(run);
-        while !dir.join("ready").exists() {
-            tokio::select! {
-                _ = &mut run => return,
-                _ = tokio::time::sleep(Duration::from_millis(10)) => {}
-            }
+        if run_until_exists(run.as_mut(), &dir.join("ready")).await.is_some() {
+            return;
         }
         // How it was started, for the test to check before it kills this process.
         std::fs::write(dir.join("started-here"), spawner::started_here().to_string()).unwrap();
@@ -1856,15 +1859,7 @@ pub(super) mod tests {
             let run = cmd.run(&cancel, None, &mut ignore);
             tokio::pin!(run);
             let ready = dir.path().join("ready");
-            let waiting = async {
-                while !ready.exists() {
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-            };
-            tokio::select! {
-                _ = &mut run => panic!("the tool ended by itself"),
-                _ = waiting => {}
-            }
+            assert!(run_until_exists(run.as_mut(), &ready).await.is_none(), "the tool ended by itself");
             let note = std::fs::read_to_string(running.join(std::process::id().to_string())).unwrap();
             let (pid, start, _) = parse_note(note.lines().next().unwrap()).unwrap();
             assert_eq!(start, Some(proc_stat(pid).unwrap().start), "started here: {here}: {note:?}");

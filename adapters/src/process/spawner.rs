@@ -338,8 +338,7 @@ pub(super) fn spawn_here(req: &Request<'_>) -> Option<std::io::Result<Spawned>> 
         argv: &mut exec.argv,
         out: req.stdout.as_raw_fd(),
         err: req.stderr.as_raw_fd(),
-        // SAFETY: getpid is a plain system call.
-        rdeploy: unsafe { libc::getpid() },
+        rdeploy: rdeploy_pid(),
         from: Starter::Rdeploy { stdin: dev_null()?, envp: exec.envp.as_ptr() },
     };
     let blocked = AllSignalsBlocked::new();
@@ -379,10 +378,7 @@ struct Exec {
 
 impl Exec {
     fn of(req: &Request<'_>) -> std::io::Result<Exec> {
-        let text = |s: &[u8]| {
-            CString::new(s)
-                .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "nul byte found in provided data"))
-        };
+        let text = |s: &[u8]| CString::new(s).map_err(|_| nul_byte());
         let decoded = Decoded {
             death_signal: req.death_signal as i32,
             relay: false,
@@ -410,6 +406,13 @@ impl Exec {
             .collect();
         Ok(Exec { argv: decoded.argv(), decoded, envp, _set: set })
     }
+}
+
+/// rdeploy's pid, asked once (not once per child).
+fn rdeploy_pid() -> libc::pid_t {
+    static PID: OnceLock<libc::pid_t> = OnceLock::new();
+    // SAFETY: getpid is a plain system call.
+    *PID.get_or_init(|| unsafe { libc::getpid() })
 }
 
 /// /dev/null, opened once, for the children's stdin (as the spawner's own stdin is).
@@ -466,7 +469,7 @@ fn encode(req: &Request<'_>) -> std::io::Result<Vec<u8>> {
     out.push(req.relay as u8);
     let string = |out: &mut Vec<u8>, bytes: &[u8]| -> std::io::Result<()> {
         if bytes.contains(&0) {
-            return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "nul byte found in provided data"));
+            return Err(nul_byte());
         }
         out.extend_from_slice(bytes);
         out.push(0);
@@ -497,6 +500,11 @@ fn encode(req: &Request<'_>) -> std::io::Result<Vec<u8>> {
     }
     out[count_at..count_at + 4].copy_from_slice(&count.to_ne_bytes());
     Ok(out)
+}
+
+/// A request's string that holds a NUL byte, which no C string can (std's words).
+fn nul_byte() -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidInput, "nul byte found in provided data")
 }
 
 /// One variable of a child's environment, `NAME=VALUE`.
